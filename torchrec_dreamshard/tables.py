@@ -1,0 +1,346 @@
+"""Embedding tables: specs, access statistics and the feature vector the networks see.
+
+A table is described by its shape (rows, dim, bytes per element) and by how a batch uses
+it: the pooling factor (mean ids per sample) and the reuse histogram, the fraction of the
+rows accessed in a batch whose access count falls in each of 17 power-of-two bins
+``(0,1], (1,2], (2,4], ..., (2^14, 2^15], (2^15, inf)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+NUM_REUSE_BINS = 17
+HIST_TOLERANCE = 1e-3
+# dim, rows, pooling factor, size, then the 17 reuse bins.
+FEATURE_DIM = 4 + NUM_REUSE_BINS
+FEATURE_NAMES = ("log2_dim", "log10_rows", "log10_pooling", "log10_bytes") + tuple(
+    f"reuse_bin_{k}" for k in range(NUM_REUSE_BINS)
+)
+# Fixed scales of the feature normalisation (never fitted to a task or a data set).
+_DIM_LOG2_SCALE = 8.0  # dim 256 -> 1.0
+_ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
+_POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
+_BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
+
+
+def reuse_bin(counts: np.ndarray) -> np.ndarray:
+    """Bin index of each access count: 1 -> 0, 2 -> 1, 3..4 -> 2, ..., > 2^15 -> 16."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if np.any(counts < 1):
+        raise ValueError("access counts must be >= 1")
+    return np.minimum(np.ceil(np.log2(counts)).astype(np.int64), NUM_REUSE_BINS - 1)
+
+
+def bin_count_range(k: int) -> tuple[int, int]:
+    """Inclusive integer range of access counts in bin ``k`` (the open last bin is capped
+    at 2^16 so that generators can draw from it)."""
+    if not 0 <= k < NUM_REUSE_BINS:
+        raise ValueError(f"reuse bin {k} out of range 0..{NUM_REUSE_BINS - 1}")
+    if k == 0:
+        return 1, 1
+    return 2 ** (k - 1) + 1, 2**k
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSpec:
+    """One embedding table as the planner sees it.
+
+    Args:
+        name: unique name within a task.
+        rows: number of embedding rows (positive integer).
+        dim: embedding dimension (positive integer).
+        pooling_factor: mean number of ids per sample (finite, > 0).
+        reuse_hist: optional 17 fractions (non-negative, summing to 1) of accessed rows by
+            access count per batch; ``None`` means unknown (uniform access is assumed).
+        bytes_per_element: 4 for fp32 weights, 2 for fp16.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    pooling_factor: float
+    reuse_hist: tuple[float, ...] | None = None
+    bytes_per_element: int = 4
+
+    def __post_init__(self) -> None:
+        where = f"table {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
+        for fname in ("rows", "dim"):
+            value = getattr(self, fname)
+            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
+                raise ValueError(f"{where}: {fname} must be a positive integer, got {value!r}")
+            object.__setattr__(self, fname, int(value))
+        pf = self.pooling_factor
+        if isinstance(pf, bool) or not isinstance(pf, int | float | np.number):
+            raise ValueError(f"{where}: pooling_factor must be a number, got {pf!r}")
+        if not math.isfinite(float(pf)) or float(pf) <= 0:
+            raise ValueError(f"{where}: pooling_factor must be finite and > 0, got {pf!r}")
+        object.__setattr__(self, "pooling_factor", float(pf))
+        if self.bytes_per_element not in (2, 4):
+            raise ValueError(
+                f"{where}: bytes_per_element must be 4 (fp32) or 2 (fp16), "
+                f"got {self.bytes_per_element!r}"
+            )
+        if self.reuse_hist is not None:
+            object.__setattr__(self, "reuse_hist", _check_hist(self.reuse_hist, where))
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of the table's weights."""
+        return self.rows * self.dim * self.bytes_per_element
+
+    def hist(self, batch_size: int) -> np.ndarray:
+        """The reuse histogram; when unknown, the one uniform access would give."""
+        if self.reuse_hist is not None:
+            return np.asarray(self.reuse_hist, dtype=np.float64)
+        return uniform_reuse_hist(self.rows, self.pooling_factor * batch_size)
+
+    def features(self, batch_size: int = 2048) -> np.ndarray:
+        """The normalised feature vector (see :func:`table_features`)."""
+        return table_features([self], batch_size)[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "rows": self.rows,
+            "dim": self.dim,
+            "pooling_factor": self.pooling_factor,
+        }
+        if self.reuse_hist is not None:
+            out["reuse_hist"] = list(self.reuse_hist)
+        if self.bytes_per_element != 4:
+            out["bytes_per_element"] = self.bytes_per_element
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TableSpec:
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a table must be a JSON object, got {type(data).__name__}")
+        known = {"name", "rows", "dim", "pooling_factor", "reuse_hist", "bytes_per_element"}
+        unknown = set(data) - known
+        name = data.get("name", "<unnamed>")
+        if unknown:
+            raise ValueError(f"table {name!r}: unknown fields {sorted(unknown)}")
+        missing = {"name", "rows", "dim", "pooling_factor"} - set(data)
+        if missing:
+            raise ValueError(f"table {name!r}: missing fields {sorted(missing)}")
+        hist = data.get("reuse_hist")
+        return cls(
+            name=data["name"],
+            rows=data["rows"],
+            dim=data["dim"],
+            pooling_factor=data["pooling_factor"],
+            reuse_hist=None if hist is None else tuple(hist),
+            bytes_per_element=data.get("bytes_per_element", 4),
+        )
+
+
+def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in hist)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: reuse_hist must be {NUM_REUSE_BINS} numbers") from exc
+    if len(values) != NUM_REUSE_BINS:
+        raise ValueError(
+            f"{where}: reuse_hist must have {NUM_REUSE_BINS} fractions, got {len(values)}"
+        )
+    if any(not math.isfinite(x) or x < 0 for x in values):
+        raise ValueError(f"{where}: reuse_hist fractions must be finite and >= 0")
+    total = sum(values)
+    if abs(total - 1.0) > HIST_TOLERANCE:
+        raise ValueError(
+            f"{where}: reuse_hist must sum to 1 (within {HIST_TOLERANCE}), sums to {total:.6f}"
+        )
+    return tuple(x / total for x in values)
+
+
+def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
+    """Expected reuse histogram of ``accesses`` ids drawn uniformly from ``rows`` rows.
+
+    Each row's count is Poisson(lambda = accesses / rows); the histogram is over rows with a
+    count >= 1. Used where a table's statistics are unknown.
+    """
+    lam = max(float(accesses), 1e-9) / rows
+    hist = np.zeros(NUM_REUSE_BINS)
+    # Sum the Poisson pmf over each bin's integer range, in log space for large lambda.
+    upper = int(max(lam + 12 * math.sqrt(lam) + 20, 2))
+    ks = np.arange(1, min(upper, 2**16) + 1)
+    logpmf = ks * math.log(lam) - lam - np.array([math.lgamma(k + 1) for k in ks])
+    pmf = np.exp(logpmf)
+    np.add.at(hist, reuse_bin(ks), pmf)
+    if hist.sum() <= 0:
+        hist[0] = 1.0
+    return hist / hist.sum()
+
+
+def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.ndarray:
+    """Feature matrix ``[len(tables), FEATURE_DIM]``, float32.
+
+    Normalisation uses fixed constants only, so a table has the same features in every
+    task (it never depends on the other tables):
+
+    * ``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(1 + pooling_factor) / 2``,
+      ``log10(bytes) / 11``;
+    * the 17 reuse fractions as they are (already in [0, 1]); for a table without
+      statistics, the histogram uniform access would give at ``batch_size``.
+    """
+    out = np.zeros((len(tables), FEATURE_DIM), dtype=np.float32)
+    for i, t in enumerate(tables):
+        out[i, 0] = math.log2(t.dim) / _DIM_LOG2_SCALE
+        out[i, 1] = math.log10(t.rows) / _ROWS_LOG10_SCALE
+        out[i, 2] = math.log10(1.0 + t.pooling_factor) / _POOLING_LOG10_SCALE
+        out[i, 3] = math.log10(t.size_bytes) / _BYTES_LOG10_SCALE
+        out[i, 4:] = t.hist(batch_size)
+    return out
+
+
+# ----------------------------------------------------------------------------------------
+# Access statistics from real id streams
+# ----------------------------------------------------------------------------------------
+
+
+def access_stats(
+    ids: torch.Tensor | np.ndarray, offsets: torch.Tensor | np.ndarray
+) -> tuple[float, tuple[float, ...]]:
+    """Pooling factor and reuse histogram of one table's batch.
+
+    Args:
+        ids: the flat ids of the batch (FBGEMM / TorchRec layout).
+        offsets: ``B + 1`` bag boundaries into ``ids``.
+
+    Returns:
+        ``(pooling_factor, reuse_hist)``: ids per sample, and the 17 fractions of accessed
+        rows by access count.
+    """
+    ids_np = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids).reshape(-1)
+    off_np = np.asarray(offsets.cpu() if isinstance(offsets, torch.Tensor) else offsets)
+    off_np = off_np.reshape(-1)
+    if off_np.size < 2:
+        raise ValueError("offsets must hold at least 2 entries (one bag)")
+    if off_np[0] != 0 or off_np[-1] != ids_np.size or np.any(np.diff(off_np) < 0):
+        raise ValueError(
+            f"offsets must start at 0, be non-decreasing and end at len(ids)={ids_np.size}"
+        )
+    batch = off_np.size - 1
+    if ids_np.size == 0:
+        raise ValueError("the batch has no ids: pooling factor would be 0")
+    return ids_np.size / batch, hist_from_ids(ids_np)
+
+
+def hist_from_ids(ids: np.ndarray) -> tuple[float, ...]:
+    """Reuse histogram of a flat id array."""
+    _, counts = np.unique(np.asarray(ids).reshape(-1), return_counts=True)
+    hist = np.bincount(reuse_bin(counts), minlength=NUM_REUSE_BINS).astype(np.float64)
+    return tuple((hist / hist.sum()).tolist())
+
+
+def merge_stats(stats: Sequence[tuple[float, tuple[float, ...], int]]) -> tuple[float, tuple]:
+    """Average ``(pooling_factor, reuse_hist, weight)`` over several batches."""
+    total = sum(w for _, _, w in stats)
+    if total <= 0:
+        raise ValueError("no batches to merge")
+    pf = sum(p * w for p, _, w in stats) / total
+    hist = np.sum([np.asarray(h) * w for _, h, w in stats], axis=0) / total
+    return pf, tuple((hist / hist.sum()).tolist())
+
+
+# ----------------------------------------------------------------------------------------
+# TorchRec constructors
+# ----------------------------------------------------------------------------------------
+
+
+def spec_from_config(
+    config: EmbeddingBagConfig,
+    constraints: ParameterConstraints | None = None,
+    stats: tuple[float, Sequence[float]] | None = None,
+    default_pooling_factor: float = 1.0,
+) -> TableSpec:
+    """A :class:`TableSpec` from a TorchRec ``EmbeddingBagConfig``.
+
+    The pooling factor comes from ``stats`` (measured) if given, else from the constraints'
+    ``pooling_factors`` (summed over the table's features, as the fused kernel sees them),
+    else ``default_pooling_factor`` (TorchRec's planner default is 1.0).
+    """
+    from torchrec.types import DataType
+
+    hist = None
+    if stats is not None:
+        pooling, hist = stats[0], tuple(stats[1])
+    elif constraints is not None and constraints.pooling_factors:
+        pooling = float(sum(constraints.pooling_factors))
+    else:
+        pooling = default_pooling_factor
+    bpe = {DataType.FP32: 4, DataType.FP16: 2}.get(config.data_type)
+    if bpe is None:
+        raise ValueError(
+            f"table {config.name!r}: data_type {config.data_type} is not supported "
+            "(use FP32 or FP16)"
+        )
+    return TableSpec(
+        name=config.name,
+        rows=config.num_embeddings,
+        dim=config.embedding_dim,
+        pooling_factor=pooling,
+        reuse_hist=hist,
+        bytes_per_element=bpe,
+    )
+
+
+def specs_from_kjt_batches(
+    configs: Sequence[EmbeddingBagConfig],
+    batches: Iterable[Any],
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+) -> list[TableSpec]:
+    """Measure every table of an ``EmbeddingBagCollection`` from ``KeyedJaggedTensor`` batches.
+
+    A table fed by several features is seen as the table-batched kernel sees it: each
+    sample's ids from all its features count towards its pooling factor, and the reuse
+    histogram is taken over all of them together.
+
+    Args:
+        configs: the collection's ``EmbeddingBagConfig``s (``ebc.embedding_bag_configs()``).
+        batches: ``KeyedJaggedTensor`` batches holding the configs' features.
+        constraints: optional constraints by table name, used for a table with no ids.
+
+    Returns:
+        One spec per config, in order.
+    """
+    per_table: dict[str, list[tuple[float, tuple[float, ...], int]]] = {c.name: [] for c in configs}
+    n_batches = 0
+    for kjt in batches:
+        n_batches += 1
+        by_key = kjt.to_dict()
+        for config in configs:
+            missing = [f for f in config.feature_names if f not in by_key]
+            if missing:
+                raise ValueError(
+                    f"table {config.name!r}: features {missing} are not in the batch "
+                    f"(keys: {list(by_key)})"
+                )
+            ids = torch.cat([by_key[f].values() for f in config.feature_names])
+            batch = kjt.stride()
+            if ids.numel() == 0:
+                continue
+            pf = ids.numel() / batch
+            per_table[config.name].append((pf, hist_from_ids(ids.numpy()), ids.numel()))
+    if n_batches == 0:
+        raise ValueError("no KeyedJaggedTensor batches were given")
+    specs = []
+    for config in configs:
+        stats = per_table[config.name]
+        measured = merge_stats(stats) if stats else None
+        cons = (constraints or {}).get(config.name)
+        specs.append(spec_from_config(config, cons, measured))
+    return specs

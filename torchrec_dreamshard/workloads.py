@@ -1,0 +1,128 @@
+"""Deterministic batches of ids whose statistics match a :class:`TableSpec`.
+
+A batch of ``B`` samples for a table with pooling factor ``p`` holds ``N = round(B * p)``
+ids. Which rows they hit follows the table's reuse histogram ``h``: rows are drawn one at a
+time, each with an access count drawn from bin ``k`` with probability ``h[k]`` (uniform over
+the bin's integer range), until the counts add up to ``N`` (the last row takes what is
+left). The chosen rows are distinct random rows of the table; the ids are shuffled and dealt
+to the samples at random, so per-sample lengths are multinomial with mean ``p``.
+
+When the table has too few rows for the histogram (a small table hit many times), every row
+is used and the counts are scaled up to reach ``N``; the histogram then shifts towards
+higher counts, as it must.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, bin_count_range
+
+# Tolerances the tests hold the generator to (for tables with enough rows, N >= 20000).
+POOLING_TOLERANCE = 0.01  # relative
+HIST_L1_TOLERANCE = 0.05
+
+_BIN_LOW = np.array([bin_count_range(k)[0] for k in range(NUM_REUSE_BINS)])
+_BIN_HIGH = np.array([bin_count_range(k)[1] for k in range(NUM_REUSE_BINS)])
+
+
+def _draw_counts(hist: np.ndarray, total: int, rows: int, rng: np.random.Generator) -> np.ndarray:
+    """Access counts of distinct rows, drawn by ``hist``, summing to exactly ``total``."""
+    mean_count = float(np.sum(hist * (_BIN_LOW + _BIN_HIGH) / 2.0))
+    guess = int(min(rows, max(1, 1.2 * total / max(mean_count, 1.0) + 64)))
+    counts = np.empty(0, dtype=np.int64)
+    while True:
+        bins = rng.choice(NUM_REUSE_BINS, size=guess, p=hist)
+        drawn = rng.integers(_BIN_LOW[bins], _BIN_HIGH[bins] + 1)
+        counts = np.concatenate([counts, drawn])[:rows]
+        cum = np.cumsum(counts)
+        if cum[-1] >= total:
+            n = int(np.searchsorted(cum, total)) + 1  # rows needed to reach total
+            counts = counts[:n].copy()
+            counts[-1] -= int(cum[n - 1] - total)
+            return counts
+        if counts.size >= rows:  # every row used: scale up to reach total
+            scaled = np.floor(counts * (total / cum[-1])).astype(np.int64)
+            scaled = np.maximum(scaled, 1)
+            short = total - int(scaled.sum())
+            if short > 0:
+                np.add.at(scaled, rng.integers(0, scaled.size, short), 1)
+            elif short < 0:
+                scaled = _trim(scaled, -short)
+            return scaled
+
+
+def _trim(counts: np.ndarray, excess: int) -> np.ndarray:
+    """Remove ``excess`` accesses from the largest counts, keeping every count >= 1."""
+    order = np.argsort(-counts)
+    for i in order:
+        take = min(excess, int(counts[i]) - 1)
+        counts[i] -= take
+        excess -= take
+        if excess == 0:
+            break
+    return counts
+
+
+def generate_batch(
+    spec: TableSpec, batch_size: int, seed: int | np.random.Generator = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One batch of ids for ``spec``.
+
+    Args:
+        spec: the table.
+        batch_size: samples in the batch.
+        seed: an integer seed or a numpy ``Generator`` (batches are deterministic in it).
+
+    Returns:
+        ``(ids, offsets)`` as int64 tensors: ``ids`` flat, ``offsets`` of length
+        ``batch_size + 1``.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    total = max(1, int(round(batch_size * spec.pooling_factor)))
+    counts = _draw_counts(spec.hist(batch_size), total, spec.rows, rng)
+    rows = _distinct_rows(spec.rows, counts.size, rng)
+    ids = np.repeat(rows, counts)
+    rng.shuffle(ids)
+    lengths = np.bincount(rng.integers(0, batch_size, total), minlength=batch_size)
+    offsets = np.zeros(batch_size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(offsets)
+
+
+def _distinct_rows(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    if n > rows:
+        raise AssertionError("more distinct rows than the table has")
+    if n * 4 >= rows:
+        return rng.permutation(rows)[:n]
+    # Sparse case: draw with replacement, then top up until n distinct rows.
+    picked = np.unique(rng.integers(0, rows, int(n * 1.1) + 8))
+    while picked.size < n:
+        picked = np.unique(np.concatenate([picked, rng.integers(0, rows, n)]))
+    return rng.permutation(picked)[:n]
+
+
+def generate_fused_batch(
+    specs: Sequence[TableSpec], batch_size: int, seed: int | np.random.Generator = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch for a fused (table-batched) kernel over ``specs``.
+
+    Returns:
+        ``(indices, offsets)`` in FBGEMM's table-major layout: ``offsets`` has
+        ``len(specs) * batch_size + 1`` entries, table ``t``'s bags first.
+    """
+    if not specs:
+        raise ValueError("a fused batch needs at least one table")
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    all_ids, all_offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
+    for spec in specs:
+        ids, offsets = generate_batch(spec, batch_size, rng)
+        all_ids.append(ids)
+        all_offsets.append(offsets[1:] + base)
+        base += ids.numel()
+    return torch.cat(all_ids), torch.cat(all_offsets)
