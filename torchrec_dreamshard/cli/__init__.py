@@ -9,11 +9,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-# name -> module under torchrec_dreamshard.cli
-SUBCOMMANDS = {
-    "demo": "demo",
-    "pool": "pool",
-}
+# Modules under torchrec_dreamshard.cli, one per subcommand (named like the subcommand).
+SUBCOMMANDS = [
+    "demo",
+    "pool",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Learned embedding-table sharding for TorchRec (after DreamShard).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
+    for module in SUBCOMMANDS:
         mod = importlib.import_module(f"torchrec_dreamshard.cli.{module}")
         mod.add_parser(sub)
     return parser
