@@ -1,7 +1,18 @@
 """torchrec-dreamshard: a learned embedding-table sharding planner for TorchRec."""
 
+from typing import Any
+
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
 __version__ = "0.1.0"
-__all__ = ["TableSpec", "Task", "__version__"]
+__all__ = ["DreamShardPlanner", "TableSpec", "Task", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # DreamShardPlanner pulls in TorchRec's planner: import it only when asked for.
+    if name == "DreamShardPlanner":
+        from torchrec_dreamshard.planner.planners import DreamShardPlanner
+
+        return DreamShardPlanner
+    raise AttributeError(f"module 'torchrec_dreamshard' has no attribute {name!r}")

@@ -1,0 +1,333 @@
+"""``DreamShardEnumerator`` and ``CostNetShardEstimator``: the search space DreamShard plans.
+
+Every table the policy can place (an ``EmbeddingBagCollection`` table whose constraints
+allow table-wise sharding on the fused kernel, and whose table-wise storage fits at least
+one device after TorchRec's storage reservation) gets exactly one option: table-wise, fused.
+Every other table gets the options TorchRec's own ``EmbeddingEnumerator`` would give it
+(without table-wise when it fits no device), and TorchRec's machinery plans it.
+
+Perf of a DreamShard option is the cost network's single-table forward, backward and
+communication time on the task's device count and global batch; storage is TorchRec's
+``EmbeddingStorageEstimator``; perf of every other option is TorchRec's perf estimator.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
+from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    Perf,
+    PlannerError,
+    PlannerErrorType,
+    SharderDataMap,
+    ShardEstimator,
+    ShardingOption,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.types import ModuleSharder
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_dreamshard.cost_model import device_context
+from torchrec_dreamshard.planner.types import (
+    DREAMSHARD_COMPUTE_KERNEL,
+    DREAMSHARD_SHARDING_TYPE,
+    PlacementAgent,
+    device_capacity,
+    is_dreamshard_option,
+    memory_tier,
+    option_bytes,
+    prediction_task,
+    spec_for_option,
+)
+from torchrec_dreamshard.tables import TableSpec, hist_from_ids, merge_stats
+from torchrec_dreamshard.tasks import Task
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+SpecFn = Callable[[ShardingOption], TableSpec]
+
+
+def single_table_costs(agent: Any, task: Task) -> np.ndarray:
+    """``[T, 3]`` predicted forward, backward and communication ms of each table of
+    ``task`` alone on one of its ``task.num_devices`` devices, at the task's batch."""
+    net = agent.cost_net
+    with torch.no_grad():
+        enc = net.encode(torch.from_numpy(agent.features(task)))
+        log_dev = net.device_log_costs(enc, device_context(task.num_devices))
+    return torch.exp(log_dev).numpy().astype(np.float64) * agent.batch_scale(task)
+
+
+class CostNetShardEstimator(ShardEstimator):
+    """Fills the perf of DreamShard options from the cost network.
+
+    Options DreamShard does not place are rated by TorchRec's default perf estimator.
+
+    Args:
+        topology: the devices.
+        constraints: TorchRec per-table constraints.
+        agent: the DreamShard agent whose cost network rates the tables.
+        batch_size: the *global* batch (TorchRec's per-rank batch times the world size).
+        spec_fn: turns an option into a :class:`TableSpec` (defaults to
+            :func:`spec_for_option`, without reuse statistics).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        agent: PlacementAgent | None = None,
+        batch_size: int = 512,
+        spec_fn: SpecFn | None = None,
+    ) -> None:
+        if agent is None:
+            raise ValueError("CostNetShardEstimator needs a DreamShard agent (agent=...)")
+        self._topology = topology
+        self._agent = agent
+        self._batch_size = batch_size
+        self._spec_fn: SpecFn = spec_fn or spec_for_option
+        self._fallback: ShardEstimator = EmbeddingPerfEstimatorFactory.create(
+            DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints
+        )
+
+    def estimate(
+        self, sharding_options: list[ShardingOption], sharder_data_map: SharderDataMap
+    ) -> None:
+        """Set ``shard.perf`` of every option in place."""
+        ours = [o for o in sharding_options if is_dreamshard_option(o)]
+        others = [o for o in sharding_options if not is_dreamshard_option(o)]
+        if others:
+            self._fallback.estimate(others, sharder_data_map=sharder_data_map)
+        if not ours:
+            return
+        specs = _unique_specs([self._spec_fn(o) for o in ours])
+        task = prediction_task(specs, self._topology.world_size, self._batch_size)
+        costs = single_table_costs(self._agent, task)
+        row = {t.name: i for i, t in enumerate(specs)}
+        for option in ours:
+            fwd, bwd, comm = costs[row[option.fqn]]
+            for shard in option.shards:
+                shard.perf = Perf(
+                    fwd_compute=float(fwd),
+                    fwd_comms=float(comm),
+                    bwd_compute=float(bwd),
+                    bwd_comms=0.0,
+                )
+
+
+def _unique_specs(specs: Sequence[TableSpec]) -> list[TableSpec]:
+    seen: dict[str, TableSpec] = {}
+    for s in specs:
+        seen.setdefault(s.name, s)
+    return list(seen.values())
+
+
+class DreamShardEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator, narrowed to one table-wise fused option per DreamShard table.
+
+    Args:
+        topology: the devices.
+        batch_size: TorchRec's per-rank batch.
+        constraints: TorchRec per-table constraints (pooling factors, allowed sharding
+            types and kernels).
+        agent: the DreamShard agent (its cost network fills the perf of our options).
+        storage_reservation: the planner's storage reservation; a table whose table-wise
+            storage fits no device after it is left to TorchRec.
+        sample_batches: optional ``KeyedJaggedTensor`` batches (per-rank batches) from
+            which each table's reuse histogram is measured; consecutive groups of
+            ``world_size`` batches are taken together as the global batch a table-wise
+            kernel sees.
+        estimator: override the estimators (default: the cost network plus TorchRec's
+            storage estimator).
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        batch_size: int,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        agent: PlacementAgent | None = None,
+        storage_reservation: StorageReservation | None = None,
+        sample_batches: Iterable[Any] | None = None,
+        estimator: ShardEstimator | list[ShardEstimator] | None = None,
+    ) -> None:
+        self._topology = topology
+        self._reservation = storage_reservation
+        self._samples = list(sample_batches) if sample_batches is not None else []
+        self.table_specs: dict[str, TableSpec] = {}
+        self.fallback_fqns: set[str] = set()
+        self._reuse: dict[str, tuple[float, ...]] = {}
+        self._too_big: dict[str, tuple[int, int]] = {}
+        self._cache: tuple[Any, Any, list[ShardingOption]] | None = None
+        if estimator is None:
+            estimator = [
+                CostNetShardEstimator(
+                    topology, constraints, agent, batch_size * topology.world_size,
+                    spec_fn=self.table_spec,
+                ),
+                EmbeddingStorageEstimator(topology=topology, constraints=constraints),
+            ]  # fmt: skip
+        super().__init__(topology, batch_size, constraints, estimator)
+
+    # -- public ---------------------------------------------------------------------------
+
+    def table_spec(self, option: ShardingOption) -> TableSpec:
+        """The :class:`TableSpec` of a DreamShard option (with measured reuse, if any)."""
+        spec = self.table_specs.get(option.fqn)
+        if spec is None:
+            spec = spec_for_option(option, self._reuse.get(option.fqn))
+            self.table_specs[option.fqn] = spec
+        return spec
+
+    def enumerate(
+        self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
+    ) -> list[ShardingOption]:
+        """Sharding options for ``module``: one per DreamShard table, TorchRec's for the
+        rest (see the module docstring)."""
+        if self._cache is not None and self._cache[0] is module and self._cache[1] == sharders:
+            return copy.deepcopy(self._cache[2])
+        self.table_specs = {}
+        self._too_big = {}
+        self._reuse = _reuse_hists(module, self._samples, self._topology.world_size)
+        options = self._enumerate_once(module, sharders)
+        too_big = self._too_big_tables(options)
+        if too_big:
+            self._too_big = too_big
+            redo = self._enumerate_once(module, sharders)
+            options = [o for o in options if o.name not in too_big] + [
+                o for o in redo if o.name in too_big
+            ]
+        self.fallback_fqns = {o.fqn for o in options if not is_dreamshard_option(o)}
+        if self.fallback_fqns:
+            logger.info(
+                "DreamShard leaves %d table(s) to TorchRec's planner: %s",
+                len(self.fallback_fqns),
+                sorted(self.fallback_fqns),
+            )
+        self._cache = (module, sharders, copy.deepcopy(options))
+        return options
+
+    # -- TorchRec hooks -------------------------------------------------------------------
+
+    def _filter_sharding_types(
+        self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
+    ) -> list[str]:
+        types = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+        if name in self._too_big:
+            rest = [t for t in types if t != DREAMSHARD_SHARDING_TYPE]
+            if not rest:
+                raise PlannerError(
+                    self._too_big_message(name), PlannerErrorType.INSUFFICIENT_STORAGE
+                )
+            return rest
+        if self._eligible(name, types, sharder_key):
+            return [DREAMSHARD_SHARDING_TYPE]
+        return types
+
+    def _filter_compute_kernels(
+        self, name: str, allowed_compute_kernels: list[str], sharding_type: str
+    ) -> list[str]:
+        kernels = super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
+        if (
+            sharding_type == DREAMSHARD_SHARDING_TYPE
+            and name not in self._too_big
+            and DREAMSHARD_COMPUTE_KERNEL in kernels
+        ):
+            return [DREAMSHARD_COMPUTE_KERNEL]
+        return kernels
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _enumerate_once(
+        self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
+    ) -> list[ShardingOption]:
+        self._last_stored_module = None  # TorchRec's own cache would skip our second pass
+        try:
+            return super().enumerate(module, sharders)
+        finally:
+            self._last_stored_module = None
+            self._last_stored_search_space = None
+
+    def _eligible(self, name: str, types: list[str], sharder_key: str) -> bool:
+        """Table-wise fused is allowed and the module is an EmbeddingBagCollection."""
+        sharder = self._sharder_map.get(sharder_key)
+        if sharder is None or DREAMSHARD_SHARDING_TYPE not in types:
+            return False
+        if not issubclass(sharder.module_type, EmbeddingBagCollection):
+            return False
+        kernels = super()._filter_compute_kernels(
+            name,
+            sharder.compute_kernels(DREAMSHARD_SHARDING_TYPE, self._compute_device),
+            DREAMSHARD_SHARDING_TYPE,
+        )
+        return DREAMSHARD_COMPUTE_KERNEL in kernels
+
+    def _capacity_topology(self) -> Topology:
+        reserved = self._reservation.last_reserved_topology if self._reservation else None
+        return reserved if reserved is not None else self._topology
+
+    def _too_big_tables(self, options: list[ShardingOption]) -> dict[str, tuple[int, int]]:
+        """Names of DreamShard tables whose table-wise storage fits no device, with
+        (bytes needed, largest device's bytes)."""
+        topo = self._capacity_topology()
+        tier = memory_tier(topo)
+        biggest = max(device_capacity(topo))
+        out: dict[str, tuple[int, int]] = {}
+        for o in options:
+            if is_dreamshard_option(o) and option_bytes(o, tier) > biggest:
+                out[o.name] = (option_bytes(o, tier), biggest)
+        return out
+
+    def _too_big_message(self, name: str) -> str:
+        need, biggest = self._too_big[name]
+        tier = memory_tier(self._topology).upper()
+        return (
+            f"table {name!r} needs {need} bytes of {tier} table-wise, more than any device "
+            f"has after TorchRec's storage reservation ({biggest} bytes), and its "
+            "ParameterConstraints allow no other sharding type: allow row_wise or "
+            "column_wise for it, add devices or memory, or make the table smaller"
+        )
+
+
+# ----------------------------------------------------------------------------------------
+# Reuse statistics from sample KeyedJaggedTensor batches
+# ----------------------------------------------------------------------------------------
+
+
+def _reuse_hists(
+    module: nn.Module, batches: Sequence[Any], world_size: int
+) -> dict[str, tuple[float, ...]]:
+    """Reuse histogram of every EmbeddingBagCollection table whose features are all in the
+    sample batches, by the table's fully qualified name."""
+    if not batches:
+        return {}
+    dicts = [kjt.to_dict() for kjt in batches]
+    groups = [dicts[i : i + world_size] for i in range(0, len(dicts), world_size)]
+    out: dict[str, tuple[float, ...]] = {}
+    for path, child in module.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        for config in child.embedding_bag_configs():
+            stats = []
+            for group in groups:
+                ids = [d[f].values() for d in group for f in config.feature_names if f in d]
+                if len(ids) < len(group) * len(config.feature_names):
+                    stats = []
+                    break
+                flat = torch.cat(ids)
+                if flat.numel():
+                    stats.append((0.0, hist_from_ids(flat.cpu().numpy()), flat.numel()))
+            if stats:
+                out[f"{path}.{config.name}"] = merge_stats(stats)[1]
+    return out

@@ -1,0 +1,79 @@
+"""``CostNetPerfModel``: rates a plan with the DreamShard cost network.
+
+For the table-wise tables DreamShard placed, the cost network predicts each rank's fused
+forward, backward and communication time and the overall step cost. Shards TorchRec placed
+(tables DreamShard leaves to it) add TorchRec's own perf estimate to their rank. The rating
+is the cost network's step cost plus the largest per-rank TorchRec estimate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
+
+from torchrec_dreamshard.planner.types import (
+    PlacementAgent,
+    PlanPrediction,
+    is_dreamshard_option,
+    prediction_task,
+    spec_for_option,
+)
+from torchrec_dreamshard.tables import TableSpec
+
+
+class CostNetPerfModel(PerfModel):
+    """The cost network as a TorchRec ``PerfModel``.
+
+    Args:
+        agent: the DreamShard agent.
+        topology: the devices.
+        batch_size: the *global* batch the table-wise kernels process.
+        spec_fn: turns an option into a :class:`TableSpec` (the enumerator's
+            ``table_spec``, which knows measured reuse statistics).
+    """
+
+    def __init__(
+        self,
+        agent: PlacementAgent,
+        topology: Topology,
+        batch_size: int,
+        spec_fn: Callable[[ShardingOption], TableSpec] | None = None,
+    ) -> None:
+        self._agent = agent
+        self._topology = topology
+        self._batch_size = batch_size
+        self._spec_fn = spec_fn or spec_for_option
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        """Predicted step cost of ``plan`` in ms (lower is better)."""
+        return self.predict(plan).step_ms
+
+    def predict(self, plan: list[ShardingOption]) -> PlanPrediction:
+        """Per-rank predicted times of a partitioned plan (every shard has a rank)."""
+        world = self._topology.world_size
+        other = [0.0] * world
+        tables = [0] * world
+        ours: list[ShardingOption] = []
+        for option in plan:
+            for rank in {s.rank for s in option.shards}:
+                tables[rank] += 1
+            if is_dreamshard_option(option):
+                ours.append(option)
+                continue
+            for shard in option.shards:
+                other[shard.rank] += shard.perf.total if shard.perf is not None else 0.0
+        zeros = [0.0] * world
+        if not ours:
+            return PlanPrediction(zeros, zeros[:], zeros[:], other, max(other), tables)
+        specs = [self._spec_fn(o) for o in ours]
+        task = prediction_task(specs, world, self._batch_size)
+        pred = self._agent.predict(task, [o.shards[0].rank for o in ours])
+        return PlanPrediction(
+            fwd_ms=list(pred.fwd_ms),
+            bwd_ms=list(pred.bwd_ms),
+            comm_ms=list(pred.comm_ms),
+            other_ms=other,
+            step_ms=float(pred.step_ms) + max(other),
+            tables=tables,
+        )

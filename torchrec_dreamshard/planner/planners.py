@@ -1,0 +1,157 @@
+"""``DreamShardPlanner``: a TorchRec ``EmbeddingShardingPlanner`` whose table-wise
+placements come from a trained DreamShard policy.
+
+Usage, in an existing TorchRec training job::
+
+    planner = DreamShardPlanner(topology=topology, batch_size=B, constraints=constraints)
+    plan = planner.collective_plan(model, sharders, pg)
+    model = DistributedModelParallel(model, device=device, plan=plan)
+
+It is wired from TorchRec's own extension points: :class:`DreamShardEnumerator` (with
+:class:`CostNetShardEstimator` and TorchRec's storage estimator), :class:`DreamShardProposer`
+(runs the policy), :class:`DreamShardPartitioner` (keeps the policy's ranks, checks memory),
+:class:`CostNetPerfModel` (rates the plan) and :class:`CostNetStats` (logs the predicted
+per-rank times after TorchRec's ``EmbeddingStats``). Nothing here trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torchrec.distributed.comm import get_local_size
+from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    ShardingOption,
+    Stats,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.utils import get_device_type
+
+from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
+from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
+from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.stats import CostNetStats
+from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlacementAgent, PlanPrediction
+
+
+def default_topology() -> Topology:
+    """The current process group's topology, as TorchRec's planner builds it."""
+    if not dist.is_initialized():
+        raise ValueError(
+            "topology=None needs an initialised process group; pass "
+            "topology=Topology(world_size=..., compute_device=...)"
+        )
+    return Topology(
+        world_size=dist.get_world_size(),
+        compute_device=get_device_type(),
+        local_world_size=get_local_size(),
+    )
+
+
+def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
+    """The agent in ``checkpoint`` (``None``: the one bundled with the package)."""
+    from torchrec_dreamshard.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint)
+
+
+class DreamShardPlanner(EmbeddingShardingPlanner):
+    """A TorchRec sharding planner driven by a trained DreamShard policy.
+
+    Args:
+        topology: the devices (default: the current process group's).
+        batch_size: TorchRec's per-rank batch size (default TorchRec's 512). Under
+            table-wise sharding each rank's kernels see the global batch, so the policy
+            plans for ``batch_size * world_size``.
+        constraints: TorchRec ``ParameterConstraints`` by table name: pooling factors,
+            allowed sharding types and compute kernels.
+        checkpoint: a checkpoint written by ``dreamshard train``; ``None`` uses the one
+            bundled with the package (trained on CPU).
+        agent: an already loaded agent (overrides ``checkpoint``).
+        mode: ``"greedy"`` (one policy roll-out, milliseconds) or ``"search"`` (also
+            ``num_samples`` sampled roll-outs; the cost network keeps the best).
+        num_samples: sampled roll-outs in search mode.
+        seed: sampling seed.
+        sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
+            features; each table's reuse histogram is measured from them.
+        storage_reservation: TorchRec storage reservation (default
+            ``HeuristicalStorageReservation(percentage=0.15)``, TorchRec's default).
+        stats: stats loggers (default TorchRec's ``EmbeddingStats`` then
+            :class:`CostNetStats`).
+        debug: TorchRec's per-table stats.
+        callbacks: TorchRec plan callbacks.
+        timeout_seconds: TorchRec's planning timeout.
+    """
+
+    def __init__(
+        self,
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        checkpoint: str | Path | None = None,
+        agent: PlacementAgent | None = None,
+        mode: str = "greedy",
+        num_samples: int = 16,
+        seed: int = 0,
+        sample_batches: Iterable[Any] | None = None,
+        storage_reservation: StorageReservation | None = None,
+        stats: Stats | list[Stats] | None = None,
+        debug: bool = True,
+        callbacks: list[Callable[[list[ShardingOption]], list[ShardingOption]]] | None = None,
+        timeout_seconds: int | None = None,
+    ) -> None:
+        if mode not in PLACEMENT_MODES:
+            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
+        topology = topology if topology is not None else default_topology()
+        batch_size = batch_size or BATCH_SIZE
+        self.agent: PlacementAgent = agent if agent is not None else load_agent(checkpoint)
+        global_batch = batch_size * topology.world_size
+        reservation = storage_reservation or HeuristicalStorageReservation(percentage=0.15)
+        enumerator = DreamShardEnumerator(
+            topology, batch_size, constraints, self.agent, reservation, sample_batches
+        )
+        self.proposer = DreamShardProposer(
+            self.agent, topology, global_batch, reservation, mode, num_samples, seed
+        )
+        self.perf_model = CostNetPerfModel(
+            self.agent, topology, global_batch, spec_fn=enumerator.table_spec
+        )
+        self.cost_stats = CostNetStats(self.perf_model)
+        if stats is None:
+            stats = [EmbeddingStats(), self.cost_stats]
+        super().__init__(
+            topology=topology,
+            batch_size=batch_size,
+            enumerator=enumerator,
+            storage_reservation=reservation,
+            proposer=self.proposer,
+            partitioner=DreamShardPartitioner(),
+            performance_model=self.perf_model,
+            stats=stats,
+            constraints=constraints,
+            debug=debug,
+            callbacks=callbacks,
+            timeout_seconds=timeout_seconds,
+        )
+
+    @property
+    def last_prediction(self) -> PlanPrediction | None:
+        """The cost network's per-rank prediction of the last plan (``None`` before)."""
+        return self.cost_stats.last_prediction
+
+    @property
+    def last_placement(self) -> dict[str, int]:
+        """Rank of every table the policy placed in the last plan, by fully qualified
+        name (``"module.path.table"``)."""
+        return dict(self.proposer.last_placement)

@@ -1,0 +1,60 @@
+"""``CostNetStats``: logs the cost network's predicted per-rank times of the chosen plan,
+next to TorchRec's own ``EmbeddingStats`` table."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from torchrec.distributed.planner.types import ShardingOption, Stats
+from torchrec.distributed.types import ShardingPlan
+
+from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.types import PlanPrediction
+
+logger: logging.Logger = logging.getLogger(__name__)
+
+WIDTH = 80
+
+
+class CostNetStats(Stats):
+    """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of predicted
+    forward, backward and communication times, and keeps it as :attr:`last_prediction`.
+
+    Args:
+        perf_model: the cost-network perf model that rates plans.
+    """
+
+    def __init__(self, perf_model: CostNetPerfModel) -> None:
+        self._perf_model = perf_model
+        self.last_prediction: PlanPrediction | None = None
+        self.last_table: list[str] = []
+
+    def log(
+        self,
+        sharding_plan: ShardingPlan,
+        topology: Any,
+        batch_size: int,
+        storage_reservation: Any,
+        num_proposals: int,
+        num_plans: int,
+        run_time: float,
+        best_plan: list[ShardingOption],
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
+        """Predict and log the chosen plan's per-rank times (nothing when no plan)."""
+        if not sharding_plan.plan or not best_plan:
+            return
+        self.last_prediction = self._perf_model.predict(best_plan)
+        title = "--- DreamShard cost network: predicted per-rank embedding times ---"
+        rows = [
+            *self.last_prediction.format(),
+            "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all; "
+            "Other: TorchRec's estimate of the shards it placed",
+        ]
+        self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]
+        self.last_table += [f"# {row: <{WIDTH - 3}}#" for row in rows]
+        self.last_table.append("#" * WIDTH)
+        for row in self.last_table:
+            logger.info(row)

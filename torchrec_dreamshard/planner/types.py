@@ -1,0 +1,151 @@
+"""Shared types and helpers of the DreamShard planner components.
+
+The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM kernel;
+every other sharding option (row-, column-wise, data-parallel, UVM caching, ...) is left to
+TorchRec's own machinery. The helpers here turn TorchRec ``ShardingOption``s into the
+:class:`~torchrec_dreamshard.tables.TableSpec` / :class:`~torchrec_dreamshard.tasks.Task`
+the policy and cost network understand, and read device memory off a ``Topology``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
+from torchrec.distributed.types import ShardingType
+
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import CostPrediction
+
+DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
+DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
+PLACEMENT_MODES: tuple[str, ...] = ("greedy", "search")
+
+
+class PlacementAgent(Protocol):
+    """What the planner needs of a trained DreamShard agent (``policy.DreamShard``)."""
+
+    def place(
+        self, task: Task, mode: str = "greedy", num_samples: int = 16, seed: int = 0
+    ) -> list[int]: ...
+
+    def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction: ...
+
+
+def is_dreamshard_option(option: ShardingOption) -> bool:
+    """Whether the policy places this option (table-wise on the fused kernel)."""
+    return (
+        option.sharding_type == DREAMSHARD_SHARDING_TYPE
+        and option.compute_kernel == DREAMSHARD_COMPUTE_KERNEL
+    )
+
+
+def memory_tier(topology: Topology) -> str:
+    """``"hbm"`` on accelerators, ``"ddr"`` for a CPU compute device (TorchRec's rule)."""
+    return "hbm" if topology.compute_device in ("cuda", "mtia") else "ddr"
+
+
+def storage_bytes(storage: Storage | None, tier: str) -> int:
+    """Bytes of ``storage`` on memory ``tier`` (0 when unknown)."""
+    return 0 if storage is None else int(getattr(storage, tier))
+
+
+def device_capacity(topology: Topology) -> list[int]:
+    """Each device's capacity on the tier the tables live on, in bytes."""
+    tier = memory_tier(topology)
+    return [storage_bytes(d.storage, tier) for d in topology.devices]
+
+
+def option_bytes(option: ShardingOption, tier: str) -> int:
+    """Total storage of a sharding option on ``tier`` (TorchRec's storage estimate)."""
+    return sum(storage_bytes(s.storage, tier) for s in option.shards)
+
+
+def spec_for_option(option: ShardingOption, reuse_hist: Sequence[float] | None = None) -> TableSpec:
+    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name.
+
+    The pooling factor is the sum of the option's ``input_lengths`` (the
+    ``ParameterConstraints.pooling_factors`` of its features, TorchRec's default 1.0 each),
+    as the fused kernel sees all of a table's features together.
+    """
+    rows, dim = (int(x) for x in option.tensor.shape)
+    bpe = option.tensor.element_size()
+    return TableSpec(
+        name=option.fqn,
+        rows=rows,
+        dim=dim,
+        pooling_factor=float(sum(option.input_lengths)) or 1.0,
+        reuse_hist=None if reuse_hist is None else tuple(reuse_hist),
+        bytes_per_element=bpe if bpe in (2, 4) else 4,
+    )
+
+
+def prediction_task(specs: Sequence[TableSpec], num_devices: int, batch_size: int) -> Task:
+    """A task for *rating* placements: memory is set so that any placement is valid."""
+    return Task(
+        tables=list(specs),
+        num_devices=num_devices,
+        memory_bytes=max(1, sum(t.size_bytes for t in specs)),
+        batch_size=batch_size,
+    )
+
+
+@dataclass
+class PlanPrediction:
+    """The cost network's view of a plan, per rank.
+
+    Args:
+        fwd_ms, bwd_ms, comm_ms: predicted fused-kernel forward, backward and all-to-all
+            times of the DreamShard-placed tables on each rank.
+        other_ms: TorchRec's perf estimate of the shards TorchRec placed, per rank.
+        step_ms: predicted overall embedding step cost of the plan (what the planner
+            minimises): the cost network's step cost plus the largest ``other_ms``.
+        tables: number of tables on each rank.
+    """
+
+    fwd_ms: list[float]
+    bwd_ms: list[float]
+    comm_ms: list[float]
+    other_ms: list[float]
+    step_ms: float
+    tables: list[int] = field(default_factory=list)
+
+    def total_ms(self, rank: int) -> float:
+        return self.fwd_ms[rank] + self.bwd_ms[rank] + self.comm_ms[rank] + self.other_ms[rank]
+
+    def to_dict(self) -> dict:
+        return {
+            "step_ms": self.step_ms,
+            "per_device": [
+                {
+                    "rank": r,
+                    "tables": self.tables[r] if self.tables else None,
+                    "fwd_ms": self.fwd_ms[r],
+                    "bwd_ms": self.bwd_ms[r],
+                    "comm_ms": self.comm_ms[r],
+                    "other_ms": self.other_ms[r],
+                }
+                for r in range(len(self.fwd_ms))
+            ],
+        }
+
+    def format(self) -> list[str]:
+        """Rows of a per-rank table, as the planner logs it."""
+        rows = [
+            f"{'Rank':>4} {'Tables':>6} {'Fwd ms':>9} {'Bwd ms':>9} {'Comm ms':>9} "
+            f"{'Other ms':>9} {'Total ms':>9}"
+        ]
+        for r in range(len(self.fwd_ms)):
+            n = self.tables[r] if self.tables else 0
+            rows.append(
+                f"{r:>4} {n:>6} {self.fwd_ms[r]:>9.3f} {self.bwd_ms[r]:>9.3f} "
+                f"{self.comm_ms[r]:>9.3f} {self.other_ms[r]:>9.3f} {self.total_ms(r):>9.3f}"
+            )
+        rows.append(f"Predicted step cost: {self.step_ms:.3f} ms")
+        return rows
