@@ -1,0 +1,173 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import (
+    DLRM_PUBLISHED_ACCESS_SHARE,
+    DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
+    Task,
+    TaskSampler,
+    access_share_to_row_hist,
+    check_placement,
+    load_dlrm_dataset,
+    placement_from_dict,
+    pool_access_share,
+    pool_rows_accessed_once,
+    row_hist_to_access_share,
+    synthetic_pool,
+)
+
+
+def tables(n=4, rows=1000, dim=16):
+    return [TableSpec(name=f"t{i}", rows=rows, dim=dim, pooling_factor=2.0) for i in range(n)]
+
+
+def test_task_json_round_trip(tmp_path):
+    task = Task(tables=tables(), num_devices=2, memory_bytes=[200_000, 300_000], batch_size=64)
+    path = tmp_path / "task.json"
+    task.save(path)
+    again = Task.load(path)
+    assert again.to_dict() == task.to_dict()
+    assert again.memory == [200_000, 300_000]
+
+
+def test_task_accepts_design_md_format():
+    data = {
+        "num_devices": 4,
+        "memory_bytes": 17179869184,
+        "batch_size": 2048,
+        "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}],
+    }
+    task = Task.from_dict(data)
+    assert task.memory == [17179869184] * 4
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(tables=tables() + tables(1)), "duplicate table names: \\['t0'\\]"),
+        (dict(memory_bytes=1000), "bigger than every device"),
+        (dict(memory_bytes=70_000), "devices hold"),
+        (dict(num_devices=0), "num_devices"),
+        (dict(memory_bytes=[10**9]), "memory_bytes lists 1 devices"),
+        (dict(memory_bytes=-1), "positive"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(tables=[]), "at least one table"),
+    ],
+)
+def test_bad_tasks_name_the_culprit(kw, message):
+    base = dict(tables=tables(), num_devices=2, memory_bytes=10**9, batch_size=32)
+    base.update(kw)
+    with pytest.raises(ValueError, match=message):
+        Task(**base)
+
+
+def test_task_file_errors_name_the_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json"):
+        Task.load(bad)
+    bad.write_text(json.dumps({"num_devices": 2, "tables": []}))
+    with pytest.raises(ValueError, match="missing fields"):
+        Task.load(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        Task.load(tmp_path / "nope.json")
+
+
+def test_placement_checks_memory_and_names_device_tables():
+    task = Task(tables=tables(), num_devices=2, memory_bytes=150_000, batch_size=32)
+    assert check_placement(task, [0, 0, 1, 1]) == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match=r"device 0 .*\['t0', 't1', 't2'\]"):
+        check_placement(task, [0, 0, 0, 1])
+    with pytest.raises(ValueError, match="out of range"):
+        check_placement(task, [0, 0, 1, 2])
+    with pytest.raises(ValueError, match="3 entries for 4 tables"):
+        check_placement(task, [0, 0, 1])
+    assert placement_from_dict(task, {"t0": 1, "t1": 0, "t2": 0, "t3": 1}) == [1, 0, 0, 1]
+    with pytest.raises(ValueError, match="missing tables"):
+        placement_from_dict(task, {"t0": 1})
+
+
+def test_access_share_conversion_round_trips():
+    share = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE)
+    share17 = np.concatenate([share[:-1], [share[-1] / 2] * 2])
+    hist = access_share_to_row_hist(share)
+    np.testing.assert_allclose(row_hist_to_access_share(hist), share17 / share17.sum())
+
+
+def test_pool_is_deterministic_and_spread_widely():
+    pool = synthetic_pool(seed=3)
+    assert pool == synthetic_pool(seed=3)
+    assert len(pool) == 856
+    rows = [t.rows for t in pool]
+    assert min(rows) < 2000 and max(rows) > 2_000_000
+    assert {t.dim for t in pool} == {4, 8, 16, 32, 64, 128, 256}
+    pfs = [t.pooling_factor for t in pool]
+    assert min(pfs) == 1.0 and max(pfs) > 50
+    small = synthetic_pool(scale=0.1, seed=3)
+    for big, little in zip(pool, small, strict=True):
+        assert little.rows == 16 or abs(little.rows - big.rows * 0.1) <= 1
+        assert (little.dim, little.pooling_factor) == (big.dim, big.pooling_factor)
+
+
+def test_pool_matches_published_dlrm_statistics():
+    pool = synthetic_pool()
+    share = pool_access_share(pool, 65536)
+    published = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE)
+    ours16 = np.concatenate([share[:15], [share[15] + share[16]]])
+    assert np.abs(ours16 - published).max() < 0.03
+    once = pool_rows_accessed_once(pool, 65536)
+    assert abs(once - DLRM_PUBLISHED_ROWS_ACCESSED_ONCE) < 0.06
+
+
+def test_sampler_splits_are_disjoint_and_tasks_follow_the_rules():
+    pool = synthetic_pool(num_tables=100, scale=0.01)
+    sampler = TaskSampler(pool, seed=1)
+    train = {t.name for t in sampler.splits["train"]}
+    test = {t.name for t in sampler.splits["test"]}
+    assert not train & test and len(train | test) == 100
+    for _ in range(10):
+        task = sampler.sample("test", (5, 9), (2, 4, 8), batch_size=128)
+        assert 5 <= len(task.tables) <= 9 and task.num_devices in (2, 4, 8)
+        assert {t.name for t in task.tables} <= test
+        expected = max(
+            1.5 * task.total_bytes / task.num_devices,
+            1.05 * max(t.size_bytes for t in task.tables),
+        )
+        assert task.memory[0] == pytest.approx(expected, abs=1)
+    again = TaskSampler(pool, seed=1).sample("test", (5, 9), (2, 4, 8), batch_size=128)
+    first = TaskSampler(pool, seed=1).sample("test", (5, 9), (2, 4, 8), batch_size=128)
+    assert again.to_dict() == first.to_dict()
+    with pytest.raises(ValueError, match="split"):
+        sampler.sample("valid")
+
+
+def test_dataset_loader_reads_the_dlrm_file_format(tmp_path):
+    # 3 tables, batch 4; table 1 is empty.
+    lengths = torch.tensor([[1, 2, 0, 1], [0, 0, 0, 0], [3, 1, 1, 1]])
+    values = [[4, 4, 9, 4], [], [0, 1, 2, 0, 0, 7]]
+    indices = torch.tensor([v for vs in values for v in vs])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.reshape(-1).cumsum(0)])
+    path = tmp_path / "fbgemm_t3_bs4.pt"
+    torch.save((indices, offsets, lengths), path)
+    loaded = load_dlrm_dataset(path, dim=[8, 8, 16])
+    assert [d.spec.name for d in loaded] == ["dlrm_000", "dlrm_002"]
+    a, c = loaded
+    assert a.spec.rows == 10 and a.spec.pooling_factor == 1.0
+    assert a.spec.reuse_hist[2] == pytest.approx(0.5)  # row 4: 3 times
+    assert c.spec.dim == 16 and c.spec.pooling_factor == 1.5
+    assert c.ids.tolist() == [0, 1, 2, 0, 0, 7] and c.offsets.tolist() == [0, 3, 4, 5, 6]
+
+
+def test_dataset_loader_refuses_bad_files(tmp_path):
+    path = tmp_path / "bad.pt"
+    torch.save({"x": torch.zeros(2)}, path)
+    with pytest.raises(ValueError, match="indices, offsets, lengths"):
+        load_dlrm_dataset(path)
+    pickled = tmp_path / "evil.pt"
+    torch.save(object.__new__(TableSpec), pickled)  # needs code to load
+    with pytest.raises(ValueError, match="could not be read safely"):
+        load_dlrm_dataset(pickled)
