@@ -1,0 +1,368 @@
+"""The cost network: a placement's per-device and overall step cost, learned from
+measurements.
+
+Model. Each table ``i`` has the fixed feature vector ``x_i`` of
+:func:`torchrec_dreamshard.tables.table_features`. A shared MLP encodes it,
+``e_i = phi(x_i)`` (non-negative, ReLU output). A device ``d`` holding the set of tables
+``S_d`` is represented by the **sum** of its tables' encodings,
+
+    h_d = sum_{i in S_d} e_i,
+
+so its prediction cannot depend on the order of its tables. Three heads read
+``[h_d, c]`` (``c = log2(D) / 6``, the only context: the all-to-all depends on the device
+count) and predict the log of the device's fused forward, backward and communication
+times:
+
+    (log f_d, log b_d, log m_d) = psi([h_d, c]),   t_d = f_d + b_d + m_d.
+
+The overall head reads the **max over devices** of ``z_d = [h_d, log t_d]`` and adds a
+learned correction to the largest device total:
+
+    log step = max_d log t_d + rho(max_d z_d),
+
+so the step cost is invariant to the order of devices and, with ``rho`` small at
+initialisation, starts from the physical ``max_d t_d``. Empty devices are skipped (their
+cost is zero). Both sum and max make the network work for any number of tables and
+devices.
+
+Loss. Squared error of logarithms, ``mean((log y_hat - log y)^2)``, for the three device
+heads and the overall head. It is a relative error (``exp`` of the RMS is the typical
+ratio between prediction and measurement), so a 0.05 ms table and a 50 ms device weigh
+the same: the placement decisions hinge on the relative cost of small tables as much as
+of big ones, and a squared error in milliseconds would fit only the biggest devices. It
+is also symmetric in over- and under-prediction, unlike MAPE, and smooth.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from torchrec_dreamshard.tables import FEATURE_DIM, TableSpec, table_features
+
+EPS_MS = 1e-3  # ms; floor under measured costs before taking logs
+CTX_SCALE = 6.0  # log2(D) / 6: 64 devices -> 1.0
+
+
+def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
+    """Linear layers with ReLU between them (and after the last when ``last_relu``)."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def device_context(num_devices: int | torch.Tensor) -> torch.Tensor:
+    """The device-count context ``log2(D) / 6`` as a float tensor."""
+    d = torch.as_tensor(num_devices, dtype=torch.float32)
+    return torch.log2(d) / CTX_SCALE
+
+
+class CostNet(nn.Module):
+    """Per-table encoder, sum-per-device cost heads, max-over-devices overall head.
+
+    Args:
+        hidden: width of the encoder and the heads.
+        feature_dim: table feature size.
+    """
+
+    def __init__(self, hidden: int = 64, feature_dim: int = FEATURE_DIM):
+        super().__init__()
+        self.hidden = hidden
+        self.feature_dim = feature_dim
+        self.encoder = mlp([feature_dim, hidden, hidden], last_relu=True)
+        self.device_head = mlp([hidden + 1, hidden, hidden, 3])
+        self.overall_head = mlp([hidden + 1, hidden, 1])
+        with torch.no_grad():  # start the overall correction at ~0
+            self.overall_head[-1].weight.mul_(0.01)
+            self.overall_head[-1].bias.zero_()
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """Table encodings ``e_i``, ``[..., hidden]``."""
+        return self.encoder(x)
+
+    def device_log_costs(self, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """``[..., 3]`` log fwd/bwd/comm (ms) from device sums ``h`` ``[..., hidden]`` and
+        the context ``ctx`` (broadcast to ``h``'s leading shape)."""
+        c = ctx.expand(h.shape[:-1]).unsqueeze(-1)
+        return self.device_head(torch.cat([h, c], dim=-1))
+
+    def overall_log_cost(
+        self, h: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor
+    ) -> torch.Tensor:
+        """Log step cost from a dense state.
+
+        Args:
+            h: device sums ``[..., D, hidden]``.
+            log_dev: ``[..., D, 3]`` from :meth:`device_log_costs`.
+            occupied: ``[..., D]`` bool, devices holding at least one table.
+
+        Returns:
+            ``[...]`` log step cost in ms.
+        """
+        log_total = torch.logsumexp(log_dev, dim=-1)
+        z = torch.cat([h, log_total.unsqueeze(-1)], dim=-1)
+        neg = torch.finfo(z.dtype).min
+        z = z.masked_fill(~occupied.unsqueeze(-1), neg)
+        zmax = z.max(dim=-2).values
+        return zmax[..., -1] + self.overall_head(zmax).squeeze(-1)
+
+    def forward_packed(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predictions on a packed batch of placements.
+
+        Returns:
+            ``(log_dev [M, 3], log_step [P])`` for the M non-empty devices and the P
+            placements of the batch.
+        """
+        enc = self.encode(batch.x)
+        h = torch.zeros(batch.num_devices, self.hidden, dtype=enc.dtype)
+        h = h.index_add(0, batch.device_of_table, enc)
+        log_dev = self.device_log_costs(h, batch.ctx)
+        log_total = torch.logsumexp(log_dev, dim=-1)
+        z = torch.cat([h, log_total.unsqueeze(-1)], dim=-1)
+        idx = batch.placement_of_device.unsqueeze(-1).expand_as(z)
+        init = torch.full((batch.num_placements, z.shape[-1]), -1e30, dtype=z.dtype)
+        zmax = init.scatter_reduce(0, idx, z, reduce="amax", include_self=True)
+        log_step = zmax[:, -1] + self.overall_head(zmax).squeeze(-1)
+        return log_dev, log_step
+
+
+# ----------------------------------------------------------------------------------------
+# Packed batches
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class PackedBatch:
+    """Several placements' devices flattened for one network call.
+
+    Attributes:
+        x: features of every (device, table) pair, ``[N, F]``.
+        device_of_table: the row in the device list of each feature row, ``[N]``.
+        ctx: device-count context per device, ``[M]``.
+        placement_of_device: the placement each device belongs to, ``[M]``.
+        num_devices: M.
+        num_placements: P.
+    """
+
+    x: torch.Tensor
+    device_of_table: torch.Tensor
+    ctx: torch.Tensor
+    placement_of_device: torch.Tensor
+    num_devices: int
+    num_placements: int
+
+
+def pack(
+    placements: Sequence[tuple[np.ndarray, Sequence[Sequence[int]], int]],
+) -> PackedBatch:
+    """Pack placements for :meth:`CostNet.forward_packed`.
+
+    Args:
+        placements: per placement, ``(features [T, F], tables per non-empty device (index
+            lists into the features), num_devices D)``. Empty devices must be left out.
+    """
+    xs, dev_of_tab, ctx, pl_of_dev = [], [], [], []
+    m = 0
+    for p, (feats, devices, num_devices) in enumerate(placements):
+        for tables in devices:
+            if len(tables) == 0:
+                raise ValueError("pack() takes non-empty devices only")
+            xs.append(feats[np.asarray(tables, dtype=np.int64)])
+            dev_of_tab.append(np.full(len(tables), m, dtype=np.int64))
+            ctx.append(math.log2(num_devices) / CTX_SCALE)
+            pl_of_dev.append(p)
+            m += 1
+    return PackedBatch(
+        x=torch.from_numpy(np.concatenate(xs).astype(np.float32)),
+        device_of_table=torch.from_numpy(np.concatenate(dev_of_tab)),
+        ctx=torch.tensor(ctx, dtype=torch.float32),
+        placement_of_device=torch.tensor(pl_of_dev, dtype=torch.int64),
+        num_devices=m,
+        num_placements=len(placements),
+    )
+
+
+# ----------------------------------------------------------------------------------------
+# The training data the network sees
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class CostSample:
+    """One measured placement (or one measured fused kernel, as a 1-device placement).
+
+    Attributes:
+        group: the task it belongs to (for held-out splits and per-task rank metrics).
+        features: ``[T, F]`` table features.
+        devices: table indices per non-empty device.
+        num_devices: D of the task.
+        dev_ms: ``[M, 3]`` measured fwd/bwd/comm per non-empty device (ms).
+        step_ms: measured step cost (ms), or ``nan`` when only device costs are known.
+    """
+
+    group: str
+    features: np.ndarray
+    devices: list[list[int]]
+    num_devices: int
+    dev_ms: np.ndarray
+    step_ms: float
+
+
+def sample_from_measurement(
+    group: str,
+    tables: Sequence[TableSpec],
+    placement: Sequence[int],
+    num_devices: int,
+    batch_size: int,
+    per_device: Sequence[tuple[float, float, float]],
+    step_ms: float,
+) -> CostSample:
+    """A :class:`CostSample` from a measured placement (``per_device`` lists
+    ``(fwd, bwd, comm)`` ms for every device, empty ones included)."""
+    feats = table_features(tables, batch_size)
+    devices = [[i for i, p in enumerate(placement) if p == d] for d in range(num_devices)]
+    keep = [d for d in range(num_devices) if devices[d]]
+    dev_ms = np.asarray([per_device[d] for d in keep], dtype=np.float64).reshape(-1, 3)
+    return CostSample(group, feats, [devices[d] for d in keep], num_devices, dev_ms, step_ms)
+
+
+# ----------------------------------------------------------------------------------------
+# Fitting and metrics
+# ----------------------------------------------------------------------------------------
+
+
+def _targets(samples: Sequence[CostSample]) -> tuple[torch.Tensor, torch.Tensor]:
+    dev = np.concatenate([s.dev_ms for s in samples])
+    step = np.array([s.step_ms for s in samples], dtype=np.float64)
+    log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
+    log_step = torch.from_numpy(np.log(np.maximum(step, EPS_MS))).float()
+    return log_dev, log_step
+
+
+def log_mse_loss(
+    net: CostNet, batch: PackedBatch, log_dev: torch.Tensor, log_step: torch.Tensor
+) -> torch.Tensor:
+    """Squared log error of the device heads plus that of the overall head (where the
+    step cost was measured, i.e. not ``nan``)."""
+    pred_dev, pred_step = net.forward_packed(batch)
+    loss = ((pred_dev - log_dev) ** 2).mean()
+    known = torch.isfinite(log_step)
+    if known.any():
+        loss = loss + ((pred_step[known] - log_step[known]) ** 2).mean()
+    return loss
+
+
+def fit_cost_model(
+    net: CostNet,
+    samples: Sequence[CostSample],
+    epochs: int = 200,
+    batch_size: int = 64,
+    lr: float = 3e-3,
+    weight_decay: float = 1e-5,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[float]:
+    """Fit ``net`` in place with Adam on the squared log error; returns the loss per epoch.
+
+    Args:
+        net: the network (trained further from its current weights).
+        samples: training samples.
+        epochs: passes over the samples.
+        batch_size: placements per step.
+        lr: Adam learning rate (cosine-decayed to 10% over the epochs).
+        weight_decay: Adam weight decay.
+        seed: shuffling seed.
+        progress: show a tqdm bar.
+    """
+    if not samples:
+        raise ValueError("fit_cost_model needs at least one sample")
+    rng = np.random.default_rng(seed)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr * 0.1)
+    batches = _fixed_batches(samples, batch_size, rng)
+    history = []
+    epoch_iter = range(epochs)
+    if progress:
+        from tqdm import tqdm
+
+        epoch_iter = tqdm(epoch_iter, desc="fit cost net", leave=False)
+    net.train()
+    for _ in epoch_iter:
+        total = 0.0
+        for i in rng.permutation(len(batches)):
+            packed, log_dev, log_step = batches[i]
+            loss = log_mse_loss(net, packed, log_dev, log_step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss)
+        sched.step()
+        history.append(total / len(batches))
+    net.eval()
+    return history
+
+
+def _fixed_batches(samples: Sequence[CostSample], batch_size: int, rng: np.random.Generator):
+    """Pre-packed mini-batches (packing once keeps the epochs cheap)."""
+    order = rng.permutation(len(samples))
+    out = []
+    for start in range(0, len(order), batch_size):
+        chunk = [samples[i] for i in order[start : start + batch_size]]
+        packed = pack([(s.features, s.devices, s.num_devices) for s in chunk])
+        out.append((packed, *_targets(chunk)))
+    return out
+
+
+@torch.no_grad()
+def predict_samples(net: CostNet, samples: Sequence[CostSample]) -> tuple[np.ndarray, np.ndarray]:
+    """``(dev_ms [M, 3], step_ms [P])`` predicted for ``samples``."""
+    packed = pack([(s.features, s.devices, s.num_devices) for s in samples])
+    log_dev, log_step = net.forward_packed(packed)
+    return torch.exp(log_dev).numpy(), torch.exp(log_step).numpy()
+
+
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    pred, true = np.asarray(pred, float), np.asarray(true, float)
+    return float(np.mean(np.abs(pred - true) / np.maximum(np.abs(true), EPS_MS)) * 100.0)
+
+
+def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
+    """Kendall's tau-a between two equally long sequences (nan for fewer than 2)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    n = len(a)
+    if n < 2:
+        return float("nan")
+    i, j = np.triu_indices(n, k=1)
+    s = np.sign(a[i] - a[j]) * np.sign(b[i] - b[j])
+    return float(s.sum() / len(i))
+
+
+def evaluate_cost_model(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
+    """Held-out accuracy: MAPE of step and device costs, and the mean Kendall tau between
+    predicted and measured step cost over placements of the same task."""
+    with_step = [s for s in samples if math.isfinite(s.step_ms)]
+    out: dict[str, float] = {}
+    if samples:
+        dev_pred, _ = predict_samples(net, samples)
+        dev_true = np.concatenate([s.dev_ms for s in samples])
+        out["cost/device_total_mape"] = mape(dev_pred.sum(1), dev_true.sum(1))
+    if with_step:
+        _, step_pred = predict_samples(net, with_step)
+        step_true = np.array([s.step_ms for s in with_step])
+        out["cost/mape"] = mape(step_pred, step_true)
+        taus = []
+        for g in sorted({s.group for s in with_step}):
+            idx = [k for k, s in enumerate(with_step) if s.group == g]
+            if len(idx) >= 3:
+                taus.append(kendall_tau(step_pred[idx], step_true[idx]))
+        out["cost/kendall_tau"] = float(np.nanmean(taus)) if taus else float("nan")
+    return out
