@@ -1,0 +1,34 @@
+"""Measuring placements on real FBGEMM kernels and keeping every measurement.
+
+* :func:`measure_placement` runs one fused table-batched embedding kernel per device
+  (forward, and backward with the fused optimizer) and the all-to-all of pooled embeddings,
+  with the ``"local"`` or ``"distributed"`` backend;
+* :func:`time_fused_kernel` times one fused kernel over a set of tables;
+* :class:`CostStore` appends every measurement to SQLite and reads training examples back.
+"""
+
+from torchrec_dreamshard.measure.comm import CommModel, calibrate_comm_model, load_comm_model
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.hardware import hardware_fingerprint
+from torchrec_dreamshard.measure.kernels import REFERENCE_TABLES, time_fused_kernel
+from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement, random_placement
+from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
+from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+
+__all__ = [
+    "BACKENDS",
+    "CommModel",
+    "CostStore",
+    "DeviceCost",
+    "DeviceExample",
+    "MeasureConfig",
+    "PlacementExample",
+    "PlacementMeasurement",
+    "REFERENCE_TABLES",
+    "calibrate_comm_model",
+    "hardware_fingerprint",
+    "load_comm_model",
+    "measure_placement",
+    "random_placement",
+    "time_fused_kernel",
+]

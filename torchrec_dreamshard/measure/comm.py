@@ -1,0 +1,249 @@
+"""The all-to-all of pooled embeddings under table-wise sharding, timed and modelled.
+
+Forward: every device holds the pooled outputs ``[B, dims_d]`` of its tables for the whole
+batch and sends device ``j`` its slice of the batch (``B_j`` samples); it receives
+``[B_d, dims_i]`` from every device ``i``. Backward: the gradients go back the same way.
+Both are one ``all_to_all_single`` over the flattened outputs, as TorchRec does.
+
+The local backend has a single process and cannot run a collective, so it uses a model
+fitted to real ``all_to_all_single`` timings taken on this machine (gloo over loopback):
+
+    t(D, v) = a + b * (D - 1) + c * v        (ms, one all-to-all; v = MB a device sends
+                                              plus receives, its own slice excluded)
+
+and a device's communication is ``t`` for the forward plus ``t`` for the backward (the
+backward moves the same volume). ``a, b, c`` are least squares over timings on 2..4 ranks
+and random widths, clipped at 0; they are cached in a JSON file per machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.measure.config import stable_key
+from torchrec_dreamshard.measure.hardware import cpu_name
+
+_CALIBRATION_BATCHES = (512, 2048, 8192)
+_CALIBRATION_REPEATS = 5
+
+
+def local_batches(batch_size: int, num_devices: int) -> list[int]:
+    """Samples of the batch each device receives (as even as possible)."""
+    base, extra = divmod(batch_size, num_devices)
+    return [base + (j < extra) for j in range(num_devices)]
+
+
+def a2a_splits(dims: Sequence[int], batch_size: int, rank: int) -> tuple[list[int], list[int]]:
+    """Forward ``(input_splits, output_splits)`` in elements for ``rank``.
+
+    Args:
+        dims: pooled width (sum of table dims) of every device.
+        batch_size: the global batch.
+        rank: this device.
+    """
+    local = local_batches(batch_size, len(dims))
+    send = [local[j] * dims[rank] for j in range(len(dims))]
+    recv = [local[rank] * dims[i] for i in range(len(dims))]
+    return send, recv
+
+
+def a2a_megabytes(dims: Sequence[int], batch_size: int, rank: int, elem_bytes: int = 4) -> float:
+    """MB ``rank`` sends plus receives in one all-to-all, its own slice excluded."""
+    send, recv = a2a_splits(dims, batch_size, rank)
+    own = send[rank] + recv[rank]
+    return (sum(send) + sum(recv) - own) * elem_bytes / 1e6
+
+
+def time_all_to_all(
+    dims: Sequence[int],
+    batch_size: int,
+    iters: int,
+    warmup: int = 1,
+    group=None,
+    device: torch.device | None = None,
+) -> list[float]:
+    """Time the forward and backward all-to-all on an initialised process group.
+
+    Every rank of ``group`` must call it with the same ``dims``. Each all-to-all starts
+    after a barrier, so a rank's time is from the common start to its own completion.
+
+    Returns:
+        ``iters`` figures of forward + backward ms for this rank.
+    """
+    import torch.distributed as dist
+
+    rank = dist.get_rank(group)
+    device = device or torch.device("cpu")
+    send, recv = a2a_splits(dims, batch_size, rank)
+    fwd_in = torch.rand(sum(send), device=device)
+    fwd_out = torch.empty(sum(recv), device=device)
+    bwd_in = torch.rand(sum(recv), device=device)
+    bwd_out = torch.empty(sum(send), device=device)
+    times = []
+    for i in range(warmup + iters):
+        t = _timed_a2a(fwd_out, fwd_in, recv, send, group, device)
+        t += _timed_a2a(bwd_out, bwd_in, send, recv, group, device)
+        if i >= warmup:
+            times.append(t)
+    return times
+
+
+def _timed_a2a(out, inp, out_splits, in_splits, group, device) -> float:
+    import torch.distributed as dist
+
+    dist.barrier(group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    dist.all_to_all_single(out, inp, out_splits, in_splits, group=group)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) * 1e3
+
+
+# ----------------------------------------------------------------------------------------
+# The fitted model
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class CommModel:
+    """``t(D, MB) = latency_ms + per_peer_ms * (D - 1) + ms_per_mb * MB`` per all-to-all.
+
+    Args:
+        latency_ms: fixed cost of one all-to-all.
+        per_peer_ms: extra cost per other device.
+        ms_per_mb: cost per MB a device sends plus receives.
+        source: how the constants were obtained.
+        samples: timings the fit used.
+        rmse_ms: root mean square error of the fit on them.
+    """
+
+    latency_ms: float
+    per_peer_ms: float
+    ms_per_mb: float
+    source: str = ""
+    samples: int = 0
+    rmse_ms: float = 0.0
+
+    def all_to_all_ms(self, num_devices: int, megabytes: float) -> float:
+        """One all-to-all's ms for a device moving ``megabytes`` among ``num_devices``."""
+        if num_devices <= 1:
+            return 0.0
+        return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
+
+    def device_comm_ms(self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4) -> list:
+        """Forward + backward all-to-all ms of every device, given each device's width."""
+        d = len(dims)
+        return [
+            2 * self.all_to_all_ms(d, a2a_megabytes(dims, batch_size, r, elem_bytes))
+            for r in range(d)
+        ]
+
+
+def fit_comm_model(samples: Sequence[tuple[int, float, float]], source: str) -> CommModel:
+    """Least squares of ``(num_devices, MB, ms)`` samples (one all-to-all each)."""
+    arr = np.asarray(samples, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] < 3:
+        raise ValueError("fitting the all-to-all model needs at least 3 samples")
+    design = np.stack([np.ones(len(arr)), arr[:, 0] - 1, arr[:, 1]], axis=1)
+    coef, *_ = np.linalg.lstsq(design, arr[:, 2], rcond=None)
+    coef = np.maximum(coef, 0.0)
+    rmse = float(np.sqrt(np.mean((design @ coef - arr[:, 2]) ** 2)))
+    return CommModel(*(float(c) for c in coef), source=source, samples=len(arr), rmse_ms=rmse)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _calibration_worker(rank: int, world: int, port: int, out_path: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    rng = np.random.default_rng(0)
+    samples = []
+    try:
+        for d in range(2, world + 1):
+            group = dist.new_group(list(range(d)))
+            for batch in _CALIBRATION_BATCHES:
+                dims = [int(x) for x in rng.choice([0, 64, 256, 512, 1024], size=d)]
+                if rank >= d:
+                    continue
+                times = time_all_to_all(dims, batch, _CALIBRATION_REPEATS, group=group)
+                mb = a2a_megabytes(dims, batch, rank)
+                samples.append((d, mb, statistics.median(times) / 2))
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(samples, gathered, dst=0)
+        if rank == 0:
+            flat = [s for part in gathered for s in part]
+            Path(out_path).write_text(json.dumps(flat))
+    finally:
+        dist.destroy_process_group()
+
+
+def calibrate_comm_model(max_devices: int = 4) -> CommModel:
+    """Time real gloo all-to-alls on 2..``max_devices`` spawned ranks and fit the model.
+
+    Takes a few seconds (most of it starting the processes).
+    """
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    if max_devices < 2:
+        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "samples.json")
+        mp.spawn(_calibration_worker, args=(max_devices, _free_port(), out), nprocs=max_devices)
+        samples = json.loads(Path(out).read_text())
+    source = f"gloo all_to_all_single on {cpu_name()}, 2..{max_devices} ranks"
+    return fit_comm_model([tuple(s) for s in samples], source)
+
+
+def default_model_path() -> Path:
+    """Per-machine cache file of the fitted model (under ``$XDG_CACHE_HOME`` or ~/.cache)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    machine = stable_key([socket.gethostname(), cpu_name(), torch.__version__])
+    return base / "torchrec_dreamshard" / f"comm_model_{machine}.json"
+
+
+_LOADED: dict[str, CommModel] = {}
+
+
+def load_comm_model(path: str | os.PathLike | None = None) -> CommModel:
+    """The fitted model from ``path`` (default :func:`default_model_path`), calibrating and
+    saving it first when the file does not exist."""
+    path = Path(path) if path is not None else default_model_path()
+    if str(path) in _LOADED:
+        return _LOADED[str(path)]
+    if path.exists():
+        try:
+            model = CommModel(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise ValueError(
+                f"comm model file {str(path)!r} is unreadable ({exc}); delete it to refit"
+            ) from None
+    else:
+        model = calibrate_comm_model()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(model), indent=1) + "\n")
+        tmp.replace(path)
+    _LOADED[str(path)] = model
+    return model

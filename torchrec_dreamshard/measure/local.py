@@ -1,0 +1,77 @@
+"""The local backend: one process times each device's fused kernel in turn.
+
+On CPU one thread stands for one device; on CUDA one GPU runs every device's kernel. The
+communication figure comes from the fitted all-to-all model (:mod:`.comm`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+from torchrec_dreamshard.measure.comm import CommModel, load_comm_model
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.kernels import (
+    ARENA,
+    FusedKernel,
+    interleaved_rounds,
+    one_thread,
+    reference_kernel,
+    reference_numel,
+    state_numel,
+)
+from torchrec_dreamshard.measure.summary import summarise
+from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task, device_tables
+
+
+def measure_local(
+    task: Task,
+    placement: Sequence[int],
+    config: MeasureConfig,
+    comm_model: CommModel | None = None,
+) -> PlacementMeasurement:
+    """Measure a (checked) placement with one process.
+
+    Every device's kernel and the reference kernel are built at once in disjoint slices of
+    one written arena, then timed in interleaved rounds.
+    """
+    start = time.perf_counter()
+    groups = [[task.tables[i] for i in idx] for idx in device_tables(task, placement)]
+    compute = _time_devices(groups, task.batch_size, config)
+    dims = [sum(t.dim for t in g) for g in groups]
+    if task.num_devices > 1:
+        model = comm_model or load_comm_model(config.comm_model_path)
+        comm_row = model.device_comm_ms(dims, task.batch_size)
+        source = f"model: {model.source}"
+    else:
+        comm_row, source = [0.0], "none (one device)"
+    comm = np.tile(np.asarray(comm_row, dtype=np.float64), (config.rounds, 1))
+    return summarise(
+        compute[:, :-1],
+        comm,
+        compute[:, -1].sum(axis=1),
+        [len(g) for g in groups],
+        "local",
+        source,
+        time.perf_counter() - start,
+    )
+
+
+def _time_devices(
+    groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
+) -> np.ndarray:
+    """``[rounds, D + 1, 2]`` round medians; the last column is the reference kernel."""
+    with one_thread(config.device == "cpu"):
+        if config.device == "cpu":
+            need = sum(sum(state_numel(g, config.optimizer)) for g in groups)
+            ARENA.reserve(need + reference_numel(config))
+        kernels = [FusedKernel(g, batch_size, config, ARENA) if g else None for g in groups]
+        kernels.append(reference_kernel(config, ARENA))
+        try:
+            return interleaved_rounds(kernels, config)
+        finally:
+            del kernels

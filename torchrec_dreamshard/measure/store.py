@@ -1,0 +1,357 @@
+"""The cost dataset: every measurement appended to SQLite, read back as training examples.
+
+One row per measured placement holds the task's tables, the placement, the per-device
+figures (raw and the reference kernel's time, so they can be normalised), the workload
+(batch size, optimizer, precision, device), the hardware fingerprint, the backend and the
+time. Each append is one transaction, so a collection killed at any moment keeps every
+finished row; a row can carry a ``job`` key (unique), which is how a collection resumes.
+
+Rows from different hardware or workloads are never mixed silently: reading examples from
+a store holding several (fingerprint, workload) groups without choosing one raises.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
+from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task, device_tables
+
+__all__ = [
+    "CostStore",
+    "DeviceExample",
+    "PlacementExample",
+    "hardware_fingerprint",
+]
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at REAL NOT NULL,
+    job TEXT UNIQUE,
+    fingerprint_key TEXT NOT NULL,
+    fingerprint TEXT NOT NULL,
+    workload_key TEXT NOT NULL,
+    workload TEXT NOT NULL,
+    protocol TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    task TEXT NOT NULL,
+    placement TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    error TEXT,
+    step_ms REAL,
+    spread REAL,
+    reference_ms REAL,
+    comm_source TEXT,
+    per_device TEXT NOT NULL,
+    extra TEXT
+);
+CREATE INDEX IF NOT EXISTS by_group ON measurements (fingerprint_key, workload_key, ok);
+"""
+
+
+@dataclass
+class DeviceExample:
+    """One device of a measured placement: its table set and what it cost.
+
+    An empty device (no tables) is included: it costs its communication only.
+    """
+
+    tables: list[TableSpec]
+    batch_size: int
+    num_devices: int
+    fwd_ms: float
+    bwd_ms: float
+    comm_ms: float
+    reference_ms: float = float("nan")
+
+
+@dataclass
+class PlacementExample:
+    """A whole measured placement and its step cost."""
+
+    task: Task
+    placement: list[int]
+    per_device: list[DeviceCost]
+    step_ms: float
+    reference_ms: float = float("nan")
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class CostStore:
+    """A SQLite cost dataset at ``path`` (created if missing).
+
+    Args:
+        path: the database file.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.exists() and self.path.is_dir():
+            raise ValueError(f"cost store path {str(path)!r} is a directory, not a file")
+        if not self.path.parent.exists():
+            raise ValueError(f"cost store path {str(path)!r}: folder does not exist")
+        self._conn = sqlite3.connect(str(self.path), timeout=30.0)
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            with self._conn:
+                self._conn.executescript(_SCHEMA)
+                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0:
+                    self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                elif version != SCHEMA_VERSION:
+                    raise ValueError(
+                        f"cost store {str(path)!r} has schema {version}, this code reads "
+                        f"{SCHEMA_VERSION}"
+                    )
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
+        self._fingerprints: dict[str, dict[str, Any]] = {}
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> CostStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def append(
+        self,
+        task: Task,
+        placement: Sequence[int],
+        measurement: PlacementMeasurement,
+        config: MeasureConfig,
+        job: str | None = None,
+    ) -> int:
+        """Append one measurement (one transaction) and return its row id.
+
+        Args:
+            task: the measured task.
+            placement: its placement.
+            measurement: what :func:`measure_placement` returned (failed ones too).
+            config: the settings it was measured with.
+            job: an optional unique key (a collection's job), used to resume.
+        """
+        fp = self._fingerprint(config)
+        m = measurement
+        row = (
+            time.time(),
+            job,
+            fingerprint_key(fp),
+            json.dumps(fp, sort_keys=True),
+            config.workload_key(task.batch_size),
+            json.dumps(config.workload(task.batch_size), sort_keys=True),
+            json.dumps(config.protocol(), sort_keys=True),
+            m.backend,
+            json.dumps(task.to_dict()),
+            json.dumps([int(d) for d in placement]),
+            int(bool(m.ok)),
+            m.error,
+            _num(m.step_ms),
+            _num(m.spread),
+            _num(m.reference_ms),
+            m.comm_source,
+            json.dumps([d.to_dict() for d in m.per_device]),
+            json.dumps(m.extra),
+        )
+        with self._conn:
+            cur = self._conn.execute(
+                "INSERT INTO measurements (created_at, job, fingerprint_key, fingerprint, "
+                "workload_key, workload, protocol, backend, task, placement, ok, error, "
+                "step_ms, spread, reference_ms, comm_source, per_device, extra) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                row,
+            )
+        return int(cur.lastrowid)
+
+    def _fingerprint(self, config: MeasureConfig) -> dict[str, Any]:
+        if config.device not in self._fingerprints:
+            self._fingerprints[config.device] = hardware_fingerprint(config)
+        return self._fingerprints[config.device]
+
+    # -- counting --------------------------------------------------------------------------
+
+    def count(
+        self,
+        fingerprint: str | dict | None = None,
+        workload: str | None = None,
+        ok: bool | None = None,
+        job_prefix: str | None = None,
+    ) -> int:
+        """Rows matching every filter given (fingerprint key or dict, workload key, ok,
+        jobs starting with ``job_prefix``)."""
+        where, args = _where(fingerprint, workload, ok)
+        if job_prefix is not None:
+            where.append("job LIKE ? ESCAPE '\\'")
+            args.append(_like_prefix(job_prefix))
+        sql = "SELECT COUNT(*) FROM measurements" + _and(where)
+        return int(self._conn.execute(sql, args).fetchone()[0])
+
+    def done_jobs(self, job_prefix: str) -> set[str]:
+        """Job keys already recorded that start with ``job_prefix``."""
+        rows = self._conn.execute(
+            "SELECT job FROM measurements WHERE job LIKE ? ESCAPE '\\'", [_like_prefix(job_prefix)]
+        )
+        return {r[0] for r in rows}
+
+    def groups(self) -> list[dict[str, Any]]:
+        """Every (fingerprint, workload) group with its row counts."""
+        rows = self._conn.execute(
+            "SELECT fingerprint_key, workload_key, fingerprint, COUNT(*), SUM(ok) "
+            "FROM measurements GROUP BY fingerprint_key, workload_key ORDER BY 1, 2"
+        )
+        return [
+            {
+                "fingerprint": fk,
+                "workload": wk,
+                "hardware": json.loads(fp),
+                "rows": n,
+                "ok_rows": int(n_ok or 0),
+            }
+            for fk, wk, fp, n, n_ok in rows
+        ]
+
+    # -- reading examples ------------------------------------------------------------------
+
+    def placement_examples(
+        self,
+        fingerprint: str | dict | None = None,
+        workload: str | None = None,
+        normalise: bool = False,
+    ) -> list[PlacementExample]:
+        """Every successful measurement of one (fingerprint, workload) group.
+
+        Args:
+            fingerprint: a fingerprint key (see :meth:`groups`) or dict; optional when the
+                store holds a single hardware.
+            workload: a workload key (``MeasureConfig.workload_key``); optional likewise.
+            normalise: scale each row's figures by ``median reference / row reference`` so
+                that rows taken while the machine was slower or faster are comparable
+                (figures stay in ms at the group's typical speed).
+
+        Raises:
+            ValueError: the rows selected span several groups (they are listed).
+        """
+        rows = self._select(fingerprint, workload)
+        scale = _scales(rows) if normalise else [1.0] * len(rows)
+        out = []
+        for row, s in zip(rows, scale, strict=True):
+            task = Task.from_dict(json.loads(row["task"]))
+            per_device = [DeviceCost.from_dict(d) for d in json.loads(row["per_device"])]
+            per_device = [
+                DeviceCost(d.fwd_ms * s, d.bwd_ms * s, d.comm_ms * s, d.spread, d.num_tables)
+                for d in per_device
+            ]
+            out.append(
+                PlacementExample(
+                    task=task,
+                    placement=json.loads(row["placement"]),
+                    per_device=per_device,
+                    step_ms=row["step_ms"] * s,
+                    reference_ms=row["reference_ms"],
+                    meta={"id": row["id"], "backend": row["backend"], "job": row["job"]},
+                )
+            )
+        return out
+
+    def device_examples(
+        self,
+        fingerprint: str | dict | None = None,
+        workload: str | None = None,
+        normalise: bool = False,
+    ) -> list[DeviceExample]:
+        """Per-device table sets with their forward, backward and communication times
+        (arguments as :meth:`placement_examples`)."""
+        out = []
+        for ex in self.placement_examples(fingerprint, workload, normalise):
+            groups = device_tables(ex.task, ex.placement)
+            for idx, cost in zip(groups, ex.per_device, strict=True):
+                out.append(
+                    DeviceExample(
+                        tables=[ex.task.tables[i] for i in idx],
+                        batch_size=ex.task.batch_size,
+                        num_devices=ex.task.num_devices,
+                        fwd_ms=cost.fwd_ms,
+                        bwd_ms=cost.bwd_ms,
+                        comm_ms=cost.comm_ms,
+                        reference_ms=ex.reference_ms,
+                    )
+                )
+        return out
+
+    def _select(self, fingerprint, workload) -> list[sqlite3.Row]:
+        where, args = _where(fingerprint, workload, True)
+        self._conn.row_factory = sqlite3.Row
+        try:
+            rows = self._conn.execute(
+                "SELECT * FROM measurements" + _and(where) + " ORDER BY id", args
+            ).fetchall()
+        finally:
+            self._conn.row_factory = None
+        found = sorted({(r["fingerprint_key"], r["workload_key"]) for r in rows})
+        if len(found) > 1:
+            listing = "; ".join(
+                f"fingerprint={g['fingerprint']} workload={g['workload']} "
+                f"({g['ok_rows']} rows, {g['hardware'].get('device_name')})"
+                for g in self.groups()
+                if (g["fingerprint"], g["workload"]) in found
+            )
+            raise ValueError(
+                f"cost store {str(self.path)!r} holds rows from {len(found)} hardware/workload "
+                f"groups; pick one with fingerprint=... and workload=...: {listing}"
+            )
+        return rows
+
+
+def _num(x: float) -> float | None:
+    return None if x is None or x != x else float(x)
+
+
+def _where(fingerprint, workload, ok) -> tuple[list[str], list[Any]]:
+    where: list[str] = []
+    args: list[Any] = []
+    if fingerprint is not None:
+        key = fingerprint_key(fingerprint) if isinstance(fingerprint, dict) else fingerprint
+        where.append("fingerprint_key = ?")
+        args.append(key)
+    if workload is not None:
+        where.append("workload_key = ?")
+        args.append(workload)
+    if ok is not None:
+        where.append("ok = ?")
+        args.append(int(ok))
+    return where, args
+
+
+def _and(where: list[str]) -> str:
+    return (" WHERE " + " AND ".join(where)) if where else ""
+
+
+def _like_prefix(prefix: str) -> str:
+    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return escaped + "%"
+
+
+def _scales(rows: Sequence[sqlite3.Row]) -> list[float]:
+    refs = [r["reference_ms"] for r in rows]
+    if not refs:
+        return []
+    typical = statistics.median(refs)
+    return [typical / r for r in refs]
