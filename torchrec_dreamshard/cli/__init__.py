@@ -11,7 +11,10 @@ from collections.abc import Sequence
 
 # Modules under torchrec_dreamshard.cli, one per subcommand (named like the subcommand).
 SUBCOMMANDS = [
+    "collect",
     "demo",
+    "evaluate",
+    "plan",
     "pool",
 ]
 

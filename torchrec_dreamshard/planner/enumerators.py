@@ -6,9 +6,10 @@ one device after TorchRec's storage reservation) gets exactly one option: table-
 Every other table gets the options TorchRec's own ``EmbeddingEnumerator`` would give it
 (without table-wise when it fits no device), and TorchRec's machinery plans it.
 
-Perf of a DreamShard option is the cost network's single-table forward, backward and
-communication time on the task's device count and global batch; storage is TorchRec's
-``EmbeddingStorageEstimator``; perf of every other option is TorchRec's perf estimator.
+Perf of a DreamShard option is the cost network's single-table cost (forward + backward +
+communication, the agent's ``table_costs``) on the task's device count and global batch;
+storage is TorchRec's ``EmbeddingStorageEstimator``; perf of every other option is
+TorchRec's perf estimator.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_dreamshard.cost_model import device_context
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -59,14 +59,10 @@ logger: logging.Logger = logging.getLogger(__name__)
 SpecFn = Callable[[ShardingOption], TableSpec]
 
 
-def single_table_costs(agent: Any, task: Task) -> np.ndarray:
-    """``[T, 3]`` predicted forward, backward and communication ms of each table of
-    ``task`` alone on one of its ``task.num_devices`` devices, at the task's batch."""
-    net = agent.cost_net
-    with torch.no_grad():
-        enc = net.encode(torch.from_numpy(agent.features(task)))
-        log_dev = net.device_log_costs(enc, device_context(task.num_devices))
-    return torch.exp(log_dev).numpy().astype(np.float64) * agent.batch_scale(task)
+def single_table_costs(agent: PlacementAgent, task: Task) -> np.ndarray:
+    """Predicted ms of each table of ``task`` alone on one of its devices, at the task's
+    batch (forward + backward + communication, the agent's ``table_costs``)."""
+    return np.asarray(agent.table_costs(task), dtype=np.float64)
 
 
 class CostNetShardEstimator(ShardEstimator):
@@ -116,14 +112,11 @@ class CostNetShardEstimator(ShardEstimator):
         costs = single_table_costs(self._agent, task)
         row = {t.name: i for i, t in enumerate(specs)}
         for option in ours:
-            fwd, bwd, comm = costs[row[option.fqn]]
+            cost = float(costs[row[option.fqn]])
             for shard in option.shards:
-                shard.perf = Perf(
-                    fwd_compute=float(fwd),
-                    fwd_comms=float(comm),
-                    bwd_compute=float(bwd),
-                    bwd_comms=0.0,
-                )
+                # The cost network rates a table as a whole; its per-rank forward,
+                # backward and communication split is logged by CostNetStats.
+                shard.perf = Perf(fwd_compute=cost, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
 
 
 def _unique_specs(specs: Sequence[TableSpec]) -> list[TableSpec]:

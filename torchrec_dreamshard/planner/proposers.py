@@ -110,8 +110,8 @@ class DreamShardProposer(Proposer):
         if self._done or not self._search_space:
             return None
         self._done = True
-        ours, others = self._choose_options()
         constraint = self._storage_constraint()
+        ours, others = self._choose_options(constraint)
         used = self._place_others(others, constraint)
         left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
         if ours:
@@ -124,8 +124,18 @@ class DreamShardProposer(Proposer):
 
     # -- steps ----------------------------------------------------------------------------
 
-    def _choose_options(self) -> tuple[list[ShardingOption], list[ShardingOption]]:
-        """One option per table: the DreamShard one, or TorchRec's best-rated one."""
+    def _choose_options(
+        self, constraint: Topology
+    ) -> tuple[list[ShardingOption], list[ShardingOption]]:
+        """One option per table: the DreamShard one, or TorchRec's best-rated one among
+        those whose every shard fits the largest device."""
+        tier = memory_tier(constraint)
+        biggest = max(device_capacity(constraint))
+
+        def rank_key(o: ShardingOption) -> tuple[bool, float]:
+            fits = all(storage_bytes(s.storage, tier) <= biggest for s in o.shards)
+            return (not fits, o.total_perf)
+
         by_fqn: dict[str, list[ShardingOption]] = {}
         for option in self._search_space:
             by_fqn.setdefault(option.fqn, []).append(option)
@@ -135,7 +145,7 @@ class DreamShardProposer(Proposer):
             if mine:
                 ours.append(mine[0])
             else:
-                others.append(min(options, key=lambda o: o.total_perf))
+                others.append(min(options, key=rank_key))
         return ours, others
 
     def _storage_constraint(self) -> Topology:

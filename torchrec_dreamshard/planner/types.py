@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
@@ -36,6 +36,8 @@ class PlacementAgent(Protocol):
     ) -> list[int]: ...
 
     def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction: ...
+
+    def table_costs(self, task: Task) -> Any: ...
 
 
 def is_dreamshard_option(option: ShardingOption) -> bool:

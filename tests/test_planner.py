@@ -1,0 +1,253 @@
+"""DreamShardPlanner on meta-device models: valid plans, memory caps, clear errors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.types import (
+    ParameterConstraints,
+    PlannerError,
+    Shard,
+    ShardingOption,
+    Storage,
+    Topology,
+)
+from torchrec.distributed.types import ParameterSharding, ShardingPlan
+from torchrec.models.dlrm import DLRM
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
+from torchrec_dreamshard.policy import DreamShard
+
+META = torch.device("meta")
+SHARDERS = [EmbeddingBagCollectionSharder()]
+
+
+@pytest.fixture(autouse=True)
+def _quiet():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.fixture(scope="module")
+def agent() -> DreamShard:
+    return DreamShard.untrained(seed=0)
+
+
+def configs(n: int, rows: int = 1000, dim: int = 16, prefix: str = "t") -> list:
+    return [
+        EmbeddingBagConfig(
+            name=f"{prefix}{i}",
+            embedding_dim=dim,
+            num_embeddings=rows * (i + 1),
+            feature_names=[f"{prefix}f{i}"],
+        )
+        for i in range(n)
+    ]
+
+
+def dlrm(tables: list, device: torch.device = META) -> DLRM:
+    ebc = EmbeddingBagCollection(tables=tables, device=device)
+    return DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=4,
+        dense_arch_layer_sizes=[8, tables[0].embedding_dim],
+        over_arch_layer_sizes=[8, 1],
+        dense_device=device,
+    )
+
+
+def planner(agent: DreamShard, world: int = 4, **kw) -> DreamShardPlanner:
+    topo = kw.pop("topology", None) or Topology(world_size=world, compute_device="cpu")
+    return DreamShardPlanner(topology=topo, batch_size=kw.pop("batch_size", 64), agent=agent, **kw)
+
+
+def rank_storage(p: DreamShardPlanner) -> list[int]:
+    used = [0] * p._topology.world_size
+    for option in p._best_plan:
+        for shard in option.shards:
+            used[shard.rank] += shard.storage.ddr
+    return used
+
+
+def test_plan_is_a_valid_sharding_plan(agent):
+    model = dlrm(configs(10))
+    p = planner(agent, world=4)
+    plan = p.plan(model, SHARDERS)
+    assert isinstance(plan, ShardingPlan)
+    module_plan = plan.plan["sparse_arch.embedding_bag_collection"]
+    assert sorted(module_plan) == sorted(f"t{i}" for i in range(10))
+    for name, ps in module_plan.items():
+        assert isinstance(ps, ParameterSharding)
+        assert ps.sharding_type == "table_wise" and ps.compute_kernel == "fused"
+        assert len(ps.ranks) == 1 and 0 <= ps.ranks[0] < 4
+        fqn = f"sparse_arch.embedding_bag_collection.{name}"
+        assert ps.ranks[0] == p.last_placement[fqn]
+        shard = ps.sharding_spec.shards[0]
+        assert shard.placement.rank() == ps.ranks[0]
+    pred = p.last_prediction
+    assert pred is not None and len(pred.fwd_ms) == 4 and pred.step_ms > 0
+    assert any("predicted per-rank" in row for row in p.cost_stats.last_table)
+
+
+def test_several_collections_nested_anywhere(agent):
+    class Towers(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = nn.ModuleDict({"ebc": EmbeddingBagCollection(configs(3), device=META)})
+            self.item = nn.Sequential(EmbeddingBagCollection(configs(4), device=META))
+            self.top = nn.Linear(4, 1, device=META)
+
+    plan = planner(agent, world=2).plan(Towers(), SHARDERS)
+    assert sorted(plan.plan) == ["item.0", "user.ebc"]
+    assert len(plan.plan["user.ebc"]) == 3 and len(plan.plan["item.0"]) == 4
+
+
+def test_memory_caps_hold_after_storage_reservation(agent):
+    tables = configs(12, rows=20_000, dim=32)  # 2.56 MB .. 30.7 MB of weights
+    total = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+    topo = Topology(world_size=4, compute_device="cpu", ddr_cap=int(total / 4 * 1.6))
+    p = planner(agent, topology=topo)
+    p.plan(dlrm(tables), SHARDERS)
+    caps = [d.storage.ddr for d in p._storage_reservation.last_reserved_topology.devices]
+    used = rank_storage(p)
+    assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)
+    assert sum(1 for u in used if u > 0) >= 3  # it had to spread the tables
+
+
+def test_table_that_fits_no_device_is_left_to_torchrec(agent):
+    tables = configs(4, rows=1000, dim=64) + [
+        EmbeddingBagConfig(name="huge", embedding_dim=64, num_embeddings=400_000,
+                           feature_names=["fh"])
+    ]  # fmt: skip
+    topo = Topology(world_size=4, compute_device="cpu", ddr_cap=80 * 2**20)  # 102 MB table
+    cons = {"huge": ParameterConstraints(min_partition=16)}  # column-wise shards of 16
+    p = planner(agent, topology=topo, constraints=cons)
+    plan = p.plan(dlrm(tables), SHARDERS)
+    huge = plan.plan["sparse_arch.embedding_bag_collection"]["huge"]
+    assert huge.sharding_type != "table_wise"
+    assert len(set(huge.ranks)) > 1
+    assert "sparse_arch.embedding_bag_collection.huge" not in p.last_placement
+    assert len(p.last_placement) == 4
+
+
+def test_table_too_big_with_only_table_wise_is_a_clear_error(agent):
+    tables = configs(2) + [
+        EmbeddingBagConfig(name="huge", embedding_dim=16, num_embeddings=1_600_000,
+                           feature_names=["fh"])
+    ]  # fmt: skip
+    topo = Topology(world_size=2, compute_device="cpu", ddr_cap=80 * 2**20)
+    cons = {"huge": ParameterConstraints(sharding_types=["table_wise"])}
+    with pytest.raises(PlannerError, match="'huge'.*no other sharding type"):
+        planner(agent, topology=topo, constraints=cons).plan(dlrm(tables), SHARDERS)
+
+
+def test_constraints_forbidding_table_wise_go_to_torchrec(agent):
+    cons = {"t1": ParameterConstraints(sharding_types=["column_wise"])}
+    p = planner(agent, world=2, constraints=cons)
+    plan = p.plan(dlrm(configs(5)), SHARDERS)
+    module_plan = plan.plan["sparse_arch.embedding_bag_collection"]
+    assert module_plan["t1"].sharding_type == "column_wise"
+    assert all(module_plan[f"t{i}"].sharding_type == "table_wise" for i in (0, 2, 3, 4))
+    assert p.last_prediction.other_ms[module_plan["t1"].ranks[0]] > 0
+
+
+def test_model_too_big_for_all_devices_is_a_clear_error(agent):
+    tables = configs(6, rows=50_000, dim=64)  # 12.8 .. 76.8 MB each, 269 MB in all
+    topo = Topology(world_size=2, compute_device="cpu", ddr_cap=100 * 2**20)
+    cons = {t.name: ParameterConstraints(sharding_types=["table_wise"]) for t in tables}
+    with pytest.raises(PlannerError, match="t"):
+        planner(agent, topology=topo, constraints=cons).plan(dlrm(tables), SHARDERS)
+
+
+def test_partitioner_keeps_ranks_and_rejects_unranked():
+    t = torch.empty(10, 4, device=META)
+    ebc = EmbeddingBagCollection(configs(1), device=META)
+    option = ShardingOption(
+        name="t0", tensor=t, module=("ebc", ebc), input_lengths=[1.0], batch_size=8,
+        sharding_type="table_wise", partition_by="device", compute_kernel="fused",
+        shards=[Shard(size=[10, 4], offset=[0, 0], storage=Storage(hbm=0, ddr=100))],
+    )  # fmt: skip
+    topo = Topology(world_size=2, compute_device="cpu", ddr_cap=1000)
+    with pytest.raises(PlannerError, match="no rank"):
+        DreamShardPartitioner().partition([option], topo)
+    option.shards[0].rank = 1
+    assert DreamShardPartitioner().partition([option], topo)[0].shards[0].rank == 1
+    option.shards[0].storage = Storage(hbm=0, ddr=5000)
+    with pytest.raises(PlannerError, match="rank 1 is over its memory"):
+        DreamShardPartitioner().partition([option], topo)
+
+
+def test_reuse_statistics_from_sample_batches(agent):
+    tables = configs(3)
+    batches = [
+        KeyedJaggedTensor.from_lengths_sync(
+            keys=["tf0", "tf1", "tf2"],
+            values=torch.randint(0, 50, (3 * 8 * 4,), generator=torch.Generator().manual_seed(s)),
+            lengths=torch.full((3 * 8,), 4, dtype=torch.int32),
+        )
+        for s in range(4)
+    ]
+    p = planner(agent, world=2, sample_batches=batches)
+    p.plan(dlrm(tables), SHARDERS)
+    specs = p._enumerator.table_specs
+    assert len(specs) == 3
+    assert all(s.reuse_hist is not None for s in specs.values())
+
+
+def test_search_mode_is_deterministic(agent):
+    plans = [
+        planner(agent, world=4, mode="search", num_samples=4, seed=3).plan(
+            dlrm(configs(8)), SHARDERS
+        )
+        for _ in range(2)
+    ]
+    assert str(plans[0]) == str(plans[1])
+
+
+def test_bad_arguments_are_rejected(agent):
+    with pytest.raises(ValueError, match="mode"):
+        planner(agent, mode="best")
+    with pytest.raises(ValueError, match="batch_size"):
+        planner(agent, batch_size=-1)
+
+
+def test_checkpoint_path_is_loaded(tmp_path):
+    from torchrec_dreamshard.checkpoint import save_checkpoint
+
+    path = tmp_path / "agent.pt"
+    save_checkpoint(DreamShard.untrained(seed=1), path)
+    p = DreamShardPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"), batch_size=32, checkpoint=path
+    )
+    plan = p.plan(dlrm(configs(3)), SHARDERS)
+    assert len(plan.plan["sparse_arch.embedding_bag_collection"]) == 3
+    with pytest.raises(ValueError, match="does not exist"):
+        DreamShardPlanner(
+            topology=Topology(world_size=2, compute_device="cpu"), checkpoint=tmp_path / "no.pt"
+        )
+
+
+def test_bundled_checkpoint_loads():
+    from torchrec_dreamshard.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
+
+    if not BUNDLED_CHECKPOINT.is_file():
+        pytest.skip("the bundled checkpoint has not been trained yet")
+    p = DreamShardPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=1024)
+    assert p.agent.meta.get("trained", True)
+    load_checkpoint()
+    plan = p.plan(dlrm(configs(4)), SHARDERS)
+    assert len(plan.plan["sparse_arch.embedding_bag_collection"]) == 4
+
+
+def test_lazy_export():
+    import torchrec_dreamshard
+
+    assert torchrec_dreamshard.DreamShardPlanner is DreamShardPlanner
