@@ -1,0 +1,184 @@
+"""Tests of ``dreamshard collect`` and ``dreamshard evaluate``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+
+import pytest
+
+from torchrec_dreamshard.cli import main
+from torchrec_dreamshard.measure import CommModel, CostStore
+from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import make_task
+
+FAST = ["--warmup", "1", "--iters", "2", "--rounds", "1"]
+
+
+@pytest.fixture
+def files(tmp_path, monkeypatch):
+    """A small task, a plan, a bad plan and a private comm model cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    comm_mod._LOADED.clear()
+    model_path = comm_mod.default_model_path()
+    model_path.parent.mkdir(parents=True)
+    model_path.write_text(json.dumps(asdict(CommModel(0.5, 0.1, 1.0, source="test"))))
+    tables = [
+        TableSpec(name=f"t{i}", rows=2000 * (i + 1), dim=8 * (1 + i % 3), pooling_factor=2.0 + i)
+        for i in range(6)
+    ]
+    task = make_task(tables, 2, 256)
+    task.save(tmp_path / "task.json")
+    (tmp_path / "plan.json").write_text(
+        json.dumps({"placement": {t.name: i % 2 for i, t in enumerate(tables)}})
+    )
+    (tmp_path / "bad.json").write_text(json.dumps({"placement": {t.name: 0 for t in tables}}))
+    yield tmp_path
+    comm_mod._LOADED.clear()
+
+
+def test_evaluate_prints_per_device_costs(files, capsys):
+    rc = main(
+        [
+            "evaluate",
+            str(files / "task.json"),
+            str(files / "plan.json"),
+            *FAST,
+            "--db",
+            str(files / "e.sqlite"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split() == ["device", "tables", "fwd_ms", "bwd_ms", "comm_ms", "total_ms"]
+    assert lines[1].split()[:2] == ["0", "3"] and float(lines[1].split()[2]) > 0
+    assert "step_ms" in lines[3]
+    assert CostStore(files / "e.sqlite").count() == 1
+
+
+def test_evaluate_refuses_a_plan_that_does_not_fit(files, capsys):
+    rc = main(["evaluate", str(files / "task.json"), str(files / "bad.json"), *FAST])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "device 0 is over its memory" in err and "'t5'" in err and "bad.json" in err
+
+
+def test_evaluate_names_a_broken_plan_file(files, capsys):
+    (files / "broken.json").write_text("{not json")
+    assert main(["evaluate", str(files / "task.json"), str(files / "broken.json")]) == 2
+    assert "broken.json" in capsys.readouterr().err
+
+
+def test_collect_fills_the_count_and_a_rerun_skips_done_jobs(files, capsys):
+    db = files / "c.sqlite"
+    args = [
+        "collect",
+        "--db",
+        str(db),
+        "-n",
+        "5",
+        "--task-file",
+        str(files / "task.json"),
+        "--no-progress",
+        *FAST,
+    ]
+    assert main(args) == 0
+    assert CostStore(db).count(ok=True) == 5
+    capsys.readouterr()
+    assert main(args) == 0  # the same command again: nothing left to do
+    assert "5/5 already in" in capsys.readouterr().out
+    assert main([*args[:4], "7", *args[5:]]) == 0  # -n 7 grows the same collection
+    assert "5/7 already in" in capsys.readouterr().out
+    assert CostStore(db).count() == 7
+
+
+def test_collect_samples_tasks_when_no_task_file(files):
+    db = files / "s.sqlite"
+    rc = main(
+        [
+            "collect",
+            "--db",
+            str(db),
+            "-n",
+            "2",
+            "--num-tables",
+            "3",
+            "4",
+            "--num-devices",
+            "2",
+            "--batch-size",
+            "128",
+            "--scale",
+            "0.002",
+            "--no-progress",
+            *FAST,
+        ]
+    )
+    assert rc == 0
+    examples = CostStore(db).placement_examples()
+    assert len(examples) == 2 and 3 <= len(examples[0].task.tables) <= 4
+
+
+def _count(db) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=5) as conn:
+            return conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+    except sqlite3.OperationalError:  # table not created yet
+        return 0
+
+
+@pytest.mark.slow
+def test_sigkill_loses_no_finished_row_and_resume_completes(files):
+    db, n = files / "k.sqlite", 40
+    entry = "import sys; from torchrec_dreamshard.cli import main; sys.exit(main())"
+    cmd = [
+        sys.executable,
+        "-c",
+        entry,
+        "collect",
+        "--db",
+        str(db),
+        "-n",
+        str(n),
+        "--task-file",
+        str(files / "task.json"),
+        "--no-progress",
+        "--warmup",
+        "1",
+        "--iters",
+        "4",
+        "--rounds",
+        "2",
+    ]
+    env = dict(os.environ)
+    child = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while _count(db) < 3 and time.monotonic() < deadline and child.poll() is None:
+        time.sleep(0.05)
+    seen_before_kill = _count(db)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
+    assert 3 <= seen_before_kill < n
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        after_kill = conn.execute("SELECT job FROM measurements").fetchall()
+    assert len(after_kill) >= seen_before_kill  # nothing committed was lost
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"{len(after_kill)}/{n} already in" in done.stdout
+    with sqlite3.connect(db) as conn:
+        jobs = [r[0] for r in conn.execute("SELECT job FROM measurements")]
+    assert len(jobs) == n and len(set(jobs)) == n
+    assert {j.split(":")[1] for j in jobs} == {str(i) for i in range(n)}
+    assert set(r[0] for r in after_kill) <= set(jobs)

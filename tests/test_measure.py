@@ -1,0 +1,186 @@
+"""Tests of torchrec_dreamshard.measure: real FBGEMM kernels and collectives on CPU."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+import torch
+
+from torchrec_dreamshard.measure import (
+    CommModel,
+    MeasureConfig,
+    measure_placement,
+    random_placement,
+    time_fused_kernel,
+)
+from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.measure import kernels as kernels_mod
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task, check_placement, make_task
+
+FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
+
+
+def small_task(num_devices: int = 2, batch_size: int = 256, memory_factor: float = 1.5) -> Task:
+    tables = [
+        TableSpec(name=f"t{i}", rows=3000 * (i + 1), dim=8 * (1 + i % 3), pooling_factor=2.0 + i)
+        for i in range(6)
+    ]
+    return make_task(tables, num_devices, batch_size, memory_factor)
+
+
+@pytest.fixture(autouse=True)
+def fixed_comm_model(tmp_path, monkeypatch):
+    """A known all-to-all model in a private cache dir (no calibration in fast tests)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    comm_mod._LOADED.clear()
+    path = comm_mod.default_model_path()
+    path.parent.mkdir(parents=True)
+    model = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
+    path.write_text(json.dumps(asdict(model)))
+    yield model
+    comm_mod._LOADED.clear()
+
+
+def test_config_rejects_bad_values_with_actionable_messages():
+    with pytest.raises(ValueError, match="fp16.*cuda"):
+        MeasureConfig(precision="fp16")
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        MeasureConfig(optimizer="adam")
+    with pytest.raises(ValueError, match="iters must be an integer >= 1"):
+        MeasureConfig(iters=0)
+    key = MeasureConfig(optimizer="sgd").workload_key(2048)
+    assert key == "b2048-sgd-fp32-cpu" and key != MeasureConfig().workload_key(2048)
+
+
+def test_fused_ring_gives_distinct_batches_in_fbgemm_layout():
+    tables = small_task().tables[:3]
+    ring = kernels_mod.fused_ring(tables, 64, seed=0, size=3)
+    for ids, offsets in ring:
+        assert offsets.numel() == 3 * 64 + 1 and offsets[-1] == ids.numel()
+    assert not torch.equal(ring[0][0], ring[1][0])
+    again = kernels_mod.fused_ring(tables, 64, seed=0, size=3)
+    assert torch.equal(ring[2][0], again[2][0])
+
+
+def test_kernel_memory_is_written_not_zero_pages():
+    kernel = kernels_mod.FusedKernel(small_task().tables[:2], 64, FAST)
+    for weights in kernel.emb.split_embedding_weights():
+        assert float(weights.abs().min()) > 0
+    assert float(kernel.emb.momentum1_host.detach().min()) > 0
+
+
+@pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd", "adagrad"])
+def test_time_fused_kernel_is_positive_and_updates_weights(optimizer):
+    config = MeasureConfig(optimizer=optimizer, warmup=1, iters=2, rounds=1)
+    fwd, bwd = time_fused_kernel(small_task().tables[:3], 128, config)
+    assert 0 < fwd < 1e4 and 0 < bwd < 1e4
+
+
+def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(fixed_comm_model):
+    task = small_task(num_devices=3, memory_factor=3.0)
+    placement = [0, 1, 0, 1, 0, 1]  # device 2 is empty
+    m = measure_placement(task, placement, FAST)
+    assert m.ok and m.error is None and len(m.per_device) == 3
+    for d in m.per_device[:2]:
+        assert math.isfinite(d.fwd_ms) and d.fwd_ms > 0 and d.bwd_ms > 0 and d.comm_ms > 0
+    empty = m.per_device[2]
+    assert empty.fwd_ms == 0 and empty.bwd_ms == 0 and empty.num_tables == 0
+    assert empty.comm_ms >= fixed_comm_model.latency_ms * 2
+    assert m.step_ms == pytest.approx(max(d.total_ms for d in m.per_device))
+    assert m.reference_ms > 0 and m.normalised_step == pytest.approx(m.step_ms / m.reference_ms)
+
+
+def test_single_device_has_no_communication():
+    task = small_task(num_devices=1)
+    m = measure_placement(task, [0] * 6, FAST)
+    assert m.ok and m.per_device[0].comm_ms == 0 and m.per_device[0].fwd_ms > 0
+
+
+def test_bad_placement_is_refused_before_any_kernel_runs(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was built for a refused placement")
+
+    monkeypatch.setattr(kernels_mod.FusedKernel, "__init__", boom)
+    task = small_task(num_devices=2)
+    with pytest.raises(ValueError, match=r"device 0 is over its memory: its tables \['t0'"):
+        measure_placement(task, [0] * 6, FAST)
+    with pytest.raises(ValueError, match="out of range"):
+        measure_placement(task, [0, 1, 2, 0, 1, 0], FAST)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        measure_placement(task, [0, 1] * 3, FAST, backend="mpi")
+
+
+def test_kernel_error_is_a_failed_measurement_not_a_crash(monkeypatch):
+    def oom(self, warmup, iters):
+        raise RuntimeError("out of memory (simulated)")
+
+    monkeypatch.setattr(kernels_mod.FusedKernel, "run_round", oom)
+    m = measure_placement(small_task(), [0, 1] * 3, FAST)
+    assert not m.ok and "out of memory" in m.error and math.isnan(m.step_ms)
+
+
+def test_fbgemm_dim_rule_is_named():
+    task = make_task([TableSpec(name="odd", rows=100, dim=6, pooling_factor=1.0)], 1, 16)
+    with pytest.raises(ValueError, match=r"\['odd'\].*multiple of 4"):
+        measure_placement(task, [0], FAST)
+
+
+def test_random_placement_fits_memory():
+    task = small_task(num_devices=3)
+    for seed in range(5):
+        placement = random_placement(task, seed)
+        assert check_placement(task, placement) == placement
+
+
+def test_comm_model_fit_recovers_known_constants():
+    rng = np.random.default_rng(0)
+    samples = []
+    for _ in range(40):
+        d, mb = int(rng.integers(2, 5)), float(rng.uniform(0, 20))
+        samples.append((d, mb, 0.3 + 0.2 * (d - 1) + 0.5 * mb))
+    model = comm_mod.fit_comm_model(samples, "synthetic")
+    assert model.latency_ms == pytest.approx(0.3, abs=1e-6)
+    assert model.per_peer_ms == pytest.approx(0.2, abs=1e-6)
+    assert model.ms_per_mb == pytest.approx(0.5, abs=1e-6)
+    assert model.all_to_all_ms(1, 10.0) == 0.0
+
+
+def test_a2a_splits_follow_table_wise_sharding():
+    send, recv = comm_mod.a2a_splits([16, 8, 0], batch_size=10, rank=0)
+    assert send == [4 * 16, 3 * 16, 3 * 16]  # rank 0's pooled output, sliced by batch
+    assert recv == [4 * 16, 4 * 8, 0]  # its batch slice of everyone's output
+    assert comm_mod.a2a_megabytes([16, 8, 0], 10, 0) == pytest.approx((96 + 32) * 4 / 1e6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_devices", [2, 4])
+def test_distributed_and_local_agree_on_compute(num_devices):
+    task = small_task(num_devices=num_devices, batch_size=512)
+    placement = random_placement(task, 1)
+    config = MeasureConfig(warmup=1, iters=3, rounds=2)
+    local = measure_placement(task, placement, config, backend="local")
+    dist_m = measure_placement(task, placement, config, backend="distributed")
+    assert local.ok and dist_m.ok, (local.error, dist_m.error)
+    assert dist_m.comm_source.startswith("measured: gloo")
+    for m in (local, dist_m):
+        assert len(m.per_device) == num_devices
+        for d in m.per_device:
+            assert math.isfinite(d.total_ms) and d.comm_ms > 0
+            assert (d.fwd_ms > 0) == (d.num_tables > 0)
+    # Compute in units of the reference kernel timed beside it: the machine is shared and
+    # noisy, so the stated tolerance is a factor of 2.5 on the sum over devices.
+    lc = sum(d.compute_ms for d in local.per_device) / local.reference_ms
+    dc = sum(d.compute_ms for d in dist_m.per_device) / dist_m.reference_ms
+    assert 1 / 2.5 < lc / dc < 2.5, (lc, dc)
+
+
+@pytest.mark.slow
+def test_comm_model_calibrates_from_real_gloo_all_to_all():
+    model = comm_mod.calibrate_comm_model(max_devices=2)
+    assert model.samples >= 3 and math.isfinite(model.rmse_ms)
+    assert model.all_to_all_ms(2, 1.0) > 0

@@ -1,0 +1,140 @@
+"""``dreamshard collect``: measure many placements and append them to a cost dataset."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from torchrec_dreamshard.cli._measure_args import add_measure_args, config_from_args
+
+EXAMPLES = """examples:
+  dreamshard collect --db costs.sqlite -n 200
+  dreamshard collect --db costs.sqlite -n 50 --placer size_greedy --backend distributed
+  dreamshard collect --db costs.sqlite -n 20 --task-file task.json
+
+Every measurement is committed as it finishes. Ctrl-C stops cleanly; run the same command
+again to resume where it stopped (jobs already in the database are skipped).
+"""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "collect",
+        help="measure placements on real kernels into a SQLite cost dataset",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--db", required=True, metavar="PATH", help="SQLite cost dataset")
+    p.add_argument("-n", "--num", type=int, default=100, help="placements to measure")
+    p.add_argument("--task-file", metavar="TASK.json", help="a task (or a JSON list of tasks)")
+    p.add_argument("--placer", default="random", help="'random' or a baseline's name")
+    p.add_argument("--per-task", type=int, default=4, help="placements per sampled task")
+    p.add_argument("--num-tables", type=int, nargs=2, default=[20, 40], metavar=("LO", "HI"))
+    p.add_argument("--num-devices", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--batch-size", type=int, default=2048)
+    p.add_argument("--split", default="train", choices=["train", "test"])
+    p.add_argument("--scale", type=float, default=None, help="pool row scale (default: CPU)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_measure_args(p)
+    p.set_defaults(func=run)
+
+
+def _tasks(args: argparse.Namespace, count: int) -> list:
+    import json
+    from pathlib import Path
+
+    from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
+
+    if args.task_file:
+        try:
+            data = json.loads(Path(args.task_file).read_text())
+        except FileNotFoundError:
+            raise ValueError(f"task file {args.task_file!r} does not exist") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"task file {args.task_file!r} is not valid JSON: {exc}") from None
+        items = data if isinstance(data, list) else [data]
+        return [Task.from_dict(d) for d in items]
+    scale = CPU_POOL_SCALE if args.scale is None else args.scale
+    sampler = TaskSampler(synthetic_pool(scale=scale, seed=args.seed), seed=args.seed)
+    lo, hi = args.num_tables
+    return [
+        sampler.sample(args.split, (lo, hi), args.num_devices, batch_size=args.batch_size)
+        for _ in range(count)
+    ]
+
+
+def _placement(args: argparse.Namespace, task, job: int) -> list[int]:
+    if args.placer == "random":
+        from torchrec_dreamshard.measure import random_placement
+
+        return random_placement(task, [args.seed, job])
+    try:
+        from torchrec_dreamshard import baselines
+    except ImportError:
+        raise ValueError(
+            f"--placer {args.placer!r} needs torchrec_dreamshard.baselines, which is not "
+            "installed yet; use --placer random"
+        ) from None
+    return list(baselines.place(args.placer, task, seed=job))
+
+
+def _collection_key(args: argparse.Namespace, config) -> str:
+    from torchrec_dreamshard.measure.config import stable_key
+
+    keys = ("task_file", "placer", "per_task", "num_tables", "num_devices", "batch_size")
+    keys += ("split", "scale", "seed", "backend")
+    return stable_key([{k: getattr(args, k) for k in keys}, config.to_dict()], 10)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from torchrec_dreamshard.measure import CostStore, measure_placement
+
+    if args.num < 1 or args.per_task < 1:
+        raise ValueError("-n and --per-task must be >= 1")
+    config = config_from_args(args)
+    store = CostStore(args.db)
+    prefix = _collection_key(args, config) + ":"
+    done = store.done_jobs(prefix)
+    tasks = _tasks(args, -(-args.num // args.per_task))
+    todo = [i for i in range(args.num) if f"{prefix}{i}" not in done]
+    print(f"collection {prefix[:-1]}: {args.num - len(todo)}/{args.num} already in {args.db}")
+    failed = 0
+    bar = tqdm(
+        total=args.num,
+        initial=args.num - len(todo),
+        disable=args.no_progress,
+        unit="placement",
+        file=sys.stderr,
+    )
+    try:
+        for i in todo:
+            task = tasks[(i // args.per_task) % len(tasks)]
+            placement = _placement(args, task, i)
+            m = measure_placement(task, placement, config, backend=args.backend)
+            store.append(task, placement, m, config, job=f"{prefix}{i}")
+            failed += not m.ok
+            bar.update(1)
+            bar.set_postfix(step_ms=f"{m.step_ms:.1f}", failed=failed)
+    except KeyboardInterrupt:
+        bar.close()
+        n = store.count(job_prefix=prefix)
+        print(
+            f"stopped: {n}/{args.num} measurements are in {args.db}; "
+            "run the same command again to resume"
+        )
+        return 130
+    finally:
+        bar.close()
+        _close_pools()
+        store.close()
+    print(f"done: {args.num}/{args.num} measurements in {args.db} ({failed} failed this run)")
+    return 0
+
+
+def _close_pools() -> None:
+    mod = sys.modules.get("torchrec_dreamshard.measure.distributed")
+    if mod is not None:
+        mod.close_pools()
