@@ -16,6 +16,7 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -46,6 +47,12 @@ def feature_spec() -> dict[str, Any]:
     }
 
 
+def plain(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as plain JSON types (str subclasses such as torch's version become str),
+    which is all ``weights_only`` loading accepts besides tensors."""
+    return json.loads(json.dumps(data, default=str))
+
+
 def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = None) -> None:
     """Write ``agent`` to ``path`` atomically (temporary file, then rename).
 
@@ -65,8 +72,8 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
         "format_version": FORMAT_VERSION,
         "cost_net": agent.cost_net.state_dict(),
         "policy": agent.policy.state_dict(),
-        "meta": meta,
-        "extra": dict(extra or {}),
+        "meta": plain(meta),
+        "extra": plain(dict(extra or {})),
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

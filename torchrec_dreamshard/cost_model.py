@@ -9,9 +9,10 @@ Model. Each table ``i`` has the fixed feature vector ``x_i`` of
     h_d = sum_{i in S_d} e_i,
 
 so its prediction cannot depend on the order of its tables. Three heads read
-``[h_d, c]`` (``c = log2(D) / 6``, the only context: the all-to-all depends on the device
-count) and predict the log of the device's fused forward, backward and communication
-times:
+``[h_d, c]`` and predict the log of the device's fused forward, backward and
+communication times, where the task context ``c = (log2(D) / 6, log2(1 + W) / 14)`` holds
+the device count D and the task's total pooled width ``W = sum_i dim_i`` (a device's
+all-to-all carries its own outputs out and its share of everyone else's in):
 
     (log f_d, log b_d, log m_d) = psi([h_d, c]),   t_d = f_d + b_d + m_d.
 
@@ -47,6 +48,8 @@ from torchrec_dreamshard.tables import FEATURE_DIM, TableSpec, table_features
 
 EPS_MS = 1e-3  # ms; floor under measured costs before taking logs
 CTX_SCALE = 6.0  # log2(D) / 6: 64 devices -> 1.0
+WIDTH_SCALE = 14.0  # log2(1 + W) / 14: total width 16384 -> 1.0
+NUM_CTX = 2
 
 
 def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
@@ -59,10 +62,14 @@ def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-def device_context(num_devices: int | torch.Tensor) -> torch.Tensor:
-    """The device-count context ``log2(D) / 6`` as a float tensor."""
-    d = torch.as_tensor(num_devices, dtype=torch.float32)
-    return torch.log2(d) / CTX_SCALE
+def context_values(num_devices: int, total_dim: int) -> list[float]:
+    """The task context ``[log2(D) / 6, log2(1 + W) / 14]``."""
+    return [math.log2(num_devices) / CTX_SCALE, math.log2(1 + total_dim) / WIDTH_SCALE]
+
+
+def device_context(num_devices: int, total_dim: int) -> torch.Tensor:
+    """The task context as a ``[NUM_CTX]`` float tensor."""
+    return torch.tensor(context_values(num_devices, total_dim), dtype=torch.float32)
 
 
 class CostNet(nn.Module):
@@ -78,7 +85,7 @@ class CostNet(nn.Module):
         self.hidden = hidden
         self.feature_dim = feature_dim
         self.encoder = mlp([feature_dim, hidden, hidden], last_relu=True)
-        self.device_head = mlp([hidden + 1, hidden, hidden, 3])
+        self.device_head = mlp([hidden + NUM_CTX, hidden, hidden, 3])
         self.overall_head = mlp([hidden + 1, hidden, 1])
         with torch.no_grad():  # start the overall correction at ~0
             self.overall_head[-1].weight.mul_(0.01)
@@ -90,8 +97,8 @@ class CostNet(nn.Module):
 
     def device_log_costs(self, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """``[..., 3]`` log fwd/bwd/comm (ms) from device sums ``h`` ``[..., hidden]`` and
-        the context ``ctx`` (broadcast to ``h``'s leading shape)."""
-        c = ctx.expand(h.shape[:-1]).unsqueeze(-1)
+        the context ``ctx`` ``[..., NUM_CTX]`` (broadcast to ``h``'s leading shape)."""
+        c = ctx.expand(*h.shape[:-1], ctx.shape[-1])
         return self.device_head(torch.cat([h, c], dim=-1))
 
     def overall_log_cost(
@@ -146,7 +153,7 @@ class PackedBatch:
     Attributes:
         x: features of every (device, table) pair, ``[N, F]``.
         device_of_table: the row in the device list of each feature row, ``[N]``.
-        ctx: device-count context per device, ``[M]``.
+        ctx: task context per device, ``[M, NUM_CTX]``.
         placement_of_device: the placement each device belongs to, ``[M]``.
         num_devices: M.
         num_placements: P.
@@ -161,23 +168,23 @@ class PackedBatch:
 
 
 def pack(
-    placements: Sequence[tuple[np.ndarray, Sequence[Sequence[int]], int]],
+    placements: Sequence[tuple[np.ndarray, Sequence[Sequence[int]], list[float]]],
 ) -> PackedBatch:
     """Pack placements for :meth:`CostNet.forward_packed`.
 
     Args:
         placements: per placement, ``(features [T, F], tables per non-empty device (index
-            lists into the features), num_devices D)``. Empty devices must be left out.
+            lists into the features), context values)``. Empty devices must be left out.
     """
     xs, dev_of_tab, ctx, pl_of_dev = [], [], [], []
     m = 0
-    for p, (feats, devices, num_devices) in enumerate(placements):
+    for p, (feats, devices, context) in enumerate(placements):
         for tables in devices:
             if len(tables) == 0:
                 raise ValueError("pack() takes non-empty devices only")
             xs.append(feats[np.asarray(tables, dtype=np.int64)])
             dev_of_tab.append(np.full(len(tables), m, dtype=np.int64))
-            ctx.append(math.log2(num_devices) / CTX_SCALE)
+            ctx.append(context)
             pl_of_dev.append(p)
             m += 1
     return PackedBatch(
@@ -203,7 +210,7 @@ class CostSample:
         group: the task it belongs to (for held-out splits and per-task rank metrics).
         features: ``[T, F]`` table features.
         devices: table indices per non-empty device.
-        num_devices: D of the task.
+        context: the task context (:func:`context_values`).
         dev_ms: ``[M, 3]`` measured fwd/bwd/comm per non-empty device (ms).
         step_ms: measured step cost (ms), or ``nan`` when only device costs are known.
     """
@@ -211,7 +218,7 @@ class CostSample:
     group: str
     features: np.ndarray
     devices: list[list[int]]
-    num_devices: int
+    context: list[float]
     dev_ms: np.ndarray
     step_ms: float
 
@@ -231,7 +238,8 @@ def sample_from_measurement(
     devices = [[i for i, p in enumerate(placement) if p == d] for d in range(num_devices)]
     keep = [d for d in range(num_devices) if devices[d]]
     dev_ms = np.asarray([per_device[d] for d in keep], dtype=np.float64).reshape(-1, 3)
-    return CostSample(group, feats, [devices[d] for d in keep], num_devices, dev_ms, step_ms)
+    context = context_values(num_devices, sum(t.dim for t in tables))
+    return CostSample(group, feats, [devices[d] for d in keep], context, dev_ms, step_ms)
 
 
 # ----------------------------------------------------------------------------------------
@@ -303,7 +311,7 @@ def fit_cost_model(
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss)
+            total += loss.item()
         sched.step()
         history.append(total / len(batches))
     net.eval()
@@ -316,7 +324,7 @@ def _fixed_batches(samples: Sequence[CostSample], batch_size: int, rng: np.rando
     out = []
     for start in range(0, len(order), batch_size):
         chunk = [samples[i] for i in order[start : start + batch_size]]
-        packed = pack([(s.features, s.devices, s.num_devices) for s in chunk])
+        packed = pack([(s.features, s.devices, s.context) for s in chunk])
         out.append((packed, *_targets(chunk)))
     return out
 
@@ -324,7 +332,7 @@ def _fixed_batches(samples: Sequence[CostSample], batch_size: int, rng: np.rando
 @torch.no_grad()
 def predict_samples(net: CostNet, samples: Sequence[CostSample]) -> tuple[np.ndarray, np.ndarray]:
     """``(dev_ms [M, 3], step_ms [P])`` predicted for ``samples``."""
-    packed = pack([(s.features, s.devices, s.num_devices) for s in samples])
+    packed = pack([(s.features, s.devices, s.context) for s in samples])
     log_dev, log_step = net.forward_packed(packed)
     return torch.exp(log_dev).numpy(), torch.exp(log_step).numpy()
 

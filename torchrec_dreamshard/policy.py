@@ -171,7 +171,7 @@ class EstimatedMDP:
         self.net = cost_net
         self.task = task
         self.D = task.num_devices
-        self.ctx = device_context(self.D)
+        self.ctx = device_context(self.D, sum(t.dim for t in task.tables))
         with torch.no_grad():
             enc = cost_net.encode(torch.from_numpy(features))
             single = cost_net.device_log_costs(enc, self.ctx)
@@ -339,7 +339,7 @@ class EstimatedMDP:
                 cand_dev[..., 1] - ref,
                 cand_dev[..., 2] - ref,
                 n_frac,
-                torch.full_like(used, float(self.ctx)),
+                torch.full_like(used, float(self.ctx[0])),
             ],
             dim=-1,
         )
@@ -471,7 +471,8 @@ class DreamShard:
         S = torch.zeros(D, H).index_add(0, torch.tensor(placement), enc)
         occupied = torch.zeros(D, dtype=torch.bool)
         occupied[torch.tensor(placement)] = True
-        log_dev = self.cost_net.device_log_costs(S, device_context(D))
+        ctx = device_context(D, sum(t.dim for t in task.tables))
+        log_dev = self.cost_net.device_log_costs(S, ctx)
         log_step = self.cost_net.overall_log_cost(S, log_dev, occupied)
         scale = self.batch_scale(task)
         dev = (torch.exp(log_dev) * occupied.unsqueeze(-1)).numpy().astype(float) * scale

@@ -16,6 +16,7 @@ SUBCOMMANDS = [
     "evaluate",
     "plan",
     "pool",
+    "train",
 ]
 
 
