@@ -50,8 +50,8 @@ class CostNetStats(Stats):
         title = "--- DreamShard cost network: predicted per-rank embedding times ---"
         rows = [
             *self.last_prediction.format(),
-            "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all; "
-            "Other: TorchRec's estimate of the shards it placed",
+            "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all;",
+            "Other: TorchRec's perf estimate of the shards it placed",
         ]
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]
         self.last_table += [f"# {row: <{WIDTH - 3}}#" for row in rows]
