@@ -173,9 +173,10 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     from torchrec_dreamshard.tasks import Task
 
     local_batch = max(1, task.batch_size // task.num_devices)
-    # Device memory such that what TorchRec's reservation leaves is about the task's.
+    # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
+    # optimizer state and input/output buffers.
     topology = Topology(
-        world_size=task.num_devices, compute_device="cpu", ddr_cap=int(task.memory[0] / 0.8)
+        world_size=task.num_devices, compute_device="cpu", ddr_cap=int(task.memory[0] * 1.5)
     )
     model = build_model(task, torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
