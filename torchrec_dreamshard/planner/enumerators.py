@@ -14,7 +14,6 @@ TorchRec's perf estimator.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -162,7 +161,6 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self.fallback_fqns: set[str] = set()
         self._reuse: dict[str, tuple[float, ...]] = {}
         self._too_big: dict[str, tuple[int, int]] = {}
-        self._cache: tuple[Any, Any, list[ShardingOption]] | None = None
         if estimator is None:
             estimator = [
                 CostNetShardEstimator(
@@ -188,8 +186,6 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     ) -> list[ShardingOption]:
         """Sharding options for ``module``: one per DreamShard table, TorchRec's for the
         rest (see the module docstring)."""
-        if self._cache is not None and self._cache[0] is module and self._cache[1] == sharders:
-            return copy.deepcopy(self._cache[2])
         self.table_specs = {}
         self._too_big = {}
         self._reuse = _reuse_hists(module, self._samples, self._topology.world_size)
@@ -208,7 +204,6 @@ class DreamShardEnumerator(EmbeddingEnumerator):
                 len(self.fallback_fqns),
                 sorted(self.fallback_fqns),
             )
-        self._cache = (module, sharders, copy.deepcopy(options))
         return options
 
     # -- TorchRec hooks -------------------------------------------------------------------

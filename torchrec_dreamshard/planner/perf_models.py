@@ -44,6 +44,7 @@ class CostNetPerfModel(PerfModel):
         self._topology = topology
         self._batch_size = batch_size
         self._spec_fn = spec_fn or spec_for_option
+        self._last: tuple[tuple, PlanPrediction] | None = None
 
     def rate(self, plan: list[ShardingOption]) -> float:
         """Predicted step cost of ``plan`` in ms (lower is better)."""
@@ -51,6 +52,12 @@ class CostNetPerfModel(PerfModel):
 
     def predict(self, plan: list[ShardingOption]) -> PlanPrediction:
         """Per-rank predicted times of a partitioned plan (every shard has a rank)."""
+        key = tuple((o.fqn, o.sharding_type, tuple(s.rank for s in o.shards)) for o in plan)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._predict(plan))
+        return self._last[1]
+
+    def _predict(self, plan: list[ShardingOption]) -> PlanPrediction:
         world = self._topology.world_size
         other = [0.0] * world
         tables = [0] * world
