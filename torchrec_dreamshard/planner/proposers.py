@@ -214,6 +214,15 @@ class DreamShardProposer(Proposer):
             ) from exc
 
     def _check_fits(self, ours: list[ShardingOption], need: list[int], left: list[int]) -> None:
+        if sum(need) > sum(max(x, 0) for x in left):
+            raise PlannerError(
+                f"the {len(ours)} table-wise tables need {sum(need)} bytes (TorchRec's storage "
+                f"estimate: weights, optimizer state, input/output buffers) but the "
+                f"{len(left)} devices have {sum(max(x, 0) for x in left)} bytes left after "
+                "TorchRec's storage reservation and the tables TorchRec placed; add devices "
+                "or memory, or allow row_wise/column_wise sharding for the largest tables",
+                PlannerErrorType.INSUFFICIENT_STORAGE,
+            )
         biggest = max(left)
         misfits = [f"{o.fqn} ({n} bytes)" for o, n in zip(ours, need, strict=True) if n > biggest]
         if misfits:
