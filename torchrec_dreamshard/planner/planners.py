@@ -12,6 +12,16 @@ It is wired from TorchRec's own extension points: :class:`DreamShardEnumerator` 
 (runs the policy), :class:`DreamShardPartitioner` (keeps the policy's ranks, checks memory),
 :class:`CostNetPerfModel` (rates the plan) and :class:`CostNetStats` (logs the predicted
 per-rank times after TorchRec's ``EmbeddingStats``). Nothing here trains.
+
+Which tables the policy places: every ``EmbeddingBagCollection`` table (nested anywhere in
+the model, in any number of collections) whose constraints allow table-wise sharding on the
+fused kernel and whose table-wise storage fits a device after TorchRec's storage
+reservation. The others (constraints forbidding table-wise or the fused kernel, tables too
+big for any single device, other module types) are planned by TorchRec's machinery
+alongside: TorchRec's enumerator and perf estimator offer their options, the best-rated
+option that fits is taken and TorchRec's ``GreedyPerfPartitioner`` places it first; the
+policy then places its tables in the memory left. A table too big for any device whose
+constraints allow only table-wise sharding is a ``PlannerError`` naming it.
 """
 
 from __future__ import annotations
