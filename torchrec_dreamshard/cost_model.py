@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 from torchrec_dreamshard.tables import FEATURE_DIM, TableSpec, table_features
 
@@ -50,6 +51,8 @@ EPS_MS = 1e-3  # ms; floor under measured costs before taking logs
 CTX_SCALE = 6.0  # log2(D) / 6: 64 devices -> 1.0
 WIDTH_SCALE = 14.0  # log2(1 + W) / 14: total width 16384 -> 1.0
 NUM_CTX = 2
+NUM_DERIVED = 4  # linear-scale channels the encoder gets besides the features
+NO_COMM_LOG = math.log(1e-6)  # log ms of the communication of a single device (none)
 
 
 def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
@@ -72,6 +75,16 @@ def device_context(num_devices: int, total_dim: int) -> torch.Tensor:
     return torch.tensor(context_values(num_devices, total_dim), dtype=torch.float32)
 
 
+def derived_features(x: torch.Tensor) -> torch.Tensor:
+    """The features plus linear-scale dim / 256, pooling / 100, dim x pooling / 2560 and
+    bytes / 1e8, recovered from the fixed log normalisation (so the sum over a device's
+    tables carries its total width and lookups exactly)."""
+    dim = torch.exp2(x[..., 0:1] * 8.0)
+    pooling = torch.pow(10.0, x[..., 2:3] * 2.0) - 1.0
+    size = torch.pow(10.0, x[..., 3:4] * 11.0 - 8.0)
+    return torch.cat([x, dim / 256, pooling / 100, dim * pooling / 2560, size], dim=-1)
+
+
 class CostNet(nn.Module):
     """Per-table encoder, sum-per-device cost heads, max-over-devices overall head.
 
@@ -84,22 +97,47 @@ class CostNet(nn.Module):
         super().__init__()
         self.hidden = hidden
         self.feature_dim = feature_dim
-        self.encoder = mlp([feature_dim, hidden, hidden], last_relu=True)
-        self.device_head = mlp([hidden + NUM_CTX, hidden, hidden, 3])
+        self.encoder = mlp([feature_dim + NUM_DERIVED, hidden, hidden - 1], last_relu=True)
+        self.device_head = mlp([hidden + NUM_CTX, hidden, hidden, 2])
+        # all-to-all constants (ms per peer, ms per kilo-dim of load, ms), softplus^-1
+        self.comm_raw = nn.Parameter(torch.tensor([1.0, 5.0, -2.0]))
         self.overall_head = mlp([hidden + 1, hidden, 1])
         with torch.no_grad():  # start the overall correction at ~0
             self.overall_head[-1].weight.mul_(0.01)
             self.overall_head[-1].bias.zero_()
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Table encodings ``e_i``, ``[..., hidden]``."""
-        return self.encoder(x)
+        """Table encodings ``e_i = [phi(x_i), dim_i / 256]``, ``[..., hidden]`` (the last
+        channel is exact, so a device's sum carries its pooled width)."""
+        d = derived_features(x)
+        return torch.cat([self.encoder(d), d[..., self.feature_dim : self.feature_dim + 1]], -1)
 
     def device_log_costs(self, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """``[..., 3]`` log fwd/bwd/comm (ms) from device sums ``h`` ``[..., hidden]`` and
         the context ``ctx`` ``[..., NUM_CTX]`` (broadcast to ``h``'s leading shape)."""
         c = ctx.expand(*h.shape[:-1], ctx.shape[-1])
-        return self.device_head(torch.cat([h, c], dim=-1))
+        compute = self.device_head(torch.cat([torch.log1p(h), c], dim=-1))
+        return torch.cat([compute, self.log_comm(h[..., -1] * 256.0, c).unsqueeze(-1)], -1)
+
+    def log_comm(self, width: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """Log all-to-all ms of a device of pooled width ``w`` among D devices of total
+        width W: ``m = p (D - 1) + q L + r``, ``L = (W + (D - 2) w) / (1000 D)`` (the
+        kilo-dims per sample it sends plus receives), ``p, q, r >= 0`` learned; none for
+        one device."""
+        D = torch.exp2(ctx[..., 0] * CTX_SCALE)
+        W = torch.exp2(ctx[..., 1] * WIDTH_SCALE) - 1.0
+        p, q, r = F.softplus(self.comm_raw)
+        load = (W + (D - 2.0) * width).clamp(min=0.0) / (1000.0 * D)
+        log_m = torch.log(p * (D - 1.0) + q * load + r)
+        return torch.where(D > 1.5, log_m, torch.full_like(log_m, NO_COMM_LOG))
+
+    def device_z(self, h: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
+        """What the overall head max-reduces: ``z_d = [log(1 + h_d), log t_d]``."""
+        return torch.cat([torch.log1p(h), log_total.unsqueeze(-1)], dim=-1)
+
+    def overall_from_max(self, zmax: torch.Tensor) -> torch.Tensor:
+        """``log step = max_d log t_d + rho(max_d z_d)``."""
+        return zmax[..., -1] + self.overall_head(zmax).squeeze(-1)
 
     def overall_log_cost(
         self, h: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor
@@ -115,11 +153,10 @@ class CostNet(nn.Module):
             ``[...]`` log step cost in ms.
         """
         log_total = torch.logsumexp(log_dev, dim=-1)
-        z = torch.cat([h, log_total.unsqueeze(-1)], dim=-1)
+        z = self.device_z(h, log_total)
         neg = torch.finfo(z.dtype).min
         z = z.masked_fill(~occupied.unsqueeze(-1), neg)
-        zmax = z.max(dim=-2).values
-        return zmax[..., -1] + self.overall_head(zmax).squeeze(-1)
+        return self.overall_from_max(z.max(dim=-2).values)
 
     def forward_packed(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Predictions on a packed batch of placements.
@@ -133,11 +170,11 @@ class CostNet(nn.Module):
         h = h.index_add(0, batch.device_of_table, enc)
         log_dev = self.device_log_costs(h, batch.ctx)
         log_total = torch.logsumexp(log_dev, dim=-1)
-        z = torch.cat([h, log_total.unsqueeze(-1)], dim=-1)
+        z = self.device_z(h, log_total)
         idx = batch.placement_of_device.unsqueeze(-1).expand_as(z)
         init = torch.full((batch.num_placements, z.shape[-1]), -1e30, dtype=z.dtype)
         zmax = init.scatter_reduce(0, idx, z, reduce="amax", include_self=True)
-        log_step = zmax[:, -1] + self.overall_head(zmax).squeeze(-1)
+        log_step = self.overall_from_max(zmax)
         return log_dev, log_step
 
 
@@ -261,7 +298,10 @@ def log_mse_loss(
     """Squared log error of the device heads plus that of the overall head (where the
     step cost was measured, i.e. not ``nan``)."""
     pred_dev, pred_step = net.forward_packed(batch)
-    loss = ((pred_dev - log_dev) ** 2).mean()
+    err = (pred_dev - log_dev) ** 2
+    known = torch.ones_like(err, dtype=torch.bool)
+    known[:, 2] = log_dev[:, 2] > math.log(EPS_MS)  # no all-to-all on one device
+    loss = err[known].mean()
     known = torch.isfinite(log_step)
     if known.any():
         loss = loss + ((pred_step[known] - log_step[known]) ** 2).mean()
@@ -285,7 +325,8 @@ def fit_cost_model(
         samples: training samples.
         epochs: passes over the samples.
         batch_size: placements per step.
-        lr: Adam learning rate (cosine-decayed to 10% over the epochs).
+        lr: Adam learning rate (cosine-decayed to 10% over the epochs; ten times more for
+            the three all-to-all constants).
         weight_decay: Adam weight decay.
         seed: shuffling seed.
         progress: show a tqdm bar.
@@ -293,7 +334,13 @@ def fit_cost_model(
     if not samples:
         raise ValueError("fit_cost_model needs at least one sample")
     rng = np.random.default_rng(seed)
-    opt = torch.optim.Adam(net.parameters(), lr=lr, weight_decay=weight_decay)
+    comm = [net.comm_raw]
+    rest = [p for n, p in net.named_parameters() if n != "comm_raw"]
+    opt = torch.optim.Adam(
+        [{"params": rest}, {"params": comm, "lr": lr * 10, "weight_decay": 0.0}],
+        lr=lr,
+        weight_decay=weight_decay,
+    )
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr * 0.1)
     batches = _fixed_batches(samples, batch_size, rng)
     history = []

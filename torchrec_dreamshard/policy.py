@@ -356,8 +356,8 @@ class EstimatedMDP:
         """Predicted log step ``[K, D]`` if table ``i`` went to each device: the max over
         devices with device ``d`` replaced, from each channel's top two."""
         neg = -1e30
-        z_now = torch.cat([S, now_tot.unsqueeze(-1)], -1).masked_fill(~occupied.unsqueeze(-1), neg)
-        z_cand = torch.cat([cand_S, cand_tot.unsqueeze(-1)], -1)
+        z_now = self.net.device_z(S, now_tot).masked_fill(~occupied.unsqueeze(-1), neg)
+        z_cand = self.net.device_z(cand_S, cand_tot)
         if self.D == 1:
             zmax = z_cand
         else:
@@ -365,7 +365,7 @@ class EstimatedMDP:
             is_top = z_now == top.values[:, :1]
             others = torch.where(is_top, top.values[:, 1:2], top.values[:, :1])
             zmax = torch.maximum(others, z_cand)
-        return zmax[..., -1] + self.net.overall_head(zmax).squeeze(-1)
+        return self.net.overall_from_max(zmax)
 
 
 # ----------------------------------------------------------------------------------------

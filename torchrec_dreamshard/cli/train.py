@@ -38,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--collect-tasks", type=int, default=6, help="tasks measured per iteration")
     p.add_argument("--placements-per-task", type=int, default=4)
     p.add_argument("--policy-updates", type=int, default=60, help="REINFORCE updates per iter")
-    p.add_argument("--cost-epochs", type=int, default=120)
+    p.add_argument("--cost-epochs", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3, help="timing rounds per measurement")
     p.add_argument("--export", metavar="PATH", help="also copy the final checkpoint here")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")

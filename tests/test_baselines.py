@@ -1,0 +1,90 @@
+"""Baselines: one interface, memory respected, TorchRec's planner, measured search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from torchrec_dreamshard import baselines
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import (
+    CPU_POOL_SCALE,
+    Task,
+    TaskSampler,
+    check_placement,
+    synthetic_pool,
+)
+
+
+@pytest.fixture(scope="module")
+def sampler():
+    return TaskSampler(synthetic_pool(200, scale=CPU_POOL_SCALE), seed=4)
+
+
+FAST = [n for n in baselines.BASELINES if not n.startswith("torchrec")]
+
+
+@pytest.mark.parametrize("name", FAST)
+@pytest.mark.parametrize("factor", [1.05, 1.5])
+def test_memory_respected(sampler, name, factor):
+    for devices in (2, 4, 8):
+        task = sampler.sample("test", 40, devices, memory_factor=factor)
+        check_placement(task, baselines.place(name, task, seed=1))
+
+
+def test_greedy_balances_its_proxy():
+    tables = [
+        TableSpec(name=f"t{i}", rows=100, dim=d, pooling_factor=1.0)
+        for i, d in enumerate([64, 32, 32, 16, 16])
+    ]
+    task = Task(tables=tables, num_devices=2, memory_bytes=10**9, batch_size=16)
+    placement = baselines.place("dim_greedy", task)
+    loads = np.bincount(placement, weights=[t.dim for t in tables], minlength=2)
+    assert sorted(loads) == [80, 80]
+
+
+def test_proxies():
+    t = TableSpec(name="t", rows=1000, dim=8, pooling_factor=2.0)
+    assert baselines.PROXIES["lookup"](t) == 16.0
+    assert baselines.PROXIES["size_lookup"](t) == pytest.approx(48.0)
+
+
+def test_unknown_name(sampler):
+    with pytest.raises(ValueError, match="unknown baseline"):
+        baselines.place("magic", sampler.sample("test", 5, 2))
+
+
+def test_no_room_is_an_error():
+    tables = [TableSpec(name=f"big{i}", rows=15, dim=1, pooling_factor=1.0) for i in range(3)]
+    task = Task(tables=tables, num_devices=2, memory_bytes=100, batch_size=8)
+    with pytest.raises(baselines.NoPlanError, match="big"):
+        baselines.place("size_greedy", task)
+
+
+def test_torchrec_planner(sampler):
+    loose = sampler.sample("test", 20, 4, memory_factor=4.0)
+    check_placement(loose, baselines.place("torchrec", loose))
+    tight = sampler.sample("test", 20, 4, memory_factor=1.2)
+    with pytest.raises(baselines.NoPlanError, match="TorchRec"):
+        baselines.place("torchrec", tight)
+    check_placement(tight, baselines.place("torchrec_ours", tight))
+
+
+def test_measured_search_improves_a_fake_measurement(sampler):
+    task = sampler.sample("test", 16, 4, memory_factor=2.0)
+
+    def measure(task, placement):  # step = max device dim (a stand-in for the hardware)
+        per = np.bincount(placement, weights=[t.dim for t in task.tables], minlength=4)
+        return float(per.max()), per.tolist()
+
+    start = [0] * 8 + [1] * 8
+    start = (
+        check_placement(task, start)
+        if sum(t.size_bytes for t in task.tables[:8]) <= task.memory[0]
+        else baselines.place("random", task)
+    )
+    res = baselines.measured_search(task, [start], measure, budget=60, seed=0)
+    assert res.measurements <= 60
+    assert res.step_ms <= measure(task, start)[0]
+    assert res.history == sorted(res.history, reverse=True)
+    check_placement(task, res.placement)

@@ -1,0 +1,132 @@
+"""Checkpoints: round trip, and clear errors (never code execution) on bad files."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchrec_dreamshard.checkpoint import (
+    BUNDLED_CHECKPOINT,
+    load_checkpoint,
+    read_payload,
+    save_checkpoint,
+)
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+
+
+@pytest.fixture(scope="module")
+def task():
+    return TaskSampler(synthetic_pool(100, scale=CPU_POOL_SCALE), seed=3).sample("test", 20, 4)
+
+
+@pytest.fixture()
+def saved(tmp_path):
+    agent = DreamShard.untrained(seed=11)
+    path = tmp_path / "agent.pt"
+    save_checkpoint(agent, path, extra={"iteration": 3})
+    return agent, path
+
+
+def test_round_trip_predicts_the_same(saved, task):
+    agent, path = saved
+    loaded = load_checkpoint(path)
+    placement = agent.place(task)
+    assert loaded.place(task) == placement
+    assert loaded.predict(task, placement) == agent.predict(task, placement)
+    assert read_payload(path)["extra"]["iteration"] == 3
+    assert loaded.meta["features"]["dim"] == 21
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+
+
+def test_truncated_file(saved):
+    _, path = saved
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="could not be read safely"):
+        load_checkpoint(path)
+
+
+def test_corrupt_file(tmp_path):
+    path = tmp_path / "junk.pt"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(ValueError, match="could not be read safely"):
+        load_checkpoint(path)
+
+
+class _Evil:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Evil.marker}",))
+
+
+def test_pickled_code_is_never_run(tmp_path):
+    marker = tmp_path / "pwned"
+    _Evil.marker = str(marker)
+    path = tmp_path / "evil.pt"
+    torch.save({"format": "torchrec-dreamshard", "payload": _Evil()}, path)
+    with pytest.raises(ValueError, match="could not be read safely"):
+        load_checkpoint(path)
+    plain = tmp_path / "evil.pkl"
+    plain.write_bytes(pickle.dumps(_Evil()))
+    with pytest.raises(ValueError):
+        load_checkpoint(plain)
+    assert not marker.exists()
+
+
+def test_other_format(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, path)
+    with pytest.raises(ValueError, match="not a torchrec-dreamshard checkpoint"):
+        load_checkpoint(path)
+
+
+def _rewrite(path: Path, edit) -> None:
+    payload = torch.load(path, weights_only=True)
+    edit(payload)
+    torch.save(payload, path)
+
+
+def test_mismatched_features(saved):
+    _, path = saved
+    _rewrite(path, lambda p: p["meta"]["features"]["scales"].update(dim_log2=9.0))
+    with pytest.raises(ValueError, match="feature normalisation"):
+        load_checkpoint(path)
+
+
+def test_mismatched_weights(saved):
+    _, path = saved
+    _rewrite(path, lambda p: p["meta"].update(hidden=32))
+    with pytest.raises(ValueError, match="weights do not fit"):
+        load_checkpoint(path)
+
+
+def test_wrong_version(saved):
+    _, path = saved
+    _rewrite(path, lambda p: p.update(format_version=99))
+    with pytest.raises(ValueError, match="format version"):
+        load_checkpoint(path)
+
+
+def test_non_finite_weights(saved):
+    _, path = saved
+    _rewrite(path, lambda p: p["policy"]["body.0.weight"].fill_(float("nan")))
+    with pytest.raises(ValueError, match="non-finite"):
+        load_checkpoint(path)
+
+
+@pytest.mark.skipif(not BUNDLED_CHECKPOINT.exists(), reason="no bundled checkpoint yet")
+def test_bundled_checkpoint_loads(task):
+    agent = load_checkpoint()
+    assert agent.meta["trained"] is True
+    assert agent.meta["batch_size"] == 2048
+    assert "hardware" in agent.meta and "workload" in agent.meta and "version" in agent.meta
+    placement = agent.place(task)
+    assert agent.predict(task, placement).step_ms > 0
