@@ -25,10 +25,9 @@ costs a few small matrix products whatever the number of devices.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +36,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from torchrec_dreamshard.cost_model import EPS_MS, CostNet, device_context, mlp
+from torchrec_dreamshard.cost_model import EPS_MS, CostNet, device_context, mlp, single_thread
 from torchrec_dreamshard.tables import table_features
 from torchrec_dreamshard.tasks import Task, check_placement
 
 NUM_SCALARS = 12  # scalar inputs per device besides log(1 + h'_d)
 LOG_EPS = math.log(EPS_MS)
+REFINE_STEPS = 64  # improving moves/swaps search mode makes after its roll-outs
 BATCH_WARN_RATIO = 4.0  # warn when a task's batch is this far from the training batch
 
 
@@ -95,22 +95,6 @@ class PolicyNet(nn.Module):
         a, b = F.softplus(self.prior_raw)
         scal = u[..., self.hidden :]
         return self.body(u).squeeze(-1) - a * scal[..., 0] - b * scal[..., 1]
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread (restored after).
-
-    The networks are tiny; with several OpenMP threads on a busy machine each small
-    matrix product pays for spinning threads (measured 16 ms instead of 25 us per call on
-    our 2-core machine under load).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------
@@ -369,6 +353,79 @@ class EstimatedMDP:
 
 
 # ----------------------------------------------------------------------------------------
+# Search-mode refinement
+# ----------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def refine(mdp: EstimatedMDP, placement: np.ndarray, max_steps: int) -> np.ndarray:
+    """Hill-climb ``placement`` on the cost network's step cost.
+
+    Each step rates, in one batch, every move of a table off the predicted bottleneck
+    device to another device with room and every swap of such a table with a table
+    elsewhere that keeps both devices within memory, and applies the best if it lowers
+    the predicted step; it stops at a local optimum or after ``max_steps``.
+    """
+    net, task = mdp.net, mdp.task
+    enc = torch.empty_like(mdp.enc)
+    enc[torch.from_numpy(mdp.order)] = mdp.enc  # back to table order
+    sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
+    D = mdp.D
+    placement = placement.copy()
+    for _ in range(max_steps):
+        S = torch.zeros(D, enc.shape[1]).index_add(0, torch.from_numpy(placement), enc)
+        occ = torch.from_numpy(np.bincount(placement, minlength=D) > 0)
+        log_dev = net.device_log_costs(S, mdp.ctx)
+        now = float(net.overall_log_cost(S, log_dev, occ))
+        b = int(torch.logsumexp(log_dev, -1).masked_fill(~occ, -1e30).argmax())
+        cands = _candidates(placement, b, sizes, mdp.capacity)
+        if not cands:
+            break
+        moves = torch.tensor(cands, dtype=torch.int64)  # (i, j or -1, d)
+        C = len(cands)
+        S_c = S.expand(C, D, -1).clone()
+        rows = torch.arange(C)
+        ei = enc[moves[:, 0]]
+        ej = torch.where((moves[:, 1] >= 0).unsqueeze(-1), enc[moves[:, 1].clamp(min=0)], 0.0)
+        S_c[rows, b] += ej - ei
+        S_c[rows, moves[:, 2]] += ei - ej
+        occ_c = occ.expand(C, D).clone()
+        occ_c[rows, moves[:, 2]] = True
+        pl_counts = np.bincount(placement, minlength=D)
+        if pl_counts[b] == 1:
+            occ_c[rows, b] = moves[:, 1] >= 0
+        cost = net.overall_log_cost(S_c, net.device_log_costs(S_c, mdp.ctx), occ_c)
+        k = int(torch.argmin(cost))
+        if float(cost[k]) >= now - 1e-6:
+            break
+        i, j, d = cands[k]
+        placement[i] = d
+        if j >= 0:
+            placement[j] = b
+    return placement
+
+
+def _candidates(
+    placement: np.ndarray, b: int, sizes: np.ndarray, capacity: np.ndarray
+) -> list[tuple[int, int, int]]:
+    """Legal moves ``(i, -1, d)`` and swaps ``(i, j, d)`` of tables ``i`` on device ``b``."""
+    used = np.bincount(placement, weights=sizes, minlength=len(capacity))
+    free = capacity - used
+    on_b = np.flatnonzero(placement == b)
+    others = np.flatnonzero(placement != b)
+    out = []
+    for i in on_b:
+        for d in np.flatnonzero(free >= sizes[i]):
+            if d != b:
+                out.append((int(i), -1, int(d)))
+        if others.size:
+            d_j = placement[others]
+            ok = (free[d_j] + sizes[others] >= sizes[i]) & (free[b] + sizes[i] >= sizes[others])
+            out.extend((int(i), int(j), int(placement[j])) for j in others[ok])
+    return out
+
+
+# ----------------------------------------------------------------------------------------
 # The agent
 # ----------------------------------------------------------------------------------------
 
@@ -435,7 +492,9 @@ class DreamShard:
         Args:
             task: the task.
             mode: ``"greedy"`` (one argmax roll-out) or ``"search"`` (the greedy roll-out
-                plus ``num_samples`` sampled ones; the one the cost network rates best).
+                plus ``num_samples`` sampled ones; the one the cost network rates best,
+                then improved by moves and swaps the cost network rates better, see
+                :func:`refine`).
             num_samples: sampled roll-outs in search mode.
             seed: sampling seed.
 
@@ -459,6 +518,7 @@ class DreamShard:
             k = int(torch.argmin(res.log_step))
             if float(res.log_step[k]) < best_cost:
                 placement = res.placements[k]
+            placement = refine(mdp, np.asarray(placement), REFINE_STEPS)
         return check_placement(task, [int(d) for d in placement])
 
     @single_thread()

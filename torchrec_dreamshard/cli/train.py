@@ -40,15 +40,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--policy-updates", type=int, default=60, help="REINFORCE updates per iter")
     p.add_argument("--cost-epochs", type=int, default=300)
     p.add_argument("--rounds", type=int, default=3, help="timing rounds per measurement")
-    p.add_argument("--export", metavar="PATH", help="also copy the final checkpoint here")
+    p.add_argument(
+        "--export", metavar="PATH", help="also copy the final checkpoint here (+ PATH.json)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
     import shutil
     from pathlib import Path
 
+    from torchrec_dreamshard.checkpoint import read_payload
     from torchrec_dreamshard.training import CHECKPOINT_NAME, TrainConfig, train
 
     cfg = TrainConfig(
@@ -80,5 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if args.export:
         Path(args.export).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ckpt, args.export)
-        print(f"copied to {args.export}")
+        sidecar = Path(args.export).with_suffix(".json")
+        sidecar.write_text(json.dumps(read_payload(ckpt)["meta"], indent=1) + "\n")
+        print(f"copied to {args.export} (what it was trained on: {sidecar})")
     return 0
