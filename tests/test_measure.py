@@ -172,10 +172,18 @@ def test_distributed_and_local_agree_on_compute(num_devices):
         for d in m.per_device:
             assert math.isfinite(d.total_ms) and d.comm_ms > 0
             assert (d.fwd_ms > 0) == (d.num_tables > 0)
+
     # Compute in units of the reference kernel timed beside it: the machine is shared and
-    # noisy, so the stated tolerance is a factor of 2.5 on the sum over devices.
-    lc = sum(d.compute_ms for d in local.per_device) / local.reference_ms
-    dc = sum(d.compute_ms for d in dist_m.per_device) / dist_m.reference_ms
+    # noisy, so the stated tolerance is a factor of 2.5 on the sum over devices, and a
+    # disagreement is re-measured once (both backends again, interleaved; the minimum of
+    # each backend's two figures is compared), as the benchmarks do with noisy timings.
+    def relative_compute(m):
+        return sum(d.compute_ms for d in m.per_device) / m.reference_ms
+
+    lc, dc = relative_compute(local), relative_compute(dist_m)
+    if not 1 / 2.5 < lc / dc < 2.5:
+        lc = min(lc, relative_compute(measure_placement(task, placement, config, "local")))
+        dc = min(dc, relative_compute(measure_placement(task, placement, config, "distributed")))
     assert 1 / 2.5 < lc / dc < 2.5, (lc, dc)
 
 

@@ -242,7 +242,9 @@ class FusedKernel:
                 arena.reserve(weights + momentum)
             prealloc = {"weights": arena.take(weights)}
             if momentum:
-                prealloc["momentum1"] = arena.take(momentum)
+                # Optimizer state must be positive whatever earlier kernels trained into
+                # this slice of the reused arena (negative Adagrad state means NaN updates).
+                prealloc["momentum1"] = arena.take(momentum).fill_(0.01)
         emb = tbe(
             specs,
             optimizer=optim_type(cfg.optimizer),
