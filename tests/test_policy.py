@@ -100,3 +100,16 @@ def test_table_costs_order_the_mdp(sampler, agent):
     costs = agent.table_costs(task)
     order = agent.mdp(task).order
     assert np.all(np.diff(costs[order]) <= 1e-9)
+
+
+def test_refine_never_raises_the_predicted_cost_and_keeps_memory(sampler, agent):
+    from torchrec_dreamshard.policy import refine
+
+    task = sampler.sample("test", 30, 4, memory_factor=1.1)
+    mdp = agent.mdp(task)
+    start = np.asarray(agent.place(task))
+    better = refine(mdp, start, 32)
+    check_placement(task, better.tolist())
+    assert agent.predict(task, better.tolist()).step_ms <= agent.predict(
+        task, start.tolist()
+    ).step_ms * (1 + 1e-5)

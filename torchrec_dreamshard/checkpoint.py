@@ -81,6 +81,7 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
     os.close(fd)
     try:
         torch.save(payload, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a checkpoint is plain data
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
