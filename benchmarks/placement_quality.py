@@ -19,6 +19,7 @@ Usage: python benchmarks/placement_quality.py [--rounds 3] [--search-budget 12] 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import geomean, heldout_tasks, machine, measure_fn, write  # noqa: E402
+from _agent_common import (  # noqa: E402
+    RESULTS,
+    geomean,
+    heldout_tasks,
+    machine,
+    measure_fn,
+    write,
+)
 
 from torchrec_dreamshard import baselines  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
@@ -83,7 +91,8 @@ def measure_rounds(tasks, plans, measure, rounds: int, seed: int) -> list[dict]:
 def summarise_task(task, plans, costs) -> dict:
     """Per method: median and spread over rounds of cost / best heuristic's cost."""
     per_round = {n: np.array(costs[tuple(p)]) for n, p in plans.items() if p is not None}
-    best_h = min(baselines.HEURISTICS, key=lambda n: np.median(per_round[n]))
+    found = [n for n in baselines.HEURISTICS if n in per_round]
+    best_h = min(found, key=lambda n: np.median(per_round[n]))
     out = {"tables": len(task.tables), "devices": task.num_devices, "best_heuristic": best_h}
     for name in METHODS:
         if name not in per_round:
@@ -106,7 +115,9 @@ def report(rows, args, wall) -> tuple[dict, str]:
         if gm["dreamshard_search"] <= gm["dreamshard_greedy"]
         else ("dreamshard_greedy")
     )
-    slg = geomean([r[ds]["ratio"] / r["size_lookup_greedy"]["ratio"] for r in rows])
+    slg = geomean(
+        [r[ds]["ratio"] / r["size_lookup_greedy"]["ratio"] for r in rows if r["size_lookup_greedy"]]
+    )
     ref = geomean([r[ds]["ratio"] / r["measured_search"]["ratio"] for r in rows])
     tr_ok = [r for r in rows if r["torchrec"]]
     vs_torchrec = [r[ds]["ratio"] / r["torchrec"]["ratio"] for r in tr_ok]
@@ -183,7 +194,13 @@ def main() -> None:
         plans.append(p)
         plan_times.append(t)
         print(f"planned T={len(task.tables)} D={task.num_devices}", flush=True)
+    raw_path = RESULTS / "placement_quality_raw.json"
     costs = measure_rounds(tasks, plans, measure, args.rounds, args.seed)
+    raw = [
+        {"plans": p, "costs": [[list(k), v] for k, v in c.items()]}
+        for p, c in zip(plans, costs, strict=True)
+    ]
+    raw_path.write_text(json.dumps(raw) + "\n")  # kept even if the summary fails
     rows = [summarise_task(t, p, c) for t, p, c in zip(tasks, plans, costs, strict=True)]
     for row, t in zip(rows, plan_times, strict=True):
         row["planning_s"] = t
