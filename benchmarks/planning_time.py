@@ -141,23 +141,35 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
     (RESULTS / "planning_time.md").write_text(markdown(rows, meta))
 
 
+def cell(row: dict) -> str:
+    """A table cell: seconds, marking TorchRec's timeout and processes killed."""
+    if row["seconds"] is None:
+        return f"> {row['status'].split('after ')[1].split(' ')[0]} (killed)"
+    if row["status"] == "ok":
+        return f"{row['seconds']:.2f}"
+    if row["status"].startswith("timed out"):
+        return f"{row['seconds']:.1f} (timeout)"
+    return f"{row['seconds']:.2f} ({row['status'][:40]})"
+
+
 def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
     lines = [
         "# Planning time (seconds of `planner.plan`)",
         "",
-        f"CPU, {meta['cpus']} cores; per-rank batch {meta['local_batch']}; "
-        f"TorchRec capped at {meta['torchrec_cap_s']} s. "
-        "Produced by `benchmarks/planning_time.py`.",
+        f"CPU, {meta['cpus']} cores (shared); per-rank batch {meta['local_batch']}; "
+        f"{meta['hbm_cap_bytes'] // 2**30} GB per device; DreamShard checkpoint: "
+        f"{meta['checkpoint']}. Produced by `benchmarks/planning_time.py`.",
+        "",
+        f"TorchRec's planner runs with `timeout_seconds={meta['torchrec_cap_s']}`: "
+        "'(timeout)' means it returned its best plan so far after the cap (enumeration and "
+        "stats are outside its timeout, hence figures above the cap). Any run still going "
+        f"{meta['torchrec_cap_s'] + HARD_MARGIN + 60} s after its process started is killed "
+        "('> N (killed)', model building included).",
         "",
         "| tables | devices | " + " | ".join(PLANNERS) + " |",
         "|---:|---:|" + "---:|" * len(PLANNERS),
     ]
-    cells: dict[tuple, str] = {}
-    for r in rows:
-        s = "killed" if r["seconds"] is None else f"{r['seconds']:.2f}"
-        if r["status"] != "ok":
-            s += " (capped)" if "cap" in r["status"] else f" ({r['status'][:40]})"
-        cells[(r["tables"], r["devices"], r["planner"])] = s
+    cells = {(r["tables"], r["devices"], r["planner"]): cell(r) for r in rows}
     for t, d in sorted({(r["tables"], r["devices"]) for r in rows}):
         lines.append(
             f"| {t} | {d} | " + " | ".join(cells.get((t, d, p), "-") for p in PLANNERS) + " |"
