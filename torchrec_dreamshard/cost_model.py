@@ -2,22 +2,29 @@
 measurements.
 
 Model. Each table ``i`` has the fixed feature vector ``x_i`` of
-:func:`torchrec_dreamshard.tables.table_features`. A shared MLP encodes it,
-``e_i = phi(x_i)`` (non-negative, ReLU output). A device ``d`` holding the set of tables
-``S_d`` is represented by the **sum** of its tables' encodings,
+:func:`torchrec_dreamshard.tables.table_features`, extended with four linear-scale values
+recovered from it (dim / 256, pooling / 100, dim x pooling / 2560, bytes / 1e8). A shared
+MLP encodes it, and one exact channel carries its width:
+``e_i = [phi(x_i), dim_i / 256]`` (non-negative: ReLU output). A device ``d`` holding the
+set of tables ``S_d`` is represented by the **sum** of its tables' encodings,
 
     h_d = sum_{i in S_d} e_i,
 
-so its prediction cannot depend on the order of its tables. Three heads read
-``[h_d, c]`` and predict the log of the device's fused forward, backward and
-communication times, where the task context ``c = (log2(D) / 6, log2(1 + W) / 14)`` holds
-the device count D and the task's total pooled width ``W = sum_i dim_i`` (a device's
-all-to-all carries its own outputs out and its share of everyone else's in):
+so its prediction cannot depend on the order of its tables. With the task context
+``c = (log2(D) / 6, log2(1 + W) / 14)`` (D devices, total pooled width
+``W = sum_i dim_i``), the compute heads read ``[log(1 + h_d), c]`` and the all-to-all
+head has the latency-bandwidth form of a collective, with the device's exact width
+``w_d = 256 h_d[-1]``:
 
-    (log f_d, log b_d, log m_d) = psi([h_d, c]),   t_d = f_d + b_d + m_d.
+    (log f_d, log b_d) = psi([log(1 + h_d), c]),
+    m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r   (p, q, r >= 0; 0 if D = 1),
+    t_d = f_d + b_d + m_d
 
-The overall head reads the **max over devices** of ``z_d = [h_d, log t_d]`` and adds a
-learned correction to the largest device total:
+(``(W + (D - 2) w_d) / D`` is what a device sends plus receives per sample under
+table-wise sharding: its own outputs to D - 1 peers, its 1/D of everyone else's back).
+
+The overall head reads the **max over devices** of ``z_d = [log(1 + h_d), log t_d]`` and
+adds a learned correction to the largest device total:
 
     log step = max_d log t_d + rho(max_d z_d),
 
@@ -27,11 +34,12 @@ cost is zero). Both sum and max make the network work for any number of tables a
 devices.
 
 Loss. Squared error of logarithms, ``mean((log y_hat - log y)^2)``, for the three device
-heads and the overall head. It is a relative error (``exp`` of the RMS is the typical
-ratio between prediction and measurement), so a 0.05 ms table and a 50 ms device weigh
-the same: the placement decisions hinge on the relative cost of small tables as much as
-of big ones, and a squared error in milliseconds would fit only the biggest devices. It
-is also symmetric in over- and under-prediction, unlike MAPE, and smooth.
+heads (communication left out on one device, where there is none) and the overall head.
+It is a relative error (``exp`` of the RMS is the typical ratio between prediction and
+measurement), so a 0.05 ms table and a 50 ms device weigh the same: the placement
+decisions hinge on the relative cost of small tables as much as of big ones, and a
+squared error in milliseconds would fit only the biggest devices. It is also symmetric in
+over- and under-prediction, unlike MAPE, and smooth.
 """
 
 from __future__ import annotations
