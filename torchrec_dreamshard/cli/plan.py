@@ -118,7 +118,7 @@ def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, titl
     fwd = [d["fwd_ms"] for d in per_device]
     bwd = [d["bwd_ms"] for d in per_device]
     comm = [d["comm_ms"] for d in per_device]
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(devices) + 2), 3.5))
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(devices) + 2), 4.0))
     ax.bar(devices, fwd, label="forward")
     ax.bar(devices, bwd, bottom=fwd, label="backward")
     ax.bar(devices, comm, bottom=[f + b for f, b in zip(fwd, bwd, strict=True)], label="comm")
@@ -126,7 +126,7 @@ def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, titl
     ax.set_ylabel("ms")
     ax.set_title(title)
     ax.set_xticks(devices)
-    ax.legend()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
