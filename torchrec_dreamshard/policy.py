@@ -43,6 +43,7 @@ from torchrec_dreamshard.tasks import Task, check_placement
 NUM_SCALARS = 12  # scalar inputs per device besides log(1 + h'_d)
 LOG_EPS = math.log(EPS_MS)
 REFINE_STEPS = 64  # improving moves/swaps search mode makes after its roll-outs
+REFINE_CANDIDATES = 512  # moves/swaps rated per refinement step, at most
 BATCH_WARN_RATIO = 4.0  # warn when a task's batch is this far from the training batch
 
 
@@ -358,13 +359,14 @@ class EstimatedMDP:
 
 
 @torch.no_grad()
-def refine(mdp: EstimatedMDP, placement: np.ndarray, max_steps: int) -> np.ndarray:
+def refine(mdp: EstimatedMDP, placement: np.ndarray, max_steps: int, seed: int = 0) -> np.ndarray:
     """Hill-climb ``placement`` on the cost network's step cost.
 
     Each step rates, in one batch, every move of a table off the predicted bottleneck
     device to another device with room and every swap of such a table with a table
-    elsewhere that keeps both devices within memory, and applies the best if it lowers
-    the predicted step; it stops at a local optimum or after ``max_steps``.
+    elsewhere that keeps both devices within memory (a random ``REFINE_CANDIDATES`` of
+    them when there are more), and applies the best if it lowers the predicted step; it
+    stops at a local optimum or after ``max_steps``.
     """
     net, task = mdp.net, mdp.task
     enc = torch.empty_like(mdp.enc)
@@ -372,6 +374,7 @@ def refine(mdp: EstimatedMDP, placement: np.ndarray, max_steps: int) -> np.ndarr
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     D = mdp.D
     placement = placement.copy()
+    rng = np.random.default_rng(seed)
     for _ in range(max_steps):
         S = torch.zeros(D, enc.shape[1]).index_add(0, torch.from_numpy(placement), enc)
         occ = torch.from_numpy(np.bincount(placement, minlength=D) > 0)
@@ -381,6 +384,9 @@ def refine(mdp: EstimatedMDP, placement: np.ndarray, max_steps: int) -> np.ndarr
         cands = _candidates(placement, b, sizes, mdp.capacity)
         if not cands:
             break
+        if len(cands) > REFINE_CANDIDATES:  # bound the work on big tasks
+            keep = rng.choice(len(cands), REFINE_CANDIDATES, replace=False)
+            cands = [cands[k] for k in sorted(keep)]
         moves = torch.tensor(cands, dtype=torch.int64)  # (i, j or -1, d)
         C = len(cands)
         S_c = S.expand(C, D, -1).clone()
@@ -518,7 +524,7 @@ class DreamShard:
             k = int(torch.argmin(res.log_step))
             if float(res.log_step[k]) < best_cost:
                 placement = res.placements[k]
-            placement = refine(mdp, np.asarray(placement), REFINE_STEPS)
+            placement = refine(mdp, np.asarray(placement), REFINE_STEPS, seed)
         return check_placement(task, [int(d) for d in placement])
 
     @single_thread()
