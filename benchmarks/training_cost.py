@@ -41,6 +41,21 @@ def measurement_seconds(db: Path) -> tuple[int, float]:
     return len(stamps), float(gaps[gaps < 15].sum() + np.median(gaps))
 
 
+def rows_by_kind(db: Path) -> dict[str, int]:
+    """Measured rows by job kind (``boot-single``, ``boot2-subset``, ``it``...)."""
+    con = sqlite3.connect(str(db))
+    jobs = [r[0] or "" for r in con.execute("SELECT job FROM measurements")]
+    con.close()
+    kinds: dict[str, int] = {}
+    for job in jobs:
+        parts = job.split("-")
+        kind = "-".join(parts[:2]) if job.startswith("boot") else "iterations"
+        if job.startswith("boot") and "task" in parts[1]:
+            kind = parts[0] + "-random-placements"
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return kinds
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default="runs/cpu_default")
@@ -54,6 +69,7 @@ def main() -> None:
     rows = list(csv.DictReader((run / "metrics.csv").open()))
     config = json.loads((run / "config.json").read_text())
     n_rows, measure_s = measurement_seconds(run / "costs.sqlite")
+    kinds = rows_by_kind(run / "costs.sqlite")
     walls = [float(r["time/wall_s"]) for r in rows]
     per_iter = np.diff([0.0, *walls]) - np.array(
         [float(r.get("collect/wall_s") or 0) for r in rows]
@@ -63,10 +79,12 @@ def main() -> None:
     table = [
         "# Training cost",
         "",
-        f"Run `{run}`: {len(rows)} iterations, {n_rows} measured placements "
-        f"(bootstrap: {config['boot_single']} single tables, {config['boot_subsets']} fused "
-        f"subsets, {config['boot_tasks']} x {config['placements_per_task']} random placements; "
-        f"then {config['collect_tasks']} x {config['placements_per_task']} per iteration).",
+        f"Run `{run}`: {len(rows)} iterations, {n_rows} measured placements, by kind: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+        + f" ({config['collect_tasks']} tasks x {config['placements_per_task']} placements "
+        "per iteration; `boot2-*` rows are single tables and fused subsets on one device "
+        "added to the store by a second bootstrap pass between runs, which is what "
+        "`--boot-single` / `--boot-subsets` now default to).",
         "",
         f"- measuring: {measure_s / 60:.1f} min (from the store's timestamps)",
         f"- fitting the cost network and training the policy: {compute_s / 60:.1f} min "
@@ -98,6 +116,7 @@ def main() -> None:
         "run_dir": str(run),
         "config": config,
         "measurements": n_rows,
+        "measurements_by_kind": kinds,
         "measure_s": measure_s,
         "compute_s": compute_s,
         "total_s": total_s,

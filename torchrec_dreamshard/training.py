@@ -75,8 +75,8 @@ class TrainConfig:
     num_tables: tuple[int, int] = (20, 60)  # T range of training tasks
     num_devices: tuple[int, ...] = (2, 4)  # D choices of training tasks
     memory_factor: float = DEFAULT_MEMORY_FACTOR  # device memory / (task bytes / D)
-    boot_single: int = 64  # single tables measured alone before iteration 0
-    boot_subsets: int = 48  # random fused subsets (2..40 tables) on one device
+    boot_single: int = 512  # single tables measured alone before iteration 0 (capped at the split)
+    boot_subsets: int = 200  # random fused subsets (2..40 tables) on one device
     boot_tasks: int = 12  # tasks with random placements before iteration 0
     collect_tasks: int = 6  # tasks measured per iteration
     placements_per_task: int = 4  # greedy, sampled..., random (K = tasks x this)
