@@ -3,25 +3,13 @@ accuracy, training cost)."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import platform
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
+from _common import RESULTS, machine, write  # noqa: F401 (re-exported)
 
 from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
-
-RESULTS = Path(__file__).resolve().parent / "results"
-NOTE = (
-    "Taken on a shared 2-core development machine while other engineers ran tests, "
-    "measurements and training on it; its speed drifts (the measurement repeatability "
-    "benchmark finds up to ~1.4x between repeats), so plans are compared in interleaved "
-    "rounds and the spread over rounds is reported."
-)
 
 
 def heldout_tasks(
@@ -55,22 +43,3 @@ def measure_fn(config=None):
 def geomean(values: Sequence[float]) -> float:
     vals = [v for v in values if v is not None and math.isfinite(v)]
     return float(math.exp(np.mean(np.log(vals)))) if vals else float("nan")
-
-
-def machine() -> dict:
-    from torchrec_dreamshard.measure import MeasureConfig, hardware_fingerprint
-
-    return {
-        **hardware_fingerprint(MeasureConfig()),
-        "platform": platform.platform(),
-        "load_average": os.getloadavg(),
-        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
-        "note": NOTE,
-    }
-
-
-def write(name: str, data: dict, summary: str) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
-    (RESULTS / f"{name}.md").write_text(summary.rstrip() + "\n")
-    print(summary)

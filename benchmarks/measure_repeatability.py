@@ -80,7 +80,6 @@ the reference kernel itself (the machine's drift).
 {rows}
 
 Target: within 5% (1.05). {out["machine"]["note"]}
-Load average at the end: {out["machine"]["load_average"]}.
 Raw: measure_repeatability.json. Script: benchmarks/measure_repeatability.py.
 """
     write("measure_repeatability", out, summary)

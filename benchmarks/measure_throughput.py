@@ -78,7 +78,6 @@ spawning the 4 gloo ranks); later placements of the same task reuse batches and 
 {_row("distributed (4 gloo ranks)", di)}
 
 Target: under 2 s per placement with local. {out["machine"]["note"]}
-Load average at the end: {out["machine"]["load_average"]}.
 Raw: measure_throughput.json. Script: benchmarks/measure_throughput.py.
 """
     write("measure_throughput", out, summary)
