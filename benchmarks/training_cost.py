@@ -82,9 +82,14 @@ def main() -> None:
         f"Run `{run}`: {len(rows)} iterations, {n_rows} measured placements, by kind: "
         + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
         + f" ({config['collect_tasks']} tasks x {config['placements_per_task']} placements "
-        "per iteration; `boot2-*` rows are single tables and fused subsets on one device "
-        "added to the store by a second bootstrap pass between runs, which is what "
-        "`--boot-single` / `--boot-subsets` now default to).",
+        "per iteration"
+        + (
+            "; `boot2-*` rows are single tables and fused subsets on one device added to the "
+            "store by a second bootstrap pass between runs, which is what `--boot-single` / "
+            "`--boot-subsets` now default to)."
+            if any(k.startswith("boot2") for k in kinds)
+            else ")."
+        ),
         "",
         f"- measuring: {measure_s / 60:.1f} min (from the store's timestamps)",
         f"- fitting the cost network and training the policy: {compute_s / 60:.1f} min "
@@ -103,10 +108,13 @@ def main() -> None:
         )
     table += [
         "",
-        "Iterations without a greedy-plan figure measured nothing new: the run was restarted "
-        "after changes to the cost network and the resumable store already held their "
-        "measurements. "
-        "Greedy-plan cost is the mean measured step cost of that iteration's greedy plans "
+        (
+            "Iterations without a greedy-plan figure measured nothing new: the run was "
+            "restarted and the resumable store already held their measurements. "
+            if any(not r.get("plan/cost_ms") for r in rows)
+            else ""
+        )
+        + "Greedy-plan cost is the mean measured step cost of that iteration's greedy plans "
         "(new tasks each iteration, so it is noisy); the held-out MAPE is on task groups kept "
         "out of the fit. Curves: training_curves.png (metrics: training_metrics.csv).",
         machine()["note"],
