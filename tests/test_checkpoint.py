@@ -122,8 +122,8 @@ def test_non_finite_weights(saved):
         load_checkpoint(path)
 
 
-@pytest.mark.skipif(not BUNDLED_CHECKPOINT.exists(), reason="no bundled checkpoint yet")
 def test_bundled_checkpoint_loads(task):
+    assert BUNDLED_CHECKPOINT.is_file(), "the package must ship its trained checkpoint"
     agent = load_checkpoint()
     assert agent.meta["trained"] is True
     assert agent.meta["batch_size"] == 2048

@@ -235,14 +235,9 @@ def test_checkpoint_path_is_loaded(tmp_path):
         )
 
 
-def test_bundled_checkpoint_loads():
-    from torchrec_dreamshard.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
-
-    if not BUNDLED_CHECKPOINT.is_file():
-        pytest.skip("the bundled checkpoint has not been trained yet")
+def test_planner_uses_the_bundled_checkpoint_by_default():
     p = DreamShardPlanner(topology=Topology(world_size=2, compute_device="cpu"), batch_size=1024)
-    assert p.agent.meta.get("trained", True)
-    load_checkpoint()
+    assert p.agent.meta["trained"] is True
     plan = p.plan(dlrm(configs(4)), SHARDERS)
     assert len(plan.plan["sparse_arch.embedding_bag_collection"]) == 4
 
