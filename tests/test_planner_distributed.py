@@ -9,7 +9,6 @@ live on the rank the policy chose, and that the loss stays finite.
 from __future__ import annotations
 
 import json
-import socket
 import warnings
 from pathlib import Path
 
@@ -18,16 +17,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchrec_dreamshard.spawn import free_port, local_process_group
+
 NUM_TABLES = 6
 DIM = 8
 LOCAL_BATCH = 8
 STEPS = 3
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_model():
@@ -88,13 +83,8 @@ def local_tables(dmp) -> list[str]:
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
+    with local_process_group(rank, world, port):
         train(rank, world, Path(out_dir))
-    finally:
-        dist.destroy_process_group()
 
 
 def train(rank: int, world: int, out_dir: Path) -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
 import sys
 import tempfile
 import time
@@ -287,13 +286,15 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
     """Train ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks; rank 0's report."""
     import torch.multiprocessing as mp
 
+    from torchrec_dreamshard.spawn import free_port
+
     world = args.train_ranks
     print(f"\n== training {args.train_steps} steps under DistributedModelParallel ==")
     print(f"{world} gloo ranks on CPU, plan from DreamShardPlanner.collective_plan")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "train.json"
         job = (task.to_dict(), args.checkpoint, args.train_steps, str(out))
-        mp.spawn(_train_worker, args=(world, _free_port(), job), nprocs=world, join=True)
+        mp.spawn(_train_worker, args=(world, free_port(), job), nprocs=world, join=True)
         report = json.loads(out.read_text())
     for rank, n in enumerate(report["tables_per_rank"]):
         print(f"  rank {rank}: {n} tables")
@@ -302,27 +303,17 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     import torch
-    import torch.distributed as dist
+
+    from torchrec_dreamshard.spawn import local_process_group
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
+    with local_process_group(rank, world, port):
         report = _train(rank, world, *job[:3])
         if rank == 0:
             Path(job[3]).write_text(json.dumps(report))
-    finally:
-        dist.destroy_process_group()
 
 
 def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps: int) -> dict:

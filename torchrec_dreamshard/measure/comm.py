@@ -32,6 +32,7 @@ import torch
 
 from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.spawn import free_port, local_process_group
 
 _CALIBRATION_BATCHES = (512, 2048, 8192)
 _CALIBRATION_REPEATS = 5
@@ -163,22 +164,13 @@ def fit_comm_model(samples: Sequence[tuple[int, float, float]], source: str) -> 
     return CommModel(*(float(c) for c in coef), source=source, samples=len(arr), rmse_ms=rmse)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _calibration_worker(rank: int, world: int, port: int, out_path: str) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
     rng = np.random.default_rng(0)
     samples = []
-    try:
+    with local_process_group(rank, world, port):
         for d in range(2, world + 1):
             group = dist.new_group(list(range(d)))
             for batch in _CALIBRATION_BATCHES:
@@ -193,8 +185,6 @@ def _calibration_worker(rank: int, world: int, port: int, out_path: str) -> None
         if rank == 0:
             flat = [s for part in gathered for s in part]
             Path(out_path).write_text(json.dumps(flat))
-    finally:
-        dist.destroy_process_group()
 
 
 def calibrate_comm_model(max_devices: int = 4) -> CommModel:
@@ -210,7 +200,7 @@ def calibrate_comm_model(max_devices: int = 4) -> CommModel:
         raise ValueError(f"max_devices must be >= 2, got {max_devices}")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "samples.json")
-        mp.spawn(_calibration_worker, args=(max_devices, _free_port(), out), nprocs=max_devices)
+        mp.spawn(_calibration_worker, args=(max_devices, free_port(), out), nprocs=max_devices)
         samples = json.loads(Path(out).read_text())
     source = f"gloo all_to_all_single on {cpu_name()}, 2..{max_devices} ranks"
     return fit_comm_model([tuple(s) for s in samples], source)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.measure.comm import _free_port, time_all_to_all
+from torchrec_dreamshard.measure.comm import time_all_to_all
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.kernels import (
     Arena,
@@ -43,6 +43,7 @@ from torchrec_dreamshard.measure.kernels import (
 )
 from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.spawn import free_port, local_process_group
 from torchrec_dreamshard.tasks import Task, device_tables
 
 _RESULT_TIMEOUT_S = 1800.0
@@ -160,13 +161,7 @@ def _assemble(gathered, num_tables, dims, config, start) -> PlacementMeasurement
 
 
 def _pool_worker(rank: int, world: int, port: int, jobs, results) -> None:
-    import torch.distributed as dist
-
-    backend = "gloo"
-    dist.init_process_group(
-        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
-    )
-    try:
+    with local_process_group(rank, world, port):
         while True:
             job = jobs[rank].get()
             if job is None:
@@ -180,8 +175,6 @@ def _pool_worker(rank: int, world: int, port: int, jobs, results) -> None:
                 out.extra["exception"] = True
             if rank == 0:
                 results.put(out.to_dict())
-    finally:
-        dist.destroy_process_group()
 
 
 class RankPool:
@@ -198,7 +191,7 @@ class RankPool:
         self.world_size = world_size
         self.jobs = [ctx.Queue() for _ in range(world_size)]
         self.results = ctx.Queue()
-        port = _free_port()
+        port = free_port()
         self.procs = [
             ctx.Process(
                 target=_pool_worker,
