@@ -17,37 +17,42 @@ and skips every measurement already in the cost store.
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    # No defaults here: an option left out keeps TrainConfig's default, the one source of them.
     p = sub.add_parser(
         "train",
         help="train a DreamShard agent on measured placements (resumable)",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("--out-dir", default="runs/dreamshard", help="checkpoints and metrics")
-    p.add_argument("--store", default=None, help="SQLite cost store (default OUT_DIR/costs.sqlite)")
-    p.add_argument("-n", "--iterations", type=int, default=8, help="iterations N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=2048)
-    p.add_argument("--optimizer", default="rowwise_adagrad")
-    p.add_argument("--backend", default="local", choices=["local", "distributed"])
-    p.add_argument("--num-tables", type=int, nargs=2, default=[20, 60], metavar=("LO", "HI"))
-    p.add_argument("--num-devices", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--boot-single", type=int, default=512, help="single tables measured first")
-    p.add_argument("--boot-subsets", type=int, default=200, help="fused subsets measured first")
-    p.add_argument("--boot-tasks", type=int, default=12, help="random-placement tasks first")
-    p.add_argument("--collect-tasks", type=int, default=6, help="tasks measured per iteration")
-    p.add_argument("--placements-per-task", type=int, default=4)
-    p.add_argument("--policy-updates", type=int, default=60, help="REINFORCE updates per iter")
-    p.add_argument("--cost-epochs", type=int, default=300)
-    p.add_argument("--rounds", type=int, default=3, help="timing rounds per measurement")
+    p.add_argument("--out-dir", help="checkpoints and metrics")
+    p.add_argument("--store", help="SQLite cost store (default OUT_DIR/costs.sqlite)")
+    p.add_argument("-n", "--iterations", type=int, help="iterations N")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--optimizer")
+    p.add_argument("--backend", choices=["local", "distributed"])
+    p.add_argument("--num-tables", type=int, nargs=2, metavar=("LO", "HI"))
+    p.add_argument("--num-devices", type=int, nargs="+")
+    p.add_argument("--boot-single", type=int, help="single tables measured first")
+    p.add_argument("--boot-subsets", type=int, help="fused subsets measured first")
+    p.add_argument("--boot-tasks", type=int, help="random-placement tasks first")
+    p.add_argument("--collect-tasks", type=int, help="tasks measured per iteration")
+    p.add_argument("--placements-per-task", type=int)
+    p.add_argument("--policy-updates", type=int, help="REINFORCE updates per iter")
+    p.add_argument("--cost-epochs", type=int)
+    p.add_argument(
+        "--rounds", type=int, dest="measure_rounds", help="timing rounds per measurement"
+    )
     p.add_argument(
         "--export", metavar="PATH", help="also copy the final checkpoint here (+ PATH.json)"
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-progress", action="store_false", dest="progress", help="no progress bars")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    import dataclasses
     import json
     import shutil
     from pathlib import Path
@@ -55,36 +60,21 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.checkpoint import read_payload
     from torchrec_dreamshard.training import CHECKPOINT_NAME, TrainConfig, train
 
-    cfg = TrainConfig(
-        out_dir=args.out_dir,
-        store=args.store,
-        iterations=args.iterations,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        optimizer=args.optimizer,
-        backend=args.backend,
-        num_tables=tuple(args.num_tables),
-        num_devices=tuple(args.num_devices),
-        boot_single=args.boot_single,
-        boot_subsets=args.boot_subsets,
-        boot_tasks=args.boot_tasks,
-        collect_tasks=args.collect_tasks,
-        placements_per_task=args.placements_per_task,
-        policy_updates=args.policy_updates,
-        cost_epochs=args.cost_epochs,
-        measure_rounds=args.rounds,
-        progress=not args.no_progress,
-    )
+    given = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name in args
+    }
+    cfg = TrainConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items()})
     agent = train(cfg)
     ckpt = Path(cfg.out_dir) / CHECKPOINT_NAME
     print(
         f"trained {agent.meta.get('measurements', 0)} measurements in "
         f"{agent.meta.get('train_wall_s', 0)} s; checkpoint {ckpt}"
     )
-    if args.export:
-        Path(args.export).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt, args.export)
-        sidecar = Path(args.export).with_suffix(".json")
+    export = getattr(args, "export", None)
+    if export:
+        Path(export).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ckpt, export)
+        sidecar = Path(export).with_suffix(".json")
         sidecar.write_text(json.dumps(read_payload(ckpt)["meta"], indent=1) + "\n")
-        print(f"copied to {args.export} (what it was trained on: {sidecar})")
+        print(f"copied to {export} (what it was trained on: {sidecar})")
     return 0
