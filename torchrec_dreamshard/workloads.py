@@ -120,9 +120,16 @@ def generate_fused_batch(
     if not specs:
         raise ValueError("a fused batch needs at least one table")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    return fuse_batches([generate_batch(spec, batch_size, rng) for spec in specs])
+
+
+def fuse_batches(
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lay per-table ``(ids, offsets)`` batches out table-major, as FBGEMM's fused kernel
+    takes them: the ids concatenated, each table's offsets shifted past the tables before."""
     all_ids, all_offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
-    for spec in specs:
-        ids, offsets = generate_batch(spec, batch_size, rng)
+    for ids, offsets in batches:
         all_ids.append(ids)
         all_offsets.append(offsets[1:] + base)
         base += ids.numel()

@@ -23,7 +23,7 @@ import torch
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.workloads import generate_batch
+from torchrec_dreamshard.workloads import fuse_batches, generate_batch
 
 # The fixed reference kernel timed beside every measurement (rows, dim, pooling factor).
 REFERENCE_TABLES: tuple[TableSpec, ...] = tuple(
@@ -111,16 +111,10 @@ def fused_ring(
     tables: Sequence[TableSpec], batch_size: int, seed: int, size: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """``size`` distinct fused batches ``(indices, offsets)`` in FBGEMM's table-major layout."""
-    ring = []
-    for k in range(size):
-        ids, offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
-        for spec in tables:
-            t_ids, t_off = table_batch(spec, batch_size, seed, k)
-            ids.append(t_ids)
-            offsets.append(t_off[1:] + base)
-            base += t_ids.numel()
-        ring.append((torch.cat(ids), torch.cat(offsets)))
-    return ring
+    return [
+        fuse_batches([table_batch(spec, batch_size, seed, k) for spec in tables])
+        for k in range(size)
+    ]
 
 
 # ----------------------------------------------------------------------------------------
