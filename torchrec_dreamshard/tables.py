@@ -52,6 +52,13 @@ def bin_count_range(k: int) -> tuple[int, int]:
     return 2 ** (k - 1) + 1, 2**k
 
 
+# Inclusive count range of each bin, and its middle (the mean count of a row drawn
+# uniformly from the bin).
+BIN_LOW = np.array([bin_count_range(k)[0] for k in range(NUM_REUSE_BINS)])
+BIN_HIGH = np.array([bin_count_range(k)[1] for k in range(NUM_REUSE_BINS)])
+BIN_MID = (BIN_LOW + BIN_HIGH) / 2.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class TableSpec:
     """One embedding table as the planner sees it.

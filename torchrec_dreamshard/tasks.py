@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.tables import (
+    BIN_MID,
     NUM_REUSE_BINS,
     TableSpec,
     access_stats,
-    bin_count_range,
 )
 
 Placement = list[int]
@@ -238,19 +238,16 @@ def access_share_to_row_hist(access_share: Sequence[float]) -> np.ndarray:
         share = np.concatenate([share[:-1], [share[-1] / 2, share[-1] / 2]])
     if share.size != NUM_REUSE_BINS:
         raise ValueError(f"access share must have {NUM_REUSE_BINS} or 16 bins")
-    mid = np.array([sum(bin_count_range(k)) / 2 for k in range(NUM_REUSE_BINS)])
-    rows = share / mid
+    rows = share / BIN_MID
     return rows / rows.sum()
 
 
 def row_hist_to_access_share(hist: Sequence[float]) -> np.ndarray:
     """Inverse of :func:`access_share_to_row_hist` (17 bins)."""
-    mid = np.array([sum(bin_count_range(k)) / 2 for k in range(NUM_REUSE_BINS)])
-    acc = np.asarray(hist, dtype=np.float64) * mid
+    acc = np.asarray(hist, dtype=np.float64) * BIN_MID
     return acc / acc.sum()
 
 
-_BIN_MID = np.array([sum(bin_count_range(k)) / 2 for k in range(NUM_REUSE_BINS)])
 # A table's histogram must be achievable: the rows it touches per batch (at the dataset's
 # batch size, unscaled rows) stay within this share of its rows.
 _MAX_TOUCHED_SHARE = 0.8
@@ -259,7 +256,7 @@ _CALIBRATION_ROUNDS = 12
 
 def _rows_touched(shares: np.ndarray, accesses: np.ndarray) -> np.ndarray:
     """Distinct rows a batch touches, per table: ``accesses * sum_k share_k / mid_k``."""
-    return accesses * np.sum(shares / _BIN_MID, axis=-1)
+    return accesses * np.sum(shares / BIN_MID, axis=-1)
 
 
 def _make_feasible(shares: np.ndarray, accesses: np.ndarray, rows: np.ndarray) -> np.ndarray:
@@ -378,7 +375,7 @@ def pool_rows_accessed_once(tables: Sequence[TableSpec], batch_size: int) -> flo
     once = total = 0.0
     for t in tables:
         hist = t.hist(batch_size)
-        rows_accessed = t.pooling_factor * batch_size / float(np.sum(hist * _BIN_MID))
+        rows_accessed = t.pooling_factor * batch_size / float(np.sum(hist * BIN_MID))
         once += hist[0] * rows_accessed
         total += rows_accessed
     return once / total

@@ -19,25 +19,22 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, bin_count_range
+from torchrec_dreamshard.tables import BIN_HIGH, BIN_LOW, BIN_MID, NUM_REUSE_BINS, TableSpec
 
 # Tolerances the tests hold the generator to: the pooling factor always; the histogram (L1
 # distance) when a batch touches >= 5000 distinct rows and the table has twice as many.
 POOLING_TOLERANCE = 0.01  # relative
 HIST_L1_TOLERANCE = 0.05
 
-_BIN_LOW = np.array([bin_count_range(k)[0] for k in range(NUM_REUSE_BINS)])
-_BIN_HIGH = np.array([bin_count_range(k)[1] for k in range(NUM_REUSE_BINS)])
-
 
 def _draw_counts(hist: np.ndarray, total: int, rows: int, rng: np.random.Generator) -> np.ndarray:
     """Access counts of distinct rows, drawn by ``hist``, summing to exactly ``total``."""
-    mean_count = float(np.sum(hist * (_BIN_LOW + _BIN_HIGH) / 2.0))
+    mean_count = float(np.sum(hist * BIN_MID))
     guess = int(min(rows, max(1, 1.2 * total / max(mean_count, 1.0) + 64)))
     counts = np.empty(0, dtype=np.int64)
     while True:
         bins = rng.choice(NUM_REUSE_BINS, size=guess, p=hist)
-        drawn = rng.integers(_BIN_LOW[bins], _BIN_HIGH[bins] + 1)
+        drawn = rng.integers(BIN_LOW[bins], BIN_HIGH[bins] + 1)
         counts = np.concatenate([counts, drawn])[:rows]
         cum = np.cumsum(counts)
         if cum[-1] >= total:
