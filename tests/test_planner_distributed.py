@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.spawn import free_port, local_process_group
+from torchrec_dreamshard.spawn import exit_spawned_rank, free_port, local_process_group
 
 NUM_TABLES = 6
 DIM = 8
@@ -85,6 +85,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     with local_process_group(rank, world, port):
         train(rank, world, Path(out_dir))
+    exit_spawned_rank()
 
 
 def train(rank: int, world: int, out_dir: Path) -> None:

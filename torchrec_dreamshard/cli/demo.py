@@ -306,7 +306,7 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
 def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     import torch
 
-    from torchrec_dreamshard.spawn import local_process_group
+    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -314,6 +314,7 @@ def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
         report = _train(rank, world, *job[:3])
         if rank == 0:
             Path(job[3]).write_text(json.dumps(report))
+    exit_spawned_rank()
 
 
 def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps: int) -> dict:
