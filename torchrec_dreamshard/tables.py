@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 NUM_REUSE_BINS = 17
 HIST_TOLERANCE = 1e-3
+MAX_BAG_LENGTH_CV = 10.0  # std / mean of ids per sample, bursty bags
 # dim, rows, pooling factor, size, then the 17 reuse bins.
 FEATURE_DIM = 4 + NUM_REUSE_BINS
 FEATURE_NAMES = ("log2_dim", "log10_rows", "log10_pooling", "log10_bytes") + tuple(
@@ -71,6 +72,9 @@ class TableSpec:
         reuse_hist: optional 17 fractions (non-negative, summing to 1) of accessed rows by
             access count per batch; ``None`` means unknown (uniform access is assumed).
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
+        bag_length_cv: optional coefficient of variation (std / mean) of the number of ids
+            per sample, for bursty bags; ``None`` means the ids are dealt to the samples
+            uniformly at random (multinomial lengths, CV about ``1 / sqrt(pooling_factor)``).
     """
 
     name: str
@@ -79,6 +83,7 @@ class TableSpec:
     pooling_factor: float
     reuse_hist: tuple[float, ...] | None = None
     bytes_per_element: int = 4
+    bag_length_cv: float | None = None
 
     def __post_init__(self) -> None:
         where = f"table {self.name!r}"
@@ -102,6 +107,15 @@ class TableSpec:
             )
         if self.reuse_hist is not None:
             object.__setattr__(self, "reuse_hist", _check_hist(self.reuse_hist, where))
+        cv = self.bag_length_cv
+        if cv is not None:
+            if isinstance(cv, bool) or not isinstance(cv, int | float | np.number):
+                raise ValueError(f"{where}: bag_length_cv must be a number, got {cv!r}")
+            if not 0 <= float(cv) <= MAX_BAG_LENGTH_CV:
+                raise ValueError(
+                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {cv!r}"
+                )
+            object.__setattr__(self, "bag_length_cv", float(cv))
 
     @property
     def size_bytes(self) -> int:
@@ -129,13 +143,18 @@ class TableSpec:
             out["reuse_hist"] = list(self.reuse_hist)
         if self.bytes_per_element != 4:
             out["bytes_per_element"] = self.bytes_per_element
+        if self.bag_length_cv is not None:
+            out["bag_length_cv"] = self.bag_length_cv
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TableSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"a table must be a JSON object, got {type(data).__name__}")
-        known = {"name", "rows", "dim", "pooling_factor", "reuse_hist", "bytes_per_element"}
+        known = {
+            "name", "rows", "dim", "pooling_factor", "reuse_hist", "bytes_per_element",
+            "bag_length_cv",
+        }  # fmt: skip
         unknown = set(data) - known
         name = data.get("name", "<unnamed>")
         if unknown:
@@ -151,6 +170,7 @@ class TableSpec:
             pooling_factor=data["pooling_factor"],
             reuse_hist=None if hist is None else tuple(hist),
             bytes_per_element=data.get("bytes_per_element", 4),
+            bag_length_cv=data.get("bag_length_cv"),
         )
 
 

@@ -5,7 +5,9 @@ ids. Which rows they hit follows the table's reuse histogram ``h``: rows are dra
 time, each with an access count drawn from bin ``k`` with probability ``h[k]`` (uniform over
 the bin's integer range), until the counts add up to ``N`` (the last row takes what is
 left). The chosen rows are distinct random rows of the table; the ids are shuffled and dealt
-to the samples at random, so per-sample lengths are multinomial with mean ``p``.
+to the samples at random, so per-sample lengths are multinomial with mean ``p``; a table
+with ``bag_length_cv`` set has bursty bags instead: each sample's share of the ids is drawn
+from a gamma distribution with that coefficient of variation (gamma-Poisson lengths).
 
 When the table has too few rows for the histogram (a small table hit many times), every row
 is used and the counts are scaled up to reach ``N``; the histogram then shifts towards
@@ -87,10 +89,21 @@ def generate_batch(
     rows = _distinct_rows(spec.rows, counts.size, rng)
     ids = np.repeat(rows, counts)
     rng.shuffle(ids)
-    lengths = np.bincount(rng.integers(0, batch_size, total), minlength=batch_size)
+    lengths = _bag_lengths(total, batch_size, spec.bag_length_cv, rng)
     offsets = np.zeros(batch_size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(offsets)
+
+
+def _bag_lengths(
+    total: int, batch_size: int, cv: float | None, rng: np.random.Generator
+) -> np.ndarray:
+    """Ids per sample, summing to ``total``: multinomial over equal shares, or over
+    gamma-distributed shares of coefficient of variation ``cv`` (bursty bags)."""
+    if cv is None or cv == 0:
+        return np.bincount(rng.integers(0, batch_size, total), minlength=batch_size)
+    shares = rng.gamma(1.0 / cv**2, 1.0, batch_size)
+    return rng.multinomial(total, shares / shares.sum())
 
 
 def _distinct_rows(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
