@@ -1,0 +1,293 @@
+"""Generalisation: placement quality and cost-model accuracy on task families the bundled
+checkpoint never saw, each family reported apart.
+
+Families (``torchrec_dreamshard.families``) differ from training along one axis each:
+access skew, bag-length variance, rows and dims beyond the training ranges, pooling past
+100, memory tightness and unequal memory, table and device counts, batch size. The
+families in ``HELDOUT_FAMILIES`` are kept out of training entirely.
+
+Every task is planned by: the four proxy heuristics, TorchRec's planner (default storage
+reservation), DreamShard's default plan and its search mode, *measured-greedy* (each table
+measured alone on real kernels, then the measured costs balanced greedily: one
+measurement per table, the reference for what knowing the hardware buys) and two random
+placements (so that the cost network is ranked on at least eight placements per task).
+
+Every distinct plan is then measured in R interleaved rounds (each round visits the tasks
+and, shuffled, their plans). A method's figure on a task is the median over rounds of its
+cost divided by the per-task best heuristic's in the same round (best = the lowest median
+of the four). Two costs are reported: **compute** = max over devices of the measured fused
+forward + backward (the headline: what the placement controls), and **step** = max over
+devices of forward + backward + all-to-all (the local backend's fitted all-to-all model).
+
+The cost network's accuracy per task: Kendall tau between its predicted step and the
+measured step (median over rounds) over the task's distinct placements, and the MAPE of
+its predictions.
+
+Raw results are written after every task and every round to
+``results/generalisation_raw.json``; a rerun with the same settings resumes from it.
+
+Usage: python benchmarks/generalisation.py [--per-family 3] [--rounds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, machine, write  # noqa: E402
+
+from torchrec_dreamshard import baselines, families  # noqa: E402
+from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.cost_model import kendall_tau  # noqa: E402
+
+HEURISTICS = list(baselines.HEURISTICS)
+METHODS = [*HEURISTICS, "torchrec", "dreamshard", "dreamshard_search", "measured_greedy"]
+RANDOM = ["random_0", "random_1"]
+
+
+def measure_config():
+    from torchrec_dreamshard.measure import MeasureConfig
+
+    return MeasureConfig()
+
+
+def measure(task, placement, config) -> dict:
+    """Per-device fwd/bwd/comm (ms) of one measurement, and its compute and step cost."""
+    from torchrec_dreamshard.measure import measure_placement
+
+    m = measure_placement(task, list(placement), config)
+    if not m.ok:
+        raise RuntimeError(f"measurement failed: {m.error}")
+    dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
+    return {
+        "compute": max(f + b for f, b, _ in dev),
+        "step": max(f + b + c for f, b, c in dev),
+        "dev": dev,
+    }
+
+
+def measured_single_costs(task, config) -> list[float]:
+    """Each table alone on one device: measured fwd + bwd (ms)."""
+    from torchrec_dreamshard.measure import time_fused_kernel
+
+    return [sum(time_fused_kernel([t], task.batch_size, config)) for t in task.tables]
+
+
+def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
+    """Every method's placement (``None`` where it finds no plan) and planning seconds."""
+    plans, secs = {}, {}
+
+    def timed(name, fn):
+        t0 = time.perf_counter()
+        try:
+            plans[name] = [int(d) for d in fn()]
+        except baselines.NoPlanError as exc:
+            plans[name], secs[f"{name}_error"] = None, str(exc)
+        secs[name] = time.perf_counter() - t0
+
+    for name in HEURISTICS + ["torchrec"]:
+        timed(name, lambda name=name: baselines.place(name, task, seed=seed))
+    timed("dreamshard", lambda: agent.place(task, mode="greedy", seed=seed))
+    timed("dreamshard_search", lambda: agent.place(task, mode="search", seed=seed))
+    timed(
+        "measured_greedy",
+        lambda: baselines.greedy_by_costs(task, measured_single_costs(task, config)),
+    )
+    for k, name in enumerate(RANDOM):
+        timed(name, lambda k=k: baselines.random_placement(task, seed=seed + 1 + k))
+    return plans, secs
+
+
+def load_raw(path: Path, settings: dict) -> dict:
+    if path.exists():
+        raw = json.loads(path.read_text())
+        if raw.get("settings") == settings:
+            return raw
+        print(f"{path.name} holds other settings; starting afresh", flush=True)
+    return {"settings": settings, "tasks": []}
+
+
+def save_raw(path: Path, raw: dict) -> None:
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(raw) + "\n")
+    os.replace(tmp, path)
+
+
+def distinct_plans(entry: dict) -> list[list[int]]:
+    return sorted({tuple(p) for p in entry["plans"].values() if p is not None})
+
+
+def measure_round(tasks, raw, config, rng, path, r: int) -> None:
+    """Round ``r``: one interleaved pass over every task's distinct plans (appended to
+    ``raw``; tasks that already hold round ``r`` are skipped)."""
+    for ti in rng.permutation(len(tasks)):
+        entry = raw["tasks"][ti]
+        if len(entry["rounds"]) > r:
+            continue
+        plans = distinct_plans(entry)
+        results = {}
+        for k in rng.permutation(len(plans)):
+            results[json.dumps(list(plans[k]))] = measure(tasks[ti][1], plans[k], config)
+        entry["rounds"].append(results)
+        save_raw(path, raw)
+
+
+def task_summary(agent, fam_task, entry) -> dict:
+    """Per method: median over rounds of cost / best heuristic's, for compute and step;
+    the cost network's tau and MAPE on the task's distinct plans."""
+    fam, task = fam_task
+    key = {n: json.dumps(p) for n, p in entry["plans"].items() if p is not None}
+    costs = {
+        kind: {k: np.array([r[k][kind] for r in entry["rounds"]]) for k in entry["rounds"][0]}
+        for kind in ("compute", "step")
+    }
+    found = [n for n in HEURISTICS if n in key]
+    out = {
+        "family": fam,
+        "tables": len(task.tables),
+        "devices": task.num_devices,
+        "batch": task.batch_size,
+    }
+    for kind, c in costs.items():
+        if not found:
+            out[kind] = {}
+            continue
+        best = min(found, key=lambda n: np.median(c[key[n]]))
+        out[kind] = {n: float(np.median(c[key[n]] / c[key[best]])) for n in METHODS if n in key}
+        out[f"{kind}_best_heuristic"] = best
+    plans = distinct_plans(entry)
+    measured = [float(np.median(costs["step"][json.dumps(list(p))])) for p in plans]
+    predicted = [agent.predict(task, list(p)).step_ms for p in plans]
+    out["cost_tau"] = kendall_tau(predicted, measured)
+    out["cost_mape"] = float(
+        np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)) * 100
+    )
+    out["num_plans"] = len(plans)
+    out["planning_s"] = entry["secs"]
+    return out
+
+
+def geomean(values) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(math.exp(np.mean(np.log(vals)))) if vals else float("nan")
+
+
+def family_rows(rows: list[dict]) -> dict:
+    """Per family: geomeans, worst task and cost-model figures."""
+    out = {}
+    for fam in dict.fromkeys(r["family"] for r in rows):
+        rs = [r for r in rows if r["family"] == fam]
+        f = {"tasks": len(rs), "heldout": fam in families.HELDOUT_FAMILIES}
+        for kind in ("compute", "step"):
+            for n in METHODS:
+                vals = [r[kind].get(n) for r in rs]
+                f[f"{kind}/{n}"] = geomean(vals)
+                f[f"{kind}/{n}/worst"] = max((v for v in vals if v), default=float("nan"))
+                f[f"{kind}/{n}/no_plan"] = sum(v is None for v in vals)
+            vs_tr = [
+                r[kind]["dreamshard"] / r[kind]["torchrec"] for r in rs if "torchrec" in r[kind]
+            ]
+            f[f"{kind}/dreamshard_vs_torchrec_worst"] = max(vs_tr, default=float("nan"))
+        f["cost_tau"] = float(np.nanmean([r["cost_tau"] for r in rs]))
+        f["cost_tau_min"] = float(np.nanmin([r["cost_tau"] for r in rs]))
+        f["cost_mape"] = float(np.mean([r["cost_mape"] for r in rs]))
+        out[fam] = f
+    return out
+
+
+def report(fams: dict, args, checkpoint: str, wall: float) -> str:
+    cols = ["dreamshard", "dreamshard_search", "measured_greedy", "torchrec"]
+    lines = [
+        "# Generalisation: placement quality and cost-model accuracy by task family",
+        "",
+        f"Checkpoint: {checkpoint}. {args.per_family} tasks per family, {args.rounds} "
+        "interleaved rounds, row-wise Adagrad, fp32, CPU kernels (local backend). Cells: "
+        "geometric mean over the family's tasks of the median over rounds of cost / the "
+        "per-task best heuristic's (lower is better; [worst task]). Compute = max over "
+        "devices of measured fwd + bwd; step adds the modelled all-to-all. "
+        "Held-out families (never in training): "
+        + ", ".join(f"`{f}`" for f in families.HELDOUT_FAMILIES)
+        + ".",
+        "",
+        "| family | held out | "
+        + " | ".join(f"compute: {c}" for c in cols)
+        + " | step: dreamshard | worst dreamshard / torchrec (compute) | tau (min) | MAPE % |",
+        "|---|---|" + "---|" * (len(cols) + 4),
+    ]
+    for fam, f in fams.items():
+        cells = [
+            f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]"
+            + (f" ({f[f'compute/{c}/no_plan']} no plan)" if f[f"compute/{c}/no_plan"] else "")
+            for c in cols
+        ]
+        lines.append(
+            f"| {fam} | {'yes' if f['heldout'] else ''} | "
+            + " | ".join(cells)
+            + f" | {f['step/dreamshard']:.3f} | {f['compute/dreamshard_vs_torchrec_worst']:.3f} | "
+            f"{f['cost_tau']:.2f} ({f['cost_tau_min']:.2f}) | {f['cost_mape']:.1f} |"
+        )
+    lines += [
+        "",
+        "Targets (issue 8): default plan geomean <= 0.93 in every family, no task above "
+        "1.02, never slower than TorchRec where it finds a plan; search no worse than "
+        "greedy; tau >= 0.8 in every family.",
+        "",
+        f"Wall time {wall:.0f} s. {machine()['note']}",
+        "Raw: generalisation_raw.json, generalisation.json. Script: benchmarks/generalisation.py.",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", default=None, help="default: the bundled checkpoint")
+    ap.add_argument("--per-family", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--families", nargs="*", default=list(families.FAMILIES))
+    ap.add_argument("--quick", action="store_true", help="1 task per family, 1 round")
+    ap.add_argument("--name", default="generalisation", help="results file stem")
+    args = ap.parse_args()
+    if args.quick:
+        args.per_family, args.rounds = 1, 1
+    agent = load_checkpoint(args.checkpoint)
+    config = measure_config()
+    tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
+    settings = {
+        "checkpoint": args.checkpoint or "bundled",
+        "per_family": args.per_family,
+        "families": args.families,
+        "seed": args.seed,
+    }
+    path = RESULTS / f"{args.name}_raw.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    raw = load_raw(path, settings)
+    start = time.perf_counter()
+    for i, (fam, task) in enumerate(tasks):
+        if i < len(raw["tasks"]):
+            continue
+        plans, secs = plan_task(agent, task, config, args.seed + i)
+        raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
+        save_raw(path, raw)
+        print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
+    rng = np.random.default_rng(args.seed)
+    for r in range(args.rounds):
+        measure_round(tasks, raw, config, rng, path, r)
+        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    rows = [task_summary(agent, t, e) for t, e in zip(tasks, raw["tasks"], strict=True)]
+    fams = family_rows(rows)
+    text = report(fams, args, settings["checkpoint"], time.perf_counter() - start)
+    data = {"settings": settings, "families": fams, "tasks": rows, "machine": machine()}
+    write(args.name, data, text)
+
+
+if __name__ == "__main__":
+    main()
