@@ -1,0 +1,137 @@
+"""The physical cost network: exact sums, monotone in tables and lookups, an ensemble
+spread, and a fit that recovers a physical law."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from torchrec_dreamshard import physnet as P
+from torchrec_dreamshard.physics import NUM_QUANTITIES, table_quantities
+from torchrec_dreamshard.tables import TableSpec
+
+
+def _tables(n: int, seed: int = 0) -> list[TableSpec]:
+    rng = np.random.default_rng(seed)
+    return [
+        TableSpec(
+            name=f"t{i}",
+            rows=int(rng.integers(100, 200_000)),
+            dim=int(rng.choice([8, 16, 32, 64, 128])),
+            pooling_factor=float(rng.uniform(1, 40)),
+        )
+        for i in range(n)
+    ]
+
+
+def _device_costs(net: P.CostNet, tables: list[TableSpec], B: int = 2048) -> torch.Tensor:
+    enc = net.encode(torch.from_numpy(P.cost_inputs(tables, B)))
+    return net.member_compute(enc.sum(0))  # [K, 2]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_adding_a_table_never_makes_a_device_cheaper(seed):
+    torch.manual_seed(seed)
+    net = P.CostNet(hidden=8, members=3)
+    with torch.no_grad():  # a trained-looking net: large, varied weights
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 2.0)
+    tables = _tables(12, seed)
+    before = _device_costs(net, tables[:-1])
+    after = _device_costs(net, tables)
+    assert torch.all(after >= before - 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_more_lookups_never_make_a_device_cheaper(seed):
+    torch.manual_seed(seed)
+    net = P.CostNet(hidden=8, members=3)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 2.0)
+    tables = _tables(6, seed)
+    busier = [
+        *tables[:-1],
+        dataclasses.replace(tables[-1], pooling_factor=tables[-1].pooling_factor * 3),
+    ]
+    assert torch.all(_device_costs(net, busier) >= _device_costs(net, tables) - 1e-6)
+
+
+def test_quantities_sum_exactly_and_grow_with_lookups():
+    tables = _tables(5)
+    q = table_quantities(tables, 2048)
+    assert q.shape == (5, NUM_QUANTITIES) and np.all(q >= 0)
+    more = table_quantities([dataclasses.replace(tables[0], pooling_factor=80.0)], 2048)[0]
+    assert tables[0].pooling_factor < 80.0 and np.all(more >= q[0] - 1e-6)
+    net = P.CostNet(hidden=4, members=2)
+    enc = net.encode(torch.from_numpy(P.cost_inputs(tables, 2048)))
+    # the device state's physical part is exactly the sum of the tables' quantities
+    assert torch.allclose(enc.sum(0)[:NUM_QUANTITIES], torch.from_numpy(q.sum(0)), rtol=1e-5)
+
+
+def test_prediction_ignores_table_and_device_order():
+    torch.manual_seed(0)
+    net = P.CostNet(hidden=8, members=3)
+    tables = _tables(10)
+    placement = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    per = [(1.0, 1.0, 0.5)] * 3
+    s1 = P.sample_from_measurement("g", tables, placement, 3, 2048, per)
+    perm = np.random.default_rng(1).permutation(10)
+    dev_perm = [2, 0, 1]
+    s2 = P.sample_from_measurement(
+        "g", [tables[i] for i in perm], [dev_perm[placement[i]] for i in perm], 3, 2048, per
+    )
+    _, step1, std1 = P.predict_samples(net, [s1])
+    _, step2, std2 = P.predict_samples(net, [s2])
+    assert step1[0] == pytest.approx(step2[0], rel=1e-5)
+    assert std1[0] == pytest.approx(std2[0], rel=1e-4, abs=1e-6)
+
+
+def _law(tables: list[TableSpec], B: int) -> tuple[float, float]:
+    """A made-up physical law: fwd and bwd linear in gathered/updated elements."""
+    q = table_quantities(tables, B).sum(0)
+    fwd = 0.05 + 0.2 * q[2] + 0.05 * q[0]
+    bwd = 0.08 + 0.3 * q[2] + 0.4 * q[4]
+    return float(fwd), float(bwd)
+
+
+def test_fit_recovers_a_physical_law_beyond_the_training_range():
+    rng = np.random.default_rng(0)
+    pool = _tables(200, seed=3)
+
+    def sample(n_lo, n_hi, k):
+        idx = rng.choice(len(pool), int(rng.integers(n_lo, n_hi)), replace=False)
+        tables = [pool[i] for i in idx]
+        fwd, bwd = _law(tables, 2048)
+        return P.sample_from_measurement(
+            f"s{k}", tables, [0] * len(tables), 1, 2048, [(fwd, bwd, 0.0)]
+        )
+
+    train = [sample(1, 10, k) for k in range(120)]
+    test = [sample(20, 40, k) for k in range(20)]  # twice as many tables as training saw
+    torch.manual_seed(0)
+    net = P.CostNet(hidden=8, members=3)
+    hist = P.fit_cost_model(net, train, epochs=300, lr=2e-2)
+    assert hist[-1] < hist[0] / 5
+    dev, _, std = P.predict_samples(net, test)
+    true = np.concatenate([s.dev_ms for s in test])
+    err = np.abs(dev[:, :2] - true[:, :2]) / true[:, :2]
+    assert np.median(err) < 0.10
+    assert np.all(std >= 0)
+
+
+def test_members_disagree_and_are_bootstrapped_apart():
+    torch.manual_seed(0)
+    net = P.CostNet(hidden=8, members=4)
+    tables = _tables(8)
+    s = P.sample_from_measurement("g", tables, [0, 1] * 4, 2, 2048, [(1, 1, 0.5)] * 2)
+    _, _, std = P.predict_samples(net, [s])
+    assert std[0] > 0
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="members"):
+        P.CostNet(hidden=4, members=0)
