@@ -1,0 +1,101 @@
+"""The safety net: memory-aware greedy, penalised scoring, refinement, the report."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torchrec_dreamshard import physnet as P
+from torchrec_dreamshard import safety_net as S
+from torchrec_dreamshard.baselines import NoPlanError, greedy_by_costs
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+
+def _scorer(task: Task, penalty: float = 1.0, seed: int = 0) -> S.Scorer:
+    torch.manual_seed(seed)
+    net = P.CostNet(hidden=8, members=3)
+    enc = net.encode(torch.from_numpy(P.cost_inputs(task.tables, task.batch_size)))
+    ctx = P.device_context(task.num_devices, sum(t.dim for t in task.tables))
+    return S.Scorer(net, task, enc, ctx, penalty)
+
+
+def _task(n=12, D=3, factor=1.5, seed=0) -> Task:
+    rng = np.random.default_rng(seed)
+    tables = [
+        TableSpec(
+            name=f"t{i}",
+            rows=int(rng.integers(1000, 100_000)),
+            dim=int(rng.choice([8, 32, 64])),
+            pooling_factor=float(rng.uniform(1, 30)),
+        )
+        for i in range(n)
+    ]
+    total = sum(t.size_bytes for t in tables)
+    cap = int(max(factor * total / D, 1.05 * max(t.size_bytes for t in tables)))
+    return Task(tables=tables, num_devices=D, memory_bytes=cap, batch_size=2048)
+
+
+def test_memory_aware_greedy_fits_where_plain_greedy_strands_a_big_table():
+    # two devices of 8 units; costs put the small tables first, so plain greedy
+    # spreads them and leaves no room for the 6-unit table
+    unit = 1000 * 4
+    sizes = [3, 3, 2, 6]
+    tables = [
+        TableSpec(name=f"t{i}", rows=s * 1000, dim=1, pooling_factor=1.0)
+        for i, s in enumerate(sizes)
+    ]
+    task = Task(tables=tables, num_devices=2, memory_bytes=8 * unit, batch_size=64)
+    costs = [4.0, 3.0, 2.0, 1.0]
+    with pytest.raises(NoPlanError):
+        greedy_by_costs(task, costs)
+    placement = S.memory_aware_greedy(task, costs)
+    assert placement is not None
+    used = np.bincount(placement, weights=[t.size_bytes for t in tables], minlength=2)
+    assert np.all(used <= task.memory)
+
+
+def test_refine_never_raises_the_score_and_keeps_memory():
+    task = _task(16, 4, factor=1.3)
+    scorer = _scorer(task)
+    p = S.memory_aware_greedy(task, [1.0] * len(task.tables))
+    cand = scorer.candidates({"start": np.asarray(p)})[0]
+    better = S.refine(scorer, cand, 20)
+    assert better.score <= cand.score + 1e-9
+    used = np.bincount(better.placement, weights=[t.size_bytes for t in task.tables], minlength=4)
+    assert np.all(used <= np.asarray(task.memory))
+    # the refined candidate's score is what a fresh scoring of its placement says
+    again = scorer.candidates({"x": better.placement})[0]
+    assert again.score == pytest.approx(better.score, abs=1e-5)
+
+
+def test_choose_picks_the_lowest_penalised_score_and_reports_margins():
+    task = _task(14, 3)
+    scorer = _scorer(task, penalty=2.0)
+    plans, failed = S.heuristic_candidates(task, np.ones(len(task.tables)))
+    report = S.choose(scorer, plans, failed, refine_top=0)
+    scores = [c.score for c in report.candidates]
+    assert scores == sorted(scores)
+    fresh = scorer.candidates(plans)
+    assert report.winner.score == pytest.approx(min(c.score for c in fresh), abs=1e-6)
+    assert all(c.score >= c.log_step - 1e-9 for c in report.candidates)  # penalty >= 0
+    assert report.margin(report.winner.name.split("+")[0]) == pytest.approx(1.0)
+    assert any("winner" in line for line in report.lines())
+
+
+def test_penalty_prefers_the_plan_the_members_agree_on():
+    task = _task(10, 2)
+    scorer = _scorer(task, penalty=0.0)
+    plans = {f"p{k}": np.random.default_rng(k).integers(0, 2, 10) for k in range(8)}
+    plans = {
+        n: p
+        for n, p in plans.items()
+        if np.all(np.bincount(p, [t.size_bytes for t in task.tables], 2) <= task.memory)
+    }
+    cands = scorer.candidates(plans)
+    scorer.penalty = 50.0
+    heavy = scorer.candidates(plans)
+    best_plain = min(cands, key=lambda c: c.score)
+    best_heavy = min(heavy, key=lambda c: c.score)
+    assert best_heavy.log_std <= best_plain.log_std + 1e-9

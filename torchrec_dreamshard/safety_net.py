@@ -1,0 +1,308 @@
+"""The safety net: several candidate plans, each refined, the winner chosen by the cost
+model penalised by its own uncertainty.
+
+A learned policy alone can fail on tables unlike its training tables, and a search
+against a learned cost model finds that model's errors. So the default plan is chosen
+among candidates from different sources:
+
+* the policy's greedy roll-out and a few sampled roll-outs;
+* the classic heuristics (size, dim, lookup and size-lookup greedy) and a greedy balance
+  of the cost model's *single-table* predictions, all with a memory look-ahead
+  (:func:`memory_aware_greedy`), so that tight memory does not strand a big table;
+* any extra plans the caller brings (TorchRec's own planner, for one).
+
+Each is rated ``score = mean_k log step_k + penalty * std_k log step_k`` over the cost
+network's ensemble members ``k``: a plan only some members believe in is not chosen.
+The best few are improved by moves and swaps off the predicted bottleneck device that
+lower the same score (:func:`refine`), and the lowest score wins. :class:`SafetyReport`
+says which candidate won and by how much.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
+DEFAULT_SAMPLES = 4  # sampled policy roll-outs
+REFINE_TOP = 3  # candidates refined
+REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
+REFINE_CANDIDATES = 256  # moves/swaps rated per refinement step, at most
+
+PROXIES: dict[str, Callable[[TableSpec], float]] = {
+    "size_greedy": lambda t: float(t.size_bytes),
+    "dim_greedy": lambda t: float(t.dim),
+    "lookup_greedy": lambda t: t.dim * t.pooling_factor,
+    "size_lookup_greedy": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
+}
+
+
+# ----------------------------------------------------------------------------------------
+# Memory-aware greedy
+# ----------------------------------------------------------------------------------------
+
+
+def _ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
+    """Whether first-fit-decreasing packs ``sizes`` into capacities ``free``."""
+    free = free.astype(np.float64).copy()
+    for s in np.sort(sizes)[::-1]:
+        ok = np.flatnonzero(free >= s)
+        if ok.size == 0:
+            return False
+        free[ok[0]] -= s
+    return True
+
+
+def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
+    """Tables by ``costs`` descending, each to the least-loaded device (by the sum of its
+    tables' costs) with room **from which the remaining tables can still be packed**
+    (an any-fit bound, else first-fit decreasing); ``None`` if no order of that kind fits.
+    """
+    sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
+    order = sorted(range(len(sizes)), key=lambda i: (-costs[i], i))
+    free = np.asarray(task.memory, dtype=np.float64).copy()
+    load = np.zeros(task.num_devices)
+    out = [0] * len(sizes)
+    for n, i in enumerate(order):
+        rest = sizes[order[n + 1 :]]
+        room = np.flatnonzero(free >= sizes[i])
+        if room.size == 0:
+            return None
+        ok = [
+            d
+            for d in room[np.argsort(load[room], kind="stable")]
+            if _can_pack(rest, free, d, sizes[i])
+        ]
+        d = int(ok[0]) if ok else int(room[np.argmin(load[room])])
+        out[i] = d
+        free[d] -= sizes[i]
+        load[d] += costs[i]
+    return out
+
+
+def _can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
+    if rest.size == 0:
+        return True
+    trial = free.copy()
+    trial[d] -= size
+    if np.maximum(trial - rest.max(), 0.0).sum() >= rest.sum():
+        return True
+    return _ffd_fits(rest, trial)
+
+
+# ----------------------------------------------------------------------------------------
+# Scoring
+# ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Candidate:
+    """One candidate plan and the cost model's view of it.
+
+    Attributes:
+        name: where it came from (``policy_greedy``, ``size_greedy``, ...; ``+refined``
+            when moves improved it).
+        placement: device per table.
+        score: ``mean + penalty * std`` of the members' log step cost.
+        log_step: mean of the members' log step cost.
+        log_std: their standard deviation.
+    """
+
+    name: str
+    placement: np.ndarray
+    score: float
+    log_step: float
+    log_std: float
+
+    @property
+    def step_ms(self) -> float:
+        return float(math.exp(self.log_step))
+
+
+@dataclass
+class SafetyReport:
+    """Which candidate won and by how much (candidates sorted by score)."""
+
+    candidates: list[Candidate] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def winner(self) -> Candidate:
+        return self.candidates[0]
+
+    def margin(self, name: str) -> float:
+        """Predicted step of candidate ``name`` over the winner's (``nan`` if absent)."""
+        for c in self.candidates:
+            if c.name.split("+")[0] == name:
+                return float(math.exp(c.log_step - self.winner.log_step))
+        return float("nan")
+
+    def lines(self) -> list[str]:
+        w = self.winner
+        out = [
+            f"safety net: {len(self.candidates)} candidates; winner {w.name} "
+            f"({w.step_ms:.3f} ms predicted, log-std {w.log_std:.3f})"
+        ]
+        for c in self.candidates[1:]:
+            out.append(
+                f"  {c.name:28s} {c.step_ms:9.3f} ms  x{math.exp(c.log_step - w.log_step):.3f}"
+                f"  log-std {c.log_std:.3f}"
+            )
+        out += [f"  {n:28s} no plan: {msg}" for n, msg in self.failed.items()]
+        return out
+
+
+class Scorer:
+    """Scores placements of one task with the ensemble (penalised log step cost)."""
+
+    def __init__(self, net, task: Task, enc: torch.Tensor, ctx: torch.Tensor, penalty: float):
+        self.net, self.task, self.enc, self.ctx = net, task, enc, ctx
+        self.penalty = penalty
+        self.D = task.num_devices
+
+    @torch.no_grad()
+    def device_states(self, placements: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``S [C, D, enc]`` and ``occupied [C, D]`` of placements ``[C, T]``."""
+        C, T = placements.shape
+        flat = torch.from_numpy((np.arange(C)[:, None] * self.D + placements).reshape(-1))
+        S = torch.zeros(C * self.D, self.enc.shape[1])
+        S.index_add_(0, flat, self.enc.repeat(C, 1))
+        occ = torch.zeros(C * self.D, dtype=torch.bool)
+        occ[flat] = True
+        return S.view(C, self.D, -1), occ.view(C, self.D)
+
+    @torch.no_grad()
+    def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(score, mean, std)`` ``[C]`` of device states."""
+        member = self.net.member_log_steps(S, self.ctx, occ)  # [C, K]
+        mean = member.mean(-1)
+        std = member.std(-1) if member.shape[-1] > 1 else torch.zeros_like(mean)
+        return mean + self.penalty * std, mean, std
+
+    def candidates(self, named: Mapping[str, np.ndarray]) -> list[Candidate]:
+        names = list(named)
+        placements = np.stack([np.asarray(named[n], dtype=np.int64) for n in names])
+        score, mean, std = self.score_states(*self.device_states(placements))
+        return [
+            Candidate(n, placements[i], float(score[i]), float(mean[i]), float(std[i]))
+            for i, n in enumerate(names)
+        ]
+
+
+# ----------------------------------------------------------------------------------------
+# Refinement
+# ----------------------------------------------------------------------------------------
+
+
+def _moves(placement: np.ndarray, b: int, sizes: np.ndarray, capacity: np.ndarray):
+    """Legal moves ``(i, -1, d)`` and swaps ``(i, j, d)`` of tables ``i`` on device ``b``."""
+    used = np.bincount(placement, weights=sizes, minlength=len(capacity))
+    free = capacity - used
+    on_b = np.flatnonzero(placement == b)
+    others = np.flatnonzero(placement != b)
+    out = []
+    for i in on_b:
+        out.extend((int(i), -1, int(d)) for d in np.flatnonzero(free >= sizes[i]) if d != b)
+        if others.size:
+            d_j = placement[others]
+            ok = (free[d_j] + sizes[others] >= sizes[i]) & (free[b] + sizes[i] >= sizes[others])
+            out.extend((int(i), int(j), int(placement[j])) for j in others[ok])
+    return out
+
+
+@torch.no_grad()
+def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Candidate:
+    """Hill-climb ``cand`` on the penalised score: each step rates (in one batch) the
+    moves of a table off the predicted bottleneck device to a device with room and its
+    swaps with tables elsewhere that keep both within memory (a random
+    ``REFINE_CANDIDATES`` of them when there are more), and applies the best if it lowers
+    the score; stops at a local optimum or after ``max_steps``."""
+    task, enc, D = scorer.task, scorer.enc, scorer.D
+    sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
+    capacity = np.asarray(task.memory, dtype=np.float64)
+    placement, now = cand.placement.copy(), cand.score
+    rng = np.random.default_rng(seed)
+    improved = False
+    for _ in range(max_steps):
+        S, occ = scorer.device_states(placement[None])
+        log_tot = torch.logsumexp(scorer.net.device_log_costs(S[0], scorer.ctx), -1)
+        b = int(log_tot.masked_fill(~occ[0], -1e30).argmax())
+        moves = _moves(placement, b, sizes, capacity)
+        if not moves:
+            break
+        if len(moves) > REFINE_CANDIDATES:
+            keep = rng.choice(len(moves), REFINE_CANDIDATES, replace=False)
+            moves = [moves[k] for k in sorted(keep)]
+        m = torch.tensor(moves, dtype=torch.int64)
+        C, rows = len(moves), torch.arange(len(moves))
+        ei = enc[m[:, 0]]
+        ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
+        S_c = S.expand(C, D, -1).clone()
+        S_c[rows, b] += ej - ei
+        S_c[rows, m[:, 2]] += ei - ej
+        occ_c = occ.expand(C, D).clone()
+        occ_c[rows, m[:, 2]] = True
+        if int((placement == b).sum()) == 1:
+            occ_c[rows, b] = m[:, 1] >= 0
+        score, _, _ = scorer.score_states(S_c, occ_c)
+        k = int(torch.argmin(score))
+        if float(score[k]) >= now - 1e-6:
+            break
+        i, j, d = moves[k]
+        placement[i] = d
+        if j >= 0:
+            placement[j] = b
+        now, improved = float(score[k]), True
+    if not improved:
+        return cand
+    name = cand.name if cand.name.endswith("+refined") else cand.name + "+refined"
+    return scorer.candidates({name: placement})[0]
+
+
+# ----------------------------------------------------------------------------------------
+# The safety net
+# ----------------------------------------------------------------------------------------
+
+
+def heuristic_candidates(
+    task: Task, single_costs: np.ndarray
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The memory-aware heuristics' plans and the predicted-cost greedy's (by name), and
+    the names of those that found none."""
+    plans, failed = {}, {}
+    costs = {n: [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
+    costs["predicted_greedy"] = list(single_costs)
+    for name, c in costs.items():
+        p = memory_aware_greedy(task, c)
+        if p is None:
+            failed[name] = "no device order fits memory"
+        else:
+            plans[name] = np.asarray(p, dtype=np.int64)
+    return plans, failed
+
+
+def choose(
+    scorer: Scorer,
+    named: Mapping[str, np.ndarray],
+    failed: Mapping[str, str] | None = None,
+    refine_top: int = REFINE_TOP,
+    refine_steps: int = REFINE_STEPS,
+    seed: int = 0,
+) -> SafetyReport:
+    """Score every candidate, refine the best ``refine_top`` (distinct plans only), and
+    report them all, best first."""
+    unique: dict[tuple, str] = {}
+    for name, p in named.items():
+        unique.setdefault(tuple(int(d) for d in p), name)
+    cands = scorer.candidates({n: np.asarray(p) for p, n in unique.items()})
+    cands.sort(key=lambda c: c.score)
+    top = [refine(scorer, c, refine_steps, seed) for c in cands[:refine_top]]
+    out = sorted(top + cands[refine_top:], key=lambda c: c.score)
+    return SafetyReport(out, dict(failed or {}))
