@@ -71,16 +71,12 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
     load = np.zeros(task.num_devices)
     out = [0] * len(sizes)
     for n, i in enumerate(order):
-        rest = sizes[order[n + 1 :]]
+        rest = np.sort(sizes[order[n + 1 :]])[::-1]
         room = np.flatnonzero(free >= sizes[i])
         if room.size == 0:
             return None
-        ok = [
-            d
-            for d in room[np.argsort(load[room], kind="stable")]
-            if _can_pack(rest, free, d, sizes[i])
-        ]
-        d = int(ok[0]) if ok else int(room[np.argmin(load[room])])
+        by_load = room[np.argsort(load[room], kind="stable")]
+        d = next((int(d) for d in by_load if _can_pack(rest, free, d, sizes[i])), int(by_load[0]))
         out[i] = d
         free[d] -= sizes[i]
         load[d] += costs[i]
@@ -88,11 +84,15 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
 
 
 def _can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
+    """Whether the tables ``rest`` (sorted descending) still fit after ``size`` goes to
+    device ``d``: the k-th largest surely finds room if the devices' room above it
+    exceeds what the larger ones can have taken; else first-fit decreasing decides."""
     if rest.size == 0:
         return True
     trial = free.copy()
     trial[d] -= size
-    if np.maximum(trial - rest.max(), 0.0).sum() >= rest.sum():
+    before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
+    if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
         return True
     return _ffd_fits(rest, trial)
 
