@@ -41,20 +41,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tasks(args: argparse.Namespace, count: int) -> list:
-    import json
-    from pathlib import Path
-
+    from torchrec_dreamshard.io import read_json
     from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
 
     if args.task_file:
-        try:
-            data = json.loads(Path(args.task_file).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"task file {args.task_file!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"task file {args.task_file!r} is not valid JSON: {exc}") from None
+        data = read_json(args.task_file, "task file")
         items = data if isinstance(data, list) else [data]
-        return [Task.from_dict(d) for d in items]
+        try:
+            return [Task.from_dict(d) for d in items]
+        except ValueError as exc:
+            raise ValueError(f"task file {args.task_file!r}: {exc}") from None
     scale = CPU_POOL_SCALE if args.scale is None else args.scale
     sampler = TaskSampler(synthetic_pool(scale=scale, seed=args.seed), seed=args.seed)
     lo, hi = args.num_tables

@@ -33,14 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def load_plan(path: str) -> dict:
     """The plan file's JSON object (which must hold ``placement``)."""
-    from pathlib import Path
+    from torchrec_dreamshard.io import read_json
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"plan file {path!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan file {path!r} is not valid JSON: {exc}") from None
+    data = read_json(path, "plan file")
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise ValueError(f'plan file {path!r} must hold {{"placement": {{"table": device}}}}')
     return data
