@@ -17,8 +17,6 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import torch
 
 from torchrec_dreamshard import tables as _tables
 from torchrec_dreamshard.cost_model import CostNet
+from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy import DreamShard, PolicyNet
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "cpu_default.pt"
@@ -77,15 +76,8 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path, "checkpoint") as tmp:  # fsynced, then renamed
         torch.save(payload, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a checkpoint is plain data
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_payload(path: str | Path | None = None) -> dict[str, Any]:
