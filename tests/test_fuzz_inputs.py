@@ -22,6 +22,7 @@ from torchrec_dreamshard.tasks import Task
 # Words at least one of which names the culprit in every message.
 FIELDS = ("task", "table", "num_devices", "memory_bytes", "batch_size", "tables", "name")
 FIELDS += ("rows", "dim", "pooling_factor", "reuse_hist", "bytes_per_element", "device")
+FIELDS += ("bag_length_cv",)
 
 numbers = st.one_of(
     st.integers(min_value=-(10**30), max_value=10**30),
@@ -48,6 +49,7 @@ def _table(draw_hist):
             "pooling_factor": st.one_of(numbers, scalars),
             "reuse_hist": draw_hist,
             "bytes_per_element": st.one_of(numbers, scalars),
+            "bag_length_cv": st.one_of(numbers, scalars),
             "extra": scalars,
         },
     )

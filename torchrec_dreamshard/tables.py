@@ -132,10 +132,10 @@ class TableSpec:
         cv = self.bag_length_cv
         if cv is not None:
             if isinstance(cv, bool) or not isinstance(cv, int | float | np.number):
-                raise ValueError(f"{where}: bag_length_cv must be a number, got {cv!r}")
-            if not 0 <= float(cv) <= MAX_BAG_LENGTH_CV:
+                raise ValueError(f"{where}: bag_length_cv must be a number, got {_short(cv)}")
+            if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float
                 raise ValueError(
-                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {cv!r}"
+                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {_short(cv)}"
                 )
             object.__setattr__(self, "bag_length_cv", float(cv))
 
