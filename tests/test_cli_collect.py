@@ -182,3 +182,67 @@ def test_sigkill_loses_no_finished_row_and_resume_completes(files):
     assert len(jobs) == n and len(set(jobs)) == n
     assert {j.split(":")[1] for j in jobs} == {str(i) for i in range(n)}
     assert set(r[0] for r in after_kill) <= set(jobs)
+
+
+def test_editing_the_task_file_starts_a_new_collection(files, capsys):
+    db, task_file = files / "e.sqlite", files / "task.json"
+    args = ["collect", "--db", str(db), "-n", "2", "--task-file", str(task_file)]
+    args += ["--no-progress", *FAST]
+    assert main(args) == 0
+    data = json.loads(task_file.read_text())
+    data["tables"][0]["pooling_factor"] = 9.5
+    task_file.write_text(json.dumps(data))  # same path, new content
+    capsys.readouterr()
+    assert main(args) == 0
+    assert "0/2 already in" in capsys.readouterr().out
+    assert CostStore(db).count() == 4
+
+
+def test_a_store_has_one_collector_at_a_time(files, capsys):
+    db = files / "l.sqlite"
+    args = ["collect", "--db", str(db), "-n", "1", "--task-file", str(files / "task.json")]
+    with CostStore(db) as holder, holder.collector_lock("test holder"):
+        assert main([*args, "--no-progress", *FAST]) == 2
+        err = capsys.readouterr().err
+        assert "being collected into by another process" in err and "test holder" in err
+    assert main([*args, "--no-progress", *FAST]) == 0  # released with the block
+
+
+def test_bad_task_file_and_db_paths_are_one_line(files, capsys):
+    (files / "adir").mkdir()
+    for argv in (
+        ["--task-file", str(files / "adir")],
+        ["--task-file", str(files / "task.json"), "--db", str(files / "adir")],
+        ["--task-file", str(files / "task.json"), "--db", str(files / "no" / "c.sqlite")],
+    ):
+        db = [] if "--db" in argv else ["--db", str(files / "x.sqlite")]
+        assert main(["collect", *db, *argv, "-n", "1", "--no-progress", *FAST]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("adir" in err or "no" in err), err
+
+
+@pytest.mark.slow
+def test_two_concurrent_collectors_lose_and_duplicate_nothing(files):
+    """Two `dreamshard collect` on one store: the second is refused at once with a clear
+    message while the first runs; every job ends up measured exactly once."""
+    db, n = files / "two.sqlite", 30
+    entry = "import sys; from torchrec_dreamshard.cli import main; sys.exit(main())"
+    cmd = [sys.executable, "-c", entry, "collect", "--db", str(db), "-n", str(n)]
+    cmd += ["--task-file", str(files / "task.json"), "--no-progress"]
+    cmd += ["--warmup", "1", "--iters", "4", "--rounds", "2"]  # long enough to overlap
+    # both start together (same start-up time), so the loser asks while the winner holds
+    procs = [
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    codes = sorted(rc for rc, _, _ in results)
+    assert codes == [0, 2], [err[-2000:] for _, _, err in results]
+    refused = next(err for rc, _, err in results if rc == 2)
+    assert "being collected into by another process" in refused
+    assert "Traceback" not in refused and refused.count("\n") == 1
+    with sqlite3.connect(db) as conn:
+        jobs = [r[0] for r in conn.execute("SELECT job FROM measurements")]
+    assert len(jobs) == n and len(set(jobs)) == n
+    rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert rerun.returncode == 0 and f"{n}/{n} already in" in rerun.stdout

@@ -63,3 +63,106 @@ def test_plan_errors_name_the_input(files, capsys):
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "nope.pt")]
     assert run(argv) == 2
     assert "nope.pt" in capsys.readouterr().err
+
+
+BASE = {
+    "num_devices": 2,
+    "memory_bytes": 10**9,
+    "batch_size": 512,
+    "tables": [{"name": "t0", "rows": 1000, "dim": 16, "pooling_factor": 2.0}],
+}
+
+
+def _variant(**changes):
+    doc = json.loads(json.dumps(BASE))
+    for key, value in changes.items():
+        if key.startswith("t_"):
+            doc["tables"][0][key[2:]] = value
+        else:
+            doc[key] = value
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (_variant(t_reuse_hist=5), "reuse_hist must be a list"),
+        (_variant(num_devices=10**12), "num_devices must be at most 4096"),
+        (_variant(t_rows=10**400), "rows must be in 1.."),
+        (_variant(t_pooling_factor=1e308), "pooling_factor must be"),
+        (_variant(batch_size=10**18), "batch_size must be at most"),
+        (_variant(memory_bytes=0.5), "memory_bytes of device 0 must be a whole number"),
+        (_variant(t_bytes_per_element=2.0), "bytes_per_element must be the integer"),
+        (_variant(t_reuse_hist=[True] + [False] * 16), "reuse_hist must hold numbers"),
+        (_variant(t_rows=1).replace('"rows": 1,', '"rows": ' + "9" * 5000 + ","), "digits"),
+        (_variant().replace('"num_devices": 2', '"num_devices": 2, "num_devices": 3'), "duplicate"),
+        ("[" * 200_000 + "]" * 200_000, "nested"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+    ],
+)
+def test_every_bad_task_is_one_line_naming_the_file(files, capsys, text, message):
+    path = files / "bad.json"
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    assert run(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "bad.json" in err and message in err, err
+
+
+def test_task_path_that_is_a_directory(files, capsys):
+    assert run(["plan", str(files)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--plot"])
+@pytest.mark.parametrize("where", ["missing/plan.x", "DIR"])
+def test_bad_output_paths_fail_before_planning(files, capsys, flag, where):
+    target = str(files) if where == "DIR" else str(files / where)
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run([*argv, flag, target]) == 2
+    captured = capsys.readouterr()
+    assert "placed" not in captured.out  # refused before any planning
+    assert flag in captured.err and captured.err.count("\n") == 1
+
+
+def test_unwritable_output_is_one_line(files, capsys, monkeypatch):
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if "ro" in str(p) else real(p, mode))
+    (files / "ro.json").write_text("{}")
+    argv = ["plan", str(files / "task.json"), "--out", str(files / "ro.json")]
+    assert run(argv) == 2
+    assert "not writable" in capsys.readouterr().err
+
+
+def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, monkeypatch):
+    from torchrec_dreamshard.cli import plan as plan_cli
+
+    def boom(*a, **k):
+        raise PermissionError(13, "Permission denied", "somewhere.json")
+
+    monkeypatch.setattr(plan_cli, "plan_dict", boom)
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run(argv) == 2
+    assert "Permission denied: 'somewhere.json'" in capsys.readouterr().err
+    with pytest.raises(PermissionError):
+        run([*argv, "--debug"])
+
+
+def test_non_finite_prediction_names_the_tables(files):
+    from torchrec_dreamshard.cli.plan import plan_dict
+
+    task = Task.load(files / "task.json")
+
+    class Bad:
+        step_ms = float("nan")
+        fwd_ms = [float("nan"), 1.0, 1.0]
+        bwd_ms = comm_ms = [1.0, 1.0, 1.0]
+
+    placement = [0, 1, 2, 0, 1, 2]
+    with pytest.raises(ValueError, match=r"not finite.*\['t0', 't3'\]"):
+        plan_dict(task, placement, Bad())

@@ -122,7 +122,8 @@ def train(rank: int, world: int, out_dir: Path) -> None:
         "plan": str(plan),
         "ranks": {name: ps.ranks for name, ps in module_plan.items()},
         "types": {name: ps.sharding_type for name, ps in module_plan.items()},
-        "policy": planner.last_placement,  # only rank 0 planned
+        "policy": planner.last_placement,  # rank 0 planned, every rank has it
+        "prediction": None if planner.last_prediction is None else planner.last_prediction.step_ms,
         "local": local_tables(dmp),
         "losses": losses,
     }
@@ -139,9 +140,64 @@ def test_dlrm_trains_under_dmp_with_dreamshard_plan(world, tmp_path):
     assert sorted(ranks) == [f"t{i}" for i in range(NUM_TABLES)]
     assert set(results[0]["types"].values()) == {"table_wise"}
     policy = results[0]["policy"]
+    assert all(r["policy"] == policy and r["prediction"] is not None for r in results)
+    assert len({r["prediction"] for r in results}) == 1
     prefix = "model.sparse_arch.embedding_bag_collection."
     assert {name: [policy[prefix + name]] for name in ranks} == ranks
     for r, res in enumerate(results):
         assert res["local"] == sorted(n for n, rk in ranks.items() if rk == [r]), r
         assert len(res["losses"]) == STEPS
         assert all(torch.isfinite(torch.tensor(res["losses"])))
+
+
+# -- failures reach every rank ----------------------------------------------------------
+
+
+def failing_worker(rank: int, world: int, port: int, out_dir: str, checkpoint: str) -> None:
+    """Rank 1 lacks the checkpoint; then rank 0 alone fails to plan (no memory)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    report = {}
+    with local_process_group(rank, world, port):
+        sharders = [EmbeddingBagCollectionSharder()]
+        topology = Topology(world_size=world, compute_device="cpu")
+        mine = checkpoint if rank == 0 else checkpoint + ".missing"
+        try:
+            planner = DreamShardPlanner(topology=topology, batch_size=LOCAL_BATCH, checkpoint=mine)
+            planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
+        except Exception as exc:
+            report["load"] = f"{type(exc).__name__}: {exc}"
+        tiny = Topology(world_size=world, compute_device="cpu", ddr_cap=1000, hbm_cap=1000)
+        planner = DreamShardPlanner(topology=tiny, batch_size=LOCAL_BATCH, checkpoint=checkpoint)
+        try:
+            planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
+        except Exception as exc:
+            report["plan"] = f"{type(exc).__name__}: {exc}"
+    (Path(out_dir) / f"fail{rank}.json").write_text(json.dumps(report))
+    exit_spawned_rank()
+
+
+@pytest.mark.slow
+def test_a_failure_on_one_rank_reaches_every_rank(tmp_path):
+    import time
+
+    from torchrec_dreamshard.checkpoint import save_checkpoint
+    from torchrec_dreamshard.policy import DreamShard
+
+    checkpoint = str(tmp_path / "agent.pt")
+    save_checkpoint(DreamShard.untrained(seed=0), checkpoint)
+    start = time.monotonic()
+    args = (2, free_port(), str(tmp_path), checkpoint)
+    mp.spawn(failing_worker, args=args, nprocs=2, join=True)
+    assert time.monotonic() - start < 60
+    reports = [json.loads((tmp_path / f"fail{r}.json").read_text()) for r in range(2)]
+    for report in reports:
+        assert report["load"].startswith("ValueError: rank 1: checkpoint"), report
+        assert "agent.pt.missing" in report["load"] and "does not exist" in report["load"]
+        assert "PlannerError" in report["plan"], report
+    assert "rank 0 could not plan" in reports[1]["plan"]

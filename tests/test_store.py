@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 import math
-import sqlite3
 
 import pytest
 
@@ -60,7 +60,7 @@ def test_rows_persist_across_connections_and_failures_are_kept_apart(tmp_path):
         assert store.count() == 2 and store.count(ok=True) == 1 and store.count(ok=False) == 1
         assert store.done_jobs("c:") == {"c:0", "c:1"} and store.done_jobs("x:") == set()
         assert len(store.placement_examples()) == 1  # the failed row is not an example
-        with pytest.raises(sqlite3.IntegrityError):  # a job is recorded once
+        with pytest.raises(ValueError, match="already holds job"):  # a job is recorded once
             store.append(t, [0, 1, 0, 1], measurement(), config, job="c:0")
 
 
@@ -77,7 +77,10 @@ def test_different_workloads_or_hardware_are_never_mixed_silently(tmp_path):
         assert len(sgd) == 1 and sgd[0].step_ms == pytest.approx(7.0)
         # another machine's rows: same workload, other fingerprint
         other = dict(hardware_fingerprint(MeasureConfig()), device_name="Other CPU")
-        store._fingerprints["cpu"] = other
+        store._fingerprints.clear()
+        store._fingerprints[
+            ("cpu", "local", json.dumps(MeasureConfig().protocol(), sort_keys=True))
+        ] = other
         store.append(t, [0, 1, 0, 1], measurement(), MeasureConfig())
         with pytest.raises(ValueError, match="Other CPU"):
             store.placement_examples(workload="b128-rowwise_adagrad-fp32-cpu")

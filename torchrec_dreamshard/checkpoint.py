@@ -17,8 +17,6 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +24,7 @@ import torch
 
 from torchrec_dreamshard import tables as _tables
 from torchrec_dreamshard.cost_model import CostNet
+from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy import DreamShard, PolicyNet
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "cpu_default.pt"
@@ -77,21 +76,16 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
+    with atomic_path(path, "checkpoint") as tmp:  # fsynced, then renamed
         torch.save(payload, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a checkpoint is plain data
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def read_payload(path: str | Path | None = None) -> dict[str, Any]:
     """The checked contents of a checkpoint file (``None``: the bundled one)."""
     path = Path(path) if path is not None else BUNDLED_CHECKPOINT
     where = f"checkpoint {str(path)!r}"
+    if path.is_dir():
+        raise ValueError(f"{where} is a directory, not a checkpoint file")
     if not path.is_file():
         hint = (
             " (the package was installed without its bundled checkpoint)"
@@ -129,6 +123,74 @@ def _check_payload(payload: Any, where: str) -> None:
         )
 
 
+MAX_HIDDEN = 4096  # widest network a checkpoint may ask for
+_META_TYPES: dict[str, type | tuple[type, ...]] = {
+    "version": str,
+    "hardware": dict,
+    "workload": dict,
+    "workload_key": str,
+    "trained": bool,
+}
+
+
+def check_meta(meta: dict[str, Any], where: str) -> None:
+    """Validate the metadata a network is built from, before building it.
+
+    ``hidden`` (the width) must be an integer in 1..MAX_HIDDEN and ``batch_size`` (the
+    batch the features are computed at) an integer in 1..MAX_BATCH_SIZE; the informational
+    fields must have their types when present.
+
+    Raises:
+        ValueError: naming the file and the field.
+    """
+    from torchrec_dreamshard.tasks import MAX_BATCH_SIZE
+
+    for key, high, required in (
+        ("hidden", MAX_HIDDEN, True),
+        ("batch_size", MAX_BATCH_SIZE, False),
+    ):
+        value = meta.get(key)
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            got = _tables._short(value)
+            raise ValueError(f"{where}: meta {key!r} must be an integer in 1..{high}, got {got}")
+    for key, kind in _META_TYPES.items():
+        if key in meta and not isinstance(meta[key], kind):
+            raise ValueError(
+                f"{where}: meta {key!r} must be a {getattr(kind, '__name__', kind)}, got "
+                f"{_tables._short(meta[key])}"
+            )
+
+
+def check_shapes(state: dict[str, Any], net: type, hidden: int, where: str) -> None:
+    """Compare a state dict's tensors with the network's (built on the meta device, so no
+    memory is allocated) before the real network is built.
+
+    Raises:
+        ValueError: a missing or unexpected key, a value that is not a floating tensor, or
+            a shape that differs (the first one is named).
+    """
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in net(hidden).state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise ValueError(
+            f"{where}: weights do not fit the networks: missing {missing[:5]}, "
+            f"unexpected {unexpected[:5]}"
+        )
+    for key, shape in expected.items():
+        value = state[key]
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise ValueError(f"{where}: {key!r} is not a floating-point tensor")
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{where}: weights do not fit the networks: {key!r} has shape "
+                f"{tuple(value.shape)}, a network of width {hidden} needs {shape}"
+            )
+
+
 def load_checkpoint(path: str | Path | None = None) -> DreamShard:
     """Load an agent (``None``: the checkpoint bundled with the package).
 
@@ -139,9 +201,10 @@ def load_checkpoint(path: str | Path | None = None) -> DreamShard:
     payload = read_payload(path)
     where = f"checkpoint {str(path if path is not None else BUNDLED_CHECKPOINT)!r}"
     meta = payload["meta"]
-    hidden = meta.get("hidden")
-    if not isinstance(hidden, int) or hidden < 1:
-        raise ValueError(f"{where}: meta 'hidden' must be a positive integer, got {hidden!r}")
+    check_meta(meta, where)
+    hidden = meta["hidden"]
+    for name, net in (("cost_net", CostNet), ("policy", PolicyNet)):
+        check_shapes(payload[name], net, hidden, f"{where}: {name}")
     cost_net, policy = CostNet(hidden), PolicyNet(hidden)
     try:
         cost_net.load_state_dict(payload["cost_net"])

@@ -34,6 +34,13 @@ _ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
 _POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
 _BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
 
+# Upper bounds of a table's fields: beyond them no real table exists and the arithmetic of
+# features and costs stops being meaningful (a bound is a clear error, not a NaN plan).
+MAX_ROWS = 2**40  # rows (about 1.1e12)
+MAX_DIM = 2**16  # embedding dim
+MAX_POOLING_FACTOR = 1e6  # mean ids per sample
+MAX_NAME_LENGTH = 256  # characters of a table name
+
 
 def reuse_bin(counts: np.ndarray) -> np.ndarray:
     """Bin index of each access count: 1 -> 0, 2 -> 1, 3..4 -> 2, ..., > 2^15 -> 16."""
@@ -86,34 +93,49 @@ class TableSpec:
     bag_length_cv: float | None = None
 
     def __post_init__(self) -> None:
-        where = f"table {self.name!r}"
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"table name must be a non-empty string, got {self.name!r}")
-        for fname in ("rows", "dim"):
+            raise ValueError(f"table name must be a non-empty string, got {_short(self.name)}")
+        if len(self.name) > MAX_NAME_LENGTH:
+            raise ValueError(
+                f"table name {self.name[:40]!r}... is longer than {MAX_NAME_LENGTH} characters"
+            )
+        where = f"table {self.name!r}"
+        for fname, high in (("rows", MAX_ROWS), ("dim", MAX_DIM)):
             value = getattr(self, fname)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
-                raise ValueError(f"{where}: {fname} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int | np.integer):
+                raise ValueError(f"{where}: {fname} must be an integer, got {_short(value)}")
+            if not 1 <= value <= high:
+                raise ValueError(f"{where}: {fname} must be in 1..{high}, got {_short(value)}")
             object.__setattr__(self, fname, int(value))
         pf = self.pooling_factor
         if isinstance(pf, bool) or not isinstance(pf, int | float | np.number):
-            raise ValueError(f"{where}: pooling_factor must be a number, got {pf!r}")
-        if not math.isfinite(float(pf)) or float(pf) <= 0:
-            raise ValueError(f"{where}: pooling_factor must be finite and > 0, got {pf!r}")
-        object.__setattr__(self, "pooling_factor", float(pf))
-        if self.bytes_per_element not in (2, 4):
+            raise ValueError(f"{where}: pooling_factor must be a number, got {_short(pf)}")
+        try:
+            pf = float(pf)
+        except OverflowError:
+            pf = math.inf
+        if not (math.isfinite(pf) and 0 < pf <= MAX_POOLING_FACTOR):
             raise ValueError(
-                f"{where}: bytes_per_element must be 4 (fp32) or 2 (fp16), "
-                f"got {self.bytes_per_element!r}"
+                f"{where}: pooling_factor must be > 0 and <= {MAX_POOLING_FACTOR:g}, "
+                f"got {_short(self.pooling_factor)}"
             )
+        object.__setattr__(self, "pooling_factor", pf)
+        bpe = self.bytes_per_element
+        if isinstance(bpe, bool) or not isinstance(bpe, int | np.integer) or bpe not in (2, 4):
+            raise ValueError(
+                f"{where}: bytes_per_element must be the integer 4 (fp32) or 2 (fp16), "
+                f"got {_short(bpe)}"
+            )
+        object.__setattr__(self, "bytes_per_element", int(bpe))
         if self.reuse_hist is not None:
             object.__setattr__(self, "reuse_hist", _check_hist(self.reuse_hist, where))
         cv = self.bag_length_cv
         if cv is not None:
             if isinstance(cv, bool) or not isinstance(cv, int | float | np.number):
-                raise ValueError(f"{where}: bag_length_cv must be a number, got {cv!r}")
-            if not 0 <= float(cv) <= MAX_BAG_LENGTH_CV:
+                raise ValueError(f"{where}: bag_length_cv must be a number, got {_short(cv)}")
+            if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float
                 raise ValueError(
-                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {cv!r}"
+                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {_short(cv)}"
                 )
             object.__setattr__(self, "bag_length_cv", float(cv))
 
@@ -157,12 +179,18 @@ class TableSpec:
         }  # fmt: skip
         unknown = set(data) - known
         name = data.get("name", "<unnamed>")
+        name = name if isinstance(name, str) else _short(name)
         if unknown:
             raise ValueError(f"table {name!r}: unknown fields {sorted(unknown)}")
         missing = {"name", "rows", "dim", "pooling_factor"} - set(data)
         if missing:
             raise ValueError(f"table {name!r}: missing fields {sorted(missing)}")
         hist = data.get("reuse_hist")
+        if hist is not None and not isinstance(hist, list | tuple):
+            raise ValueError(
+                f"table {name!r}: reuse_hist must be a list of {NUM_REUSE_BINS} fractions, "
+                f"got {_short(hist)}"
+            )
         return cls(
             name=data["name"],
             rows=data["rows"],
@@ -174,11 +202,26 @@ class TableSpec:
         )
 
 
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 5,000-digit integer stays readable)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
+        return f"an integer of more than {limit} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
     try:
-        values = tuple(float(x) for x in hist)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{where}: reuse_hist must be {NUM_REUSE_BINS} numbers") from exc
+        items = tuple(hist)
+    except TypeError:
+        raise ValueError(f"{where}: reuse_hist must be {NUM_REUSE_BINS} numbers") from None
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int | float | np.number):
+            raise ValueError(f"{where}: reuse_hist must hold numbers (fractions), got {_short(x)}")
+    try:
+        values = tuple(float(x) for x in items)
+    except OverflowError:
+        raise ValueError(f"{where}: reuse_hist fractions must be finite and >= 0") from None
     if len(values) != NUM_REUSE_BINS:
         raise ValueError(
             f"{where}: reuse_hist must have {NUM_REUSE_BINS} fractions, got {len(values)}"
@@ -207,8 +250,8 @@ def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
     logpmf = ks * math.log(lam) - lam - np.array([math.lgamma(k + 1) for k in ks])
     pmf = np.exp(logpmf)
     np.add.at(hist, reuse_bin(ks), pmf)
-    if hist.sum() <= 0:
-        hist[0] = 1.0
+    if hist.sum() <= 0:  # every row read far more (or far less) often than the pmf reaches
+        hist[NUM_REUSE_BINS - 1 if lam > 1 else 0] = 1.0
     return hist / hist.sum()
 
 

@@ -4,7 +4,6 @@ pool, the DreamShard-style task sampler and a loader for Meta's open DLRM datase
 from __future__ import annotations
 
 import functools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -14,10 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 from torchrec_dreamshard.tables import (
     BIN_MID,
     NUM_REUSE_BINS,
     TableSpec,
+    _short,
     access_stats,
 )
 
@@ -36,6 +37,12 @@ DLRM_BATCH_SIZE = 65536
 # Row scale at which the synthetic pool's tables run comfortably on a 2-core CPU.
 CPU_POOL_SCALE = 0.1
 DEFAULT_MEMORY_FACTOR = 1.5
+
+# Upper bounds of a task's fields (see the README's "Limits and errors").
+MAX_DEVICES = 4096  # devices D
+MAX_BATCH_SIZE = 2**24  # global batch (samples)
+MAX_MEMORY_BYTES = 2**50  # per device (1 PiB)
+MAX_TABLES = 100_000  # tables in one task
 
 
 @dataclass(kw_only=True)
@@ -57,17 +64,13 @@ class Task:
 
     def __post_init__(self) -> None:
         self.tables = list(self.tables)
-        if isinstance(self.num_devices, bool) or not isinstance(self.num_devices, int):
-            raise ValueError(f"num_devices must be an integer, got {self.num_devices!r}")
-        if self.num_devices < 1:
-            raise ValueError(f"num_devices must be >= 1, got {self.num_devices}")
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
-            raise ValueError(f"batch_size must be an integer, got {self.batch_size!r}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        self.num_devices = _bounded_int("num_devices", self.num_devices, MAX_DEVICES)
+        self.batch_size = _bounded_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
         self.memory = self._per_device_memory()
         if not self.tables:
             raise ValueError("a task needs at least one table")
+        if len(self.tables) > MAX_TABLES:
+            raise ValueError(f"a task holds at most {MAX_TABLES} tables, got {len(self.tables)}")
         for t in self.tables:
             if not isinstance(t, TableSpec):
                 raise ValueError(f"tables must be TableSpec, got {type(t).__name__}")
@@ -95,12 +98,10 @@ class Task:
             raise ValueError(
                 f"memory_bytes lists {len(values)} devices but num_devices is {self.num_devices}"
             )
-        for i, v in enumerate(values):
-            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-                raise ValueError(f"memory_bytes of device {i} must be a number, got {v!r}")
-            if v <= 0:
-                raise ValueError(f"memory_bytes of device {i} must be positive, got {v}")
-        return [int(v) for v in values]
+        return [
+            _bounded_int(f"memory_bytes of device {i}", v, MAX_MEMORY_BYTES, whole_floats=True)
+            for i, v in enumerate(values)
+        ]
 
     @property
     def names(self) -> list[str]:
@@ -142,21 +143,41 @@ class Task:
         )
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        """Write the task as JSON, atomically."""
+        atomic_write(path, dumps_strict(self.to_dict()), "task file")
 
     @classmethod
     def load(cls, path: str | Path) -> Task:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise ValueError(f"task file {str(path)!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"task file {str(path)!r} is not valid JSON: {exc}") from None
+        """Read a task file strictly (see :func:`torchrec_dreamshard.io.read_json`).
+
+        Raises:
+            ValueError: naming the file and the field that is wrong.
+        """
+        data = read_json(path, "task file")
         try:
             return cls.from_dict(data)
         except ValueError as exc:
             raise ValueError(f"task file {str(path)!r}: {exc}") from None
+
+
+def _bounded_int(what: str, value: Any, high: int, whole_floats: bool = False) -> int:
+    """``value`` as an int in ``1..high``; floats only when whole (``1.6e10``) and allowed.
+
+    Raises:
+        ValueError: naming ``what``, for booleans, non-numbers, fractions and values out
+            of range.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise ValueError(f"{what} must be an integer, got {_short(value)}")
+    if isinstance(value, float | np.floating):
+        if not (whole_floats and math.isfinite(value) and float(value).is_integer()):
+            raise ValueError(f"{what} must be a whole number, got {_short(value)}")
+        value = int(value)
+    if value < 1:
+        raise ValueError(f"{what} must be positive (1..{high}), got {_short(value)}")
+    if value > high:
+        raise ValueError(f"{what} must be at most {high}, got {_short(value)}")
+    return int(value)
 
 
 # ----------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from torchrec_dreamshard.cost_model import (
     fit_cost_model,
     sample_from_measurement,
 )
+from torchrec_dreamshard.io import atomic_path, atomic_write, atomic_write_with, dumps_strict
 from torchrec_dreamshard.policy import DreamShard, PolicyNet, single_thread
 from torchrec_dreamshard.tasks import (
     CPU_POOL_SCALE,
@@ -201,10 +202,15 @@ def collect(
 ) -> dict[str, float]:
     """Measure every job the store does not hold yet; returns collection metrics."""
     from torchrec_dreamshard.measure import measure_placement
+    from torchrec_dreamshard.measure.config import stable_key
 
     mcfg = cfg.measure_config()
     prefix = jobs[0][0].split("-")[0] if jobs else ""
-    done = store.done_jobs(prefix)
+    done = store.done_jobs(prefix, store.fingerprint(mcfg, cfg.backend))
+    # the resume key carries the task's content: a job whose task changed is not done
+    jobs = [
+        (f"{job}@{stable_key([task.to_dict(), how], 10)}", task, how) for job, task, how in jobs
+    ]
     todo = [j for j in jobs if j[0] not in done]
     greedy_ms, start = [], time.perf_counter()
     for job, task, how in _bar(todo, cfg.progress, f"measure {prefix}"):
@@ -241,8 +247,10 @@ def load_samples(store: Any, cfg: TrainConfig) -> list[CostSample]:
     modelled (the reference kernel says nothing about it); the step cost is recomputed
     as ``max_d (fwd + bwd + comm)``.
     """
-    workload = cfg.measure_config().workload_key(cfg.batch_size)
-    examples = store.placement_examples(workload=workload, normalise=False)
+    mcfg = cfg.measure_config()
+    workload = mcfg.workload_key(cfg.batch_size)
+    fingerprint = store.fingerprint(mcfg, cfg.backend)  # this machine's rows only
+    examples = store.placement_examples(fingerprint, workload, normalise=False)
     refs = [ex.reference_ms for ex in examples if math.isfinite(ex.reference_ms)]
     typical = float(np.median(refs)) if refs else 1.0
     out = []
@@ -347,7 +355,7 @@ def agent_meta(cfg: TrainConfig, store: Any, n_samples: int, wall_s: float) -> d
         "version": __version__,
         "batch_size": cfg.batch_size,
         "hidden": cfg.hidden,
-        "hardware": hardware_fingerprint(mcfg),
+        "hardware": hardware_fingerprint(mcfg, cfg.backend),
         "workload": mcfg.workload(cfg.batch_size),
         "workload_key": mcfg.workload_key(cfg.batch_size),
         "pool": {"kind": "synthetic", "scale": cfg.pool_scale, "seed": cfg.pool_seed},
@@ -365,10 +373,13 @@ def write_metrics(out_dir: Path, row: dict[str, float]) -> None:
     rows = list(csv.DictReader(path.open())) if path.exists() else []
     rows.append({k: str(v) for k, v in row.items()})
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with path.open("w", newline="") as f:
+
+    def write(f) -> None:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
+
+    atomic_write_with(path, write, "metrics file")
     plot_curves(path, out_dir / PLOT_NAME)
 
 
@@ -396,8 +407,11 @@ def plot_curves(metrics_csv: Path, out_png: Path) -> None:
     for ax in np.ravel(axes)[len(keys) :]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=80)
-    plt.close(fig)
+    try:
+        with atomic_path(out_png, "curves file") as tmp:
+            fig.savefig(tmp, dpi=80)
+    finally:
+        plt.close(fig)
 
 
 def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
@@ -420,6 +434,26 @@ def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
     return load_checkpoint(path), int(extra["iteration"]), float(extra.get("wall_s", 0.0))
 
 
+def check_hardware(agent: DreamShard, store: Any, cfg: TrainConfig) -> None:
+    """A resumed run must measure on the hardware, backend and protocol it started on.
+
+    Raises:
+        ValueError: the checkpoint's fingerprint differs from this machine's (fields both
+            record are compared, so checkpoints older than a new field still resume).
+    """
+    saved = agent.meta.get("hardware")
+    if not isinstance(saved, dict):
+        return
+    mine = store.fingerprint(cfg.measure_config(), cfg.backend)
+    differ = sorted(k for k in saved.keys() & mine.keys() if saved[k] != mine[k])
+    if differ:
+        diffs = ", ".join(f"{k}: {saved[k]!r} there, {mine[k]!r} here" for k in differ)
+        raise ValueError(
+            f"{Path(cfg.out_dir) / CHECKPOINT_NAME} was trained on other hardware or "
+            f"settings ({diffs}); use another --out-dir"
+        )
+
+
 # ----------------------------------------------------------------------------------------
 # The loop
 # ----------------------------------------------------------------------------------------
@@ -436,14 +470,15 @@ def train(cfg: TrainConfig) -> DreamShard:
 
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(asdict(cfg), indent=1) + "\n")
+    atomic_write(out_dir / "config.json", dumps_strict(asdict(cfg)), "config file")
     # -- seeding ---------------------------------------------------------------------------
     seed_everything(cfg.seed)
     sampler = make_sampler(cfg)
     agent, start_it, wall_before = resume_agent(cfg)
     t0 = time.perf_counter()
     eval_tasks = draw_tasks(cfg, sampler, 8, np.random.default_rng([cfg.seed, 31337]))
-    with CostStore(cfg.store_path) as store:
+    with CostStore(cfg.store_path) as store, store.collector_lock("dreamshard train"):
+        check_hardware(agent, store, cfg)  # before any measuring
         if start_it == 0:
             collect(agent, bootstrap_jobs(cfg, sampler), store, cfg)
         for it in range(start_it, cfg.iterations):

@@ -41,20 +41,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tasks(args: argparse.Namespace, count: int) -> list:
-    import json
-    from pathlib import Path
-
+    from torchrec_dreamshard.io import read_json
     from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
 
     if args.task_file:
-        try:
-            data = json.loads(Path(args.task_file).read_text())
-        except FileNotFoundError:
-            raise ValueError(f"task file {args.task_file!r} does not exist") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"task file {args.task_file!r} is not valid JSON: {exc}") from None
+        data = read_json(args.task_file, "task file")
         items = data if isinstance(data, list) else [data]
-        return [Task.from_dict(d) for d in items]
+        try:
+            return [Task.from_dict(d) for d in items]
+        except ValueError as exc:
+            raise ValueError(f"task file {args.task_file!r}: {exc}") from None
     scale = CPU_POOL_SCALE if args.scale is None else args.scale
     sampler = TaskSampler(synthetic_pool(scale=scale, seed=args.seed), seed=args.seed)
     lo, hi = args.num_tables
@@ -79,26 +75,40 @@ def _placement(args: argparse.Namespace, task, job: int) -> list[int]:
     return list(baselines.place(args.placer, task, seed=job))
 
 
-def _collection_key(args: argparse.Namespace, config) -> str:
+def _collection_key(args: argparse.Namespace, config, tasks: list) -> str:
+    """The resume key: the options that decide the jobs and, for a task file, the tasks'
+    content (not the file's path: an edited file is a new collection)."""
     from torchrec_dreamshard.measure.config import stable_key
 
-    keys = ("task_file", "placer", "per_task", "num_tables", "num_devices", "batch_size")
+    keys = ("placer", "per_task", "num_tables", "num_devices", "batch_size")
     keys += ("split", "scale", "seed", "backend")
-    return stable_key([{k: getattr(args, k) for k in keys}, config.to_dict()], 10)
+    options = {k: getattr(args, k) for k in keys}
+    if args.task_file:
+        options["tasks"] = stable_key([t.to_dict() for t in tasks], 16)
+    return stable_key([options, config.to_dict()], 10)
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    from torchrec_dreamshard.measure import CostStore, measure_placement
+    from torchrec_dreamshard.measure import CostStore
 
     if args.num < 1 or args.per_task < 1:
         raise ValueError("-n and --per-task must be >= 1")
     config = config_from_args(args)
-    store = CostStore(args.db)
-    prefix = _collection_key(args, config) + ":"
-    done = store.done_jobs(prefix)
     tasks = _tasks(args, -(-args.num // args.per_task))
+    with CostStore(args.db) as store, store.collector_lock("dreamshard collect"):
+        return _collect(args, config, tasks, store)
+
+
+def _collect(args: argparse.Namespace, config, tasks: list, store) -> int:
+    from tqdm import tqdm
+
+    from torchrec_dreamshard.measure import measure_placement
+
+    prefix = _collection_key(args, config, tasks) + ":"
+    # the fingerprint first (fails before any measuring); another machine's rows of the
+    # same jobs are not this machine's measurements
+    fingerprint = store.fingerprint(config, args.backend)
+    done = store.done_jobs(prefix, fingerprint)
     todo = [i for i in range(args.num) if f"{prefix}{i}" not in done]
     print(f"collection {prefix[:-1]}: {args.num - len(todo)}/{args.num} already in {args.db}")
     failed = 0
@@ -120,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix(step_ms=f"{m.step_ms:.1f}", failed=failed)
     except KeyboardInterrupt:
         bar.close()
-        n = store.count(job_prefix=prefix)
+        n = store.count(fingerprint=fingerprint, job_prefix=prefix)
         print(
             f"stopped: {n}/{args.num} measurements are in {args.db}; "
             "run the same command again to resume"
@@ -129,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         bar.close()
         _close_pools()
-        store.close()
     print(f"done: {args.num}/{args.num} measurements in {args.db} ({failed} failed this run)")
     return 0
 

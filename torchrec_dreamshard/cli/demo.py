@@ -57,7 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
+
     warnings.filterwarnings("ignore")
+    if args.out:  # before the work, so a bad path never costs it
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        check_writable(args.out, "--out file")
     task = demo_task(args.seed, args.tables, args.devices, args.batch_size)
     print(
         f"model: {len(task.tables)} DLRM-shaped tables ({task.total_bytes / 2**20:.0f} MiB), "
@@ -71,8 +76,7 @@ def run(args: argparse.Namespace) -> int:
     result["measure_task"] = {"memory_bytes": mtask.memory, "batch_size": mtask.batch_size}
     result["training"] = train_demo(task, args)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        atomic_write(args.out, dumps_strict(result), "--out file")
         print(f"wrote {args.out}")
     return 0
 

@@ -33,14 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def load_plan(path: str) -> dict:
     """The plan file's JSON object (which must hold ``placement``)."""
-    from pathlib import Path
+    from torchrec_dreamshard.io import read_json
 
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"plan file {path!r} does not exist") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"plan file {path!r} is not valid JSON: {exc}") from None
+    data = read_json(path, "plan file")
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise ValueError(f'plan file {path!r} must hold {{"placement": {{"table": device}}}}')
     return data
@@ -56,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
         placement = placement_from_dict(task, load_plan(args.plan)["placement"])
     except ValueError as exc:
         raise ValueError(f"plan file {args.plan!r}: {exc}") from None
-    m = measure_placement(task, placement, config, backend=args.backend)
-    if args.db:
-        with CostStore(args.db) as store:
+    if args.db:  # the store's collector lock: no collector's timings skew ours, or ours theirs
+        with CostStore(args.db) as store, store.collector_lock("dreamshard evaluate"):
+            store.fingerprint(config, args.backend)  # before measuring
+            m = measure_placement(task, placement, config, backend=args.backend)
             store.append(task, placement, m, config)
+    else:
+        m = measure_placement(task, placement, config, backend=args.backend)
     if args.json:
         print(json.dumps(m.to_dict(), indent=1))
     else:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,8 +40,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
     from torchrec_dreamshard.tasks import Task
 
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    # outputs are checked before planning, so a bad path never costs the work
+    for path, what in ((args.out, "--out file"), (args.plot, "--plot file")):
+        if path:
+            check_writable(path, what)
+    if args.plot:
+        check_plot_format(args.plot)
     task = Task.load(args.task)
     agent = load_checkpoint(args.checkpoint)
     start = time.perf_counter()
@@ -54,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_plan(plan))
     if args.out:
-        Path(args.out).write_text(json.dumps(plan, indent=1) + "\n")
+        atomic_write(args.out, dumps_strict(plan), "--out file")
         print(f"wrote {args.out}")
     if args.plot:
         plot_per_device(plan["per_device"], args.plot, f"{Path(args.task).name}: predicted")
@@ -67,6 +76,7 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
     each device's tables, bytes and predicted forward/backward/communication ms."""
     from torchrec_dreamshard.tasks import device_bytes, device_tables, placement_to_dict
 
+    check_finite_prediction(task, placement, prediction)
     used = device_bytes(task, placement)
     per_device = []
     for d, idx in enumerate(device_tables(task, placement)):
@@ -90,6 +100,37 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
     }
 
 
+def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any) -> None:
+    """Refuse a prediction holding NaN or infinity, naming the tables that caused it.
+
+    Raises:
+        ValueError: the device(s) whose predicted times are not finite and their tables
+            (those whose own features are not finite first).
+    """
+    from torchrec_dreamshard.tables import table_features
+    from torchrec_dreamshard.tasks import device_tables
+
+    figures = [prediction.step_ms, *prediction.fwd_ms, *prediction.bwd_ms, *prediction.comm_ms]
+    if all(math.isfinite(float(x)) for x in figures):
+        return
+    feats = table_features(task.tables, task.batch_size)
+    culprits = [
+        t.name
+        for t, row in zip(task.tables, feats, strict=True)
+        if not all(map(math.isfinite, row))
+    ]
+    if not culprits:
+        for d, idx in enumerate(device_tables(task, placement)):
+            per = (prediction.fwd_ms[d], prediction.bwd_ms[d], prediction.comm_ms[d])
+            if not all(math.isfinite(float(x)) for x in per):
+                culprits += [task.tables[i].name for i in idx]
+    raise ValueError(
+        f"the cost network's prediction is not finite (NaN or infinity) for tables "
+        f"{culprits[:20]}{' ...' if len(culprits) > 20 else ''}: their figures are outside "
+        "what the checkpoint was trained on"
+    )
+
+
 def format_plan(plan: dict[str, Any]) -> str:
     """A per-device table of a PLAN.json dict."""
     rows = [
@@ -105,6 +146,19 @@ def format_plan(plan: dict[str, Any]) -> str:
         )
     rows.append(f"predicted step cost: {plan['predicted_cost_ms']:.3f} ms")
     return "\n".join(rows)
+
+
+def check_plot_format(path: str | Path) -> None:
+    """Refuse a plot file name whose suffix matplotlib cannot write (before planning)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(
+            f"--plot file {str(path)!r}: matplotlib cannot write {suffix!r} files; use one of "
+            f"{sorted(formats)}"
+        )
 
 
 def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
@@ -128,5 +182,10 @@ def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, titl
     ax.set_xticks(devices)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    from torchrec_dreamshard.io import atomic_path
+
+    try:
+        with atomic_path(path, "plot file") as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)

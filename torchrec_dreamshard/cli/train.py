@@ -53,13 +53,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import dataclasses
-    import json
-    import shutil
     from pathlib import Path
 
     from torchrec_dreamshard.checkpoint import read_payload
+    from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
     from torchrec_dreamshard.training import CHECKPOINT_NAME, TrainConfig, train
 
+    export = getattr(args, "export", None)
+    if export:  # before training, so a bad path never costs the run
+        Path(export).parent.mkdir(parents=True, exist_ok=True)
+        check_writable(export, "--export file")
     given = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(TrainConfig) if f.name in args
     }
@@ -70,11 +73,9 @@ def run(args: argparse.Namespace) -> int:
         f"trained {agent.meta.get('measurements', 0)} measurements in "
         f"{agent.meta.get('train_wall_s', 0)} s; checkpoint {ckpt}"
     )
-    export = getattr(args, "export", None)
     if export:
-        Path(export).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt, export)
+        atomic_write(export, Path(ckpt).read_bytes(), "--export file")
         sidecar = Path(export).with_suffix(".json")
-        sidecar.write_text(json.dumps(read_payload(ckpt)["meta"], indent=1) + "\n")
+        atomic_write(sidecar, dumps_strict(read_payload(ckpt)["meta"]), "--export sidecar")
         print(f"copied to {export} (what it was trained on: {sidecar})")
     return 0

@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.spawn import free_port, local_process_group
@@ -232,8 +233,8 @@ def load_comm_model(path: str | os.PathLike | None = None) -> CommModel:
     else:
         model = calibrate_comm_model()
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(model), indent=1) + "\n")
-        tmp.replace(path)
+        # a temporary file of its own (two first runs may calibrate at once; the last
+        # rename wins and both files are whole)
+        atomic_write(path, dumps_strict(asdict(model)), "comm model file")
     _LOADED[str(path)] = model
     return model

@@ -23,10 +23,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def hardware_fingerprint(config: MeasureConfig) -> dict[str, Any]:
-    """Device name, torch and FBGEMM versions and threads per device.
+def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
+    """Device name, torch and FBGEMM versions, threads per device, the measurement backend
+    and the timing protocol.
 
-    Rows of the cost dataset are only comparable when their fingerprints are equal.
+    Rows of the cost dataset are only comparable when their fingerprints are equal: the
+    local backend models the all-to-all while the distributed one measures it, and the
+    protocol (warm-up, iterations, rounds, ranks timing in turn) changes what a figure
+    means, so both are part of it (the protocol's seed is not).
     """
     from torchrec_dreamshard.measure.kernels import fbgemm_version
 
@@ -43,7 +47,17 @@ def hardware_fingerprint(config: MeasureConfig) -> dict[str, Any]:
         "torch": torch.__version__,
         "fbgemm_gpu": fbgemm_version(),
         "threads_per_device": threads,
+        "backend": backend,
+        "protocol": timing_protocol(config, backend),
     }
+
+
+def timing_protocol(config: MeasureConfig, backend: str) -> dict[str, Any]:
+    """The parts of the timing protocol that change what a figure means."""
+    out = {k: v for k, v in config.protocol().items() if k != "seed"}
+    if backend == "distributed":
+        out["compute_in_turn"] = config.in_turn
+    return out
 
 
 def fingerprint_key(fingerprint: dict[str, Any]) -> str:

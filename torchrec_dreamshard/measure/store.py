@@ -12,11 +12,15 @@ a store holding several (fingerprint, workload) groups without choosing one rais
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import socket
 import sqlite3
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,7 +123,7 @@ class CostStore:
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
-        self._fingerprints: dict[str, dict[str, Any]] = {}
+        self._fingerprints: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def close(self) -> None:
         self._conn.close()
@@ -149,8 +153,8 @@ class CostStore:
             config: the settings it was measured with.
             job: an optional unique key (a collection's job), used to resume.
         """
-        fp = self._fingerprint(config)
         m = measurement
+        fp = self.fingerprint(config, m.backend)
         row = (
             time.time(),
             job,
@@ -171,20 +175,61 @@ class CostStore:
             json.dumps([d.to_dict() for d in m.per_device]),
             json.dumps(m.extra),
         )
-        with self._conn:
-            cur = self._conn.execute(
-                "INSERT INTO measurements (created_at, job, fingerprint_key, fingerprint, "
-                "workload_key, workload, protocol, backend, task, placement, ok, error, "
-                "step_ms, spread, reference_ms, comm_source, per_device, extra) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                row,
-            )
+        try:
+            with self._conn:
+                cur = self._conn.execute(
+                    "INSERT INTO measurements (created_at, job, fingerprint_key, fingerprint, "
+                    "workload_key, workload, protocol, backend, task, placement, ok, error, "
+                    "step_ms, spread, reference_ms, comm_source, per_device, extra) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    row,
+                )
+        except sqlite3.IntegrityError:
+            raise ValueError(
+                f"cost store {str(self.path)!r} already holds job {job!r}: another process "
+                "wrote it (collect with one process per store)"
+            ) from None
         return int(cur.lastrowid)
 
-    def _fingerprint(self, config: MeasureConfig) -> dict[str, Any]:
-        if config.device not in self._fingerprints:
-            self._fingerprints[config.device] = hardware_fingerprint(config)
-        return self._fingerprints[config.device]
+    def fingerprint(self, config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
+        """The fingerprint rows measured with ``config`` on ``backend`` are stored under
+        (computed once per store; call it before measuring to fail early)."""
+        key = (config.device, backend, json.dumps(config.protocol(), sort_keys=True))
+        if key not in self._fingerprints:
+            self._fingerprints[key] = hardware_fingerprint(config, backend)
+        return self._fingerprints[key]
+
+    @contextlib.contextmanager
+    def collector_lock(self, who: str) -> Iterator[None]:
+        """Hold the store's collector lock: one collecting process per store.
+
+        Two collectors on one store would measure the same jobs (one of the two inserts
+        would be refused and its measurement lost) and slow each other's timings down, so
+        the second is refused at once. The lock is an ``flock`` on ``PATH.lock``, released
+        by the operating system when the process ends, however it ends.
+
+        Raises:
+            ValueError: another process holds the lock (its pid and command are named).
+        """
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        f = open(lock_path, "a+")  # noqa: SIM115 - held open for the block
+        try:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown process"
+                raise ValueError(
+                    f"cost store {str(self.path)!r} is being collected into by another "
+                    f"process ({holder}); wait for it to finish or use another store"
+                ) from None
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} on {socket.gethostname()}: {who}")
+            f.flush()
+            yield
+        finally:
+            f.close()  # closing the file releases the lock
 
     # -- counting --------------------------------------------------------------------------
 
@@ -204,11 +249,14 @@ class CostStore:
         sql = "SELECT COUNT(*) FROM measurements" + _and(where)
         return int(self._conn.execute(sql, args).fetchone()[0])
 
-    def done_jobs(self, job_prefix: str) -> set[str]:
-        """Job keys already recorded that start with ``job_prefix``."""
-        rows = self._conn.execute(
-            "SELECT job FROM measurements WHERE job LIKE ? ESCAPE '\\'", [_like_prefix(job_prefix)]
-        )
+    def done_jobs(self, job_prefix: str, fingerprint: str | dict | None = None) -> set[str]:
+        """Job keys already recorded that start with ``job_prefix`` (measured on
+        ``fingerprint``'s hardware only, when given: another machine's row of the same job
+        does not count as done here)."""
+        where, args = _where(fingerprint, None, None)
+        where.append("job LIKE ? ESCAPE '\\'")
+        args.append(_like_prefix(job_prefix))
+        rows = self._conn.execute("SELECT job FROM measurements" + _and(where), args)
         return {r[0] for r in rows}
 
     def groups(self) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
+    PlannerError,
     ShardingOption,
     Stats,
     StorageReservation,
@@ -125,7 +126,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
         topology = topology if topology is not None else default_topology()
         batch_size = batch_size or BATCH_SIZE
-        self.agent: PlacementAgent = agent if agent is not None else load_agent(checkpoint)
+        self._load_error: str | None = None
+        if agent is None:
+            agent = self._load_agent(checkpoint)
+        self.agent: PlacementAgent = agent
         global_batch = batch_size * topology.world_size
         reservation = storage_reservation or HeuristicalStorageReservation(percentage=0.15)
         enumerator = DreamShardEnumerator(
@@ -155,6 +159,68 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             timeout_seconds=timeout_seconds,
         )
 
+    def _load_agent(self, checkpoint: str | Path | None) -> PlacementAgent:
+        """Load the checkpoint. Under a process group of several ranks a failure is kept
+        (the planner holds a stand-in agent) and raised by :meth:`collective_plan` on every
+        rank at once, so no rank is left waiting for one that failed."""
+        try:
+            return load_agent(checkpoint)
+        except ValueError as exc:
+            if not (dist.is_initialized() and dist.get_world_size() > 1):
+                raise
+            self._load_error = f"rank {dist.get_rank()}: {exc}"
+            return _Unloaded(self._load_error)
+
+    def plan(self, module: Any, sharders: list[Any]) -> Any:
+        """TorchRec's ``plan`` (this rank only); raises a checkpoint failure kept by
+        ``__init__``."""
+        if self._load_error is not None:
+            raise ValueError(self._load_error)
+        return super().plan(module, sharders)
+
+    def collective_plan(self, module: Any, sharders: list[Any] | None = None, pg: Any = None):
+        """Plan on rank 0 and broadcast the plan, with failures reaching every rank.
+
+        First every rank shares whether its checkpoint loaded (one small
+        ``all_gather_object``): if any failed, every rank raises the same ``ValueError``
+        naming the ranks and the reasons. Then rank 0 plans and broadcasts either the plan
+        with its metadata (:attr:`last_placement`, :attr:`last_prediction`, so they are
+        set on every rank) or its error, which every other rank raises as well.
+        """
+        from torchrec.distributed.sharding_plan import get_default_sharders
+
+        if pg is None:
+            if not dist.is_initialized():
+                raise ValueError(
+                    "collective_plan needs an initialised process group; use plan() on one rank"
+                )
+            pg = dist.GroupMember.WORLD
+        sharders = get_default_sharders() if sharders is None else sharders
+        statuses: list[str | None] = [None] * dist.get_world_size(pg)
+        dist.all_gather_object(statuses, self._load_error, group=pg)
+        failures = [s for s in statuses if s]
+        if failures:
+            raise ValueError("; ".join(failures))
+        result: list[Any] = [None]
+        if dist.get_rank(pg) == 0:
+            try:
+                plan = self.plan(module, sharders)
+                result[0] = ("ok", plan, self.last_placement, self.last_prediction)
+            except Exception as exc:
+                result[0] = ("error", type(exc).__name__, str(exc), None)
+                dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+                raise
+        dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
+        status, first, second, third = result[0]
+        if status == "error":
+            kind = PlannerError if first == "PlannerError" else ValueError
+            if first not in ("PlannerError", "ValueError"):
+                kind = RuntimeError
+            raise kind(f"rank 0 could not plan: {first}: {second}")
+        self.proposer.last_placement = dict(second)
+        self.cost_stats.last_prediction = third
+        return first
+
     @property
     def last_prediction(self) -> PlanPrediction | None:
         """The cost network's per-rank prediction of the last plan (``None`` before)."""
@@ -165,3 +231,16 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         """Rank of every table the policy placed in the last plan, by fully qualified
         name (``"module.path.table"``)."""
         return dict(self.proposer.last_placement)
+
+
+class _Unloaded:
+    """Stands in for an agent whose checkpoint failed to load on this rank: any use
+    raises the load error (collective_plan raises it first, on every rank)."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ValueError(self._message)
