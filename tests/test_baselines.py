@@ -6,14 +6,10 @@ import numpy as np
 import pytest
 
 from torchrec_dreamshard import baselines
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import (
-    CPU_POOL_SCALE,
-    Task,
-    TaskSampler,
-    check_placement,
-    synthetic_pool,
-)
+from torchrec_dreamshard.tasks import Task, check_placement
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import pytest
 from torchrec_dreamshard.cli import main
 from torchrec_dreamshard.measure import CommModel, CostStore
 from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import make_task
 
 FAST = ["--warmup", "1", "--iters", "2", "--rounds", "1"]
 

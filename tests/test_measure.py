@@ -19,8 +19,9 @@ from torchrec_dreamshard.measure import (
 )
 from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure import kernels as kernels_mod
+from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement, make_task
+from torchrec_dreamshard.tasks import Task, check_placement
 
 FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
 

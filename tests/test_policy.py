@@ -7,16 +7,10 @@ import pytest
 import torch
 
 from torchrec_dreamshard.policy import DreamShard, PlacementError
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler, make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import (
-    CPU_POOL_SCALE,
-    Task,
-    TaskSampler,
-    check_placement,
-    device_bytes,
-    make_task,
-    synthetic_pool,
-)
+from torchrec_dreamshard.tasks import Task, check_placement, device_bytes
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from torchrec_dreamshard.measure import (
     PlacementMeasurement,
     hardware_fingerprint,
 )
+from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import make_task
 
 
 def task():

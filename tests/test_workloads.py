@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
+from torchrec_dreamshard.pool import synthetic_pool
 from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, access_stats
-from torchrec_dreamshard.tasks import synthetic_pool
 from torchrec_dreamshard.workloads import (
     HIST_L1_TOLERANCE,
     POOLING_TOLERANCE,

@@ -43,14 +43,9 @@ from torchrec_dreamshard.cost_model import (
     sample_from_measurement,
 )
 from torchrec_dreamshard.policy import DreamShard, PolicyNet, single_thread
-from torchrec_dreamshard.tasks import (
-    CPU_POOL_SCALE,
-    DEFAULT_MEMORY_FACTOR,
-    Task,
-    TaskSampler,
-    make_task,
-    synthetic_pool,
-)
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import DEFAULT_MEMORY_FACTOR, TaskSampler, make_task
+from torchrec_dreamshard.tasks import Task
 
 CHECKPOINT_NAME = "checkpoint.pt"
 METRICS_NAME = "metrics.csv"

@@ -44,7 +44,9 @@ def _tasks(args: argparse.Namespace, count: int) -> list:
     import json
     from pathlib import Path
 
-    from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.sampler import TaskSampler
+    from torchrec_dreamshard.tasks import Task
 
     if args.task_file:
         try:

@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
     """Tables from the synthetic pool's test split (CPU scale)."""
-    from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.sampler import TaskSampler
 
     pool = synthetic_pool(scale=CPU_POOL_SCALE, seed=seed)
     return TaskSampler(pool, seed=seed).sample("test", num_tables, num_devices, batch_size)
