@@ -41,8 +41,9 @@ from torchrec_dreamshard.cost_model import (
     evaluate_cost_model,
     fit_cost_model,
     sample_from_measurement,
+    single_thread,
 )
-from torchrec_dreamshard.policy import DreamShard, PolicyNet, single_thread
+from torchrec_dreamshard.policy import DreamShard, PolicyNet
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import DEFAULT_MEMORY_FACTOR, TaskSampler, make_task
 from torchrec_dreamshard.tasks import Task
