@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.cost_model import (
-    CostNet,
+from torchrec_dreamshard.cost_fit import (
     CostSample,
-    context_values,
     evaluate_cost_model,
     fit_cost_model,
     kendall_tau,
@@ -17,6 +15,7 @@ from torchrec_dreamshard.cost_model import (
     pack,
     predict_samples,
 )
+from torchrec_dreamshard.cost_model import CostNet, context_values
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import TaskSampler

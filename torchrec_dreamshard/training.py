@@ -35,14 +35,13 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from torchrec_dreamshard.cost_model import (
-    CostNet,
+from torchrec_dreamshard.cost_fit import (
     CostSample,
     evaluate_cost_model,
     fit_cost_model,
     sample_from_measurement,
-    single_thread,
 )
+from torchrec_dreamshard.cost_model import CostNet, single_thread
 from torchrec_dreamshard.policy import DreamShard, PolicyNet
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import DEFAULT_MEMORY_FACTOR, TaskSampler, make_task
