@@ -20,9 +20,9 @@ def heldout_tasks(
     """Tasks of the pool's *test* split (tables never seen in training), one per
     ``(num_tables, num_devices)``."""
     sampler = TaskSampler(synthetic_pool(scale=CPU_POOL_SCALE, seed=0), seed=0)
-    sampler.rng = np.random.default_rng([seed, 2024])
+    rng = np.random.default_rng([seed, 2024])
     return [
-        sampler.sample("test", t, d, batch_size=2048, memory_factor=memory_factor)
+        sampler.sample("test", t, d, batch_size=2048, memory_factor=memory_factor, rng=rng)
         for t, d in shapes
     ]
 

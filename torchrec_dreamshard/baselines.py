@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from torchrec_dreamshard import tasks
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement, device_tables
 
@@ -47,19 +48,12 @@ class NoPlanError(ValueError):
 
 
 def random_placement(task: Task, seed: int = 0) -> list[int]:
-    """A uniformly random device with room for each table, largest tables first."""
-    rng = np.random.default_rng(seed)
-    free = np.asarray(task.memory, dtype=np.int64)
-    out = [0] * len(task.tables)
-    for i in sorted(range(len(task.tables)), key=lambda i: -task.tables[i].size_bytes):
-        size = task.tables[i].size_bytes
-        legal = np.flatnonzero(free >= size)
-        if legal.size == 0:
-            raise NoPlanError(_no_room(task.tables[i], free))
-        d = int(rng.choice(legal))
-        out[i] = d
-        free[d] -= size
-    return out
+    """:func:`torchrec_dreamshard.tasks.random_placement`, raising :class:`NoPlanError`
+    when a table fits on no device."""
+    try:
+        return tasks.random_placement(task, seed)
+    except ValueError as exc:
+        raise NoPlanError(str(exc)) from None
 
 
 PROXIES: dict[str, Callable[[TableSpec], float]] = {

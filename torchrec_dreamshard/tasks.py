@@ -202,3 +202,32 @@ def placement_from_dict(task: Task, mapping: Mapping[str, Any]) -> Placement:
             f"placement does not match the task: missing tables {missing}, unknown {unknown}"
         )
     return check_placement(task, [mapping[n] for n in task.names])
+
+
+def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator = 0) -> list[int]:
+    """A uniformly random device for each table among those with room left (tables taken
+    largest first, so that a feasible placement is found whenever greedy finds one).
+
+    Args:
+        task: the task.
+        seed: a seed or a numpy generator.
+
+    Raises:
+        ValueError: some table fits on no device.
+    """
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    free = list(task.memory)
+    placement = [0] * len(task.tables)
+    order = sorted(range(len(task.tables)), key=lambda i: -task.tables[i].size_bytes)
+    for i in order:
+        size = task.tables[i].size_bytes
+        legal = [d for d in range(task.num_devices) if free[d] >= size]
+        if not legal:
+            raise ValueError(
+                f"table {task.tables[i].name!r} ({size} bytes) fits on no device: the devices "
+                f"have {free} bytes left"
+            )
+        d = int(rng.choice(legal))
+        placement[i] = d
+        free[d] -= size
+    return placement
