@@ -23,10 +23,10 @@ import platform
 import queue
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _paths import RESULTS
+
 TABLES = (50, 200, 1000, 2000)
 DEVICES = (8, 64, 128)
 LOCAL_BATCH = 512

@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
+from _paths import RESULTS
 
 from torchrec_dreamshard.pool import (
     DLRM_BATCH_SIZE,
@@ -32,7 +32,6 @@ from torchrec_dreamshard.pool import (
 from torchrec_dreamshard.tables import TableSpec, reuse_bin
 from torchrec_dreamshard.workloads import generate_batch
 
-RESULTS = Path(__file__).parent / "results"
 BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 15)] + ["beyond 16384"]
 
 

@@ -38,9 +38,8 @@ Fitting it to measurements, and its metrics, are in :mod:`torchrec_dreamshard.co
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -48,6 +47,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from torchrec_dreamshard.tables import FEATURE_DIM
+from torchrec_dreamshard.threads import single_thread  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.cost_fit import PackedBatch
@@ -58,22 +58,6 @@ WIDTH_SCALE = 14.0  # log2(1 + W) / 14: total width 16384 -> 1.0
 NUM_CTX = 2
 NUM_DERIVED = 4  # linear-scale channels the encoder gets besides the features
 NO_COMM_LOG = math.log(1e-6)  # log ms of the communication of a single device (none)
-
-
-@contextlib.contextmanager
-def single_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread (restored after).
-
-    The networks are tiny; with several OpenMP threads on a busy machine each small
-    matrix product pays for spinning threads (measured 16 ms instead of 25 us per call on
-    our 2-core machine under load).
-    """
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
