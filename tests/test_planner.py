@@ -24,6 +24,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.torchrec_adapter import planner_reserved_topology
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
@@ -70,8 +71,8 @@ def planner(agent: DreamShard, world: int = 4, **kw) -> DreamShardPlanner:
 
 
 def rank_storage(p: DreamShardPlanner) -> list[int]:
-    used = [0] * p._topology.world_size
-    for option in p._best_plan:
+    used = [0] * planner_reserved_topology(p).world_size
+    for option in p._best_plan:  # TorchRec 1.8's planner keeps its last plan's options here
         for shard in option.shards:
             used[shard.rank] += shard.storage.ddr
     return used
@@ -116,7 +117,7 @@ def test_memory_caps_hold_after_storage_reservation(agent):
     topo = Topology(world_size=4, compute_device="cpu", ddr_cap=int(total / 4 * 1.6))
     p = planner(agent, topology=topo)
     p.plan(dlrm(tables), SHARDERS)
-    caps = [d.storage.ddr for d in p._storage_reservation.last_reserved_topology.devices]
+    caps = [d.storage.ddr for d in planner_reserved_topology(p).devices]
     used = rank_storage(p)
     assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)
     assert sum(1 for u in used if u > 0) >= 3  # it had to spread the tables
@@ -200,6 +201,28 @@ def test_reuse_statistics_from_sample_batches(agent):
     specs = p._enumerator.table_specs
     assert len(specs) == 3
     assert all(s.reuse_hist is not None for s in specs.values())
+
+
+def test_demo_model_planned_from_its_sample_batches(agent):
+    """The demo's model and batches: every table placed, its pooling factor from the
+    constraints and its reuse histogram measured from the KJT batches."""
+    from torchrec_dreamshard.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.torchrec_adapter import table_wise_constraints
+
+    tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
+    batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]
+    p = planner(
+        agent, world=2, batch_size=32, sample_batches=batches,
+        constraints=table_wise_constraints(tables),
+    )  # fmt: skip
+    plan = p.plan(DemoDLRM(tables, META), SHARDERS)
+    assert sorted(plan.plan["sparse"]) == sorted(t.name for t in tables)
+    specs = p._enumerator.table_specs
+    for t in tables:
+        spec = specs[f"sparse.{t.name}"]
+        assert spec.pooling_factor == pytest.approx(t.pooling_factor)
+        assert spec.reuse_hist is not None and sum(spec.reuse_hist) == pytest.approx(1.0)
 
 
 def test_search_mode_is_deterministic(agent):

@@ -52,6 +52,7 @@ from torchrec_dreamshard.planner.types import (
 )
 from torchrec_dreamshard.tables import TableSpec, hist_from_ids, merge_stats
 from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.torchrec_adapter import reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -262,8 +263,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         return DREAMSHARD_COMPUTE_KERNEL in kernels
 
     def _capacity_topology(self) -> Topology:
-        reserved = self._reservation.last_reserved_topology if self._reservation else None
-        return reserved if reserved is not None else self._topology
+        return reserved_topology(self._reservation, self._topology)
 
     def _too_big_tables(self, options: list[ShardingOption]) -> dict[str, tuple[int, int]]:
         """Names of DreamShard tables whose table-wise storage fits no device, with
