@@ -46,7 +46,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from torchrec_dreamshard.tables import FEATURE_DIM
+from torchrec_dreamshard.tables import (
+    BYTES_LOG10_SCALE,
+    DIM_LOG2_SCALE,
+    FEATURE_DIM,
+    POOLING_LOG10_SCALE,
+)
 from torchrec_dreamshard.threads import single_thread  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -84,9 +89,9 @@ def derived_features(x: torch.Tensor) -> torch.Tensor:
     """The features plus linear-scale dim / 256, pooling / 100, dim x pooling / 2560 and
     bytes / 1e8, recovered from the fixed log normalisation (so the sum over a device's
     tables carries its total width and lookups exactly)."""
-    dim = torch.exp2(x[..., 0:1] * 8.0)
-    pooling = torch.pow(10.0, x[..., 2:3] * 2.0) - 1.0
-    size = torch.pow(10.0, x[..., 3:4] * 11.0 - 8.0)
+    dim = torch.exp2(x[..., 0:1] * DIM_LOG2_SCALE)
+    pooling = torch.pow(10.0, x[..., 2:3] * POOLING_LOG10_SCALE) - 1.0
+    size = torch.pow(10.0, x[..., 3:4] * BYTES_LOG10_SCALE - 8.0)  # bytes / 1e8
     return torch.cat([x, dim / 256, pooling / 100, dim * pooling / 2560, size], dim=-1)
 
 

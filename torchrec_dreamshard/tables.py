@@ -28,10 +28,16 @@ FEATURE_NAMES = ("log2_dim", "log10_rows", "log10_pooling", "log10_bytes") + tup
     f"reuse_bin_{k}" for k in range(NUM_REUSE_BINS)
 )
 # Fixed scales of the feature normalisation (never fitted to a task or a data set).
-_DIM_LOG2_SCALE = 8.0  # dim 256 -> 1.0
-_ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
-_POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
-_BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
+DIM_LOG2_SCALE = 8.0  # dim 256 -> 1.0
+ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
+POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
+BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
+FEATURE_SCALES: dict[str, float] = {  # what a checkpoint records of the normalisation
+    "dim_log2": DIM_LOG2_SCALE,
+    "rows_log10": ROWS_LOG10_SCALE,
+    "pooling_log10": POOLING_LOG10_SCALE,
+    "bytes_log10": BYTES_LOG10_SCALE,
+}
 
 
 def reuse_bin(counts: np.ndarray) -> np.ndarray:
@@ -205,10 +211,10 @@ def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.nd
     """
     out = np.zeros((len(tables), FEATURE_DIM), dtype=np.float32)
     for i, t in enumerate(tables):
-        out[i, 0] = math.log2(t.dim) / _DIM_LOG2_SCALE
-        out[i, 1] = math.log10(t.rows) / _ROWS_LOG10_SCALE
-        out[i, 2] = math.log10(1.0 + t.pooling_factor) / _POOLING_LOG10_SCALE
-        out[i, 3] = math.log10(t.size_bytes) / _BYTES_LOG10_SCALE
+        out[i, 0] = math.log2(t.dim) / DIM_LOG2_SCALE
+        out[i, 1] = math.log10(t.rows) / ROWS_LOG10_SCALE
+        out[i, 2] = math.log10(1.0 + t.pooling_factor) / POOLING_LOG10_SCALE
+        out[i, 3] = math.log10(t.size_bytes) / BYTES_LOG10_SCALE
         out[i, 4:] = t.hist(batch_size)
     return out
 
