@@ -112,7 +112,7 @@ def test_log_comm_is_the_latency_bandwidth_form():
     from torchrec_dreamshard.cost_model import NO_COMM_LOG, CostNet, device_context
 
     net = CostNet(16)
-    p, q, r = (float(x) for x in F.softplus(net.comm_raw))
+    p, q, r = F.softplus(net.comm_raw).detach().tolist()
     for D, W, w in ((2, 96, 32), (4, 512, 64), (8, 1000, 0)):
         got = float(net.log_comm(torch.tensor(float(w)), device_context(D, W)))
         want = math.log(p * (D - 1) + q * (W + (D - 2) * w) / (1000 * D) + r)

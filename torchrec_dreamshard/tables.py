@@ -269,6 +269,42 @@ def merge_stats(stats: Sequence[tuple[float, tuple[float, ...], int]]) -> tuple[
     return pf, tuple((hist / hist.sum()).tolist())
 
 
+def group_stats(
+    table: str,
+    feature_names: Sequence[str],
+    batches: Sequence[Mapping[str, Any]],
+    batch_size: int,
+) -> tuple[float, tuple[float, ...], int] | None:
+    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together
+    (e.g. every rank's local batch: the global batch), as the fused kernel sees it: the
+    ids of all the table's features count.
+
+    Args:
+        table: the table's name (for the error message).
+        feature_names: the features that feed it.
+        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
+        batch_size: samples in all the batches together.
+
+    Returns:
+        ``None`` when the batches hold no id of the table.
+
+    Raises:
+        ValueError: a feature is missing from a batch.
+    """
+    ids = []
+    for by_key in batches:
+        missing = [f for f in feature_names if f not in by_key]
+        if missing:
+            raise ValueError(
+                f"table {table!r}: features {missing} are not in the batch (keys: {list(by_key)})"
+            )
+        ids += [by_key[f].values() for f in feature_names]
+    flat = torch.cat(ids)
+    if flat.numel() == 0:
+        return None
+    return flat.numel() / batch_size, hist_from_ids(flat.cpu().numpy()), flat.numel()
+
+
 # ----------------------------------------------------------------------------------------
 # TorchRec constructors
 # ----------------------------------------------------------------------------------------
@@ -336,18 +372,9 @@ def specs_from_kjt_batches(
         n_batches += 1
         by_key = kjt.to_dict()
         for config in configs:
-            missing = [f for f in config.feature_names if f not in by_key]
-            if missing:
-                raise ValueError(
-                    f"table {config.name!r}: features {missing} are not in the batch "
-                    f"(keys: {list(by_key)})"
-                )
-            ids = torch.cat([by_key[f].values() for f in config.feature_names])
-            batch = kjt.stride()
-            if ids.numel() == 0:
-                continue
-            pf = ids.numel() / batch
-            per_table[config.name].append((pf, hist_from_ids(ids.numpy()), ids.numel()))
+            stats = group_stats(config.name, config.feature_names, [by_key], kjt.stride())
+            if stats is not None:
+                per_table[config.name].append(stats)
     if n_batches == 0:
         raise ValueError("no KeyedJaggedTensor batches were given")
     specs = []
