@@ -114,3 +114,11 @@ def test_bad_paths_are_named(tmp_path):
     junk.write_bytes(b"not a database at all" * 100)
     with pytest.raises(ValueError, match="not a usable SQLite cost store"):
         CostStore(junk)
+
+
+def test_reference_scales_bring_rows_to_the_typical_speed():
+    from torchrec_dreamshard.measure.summary import reference_scales
+
+    assert reference_scales([1.0, 2.0, 4.0]) == [2.0, 1.0, 0.5]
+    assert reference_scales([2.0, float("nan"), None]) == [1.0, 1.0, 1.0]
+    assert reference_scales([]) == []

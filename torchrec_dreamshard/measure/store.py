@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from typing import Any
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
+from torchrec_dreamshard.measure.summary import reference_scales
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, device_tables
@@ -350,8 +350,4 @@ def _like_prefix(prefix: str) -> str:
 
 
 def _scales(rows: Sequence[sqlite3.Row]) -> list[float]:
-    refs = [r["reference_ms"] for r in rows]
-    if not refs:
-        return []
-    typical = statistics.median(refs)
-    return [typical / r for r in refs]
+    return reference_scales([r["reference_ms"] for r in rows])

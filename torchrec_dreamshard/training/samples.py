@@ -3,7 +3,6 @@ held-out split by task group."""
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,13 +26,13 @@ def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:
     modelled (the reference kernel says nothing about it); the step cost is recomputed
     as ``max_d (fwd + bwd + comm)``.
     """
+    from torchrec_dreamshard.measure.summary import reference_scales
+
     workload = cfg.measure_config().workload_key(cfg.batch_size)
     examples = store.placement_examples(workload=workload, normalise=False)
-    refs = [ex.reference_ms for ex in examples if math.isfinite(ex.reference_ms)]
-    typical = float(np.median(refs)) if refs else 1.0
+    scales = reference_scales([ex.reference_ms for ex in examples])
     out = []
-    for ex in examples:
-        scale = typical / ex.reference_ms if math.isfinite(ex.reference_ms) else 1.0
+    for ex, scale in zip(examples, scales, strict=True):
         job = ex.meta.get("job") or f"row{ex.meta.get('id')}"
         group = job_group(job)
         per_device = [(d.fwd_ms * scale, d.bwd_ms * scale, d.comm_ms) for d in ex.per_device]
