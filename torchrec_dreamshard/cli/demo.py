@@ -188,31 +188,30 @@ def measure_both(mtask, ours: dict, theirs: dict) -> None:
 
 def format_side_by_side(ours: dict, theirs: dict) -> str:
     """Per-device measured times of both plans, then the step costs and planning times."""
+    from torchrec_dreamshard.report import device_table
+
     a, b = ours["measured"], theirs["measured"]
-    head = f"{'':>7}|{'DreamShardPlanner':^38}|{'TorchRec default planner':^38}"
-    sub = f"{'device':>7}|" + f"{'tables':>7}{'fwd':>8}{'bwd':>8}{'comm':>8}{'total':>7} |" * 2
-    rows = ["", "== measured on real FBGEMM kernels (ms) ==", head, sub]
-    for d, (x, y) in enumerate(zip(a["per_device"], b["per_device"], strict=True)):
-        rows.append(f"{d:>7}|" + _device_cells(x) + _device_cells(y))
+    left, right = (
+        device_table([{**d, "tables": d["num_tables"]} for d in m["per_device"]], digits=2)
+        for m in (a, b)
+    )
+    w = len(left[0])
+    rows = ["", "== measured on real FBGEMM kernels (ms) =="]
+    rows.append(f"{'DreamShardPlanner':^{w}} | {'TorchRec default planner':^{w}}")
+    rows += [f"{x} | {y}" for x, y in zip(left, right, strict=True)]
     change = 1.0 - a["step_ms"] / b["step_ms"]
     verdict = f"{change:.1%} lower" if change >= 0 else f"{-change:.1%} higher"
-    rows += [
-        f"{'step':>7}| {a['step_ms']:>36.3f} | {b['step_ms']:>36.3f} |",
-        f"{'pred.':>7}| {ours['predicted_step_ms']:>36.3f} | "
-        f"{theirs['predicted_step_ms']:>36.3f} |",
-        f"{'plan s':>7}| {ours['planning_s']:>36.3f} | {theirs['planning_s']:>36.3f} |",
+    for name, x, y in (
+        ("step", a["step_ms"], b["step_ms"]),
+        ("pred.", ours["predicted_step_ms"], theirs["predicted_step_ms"]),
+        ("plan s", ours["planning_s"], theirs["planning_s"]),
+    ):
+        rows.append(f"{name:>6} {x:>{w - 7}.3f} | {name:>6} {y:>{w - 7}.3f}")
+    rows.append(
         f"DreamShard's measured step cost is {verdict} than TorchRec's "
-        "('pred.': the cost network's prediction)",
-    ]
-    return "\n".join(rows)
-
-
-def _device_cells(dev: dict) -> str:
-    total = dev["fwd_ms"] + dev["bwd_ms"] + dev["comm_ms"]
-    return (
-        f"{dev['num_tables']:>7}{dev['fwd_ms']:>8.2f}{dev['bwd_ms']:>8.2f}"
-        f"{dev['comm_ms']:>8.2f}{total:>7.2f} |"
+        "('pred.': the cost network's prediction)"
     )
+    return "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------------------
