@@ -203,3 +203,34 @@ def test_comm_model_calibrates_from_real_gloo_all_to_all():
     model = comm_mod.calibrate_comm_model(max_devices=2)
     assert model.samples >= 3 and math.isfinite(model.rmse_ms)
     assert model.all_to_all_ms(2, 1.0) > 0
+
+
+@pytest.mark.slow
+def test_distributed_entry_point_under_torchrun(tmp_path):
+    """``torchrun -m torchrec_dreamshard.measure.distributed TASK PLAN --db``: rank 0
+    prints the measurement and appends it to the store."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.tasks import placement_to_dict
+
+    task = small_task(num_devices=2, memory_factor=3.0)
+    placement = [0, 1, 0, 1, 0, 1]
+    task.save(tmp_path / "task.json")
+    plan = {"placement": placement_to_dict(task, placement)}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m"]
+    cmd += ["torchrec_dreamshard.measure.distributed", str(tmp_path / "task.json")]
+    cmd += [str(tmp_path / "plan.json"), "--db", str(tmp_path / "d.sqlite")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout[done.stdout.index("{") :])
+    assert printed["backend"] == "distributed" and printed["step_ms"] > 0
+    assert [d["num_tables"] for d in printed["per_device"]] == [3, 3]
+    with CostStore(tmp_path / "d.sqlite") as store:
+        (example,) = store.placement_examples()
+    assert example.placement == placement and example.task.names == task.names
