@@ -24,7 +24,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.torchrec_adapter import planner_reserved_topology
+from torchrec_dreamshard.torchrec_adapter import (
+    planner_best_plan,
+    planner_enumerator,
+    planner_reserved_topology,
+)
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
@@ -72,7 +76,7 @@ def planner(agent: DreamShard, world: int = 4, **kw) -> DreamShardPlanner:
 
 def rank_storage(p: DreamShardPlanner) -> list[int]:
     used = [0] * planner_reserved_topology(p).world_size
-    for option in p._best_plan:  # TorchRec 1.8's planner keeps its last plan's options here
+    for option in planner_best_plan(p):
         for shard in option.shards:
             used[shard.rank] += shard.storage.ddr
     return used
@@ -198,7 +202,7 @@ def test_reuse_statistics_from_sample_batches(agent):
     ]
     p = planner(agent, world=2, sample_batches=batches)
     p.plan(dlrm(tables), SHARDERS)
-    specs = p._enumerator.table_specs
+    specs = planner_enumerator(p).table_specs
     assert len(specs) == 3
     assert all(s.reuse_hist is not None for s in specs.values())
 
@@ -218,7 +222,7 @@ def test_demo_model_planned_from_its_sample_batches(agent):
     )  # fmt: skip
     plan = p.plan(DemoDLRM(tables, META), SHARDERS)
     assert sorted(plan.plan["sparse"]) == sorted(t.name for t in tables)
-    specs = p._enumerator.table_specs
+    specs = planner_enumerator(p).table_specs
     for t in tables:
         spec = specs[f"sparse.{t.name}"]
         assert spec.pooling_factor == pytest.approx(t.pooling_factor)

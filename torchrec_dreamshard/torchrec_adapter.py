@@ -18,7 +18,9 @@ from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
+    Enumerator,
     ParameterConstraints,
+    ShardingOption,
     Storage,
     StorageReservation,
     Topology,
@@ -73,6 +75,16 @@ def reserved_topology(reservation: StorageReservation | None, topology: Topology
 def planner_reserved_topology(planner: EmbeddingShardingPlanner) -> Topology:
     """What a planner's storage reservation left of its topology (after ``plan``)."""
     return reserved_topology(planner._storage_reservation, planner._topology)
+
+
+def planner_best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption]:
+    """The sharding options of the plan a planner chose last (with their ranks)."""
+    return planner._best_plan
+
+
+def planner_enumerator(planner: EmbeddingShardingPlanner) -> Enumerator:
+    """The planner's enumerator."""
+    return planner._enumerator
 
 
 def plan_ranks(plan: ShardingPlan) -> dict[str, int]:
