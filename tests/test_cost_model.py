@@ -114,8 +114,8 @@ def test_log_comm_is_the_latency_bandwidth_form():
     net = CostNet(16)
     p, q, r = F.softplus(net.comm_raw).detach().tolist()
     for D, W, w in ((2, 96, 32), (4, 512, 64), (8, 1000, 0)):
-        got = float(net.log_comm(torch.tensor(float(w)), device_context(D, W)))
+        got = net.log_comm(torch.tensor(float(w)), device_context(D, W)).item()
         want = math.log(p * (D - 1) + q * (W + (D - 2) * w) / (1000 * D) + r)
         assert got == pytest.approx(want, rel=1e-5)
-    one = float(net.log_comm(torch.tensor(64.0), device_context(1, 64)))
+    one = net.log_comm(torch.tensor(64.0), device_context(1, 64)).item()
     assert one == pytest.approx(NO_COMM_LOG)

@@ -11,6 +11,7 @@ from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import TaskSampler, make_task
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement, device_bytes
+from torchrec_dreamshard.threads import single_thread
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +32,15 @@ def test_never_picks_a_device_without_room(sampler, agent, factor, devices):
         placement = agent.place(task, mode=mode, num_samples=8)
         check_placement(task, placement)  # raises if a device is over its memory
     mdp = agent.mdp(task)
-    roll = mdp.rollout(agent.policy, 16, greedy=False, generator=torch.Generator().manual_seed(0))
+    with single_thread():  # tiny matrices: threads only cost time (see threads.py)
+        gen = torch.Generator().manual_seed(0)
+        roll = mdp.rollout(agent.policy, 16, greedy=False, generator=gen)
     for row in roll.placements:
         used = device_bytes(task, row.tolist())
         assert all(u <= m for u, m in zip(used, task.memory, strict=True))
 
 
+@single_thread()
 def test_recorded_actions_are_legal(sampler, agent):
     task = sampler.sample("train", 20, 4, memory_factor=1.05)
     roll = agent.mdp(task).rollout(agent.policy, 8, greedy=False, record=True)
@@ -144,6 +148,7 @@ def _mdp_state(mdp, agent, i: int, K: int, seed: int):
 
 
 @pytest.mark.parametrize("devices", [1, 2, 5])
+@single_thread()
 def test_cand_step_shortcut_matches_a_full_recompute(sampler, agent, devices):
     task = sampler.sample("test", 12, devices, memory_factor=4.0)
     mdp, net = agent.mdp(task), agent.cost_net
