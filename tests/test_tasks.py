@@ -10,6 +10,7 @@ from torchrec_dreamshard.pool import (
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
     access_share_to_row_hist,
+    fold_published_share,
     pool_access_share,
     pool_rows_accessed_once,
     row_hist_to_access_share,
@@ -91,10 +92,19 @@ def test_placement_checks_memory_and_names_device_tables():
         placement_from_dict(task, {"t0": 1})
 
 
-def test_access_share_conversion_round_trips():
+def test_published_bins_fold_and_unfold():
     share = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE)
-    share17 = np.concatenate([share[:-1], [share[-1] / 2] * 2])
-    hist = access_share_to_row_hist(share)
+    share17 = fold_published_share(share)
+    assert share17.size == 17 and share17[15] == share17[16] == share[15] / 2
+    np.testing.assert_array_equal(share17[:15], share[:15])
+    np.testing.assert_allclose(to_published_bins(share17), share)
+    with pytest.raises(ValueError, match="16 bins"):
+        fold_published_share(share[:10])
+
+
+def test_access_share_conversion_round_trips():
+    share17 = fold_published_share(DLRM_PUBLISHED_ACCESS_SHARE)
+    hist = access_share_to_row_hist(DLRM_PUBLISHED_ACCESS_SHARE)
     np.testing.assert_allclose(row_hist_to_access_share(hist), share17 / share17.sum())
 
 
