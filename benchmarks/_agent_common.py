@@ -9,7 +9,9 @@ from collections.abc import Sequence
 import numpy as np
 from _common import RESULTS, machine, write  # noqa: F401 (re-exported)
 
-from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler
+from torchrec_dreamshard.tasks import Task
 
 
 def heldout_tasks(
@@ -18,9 +20,9 @@ def heldout_tasks(
     """Tasks of the pool's *test* split (tables never seen in training), one per
     ``(num_tables, num_devices)``."""
     sampler = TaskSampler(synthetic_pool(scale=CPU_POOL_SCALE, seed=0), seed=0)
-    sampler.rng = np.random.default_rng([seed, 2024])
+    rng = np.random.default_rng([seed, 2024])
     return [
-        sampler.sample("test", t, d, batch_size=2048, memory_factor=memory_factor)
+        sampler.sample("test", t, d, batch_size=2048, memory_factor=memory_factor, rng=rng)
         for t, d in shapes
     ]
 

@@ -7,11 +7,9 @@ import json
 import os
 import platform
 import time
-from pathlib import Path
 
 import torch
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from _paths import RESULTS  # noqa: F401 (re-exported)
 
 
 def load_note() -> str:

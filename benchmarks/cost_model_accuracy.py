@@ -26,7 +26,7 @@ from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E40
 
 from torchrec_dreamshard import baselines  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.cost_model import kendall_tau, mape  # noqa: E402
+from torchrec_dreamshard.cost_fit import kendall_tau, mape  # noqa: E402
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-from pathlib import Path
+
+from _paths import RESULTS
 
 from torchrec_dreamshard.cli import main as dreamshard
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> int:

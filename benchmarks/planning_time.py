@@ -23,10 +23,10 @@ import platform
 import queue
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from _paths import RESULTS
+
 TABLES = (50, 200, 1000, 2000)
 DEVICES = (8, 64, 128)
 LOCAL_BATCH = 512
@@ -43,7 +43,7 @@ def build(num_tables: int):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.tasks import synthetic_pool
+    from torchrec_dreamshard.pool import synthetic_pool
 
     pool = synthetic_pool(num_tables=num_tables, seed=0)
     configs = [

@@ -16,33 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import numpy as np
+from _paths import RESULTS
 
-from torchrec_dreamshard.tables import TableSpec, reuse_bin
-from torchrec_dreamshard.tasks import (
+from torchrec_dreamshard.pool import (
     DLRM_BATCH_SIZE,
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
     pool_access_share,
     pool_rows_accessed_once,
     synthetic_pool,
+    to_published_bins,
 )
+from torchrec_dreamshard.tables import TableSpec, reuse_bin
 from torchrec_dreamshard.workloads import generate_batch
 
-RESULTS = Path(__file__).parent / "results"
-BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 14)] + ["beyond 8192"]
-
-
-def to_16_bins(share17: np.ndarray) -> np.ndarray:
-    """Fold our 17 bins into the published 16 (the last published bin is > 8192)."""
-    return np.concatenate([share17[:14], [share17[14:].sum()]])
-
-
-def published_16() -> np.ndarray:
-    share = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE, dtype=np.float64)
-    return np.concatenate([share[:14], [share[14:].sum()]])
+BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 15)] + ["beyond 16384"]
 
 
 def generated_stats(tables: list[TableSpec], batch: int) -> tuple[np.ndarray, float]:
@@ -68,12 +58,12 @@ def main() -> None:
 
     start = time.time()
     pool = synthetic_pool(scale=args.scale, seed=args.seed)
-    published = published_16()
-    spec_share = to_16_bins(pool_access_share(pool, DLRM_BATCH_SIZE))
+    published = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE, dtype=np.float64)
+    spec_share = to_published_bins(pool_access_share(pool, DLRM_BATCH_SIZE))
     spec_once = pool_rows_accessed_once(pool, DLRM_BATCH_SIZE)
     sample = pool[:: args.every]
     gen_share17, gen_once = generated_stats(sample, DLRM_BATCH_SIZE)
-    gen_share = to_16_bins(gen_share17)
+    gen_share = to_published_bins(gen_share17)
     result = {
         "pool": {"tables": len(pool), "scale": args.scale, "seed": args.seed},
         "batch_size": DLRM_BATCH_SIZE,

@@ -16,7 +16,8 @@ from torchrec_dreamshard.checkpoint import (
     save_checkpoint,
 )
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler
 
 
 @pytest.fixture(scope="module")

@@ -51,10 +51,29 @@ def test_plan_writes_json_and_png(files, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_search_mode(files, capsys):
+def test_plan_search_mode(files, monkeypatch):
+    from torchrec_dreamshard.checkpoint import load_checkpoint
+
+    calls = []
+    place = DreamShard.place
+
+    def spy(self, task, mode="greedy", num_samples=16, seed=0):
+        calls.append((mode, num_samples, seed))
+        return place(self, task, mode, num_samples, seed)
+
+    monkeypatch.setattr(DreamShard, "place", spy)
+    out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run([*argv, "--mode", "search", "--num-samples", "4"]) == 0
-    assert "(search" in capsys.readouterr().out
+    assert (
+        run([*argv, "--mode", "search", "--num-samples", "4", "--seed", "5", "--out", str(out)])
+        == 0
+    )
+    assert calls == [("search", 4, 5)]
+    task = Task.load(files / "task.json")
+    expected = place(load_checkpoint(files / "agent.pt"), task, "search", 4, 5)
+    assert json.loads(out.read_text())["placement"] == {
+        t.name: d for t, d in zip(task.tables, expected, strict=True)
+    }
 
 
 def test_plan_errors_name_the_input(files, capsys):

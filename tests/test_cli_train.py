@@ -76,3 +76,35 @@ def test_resume_after_sigkill(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _iterations(out) == [1, 2, 3]
+
+
+def _jobs_and_placements(store_path) -> dict[str, list[int]]:
+    from torchrec_dreamshard.measure import CostStore
+
+    with CostStore(store_path) as store:
+        return {ex.meta["job"]: ex.placement for ex in store.placement_examples()}
+
+
+@pytest.mark.slow
+def test_same_seed_same_jobs_and_placements(tmp_path):
+    """A run in a fresh process with another string-hash salt and a run in this process,
+    each with a fresh store, measure the same jobs with the same placements: job seeds do
+    not come from ``hash``."""
+    tiny = [
+        "-n", "1", "--num-tables", "4", "6", "--num-devices", "2", "--boot-single", "2",
+        "--boot-subsets", "1", "--boot-tasks", "1", "--collect-tasks", "1",
+        "--placements-per-task", "3", "--policy-updates", "1", "--cost-epochs", "1",
+        "--rounds", "1", "--no-progress", "--seed", "3",
+    ]  # fmt: skip
+    salt = "2" if os.environ.get("PYTHONHASHSEED") == "1" else "1"
+    entry = "import sys; from torchrec_dreamshard.cli import main; sys.exit(main(sys.argv[1:]))"
+    cmd = [sys.executable, "-c", entry, "train", "--out-dir", str(tmp_path / "other"), *tiny]
+    env = {**os.environ, "PYTHONHASHSEED": salt}
+    other = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert main(["train", "--out-dir", str(tmp_path / "here"), *tiny]) == 0
+    _, err = other.communicate(timeout=300)
+    assert other.returncode == 0, err.decode()[-2000:]
+    here = _jobs_and_placements(tmp_path / "here" / "costs.sqlite")
+    assert here == _jobs_and_placements(tmp_path / "other" / "costs.sqlite")
+    kinds = {key.split("@")[0].rsplit("-", 1)[-1] for key in here if key.startswith("it0-task")}
+    assert kinds == {"0", "1", "2"}  # the greedy, sampled and random placements all compared

@@ -6,10 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.cost_model import (
-    CostNet,
+from torchrec_dreamshard.cost_fit import (
     CostSample,
-    context_values,
     evaluate_cost_model,
     fit_cost_model,
     kendall_tau,
@@ -17,8 +15,10 @@ from torchrec_dreamshard.cost_model import (
     pack,
     predict_samples,
 )
+from torchrec_dreamshard.cost_model import CostNet, context_values
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +101,21 @@ def test_metrics():
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
     assert np.isnan(kendall_tau([1], [1]))
+
+
+def test_log_comm_is_the_latency_bandwidth_form():
+    """``m = p (D - 1) + q (W + (D - 2) w) / (1000 D) + r``, and none on one device."""
+    import math
+
+    from torch.nn import functional as F
+
+    from torchrec_dreamshard.cost_model import NO_COMM_LOG, CostNet, device_context
+
+    net = CostNet(16)
+    p, q, r = F.softplus(net.comm_raw).detach().tolist()
+    for D, W, w in ((2, 96, 32), (4, 512, 64), (8, 1000, 0)):
+        got = net.log_comm(torch.tensor(float(w)), device_context(D, W)).item()
+        want = math.log(p * (D - 1) + q * (W + (D - 2) * w) / (1000 * D) + r)
+        assert got == pytest.approx(want, rel=1e-5)
+    one = net.log_comm(torch.tensor(64.0), device_context(1, 64)).item()
+    assert one == pytest.approx(NO_COMM_LOG)

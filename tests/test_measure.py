@@ -19,8 +19,9 @@ from torchrec_dreamshard.measure import (
 )
 from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure import kernels as kernels_mod
+from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement, make_task
+from torchrec_dreamshard.tasks import Task, check_placement
 
 FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
 
@@ -76,9 +77,19 @@ def test_kernel_memory_is_written_not_zero_pages():
 
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd", "adagrad"])
 def test_time_fused_kernel_is_positive_and_updates_weights(optimizer):
+    from torchrec_dreamshard.measure.kernels import FusedKernel
+
     config = MeasureConfig(optimizer=optimizer, warmup=1, iters=2, rounds=1)
-    fwd, bwd = time_fused_kernel(small_task().tables[:3], 128, config)
+    tables = small_task().tables[:3]
+    fwd, bwd = time_fused_kernel(tables, 128, config)
     assert 0 < fwd < 1e4 and 0 < bwd < 1e4
+    kernel = FusedKernel(tables, 128, config)
+    before = [w.clone() for w in kernel.emb.split_embedding_weights()]
+    kernel.run_round(warmup=1, iters=2)  # what time_fused_kernel times: fwd + bwd + update
+    after = kernel.emb.split_embedding_weights()
+    for b, a in zip(before, after, strict=True):
+        assert torch.isfinite(a).all()
+        assert not torch.equal(a, b)  # the optimizer step updated every table's rows
 
 
 def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(fixed_comm_model):
@@ -192,3 +203,34 @@ def test_comm_model_calibrates_from_real_gloo_all_to_all():
     model = comm_mod.calibrate_comm_model(max_devices=2)
     assert model.samples >= 3 and math.isfinite(model.rmse_ms)
     assert model.all_to_all_ms(2, 1.0) > 0
+
+
+@pytest.mark.slow
+def test_distributed_entry_point_under_torchrun(tmp_path):
+    """``torchrun -m torchrec_dreamshard.measure.distributed TASK PLAN --db``: rank 0
+    prints the measurement and appends it to the store."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.tasks import placement_to_dict
+
+    task = small_task(num_devices=2, memory_factor=3.0)
+    placement = [0, 1, 0, 1, 0, 1]
+    task.save(tmp_path / "task.json")
+    plan = {"placement": placement_to_dict(task, placement)}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    torchrun = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m"]
+    cmd += ["torchrec_dreamshard.measure.distributed", str(tmp_path / "task.json")]
+    cmd += [str(tmp_path / "plan.json"), "--db", str(tmp_path / "d.sqlite")]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    printed = json.loads(done.stdout[done.stdout.index("{") :])
+    assert printed["backend"] == "distributed" and printed["step_ms"] > 0
+    assert [d["num_tables"] for d in printed["per_device"]] == [3, 3]
+    with CostStore(tmp_path / "d.sqlite") as store:
+        (example,) = store.placement_examples()
+    assert example.placement == placement and example.task.names == task.names

@@ -24,6 +24,11 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.torchrec_adapter import (
+    planner_best_plan,
+    planner_enumerator,
+    planner_reserved_topology,
+)
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
@@ -70,8 +75,8 @@ def planner(agent: DreamShard, world: int = 4, **kw) -> DreamShardPlanner:
 
 
 def rank_storage(p: DreamShardPlanner) -> list[int]:
-    used = [0] * p._topology.world_size
-    for option in p._best_plan:
+    used = [0] * planner_reserved_topology(p).world_size
+    for option in planner_best_plan(p):
         for shard in option.shards:
             used[shard.rank] += shard.storage.ddr
     return used
@@ -116,7 +121,7 @@ def test_memory_caps_hold_after_storage_reservation(agent):
     topo = Topology(world_size=4, compute_device="cpu", ddr_cap=int(total / 4 * 1.6))
     p = planner(agent, topology=topo)
     p.plan(dlrm(tables), SHARDERS)
-    caps = [d.storage.ddr for d in p._storage_reservation.last_reserved_topology.devices]
+    caps = [d.storage.ddr for d in planner_reserved_topology(p).devices]
     used = rank_storage(p)
     assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)
     assert sum(1 for u in used if u > 0) >= 3  # it had to spread the tables
@@ -197,9 +202,31 @@ def test_reuse_statistics_from_sample_batches(agent):
     ]
     p = planner(agent, world=2, sample_batches=batches)
     p.plan(dlrm(tables), SHARDERS)
-    specs = p._enumerator.table_specs
+    specs = planner_enumerator(p).table_specs
     assert len(specs) == 3
     assert all(s.reuse_hist is not None for s in specs.values())
+
+
+def test_demo_model_planned_from_its_sample_batches(agent):
+    """The demo's model and batches: every table placed, its pooling factor from the
+    constraints and its reuse histogram measured from the KJT batches."""
+    from torchrec_dreamshard.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.torchrec_adapter import table_wise_constraints
+
+    tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
+    batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]
+    p = planner(
+        agent, world=2, batch_size=32, sample_batches=batches,
+        constraints=table_wise_constraints(tables),
+    )  # fmt: skip
+    plan = p.plan(DemoDLRM(tables, META), SHARDERS)
+    assert sorted(plan.plan["sparse"]) == sorted(t.name for t in tables)
+    specs = planner_enumerator(p).table_specs
+    for t in tables:
+        spec = specs[f"sparse.{t.name}"]
+        assert spec.pooling_factor == pytest.approx(t.pooling_factor)
+        assert spec.reuse_hist is not None and sum(spec.reuse_hist) == pytest.approx(1.0)
 
 
 def test_search_mode_is_deterministic(agent):
@@ -246,3 +273,54 @@ def test_lazy_export():
     import torchrec_dreamshard
 
     assert torchrec_dreamshard.DreamShardPlanner is DreamShardPlanner
+
+
+class _ScriptedAgent:
+    """Returns the placements it is given, one per call, recording each task's memory."""
+
+    def __init__(self, placements):
+        self.placements, self.memory = list(placements), []
+
+    def place(self, task, mode="greedy", num_samples=16, seed=0):
+        self.memory.append(list(task.memory))
+        return self.placements[min(len(self.memory), len(self.placements)) - 1]
+
+
+def _proposer_with(monkeypatch, agent, need: int):
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.planner import proposers
+    from torchrec_dreamshard.tables import TableSpec
+
+    specs = {
+        f"t{i}": TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(4)
+    }
+    monkeypatch.setattr(proposers, "option_bytes", lambda option, tier: need)
+    proposer = proposers.DreamShardProposer(agent, Topology(world_size=2, compute_device="cpu"), 64)
+    monkeypatch.setattr(proposer, "_spec", lambda option: specs[option.fqn])
+    return proposer, [SimpleNamespace(fqn=name) for name in specs]
+
+
+def test_proposer_shrinks_an_overfull_device_and_retries(monkeypatch):
+    """TorchRec's estimate (100 kB a table) exceeds device 0's 250 kB after the first run:
+    device 0's share shrinks in proportion, the others' stay, and the policy runs again."""
+    from torchrec_dreamshard.planner.proposers import MEMORY_SHRINK
+
+    agent = _ScriptedAgent([[0, 0, 0, 1], [0, 0, 1, 1]])
+    proposer, ours = _proposer_with(monkeypatch, agent, need=100_000)
+    assert proposer._place_ours(ours, [250_000, 250_000], "ddr") == [0, 0, 1, 1]
+    first, second = agent.memory
+    assert first == [160_000, 160_000]  # weights (256 kB) / estimate (400 kB) of what is left
+    assert second == [int(160_000 * 250_000 / 300_000 * MEMORY_SHRINK), 160_000]
+
+
+def test_proposer_gives_up_after_its_memory_rounds(monkeypatch):
+    from torchrec_dreamshard.planner.proposers import MAX_MEMORY_ROUNDS
+
+    agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
+    proposer, ours = _proposer_with(monkeypatch, agent, need=100_000)
+    with pytest.raises(PlannerError, match=r"tables \['t0', 't1', 't2'\] on devices \[0\]"):
+        proposer._place_ours(ours, [250_000, 1_000_000], "ddr")
+    assert len(agent.memory) == MAX_MEMORY_ROUNDS
+    caps0 = [m[0] for m in agent.memory]
+    assert caps0 == sorted(caps0, reverse=True) and len(set(caps0)) == MAX_MEMORY_ROUNDS

@@ -14,8 +14,8 @@ from torchrec_dreamshard.measure import (
     PlacementMeasurement,
     hardware_fingerprint,
 )
+from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import make_task
 
 
 def task():
@@ -103,11 +103,11 @@ def test_normalised_examples_factor_out_machine_speed(tmp_path):
 
 def test_nan_figures_are_stored_as_null(tmp_path):
     with CostStore(tmp_path / "c.sqlite") as store:
-        store.append(
-            task(), [0, 1, 0, 1], PlacementMeasurement.failed("x", "local"), MeasureConfig()
-        )
+        failed = PlacementMeasurement.failed("x", "local")
+        assert math.isnan(failed.step_ms)  # NaN goes in...
+        store.append(task(), [0, 1, 0, 1], failed, MeasureConfig())
         row = store._conn.execute("SELECT step_ms, error, ok FROM measurements").fetchone()
-    assert row == (None, "x", 0) and not math.isnan(0.0)
+    assert row == (None, "x", 0)  # ...and SQLite holds NULL, not a NaN REAL
 
 
 def test_bad_paths_are_named(tmp_path):
@@ -117,3 +117,11 @@ def test_bad_paths_are_named(tmp_path):
     junk.write_bytes(b"not a database at all" * 100)
     with pytest.raises(ValueError, match="not a usable SQLite cost store"):
         CostStore(junk)
+
+
+def test_reference_scales_bring_rows_to_the_typical_speed():
+    from torchrec_dreamshard.measure.summary import reference_scales
+
+    assert reference_scales([1.0, 2.0, 4.0]) == [2.0, 1.0, 0.5]
+    assert reference_scales([2.0, float("nan"), None]) == [1.0, 1.0, 1.0]
+    assert reference_scales([]) == []

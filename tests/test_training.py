@@ -7,9 +7,11 @@ import csv
 import pytest
 import torch
 
-from torchrec_dreamshard.cost_model import CostSample, context_values
+from torchrec_dreamshard.cost_fit import CostSample
+from torchrec_dreamshard.cost_model import context_values
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler
 from torchrec_dreamshard.training import (
     TrainConfig,
     split_holdout,

@@ -17,21 +17,21 @@ device's memory respected.
   measured step cost drops.
 
 Use :func:`place` (``place("size_lookup_greedy", task)``) or the functions directly.
+:func:`measured_search` lives in :mod:`torchrec_dreamshard.measured_search` (re-exported
+here).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import math
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from torchrec_dreamshard import tasks
+from torchrec_dreamshard.measured_search import MeasureFn, SearchResult, measured_search
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement, device_tables
+from torchrec_dreamshard.tasks import Task, check_placement
 
 Placer = Callable[..., list[int]]
 
@@ -47,19 +47,12 @@ class NoPlanError(ValueError):
 
 
 def random_placement(task: Task, seed: int = 0) -> list[int]:
-    """A uniformly random device with room for each table, largest tables first."""
-    rng = np.random.default_rng(seed)
-    free = np.asarray(task.memory, dtype=np.int64)
-    out = [0] * len(task.tables)
-    for i in sorted(range(len(task.tables)), key=lambda i: -task.tables[i].size_bytes):
-        size = task.tables[i].size_bytes
-        legal = np.flatnonzero(free >= size)
-        if legal.size == 0:
-            raise NoPlanError(_no_room(task.tables[i], free))
-        d = int(rng.choice(legal))
-        out[i] = d
-        free[d] -= size
-    return out
+    """:func:`torchrec_dreamshard.tasks.random_placement`, raising :class:`NoPlanError`
+    when a table fits on no device."""
+    try:
+        return tasks.random_placement(task, seed)
+    except ValueError as exc:
+        raise NoPlanError(str(exc)) from None
 
 
 PROXIES: dict[str, Callable[[TableSpec], float]] = {
@@ -107,7 +100,8 @@ def _no_room(table: TableSpec, free: np.ndarray) -> str:
 
 
 def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[int]:
-    """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only.
+    """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
+    :func:`torchrec_dreamshard.torchrec_adapter.plan_with_torchrec`).
 
     Args:
         task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
@@ -118,95 +112,15 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
     Raises:
         NoPlanError: TorchRec's planner found no plan (its message is kept).
     """
-    import torch
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.distributed.planner.storage_reservations import (
-        FixedPercentageStorageReservation,
-    )
-    from torchrec.distributed.planner.types import ParameterConstraints, PlannerError
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.distributed.planner.types import PlannerError
 
-    configs = [
-        EmbeddingBagConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"f{i}"]
-        )
-        for i, t in enumerate(task.tables)
-    ]
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    constraints = {
-        t.name: ParameterConstraints(
-            sharding_types=["table_wise"],
-            compute_kernels=["fused"],
-            pooling_factors=[t.pooling_factor],
-        )
-        for t in task.tables
-    }
-    with _quiet_torchrec():
-        topology = Topology(
-            world_size=task.num_devices, compute_device="cpu", ddr_cap=max(task.memory)
-        )
-    for dev, cap in zip(topology.devices, task.memory, strict=True):
-        dev.storage.ddr = int(cap)
-    kwargs = {}
-    if ours:
-        kwargs["enumerator"] = _weights_only_enumerator(topology, task, constraints)
-        kwargs["storage_reservation"] = FixedPercentageStorageReservation(0.0)
+    from torchrec_dreamshard.torchrec_adapter import plan_with_torchrec
+
     try:
-        with _quiet_torchrec():
-            planner = EmbeddingShardingPlanner(
-                topology=topology,
-                batch_size=max(1, task.batch_size // task.num_devices),
-                constraints=constraints,
-                debug=False,
-                **kwargs,
-            )
-            plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+        ranks = plan_with_torchrec(task, weights_only=ours)
     except PlannerError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NoPlanError(f"TorchRec's planner found no plan: {first}") from None
-    return _ranks_from_plan(task, plan)
-
-
-@contextlib.contextmanager
-def _quiet_torchrec() -> Iterator[None]:
-    """Silence TorchRec's planner warnings about dry-run topologies while planning."""
-    logger = logging.getLogger("torchrec.distributed.planner")
-    before = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(before)
-
-
-def _weights_only_enumerator(topology, task: Task, constraints):
-    """TorchRec's enumerator with each shard's storage set to the table's bytes."""
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.types import Storage
-
-    sizes = {t.name: t.size_bytes for t in task.tables}
-
-    class WeightsOnlyEnumerator(EmbeddingEnumerator):
-        def enumerate(self, module, sharders):
-            options = super().enumerate(module, sharders)
-            for option in options:
-                for shard in option.shards:
-                    shard.storage = Storage(hbm=0, ddr=sizes[option.name])
-            return options
-
-    return WeightsOnlyEnumerator(topology, batch_size=task.batch_size, constraints=constraints)
-
-
-def _ranks_from_plan(task: Task, plan) -> list[int]:
-    ranks: dict[str, int] = {}
-    for module_plan in plan.plan.values():
-        for name, param in module_plan.items():
-            shards = param.sharding_spec.shards
-            ranks[name] = int(shards[0].placement.rank())
     missing = [t.name for t in task.tables if t.name not in ranks]
     if missing:
         raise NoPlanError(f"TorchRec's plan has no rank for tables {missing}")
@@ -240,103 +154,17 @@ def place(name: str, task: Task, seed: int = 0) -> list[int]:
     return check_placement(task, BASELINES[name](task, seed=seed))
 
 
-# ----------------------------------------------------------------------------------------
-# Measured local search (the headroom reference)
-# ----------------------------------------------------------------------------------------
-
-
-@dataclass
-class SearchResult:
-    """What :func:`measured_search` found.
-
-    Attributes:
-        placement: the best placement measured.
-        step_ms: its measured step cost.
-        measurements: measurements spent.
-        history: best step cost after each measurement.
-    """
-
-    placement: list[int]
-    step_ms: float
-    measurements: int
-    history: list[float] = field(default_factory=list)
-
-
-MeasureFn = Callable[[Task, list[int]], tuple[float, list[float]]]
-"""``(task, placement) -> (step_ms, per-device total ms)``."""
-
-
-def measured_search(
-    task: Task,
-    starts: Sequence[Sequence[int]],
-    measure: MeasureFn,
-    budget: int = 40,
-    seed: int = 0,
-    min_gain: float = 0.01,
-) -> SearchResult:
-    """Local search on real measurements.
-
-    Every start is measured; from the best, each step takes a table off the measured
-    bottleneck device and either moves it to a lighter device with room or swaps it with
-    a table there, measures the result and keeps it when the step cost drops by more than
-    ``min_gain`` (relative; the measurement is noisy).
-
-    Args:
-        task: the task.
-        starts: starting placements (e.g. the heuristics').
-        measure: the measurement function.
-        budget: measurements in all, the starts included.
-        seed: proposal RNG.
-        min_gain: relative improvement a change needs to be kept.
-    """
-    rng = np.random.default_rng(seed)
-    best, best_ms, best_dev, history, used = None, math.inf, None, [], 0
-    for start in starts:
-        if used >= budget:
-            break
-        ms, dev = measure(task, list(start))
-        used += 1
-        if ms < best_ms:
-            best, best_ms, best_dev = list(start), ms, dev
-        history.append(best_ms)
-    if best is None:
-        raise ValueError("measured_search needs at least one start and a budget >= 1")
-    while used < budget:
-        cand = _propose(task, best, best_dev, rng)
-        if cand is None:
-            break
-        ms, dev = measure(task, cand)
-        used += 1
-        if ms < best_ms * (1 - min_gain):
-            best, best_ms, best_dev = cand, ms, dev
-        history.append(best_ms)
-    return SearchResult(best, best_ms, used, history)
-
-
-def _propose(
-    task: Task, placement: list[int], dev_ms: Sequence[float], rng: np.random.Generator
-) -> list[int] | None:
-    """A move or swap off the bottleneck device (``None`` when nothing is possible)."""
-    groups = device_tables(task, placement)
-    order = np.argsort(dev_ms)
-    b = int(order[-1])
-    free = np.asarray(task.memory) - np.array(
-        [sum(task.tables[i].size_bytes for i in g) for g in groups]
-    )
-    for _ in range(20):
-        i = int(rng.choice(groups[b]))
-        d = int(rng.choice(order[: max(1, len(order) // 2)]))
-        if d == b:
-            continue
-        cand = list(placement)
-        if rng.random() < 0.5 and free[d] >= task.tables[i].size_bytes:
-            cand[i] = d
-            return cand
-        if groups[d]:
-            j = int(rng.choice(groups[d]))
-            cand[i], cand[j] = d, b
-            try:
-                return check_placement(task, cand)
-            except ValueError:
-                continue
-    return None
+__all__ = [
+    "BASELINES",
+    "HEURISTICS",
+    "PROXIES",
+    "MeasureFn",
+    "NoPlanError",
+    "SearchResult",
+    "greedy_by_costs",
+    "measured_search",
+    "place",
+    "proxy_greedy",
+    "random_placement",
+    "torchrec_placement",
+]

@@ -37,12 +37,7 @@ def feature_spec() -> dict[str, Any]:
     return {
         "names": list(_tables.FEATURE_NAMES),
         "dim": _tables.FEATURE_DIM,
-        "scales": {
-            "dim_log2": _tables._DIM_LOG2_SCALE,
-            "rows_log10": _tables._ROWS_LOG10_SCALE,
-            "pooling_log10": _tables._POOLING_LOG10_SCALE,
-            "bytes_log10": _tables._BYTES_LOG10_SCALE,
-        },
+        "scales": dict(_tables.FEATURE_SCALES),
     }
 
 

@@ -26,14 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.sampler import TaskSampler, make_task
 from torchrec_dreamshard.tables import TableSpec, hist_from_ids
-from torchrec_dreamshard.tasks import (
-    CPU_POOL_SCALE,
-    Task,
-    TaskSampler,
-    make_task,
-    synthetic_pool,
-)
+from torchrec_dreamshard.tasks import Task
 
 SPLITS = ("train", "test")
 MAX_SIMULATED_IDS = 2_000_000  # ids drawn to estimate a Zipf table's reuse histogram
@@ -217,9 +213,7 @@ def draw_task(name: str, split: str = "test", seed: int = 0) -> Task:
     B = int(rng.choice(fam.batch))
     if fam.access == "pool":
         sampler = TaskSampler(synthetic_pool(scale=CPU_POOL_SCALE, seed=0), seed=0)
-        sampler.rng = rng
-        pool_split = "train" if split == "train" else "test"
-        return sampler.sample(pool_split, T, D, B, float(rng.choice(fam.memory)))
+        return sampler.sample(split, T, D, B, float(rng.choice(fam.memory)), rng=rng)
     tables = [draw_table(fam, f"{fam.name}{seed}_t{i}", B, rng) for i in range(T)]
     memory = _memory(fam, tables, D, rng)
     if isinstance(memory, list):

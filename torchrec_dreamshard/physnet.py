@@ -199,6 +199,7 @@ class CostNet(nn.Module):
 # ----------------------------------------------------------------------------------------
 
 EPS_MS = 1e-3  # ms; floor under measured costs before taking logs
+HUBER_BETA = 0.1  # log-error beyond which the loss grows linearly (robust to timing spikes)
 
 
 @dataclass
@@ -289,7 +290,9 @@ def weighted_log_loss(
     bootstrap weight of the device's placement (``weights`` ``[P, K]``); the all-to-all
     term only where there is one (more than one device)."""
     pred = member_predictions(net, batch)  # [M, K, 3]
-    err = (pred - log_dev.unsqueeze(1)) ** 2
+    err = F.smooth_l1_loss(
+        pred, log_dev.unsqueeze(1).expand_as(pred), reduction="none", beta=HUBER_BETA
+    )
     known = torch.ones_like(log_dev, dtype=torch.bool)
     known[:, 2] = log_dev[:, 2] > math.log(EPS_MS)
     w = weights[batch.placement_of_device].unsqueeze(-1) * known.unsqueeze(1)  # [M, K, 3]

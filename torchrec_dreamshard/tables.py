@@ -29,10 +29,16 @@ FEATURE_NAMES = ("log2_dim", "log10_rows", "log10_pooling", "log10_bytes") + tup
     f"reuse_bin_{k}" for k in range(NUM_REUSE_BINS)
 )
 # Fixed scales of the feature normalisation (never fitted to a task or a data set).
-_DIM_LOG2_SCALE = 8.0  # dim 256 -> 1.0
-_ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
-_POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
-_BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
+DIM_LOG2_SCALE = 8.0  # dim 256 -> 1.0
+ROWS_LOG10_SCALE = 8.0  # 1e8 rows -> 1.0
+POOLING_LOG10_SCALE = 2.0  # pooling factor 100 -> ~1.0
+BYTES_LOG10_SCALE = 11.0  # 100 GB -> 1.0
+FEATURE_SCALES: dict[str, float] = {  # what a checkpoint records of the normalisation
+    "dim_log2": DIM_LOG2_SCALE,
+    "rows_log10": ROWS_LOG10_SCALE,
+    "pooling_log10": POOLING_LOG10_SCALE,
+    "bytes_log10": BYTES_LOG10_SCALE,
+}
 
 # Upper bounds of a table's fields: beyond them no real table exists and the arithmetic of
 # features and costs stops being meaningful (a bound is a clear error, not a NaN plan).
@@ -268,10 +274,10 @@ def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.nd
     """
     out = np.zeros((len(tables), FEATURE_DIM), dtype=np.float32)
     for i, t in enumerate(tables):
-        out[i, 0] = math.log2(t.dim) / _DIM_LOG2_SCALE
-        out[i, 1] = math.log10(t.rows) / _ROWS_LOG10_SCALE
-        out[i, 2] = math.log10(1.0 + t.pooling_factor) / _POOLING_LOG10_SCALE
-        out[i, 3] = math.log10(t.size_bytes) / _BYTES_LOG10_SCALE
+        out[i, 0] = math.log2(t.dim) / DIM_LOG2_SCALE
+        out[i, 1] = math.log10(t.rows) / ROWS_LOG10_SCALE
+        out[i, 2] = math.log10(1.0 + t.pooling_factor) / POOLING_LOG10_SCALE
+        out[i, 3] = math.log10(t.size_bytes) / BYTES_LOG10_SCALE
         out[i, 4:] = t.hist(batch_size)
     return out
 
@@ -324,6 +330,42 @@ def merge_stats(stats: Sequence[tuple[float, tuple[float, ...], int]]) -> tuple[
     pf = sum(p * w for p, _, w in stats) / total
     hist = np.sum([np.asarray(h) * w for _, h, w in stats], axis=0) / total
     return pf, tuple((hist / hist.sum()).tolist())
+
+
+def group_stats(
+    table: str,
+    feature_names: Sequence[str],
+    batches: Sequence[Mapping[str, Any]],
+    batch_size: int,
+) -> tuple[float, tuple[float, ...], int] | None:
+    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together
+    (e.g. every rank's local batch: the global batch), as the fused kernel sees it: the
+    ids of all the table's features count.
+
+    Args:
+        table: the table's name (for the error message).
+        feature_names: the features that feed it.
+        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
+        batch_size: samples in all the batches together.
+
+    Returns:
+        ``None`` when the batches hold no id of the table.
+
+    Raises:
+        ValueError: a feature is missing from a batch.
+    """
+    ids = []
+    for by_key in batches:
+        missing = [f for f in feature_names if f not in by_key]
+        if missing:
+            raise ValueError(
+                f"table {table!r}: features {missing} are not in the batch (keys: {list(by_key)})"
+            )
+        ids += [by_key[f].values() for f in feature_names]
+    flat = torch.cat(ids)
+    if flat.numel() == 0:
+        return None
+    return flat.numel() / batch_size, hist_from_ids(flat.cpu().numpy()), flat.numel()
 
 
 # ----------------------------------------------------------------------------------------
@@ -393,18 +435,9 @@ def specs_from_kjt_batches(
         n_batches += 1
         by_key = kjt.to_dict()
         for config in configs:
-            missing = [f for f in config.feature_names if f not in by_key]
-            if missing:
-                raise ValueError(
-                    f"table {config.name!r}: features {missing} are not in the batch "
-                    f"(keys: {list(by_key)})"
-                )
-            ids = torch.cat([by_key[f].values() for f in config.feature_names])
-            batch = kjt.stride()
-            if ids.numel() == 0:
-                continue
-            pf = ids.numel() / batch
-            per_table[config.name].append((pf, hist_from_ids(ids.numpy()), ids.numel()))
+            stats = group_stats(config.name, config.feature_names, [by_key], kjt.stride())
+            if stats is not None:
+                per_table[config.name].append(stats)
     if n_batches == 0:
         raise ValueError("no KeyedJaggedTensor batches were given")
     specs = []

@@ -42,7 +42,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def _tasks(args: argparse.Namespace, count: int) -> list:
     from torchrec_dreamshard.io import read_json
-    from torchrec_dreamshard.tasks import CPU_POOL_SCALE, Task, TaskSampler, synthetic_pool
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.sampler import TaskSampler
+    from torchrec_dreamshard.tasks import Task
 
     if args.task_file:
         data = read_json(args.task_file, "task file")

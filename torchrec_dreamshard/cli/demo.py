@@ -10,8 +10,7 @@
 4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
    CPU, planned by ``DreamShardPlanner.collective_plan``.
 
-The model concatenates the pooled embeddings with the dense arch's output (torchrec's
-``DLRM`` needs one embedding dim for every table; the pool's tables have dims 4 to 256).
+The model and its batches are in :mod:`torchrec_dreamshard.demo_model`.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ EXAMPLES = """examples:
   dreamshard demo --tables 40 --devices 4 --train-ranks 2 --checkpoint my_gpus.pt
 """
 
-DENSE_IN = 13  # dense features, as in Criteo
 TRAIN_LOCAL_BATCH = 256
 LR = 0.01
 
@@ -88,76 +86,11 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
     """Tables from the synthetic pool's test split (CPU scale)."""
-    from torchrec_dreamshard.tasks import CPU_POOL_SCALE, TaskSampler, synthetic_pool
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.sampler import TaskSampler
 
     pool = synthetic_pool(scale=CPU_POOL_SCALE, seed=seed)
     return TaskSampler(pool, seed=seed).sample("test", num_tables, num_devices, batch_size)
-
-
-def table_configs(task) -> list:
-    """One ``EmbeddingBagConfig`` per table, fed by the feature ``f_<table>``."""
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-
-    return [
-        EmbeddingBagConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"f_{t.name}"]
-        )
-        for t in task.tables
-    ]
-
-
-def constraints_for(task) -> dict:
-    """Pooling factors for both planners, table-wise fused for both (what we measure)."""
-    from torchrec.distributed.planner.types import ParameterConstraints
-
-    return {
-        t.name: ParameterConstraints(
-            sharding_types=["table_wise"],
-            compute_kernels=["fused"],
-            pooling_factors=[t.pooling_factor],
-        )
-        for t in task.tables
-    }
-
-
-def build_model(task, device):
-    """A DLRM-style model: dense MLP, pooled embeddings of every table, over MLP."""
-    import torch
-    from torch import nn
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    class DemoDLRM(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.sparse = EmbeddingBagCollection(tables=table_configs(task), device=device)
-            self.dense = nn.Sequential(nn.Linear(DENSE_IN, 32), nn.ReLU())
-            width = 32 + sum(t.dim for t in task.tables)
-            self.over = nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 1))
-
-        def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:
-            pooled = self.sparse(sparse).values()
-            return self.over(torch.cat([self.dense(dense), pooled], dim=1)).squeeze(-1)
-
-    return DemoDLRM()
-
-
-def sample_kjt(task, batch: int, seed: int):
-    """A ``KeyedJaggedTensor`` batch with every table's ids drawn to its statistics."""
-    import torch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    from torchrec_dreamshard.workloads import generate_batch
-
-    values, lengths = [], []
-    for i, t in enumerate(task.tables):
-        ids, offsets = generate_batch(t, batch, seed=seed * 100_003 + i)
-        values.append(ids)
-        lengths.append(offsets[1:] - offsets[:-1])
-    return KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f_{t.name}" for t in task.tables],
-        values=torch.cat(values),
-        lengths=torch.cat(lengths).to(torch.int32),
-    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -172,8 +105,13 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import Topology
 
+    from torchrec_dreamshard.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.torchrec_adapter import (
+        planner_reserved_topology,
+        table_wise_constraints,
+    )
 
     local_batch = max(1, task.batch_size // task.num_devices)
     # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
@@ -181,11 +119,11 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     topology = Topology(
         world_size=task.num_devices, compute_device="cpu", ddr_cap=int(task.memory[0] * 1.5)
     )
-    model = build_model(task, torch.device("meta"))
+    model = DemoDLRM(task.tables, torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
-    samples = [sample_kjt(task, local_batch, s) for s in range(task.num_devices)]
+    samples = [sample_kjt(task.tables, local_batch, s) for s in range(task.num_devices)]
     ours_planner = DreamShardPlanner(
-        topology=topology, batch_size=local_batch, constraints=constraints_for(task),
+        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables),
         checkpoint=args.checkpoint, mode=args.mode, seed=args.seed,
         sample_batches=samples, debug=False,
     )  # fmt: skip
@@ -194,10 +132,10 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
         ours = plan_summary(ours_planner, model, sharders, task)
     ours["predicted_step_ms"] = ours_planner.last_prediction.step_ms
     theirs_planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=local_batch, constraints=constraints_for(task)
+        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables)
     )
     theirs = plan_summary(theirs_planner, model, sharders, task)
-    reserved = ours_planner._storage_reservation.last_reserved_topology
+    reserved = planner_reserved_topology(ours_planner)
     memory = [int(d.storage.ddr) for d in reserved.devices]
     mtask = Task(
         tables=task.tables, num_devices=task.num_devices, memory_bytes=memory,
@@ -254,31 +192,30 @@ def measure_both(mtask, ours: dict, theirs: dict) -> None:
 
 def format_side_by_side(ours: dict, theirs: dict) -> str:
     """Per-device measured times of both plans, then the step costs and planning times."""
+    from torchrec_dreamshard.report import device_table
+
     a, b = ours["measured"], theirs["measured"]
-    head = f"{'':>7}|{'DreamShardPlanner':^38}|{'TorchRec default planner':^38}"
-    sub = f"{'device':>7}|" + f"{'tables':>7}{'fwd':>8}{'bwd':>8}{'comm':>8}{'total':>7} |" * 2
-    rows = ["", "== measured on real FBGEMM kernels (ms) ==", head, sub]
-    for d, (x, y) in enumerate(zip(a["per_device"], b["per_device"], strict=True)):
-        rows.append(f"{d:>7}|" + _device_cells(x) + _device_cells(y))
+    left, right = (
+        device_table([{**d, "tables": d["num_tables"]} for d in m["per_device"]], digits=2)
+        for m in (a, b)
+    )
+    w = len(left[0])
+    rows = ["", "== measured on real FBGEMM kernels (ms) =="]
+    rows.append(f"{'DreamShardPlanner':^{w}} | {'TorchRec default planner':^{w}}")
+    rows += [f"{x} | {y}" for x, y in zip(left, right, strict=True)]
     change = 1.0 - a["step_ms"] / b["step_ms"]
     verdict = f"{change:.1%} lower" if change >= 0 else f"{-change:.1%} higher"
-    rows += [
-        f"{'step':>7}| {a['step_ms']:>36.3f} | {b['step_ms']:>36.3f} |",
-        f"{'pred.':>7}| {ours['predicted_step_ms']:>36.3f} | "
-        f"{theirs['predicted_step_ms']:>36.3f} |",
-        f"{'plan s':>7}| {ours['planning_s']:>36.3f} | {theirs['planning_s']:>36.3f} |",
+    for name, x, y in (
+        ("step", a["step_ms"], b["step_ms"]),
+        ("pred.", ours["predicted_step_ms"], theirs["predicted_step_ms"]),
+        ("plan s", ours["planning_s"], theirs["planning_s"]),
+    ):
+        rows.append(f"{name:>6} {x:>{w - 7}.3f} | {name:>6} {y:>{w - 7}.3f}")
+    rows.append(
         f"DreamShard's measured step cost is {verdict} than TorchRec's "
-        "('pred.': the cost network's prediction)",
-    ]
-    return "\n".join(rows)
-
-
-def _device_cells(dev: dict) -> str:
-    total = dev["fwd_ms"] + dev["bwd_ms"] + dev["comm_ms"]
-    return (
-        f"{dev['num_tables']:>7}{dev['fwd_ms']:>8.2f}{dev['bwd_ms']:>8.2f}"
-        f"{dev['comm_ms']:>8.2f}{total:>7.2f} |"
+        "('pred.': the cost network's prediction)"
     )
+    return "\n".join(rows)
 
 
 # ----------------------------------------------------------------------------------------
@@ -330,17 +267,21 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
     from torchrec.distributed.planner.types import Topology
     from torchrec.optim import RowWiseAdagrad
 
+    from torchrec_dreamshard.demo_model import DENSE_IN, DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.torchrec_adapter import table_wise_constraints
 
     task = Task.from_dict(task_dict)
-    model = build_model(task, torch.device("meta"))
+    model = DemoDLRM(task.tables, torch.device("meta"))
     _apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
     sharders = [EmbeddingBagCollectionSharder()]
     planner = DreamShardPlanner(
         topology=Topology(world_size=world, compute_device="cpu"),
-        batch_size=TRAIN_LOCAL_BATCH, constraints=constraints_for(task), checkpoint=checkpoint,
-    )  # fmt: skip
+        batch_size=TRAIN_LOCAL_BATCH,
+        constraints=table_wise_constraints(task.tables),
+        checkpoint=checkpoint,
+    )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense = [p for n, p in dmp.named_parameters() if ".sparse." not in n]
@@ -348,7 +289,7 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
     losses = []
     for step in range(steps):
         g = torch.Generator().manual_seed(10_000 * step + rank)
-        kjt = sample_kjt(task, TRAIN_LOCAL_BATCH, seed=1000 + step * world + rank)
+        kjt = sample_kjt(task.tables, TRAIN_LOCAL_BATCH, seed=1000 + step * world + rank)
         logits = dmp(torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g), kjt)
         labels = torch.randint(0, 2, (TRAIN_LOCAL_BATCH,), generator=g).float()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)

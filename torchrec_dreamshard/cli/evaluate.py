@@ -69,16 +69,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(task, placement, m) -> None:
+    from torchrec_dreamshard.report import device_table
     from torchrec_dreamshard.tasks import device_tables
 
     if not m.ok:
         return
-    print(f"{'device':>6} {'tables':>6} {'fwd_ms':>9} {'bwd_ms':>9} {'comm_ms':>9} {'total_ms':>9}")
-    for d, (idx, c) in enumerate(zip(device_tables(task, placement), m.per_device, strict=True)):
-        print(
-            f"{d:>6} {len(idx):>6} {c.fwd_ms:>9.2f} {c.bwd_ms:>9.2f} {c.comm_ms:>9.2f} "
-            f"{c.total_ms:>9.2f}"
-        )
+    rows = [
+        {"tables": len(idx), "fwd_ms": c.fwd_ms, "bwd_ms": c.bwd_ms, "comm_ms": c.comm_ms}
+        for idx, c in zip(device_tables(task, placement), m.per_device, strict=True)
+    ]
+    print("\n".join(device_table(rows, digits=2)))
     print(
         f"step_ms {m.step_ms:.2f} (spread {100 * m.spread:.1f}% over rounds; reference kernel "
         f"{m.reference_ms:.2f} ms; backend {m.backend}; comm {m.comm_source})"

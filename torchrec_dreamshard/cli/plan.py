@@ -133,19 +133,12 @@ def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any
 
 def format_plan(plan: dict[str, Any]) -> str:
     """A per-device table of a PLAN.json dict."""
-    rows = [
-        f"{'device':>6} {'tables':>6} {'memory used':>16} {'fwd ms':>9} {'bwd ms':>9} "
-        f"{'comm ms':>9} {'total ms':>9}"
-    ]
-    for dev in plan["per_device"]:
-        share = dev["bytes"] / dev["memory_bytes"]
-        rows.append(
-            f"{dev['device']:>6} {len(dev['tables']):>6} {dev['bytes']:>10} ({share:4.0%}) "
-            f"{dev['fwd_ms']:>9.3f} {dev['bwd_ms']:>9.3f} {dev['comm_ms']:>9.3f} "
-            f"{dev['total_ms']:>9.3f}"
-        )
-    rows.append(f"predicted step cost: {plan['predicted_cost_ms']:.3f} ms")
-    return "\n".join(rows)
+    from torchrec_dreamshard.report import device_table
+
+    rows = [{**dev, "tables": len(dev["tables"])} for dev in plan["per_device"]]
+    lines = device_table(rows, memory=True)
+    lines.append(f"predicted step cost: {plan['predicted_cost_ms']:.3f} ms")
+    return "\n".join(lines)
 
 
 def check_plot_format(path: str | Path) -> None:

@@ -11,9 +11,10 @@ from torchrec_dreamshard.measure.comm import CommModel, calibrate_comm_model, lo
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
 from torchrec_dreamshard.measure.kernels import REFERENCE_TABLES, time_fused_kernel
-from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement, random_placement
+from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+from torchrec_dreamshard.tasks import random_placement
 
 __all__ = [
     "BACKENDS",

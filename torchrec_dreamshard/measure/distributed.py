@@ -36,7 +36,6 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.kernels import (
     Arena,
     FusedKernel,
-    one_thread,
     reference_kernel,
     reference_numel,
     state_numel,
@@ -45,6 +44,7 @@ from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
 from torchrec_dreamshard.spawn import free_port, local_process_group
 from torchrec_dreamshard.tasks import Task, device_tables
+from torchrec_dreamshard.threads import single_thread
 
 _RESULT_TIMEOUT_S = 1800.0
 _OOM_ERRORS = (RuntimeError, MemoryError)
@@ -107,7 +107,7 @@ def measure_rank(
     mine = [task.tables[i] for i in groups[rank]]
     dims = [sum(task.tables[i].dim for i in g) for g in groups]
     device = torch.device("cuda", torch.cuda.current_device()) if config.device == "cuda" else None
-    with one_thread(config.device == "cpu"):
+    with single_thread(config.device == "cpu"):
         shard = _Shard(mine, task.batch_size, config)
         rows = [
             _one_round(shard, dims, task.batch_size, config, r == 0, device)

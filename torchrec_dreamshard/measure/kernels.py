@@ -11,18 +11,18 @@ Realism rules the timers follow:
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.threads import single_thread
 from torchrec_dreamshard.workloads import fuse_batches, generate_batch
 
 # The fixed reference kernel timed beside every measurement (rows, dim, pooling factor).
@@ -71,18 +71,6 @@ def fbgemm_version() -> str:
     import fbgemm_gpu
 
     return str(getattr(fbgemm_gpu, "__version__", "unknown"))
-
-
-@contextlib.contextmanager
-def one_thread(enabled: bool = True) -> Iterator[None]:
-    """Run the block with one intra-op thread (one CPU thread stands for one device)."""
-    before = torch.get_num_threads()
-    if enabled:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 # ----------------------------------------------------------------------------------------
@@ -340,7 +328,7 @@ def time_fused_kernel(
         ``(fwd_ms, bwd_ms)``: minimum over rounds of the median over timed iterations.
     """
     config = config or MeasureConfig()
-    with one_thread(config.device == "cpu"):
+    with single_thread(config.device == "cpu"):
         kernel = FusedKernel(tables, batch_size, config)
         rounds = interleaved_rounds([kernel], config)
     fwd, bwd = rounds[:, 0, 0].min(), rounds[:, 0, 1].min()

@@ -17,7 +17,6 @@ from torchrec_dreamshard.measure.kernels import (
     ARENA,
     FusedKernel,
     interleaved_rounds,
-    one_thread,
     reference_kernel,
     reference_numel,
     state_numel,
@@ -26,6 +25,7 @@ from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, device_tables
+from torchrec_dreamshard.threads import single_thread
 
 
 def measure_local(
@@ -65,7 +65,7 @@ def _time_devices(
     groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
 ) -> np.ndarray:
     """``[rounds, D + 1, 2]`` round medians; the last column is the reference kernel."""
-    with one_thread(config.device == "cpu"):
+    with single_thread(config.device == "cpu"):
         if config.device == "cpu":
             need = sum(sum(state_numel(g, config.optimizer)) for g in groups)
             ARENA.reserve(need + reference_numel(config))

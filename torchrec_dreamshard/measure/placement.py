@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-import numpy as np
-
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.types import PlacementMeasurement
 from torchrec_dreamshard.tasks import Task, check_placement
@@ -55,28 +53,3 @@ def measure_placement(
         return PlacementMeasurement.failed(
             f"{type(exc).__name__}: {exc}", backend, time.perf_counter() - start
         )
-
-
-def random_placement(task: Task, seed: int | np.random.Generator = 0) -> list[int]:
-    """A uniformly random device for each table among those with room left (tables taken
-    largest first, so that a feasible placement is found whenever greedy finds one).
-
-    Raises:
-        ValueError: some table fits on no device.
-    """
-    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-    free = list(task.memory)
-    placement = [0] * len(task.tables)
-    order = sorted(range(len(task.tables)), key=lambda i: -task.tables[i].size_bytes)
-    for i in order:
-        size = task.tables[i].size_bytes
-        legal = [d for d in range(task.num_devices) if free[d] >= size]
-        if not legal:
-            raise ValueError(
-                f"table {task.tables[i].name!r} ({size} bytes) fits on no device: the devices "
-                f"have {free} bytes left"
-            )
-        d = int(rng.choice(legal))
-        placement[i] = d
-        free[d] -= size
-    return placement

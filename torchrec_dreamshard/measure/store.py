@@ -18,7 +18,6 @@ import json
 import os
 import socket
 import sqlite3
-import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
+from torchrec_dreamshard.measure.summary import reference_scales
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, device_tables
@@ -398,8 +398,4 @@ def _like_prefix(prefix: str) -> str:
 
 
 def _scales(rows: Sequence[sqlite3.Row]) -> list[float]:
-    refs = [r["reference_ms"] for r in rows]
-    if not refs:
-        return []
-    typical = statistics.median(refs)
-    return [typical / r for r in refs]
+    return reference_scales([r["reference_ms"] for r in rows])

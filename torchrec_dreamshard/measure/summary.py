@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
 import numpy as np
 
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
@@ -65,3 +68,16 @@ def summarise(
         "round_reference_ms": [float(x) for x in reference],
     }
     return measurement
+
+
+def reference_scales(reference_ms: Sequence[float | None]) -> list[float]:
+    """Per row, ``median reference / row reference``: the factor that brings a row's
+    compute figures to the machine's typical speed (1 where the reference is unknown).
+
+    Args:
+        reference_ms: each row's reference-kernel time (``nan`` or ``None`` if unknown).
+    """
+    refs = [float("nan") if r is None else float(r) for r in reference_ms]
+    known = [r for r in refs if math.isfinite(r)]
+    typical = float(np.median(known)) if known else 1.0
+    return [typical / r if math.isfinite(r) else 1.0 for r in refs]

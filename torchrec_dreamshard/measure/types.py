@@ -83,14 +83,6 @@ class PlacementMeasurement:
         """The step cost in units of the reference kernel (machine speed factored out)."""
         return self.step_ms / self.reference_ms
 
-    def normalised_per_device(self) -> list[DeviceCost]:
-        """Per-device figures in units of the reference kernel."""
-        r = self.reference_ms
-        return [
-            DeviceCost(d.fwd_ms / r, d.bwd_ms / r, d.comm_ms / r, d.spread, d.num_tables)
-            for d in self.per_device
-        ]
-
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["per_device"] = [d.to_dict() for d in self.per_device]
@@ -101,8 +93,3 @@ class PlacementMeasurement:
         data = dict(data)
         data["per_device"] = [DeviceCost.from_dict(d) for d in data["per_device"]]
         return cls(**data)
-
-
-def step_cost(per_device: list[DeviceCost]) -> float:
-    """``max_d (fwd_d + bwd_d + comm_d)``."""
-    return max(d.total_ms for d in per_device)

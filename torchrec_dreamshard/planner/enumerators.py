@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
@@ -50,8 +49,9 @@ from torchrec_dreamshard.planner.types import (
     prediction_task,
     spec_for_option,
 )
-from torchrec_dreamshard.tables import TableSpec, hist_from_ids, merge_stats
+from torchrec_dreamshard.tables import TableSpec, group_stats, merge_stats
 from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.torchrec_adapter import reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -262,8 +262,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         return DREAMSHARD_COMPUTE_KERNEL in kernels
 
     def _capacity_topology(self) -> Topology:
-        reserved = self._reservation.last_reserved_topology if self._reservation else None
-        return reserved if reserved is not None else self._topology
+        return reserved_topology(self._reservation, self._topology)
 
     def _too_big_tables(self, options: list[ShardingOption]) -> dict[str, tuple[int, int]]:
         """Names of DreamShard tables whose table-wise storage fits no device, with
@@ -301,21 +300,19 @@ def _reuse_hists(
     if not batches:
         return {}
     dicts = [kjt.to_dict() for kjt in batches]
-    groups = [dicts[i : i + world_size] for i in range(0, len(dicts), world_size)]
+    sizes = [kjt.stride() for kjt in batches]
+    starts = range(0, len(dicts), world_size)
+    groups = [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
     out: dict[str, tuple[float, ...]] = {}
     for path, child in module.named_modules():
         if not isinstance(child, EmbeddingBagCollection):
             continue
         for config in child.embedding_bag_configs():
-            stats = []
-            for group in groups:
-                ids = [d[f].values() for d in group for f in config.feature_names if f in d]
-                if len(ids) < len(group) * len(config.feature_names):
-                    stats = []
-                    break
-                flat = torch.cat(ids)
-                if flat.numel():
-                    stats.append((0.0, hist_from_ids(flat.cpu().numpy()), flat.numel()))
+            try:
+                stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
+            except ValueError:  # a feature missing from the samples: TorchRec's defaults
+                continue
+            stats = [s for s in stats if s is not None]
             if stats:
                 out[f"{path}.{config.name}"] = merge_stats(stats)[1]
     return out

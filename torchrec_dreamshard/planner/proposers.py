@@ -42,6 +42,7 @@ from torchrec_dreamshard.planner.types import (
 )
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.torchrec_adapter import reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -149,8 +150,7 @@ class DreamShardProposer(Proposer):
         return ours, others
 
     def _storage_constraint(self) -> Topology:
-        reserved = self._reservation.last_reserved_topology if self._reservation else None
-        return reserved if reserved is not None else self._topology
+        return reserved_topology(self._reservation, self._topology)
 
     def _place_others(self, others: list[ShardingOption], constraint: Topology) -> list[int]:
         """Place TorchRec's tables with its partitioner; bytes they use on each device."""

@@ -17,6 +17,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 
+from torchrec_dreamshard.report import device_table
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
@@ -139,15 +140,19 @@ class PlanPrediction:
 
     def format(self) -> list[str]:
         """Rows of a per-rank table, as the planner logs it."""
-        rows = [
-            f"{'Rank':>4} {'Tables':>6} {'Fwd ms':>9} {'Bwd ms':>9} {'Comm ms':>9} "
-            f"{'Other ms':>9} {'Total ms':>9}"
-        ]
-        for r in range(len(self.fwd_ms)):
-            n = self.tables[r] if self.tables else 0
-            rows.append(
-                f"{r:>4} {n:>6} {self.fwd_ms[r]:>9.3f} {self.bwd_ms[r]:>9.3f} "
-                f"{self.comm_ms[r]:>9.3f} {self.other_ms[r]:>9.3f} {self.total_ms(r):>9.3f}"
-            )
+        rows = device_table(
+            [
+                {
+                    "tables": self.tables[r] if self.tables else 0,
+                    "fwd_ms": self.fwd_ms[r],
+                    "bwd_ms": self.bwd_ms[r],
+                    "comm_ms": self.comm_ms[r],
+                    "other_ms": self.other_ms[r],
+                }
+                for r in range(len(self.fwd_ms))
+            ],
+            figures=("fwd_ms", "bwd_ms", "comm_ms", "other_ms"),
+            label="rank",
+        )
         rows.append(f"Predicted step cost: {self.step_ms:.3f} ms")
         return rows

@@ -1,0 +1,55 @@
+"""The demo's DLRM-style model and its ``KeyedJaggedTensor`` batches, built from table
+specs (used by ``dreamshard demo`` and the tests).
+
+The model concatenates the pooled embeddings with the dense arch's output (torchrec's
+``DLRM`` needs one embedding dim for every table; the pool's tables have dims 4 to 256).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.torchrec_adapter import embedding_bag_configs, feature_name
+from torchrec_dreamshard.workloads import generate_batch
+
+DENSE_IN = 13  # dense features, as in Criteo
+
+
+class DemoDLRM(nn.Module):
+    """Dense MLP, pooled embeddings of every table (``sparse``), over MLP.
+
+    Args:
+        tables: the tables, each fed by the feature ``f_<table name>``.
+        device: where the embedding tables live (``meta`` for planning).
+    """
+
+    def __init__(self, tables: Sequence[TableSpec], device: torch.device) -> None:
+        super().__init__()
+        self.sparse = EmbeddingBagCollection(tables=embedding_bag_configs(tables), device=device)
+        self.dense = nn.Sequential(nn.Linear(DENSE_IN, 32), nn.ReLU())
+        width = 32 + sum(t.dim for t in tables)
+        self.over = nn.Sequential(nn.Linear(width, 64), nn.ReLU(), nn.Linear(64, 1))
+
+    def forward(self, dense: torch.Tensor, sparse: KeyedJaggedTensor) -> torch.Tensor:
+        pooled = self.sparse(sparse).values()
+        return self.over(torch.cat([self.dense(dense), pooled], dim=1)).squeeze(-1)
+
+
+def sample_kjt(tables: Sequence[TableSpec], batch: int, seed: int) -> KeyedJaggedTensor:
+    """A batch with every table's ids drawn to its statistics (pooling, reuse)."""
+    values, lengths = [], []
+    for i, t in enumerate(tables):
+        ids, offsets = generate_batch(t, batch, seed=seed * 100_003 + i)
+        values.append(ids)
+        lengths.append(offsets[1:] - offsets[:-1])
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[feature_name(t) for t in tables],
+        values=torch.cat(values),
+        lengths=torch.cat(lengths).to(torch.int32),
+    )

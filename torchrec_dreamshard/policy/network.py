@@ -1,0 +1,53 @@
+"""The policy network.
+
+Policy. Unlike the original DreamShard, the policy sees the table it is placing: for each
+device ``d`` it gets the state *as if table i were added there*,
+``h'_d = h_d + e_i``, the cost network's device costs ``t'_d`` and overall step
+``s'_d`` for that state, and the current ones, all as log-ratios to the current step
+(so they do not depend on the task's scale) plus the memory used. The logit is
+
+    l_d = pi(u_d) - a * (log s'_d - log s) - b * (log t'_d - log s),
+
+with ``u_d = [log(1 + h'_d), scalars]``, ``pi`` an MLP, ``a, b > 0`` learned scalars
+(softplus). The two prior terms make the untrained policy a cost-greedy placer (the device
+whose addition raises the predicted step least, then the least loaded one), and REINFORCE
+learns the correction ``pi``. ``pi(u)`` is computed for all devices at once, so one step
+costs a few small matrix products whatever the number of devices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from torchrec_dreamshard.cost_model import mlp
+
+NUM_SCALARS = 12  # scalar inputs per device besides log(1 + h'_d)
+
+
+class PolicyNet(nn.Module):
+    """Per-device logit ``l_d`` (see the module docstring).
+
+    Args:
+        hidden: width of the cost network's encodings (input) and of the MLP.
+    """
+
+    def __init__(self, hidden: int = 64):
+        super().__init__()
+        self.hidden = hidden
+        self.body = mlp([hidden + NUM_SCALARS, hidden, hidden, 1])
+        with torch.no_grad():
+            self.body[-1].weight.mul_(0.1)
+            self.body[-1].bias.zero_()
+        # softplus^-1 of the prior weights a = 20, b = 2
+        self.prior_raw = nn.Parameter(torch.tensor([20.0, 2.0 + math.log(-math.expm1(-2.0))]))
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        """Logits ``[...]`` from per-device inputs ``u`` ``[..., hidden + NUM_SCALARS]``;
+        the scalars' first two entries are the step and device-total log-ratios."""
+        a, b = F.softplus(self.prior_raw)
+        scal = u[..., self.hidden :]
+        return self.body(u).squeeze(-1) - a * scal[..., 0] - b * scal[..., 1]

@@ -1,0 +1,171 @@
+"""Where our table specs become TorchRec objects and TorchRec's planner is read.
+
+Every TorchRec member that is not public API is read here (and by the planner's
+enumerator, which overrides ``EmbeddingEnumerator``'s filter hooks), against the version
+below; a TorchRec upgrade starts by checking this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    ShardingOption,
+    Storage,
+    StorageReservation,
+    Topology,
+)
+from torchrec.distributed.types import ShardingPlan
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
+
+
+def feature_name(table: TableSpec) -> str:
+    """The feature that feeds ``table`` in the models we build: ``f_<table name>``."""
+    return f"f_{table.name}"
+
+
+def embedding_bag_configs(
+    tables: Sequence[TableSpec], feature: Callable[[TableSpec], str] = feature_name
+) -> list[EmbeddingBagConfig]:
+    """One ``EmbeddingBagConfig`` per table, fed by the feature ``feature(table)``."""
+    return [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature(t)]
+        )
+        for t in tables
+    ]
+
+
+def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterConstraints]:
+    """Table-wise sharding on the fused kernel (the placements we measure), with each
+    table's pooling factor."""
+    return {
+        t.name: ParameterConstraints(
+            sharding_types=["table_wise"],
+            compute_kernels=["fused"],
+            pooling_factors=[t.pooling_factor],
+        )
+        for t in tables
+    }
+
+
+def reserved_topology(reservation: StorageReservation | None, topology: Topology) -> Topology:
+    """The topology left after the storage reservation's last reservation, or
+    ``topology`` when nothing was reserved yet."""
+    reserved = reservation.last_reserved_topology if reservation else None
+    return reserved if reserved is not None else topology
+
+
+def planner_reserved_topology(planner: EmbeddingShardingPlanner) -> Topology:
+    """What a planner's storage reservation left of its topology (after ``plan``)."""
+    return reserved_topology(planner._storage_reservation, planner._topology)
+
+
+def planner_best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption]:
+    """The sharding options of the plan a planner chose last (with their ranks)."""
+    return planner._best_plan
+
+
+def planner_enumerator(planner: EmbeddingShardingPlanner) -> Enumerator:
+    """The planner's enumerator."""
+    return planner._enumerator
+
+
+def plan_ranks(plan: ShardingPlan) -> dict[str, int]:
+    """The rank of every table of a table-wise plan (its first shard's rank)."""
+    return {
+        name: int(param.sharding_spec.shards[0].placement.rank())
+        for module_plan in plan.plan.values()
+        for name, param in module_plan.items()
+    }
+
+
+@contextlib.contextmanager
+def quiet_torchrec() -> Iterator[None]:
+    """Silence TorchRec's planner warnings about dry-run topologies while planning."""
+    logger = logging.getLogger("torchrec.distributed.planner")
+    before = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(before)
+
+
+class WeightsOnlyEnumerator(EmbeddingEnumerator):
+    """TorchRec's enumerator with each shard's storage set to the table's bytes.
+
+    Args:
+        sizes: bytes of each table, by name.
+    """
+
+    def __init__(self, *args, sizes: dict[str, int], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._sizes = sizes
+
+    def enumerate(self, module, sharders):
+        options = super().enumerate(module, sharders)
+        for option in options:
+            for shard in option.shards:
+                shard.storage = Storage(hbm=0, ddr=self._sizes[option.name])
+        return options
+
+
+def plan_with_torchrec(task: Task, weights_only: bool = False) -> dict[str, int]:
+    """TorchRec's ``EmbeddingShardingPlanner`` on ``task``, table-wise fused only; the rank
+    of every table it placed.
+
+    Args:
+        task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
+        weights_only: a table costs its weights' bytes and nothing is reserved (our memory
+            accounting) instead of TorchRec's defaults.
+
+    Raises:
+        PlannerError: TorchRec's planner found no plan.
+    """
+    ebc = EmbeddingBagCollection(
+        tables=embedding_bag_configs(task.tables), device=torch.device("meta")
+    )
+    constraints = table_wise_constraints(task.tables)
+    with quiet_torchrec():
+        topology = Topology(
+            world_size=task.num_devices, compute_device="cpu", ddr_cap=max(task.memory)
+        )
+    for dev, cap in zip(topology.devices, task.memory, strict=True):
+        dev.storage.ddr = int(cap)
+    kwargs = {}
+    if weights_only:
+        kwargs["enumerator"] = WeightsOnlyEnumerator(
+            topology,
+            batch_size=task.batch_size,
+            constraints=constraints,
+            sizes={t.name: t.size_bytes for t in task.tables},
+        )
+        kwargs["storage_reservation"] = FixedPercentageStorageReservation(0.0)
+    with quiet_torchrec():
+        planner = EmbeddingShardingPlanner(
+            topology=topology,
+            batch_size=max(1, task.batch_size // task.num_devices),
+            constraints=constraints,
+            debug=False,
+            **kwargs,
+        )
+        return plan_ranks(planner.plan(ebc, [EmbeddingBagCollectionSharder()]))

@@ -1,0 +1,57 @@
+"""The DreamShard training loop, one concept per module:
+
+* :mod:`~torchrec_dreamshard.training.config`: ``TrainConfig``, seeding, the task sampler;
+* :mod:`~torchrec_dreamshard.training.jobs`: the placements a run measures (``Job``) and
+  their collection into the cost store;
+* :mod:`~torchrec_dreamshard.training.samples`: the store's measurements as cost samples;
+* :mod:`~torchrec_dreamshard.training.reinforce`: REINFORCE on the estimated MDP;
+* :mod:`~torchrec_dreamshard.training.logs`: ``metrics.csv`` and the curves;
+* :mod:`~torchrec_dreamshard.training.loop`: checkpoints, resuming and the loop itself.
+"""
+
+from torchrec_dreamshard.training.config import TrainConfig, make_sampler, seed_everything
+from torchrec_dreamshard.training.jobs import (
+    Job,
+    bootstrap_jobs,
+    collect,
+    draw_tasks,
+    iteration_jobs,
+    job_group,
+    job_seed,
+    placement_for,
+)
+from torchrec_dreamshard.training.logs import METRICS_NAME, PLOT_NAME, plot_curves, write_metrics
+from torchrec_dreamshard.training.loop import CHECKPOINT_NAME, agent_meta, resume_agent, train
+from torchrec_dreamshard.training.reinforce import (
+    greedy_predicted_ms,
+    reinforce_update,
+    train_policy,
+)
+from torchrec_dreamshard.training.samples import load_samples, split_holdout
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "METRICS_NAME",
+    "PLOT_NAME",
+    "Job",
+    "TrainConfig",
+    "agent_meta",
+    "bootstrap_jobs",
+    "collect",
+    "draw_tasks",
+    "greedy_predicted_ms",
+    "iteration_jobs",
+    "job_group",
+    "job_seed",
+    "load_samples",
+    "make_sampler",
+    "placement_for",
+    "plot_curves",
+    "reinforce_update",
+    "resume_agent",
+    "seed_everything",
+    "split_holdout",
+    "train",
+    "train_policy",
+    "write_metrics",
+]

@@ -1,0 +1,182 @@
+"""Collection jobs: which placements of which tasks a run measures, and measuring them.
+
+A :class:`Job` is one placement to measure. Its key is what the cost store records, so a
+resumed run skips what is already measured; its seed is derived from the run's seed and
+the key alone (a CRC, not Python's per-process salted ``hash``), so two runs with the same
+configuration measure the same placements.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.cost_model import single_thread
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.sampler import TaskSampler, make_task
+from torchrec_dreamshard.tasks import Task, random_placement
+from torchrec_dreamshard.training.config import TrainConfig
+
+if TYPE_CHECKING:
+    from torchrec_dreamshard.measure.store import CostStore
+
+JobKind = Literal["one", "random", "greedy", "sample"]
+_TASK_MARK = "-task"  # keys of task jobs: f"{phase}-task{j}-{k}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One placement to measure.
+
+    Attributes:
+        key: the store's job key, stable across runs (``"boot-single-3"``,
+            ``"boot-task0-1"``, ``"it2-task1-0"``).
+        task: the task.
+        kind: ``"one"`` (every table on device 0), ``"random"``, ``"greedy"`` (the agent's
+            greedy roll-out) or ``"sample"`` (a sampled roll-out).
+        seed: seeds a random placement or a sampled roll-out.
+    """
+
+    key: str
+    task: Task
+    kind: JobKind
+    seed: int
+
+    @property
+    def phase(self) -> str:
+        """``"boot"`` or ``"it<n>"``: the key prefix the store's ``done_jobs`` takes."""
+        return self.key.split("-", 1)[0]
+
+    @property
+    def group(self) -> str:
+        """The task group of the job (see :func:`job_group`)."""
+        return job_group(self.key)
+
+
+def job_seed(run_seed: int, key: str) -> int:
+    """A job's seed: a function of the run's seed and the job key only."""
+    return run_seed * 1000 + zlib.crc32(key.encode()) % 1000
+
+
+def job_group(key: str) -> str:
+    """All placements of one task share a group (the key without its placement index);
+    a bootstrap single table or subset is a group of its own."""
+    return key.rsplit("-", 1)[0] if _TASK_MARK in key else key
+
+
+def is_task_group(group: str) -> bool:
+    """Whether a group holds the placements of a multi-device task."""
+    return _TASK_MARK in group
+
+
+def _job(cfg: TrainConfig, key: str, task: Task, kind: JobKind) -> Job:
+    return Job(key=key, task=task, kind=kind, seed=job_seed(cfg.seed, key))
+
+
+def bootstrap_jobs(cfg: TrainConfig, sampler: TaskSampler) -> list[Job]:
+    """The bootstrap: single tables, fused subsets, random placements (deterministic in
+    the config)."""
+    rng = np.random.default_rng([cfg.seed, 7919])
+    train = sampler.splits["train"]
+    jobs = []
+    for j, i in enumerate(rng.choice(len(train), min(cfg.boot_single, len(train)), False)):
+        jobs.append(_job(cfg, f"boot-single-{j}", make_task([train[i]], 1, cfg.batch_size), "one"))
+    for j in range(cfg.boot_subsets):
+        n = int(rng.integers(2, min(40, len(train)) + 1))
+        chosen = [train[i] for i in sorted(rng.choice(len(train), n, False))]
+        jobs.append(_job(cfg, f"boot-subset-{j}", make_task(chosen, 1, cfg.batch_size), "one"))
+    for j, task in enumerate(draw_tasks(cfg, sampler, cfg.boot_tasks, rng)):
+        for k in range(cfg.placements_per_task):
+            jobs.append(_job(cfg, f"boot-task{j}-{k}", task, "random"))
+    return jobs
+
+
+def draw_tasks(
+    cfg: TrainConfig, sampler: TaskSampler, n: int, rng: np.random.Generator
+) -> list[Task]:
+    """``n`` training tasks drawn from a generator seeded by ``rng`` (the sampler's own
+    generator is not used)."""
+    task_rng = np.random.default_rng(rng.integers(2**63))
+    return [
+        sampler.sample(
+            "train",
+            cfg.num_tables,
+            list(cfg.num_devices),
+            cfg.batch_size,
+            cfg.memory_factor,
+            rng=task_rng,
+        )
+        for _ in range(n)
+    ]
+
+
+def iteration_jobs(cfg: TrainConfig, sampler: TaskSampler, it: int) -> list[Job]:
+    """Iteration ``it``'s jobs: per task the greedy roll-out, sampled ones, a random one."""
+    rng = np.random.default_rng([cfg.seed, it])
+    jobs = []
+    for j, task in enumerate(draw_tasks(cfg, sampler, cfg.collect_tasks, rng)):
+        for k in range(cfg.placements_per_task):
+            last = k == cfg.placements_per_task - 1 and k > 0
+            kind: JobKind = "greedy" if k == 0 else ("random" if last else "sample")
+            jobs.append(_job(cfg, f"it{it}-task{j}-{k}", task, kind))
+    return jobs
+
+
+def placement_for(agent: DreamShard, job: Job) -> list[int]:
+    """The placement a job measures."""
+    task = job.task
+    if job.kind == "one":
+        return [0] * len(task.tables)
+    if job.kind == "random":
+        return random_placement(task, job.seed)
+    if job.kind == "greedy":
+        return agent.place(task)
+    gen = torch.Generator().manual_seed(job.seed)
+    with single_thread():
+        return [int(d) for d in agent.mdp(task).rollout(agent.policy, 1, False, gen).placements[0]]
+
+
+def collect(
+    agent: DreamShard, jobs: Sequence[Job], store: CostStore, cfg: TrainConfig
+) -> dict[str, float]:
+    """Measure every job the store does not hold yet; returns collection metrics."""
+    from torchrec_dreamshard.measure import measure_placement
+
+    mcfg = cfg.measure_config()
+    phase = jobs[0].phase if jobs else ""
+    done = store.done_jobs(phase, store.fingerprint(mcfg, cfg.backend))
+    todo = [j for j in jobs if store_key(j) not in done]
+    greedy_ms, start = [], time.perf_counter()
+    for job in progress_bar(todo, cfg.progress, f"measure {phase}"):
+        placement = placement_for(agent, job)
+        m = measure_placement(job.task, placement, mcfg, backend=cfg.backend)
+        store.append(job.task, placement, m, mcfg, job=store_key(job))
+        if job.kind == "greedy" and m.ok:
+            greedy_ms.append(m.step_ms)
+    out = {"collect/measured": float(len(todo)), "collect/wall_s": time.perf_counter() - start}
+    if greedy_ms:
+        out["plan/cost_ms"] = float(np.mean(greedy_ms))
+    return out
+
+
+def store_key(job: Job) -> str:
+    """The key a job's row carries in the store: its key and a hash of its task's content
+    and kind, so that a job whose task changed is not taken as done."""
+    from torchrec_dreamshard.measure.config import stable_key
+
+    return f"{job.key}@{stable_key([job.task.to_dict(), job.kind], 10)}"
+
+
+def progress_bar(items: Iterable, enabled: bool, desc: str) -> Iterable:
+    """``items`` behind a tqdm bar when ``enabled``."""
+    if not enabled:
+        return items
+    from tqdm import tqdm
+
+    return tqdm(items, desc=desc, leave=False)

@@ -1,0 +1,54 @@
+"""The cost network's training data: the store's measurements as cost samples, and the
+held-out split by task group."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from torchrec_dreamshard.cost_fit import (
+    CostSample,
+    sample_from_measurement,
+)
+from torchrec_dreamshard.training.config import TrainConfig
+from torchrec_dreamshard.training.jobs import is_task_group, job_group
+
+if TYPE_CHECKING:
+    from torchrec_dreamshard.measure.store import CostStore
+
+
+def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:
+    """Every successful measurement of this run's workload as cost samples.
+
+    Compute figures are normalised to the machine's typical speed (times the median
+    reference-kernel time over the row's own); the all-to-all is left as measured or
+    modelled (the reference kernel says nothing about it); the step cost is recomputed
+    as ``max_d (fwd + bwd + comm)``.
+    """
+    from torchrec_dreamshard.measure.summary import reference_scales
+
+    mcfg = cfg.measure_config()
+    workload = mcfg.workload_key(cfg.batch_size)
+    fingerprint = store.fingerprint(mcfg, cfg.backend)  # this machine's rows only
+    examples = store.placement_examples(fingerprint, workload, normalise=False)
+    scales = reference_scales([ex.reference_ms for ex in examples])
+    out = []
+    for ex, scale in zip(examples, scales, strict=True):
+        job = ex.meta.get("job") or f"row{ex.meta.get('id')}"
+        group = job_group(job)
+        per_device = [(d.fwd_ms * scale, d.bwd_ms * scale, d.comm_ms) for d in ex.per_device]
+        step = max(sum(d) for d in per_device)
+        tables, D, B = ex.task.tables, ex.task.num_devices, ex.task.batch_size
+        out.append(sample_from_measurement(group, tables, ex.placement, D, B, per_device, step))
+    return out
+
+
+def split_holdout(
+    samples: list[CostSample], fraction: float, seed: int
+) -> tuple[list[CostSample], list[CostSample]]:
+    """Split by task group: a group (all placements of one task) is wholly in or out."""
+    groups = sorted({s.group for s in samples if is_task_group(s.group)})
+    rng = np.random.default_rng([seed, 104729])
+    held = set(rng.choice(groups, int(round(fraction * len(groups))), False)) if groups else set()
+    return [s for s in samples if s.group not in held], [s for s in samples if s.group in held]
