@@ -40,7 +40,10 @@ def test_plan_writes_json_and_png(files, capsys):
     assert "placed 6 tables on 3 devices" in printed
     assert "predicted step cost" in printed
     plan = json.loads(out.read_text())
-    assert set(plan) == {"placement", "predicted_cost_ms", "per_device"}
+    assert set(plan) == {"placement", "predicted_cost_ms", "per_device", "candidates"}
+    names = [c["name"] for c in plan["candidates"]["candidates"]]
+    assert plan["candidates"]["winner"] == names[0]  # the winner is listed first
+    assert plan["candidates"]["candidates"][0]["vs_winner"] == 1.0
     assert sorted(plan["placement"]) == [f"t{i}" for i in range(6)]
     assert all(0 <= d < 3 for d in plan["placement"].values())
     assert plan["predicted_cost_ms"] > 0

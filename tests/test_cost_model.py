@@ -1,24 +1,23 @@
-"""Cost network: invariances, fitting, metrics."""
+"""The cost network: exact physical sums, monotone in tables and lookups, invariant to
+table and device order, an ensemble spread, a fit that recovers a physical law, metrics."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.cost_fit import (
-    CostSample,
-    evaluate_cost_model,
-    fit_cost_model,
-    kendall_tau,
-    mape,
-    pack,
-    predict_samples,
-)
-from torchrec_dreamshard.cost_model import CostNet, context_values
+from torchrec_dreamshard import cost_fit as P
+from torchrec_dreamshard import cost_model as M
+from torchrec_dreamshard.cost_fit import kendall_tau, mape
+from torchrec_dreamshard.cost_model import CostNet
+from torchrec_dreamshard.physics import NUM_QUANTITIES, table_quantities
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import TaskSampler
+from torchrec_dreamshard.tables import TableSpec
 
 
 @pytest.fixture(scope="module")
@@ -62,38 +61,127 @@ def test_empty_devices_cost_nothing(task):
     assert pred.fwd_ms[0] > 0
 
 
-def _synthetic_samples(n: int, seed: int) -> list[CostSample]:
-    """Device cost = sum of per-table costs (a known additive ground truth)."""
+def _tables(n: int, seed: int = 0) -> list[TableSpec]:
     rng = np.random.default_rng(seed)
-    out = []
-    for k in range(n):
-        feats = rng.random((8, 21)).astype(np.float32)
-        per_table = 0.1 + feats[:, 0] * 2.0
-        devices = [[0, 1, 2], [3, 4], [5, 6, 7]]
-        dev = np.array([[per_table[g].sum(), 2 * per_table[g].sum(), 0.5] for g in devices])
-        out.append(
-            CostSample(f"g{k % 5}", feats, devices, context_values(3, 100), dev, dev.sum(1).max())
+    return [
+        TableSpec(
+            name=f"t{i}",
+            rows=int(rng.integers(100, 200_000)),
+            dim=int(rng.choice([8, 16, 32, 64, 128])),
+            pooling_factor=float(rng.uniform(1, 40)),
         )
-    return out
+        for i in range(n)
+    ]
 
 
-def test_fit_lowers_the_loss_and_metrics_are_sane():
+def _device_costs(net: M.CostNet, tables: list[TableSpec], B: int = 2048) -> torch.Tensor:
+    enc = net.encode(torch.from_numpy(M.cost_inputs(tables, B)))
+    return net.member_compute(enc.sum(0))  # [K, 2]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_adding_a_table_never_makes_a_device_cheaper(seed):
+    torch.manual_seed(seed)
+    net = M.CostNet(hidden=8, members=3)
+    with torch.no_grad():  # a trained-looking net: large, varied weights
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 2.0)
+    tables = _tables(12, seed)
+    before = _device_costs(net, tables[:-1])
+    after = _device_costs(net, tables)
+    assert torch.all(after >= before - 1e-6)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_more_lookups_never_make_a_device_cheaper(seed):
+    torch.manual_seed(seed)
+    net = M.CostNet(hidden=8, members=3)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn_like(p) * 2.0)
+    tables = _tables(6, seed)
+    busier = [
+        *tables[:-1],
+        dataclasses.replace(tables[-1], pooling_factor=tables[-1].pooling_factor * 3),
+    ]
+    assert torch.all(_device_costs(net, busier) >= _device_costs(net, tables) - 1e-6)
+
+
+def test_quantities_sum_exactly_and_grow_with_lookups():
+    tables = _tables(5)
+    q = table_quantities(tables, 2048)
+    assert q.shape == (5, NUM_QUANTITIES) and np.all(q >= 0)
+    more = table_quantities([dataclasses.replace(tables[0], pooling_factor=80.0)], 2048)[0]
+    assert tables[0].pooling_factor < 80.0 and np.all(more >= q[0] - 1e-6)
+    net = M.CostNet(hidden=4, members=2)
+    enc = net.encode(torch.from_numpy(M.cost_inputs(tables, 2048)))
+    # the device state's physical part is exactly the sum of the tables' quantities
+    assert torch.allclose(enc.sum(0)[:NUM_QUANTITIES], torch.from_numpy(q.sum(0)), rtol=1e-5)
+
+
+def test_prediction_ignores_table_and_device_order():
     torch.manual_seed(0)
-    net = CostNet(hidden=32)
-    train, held = _synthetic_samples(96, 0), _synthetic_samples(30, 1)
-    before = evaluate_cost_model(net, held)["cost/mape"]
-    hist = fit_cost_model(net, train, epochs=60, batch_size=32)
-    after = evaluate_cost_model(net, held)
-    assert hist[-1] < hist[0]
-    assert after["cost/mape"] < before
-    assert after["cost/mape"] < 25.0
-    dev, step = predict_samples(net, held[:2])
-    assert dev.shape == (6, 3) and step.shape == (2,)
+    net = M.CostNet(hidden=8, members=3)
+    tables = _tables(10)
+    placement = [0, 1, 2, 0, 1, 2, 0, 1, 2, 0]
+    per = [(1.0, 1.0, 0.5)] * 3
+    s1 = P.sample_from_measurement("g", tables, placement, 3, 2048, per)
+    perm = np.random.default_rng(1).permutation(10)
+    dev_perm = [2, 0, 1]
+    s2 = P.sample_from_measurement(
+        "g", [tables[i] for i in perm], [dev_perm[placement[i]] for i in perm], 3, 2048, per
+    )
+    _, step1, std1 = P.predict_samples(net, [s1])
+    _, step2, std2 = P.predict_samples(net, [s2])
+    assert step1[0] == pytest.approx(step2[0], rel=1e-5)
+    assert std1[0] == pytest.approx(std2[0], rel=1e-4, abs=1e-6)
 
 
-def test_pack_refuses_empty_devices():
-    with pytest.raises(ValueError, match="non-empty"):
-        pack([(np.zeros((2, 21), np.float32), [[0, 1], []], context_values(2, 8))])
+def _law(tables: list[TableSpec], B: int) -> tuple[float, float]:
+    """A made-up physical law: fwd and bwd linear in gathered/updated elements."""
+    q = table_quantities(tables, B).sum(0)
+    fwd = 0.05 + 0.2 * q[2] + 0.05 * q[0]
+    bwd = 0.08 + 0.3 * q[2] + 0.4 * q[4]
+    return float(fwd), float(bwd)
+
+
+def test_fit_recovers_a_physical_law_beyond_the_training_range():
+    rng = np.random.default_rng(0)
+    pool = _tables(200, seed=3)
+
+    def sample(n_lo, n_hi, k):
+        idx = rng.choice(len(pool), int(rng.integers(n_lo, n_hi)), replace=False)
+        tables = [pool[i] for i in idx]
+        fwd, bwd = _law(tables, 2048)
+        return P.sample_from_measurement(
+            f"s{k}", tables, [0] * len(tables), 1, 2048, [(fwd, bwd, 0.0)]
+        )
+
+    train = [sample(1, 10, k) for k in range(120)]
+    test = [sample(20, 40, k) for k in range(20)]  # twice as many tables as training saw
+    torch.manual_seed(0)
+    net = M.CostNet(hidden=8, members=3)
+    hist = P.fit_cost_model(net, train, epochs=300, lr=2e-2)
+    assert hist[-1] < hist[0] / 5
+    dev, _, std = P.predict_samples(net, test)
+    true = np.concatenate([s.dev_ms for s in test])
+    err = np.abs(dev[:, :2] - true[:, :2]) / true[:, :2]
+    assert np.median(err) < 0.10
+    assert np.all(std >= 0)
+
+
+def test_members_disagree_and_are_bootstrapped_apart():
+    torch.manual_seed(0)
+    net = M.CostNet(hidden=8, members=4)
+    tables = _tables(8)
+    s = P.sample_from_measurement("g", tables, [0, 1] * 4, 2, 2048, [(1, 1, 0.5)] * 2)
+    _, _, std = P.predict_samples(net, [s])
+    assert std[0] > 0
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError, match="members"):
+        M.CostNet(hidden=4, members=0)
 
 
 def test_metrics():
@@ -109,9 +197,9 @@ def test_log_comm_is_the_latency_bandwidth_form():
 
     from torch.nn import functional as F
 
-    from torchrec_dreamshard.cost_model import NO_COMM_LOG, CostNet, device_context
+    from torchrec_dreamshard.cost_model import NO_COMM_LOG, device_context
 
-    net = CostNet(16)
+    net = CostNet(8, 2)
     p, q, r = F.softplus(net.comm_raw).detach().tolist()
     for D, W, w in ((2, 96, 32), (4, 512, 64), (8, 1000, 0)):
         got = net.log_comm(torch.tensor(float(w)), device_context(D, W)).item()

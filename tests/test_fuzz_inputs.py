@@ -162,7 +162,7 @@ def test_checkpoint_meta_is_checked_before_building(payload, meta, tmp_path):
 def test_checkpoint_huge_hidden_is_refused_without_building(payload, tmp_path):
     path = tmp_path / "huge.pt"
     torch.save(dict(payload, meta={**payload["meta"], "hidden": 4096}), path)
-    with pytest.raises(ValueError, match="encoder.0.weight' has shape"):
+    with pytest.raises(ValueError, match="has shape"):
         load_checkpoint(path)
 
 

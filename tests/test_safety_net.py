@@ -6,18 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard import physnet as P
-from torchrec_dreamshard import safety_net as S
+from torchrec_dreamshard import cost_model as M
 from torchrec_dreamshard.baselines import NoPlanError, greedy_by_costs
+from torchrec_dreamshard.policy import safety_net as S
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
 
 def _scorer(task: Task, penalty: float = 1.0, seed: int = 0) -> S.Scorer:
     torch.manual_seed(seed)
-    net = P.CostNet(hidden=8, members=3)
-    enc = net.encode(torch.from_numpy(P.cost_inputs(task.tables, task.batch_size)))
-    ctx = P.device_context(task.num_devices, sum(t.dim for t in task.tables))
+    net = M.CostNet(hidden=8, members=3)
+    enc = net.encode(torch.from_numpy(M.cost_inputs(task.tables, task.batch_size)))
+    ctx = M.device_context(task.num_devices, sum(t.dim for t in task.tables))
     return S.Scorer(net, task, enc, ctx, penalty)
 
 

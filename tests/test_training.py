@@ -21,7 +21,7 @@ from torchrec_dreamshard.training import (
 
 
 def _greedy_cost(agent: DreamShard, task) -> float:
-    return agent.predict(task, agent.place(task)).step_ms
+    return agent.predict(task, agent.place(task, "greedy")).step_ms
 
 
 def test_reinforce_lowers_the_predicted_cost_of_the_greedy_plan():

@@ -23,6 +23,7 @@ here).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -116,15 +117,25 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
 
     from torchrec_dreamshard.torchrec_adapter import plan_with_torchrec
 
+    # module names may not hold dots (a planner's tables are named by their FQN): plan
+    # tables named t0, t1, ... and map the ranks back by position
+    renamed = Task(
+        tables=[dataclasses.replace(t, name=f"t{i}") for i, t in enumerate(task.tables)],
+        num_devices=task.num_devices,
+        memory_bytes=list(task.memory),
+        batch_size=task.batch_size,
+    )
     try:
-        ranks = plan_with_torchrec(task, weights_only=ours)
+        ranks = plan_with_torchrec(renamed, weights_only=ours)
     except PlannerError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NoPlanError(f"TorchRec's planner found no plan: {first}") from None
-    missing = [t.name for t in task.tables if t.name not in ranks]
+    missing = [
+        t.name for t, r in zip(task.tables, renamed.tables, strict=True) if r.name not in ranks
+    ]
     if missing:
         raise NoPlanError(f"TorchRec's plan has no rank for tables {missing}")
-    return check_placement(task, [ranks[t.name] for t in task.tables])
+    return check_placement(task, [ranks[t.name] for t in renamed.tables])
 
 
 # ----------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,19 @@ from torchrec_dreamshard.policy import DreamShard, PolicyNet
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "cpu_default.pt"
 FORMAT = "torchrec-dreamshard"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the physical ensemble cost network (1: the first cost network)
 
 
 def feature_spec() -> dict[str, Any]:
     """The feature normalisation this package computes (a checkpoint must match it)."""
+    from torchrec_dreamshard import physics
+
     return {
         "names": list(_tables.FEATURE_NAMES),
         "dim": _tables.FEATURE_DIM,
         "scales": dict(_tables.FEATURE_SCALES),
+        "quantities": list(physics.QUANTITY_NAMES),
+        "quantity_scales": [float(x) for x in physics.SCALES],
     }
 
 
@@ -61,6 +66,8 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
     meta.setdefault("version", __version__)
     meta["features"] = feature_spec()
     meta["hidden"] = agent.cost_net.hidden
+    meta["members"] = agent.cost_net.members
+    meta["policy_hidden"] = agent.policy.hidden
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -119,6 +126,7 @@ def _check_payload(payload: Any, where: str) -> None:
 
 
 MAX_HIDDEN = 4096  # widest network a checkpoint may ask for
+MAX_MEMBERS = 64  # largest ensemble a checkpoint may ask for
 _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": str,
     "hardware": dict,
@@ -131,9 +139,9 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
 def check_meta(meta: dict[str, Any], where: str) -> None:
     """Validate the metadata a network is built from, before building it.
 
-    ``hidden`` (the width) must be an integer in 1..MAX_HIDDEN and ``batch_size`` (the
-    batch the features are computed at) an integer in 1..MAX_BATCH_SIZE; the informational
-    fields must have their types when present.
+    ``hidden`` and ``policy_hidden`` (the widths) must be integers in 1..MAX_HIDDEN,
+    ``members`` (the ensemble size) in 1..MAX_MEMBERS and ``batch_size`` (informational)
+    in 1..MAX_BATCH_SIZE; the informational fields must have their types when present.
 
     Raises:
         ValueError: naming the file and the field.
@@ -142,6 +150,8 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
 
     for key, high, required in (
         ("hidden", MAX_HIDDEN, True),
+        ("members", MAX_MEMBERS, True),
+        ("policy_hidden", MAX_HIDDEN, True),
         ("batch_size", MAX_BATCH_SIZE, False),
     ):
         value = meta.get(key)
@@ -158,7 +168,7 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
             )
 
 
-def check_shapes(state: dict[str, Any], net: type, hidden: int, where: str) -> None:
+def check_shapes(state: dict[str, Any], build: Callable[[], torch.nn.Module], where: str) -> None:
     """Compare a state dict's tensors with the network's (built on the meta device, so no
     memory is allocated) before the real network is built.
 
@@ -167,7 +177,7 @@ def check_shapes(state: dict[str, Any], net: type, hidden: int, where: str) -> N
             a shape that differs (the first one is named).
     """
     with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in net(hidden).state_dict().items()}
+        expected = {k: tuple(v.shape) for k, v in build().state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -182,7 +192,7 @@ def check_shapes(state: dict[str, Any], net: type, hidden: int, where: str) -> N
         if tuple(value.shape) != shape:
             raise ValueError(
                 f"{where}: weights do not fit the networks: {key!r} has shape "
-                f"{tuple(value.shape)}, a network of width {hidden} needs {shape}"
+                f"{tuple(value.shape)}, the network the metadata describes needs {shape}"
             )
 
 
@@ -197,10 +207,17 @@ def load_checkpoint(path: str | Path | None = None) -> DreamShard:
     where = f"checkpoint {str(path if path is not None else BUNDLED_CHECKPOINT)!r}"
     meta = payload["meta"]
     check_meta(meta, where)
-    hidden = meta["hidden"]
-    for name, net in (("cost_net", CostNet), ("policy", PolicyNet)):
-        check_shapes(payload[name], net, hidden, f"{where}: {name}")
-    cost_net, policy = CostNet(hidden), PolicyNet(hidden)
+    hidden, members, policy_hidden = meta["hidden"], meta["members"], meta["policy_hidden"]
+
+    def build_cost_net() -> CostNet:
+        return CostNet(hidden, members)
+
+    def build_policy() -> PolicyNet:
+        return PolicyNet(CostNet.state_width(hidden, members), policy_hidden)
+
+    for name, build in (("cost_net", build_cost_net), ("policy", build_policy)):
+        check_shapes(payload[name], build, f"{where}: {name}")
+    cost_net, policy = build_cost_net(), build_policy()
     try:
         cost_net.load_state_dict(payload["cost_net"])
         policy.load_state_dict(payload["policy"])

@@ -1,16 +1,16 @@
-"""Fitting the cost network to measurements, and its accuracy metrics.
+"""Fitting the cost network (:mod:`torchrec_dreamshard.cost_model`) to measurements,
+and its accuracy metrics.
 
-Samples. A measured placement (or a measured fused kernel, as a one-device placement) is a
-:class:`CostSample`; several are packed into one :class:`PackedBatch` so the network rates
-them in one call (:meth:`~torchrec_dreamshard.cost_model.CostNet.forward_packed`).
+Samples. A measured placement becomes a :class:`CostSample`: the tables' network inputs
+(at the task's batch), the table indices on each non-empty device, the task context and
+the measured forward/backward/all-to-all ms of each device. Several placements are
+packed into one network call (:func:`pack`).
 
-Loss. Squared error of logarithms, ``mean((log y_hat - log y)^2)``, for the three device
-heads (communication left out on one device, where there is none) and the overall head.
-It is a relative error (``exp`` of the RMS is the typical ratio between prediction and
-measurement), so a 0.05 ms table and a 50 ms device weigh the same: the placement
-decisions hinge on the relative cost of small tables as much as of big ones, and a
-squared error in milliseconds would fit only the biggest devices. It is also symmetric in
-over- and under-prediction, unlike MAPE, and smooth.
+Loss. A robust (Huber) error of logarithms per member, weighted by the member's
+bootstrap weight of the sample, on the device forward, backward and (on more than one
+device) all-to-all times: relative (a 0.05 ms table and a 50 ms device weigh the same),
+symmetric in over- and under-prediction, and linear beyond ``HUBER_BETA`` so that a
+timing spike of a shared machine does not drag the fit.
 """
 
 from __future__ import annotations
@@ -21,65 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.nn import functional as F
 
-from torchrec_dreamshard.cost_model import EPS_MS, CostNet, context_values, single_thread
-from torchrec_dreamshard.tables import TableSpec, table_features
+from torchrec_dreamshard.cost_model import EPS_MS, CostNet, context_values, cost_inputs
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.threads import single_thread
 
-
-@dataclass
-class PackedBatch:
-    """Several placements' devices flattened for one network call.
-
-    Attributes:
-        x: features of every (device, table) pair, ``[N, F]``.
-        device_of_table: the row in the device list of each feature row, ``[N]``.
-        ctx: task context per device, ``[M, NUM_CTX]``.
-        placement_of_device: the placement each device belongs to, ``[M]``.
-        num_devices: M.
-        num_placements: P.
-    """
-
-    x: torch.Tensor
-    device_of_table: torch.Tensor
-    ctx: torch.Tensor
-    placement_of_device: torch.Tensor
-    num_devices: int
-    num_placements: int
-
-
-def pack(
-    placements: Sequence[tuple[np.ndarray, Sequence[Sequence[int]], list[float]]],
-) -> PackedBatch:
-    """Pack placements for :meth:`CostNet.forward_packed`.
-
-    Args:
-        placements: per placement, ``(features [T, F], tables per non-empty device (index
-            lists into the features), context values)``. Empty devices must be left out.
-    """
-    xs, dev_of_tab, ctx, pl_of_dev = [], [], [], []
-    m = 0
-    for p, (feats, devices, context) in enumerate(placements):
-        for tables in devices:
-            if len(tables) == 0:
-                raise ValueError("pack() takes non-empty devices only")
-            xs.append(feats[np.asarray(tables, dtype=np.int64)])
-            dev_of_tab.append(np.full(len(tables), m, dtype=np.int64))
-            ctx.append(context)
-            pl_of_dev.append(p)
-            m += 1
-    return PackedBatch(
-        x=torch.from_numpy(np.concatenate(xs).astype(np.float32)),
-        device_of_table=torch.from_numpy(np.concatenate(dev_of_tab)),
-        ctx=torch.tensor(ctx, dtype=torch.float32),
-        placement_of_device=torch.tensor(pl_of_dev, dtype=torch.int64),
-        num_devices=m,
-        num_placements=len(placements),
-    )
-
-
-# ----------------------------------------------------------------------------------------
-# The training data the network sees
-# ----------------------------------------------------------------------------------------
+HUBER_BETA = 0.1  # log-error beyond which the loss grows linearly (robust to timing spikes)
 
 
 @dataclass
@@ -87,16 +35,16 @@ class CostSample:
     """One measured placement (or one measured fused kernel, as a 1-device placement).
 
     Attributes:
-        group: the task it belongs to (for held-out splits and per-task rank metrics).
-        features: ``[T, F]`` table features.
+        group: the task it belongs to (held-out splits, per-task rank metrics).
+        inputs: ``[T, INPUT_DIM]`` (:func:`cost_inputs`).
         devices: table indices per non-empty device.
         context: the task context (:func:`context_values`).
         dev_ms: ``[M, 3]`` measured fwd/bwd/comm per non-empty device (ms).
-        step_ms: measured step cost (ms), or ``nan`` when only device costs are known.
+        step_ms: measured step cost (ms).
     """
 
     group: str
-    features: np.ndarray
+    inputs: np.ndarray
     devices: list[list[int]]
     context: list[float]
     dev_ms: np.ndarray
@@ -110,99 +58,126 @@ def sample_from_measurement(
     num_devices: int,
     batch_size: int,
     per_device: Sequence[tuple[float, float, float]],
-    step_ms: float,
 ) -> CostSample:
     """A :class:`CostSample` from a measured placement (``per_device`` lists
     ``(fwd, bwd, comm)`` ms for every device, empty ones included)."""
-    feats = table_features(tables, batch_size)
     devices = [[i for i, p in enumerate(placement) if p == d] for d in range(num_devices)]
     keep = [d for d in range(num_devices) if devices[d]]
     dev_ms = np.asarray([per_device[d] for d in keep], dtype=np.float64).reshape(-1, 3)
     context = context_values(num_devices, sum(t.dim for t in tables))
-    return CostSample(group, feats, [devices[d] for d in keep], context, dev_ms, step_ms)
+    step = float(max(sum(per_device[d]) for d in keep))
+    return CostSample(
+        group, cost_inputs(tables, batch_size), [devices[d] for d in keep], context, dev_ms, step
+    )
 
 
-# ----------------------------------------------------------------------------------------
-# Fitting and metrics
-# ----------------------------------------------------------------------------------------
+@dataclass
+class Packed:
+    """Several placements' devices flattened for one network call."""
+
+    x: torch.Tensor  # [N, INPUT_DIM] inputs of every (device, table) pair
+    device_of_table: torch.Tensor  # [N] row in the device list
+    ctx: torch.Tensor  # [M, NUM_CTX]
+    placement_of_device: torch.Tensor  # [M]
+    num_devices: int
+    num_placements: int
 
 
-def _targets(samples: Sequence[CostSample]) -> tuple[torch.Tensor, torch.Tensor]:
-    dev = np.concatenate([s.dev_ms for s in samples])
-    step = np.array([s.step_ms for s in samples], dtype=np.float64)
-    log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
-    log_step = torch.from_numpy(np.log(np.maximum(step, EPS_MS))).float()
-    return log_dev, log_step
+def pack(samples: Sequence[CostSample]) -> Packed:
+    """Pack samples' non-empty devices for :func:`member_predictions`."""
+    xs, dev_of_tab, ctx, pl_of_dev = [], [], [], []
+    m = 0
+    for p, s in enumerate(samples):
+        for tables in s.devices:
+            xs.append(s.inputs[np.asarray(tables, dtype=np.int64)])
+            dev_of_tab.append(np.full(len(tables), m, dtype=np.int64))
+            ctx.append(s.context)
+            pl_of_dev.append(p)
+            m += 1
+    return Packed(
+        x=torch.from_numpy(np.concatenate(xs).astype(np.float32)),
+        device_of_table=torch.from_numpy(np.concatenate(dev_of_tab)),
+        ctx=torch.tensor(ctx, dtype=torch.float32),
+        placement_of_device=torch.tensor(pl_of_dev, dtype=torch.int64),
+        num_devices=m,
+        num_placements=len(samples),
+    )
 
 
-def log_mse_loss(
-    net: CostNet, batch: PackedBatch, log_dev: torch.Tensor, log_step: torch.Tensor
+def member_predictions(net: CostNet, batch: Packed) -> torch.Tensor:
+    """``[M, K, 3]`` each member's log fwd/bwd/comm of the batch's devices."""
+    enc = net.encode(batch.x)
+    h = torch.zeros(batch.num_devices, net.enc_dim).index_add(0, batch.device_of_table, enc)
+    return net.member_device_log_costs(h, batch.ctx)
+
+
+def weighted_log_loss(
+    net: CostNet, batch: Packed, log_dev: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """Squared log error of the device heads plus that of the overall head (where the
-    step cost was measured, i.e. not ``nan``)."""
-    pred_dev, pred_step = net.forward_packed(batch)
-    err = (pred_dev - log_dev) ** 2
-    known = torch.ones_like(err, dtype=torch.bool)
-    known[:, 2] = log_dev[:, 2] > math.log(EPS_MS)  # no all-to-all on one device
-    loss = err[known].mean()
-    known = torch.isfinite(log_step)
-    if known.any():
-        loss = loss + ((pred_step[known] - log_step[known]) ** 2).mean()
-    return loss
+    """Squared log error of every member on every device, weighted by the member's
+    bootstrap weight of the device's placement (``weights`` ``[P, K]``); the all-to-all
+    term only where there is one (more than one device)."""
+    pred = member_predictions(net, batch)  # [M, K, 3]
+    err = F.smooth_l1_loss(
+        pred, log_dev.unsqueeze(1).expand_as(pred), reduction="none", beta=HUBER_BETA
+    )
+    known = torch.ones_like(log_dev, dtype=torch.bool)
+    known[:, 2] = log_dev[:, 2] > math.log(EPS_MS)
+    w = weights[batch.placement_of_device].unsqueeze(-1) * known.unsqueeze(1)  # [M, K, 3]
+    return (err * w).sum() / w.sum().clamp(min=1e-9)
 
 
 def fit_cost_model(
     net: CostNet,
     samples: Sequence[CostSample],
-    epochs: int = 200,
+    epochs: int = 150,
     batch_size: int = 64,
-    lr: float = 3e-3,
-    weight_decay: float = 1e-5,
+    lr: float = 1e-2,
     seed: int = 0,
     progress: bool = False,
 ) -> list[float]:
-    """Fit ``net`` in place with Adam on the squared log error; returns the loss per epoch.
+    """Fit ``net`` in place with Adam on the weighted squared log error (each member on
+    its own Poisson(1) bootstrap weights of the samples); returns the loss per epoch.
 
     Args:
         net: the network (trained further from its current weights).
         samples: training samples.
         epochs: passes over the samples.
         batch_size: placements per step.
-        lr: Adam learning rate (cosine-decayed to 10% over the epochs; ten times more for
-            the three all-to-all constants).
-        weight_decay: Adam weight decay.
-        seed: shuffling seed.
-        progress: show a tqdm bar.
+        lr: Adam learning rate, cosine-decayed to 10%.
+        seed: bootstrap weights and shuffling.
+        progress: a tqdm bar.
     """
     if not samples:
         raise ValueError("fit_cost_model needs at least one sample")
     with single_thread():
-        return _fit(net, samples, epochs, batch_size, lr, weight_decay, seed, progress)
+        return _fit(net, samples, epochs, batch_size, lr, seed, progress)
 
 
-def _fit(net, samples, epochs, batch_size, lr, weight_decay, seed, progress) -> list[float]:
+def _fit(net, samples, epochs, batch_size, lr, seed, progress) -> list[float]:
     rng = np.random.default_rng(seed)
-    comm = [net.comm_raw]
-    rest = [p for n, p in net.named_parameters() if n != "comm_raw"]
-    opt = torch.optim.Adam(
-        [{"params": rest}, {"params": comm, "lr": lr * 10, "weight_decay": 0.0}],
-        lr=lr,
-        weight_decay=weight_decay,
-    )
+    boot = rng.poisson(1.0, (len(samples), net.members)).astype(np.float32)
+    order = rng.permutation(len(samples))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        idx = order[start : start + batch_size]
+        chunk = [samples[i] for i in idx]
+        dev = np.concatenate([s.dev_ms for s in chunk])
+        log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
+        batches.append((pack(chunk), log_dev, torch.from_numpy(boot[idx])))
+    opt = torch.optim.Adam(net.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr * 0.1)
-    batches = _fixed_batches(samples, batch_size, rng)
-    history = []
     epoch_iter = range(epochs)
     if progress:
         from tqdm import tqdm
 
         epoch_iter = tqdm(epoch_iter, desc="fit cost net", leave=False)
+    history = []
     net.train()
     for _ in epoch_iter:
         total = 0.0
         for i in rng.permutation(len(batches)):
-            packed, log_dev, log_step = batches[i]
-            loss = log_mse_loss(net, packed, log_dev, log_step)
+            loss = weighted_log_loss(net, *batches[i])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -213,23 +188,20 @@ def _fit(net, samples, epochs, batch_size, lr, weight_decay, seed, progress) -> 
     return history
 
 
-def _fixed_batches(samples: Sequence[CostSample], batch_size: int, rng: np.random.Generator):
-    """Pre-packed mini-batches (packing once keeps the epochs cheap)."""
-    order = rng.permutation(len(samples))
-    out = []
-    for start in range(0, len(order), batch_size):
-        chunk = [samples[i] for i in order[start : start + batch_size]]
-        packed = pack([(s.features, s.devices, s.context) for s in chunk])
-        out.append((packed, *_targets(chunk)))
-    return out
-
-
 @torch.no_grad()
-def predict_samples(net: CostNet, samples: Sequence[CostSample]) -> tuple[np.ndarray, np.ndarray]:
-    """``(dev_ms [M, 3], step_ms [P])`` predicted for ``samples``."""
-    packed = pack([(s.features, s.devices, s.context) for s in samples])
-    log_dev, log_step = net.forward_packed(packed)
-    return torch.exp(log_dev).numpy(), torch.exp(log_step).numpy()
+def predict_samples(net: CostNet, samples: Sequence[CostSample]):
+    """``(dev_ms [M, 3], step_ms [P], step_log_std [P])``: the ensemble's mean device
+    costs, step cost, and the members' spread of log step cost."""
+    batch = pack(samples)
+    member = member_predictions(net, batch)  # [M, K, 3]
+    log_dev = member.mean(1)
+    log_tot = torch.logsumexp(log_dev, -1)
+    idx = batch.placement_of_device
+    step = torch.full((batch.num_placements,), -1e30).scatter_reduce(0, idx, log_tot, "amax")
+    m_tot = torch.logsumexp(member, -1)  # [M, K]
+    init = torch.full((batch.num_placements, net.members), -1e30)
+    m_step = init.scatter_reduce(0, idx.unsqueeze(-1).expand_as(m_tot), m_tot, "amax")
+    return torch.exp(log_dev).numpy(), torch.exp(step).numpy(), m_step.std(-1).numpy()
 
 
 def mape(pred: np.ndarray, true: np.ndarray) -> float:
@@ -250,22 +222,23 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def evaluate_cost_model(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
-    """Held-out accuracy: MAPE of step and device costs, and the mean Kendall tau between
-    predicted and measured step cost over placements of the same task."""
-    with_step = [s for s in samples if math.isfinite(s.step_ms)]
-    out: dict[str, float] = {}
-    if samples:
-        dev_pred, _ = predict_samples(net, samples)
-        dev_true = np.concatenate([s.dev_ms for s in samples])
-        out["cost/device_total_mape"] = mape(dev_pred.sum(1), dev_true.sum(1))
-    if with_step:
-        _, step_pred = predict_samples(net, with_step)
-        step_true = np.array([s.step_ms for s in with_step])
-        out["cost/mape"] = mape(step_pred, step_true)
-        taus = []
-        for g in sorted({s.group for s in with_step}):
-            idx = [k for k, s in enumerate(with_step) if s.group == g]
-            if len(idx) >= 3:
-                taus.append(kendall_tau(step_pred[idx], step_true[idx]))
-        out["cost/kendall_tau"] = float(np.nanmean(taus)) if taus else float("nan")
+    """Held-out accuracy: MAPE of device totals and of step costs, the mean Kendall tau
+    between predicted and measured step cost over placements of the same task (groups
+    of at least 3), and the members' mean spread of log step cost."""
+    if not samples:
+        return {}
+    dev_pred, step_pred, spread = predict_samples(net, samples)
+    dev_true = np.concatenate([s.dev_ms for s in samples])
+    step_true = np.array([s.step_ms for s in samples])
+    out = {
+        "cost/device_total_mape": mape(dev_pred.sum(1), dev_true.sum(1)),
+        "cost/mape": mape(step_pred, step_true),
+        "cost/log_std": float(np.mean(spread)),
+    }
+    taus = []
+    for g in sorted({s.group for s in samples}):
+        idx = [k for k, s in enumerate(samples) if s.group == g]
+        if len(idx) >= 3:
+            taus.append(kendall_tau(step_pred[idx], step_true[idx]))
+    out["cost/kendall_tau"] = float(np.nanmean(taus)) if taus else float("nan")
     return out

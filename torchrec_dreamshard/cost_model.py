@@ -1,78 +1,74 @@
-"""The cost network: a placement's per-device and overall step cost, learned from
-measurements.
+"""The cost network: physical quantities summed exactly per device, a learned monotone
+correction for fusion, and an ensemble whose spread is the model's uncertainty.
 
-Model. Each table ``i`` has the fixed feature vector ``x_i`` of
-:func:`torchrec_dreamshard.tables.table_features`, extended with four linear-scale values
-recovered from it (dim / 256, pooling / 100, dim x pooling / 2560, bytes / 1e8). A shared
-MLP encodes it, and one exact channel carries its width:
-``e_i = [phi(x_i), dim_i / 256]`` (non-negative: ReLU output). A device ``d`` holding the
-set of tables ``S_d`` is represented by the **sum** of its tables' encodings,
+Inputs. Each table ``i`` is seen as ``x_i = [s_i, q_i]``: its shape features ``s_i``
+(``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(bytes) / 11`` and the 17 reuse fractions;
+no pooling factor) and its scaled physical quantities ``q_i >= 0``
+(:func:`torchrec_dreamshard.physics.table_quantities`: lookups, bags, elements gathered,
+unique rows, elements updated, table elements, and the gathered/updated elements split
+over five table-size buckets). Both come from fixed constants, so a table has the same
+input in every task, at the task's own batch size.
 
-    h_d = sum_{i in S_d} e_i,
+One member ``k`` of the ensemble. A table's encoding is non-negative and grows with its
+physical quantities,
 
-so its prediction cannot depend on the order of its tables. With the task context
-``c = (log2(D) / 6, log2(1 + W) / 14)`` (D devices, total pooled width
-``W = sum_i dim_i``), the compute heads read ``[log(1 + h_d), c]`` and the all-to-all
-head has the latency-bandwidth form of a collective, with the device's exact width
-``w_d = 256 h_d[-1]``:
+    e_i = relu(A_k^+ log(1 + q_i) + g_k(s_i))          (A^+ >= 0 elementwise),
 
-    (log f_d, log b_d) = psi([log(1 + h_d), c]),
-    m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r   (p, q, r >= 0; 0 if D = 1),
-    t_d = f_d + b_d + m_d
+and a device holding the tables ``S_d`` is seen through two exact sums,
+``Q_d = sum_{i in S_d} q_i`` and ``H_d = sum_{i in S_d} e_i``. Its forward and backward
+times are a physical part plus a fusion part,
 
-(``(W + (D - 2) w_d) / D`` is what a device sends plus receives per sample under
-table-wise sharding: its own outputs to D - 1 peers, its 1/D of everyone else's back).
+    (f_d, b_d) = c_k + W_k^+ Q_d + V_k^+ relu(U_k^+ log(1 + H_d) + u_k),
 
-The overall head reads the **max over devices** of ``z_d = [log(1 + h_d), log t_d]`` and
-adds a learned correction to the largest device total:
+with every ``+`` weight non-negative (softplus of a free parameter). Adding a table to a
+device, or raising any of a table's physical quantities (more lookups, more unique rows),
+therefore never lowers a predicted time: the network can only learn how fusion departs
+from the physical sums, not reverse them, and the physical part extrapolates linearly
+beyond the tables it was trained on.
 
-    log step = max_d log t_d + rho(max_d z_d),
+The all-to-all has the latency-bandwidth form of a collective (shared by the members):
+with D devices, total pooled width W and the device's width ``w_d``,
+``m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r`` (0 when D = 1).
 
-so the step cost is invariant to the order of devices and, with ``rho`` small at
-initialisation, starts from the physical ``max_d t_d``. Empty devices are skipped (their
-cost is zero). Both sum and max make the network work for any number of tables and
-devices.
+Step. Measured step cost is ``max_d (f_d + b_d + m_d)``, so the network predicts exactly
+that: ``log step = max_d log t_d`` over non-empty devices.
 
-Fitting it to measurements, and its metrics, are in :mod:`torchrec_dreamshard.cost_fit`.
+Ensemble. ``K`` members, each initialised apart and fitted on its own bootstrap
+re-weighting of the samples. The prediction is the mean of the members' log costs; their
+standard deviation is the uncertainty a planner adds as a penalty, so that a search
+cannot profit from a placement only some members believe in.
+
+Fitting is in :mod:`torchrec_dreamshard.cost_fit`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from torchrec_dreamshard.tables import (
-    BYTES_LOG10_SCALE,
-    DIM_LOG2_SCALE,
-    FEATURE_DIM,
-    POOLING_LOG10_SCALE,
-)
+from torchrec_dreamshard.physics import NUM_QUANTITIES, table_quantities
+from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, table_features
 from torchrec_dreamshard.threads import single_thread  # noqa: F401 (re-exported)
-
-if TYPE_CHECKING:
-    from torchrec_dreamshard.cost_fit import PackedBatch
 
 EPS_MS = 1e-3  # ms; floor under measured costs before taking logs
 CTX_SCALE = 6.0  # log2(D) / 6: 64 devices -> 1.0
 WIDTH_SCALE = 14.0  # log2(1 + W) / 14: total width 16384 -> 1.0
 NUM_CTX = 2
-NUM_DERIVED = 4  # linear-scale channels the encoder gets besides the features
 NO_COMM_LOG = math.log(1e-6)  # log ms of the communication of a single device (none)
+SHAPE_COLUMNS = [0, 1, 3, *range(4, 4 + NUM_REUSE_BINS)]  # table_features minus pooling
+NUM_SHAPE = len(SHAPE_COLUMNS)
+INPUT_DIM = NUM_SHAPE + NUM_QUANTITIES
 
 
-def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
-    """Linear layers with ReLU between them (and after the last when ``last_relu``)."""
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2 or last_relu:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
+    """``[T, INPUT_DIM]`` network inputs ``[s_i, q_i]`` at ``batch_size`` (float32)."""
+    shape = table_features(tables, batch_size)[:, SHAPE_COLUMNS]
+    return np.concatenate([shape, table_quantities(tables, batch_size)], axis=1).astype(np.float32)
 
 
 def context_values(num_devices: int, total_dim: int) -> list[float]:
@@ -85,55 +81,90 @@ def device_context(num_devices: int, total_dim: int) -> torch.Tensor:
     return torch.tensor(context_values(num_devices, total_dim), dtype=torch.float32)
 
 
-def derived_features(x: torch.Tensor) -> torch.Tensor:
-    """The features plus linear-scale dim / 256, pooling / 100, dim x pooling / 2560 and
-    bytes / 1e8, recovered from the fixed log normalisation (so the sum over a device's
-    tables carries its total width and lookups exactly)."""
-    dim = torch.exp2(x[..., 0:1] * DIM_LOG2_SCALE)
-    pooling = torch.pow(10.0, x[..., 2:3] * POOLING_LOG10_SCALE) - 1.0
-    size = torch.pow(10.0, x[..., 3:4] * BYTES_LOG10_SCALE - 8.0)  # bytes / 1e8
-    return torch.cat([x, dim / 256, pooling / 100, dim * pooling / 2560, size], dim=-1)
+def mlp(sizes: Sequence[int], last_relu: bool = False) -> nn.Sequential:
+    """Linear layers with ReLU between them (and after the last when ``last_relu``)."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2 or last_relu:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+def _param(*shape: int, scale: float) -> nn.Parameter:
+    return nn.Parameter(torch.randn(*shape) * scale)
 
 
 class CostNet(nn.Module):
-    """Per-table encoder, sum-per-device cost heads, max-over-devices overall head.
+    """An ensemble of physical-plus-monotone-fusion cost models (see the module
+    docstring). A placement's state per device is one additive vector, the sum of the
+    tables' :meth:`encode` rows: ``[Q_d, H_d^1, ..., H_d^K, w_d / 256]``.
 
     Args:
-        hidden: width of the encoder and the heads.
-        feature_dim: table feature size.
+        hidden: width of each member's encodings ``e_i``.
+        members: ensemble size K.
     """
 
-    def __init__(self, hidden: int = 64, feature_dim: int = FEATURE_DIM):
+    def __init__(self, hidden: int = 16, members: int = 5):
         super().__init__()
-        self.hidden = hidden
-        self.feature_dim = feature_dim
-        self.encoder = mlp([feature_dim + NUM_DERIVED, hidden, hidden - 1], last_relu=True)
-        self.device_head = mlp([hidden + NUM_CTX, hidden, hidden, 2])
+        if hidden < 1 or members < 1:
+            raise ValueError(f"hidden and members must be >= 1, got {hidden}, {members}")
+        self.hidden, self.members = hidden, members
+        K, h, Q = members, hidden, NUM_QUANTITIES
+        self.enc_dim = self.state_width(hidden, members)
+        # table encoder: e = relu(A+ log1p(q) + g(s)), g a one-hidden-layer MLP
+        self.A_raw = _param(K, Q, h, scale=0.5)
+        self.A_raw.data -= 2.0
+        self.g1 = _param(K, NUM_SHAPE, h, scale=1 / math.sqrt(NUM_SHAPE))
+        self.g1_b = nn.Parameter(torch.zeros(K, 1, h))
+        self.g2 = _param(K, h, h, scale=1 / math.sqrt(h))
+        self.g2_b = nn.Parameter(torch.zeros(K, 1, h))
+        # device heads: c + W+ Q + V+ relu(U+ log1p(H) + u), two outputs (fwd, bwd)
+        self.c_raw = nn.Parameter(torch.full((K, 2), -3.0))
+        self.W_raw = nn.Parameter(torch.full((K, Q, 2), -2.5) + 0.5 * torch.randn(K, Q, 2))
+        self.U_raw = nn.Parameter(torch.randn(K, h, h) * 0.5 - 2.0)
+        self.u = nn.Parameter(torch.zeros(K, 1, h))
+        self.V_raw = nn.Parameter(torch.full((K, h, 2), -5.0) + 0.5 * torch.randn(K, h, 2))
         # all-to-all constants (ms per peer, ms per kilo-dim of load, ms), softplus^-1
         self.comm_raw = nn.Parameter(torch.tensor([1.0, 5.0, -2.0]))
-        self.overall_head = mlp([hidden + 1, hidden, 1])
-        with torch.no_grad():  # start the overall correction at ~0
-            self.overall_head[-1].weight.mul_(0.01)
-            self.overall_head[-1].bias.zero_()
+
+    @staticmethod
+    def state_width(hidden: int, members: int) -> int:
+        """Width of a device state ``[Q_d, H_d^1..H_d^K, w_d / 256]``."""
+        return NUM_QUANTITIES + members * hidden + 1
+
+    # -- tables ---------------------------------------------------------------------------
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """Table encodings ``e_i = [phi(x_i), dim_i / 256]``, ``[..., hidden]`` (the last
-        channel is exact, so a device's sum carries its pooled width)."""
-        d = derived_features(x)
-        return torch.cat([self.encoder(d), d[..., self.feature_dim : self.feature_dim + 1]], -1)
+        """``[T, enc_dim]`` table encodings ``[q_i, e_i^1..e_i^K, dim_i / 256]`` from
+        inputs ``x`` ``[T, INPUT_DIM]``."""
+        shape, q = x[:, :NUM_SHAPE], x[:, NUM_SHAPE:]
+        hid = torch.relu(torch.einsum("ts,ksh->kth", shape, self.g1) + self.g1_b)
+        g = torch.einsum("kth,khj->ktj", hid, self.g2) + self.g2_b
+        e = torch.relu(torch.einsum("tq,kqh->kth", torch.log1p(q), F.softplus(self.A_raw)) + g)
+        width = torch.exp2(shape[:, 0:1] * 8.0) / 256.0
+        return torch.cat([q, e.permute(1, 0, 2).reshape(len(x), -1), width], dim=-1)
 
-    def device_log_costs(self, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        """``[..., 3]`` log fwd/bwd/comm (ms) from device sums ``h`` ``[..., hidden]`` and
-        the context ``ctx`` ``[..., NUM_CTX]`` (broadcast to ``h``'s leading shape)."""
-        c = ctx.expand(*h.shape[:-1], ctx.shape[-1])
-        compute = self.device_head(torch.cat([torch.log1p(h), c], dim=-1))
-        return torch.cat([compute, self.log_comm(h[..., -1] * 256.0, c).unsqueeze(-1)], -1)
+    # -- devices --------------------------------------------------------------------------
+
+    def member_compute(self, S: torch.Tensor) -> torch.Tensor:
+        """``[..., K, 2]`` each member's forward and backward ms of device states ``S``
+        ``[..., enc_dim]``."""
+        K, h, Q = self.members, self.hidden, NUM_QUANTITIES
+        lead = S.shape[:-1]
+        q = S[..., :Q]
+        H = S[..., Q : Q + K * h].reshape(*lead, K, h)
+        phys = torch.einsum("...q,kqo->...ko", q, F.softplus(self.W_raw))
+        z = torch.relu(
+            torch.einsum("...kh,khj->...kj", torch.log1p(H), F.softplus(self.U_raw))
+            + self.u.squeeze(1)
+        )
+        fusion = torch.einsum("...kj,kjo->...ko", z, F.softplus(self.V_raw))
+        return F.softplus(self.c_raw) + phys + fusion
 
     def log_comm(self, width: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
         """Log all-to-all ms of a device of pooled width ``w`` among D devices of total
-        width W: ``m = p (D - 1) + q L + r``, ``L = (W + (D - 2) w) / (1000 D)`` (the
-        kilo-dims per sample it sends plus receives), ``p, q, r >= 0`` learned; none for
-        one device."""
+        width W (see the module docstring); none for one device."""
         D = torch.exp2(ctx[..., 0] * CTX_SCALE)
         W = torch.exp2(ctx[..., 1] * WIDTH_SCALE) - 1.0
         p, q, r = F.softplus(self.comm_raw)
@@ -141,48 +172,37 @@ class CostNet(nn.Module):
         log_m = torch.log(p * (D - 1.0) + q * load + r)
         return torch.where(D > 1.5, log_m, torch.full_like(log_m, NO_COMM_LOG))
 
+    def member_device_log_costs(self, S: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """``[..., K, 3]`` each member's log fwd/bwd/comm (ms)."""
+        c = ctx.expand(*S.shape[:-1], ctx.shape[-1])
+        log_fb = torch.log(self.member_compute(S))
+        comm = self.log_comm(S[..., -1] * 256.0, c).unsqueeze(-1).unsqueeze(-1)
+        return torch.cat([log_fb, comm.expand(*log_fb.shape[:-1], 1)], dim=-1)
+
+    def device_log_costs(self, h: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """``[..., 3]`` log fwd/bwd/comm (ms): the members' mean in log space."""
+        return self.member_device_log_costs(h, ctx).mean(dim=-2)
+
+    # -- placements -----------------------------------------------------------------------
+
     def device_z(self, h: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
-        """What the overall head max-reduces: ``z_d = [log(1 + h_d), log t_d]``."""
-        return torch.cat([torch.log1p(h), log_total.unsqueeze(-1)], dim=-1)
+        """What the step max-reduces over devices: ``[log t_d]``."""
+        return log_total.unsqueeze(-1)
 
     def overall_from_max(self, zmax: torch.Tensor) -> torch.Tensor:
-        """``log step = max_d log t_d + rho(max_d z_d)``."""
-        return zmax[..., -1] + self.overall_head(zmax).squeeze(-1)
+        """``log step = max_d log t_d``."""
+        return zmax[..., -1]
 
     def overall_log_cost(
         self, h: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor
     ) -> torch.Tensor:
-        """Log step cost from a dense state.
-
-        Args:
-            h: device sums ``[..., D, hidden]``.
-            log_dev: ``[..., D, 3]`` from :meth:`device_log_costs`.
-            occupied: ``[..., D]`` bool, devices holding at least one table.
-
-        Returns:
-            ``[...]`` log step cost in ms.
-        """
+        """``[...]`` log step cost: the max over occupied devices of ``log t_d``, from
+        ``log_dev`` ``[..., D, 3]`` (``h`` is unused, kept for the MDP's interface)."""
         log_total = torch.logsumexp(log_dev, dim=-1)
-        z = self.device_z(h, log_total)
-        neg = torch.finfo(z.dtype).min
-        z = z.masked_fill(~occupied.unsqueeze(-1), neg)
-        return self.overall_from_max(z.max(dim=-2).values)
+        return log_total.masked_fill(~occupied, torch.finfo(log_total.dtype).min).amax(-1)
 
-    def forward_packed(self, batch: PackedBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predictions on a packed batch of placements.
-
-        Returns:
-            ``(log_dev [M, 3], log_step [P])`` for the M non-empty devices and the P
-            placements of the batch.
-        """
-        enc = self.encode(batch.x)
-        h = torch.zeros(batch.num_devices, self.hidden, dtype=enc.dtype)
-        h = h.index_add(0, batch.device_of_table, enc)
-        log_dev = self.device_log_costs(h, batch.ctx)
-        log_total = torch.logsumexp(log_dev, dim=-1)
-        z = self.device_z(h, log_total)
-        idx = batch.placement_of_device.unsqueeze(-1).expand_as(z)
-        init = torch.full((batch.num_placements, z.shape[-1]), -1e30, dtype=z.dtype)
-        zmax = init.scatter_reduce(0, idx, z, reduce="amax", include_self=True)
-        log_step = self.overall_from_max(zmax)
-        return log_dev, log_step
+    def member_log_steps(self, S: torch.Tensor, ctx: torch.Tensor, occupied: torch.Tensor):
+        """``[..., K]`` each member's log step cost of device states ``S`` ``[..., D, enc]``."""
+        log_total = torch.logsumexp(self.member_device_log_costs(S, ctx), dim=-1)  # [..., D, K]
+        neg = torch.finfo(log_total.dtype).min
+        return log_total.masked_fill(~occupied.unsqueeze(-1), neg).amax(-2)

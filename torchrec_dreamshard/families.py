@@ -204,12 +204,20 @@ def _memory(fam: Family, tables: Sequence[TableSpec], D: int, rng: np.random.Gen
     return [int(math.ceil(m)) for m in mem]
 
 
-def draw_task(name: str, split: str = "test", seed: int = 0) -> Task:
-    """Task ``seed`` of family ``name``'s ``split`` (deterministic in all three)."""
+def draw_task(
+    name: str,
+    split: str = "test",
+    seed: int = 0,
+    num_tables: tuple[int, int] | None = None,
+    num_devices: Sequence[int] | None = None,
+) -> Task:
+    """Task ``seed`` of family ``name``'s ``split`` (deterministic in all arguments);
+    ``num_tables`` and ``num_devices`` override the family's T range and D choices."""
     fam = family(name)
     rng = _seed_stream(fam, split, seed)
-    T = int(rng.integers(fam.tables[0], fam.tables[1] + 1))
-    D = int(rng.choice(fam.devices))
+    lo, hi = num_tables or fam.tables
+    T = int(rng.integers(lo, hi + 1))
+    D = int(rng.choice(list(num_devices or fam.devices)))
     B = int(rng.choice(fam.batch))
     if fam.access == "pool":
         sampler = TaskSampler(synthetic_pool(scale=CPU_POOL_SCALE, seed=0), seed=0)

@@ -47,7 +47,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=int, default=4, help="devices the plans are for")
     p.add_argument("--batch-size", type=int, default=2048, help="global batch")
     p.add_argument("--checkpoint", metavar="PATH", help="agent checkpoint (default: bundled)")
-    p.add_argument("--mode", choices=["greedy", "search"], default="greedy")
+    p.add_argument("--mode", choices=["safe", "greedy", "search"], default="safe")
     p.add_argument("--train-ranks", type=int, default=2, help="gloo ranks for training")
     p.add_argument("--train-steps", type=int, default=3)
     p.add_argument("--out", metavar="DEMO.json", help="write the side-by-side as JSON")

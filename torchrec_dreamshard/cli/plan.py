@@ -32,8 +32,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", metavar="PATH", help="agent checkpoint (default: bundled)")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan as JSON")
     p.add_argument("--plot", metavar="PLAN.png", help="per-device stacked bar chart")
-    p.add_argument("--mode", choices=["greedy", "search"], default="greedy")
-    p.add_argument("--num-samples", type=int, default=16, help="roll-outs in search mode")
+    p.add_argument(
+        "--mode",
+        choices=("safe", "greedy", "search"),  # policy.agent.PLACEMENT_MODES
+        default="safe",
+        help="safe (default): policy, heuristics and TorchRec compete, chosen by the cost "
+        "network penalised by its uncertainty; greedy: one policy roll-out; search: the "
+        "policy's roll-outs, refined",
+    )
+    p.add_argument("--num-samples", type=int, default=4, help="sampled policy roll-outs")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 
@@ -43,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
     from torchrec_dreamshard.tasks import Task
 
-    if args.num_samples < 1:
-        raise ValueError(f"--num-samples must be >= 1, got {args.num_samples}")
+    if args.num_samples < 0:
+        raise ValueError(f"--num-samples must be >= 0, got {args.num_samples}")
     # outputs are checked before planning, so a bad path never costs the work
     for path, what in ((args.out, "--out file"), (args.plot, "--plot file")):
         if path:
@@ -57,11 +64,16 @@ def run(args: argparse.Namespace) -> int:
     placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
     seconds = time.perf_counter() - start
     plan = plan_dict(task, placement, agent.predict(task, placement))
+    report = getattr(agent, "last_report", None)
+    if report is not None:
+        plan["candidates"] = report.to_dict()
     print(
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
     print(format_plan(plan))
+    if report is not None:
+        print("\n".join(report.lines()))
     if args.out:
         atomic_write(args.out, dumps_strict(plan), "--out file")
         print(f"wrote {args.out}")

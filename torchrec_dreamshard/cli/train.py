@@ -9,6 +9,7 @@ EXAMPLES = """examples:
   dreamshard train --out-dir runs/cpu -n 10
   dreamshard train --out-dir runs/cpu -n 12          # resumes at iteration 11
   dreamshard train --out-dir runs/tiny -n 2 --num-tables 6 10 --boot-tasks 2 --collect-tasks 2
+  dreamshard train --out-dir runs/zipf -n 4 --families zipf tight
 
 Each iteration ends with OUT_DIR/checkpoint.pt, a row of OUT_DIR/metrics.csv and
 OUT_DIR/curves.png. Killed at any point, the same command resumes from the last checkpoint
@@ -29,14 +30,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", help="SQLite cost store (default OUT_DIR/costs.sqlite)")
     p.add_argument("-n", "--iterations", type=int, help="iterations N")
     p.add_argument("--seed", type=int)
-    p.add_argument("--batch-size", type=int)
     p.add_argument("--optimizer")
     p.add_argument("--backend", choices=["local", "distributed"])
-    p.add_argument("--num-tables", type=int, nargs=2, metavar=("LO", "HI"))
-    p.add_argument("--num-devices", type=int, nargs="+")
+    p.add_argument(
+        "--families", nargs="+", help="task families to train on (default: all training families)"
+    )
+    p.add_argument(
+        "--num-tables",
+        type=int,
+        nargs=2,
+        metavar=("LO", "HI"),
+        help="override every family's T range",
+    )
+    p.add_argument("--num-devices", type=int, nargs="+", help="override every family's D choices")
     p.add_argument("--boot-single", type=int, help="single tables measured first")
     p.add_argument("--boot-subsets", type=int, help="fused subsets measured first")
     p.add_argument("--boot-tasks", type=int, help="random-placement tasks first")
+    p.add_argument("--boot-placements", type=int, help="random placements per bootstrap task")
     p.add_argument("--collect-tasks", type=int, help="tasks measured per iteration")
     p.add_argument("--placements-per-task", type=int)
     p.add_argument("--policy-updates", type=int, help="REINFORCE updates per iter")

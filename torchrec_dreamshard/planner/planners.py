@@ -88,9 +88,11 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         checkpoint: a checkpoint written by ``dreamshard train``; ``None`` uses the one
             bundled with the package (trained on CPU).
         agent: an already loaded agent (overrides ``checkpoint``).
-        mode: ``"greedy"`` (one policy roll-out, milliseconds) or ``"search"`` (also
-            ``num_samples`` sampled roll-outs; the cost network keeps the best).
-        num_samples: sampled roll-outs in search mode.
+        mode: ``"safe"`` (the default: the policy's roll-outs, the classic heuristics and
+            TorchRec's planner compete, refined, chosen by the cost network penalised by
+            its uncertainty), ``"greedy"`` (one policy roll-out, milliseconds) or
+            ``"search"`` (the policy's roll-outs only, refined).
+        num_samples: sampled policy roll-outs (safe and search modes).
         seed: sampling seed.
         sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
             features; each table's reuse histogram is measured from them.
@@ -110,8 +112,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         constraints: dict[str, ParameterConstraints] | None = None,
         checkpoint: str | Path | None = None,
         agent: PlacementAgent | None = None,
-        mode: str = "greedy",
-        num_samples: int = 16,
+        mode: str = "safe",
+        num_samples: int = 4,
         seed: int = 0,
         sample_batches: Iterable[Any] | None = None,
         storage_reservation: StorageReservation | None = None,
@@ -141,7 +143,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self.perf_model = CostNetPerfModel(
             self.agent, topology, global_batch, spec_fn=enumerator.table_spec
         )
-        self.cost_stats = CostNetStats(self.perf_model)
+        self.cost_stats = CostNetStats(self.perf_model, self.proposer)
         if stats is None:
             stats = [EmbeddingStats(), self.cost_stats]
         super().__init__(

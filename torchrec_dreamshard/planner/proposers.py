@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import (
@@ -59,8 +60,8 @@ class DreamShardProposer(Proposer):
             topology when there is one).
         batch_size: the *global* batch the table-wise kernels process.
         storage_reservation: the planner's storage reservation.
-        mode: ``"greedy"`` (one roll-out) or ``"search"`` (best of ``num_samples`` more).
-        num_samples: sampled roll-outs in search mode.
+        mode: ``"safe"``, ``"greedy"`` or ``"search"`` (see :class:`DreamShardPlanner`).
+        num_samples: sampled policy roll-outs (safe and search modes).
         seed: sampling seed.
         fallback_partitioner: places the tables TorchRec plans (default greedy by perf).
     """
@@ -71,8 +72,8 @@ class DreamShardProposer(Proposer):
         topology: Topology,
         batch_size: int,
         storage_reservation: StorageReservation | None = None,
-        mode: str = "greedy",
-        num_samples: int = 16,
+        mode: str = "safe",
+        num_samples: int = 4,
         seed: int = 0,
         fallback_partitioner: Partitioner | None = None,
     ) -> None:
@@ -90,6 +91,7 @@ class DreamShardProposer(Proposer):
         self._enumerator: Enumerator | None = None
         self._done = False
         self.last_placement: dict[str, int] = {}
+        self.last_report: Any = None  # the agent's SafetyReport of the last proposal
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
         """Take the enumerated options; the next :meth:`propose` runs the policy."""
@@ -204,9 +206,11 @@ class DreamShardProposer(Proposer):
                 memory_bytes=caps,
                 batch_size=self._batch_size,
             )
-            return self._agent.place(
+            placement = self._agent.place(
                 task, mode=self._mode, num_samples=self._num_samples, seed=self._seed
             )
+            self.last_report = getattr(self._agent, "last_report", None)
+            return placement
         except ValueError as exc:  # PlacementError is a ValueError
             raise PlannerError(
                 f"DreamShard could not place the tables: {exc}",

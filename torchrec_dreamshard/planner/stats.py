@@ -23,10 +23,13 @@ class CostNetStats(Stats):
 
     Args:
         perf_model: the cost-network perf model that rates plans.
+        proposer: the proposer whose ``last_report`` (the safety net's candidates: which
+            won and by how much) is logged too, when it has one.
     """
 
-    def __init__(self, perf_model: CostNetPerfModel) -> None:
+    def __init__(self, perf_model: CostNetPerfModel, proposer: Any = None) -> None:
         self._perf_model = perf_model
+        self._proposer = proposer
         self.last_prediction: PlanPrediction | None = None
         self.last_table: list[str] = []
 
@@ -53,6 +56,9 @@ class CostNetStats(Stats):
             "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all;",
             "Other: TorchRec's perf estimate of the shards it placed",
         ]
+        report = getattr(self._proposer, "last_report", None)
+        if report is not None:
+            rows += report.lines()
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]
         self.last_table += [f"# {row: <{WIDTH - 3}}#" for row in rows]
         self.last_table.append("#" * WIDTH)

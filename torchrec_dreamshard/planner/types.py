@@ -26,14 +26,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
-PLACEMENT_MODES: tuple[str, ...] = ("greedy", "search")
+PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")  # see policy.agent
 
 
 class PlacementAgent(Protocol):
     """What the planner needs of a trained DreamShard agent (``policy.DreamShard``)."""
 
     def place(
-        self, task: Task, mode: str = "greedy", num_samples: int = 16, seed: int = 0
+        self, task: Task, mode: str = "safe", num_samples: int = 4, seed: int = 0
     ) -> list[int]: ...
 
     def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction: ...

@@ -1,41 +1,68 @@
 """The trained agent, :class:`DreamShard`: cost network, policy and metadata behind
-``place``, ``predict`` and ``table_costs``."""
+``place``, ``predict`` and ``table_costs``.
+
+Placement modes:
+
+* ``"safe"`` (the default): the safety net of :mod:`torchrec_dreamshard.policy.safety_net`:
+  the policy's greedy and sampled roll-outs, the memory-aware classic heuristics, a
+  greedy balance of the predicted single-table costs, TorchRec's own planner (with the
+  task's memory, on tasks of at most ``LARGE_TASK`` tables x devices) and any plans the
+  caller adds compete; the best few are refined by moves and swaps, and the
+  lowest cost, penalised by the ensemble's disagreement, wins;
+* ``"greedy"``: the policy's greedy roll-out alone (DreamShard's inference);
+* ``"search"``: the policy's roll-outs alone (greedy and ``num_samples`` sampled), scored
+  and refined like the safety net's candidates.
+
+After ``place``, ``last_report`` holds the :class:`SafetyReport` (which candidate won and
+by how much).
+"""
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_model import CostNet, device_context, single_thread
+from torchrec_dreamshard.baselines import NoPlanError, torchrec_placement
+from torchrec_dreamshard.cost_model import CostNet, cost_inputs, device_context, single_thread
 from torchrec_dreamshard.policy.mdp import EstimatedMDP
 from torchrec_dreamshard.policy.network import PolicyNet
-from torchrec_dreamshard.policy.search import REFINE_STEPS, refine
-from torchrec_dreamshard.tables import table_features
+from torchrec_dreamshard.policy.safety_net import (
+    DEFAULT_PENALTY,
+    DEFAULT_SAMPLES,
+    SafetyReport,
+    Scorer,
+    choose,
+    heuristic_candidates,
+)
 from torchrec_dreamshard.tasks import Task, check_placement
 
-BATCH_WARN_RATIO = 4.0  # warn when a task's batch is this far from the training batch
+PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
+LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
 
 
 @dataclass
 class CostPrediction:
-    """The cost network's view of a placement (ms, scaled to the task's batch size).
+    """The cost network's view of a placement (ms, at the task's batch size).
 
     Attributes:
         fwd_ms: per device, forward (0 for an empty device).
         bwd_ms: per device, backward.
         comm_ms: per device, communication.
-        step_ms: the overall head's step cost.
+        step_ms: the step cost (the slowest device's total).
+        step_log_std: the ensemble members' spread of log step cost (the uncertainty:
+            0.1 means the members disagree by about 10%).
     """
 
     fwd_ms: list[float]
     bwd_ms: list[float]
     comm_ms: list[float]
     step_ms: float
+    step_log_std: float = 0.0
 
     @property
     def total_ms(self) -> list[float]:
@@ -48,116 +75,150 @@ class DreamShard:
 
     Args:
         cost_net: the cost network.
-        policy: the policy network (same hidden width).
-        meta: metadata (hardware fingerprint, workload, batch size, version, ...).
+        policy: the policy network (its input width is the cost network's ``enc_dim``).
+        meta: metadata (hardware fingerprint, workload, version, ...).
+        penalty: how many ensemble standard deviations of log cost the safety net adds.
     """
 
-    def __init__(self, cost_net: CostNet, policy: PolicyNet, meta: dict[str, Any] | None = None):
-        if cost_net.hidden != policy.hidden:
+    def __init__(
+        self,
+        cost_net: CostNet,
+        policy: PolicyNet,
+        meta: dict[str, Any] | None = None,
+        penalty: float = DEFAULT_PENALTY,
+    ):
+        if cost_net.enc_dim != policy.in_dim:
             raise ValueError(
-                f"cost net width {cost_net.hidden} and policy width {policy.hidden} differ"
+                f"cost net state width {cost_net.enc_dim} and policy input width "
+                f"{policy.in_dim} differ"
             )
         self.cost_net = cost_net.eval()
         self.policy = policy.eval()
+        self.penalty = penalty
         self.meta: dict[str, Any] = dict(meta or {})
-        self.meta.setdefault("batch_size", 2048)
         self.meta.setdefault("hidden", cost_net.hidden)
+        self.meta.setdefault("members", cost_net.members)
+        self.meta.setdefault("policy_hidden", policy.hidden)
+        self.last_report: SafetyReport | None = None
 
     @classmethod
-    def untrained(cls, seed: int = 0, hidden: int = 64) -> DreamShard:
+    def untrained(
+        cls, seed: int = 0, hidden: int = 16, members: int = 5, policy_hidden: int = 64
+    ) -> DreamShard:
         """Randomly initialised networks (deterministic in ``seed``)."""
         torch.manual_seed(seed)
         from torchrec_dreamshard import __version__
 
-        meta = {"trained": False, "seed": seed, "version": __version__, "hidden": hidden}
-        return cls(CostNet(hidden), PolicyNet(hidden), meta)
+        net = CostNet(hidden, members)
+        meta = {"trained": False, "seed": seed, "version": __version__}
+        return cls(net, PolicyNet(net.enc_dim, policy_hidden), meta)
 
     # -- helpers --------------------------------------------------------------------------
 
-    def features(self, task: Task) -> np.ndarray:
-        """Table features at the batch size the networks were trained on."""
-        return table_features(task.tables, int(self.meta["batch_size"]))
-
-    def batch_scale(self, task: Task) -> float:
-        """Factor from the trained batch size's milliseconds to the task's (linear in the
-        batch; warns when the batch is far from the training one)."""
-        ratio = task.batch_size / float(self.meta["batch_size"])
-        if not 1 / BATCH_WARN_RATIO <= ratio <= BATCH_WARN_RATIO:
-            warnings.warn(
-                f"task batch size {task.batch_size} is far from the batch size "
-                f"{self.meta['batch_size']} this agent was trained on; predicted costs are "
-                "scaled linearly and may be off",
-                stacklevel=3,
-            )
-        return ratio
+    def inputs(self, task: Task) -> np.ndarray:
+        """The tables' network inputs at the task's batch size."""
+        return cost_inputs(task.tables, task.batch_size)
 
     def mdp(self, task: Task) -> EstimatedMDP:
         """The task's estimated MDP."""
-        return EstimatedMDP(self.cost_net, task, self.features(task))
+        return EstimatedMDP(self.cost_net, task, self.inputs(task))
+
+    def scorer(self, task: Task, enc: torch.Tensor | None = None) -> Scorer:
+        """The safety net's scorer of ``task``'s placements."""
+        if enc is None:
+            enc = self.cost_net.encode(torch.from_numpy(self.inputs(task)))
+        ctx = device_context(task.num_devices, sum(t.dim for t in task.tables))
+        return Scorer(self.cost_net, task, enc, ctx, self.penalty)
 
     # -- public API -----------------------------------------------------------------------
 
     def place(
-        self, task: Task, mode: str = "greedy", num_samples: int = 16, seed: int = 0
+        self,
+        task: Task,
+        mode: str = "safe",
+        num_samples: int = DEFAULT_SAMPLES,
+        seed: int = 0,
+        extra: Mapping[str, Sequence[int]] | None = None,
     ) -> list[int]:
         """A device per table, respecting every device's memory.
 
         Args:
             task: the task.
-            mode: ``"greedy"`` (one argmax roll-out) or ``"search"`` (the greedy roll-out
-                plus ``num_samples`` sampled ones; the one the cost network rates best,
-                then improved by moves and swaps the cost network rates better, see
-                :func:`refine`).
-            num_samples: sampled roll-outs in search mode.
+            mode: one of :data:`PLACEMENT_MODES` (see the module docstring).
+            num_samples: sampled roll-outs (search and safe modes).
             seed: sampling seed.
+            extra: more candidate plans by name (safe mode), e.g. TorchRec's.
 
         Raises:
             PlacementError: a table fits on no device (named in the message).
         """
-        if mode not in ("greedy", "search"):
-            raise ValueError(f"mode must be 'greedy' or 'search', got {mode!r}")
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
-        with single_thread():
-            return self._place(task, mode, num_samples, seed)
+        if mode not in PLACEMENT_MODES:
+            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+        if num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
+        with single_thread(), torch.no_grad():
+            return self._place(task, mode, num_samples, seed, extra or {})
 
-    def _place(self, task: Task, mode: str, num_samples: int, seed: int) -> list[int]:
+    def _place(self, task, mode, num_samples, seed, extra) -> list[int]:
         mdp = self.mdp(task)
-        best = mdp.rollout(self.policy, 1, greedy=True)
-        placement, best_cost = best.placements[0], float(best.log_step[0])
-        if mode == "search":
+        named = {"policy_greedy": mdp.rollout(self.policy, 1, greedy=True).placements[0]}
+        if mode == "greedy":
+            self.last_report = None
+            return check_placement(task, [int(d) for d in named["policy_greedy"]])
+        if mode == "safe" and len(task.tables) * task.num_devices > LARGE_TASK:
+            num_samples = 0  # bounded planning time on the largest tasks
+        if num_samples:
             gen = torch.Generator().manual_seed(seed)
-            res = mdp.rollout(self.policy, num_samples, greedy=False, generator=gen)
-            k = int(torch.argmin(res.log_step))
-            if float(res.log_step[k]) < best_cost:
-                placement = res.placements[k]
-            placement = refine(mdp, np.asarray(placement), REFINE_STEPS, seed)
-        return check_placement(task, [int(d) for d in placement])
+            rolls = mdp.rollout(self.policy, num_samples, greedy=False, generator=gen)
+            named.update({f"policy_sample{k}": p for k, p in enumerate(rolls.placements)})
+        failed: dict[str, str] = {}
+        if mode == "safe":
+            single = self.single_compute_ms(task, mdp)
+            plans, failed = heuristic_candidates(task, single)
+            named.update(plans)
+            if len(task.tables) * task.num_devices <= LARGE_TASK:
+                try:
+                    named["torchrec"] = np.asarray(torchrec_placement(task, ours=True))
+                except NoPlanError as exc:
+                    failed["torchrec"] = str(exc)
+            named.update({n: np.asarray(check_placement(task, p)) for n, p in extra.items()})
+        enc = torch.empty_like(mdp.enc)
+        enc[torch.from_numpy(mdp.order)] = mdp.enc  # back to table order
+        self.last_report = choose(self.scorer(task, enc), named, failed, seed=seed)
+        return check_placement(task, [int(d) for d in self.last_report.winner.placement])
+
+    def single_compute_ms(self, task: Task, mdp: EstimatedMDP | None = None) -> np.ndarray:
+        """Predicted fwd + bwd (ms) of each table alone on a device, in table order."""
+        mdp = mdp or self.mdp(task)
+        enc = torch.empty_like(mdp.enc)
+        enc[torch.from_numpy(mdp.order)] = mdp.enc
+        with torch.no_grad():
+            fb = self.cost_net.member_compute(enc)  # [T, K, 2]
+        return torch.exp(torch.log(fb).mean(-2)).sum(-1).numpy().astype(np.float64)
 
     @single_thread()
     @torch.no_grad()
     def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction:
         """The cost network's per-device and overall cost of ``placement``."""
         placement = check_placement(task, placement)
-        D, H = task.num_devices, self.cost_net.hidden
-        enc = self.cost_net.encode(torch.from_numpy(self.features(task)))
-        S = torch.zeros(D, H).index_add(0, torch.tensor(placement), enc)
-        occupied = torch.zeros(D, dtype=torch.bool)
-        occupied[torch.tensor(placement)] = True
-        ctx = device_context(D, sum(t.dim for t in task.tables))
-        log_dev = self.cost_net.device_log_costs(S, ctx)
-        log_step = self.cost_net.overall_log_cost(S, log_dev, occupied)
-        scale = self.batch_scale(task)
-        dev = (torch.exp(log_dev) * occupied.unsqueeze(-1)).numpy().astype(float) * scale
+        scorer = self.scorer(task)
+        S, occupied = scorer.device_states(np.asarray([placement]))
+        log_dev = self.cost_net.device_log_costs(S[0], scorer.ctx)
+        log_step = self.cost_net.overall_log_cost(S[0], log_dev, occupied[0])
+        _, _, std = scorer.score_states(S, occupied)
+        if not torch.isfinite(log_step):
+            raise ValueError("the cost network's prediction is not finite")
+        dev = (torch.exp(log_dev) * occupied[0].unsqueeze(-1)).numpy().astype(float)
         return CostPrediction(
             fwd_ms=dev[:, 0].tolist(),
             bwd_ms=dev[:, 1].tolist(),
             comm_ms=dev[:, 2].tolist(),
-            step_ms=float(torch.exp(log_step)) * scale,
+            step_ms=float(math.exp(float(log_step))),
+            step_log_std=float(std[0]),
         )
 
     @single_thread()
     @torch.no_grad()
     def table_costs(self, task: Task) -> np.ndarray:
         """Predicted single-table fwd + bwd + comm (ms) of each table, alone on a device."""
-        return self.mdp(task).single_ms * self.batch_scale(task)
+        return self.mdp(task).single_ms

@@ -36,7 +36,7 @@ class Rollout:
     Attributes:
         placements: ``[K, T]`` device per table, in the task's table order.
         log_step: ``[K]`` predicted log step cost of each roll-out.
-        inputs: ``[T, K, D, hidden + NUM_SCALARS]`` policy inputs per step (if recorded).
+        inputs: ``[T, K, D, enc_dim + NUM_SCALARS]`` policy inputs per step (if recorded).
         legal: ``[T, K, D]`` legal-action masks (if recorded).
         actions: ``[T, K]`` chosen devices in placement order (if recorded).
     """
@@ -48,7 +48,7 @@ class Rollout:
     actions: torch.Tensor | None = None
 
 
-def _ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
+def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
     """Whether first-fit-decreasing packs ``sizes`` into capacities ``free``."""
     free = free.astype(np.float64).copy()
     for s in np.sort(sizes)[::-1]:
@@ -75,16 +75,16 @@ class EstimatedMDP:
     Args:
         cost_net: the cost network.
         task: the task.
-        features: its table features (``table_features(task.tables, batch)``).
+        inputs: its tables' network inputs (``cost_inputs(task.tables, task.batch_size)``).
     """
 
-    def __init__(self, cost_net: CostNet, task: Task, features: np.ndarray):
+    def __init__(self, cost_net: CostNet, task: Task, inputs: np.ndarray):
         self.net = cost_net
         self.task = task
         self.D = task.num_devices
         self.ctx = device_context(self.D, sum(t.dim for t in task.tables))
         with torch.no_grad():
-            enc = cost_net.encode(torch.from_numpy(features))
+            enc = cost_net.encode(torch.from_numpy(inputs))
             single = cost_net.device_log_costs(enc, self.ctx)
         self.single_ms = torch.exp(single).sum(-1).numpy().astype(np.float64)
         self.order = np.argsort(-self.single_ms, kind="stable")
@@ -132,7 +132,7 @@ class EstimatedMDP:
         # the larger ones can have taken
         if (np.maximum(trial[None, :] - rem[:, None], 0.0).sum(1) > before).all():
             return True
-        return _ffd_fits(rem, trial)
+        return ffd_fits(rem, trial)
 
     def _no_room_message(self, i: int, free: np.ndarray) -> str:
         t = self.task.tables[int(self.order[i])]
@@ -162,7 +162,7 @@ class EstimatedMDP:
             generator: torch RNG for sampling.
             record: keep the policy inputs, legal masks and actions for REINFORCE.
         """
-        K, D, T, H = num, self.D, len(self.order), self.net.hidden
+        K, D, T, H = num, self.D, len(self.order), self.net.enc_dim
         S = torch.zeros(K, D, H)
         log_dev = torch.full((K, D, 3), LOG_EPS)
         occupied = torch.zeros(K, D, dtype=torch.bool)

@@ -32,13 +32,14 @@ class PolicyNet(nn.Module):
     """Per-device logit ``l_d`` (see the module docstring).
 
     Args:
-        hidden: width of the cost network's encodings (input) and of the MLP.
+        in_dim: width of the cost network's device states (its ``enc_dim``).
+        hidden: width of the MLP.
     """
 
-    def __init__(self, hidden: int = 64):
+    def __init__(self, in_dim: int, hidden: int = 64):
         super().__init__()
-        self.hidden = hidden
-        self.body = mlp([hidden + NUM_SCALARS, hidden, hidden, 1])
+        self.in_dim, self.hidden = in_dim, hidden
+        self.body = mlp([in_dim + NUM_SCALARS, hidden, hidden, 1])
         with torch.no_grad():
             self.body[-1].weight.mul_(0.1)
             self.body[-1].bias.zero_()
@@ -46,8 +47,8 @@ class PolicyNet(nn.Module):
         self.prior_raw = nn.Parameter(torch.tensor([20.0, 2.0 + math.log(-math.expm1(-2.0))]))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """Logits ``[...]`` from per-device inputs ``u`` ``[..., hidden + NUM_SCALARS]``;
+        """Logits ``[...]`` from per-device inputs ``u`` ``[..., in_dim + NUM_SCALARS]``;
         the scalars' first two entries are the step and device-total log-ratios."""
         a, b = F.softplus(self.prior_raw)
-        scal = u[..., self.hidden :]
+        scal = u[..., self.in_dim :]
         return self.body(u).squeeze(-1) - a * scal[..., 0] - b * scal[..., 1]

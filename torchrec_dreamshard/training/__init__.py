@@ -1,6 +1,6 @@
 """The DreamShard training loop, one concept per module:
 
-* :mod:`~torchrec_dreamshard.training.config`: ``TrainConfig``, seeding, the task sampler;
+* :mod:`~torchrec_dreamshard.training.config`: ``TrainConfig`` and seeding;
 * :mod:`~torchrec_dreamshard.training.jobs`: the placements a run measures (``Job``) and
   their collection into the cost store;
 * :mod:`~torchrec_dreamshard.training.samples`: the store's measurements as cost samples;
@@ -9,7 +9,7 @@
 * :mod:`~torchrec_dreamshard.training.loop`: checkpoints, resuming and the loop itself.
 """
 
-from torchrec_dreamshard.training.config import TrainConfig, make_sampler, seed_everything
+from torchrec_dreamshard.training.config import TrainConfig, seed_everything
 from torchrec_dreamshard.training.jobs import (
     Job,
     bootstrap_jobs,
@@ -44,7 +44,6 @@ __all__ = [
     "job_group",
     "job_seed",
     "load_samples",
-    "make_sampler",
     "placement_for",
     "plot_curves",
     "reinforce_update",

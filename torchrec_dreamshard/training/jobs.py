@@ -18,15 +18,15 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.cost_model import single_thread
+from torchrec_dreamshard.families import draw_task
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.sampler import TaskSampler, make_task
 from torchrec_dreamshard.tasks import Task, random_placement
 from torchrec_dreamshard.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.measure.store import CostStore
 
-JobKind = Literal["one", "random", "greedy", "sample"]
+JobKind = Literal["one", "random", "safe", "greedy", "sample"]
 _TASK_MARK = "-task"  # keys of task jobs: f"{phase}-task{j}-{k}"
 
 
@@ -38,8 +38,9 @@ class Job:
         key: the store's job key, stable across runs (``"boot-single-3"``,
             ``"boot-task0-1"``, ``"it2-task1-0"``).
         task: the task.
-        kind: ``"one"`` (every table on device 0), ``"random"``, ``"greedy"`` (the agent's
-            greedy roll-out) or ``"sample"`` (a sampled roll-out).
+        kind: ``"one"`` (every table on device 0), ``"random"``, ``"safe"`` (the agent's
+            default plan), ``"greedy"`` (its policy's greedy roll-out) or ``"sample"`` (a
+            sampled roll-out).
         seed: seeds a random placement or a sampled roll-out.
     """
 
@@ -79,51 +80,57 @@ def _job(cfg: TrainConfig, key: str, task: Task, kind: JobKind) -> Job:
     return Job(key=key, task=task, kind=kind, seed=job_seed(cfg.seed, key))
 
 
-def bootstrap_jobs(cfg: TrainConfig, sampler: TaskSampler) -> list[Job]:
-    """The bootstrap: single tables, fused subsets, random placements (deterministic in
-    the config)."""
+def _one_device(task: Task, idx: Sequence[int]) -> Task:
+    """The tables ``idx`` of ``task`` fused on one device of just enough memory."""
+    tables = [task.tables[i] for i in idx]
+    memory = sum(t.size_bytes for t in tables)
+    return Task(tables=tables, num_devices=1, memory_bytes=memory, batch_size=task.batch_size)
+
+
+def bootstrap_jobs(cfg: TrainConfig) -> list[Job]:
+    """The bootstrap (deterministic in the config): single tables and fused subsets of
+    training tasks on one device, and random placements of training tasks, the tasks
+    taken from the configured families in turn."""
     rng = np.random.default_rng([cfg.seed, 7919])
-    train = sampler.splits["train"]
     jobs = []
-    for j, i in enumerate(rng.choice(len(train), min(cfg.boot_single, len(train)), False)):
-        jobs.append(_job(cfg, f"boot-single-{j}", make_task([train[i]], 1, cfg.batch_size), "one"))
-    for j in range(cfg.boot_subsets):
-        n = int(rng.integers(2, min(40, len(train)) + 1))
-        chosen = [train[i] for i in sorted(rng.choice(len(train), n, False))]
-        jobs.append(_job(cfg, f"boot-subset-{j}", make_task(chosen, 1, cfg.batch_size), "one"))
-    for j, task in enumerate(draw_tasks(cfg, sampler, cfg.boot_tasks, rng)):
-        for k in range(cfg.placements_per_task):
-            jobs.append(_job(cfg, f"boot-task{j}-{k}", task, "random"))
+    n = max(cfg.boot_single, cfg.boot_subsets, cfg.boot_tasks)
+    for j, task in enumerate(draw_tasks(cfg, n, rng)):
+        if j < cfg.boot_single:
+            one = _one_device(task, [int(rng.integers(len(task.tables)))])
+            jobs.append(_job(cfg, f"boot-single-{j}", one, "one"))
+        if j < cfg.boot_subsets and len(task.tables) > 1:
+            size = int(rng.integers(2, min(60, len(task.tables)) + 1))
+            idx = sorted(rng.choice(len(task.tables), size, replace=False).tolist())
+            jobs.append(_job(cfg, f"boot-subset-{j}", _one_device(task, idx), "one"))
+        if j < cfg.boot_tasks:
+            for k in range(cfg.boot_placements):
+                jobs.append(_job(cfg, f"boot-task{j}-{k}", task, "random"))
     return jobs
 
 
-def draw_tasks(
-    cfg: TrainConfig, sampler: TaskSampler, n: int, rng: np.random.Generator
-) -> list[Task]:
-    """``n`` training tasks drawn from a generator seeded by ``rng`` (the sampler's own
-    generator is not used)."""
-    task_rng = np.random.default_rng(rng.integers(2**63))
+def draw_tasks(cfg: TrainConfig, n: int, rng: np.random.Generator) -> list[Task]:
+    """``n`` training tasks, from the configured families in turn, each seeded by a draw
+    of ``rng`` (the training split of every family)."""
+    seeds = rng.integers(2**31, size=n)
+    fams = cfg.families
     return [
-        sampler.sample(
-            "train",
-            cfg.num_tables,
-            list(cfg.num_devices),
-            cfg.batch_size,
-            cfg.memory_factor,
-            rng=task_rng,
-        )
-        for _ in range(n)
+        draw_task(fams[k % len(fams)], "train", int(seed), cfg.num_tables, cfg.num_devices)
+        for k, seed in enumerate(seeds)
     ]
 
 
-def iteration_jobs(cfg: TrainConfig, sampler: TaskSampler, it: int) -> list[Job]:
-    """Iteration ``it``'s jobs: per task the greedy roll-out, sampled ones, a random one."""
+def iteration_jobs(cfg: TrainConfig, it: int) -> list[Job]:
+    """Iteration ``it``'s jobs: per task the agent's default (safe) plan, its policy's
+    greedy roll-out, sampled roll-outs and a random placement, so the cost network is
+    corrected where the agent's own choices take it."""
     rng = np.random.default_rng([cfg.seed, it])
+    kinds: list[JobKind] = ["safe", "greedy", "random"]
     jobs = []
-    for j, task in enumerate(draw_tasks(cfg, sampler, cfg.collect_tasks, rng)):
+    for j, task in enumerate(draw_tasks(cfg, cfg.collect_tasks, rng)):
         for k in range(cfg.placements_per_task):
-            last = k == cfg.placements_per_task - 1 and k > 0
-            kind: JobKind = "greedy" if k == 0 else ("random" if last else "sample")
+            kind = (
+                kinds[k] if k < 2 else ("random" if k == cfg.placements_per_task - 1 else "sample")
+            )
             jobs.append(_job(cfg, f"it{it}-task{j}-{k}", task, kind))
     return jobs
 
@@ -135,8 +142,10 @@ def placement_for(agent: DreamShard, job: Job) -> list[int]:
         return [0] * len(task.tables)
     if job.kind == "random":
         return random_placement(task, job.seed)
+    if job.kind == "safe":
+        return agent.place(task, seed=job.seed)
     if job.kind == "greedy":
-        return agent.place(task)
+        return agent.place(task, mode="greedy")
     gen = torch.Generator().manual_seed(job.seed)
     with single_thread():
         return [int(d) for d in agent.mdp(task).rollout(agent.policy, 1, False, gen).placements[0]]
@@ -157,7 +166,7 @@ def collect(
         placement = placement_for(agent, job)
         m = measure_placement(job.task, placement, mcfg, backend=cfg.backend)
         store.append(job.task, placement, m, mcfg, job=store_key(job))
-        if job.kind == "greedy" and m.ok:
+        if job.kind == "safe" and m.ok:
             greedy_ms.append(m.step_ms)
     out = {"collect/measured": float(len(todo)), "collect/wall_s": time.perf_counter() - start}
     if greedy_ms:

@@ -39,7 +39,7 @@ from torchrec_dreamshard.cost_fit import (
 from torchrec_dreamshard.cost_model import CostNet, single_thread
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.policy import DreamShard, PolicyNet
-from torchrec_dreamshard.training.config import TrainConfig, make_sampler, seed_everything
+from torchrec_dreamshard.training.config import TrainConfig, seed_everything
 from torchrec_dreamshard.training.jobs import bootstrap_jobs, collect, draw_tasks, iteration_jobs
 from torchrec_dreamshard.training.logs import write_metrics
 from torchrec_dreamshard.training.reinforce import greedy_predicted_ms, train_policy
@@ -61,18 +61,28 @@ def agent_meta(cfg: TrainConfig, store: CostStore, n_samples: int, wall_s: float
     return {
         "trained": True,
         "version": __version__,
-        "batch_size": cfg.batch_size,
         "hidden": cfg.hidden,
+        "members": cfg.members,
+        "policy_hidden": cfg.policy_hidden,
         "hardware": hardware_fingerprint(mcfg, cfg.backend),
-        "workload": mcfg.workload(cfg.batch_size),
-        "workload_key": mcfg.workload_key(cfg.batch_size),
-        "pool": {"kind": "synthetic", "scale": cfg.pool_scale, "seed": cfg.pool_seed},
-        "train_tasks": {"num_tables": list(cfg.num_tables), "num_devices": list(cfg.num_devices)},
-        "measurements": int(store.count(workload=mcfg.workload_key(cfg.batch_size), ok=True)),
+        "workload": {k: v for k, v in mcfg.workload(0).items() if k != "batch_size"},
+        "train_families": list(cfg.families),
+        "train_tasks": {
+            "num_tables": list(cfg.num_tables or []) or "per family",
+            "num_devices": list(cfg.num_devices or []) or "per family",
+        },
+        "measurements": n_samples,
         "cost_samples": n_samples,
         "train_wall_s": round(wall_s, 1),
         **cfg.extra_meta,
     }
+
+
+def new_agent(cfg: TrainConfig) -> DreamShard:
+    """A fresh agent of the configured sizes (seeded by ``cfg.seed``)."""
+    torch.manual_seed(cfg.seed)
+    net = CostNet(cfg.hidden, cfg.members)
+    return DreamShard(net, PolicyNet(net.enc_dim, cfg.policy_hidden))
 
 
 def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
@@ -81,13 +91,12 @@ def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
 
     path = Path(cfg.out_dir) / CHECKPOINT_NAME
     if not path.exists():
-        torch.manual_seed(cfg.seed)
-        agent = DreamShard(CostNet(cfg.hidden), PolicyNet(cfg.hidden), {"hidden": cfg.hidden})
-        return agent, 0, 0.0
+        return new_agent(cfg), 0, 0.0
     extra = read_payload(path)["extra"]
     saved = extra.get("config", {})
-    for key in ("seed", "pool_seed", "pool_scale", "batch_size", "optimizer", "hidden"):
-        if key in saved and saved[key] != getattr(cfg, key):
+    for key in ("seed", "families", "optimizer", "hidden", "members", "policy_hidden"):
+        mine = getattr(cfg, key)
+        if key in saved and saved[key] != (list(mine) if isinstance(mine, tuple) else mine):
             raise ValueError(
                 f"{path} was trained with {key}={saved[key]!r}, this run asks for "
                 f"{getattr(cfg, key)!r}: use another --out-dir or the same settings"
@@ -129,19 +138,18 @@ def train(cfg: TrainConfig) -> DreamShard:
     atomic_write(out_dir / "config.json", dumps_strict(asdict(cfg)), "config file")
     # -- seeding ---------------------------------------------------------------------------
     seed_everything(cfg.seed)
-    sampler = make_sampler(cfg)
     agent, start_it, wall_before = resume_agent(cfg)
     t0 = time.perf_counter()
-    eval_tasks = draw_tasks(cfg, sampler, 8, np.random.default_rng([cfg.seed, 31337]))
+    eval_tasks = draw_tasks(cfg, 8, np.random.default_rng([cfg.seed, 31337]))
     with CostStore(cfg.store_path) as store, store.collector_lock("dreamshard train"):
         check_hardware(agent, store, cfg)  # before any measuring
         if start_it == 0:
-            collect(agent, bootstrap_jobs(cfg, sampler), store, cfg)
+            collect(agent, bootstrap_jobs(cfg), store, cfg)
         for it in range(start_it, cfg.iterations):
             row: dict[str, float] = {"iteration": it + 1}
             # -- 1. collect measured placements with the current agent ---------------------
             if it > 0 or cfg.collect_tasks:
-                row.update(collect(agent, iteration_jobs(cfg, sampler, it), store, cfg))
+                row.update(collect(agent, iteration_jobs(cfg, it), store, cfg))
             # -- 2. fit the cost network ------------------------------------------------------
             samples = load_samples(store, cfg)
             fit_set, held = split_holdout(samples, cfg.holdout_fraction, cfg.seed)
@@ -149,7 +157,7 @@ def train(cfg: TrainConfig) -> DreamShard:
                 # refit from scratch on all the data: warm-started refits on a slowly
                 # growing set overfit it (held-out MAPE rose from 10% to 25% in 4 refits)
                 torch.manual_seed(cfg.seed + it)
-                agent.cost_net = CostNet(cfg.hidden)
+                agent.cost_net = CostNet(cfg.hidden, cfg.members)
                 hist = fit_cost_model(
                     agent.cost_net, fit_set, cfg.cost_epochs, lr=cfg.cost_lr,
                     seed=cfg.seed + it, progress=cfg.progress,
@@ -158,9 +166,7 @@ def train(cfg: TrainConfig) -> DreamShard:
                 row.update(evaluate_cost_model(agent.cost_net, held))
             # -- 3. train the policy on the estimated MDP -------------------------------------
             rng = np.random.default_rng([cfg.seed, it, 17])
-            row.update(
-                train_policy(agent, draw_tasks(cfg, sampler, cfg.policy_updates, rng), cfg, it)
-            )
+            row.update(train_policy(agent, draw_tasks(cfg, cfg.policy_updates, rng), cfg, it))
             row["plan/pred_cost_ms"] = greedy_predicted_ms(agent, eval_tasks)
             # -- 4. metrics and checkpoint ---------------------------------------------------
             wall = wall_before + time.perf_counter() - t0

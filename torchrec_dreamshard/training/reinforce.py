@@ -73,6 +73,6 @@ def train_policy(
 
 @torch.no_grad()
 def greedy_predicted_ms(agent: DreamShard, tasks: list[Task]) -> float:
-    """Geometric mean of the cost network's step cost for the greedy placements."""
-    logs = [math.log(agent.predict(t, agent.place(t)).step_ms) for t in tasks]
+    """Geometric mean of the cost network's step cost for the policy's greedy placements."""
+    logs = [math.log(agent.predict(t, agent.place(t, mode="greedy")).step_ms) for t in tasks]
     return float(math.exp(np.mean(logs)))

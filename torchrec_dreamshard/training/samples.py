@@ -19,28 +19,31 @@ if TYPE_CHECKING:
 
 
 def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:
-    """Every successful measurement of this run's workload as cost samples.
+    """Every successful measurement of this machine (fingerprint) and this run's
+    optimizer, precision and device, at every batch size, as cost samples.
 
     Compute figures are normalised to the machine's typical speed (times the median
     reference-kernel time over the row's own); the all-to-all is left as measured or
     modelled (the reference kernel says nothing about it); the step cost is recomputed
     as ``max_d (fwd + bwd + comm)``.
     """
+    from torchrec_dreamshard.measure.hardware import fingerprint_key
     from torchrec_dreamshard.measure.summary import reference_scales
 
     mcfg = cfg.measure_config()
-    workload = mcfg.workload_key(cfg.batch_size)
-    fingerprint = store.fingerprint(mcfg, cfg.backend)  # this machine's rows only
-    examples = store.placement_examples(fingerprint, workload, normalise=False)
+    fingerprint = fingerprint_key(store.fingerprint(mcfg, cfg.backend))  # this machine only
+    suffix = mcfg.workload_key(1)[len("b1") :]  # "-rowwise_adagrad-fp32-cpu"
+    examples = []
+    for group in store.groups():
+        if group["fingerprint"] == fingerprint and group["workload"].endswith(suffix):
+            examples += store.placement_examples(fingerprint, group["workload"])
     scales = reference_scales([ex.reference_ms for ex in examples])
     out = []
     for ex, scale in zip(examples, scales, strict=True):
         job = ex.meta.get("job") or f"row{ex.meta.get('id')}"
-        group = job_group(job)
         per_device = [(d.fwd_ms * scale, d.bwd_ms * scale, d.comm_ms) for d in ex.per_device]
-        step = max(sum(d) for d in per_device)
         tables, D, B = ex.task.tables, ex.task.num_devices, ex.task.batch_size
-        out.append(sample_from_measurement(group, tables, ex.placement, D, B, per_device, step))
+        out.append(sample_from_measurement(job_group(job), tables, ex.placement, D, B, per_device))
     return out
 
 

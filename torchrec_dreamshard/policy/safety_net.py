@@ -21,13 +21,14 @@ says which candidate won and by how much.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.baselines import PROXIES
+from torchrec_dreamshard.policy.mdp import ffd_fits
 from torchrec_dreamshard.tasks import Task
 
 DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
@@ -36,28 +37,10 @@ REFINE_TOP = 3  # candidates refined
 REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
 REFINE_CANDIDATES = 256  # moves/swaps rated per refinement step, at most
 
-PROXIES: dict[str, Callable[[TableSpec], float]] = {
-    "size_greedy": lambda t: float(t.size_bytes),
-    "dim_greedy": lambda t: float(t.dim),
-    "lookup_greedy": lambda t: t.dim * t.pooling_factor,
-    "size_lookup_greedy": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
-}
-
 
 # ----------------------------------------------------------------------------------------
 # Memory-aware greedy
 # ----------------------------------------------------------------------------------------
-
-
-def _ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
-    """Whether first-fit-decreasing packs ``sizes`` into capacities ``free``."""
-    free = free.astype(np.float64).copy()
-    for s in np.sort(sizes)[::-1]:
-        ok = np.flatnonzero(free >= s)
-        if ok.size == 0:
-            return False
-        free[ok[0]] -= s
-    return True
 
 
 def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
@@ -94,7 +77,7 @@ def _can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
     before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
     if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
         return True
-    return _ffd_fits(rest, trial)
+    return ffd_fits(rest, trial)
 
 
 # ----------------------------------------------------------------------------------------
@@ -143,6 +126,24 @@ class SafetyReport:
             if c.name.split("+")[0] == name:
                 return float(math.exp(c.log_step - self.winner.log_step))
         return float("nan")
+
+    def to_dict(self) -> dict:
+        """The report as plain JSON: the winner and every candidate's predicted step,
+        ratio to the winner and ensemble spread."""
+        w = self.winner
+        return {
+            "winner": w.name,
+            "candidates": [
+                {
+                    "name": c.name,
+                    "predicted_ms": c.step_ms,
+                    "vs_winner": float(math.exp(c.log_step - w.log_step)),
+                    "log_std": c.log_std,
+                }
+                for c in self.candidates
+            ],
+            "no_plan": dict(self.failed),
+        }
 
     def lines(self) -> list[str]:
         w = self.winner
@@ -277,7 +278,7 @@ def heuristic_candidates(
     """The memory-aware heuristics' plans and the predicted-cost greedy's (by name), and
     the names of those that found none."""
     plans, failed = {}, {}
-    costs = {n: [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
+    costs = {f"{n}_greedy": [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
     costs["predicted_greedy"] = list(single_costs)
     for name, c in costs.items():
         p = memory_aware_greedy(task, c)
