@@ -7,9 +7,11 @@ access skew, bag-length variance, rows and dims beyond the training ranges, pool
 families in ``HELDOUT_FAMILIES`` are kept out of training entirely.
 
 Every task is planned by: the four proxy heuristics, TorchRec's planner (default storage
-reservation), DreamShard's default plan and its search mode, *measured-greedy* (each table
+reservation), DreamShard's default (safe) plan, its policy's greedy roll-out alone and its
+search mode, *measured-greedy* (each table
 measured alone on real kernels, then the measured costs balanced greedily: one
-measurement per table, the reference for what knowing the hardware buys) and two random
+measurement per table, balanced with the same memory look-ahead as the safety net's
+heuristics: the reference for what knowing the hardware buys) and two random
 placements (so that the cost network is ranked on at least eight placements per task).
 
 Every distinct plan is then measured in R interleaved rounds (each round visits the tasks
@@ -46,10 +48,14 @@ from _common import RESULTS, machine, write  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.cost_model import kendall_tau  # noqa: E402
+from torchrec_dreamshard.cost_fit import kendall_tau  # noqa: E402
+from torchrec_dreamshard.policy.safety_net import memory_aware_greedy  # noqa: E402
 
 HEURISTICS = list(baselines.HEURISTICS)
-METHODS = [*HEURISTICS, "torchrec", "dreamshard", "dreamshard_search", "measured_greedy"]
+METHODS = [
+    *HEURISTICS, "torchrec", "dreamshard", "dreamshard_greedy", "dreamshard_search",
+    "measured_greedy",
+]  # fmt: skip
 RANDOM = ["random_0", "random_1"]
 
 
@@ -95,12 +101,19 @@ def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
 
     for name in HEURISTICS + ["torchrec"]:
         timed(name, lambda name=name: baselines.place(name, task, seed=seed))
-    timed("dreamshard", lambda: agent.place(task, mode="greedy", seed=seed))
+    timed("dreamshard", lambda: agent.place(task, seed=seed))  # the default (safe) mode
+    entry_report = agent.last_report.to_dict() if agent.last_report else None
+    timed("dreamshard_greedy", lambda: agent.place(task, mode="greedy", seed=seed))
     timed("dreamshard_search", lambda: agent.place(task, mode="search", seed=seed))
-    timed(
-        "measured_greedy",
-        lambda: baselines.greedy_by_costs(task, measured_single_costs(task, config)),
-    )
+    secs["safe_report"] = entry_report
+
+    def measured_greedy():
+        plan = memory_aware_greedy(task, measured_single_costs(task, config))
+        if plan is None:
+            raise baselines.NoPlanError("no device order fits memory")
+        return plan
+
+    timed("measured_greedy", measured_greedy)
     for k, name in enumerate(RANDOM):
         timed(name, lambda k=k: baselines.random_placement(task, seed=seed + 1 + k))
     return plans, secs
@@ -204,7 +217,7 @@ def family_rows(rows: list[dict]) -> dict:
 
 
 def report(fams: dict, args, checkpoint: str, wall: float) -> str:
-    cols = ["dreamshard", "dreamshard_search", "measured_greedy", "torchrec"]
+    cols = ["dreamshard", "dreamshard_greedy", "dreamshard_search", "measured_greedy", "torchrec"]
     lines = [
         "# Generalisation: placement quality and cost-model accuracy by task family",
         "",

@@ -99,3 +99,24 @@ def test_penalty_prefers_the_plan_the_members_agree_on():
     best_plain = min(cands, key=lambda c: c.score)
     best_heavy = min(heavy, key=lambda c: c.score)
     assert best_heavy.log_std <= best_plain.log_std + 1e-9
+
+
+def test_two_devices_at_tight_memory_come_close_to_the_exhaustive_optimum():
+    """On a two-device task at 1.2x memory, the safe plan is within 2% (by the cost
+    network's own penalised score) of the best of all 2^T placements that fit."""
+    import itertools
+
+    from torchrec_dreamshard.policy import DreamShard
+
+    agent = DreamShard.untrained(seed=7)
+    for seed in range(3):
+        task = _task(11, 2, factor=1.2, seed=seed)
+        sizes = np.array([t.size_bytes for t in task.tables])
+        every = np.array(list(itertools.product([0, 1], repeat=len(sizes))))
+        used = np.stack([(every == d) @ sizes for d in range(2)], axis=1)
+        legal = every[np.all(used <= np.asarray(task.memory), axis=1)]
+        scorer = agent.scorer(task)
+        best = min(c.score for c in scorer.candidates({str(k): p for k, p in enumerate(legal)}))
+        placement = agent.place(task)
+        got = scorer.candidates({"safe": np.asarray(placement)})[0].score
+        assert got <= best + np.log(1.02)

@@ -36,6 +36,7 @@ DEFAULT_SAMPLES = 4  # sampled policy roll-outs
 REFINE_TOP = 3  # candidates refined
 REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
 REFINE_CANDIDATES = 256  # moves/swaps rated per refinement step, at most
+PAIR_SWAPS = 64  # random one-for-two swaps offered per refinement step
 
 
 # ----------------------------------------------------------------------------------------
@@ -202,29 +203,50 @@ class Scorer:
 # ----------------------------------------------------------------------------------------
 
 
-def _moves(placement: np.ndarray, b: int, sizes: np.ndarray, capacity: np.ndarray):
-    """Legal moves ``(i, -1, d)`` and swaps ``(i, j, d)`` of tables ``i`` on device ``b``."""
+def _moves(
+    placement: np.ndarray,
+    b: int,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    rng: np.random.Generator,
+    pair_swaps: int = PAIR_SWAPS,
+) -> list[tuple[int, int, int, int]]:
+    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``: a move to
+    device ``d`` (``j = k = -1``), a swap with table ``j`` of ``d`` (``k = -1``), and up to
+    ``pair_swaps`` random swaps with two tables ``j, k`` of ``d`` (one big table for two
+    smaller ones: what tight memory often needs)."""
     used = np.bincount(placement, weights=sizes, minlength=len(capacity))
     free = capacity - used
     on_b = np.flatnonzero(placement == b)
     others = np.flatnonzero(placement != b)
     out = []
     for i in on_b:
-        out.extend((int(i), -1, int(d)) for d in np.flatnonzero(free >= sizes[i]) if d != b)
+        out.extend((int(i), -1, -1, int(d)) for d in np.flatnonzero(free >= sizes[i]) if d != b)
         if others.size:
             d_j = placement[others]
             ok = (free[d_j] + sizes[others] >= sizes[i]) & (free[b] + sizes[i] >= sizes[others])
-            out.extend((int(i), int(j), int(placement[j])) for j in others[ok])
+            out.extend((int(i), int(j), -1, int(placement[j])) for j in others[ok])
+    for _ in range(pair_swaps if others.size >= 2 else 0):
+        i, j = int(rng.choice(on_b)), int(rng.choice(others))
+        d = int(placement[j])
+        same = np.flatnonzero(placement == d)
+        k = int(rng.choice(same))
+        if k == j:
+            continue
+        pair = sizes[j] + sizes[k]
+        if free[d] + pair >= sizes[i] and free[b] + sizes[i] >= pair:
+            out.append((i, j, k, d))
     return out
 
 
 @torch.no_grad()
 def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Candidate:
     """Hill-climb ``cand`` on the penalised score: each step rates (in one batch) the
-    moves of a table off the predicted bottleneck device to a device with room and its
-    swaps with tables elsewhere that keep both within memory (a random
-    ``REFINE_CANDIDATES`` of them when there are more), and applies the best if it lowers
-    the score; stops at a local optimum or after ``max_steps``."""
+    moves of a table off the predicted bottleneck device to a device with room, its swaps
+    with one table elsewhere and some with two (see :func:`_moves`) that keep both devices
+    within memory (a random ``REFINE_CANDIDATES`` of them when there are more), and
+    applies the best if it lowers the score; stops at a local optimum or after
+    ``max_steps``."""
     task, enc, D = scorer.task, scorer.enc, scorer.D
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     capacity = np.asarray(task.memory, dtype=np.float64)
@@ -235,7 +257,7 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
         S, occ = scorer.device_states(placement[None])
         log_tot = torch.logsumexp(scorer.net.device_log_costs(S[0], scorer.ctx), -1)
         b = int(log_tot.masked_fill(~occ[0], -1e30).argmax())
-        moves = _moves(placement, b, sizes, capacity)
+        moves = _moves(placement, b, sizes, capacity, rng)
         if not moves:
             break
         if len(moves) > REFINE_CANDIDATES:
@@ -245,21 +267,23 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
         C, rows = len(moves), torch.arange(len(moves))
         ei = enc[m[:, 0]]
         ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
+        ej = ej + torch.where((m[:, 2] >= 0).unsqueeze(-1), enc[m[:, 2].clamp(min=0)], 0.0)
         S_c = S.expand(C, D, -1).clone()
         S_c[rows, b] += ej - ei
-        S_c[rows, m[:, 2]] += ei - ej
+        S_c[rows, m[:, 3]] += ei - ej
         occ_c = occ.expand(C, D).clone()
-        occ_c[rows, m[:, 2]] = True
+        occ_c[rows, m[:, 3]] = True
         if int((placement == b).sum()) == 1:
             occ_c[rows, b] = m[:, 1] >= 0
         score, _, _ = scorer.score_states(S_c, occ_c)
         k = int(torch.argmin(score))
         if float(score[k]) >= now - 1e-6:
             break
-        i, j, d = moves[k]
+        i, j, k2, d = moves[k]
         placement[i] = d
-        if j >= 0:
-            placement[j] = b
+        for other in (j, k2):
+            if other >= 0:
+                placement[other] = b
         now, improved = float(score[k]), True
     if not improved:
         return cand
