@@ -11,8 +11,9 @@ among candidates from different sources:
   (:func:`memory_aware_greedy`), so that tight memory does not strand a big table;
 * any extra plans the caller brings (TorchRec's own planner, for one).
 
-Each is rated ``score = mean_k log step_k + penalty * std_k log step_k`` over the cost
-network's ensemble members ``k``: a plan only some members believe in is not chosen.
+Each is rated ``score = log step + penalty * std_k log step_k``: the ensemble's predicted
+log step cost plus the spread of its members ``k`` over their own predictions, so a plan
+only some members believe in is not chosen.
 The best few are improved by moves and swaps off the predicted bottleneck device that
 lower the same score (:func:`refine`), and the lowest score wins. :class:`SafetyReport`
 says which candidate won and by how much.
@@ -94,9 +95,9 @@ class Candidate:
         name: where it came from (``policy_greedy``, ``size_greedy``, ...; ``+refined``
             when moves improved it).
         placement: device per table.
-        score: ``mean + penalty * std`` of the members' log step cost.
-        log_step: mean of the members' log step cost.
-        log_std: their standard deviation.
+        score: ``log_step + penalty * log_std``.
+        log_step: the ensemble's log step cost (as :meth:`DreamShard.predict` gives it).
+        log_std: the members' standard deviation of their own log step cost.
     """
 
     name: str
@@ -182,11 +183,18 @@ class Scorer:
 
     @torch.no_grad()
     def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(score, mean, std)`` ``[C]`` of device states."""
-        member = self.net.member_log_steps(S, self.ctx, occ)  # [C, K]
-        mean = member.mean(-1)
-        std = member.std(-1) if member.shape[-1] > 1 else torch.zeros_like(mean)
-        return mean + self.penalty * std, mean, std
+        """``(score, log_step, std)`` ``[C]`` of device states: the ensemble's log step
+        (the slowest device by the members' mean log costs, as ``predict`` reports it),
+        the members' standard deviation of their own log step, and ``log_step + penalty
+        * std``."""
+        member = self.net.member_device_log_costs(S, self.ctx)  # [C, D, K, 3]
+        neg = torch.finfo(member.dtype).min
+        hidden = ~occ.unsqueeze(-1)
+        mean_tot = torch.logsumexp(member.mean(-2), -1).masked_fill(~occ, neg)  # [C, D]
+        log_step = mean_tot.amax(-1)
+        steps = torch.logsumexp(member, -1).masked_fill(hidden, neg).amax(-2)  # [C, K]
+        std = steps.std(-1) if steps.shape[-1] > 1 else torch.zeros_like(log_step)
+        return log_step + self.penalty * std, log_step, std
 
     def candidates(self, named: Mapping[str, np.ndarray]) -> list[Candidate]:
         names = list(named)
