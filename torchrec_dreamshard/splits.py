@@ -83,10 +83,12 @@ def column_shards(spec: TableSpec, n: int) -> list[TableSpec]:
             f"counts are {allowed or 'none'}"
         )
     width = spec.dim // n
-    return [_shard(spec, k * width, (k + 1) * width) for k in range(n)]
+    return [shard_spec(spec, k * width, (k + 1) * width) for k in range(n)]
 
 
-def _shard(spec: TableSpec, start: int, end: int) -> TableSpec:
+def shard_spec(spec: TableSpec, start: int, end: int) -> TableSpec:
+    """The shard of ``spec`` holding columns ``[start, end)``: its rows, ``end - start``
+    columns, its pooling and reuse, named ``name@start:end``."""
     return dataclasses.replace(spec, name=shard_name(spec.name, start, end), dim=end - start)
 
 
@@ -143,7 +145,7 @@ def shard_task(task: Task, columns: Mapping[str, int | Sequence[tuple[int, int]]
     owner: list[int] = []
     for i, spec in enumerate(task.tables):
         cols = ranges.get(spec.name)
-        parts = [spec] if cols is None else [_shard(spec, a, b) for a, b in cols]
+        parts = [spec] if cols is None else [shard_spec(spec, a, b) for a, b in cols]
         tables += parts
         owner += [i] * len(parts)
     shards = Task(
@@ -190,8 +192,13 @@ def plan_entries(
     sharded: ShardTask, placement: Sequence[int]
 ) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
     """The plan file's ``placement`` (whole tables) and ``shards`` (split tables:
-    ``[{"device": d, "columns": [start, end]}, ...]``) of a placement of ``sharded.shards``."""
-    placement = check_placement(sharded.shards, placement)
+    ``[{"device": d, "columns": [start, end]}, ...]``) of a placement of ``sharded.shards``
+    (memory is not checked here: :func:`check_placement` does that)."""
+    placement = [int(d) for d in placement]
+    if len(placement) != len(sharded.shards.tables):
+        raise ValueError(
+            f"placement has {len(placement)} entries for {len(sharded.shards.tables)} tables"
+        )
     whole: dict[str, int] = {}
     split: dict[str, list[dict[str, Any]]] = {}
     k = 0
