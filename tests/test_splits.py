@@ -125,3 +125,49 @@ def test_split_search_never_predicts_worse_than_whole_tables():
     plan = plan_with_splits(DreamShard.untrained(seed=1), task, mode="search", num_samples=4)
     assert plan.whole_ms is not None and plan.predicted_ms <= plan.whole_ms
     _check_plan(task, plan)
+
+
+class _AdditiveAgent:
+    """A stand-in agent whose device cost is the sum of its tables' ``dim x pooling`` and
+    whose policy places tables largest-cost first on the least loaded device with room."""
+
+    def table_costs(self, task):
+        return [t.dim * t.pooling_factor for t in task.tables]
+
+    def place(self, task, mode="greedy", num_samples=16, seed=0):
+        costs = self.table_costs(task)
+        load, free = [0.0] * task.num_devices, list(task.memory)
+        placement = [0] * len(task.tables)
+        for i in sorted(range(len(task.tables)), key=lambda i: -costs[i]):
+            legal = [d for d in range(task.num_devices) if free[d] >= task.tables[i].size_bytes]
+            if not legal:
+                raise ValueError(f"table {task.tables[i].name!r} fits on no device")
+            d = min(legal, key=lambda x: load[x])
+            placement[i], load[d], free[d] = (
+                d,
+                load[d] + costs[i],
+                free[d] - task.tables[i].size_bytes,
+            )
+        return placement
+
+    def predict(self, task, placement):
+        from torchrec_dreamshard.policy import CostPrediction
+
+        load = [0.0] * task.num_devices
+        for c, d in zip(self.table_costs(task), placement, strict=True):
+            load[d] += c
+        zeros = [0.0] * task.num_devices
+        return CostPrediction(fwd_ms=load, bwd_ms=zeros, comm_ms=zeros[:], step_ms=max(load))
+
+
+def test_the_search_splits_a_dominant_table_when_the_cost_model_says_it_pays():
+    tables = [_table("hot", rows=1000, dim=128, pf=40.0)] + [
+        _table(f"t{i}", rows=1000, dim=16, pf=2.0) for i in range(8)
+    ]
+    task = _task(tables, devices=4, factor=3.0)
+    plan = plan_with_splits(_AdditiveAgent(), task)
+    assert plan.whole_ms == 128 * 40.0  # the hot table alone sets the step
+    assert plan.sharded.counts["hot"] >= 4 and plan.predicted_ms < 0.5 * plan.whole_ms
+    _check_plan(task, plan)
+    narrow = plan_with_splits(_AdditiveAgent(), task, splittable={"hot": 64})
+    assert narrow.sharded.counts == {"hot": 2}  # shards of at least 64 columns
