@@ -247,3 +247,22 @@ def test_two_concurrent_collectors_lose_and_duplicate_nothing(files):
     assert len(jobs) == n and len(set(jobs)) == n
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0 and f"{n}/{n} already in" in rerun.stdout
+
+
+def test_evaluate_measures_a_plan_with_shards(files, capsys):
+    shards = {"t2": [{"device": 0, "columns": [0, 12]}, {"device": 1, "columns": [12, 24]}]}
+    placement = {f"t{i}": i % 2 for i in range(6) if i != 2}
+    (files / "split.json").write_text(json.dumps({"placement": placement, "shards": shards}))
+    rc = main(["evaluate", str(files / "task.json"), str(files / "split.json"), *FAST])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.splitlines()[1].split()[:2] == ["0", "3"]  # t0, t4 and t2's first shard
+    assert "step_ms" in out
+
+
+def test_evaluate_refuses_shards_that_miss_columns(files, capsys):
+    shards = {"t2": [{"device": 0, "columns": [0, 12]}]}
+    placement = {f"t{i}": i % 2 for i in range(6) if i != 2}
+    (files / "split.json").write_text(json.dumps({"placement": placement, "shards": shards}))
+    assert main(["evaluate", str(files / "task.json"), str(files / "split.json"), *FAST]) == 2
+    assert "'t2'" in capsys.readouterr().err

@@ -188,3 +188,30 @@ def test_non_finite_prediction_names_the_tables(files):
     placement = [0, 1, 2, 0, 1, 2]
     with pytest.raises(ValueError, match=r"not finite.*\['t0', 't3'\]"):
         plan_dict(task, placement, Bad())
+
+
+def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys):
+    tables = [TableSpec(name="big", rows=20_000, dim=64, pooling_factor=4.0)] + [
+        TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(6)
+    ]
+    total = sum(t.size_bytes for t in tables)
+    task = {
+        **Task(tables=tables, num_devices=4, memory_bytes=total, batch_size=256).to_dict(),
+        "memory_bytes": int(1.3 * total / 4),
+    }
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    save_checkpoint(DreamShard.untrained(seed=0), tmp_path / "agent.pt")
+    argv = ["plan", str(tmp_path / "task.json"), "--checkpoint", str(tmp_path / "agent.pt")]
+    out = tmp_path / "plan.json"
+    assert run([*argv, "--out", str(out)]) == 0
+    assert "split column-wise: big x" in capsys.readouterr().out
+    plan = json.loads(out.read_text())
+    assert "big" not in plan["placement"] and sorted(plan["placement"]) == [
+        f"t{i}" for i in range(6)
+    ]
+    cols = [s["columns"] for s in plan["shards"]["big"]]
+    assert cols[0][0] == 0 and cols[-1][1] == 64
+    assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
+    assert all(d["bytes"] <= d["memory_bytes"] for d in plan["per_device"])
+    assert run([*argv, "--no-splits"]) == 2
+    assert "bigger than every device" in capsys.readouterr().err

@@ -127,20 +127,34 @@ def test_memory_caps_hold_after_storage_reservation(agent):
     assert sum(1 for u in used if u > 0) >= 3  # it had to spread the tables
 
 
-def test_table_that_fits_no_device_is_left_to_torchrec(agent):
+def _huge_model(agent, constraints):
     tables = configs(4, rows=1000, dim=64) + [
         EmbeddingBagConfig(name="huge", embedding_dim=64, num_embeddings=400_000,
                            feature_names=["fh"])
     ]  # fmt: skip
     topo = Topology(world_size=4, compute_device="cpu", ddr_cap=80 * 2**20)  # 102 MB table
-    cons = {"huge": ParameterConstraints(min_partition=16)}  # column-wise shards of 16
-    p = planner(agent, topology=topo, constraints=cons)
+    p = planner(agent, topology=topo, constraints=constraints)
     plan = p.plan(dlrm(tables), SHARDERS)
-    huge = plan.plan["sparse_arch.embedding_bag_collection"]["huge"]
-    assert huge.sharding_type != "table_wise"
-    assert len(set(huge.ranks)) > 1
-    assert "sparse_arch.embedding_bag_collection.huge" not in p.last_placement
-    assert len(p.last_placement) == 4
+    return p, plan.plan["sparse_arch.embedding_bag_collection"]
+
+
+def test_table_that_fits_no_device_is_split_column_wise(agent):
+    cons = {"huge": ParameterConstraints(min_partition=16)}  # column-wise shards of >= 16
+    p, module_plan = _huge_model(agent, cons)
+    huge = module_plan["huge"]
+    assert huge.sharding_type == "column_wise" and huge.compute_kernel == "fused"
+    fqn = "sparse_arch.embedding_bag_collection.huge"
+    shards = p.last_shards[fqn]
+    assert huge.ranks == [s["device"] for s in shards] and len(set(huge.ranks)) == len(shards)
+    cols = [s["columns"] for s in shards]
+    assert cols[0][0] == 0 and cols[-1][1] == 64 and all(b - a >= 16 for a, b in cols)
+    assert all(x[1] == y[0] for x, y in zip(cols, cols[1:], strict=False))
+    spec = huge.sharding_spec.shards
+    assert [[m.shard_offsets[1], m.shard_offsets[1] + m.shard_sizes[1]] for m in spec] == cols
+    assert fqn not in p.last_placement and len(p.last_placement) == 4
+    caps = [d.storage.ddr for d in planner_reserved_topology(p).devices]
+    assert all(u <= c for u, c in zip(rank_storage(p), caps, strict=True))
+    assert p.last_prediction.tables and sum(p.last_prediction.tables) == 4 + len(shards)
 
 
 def test_table_too_big_with_only_table_wise_is_a_clear_error(agent):
@@ -308,7 +322,7 @@ def test_proposer_shrinks_an_overfull_device_and_retries(monkeypatch):
 
     agent = _ScriptedAgent([[0, 0, 0, 1], [0, 0, 1, 1]])
     proposer, ours = _proposer_with(monkeypatch, agent, need=100_000)
-    assert proposer._place_ours(ours, [250_000, 250_000], "ddr") == [0, 0, 1, 1]
+    assert proposer._place_ours(ours, [250_000, 250_000], "ddr").placement == [0, 0, 1, 1]
     first, second = agent.memory
     assert first == [160_000, 160_000]  # weights (256 kB) / estimate (400 kB) of what is left
     assert second == [int(160_000 * 250_000 / 300_000 * MEMORY_SHRINK), 160_000]

@@ -1,4 +1,5 @@
-"""DreamShardPlanner's plan under DistributedModelParallel on 2 and 4 gloo ranks (CPU).
+"""DreamShardPlanner's plan under DistributedModelParallel on 2 and 4 gloo ranks (CPU),
+including a table too big for any single device that the planner splits column-wise.
 
 Each rank builds the same DLRM (embedding tables on the meta device), gets the plan from
 ``collective_plan``, shards the model with ``DistributedModelParallel`` and trains a few
@@ -201,3 +202,138 @@ def test_a_failure_on_one_rank_reaches_every_rank(tmp_path):
         assert "agent.pt.missing" in report["load"] and "does not exist" in report["load"]
         assert "PlannerError" in report["plan"], report
     assert "rank 0 could not plan" in reports[1]["plan"]
+
+
+# -- a table too big for any single device, split column-wise ----------------------------
+
+BIG_ROWS = 40_000  # 1.28 MB of weights: more than a device's 1.1 MB, half of it fits
+SPLIT_CAP = 1_100_000  # bytes of DDR per device
+
+
+def build_split_model():
+    from torchrec.models.dlrm import DLRM, DLRMTrain
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    tables = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=DIM, num_embeddings=50 * (i + 1), feature_names=[f"f{i}"]
+        )
+        for i in range(NUM_TABLES - 1)
+    ]
+    tables.append(
+        EmbeddingBagConfig(
+            name="big", embedding_dim=DIM, num_embeddings=BIG_ROWS, feature_names=["fbig"]
+        )
+    )
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    dlrm = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=4,
+        dense_arch_layer_sizes=[8, DIM],
+        over_arch_layer_sizes=[8, 1],
+        dense_device=torch.device("cpu"),
+    )
+    return DLRMTrain(dlrm)
+
+
+def make_split_batch(rank: int, step: int):
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(1000 * rank + step)
+    rows = [50 * (i + 1) for i in range(NUM_TABLES - 1)] + [BIG_ROWS]
+    lengths = torch.randint(1, 4, (NUM_TABLES * LOCAL_BATCH,), generator=g)
+    values = torch.cat(
+        [
+            torch.randint(0, rows[i], (int(n),), generator=g)
+            for i in range(NUM_TABLES)
+            for n in lengths[i * LOCAL_BATCH : (i + 1) * LOCAL_BATCH]
+        ]
+    )
+    keys = [f"f{i}" for i in range(NUM_TABLES - 1)] + ["fbig"]
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
+    return Batch(
+        dense_features=torch.randn(LOCAL_BATCH, 4, generator=g),
+        sparse_features=kjt,
+        labels=torch.randint(0, 2, (LOCAL_BATCH,), generator=g).float(),
+    )
+
+
+def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    with local_process_group(rank, world, port):
+        train_split(rank, world, Path(out_dir))
+    exit_spawned_rank()
+
+
+def train_split(rank: int, world: int, out_dir: Path) -> None:
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.policy import DreamShard
+
+    model = build_split_model()
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.05})
+    sharders = [EmbeddingBagCollectionSharder()]
+    planner = DreamShardPlanner(
+        topology=Topology(world_size=world, compute_device="cpu", ddr_cap=SPLIT_CAP),
+        batch_size=LOCAL_BATCH,
+        agent=DreamShard.untrained(seed=0),
+        constraints={"big": ParameterConstraints(min_partition=4)},
+    )
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
+    opt = torch.optim.SGD(dense, lr=0.05)
+    losses = []
+    for step in range(STEPS):
+        loss, _ = dmp(make_split_batch(rank, step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    module_plan = plan.plan["model.sparse_arch.embedding_bag_collection"]
+    big = dmp.state_dict()["model.sparse_arch.embedding_bag_collection.embedding_bags.big.weight"]
+    result = {
+        "plan": str(plan),
+        "ranks": {name: ps.ranks for name, ps in module_plan.items()},
+        "types": {name: ps.sharding_type for name, ps in module_plan.items()},
+        "shards": planner.last_shards,
+        "big_local": [
+            [list(s.metadata.shard_offsets), list(s.metadata.shard_sizes)]
+            for s in big.local_shards()
+        ],  # fmt: skip
+        "losses": losses,
+    }
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.slow
+def test_dlrm_trains_with_a_table_split_column_wise(tmp_path):
+    world = 2
+    assert BIG_ROWS * DIM * 4 > SPLIT_CAP  # the table fits no single device whole
+    mp.spawn(split_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    assert all(r["plan"] == results[0]["plan"] for r in results), "ranks got different plans"
+    types, ranks = results[0]["types"], results[0]["ranks"]
+    assert types["big"] == "column_wise"
+    assert all(types[f"t{i}"] == "table_wise" for i in range(NUM_TABLES - 1))
+    shards = results[0]["shards"]["model.sparse_arch.embedding_bag_collection.big"]
+    assert all(r["shards"] == results[0]["shards"] for r in results)
+    assert ranks["big"] == [s["device"] for s in shards] and sorted(ranks["big"]) == [0, 1]
+    cols = sorted(s["columns"] for s in shards)
+    assert cols == [[0, DIM // 2], [DIM // 2, DIM]]  # every column exactly once
+    for r, res in enumerate(results):
+        mine = [s["columns"] for s in shards if s["device"] == r]
+        local = [[off[1], off[1] + size[1]] for off, size in res["big_local"] if size[1] > 0]
+        assert local == mine, r  # rank r holds the columns the plan gave it
+        for _, size in res["big_local"]:
+            assert size[0] == BIG_ROWS and size[1] * BIG_ROWS * 4 <= SPLIT_CAP
+        assert len(res["losses"]) == STEPS
+        assert all(torch.isfinite(torch.tensor(res["losses"])))

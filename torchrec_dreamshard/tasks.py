@@ -36,12 +36,16 @@ class Task:
         num_devices: number of devices D.
         memory_bytes: capacity per device in bytes: one number for all, or one per device.
         batch_size: the global batch each device's fused kernel processes.
+        allow_oversized: accept tables bigger than every device (a column-wise splitting
+            planner, :mod:`torchrec_dreamshard.splits`, splits them; placing such a task's
+            tables whole fails). The total must still fit.
     """
 
     tables: list[TableSpec]
     num_devices: int
     memory_bytes: int | list[int]
     batch_size: int
+    allow_oversized: bool = field(default=False, repr=False, compare=False)
     memory: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,7 +66,7 @@ class Task:
             raise ValueError(f"duplicate table names: {dupes}")
         biggest = max(self.memory)
         too_big = [t.name for t in self.tables if t.size_bytes > biggest]
-        if too_big:
+        if too_big and not self.allow_oversized:
             raise ValueError(
                 f"tables {too_big} are bigger than every device ({biggest} bytes at most)"
             )
@@ -105,7 +109,7 @@ class Task:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Task:
+    def from_dict(cls, data: Mapping[str, Any], allow_oversized: bool = False) -> Task:
         if not isinstance(data, Mapping):
             raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
         required = {"num_devices", "memory_bytes", "batch_size", "tables"}
@@ -122,6 +126,7 @@ class Task:
             num_devices=data["num_devices"],
             memory_bytes=data["memory_bytes"],
             batch_size=data["batch_size"],
+            allow_oversized=allow_oversized,
         )
 
     def save(self, path: str | Path) -> None:
@@ -129,15 +134,16 @@ class Task:
         atomic_write(path, dumps_strict(self.to_dict()), "task file")
 
     @classmethod
-    def load(cls, path: str | Path) -> Task:
-        """Read a task file strictly (see :func:`torchrec_dreamshard.io.read_json`).
+    def load(cls, path: str | Path, allow_oversized: bool = False) -> Task:
+        """Read a task file strictly (see :func:`torchrec_dreamshard.io.read_json`);
+        ``allow_oversized`` as in :class:`Task`.
 
         Raises:
             ValueError: naming the file and the field that is wrong.
         """
         data = read_json(path, "task file")
         try:
-            return cls.from_dict(data)
+            return cls.from_dict(data, allow_oversized=allow_oversized)
         except ValueError as exc:
             raise ValueError(f"task file {str(path)!r}: {exc}") from None
 

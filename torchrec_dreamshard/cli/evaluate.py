@@ -11,7 +11,9 @@ EXAMPLES = """examples:
   dreamshard evaluate task.json plan.json
   dreamshard evaluate task.json plan.json --backend distributed --db costs.sqlite --json
 
-PLAN.json is {"placement": {"t0": 2, "t1": 0, ...}, ...} (what `dreamshard plan` writes).
+PLAN.json is {"placement": {"t0": 2, "t1": 0, ...}, ...} (what `dreamshard plan` writes),
+with column-wise split tables in "shards": {"t2": [{"device": 0, "columns": [0, 64]},
+{"device": 1, "columns": [64, 128]}]}; each shard is timed as a table of its columns.
 """
 
 
@@ -38,19 +40,24 @@ def load_plan(path: str) -> dict:
     data = read_json(path, "plan file")
     if not isinstance(data, dict) or not isinstance(data.get("placement"), dict):
         raise ValueError(f'plan file {path!r} must hold {{"placement": {{"table": device}}}}')
+    if not isinstance(data.get("shards", {}), dict):
+        raise ValueError(f'plan file {path!r}: "shards" must be {{"table": [shards]}}')
     return data
 
 
 def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.measure import CostStore, measure_placement
-    from torchrec_dreamshard.tasks import Task, placement_from_dict
+    from torchrec_dreamshard.splits import plan_from_entries
+    from torchrec_dreamshard.tasks import Task
 
     config = config_from_args(args)
-    task = Task.load(args.task)
+    task = Task.load(args.task, allow_oversized=True)
+    plan = load_plan(args.plan)
     try:
-        placement = placement_from_dict(task, load_plan(args.plan)["placement"])
+        sharded, placement = plan_from_entries(task, plan["placement"], plan.get("shards"))
     except ValueError as exc:
         raise ValueError(f"plan file {args.plan!r}: {exc}") from None
+    task = sharded.shards  # a shard is timed as a table of its columns
     if args.db:  # the store's collector lock: no collector's timings skew ours, or ours theirs
         with CostStore(args.db) as store, store.collector_lock("dreamshard evaluate"):
             store.fingerprint(config, args.backend)  # before measuring

@@ -13,11 +13,15 @@ EXAMPLES = """examples:
   dreamshard plan task.json
   dreamshard plan task.json --out plan.json --plot plan.png
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
+  dreamshard plan task.json --no-splits      # whole tables only (table-wise)
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
 (batch_size is the global batch; memory_bytes one number or one per device).
 Without --checkpoint the checkpoint bundled with the package is used.
+Tables may be split column-wise (a table bigger than every device always is; others when
+the cost network predicts a faster step); PLAN.json then also holds
+"shards": {"t0": [{"device": 0, "columns": [0, 64]}, {"device": 3, "columns": [64, 128]}]}.
 """
 
 
@@ -42,6 +46,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-samples", type=int, default=4, help="sampled policy roll-outs")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--no-splits",
+        action="store_true",
+        help="place whole tables only (no column-wise splits)",
+    )
     p.set_defaults(func=run)
 
 
@@ -58,19 +67,27 @@ def run(args: argparse.Namespace) -> int:
             check_writable(path, what)
     if args.plot:
         check_plot_format(args.plot)
-    task = Task.load(args.task)
+    task = Task.load(args.task, allow_oversized=not args.no_splits)
     agent = load_checkpoint(args.checkpoint)
     start = time.perf_counter()
-    placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
+    if args.no_splits:
+        placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
+        plan = plan_dict(task, placement, agent.predict(task, placement))
+    else:
+        plan = split_plan_dict(agent, task, args.mode, args.num_samples, args.seed)
     seconds = time.perf_counter() - start
-    plan = plan_dict(task, placement, agent.predict(task, placement))
-    report = getattr(agent, "last_report", None)
+    # the safety net's report describes the whole-table placement it chose; a split plan
+    # is re-placed after the search, so only unsplit plans carry it
+    report = None if plan.get("shards") else getattr(agent, "last_report", None)
     if report is not None:
         plan["candidates"] = report.to_dict()
     print(
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
+    if plan.get("shards"):
+        split = ", ".join(f"{name} x{len(s)}" for name, s in plan["shards"].items())
+        print(f"split column-wise: {split}")
     print(format_plan(plan))
     if report is not None:
         print("\n".join(report.lines()))
@@ -110,6 +127,25 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
         "predicted_cost_ms": float(prediction.step_ms),
         "per_device": per_device,
     }
+
+
+def split_plan_dict(
+    agent: Any, task: Any, mode: str | None, num_samples: int, seed: int
+) -> dict[str, Any]:
+    """The PLAN.json contents of a plan that may split tables column-wise
+    (:func:`torchrec_dreamshard.splits.plan_with_splits`): whole tables in ``placement``,
+    split ones in ``shards`` (only when some table is split); ``per_device`` lists shards
+    by their names (``t0@0:64``)."""
+    from torchrec_dreamshard.splits import plan_entries, plan_with_splits
+
+    found = plan_with_splits(agent, task, mode=mode, num_samples=num_samples, seed=seed)
+    shards_task = found.sharded.shards
+    plan = plan_dict(shards_task, found.placement, agent.predict(shards_task, found.placement))
+    whole, shards = plan_entries(found.sharded, found.placement)
+    plan["placement"] = whole
+    if shards:
+        plan = {"placement": whole, "shards": shards, **plan}
+    return plan
 
 
 def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any) -> None:

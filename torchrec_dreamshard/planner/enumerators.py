@@ -2,9 +2,16 @@
 
 Every table the policy can place (an ``EmbeddingBagCollection`` table whose constraints
 allow table-wise sharding on the fused kernel, and whose table-wise storage fits at least
-one device after TorchRec's storage reservation) gets exactly one option: table-wise, fused.
-Every other table gets the options TorchRec's own ``EmbeddingEnumerator`` would give it
-(without table-wise when it fits no device), and TorchRec's machinery plans it.
+one device after TorchRec's storage reservation, or which may be split column-wise small
+enough to fit) gets exactly one option: table-wise, fused. Every other table gets the
+options TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it
+fits no device), and TorchRec's machinery plans it.
+
+Splits. A DreamShard table whose constraints also allow ``column_wise`` on the fused kernel
+may be split (:attr:`DreamShardEnumerator.split_widths`); its shards are at least
+``ParameterConstraints.min_partition`` columns wide, TorchRec's ``MIN_CW_DIM`` (128) when
+that is unset, as in TorchRec's own column-wise rule. The proposer decides the splits and
+asks :meth:`DreamShardEnumerator.column_wise_option` for the column-wise option of each.
 
 Perf of a DreamShard option is the cost network's single-table cost (forward + backward +
 communication, the agent's ``table_costs``) on the task's device count and global batch;
@@ -20,15 +27,17 @@ from typing import Any
 
 import numpy as np
 from torch import nn
-from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR, MIN_CW_DIM
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
+    PartitionByType,
     Perf,
     PlannerError,
     PlannerErrorType,
+    Shard,
     SharderDataMap,
     ShardEstimator,
     ShardingOption,
@@ -41,6 +50,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
+    SPLIT_COLUMNS_ATTR,
+    SPLIT_SHARDING_TYPE,
     PlacementAgent,
     device_capacity,
     is_dreamshard_option,
@@ -49,6 +60,7 @@ from torchrec_dreamshard.planner.types import (
     prediction_task,
     spec_for_option,
 )
+from torchrec_dreamshard.splits import column_shards, split_counts
 from torchrec_dreamshard.tables import TableSpec, group_stats, merge_stats
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.torchrec_adapter import reserved_topology
@@ -159,6 +171,9 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self._samples = list(sample_batches) if sample_batches is not None else []
         self.table_specs: dict[str, TableSpec] = {}
         self.fallback_fqns: set[str] = set()
+        self.split_widths: dict[str, int] = {}
+        self._cw_widths: dict[str, int] = {}
+        self._constraints_by_name = constraints or {}
         self._reuse: dict[str, tuple[float, ...]] = {}
         self._too_big: dict[str, tuple[int, int]] = {}
         if estimator is None:
@@ -188,8 +203,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         rest (see the module docstring)."""
         self.table_specs = {}
         self._too_big = {}
+        self._cw_widths = {}
         self._reuse = _reuse_hists(module, self._samples, self._topology.world_size)
         options = self._enumerate_once(module, sharders)
+        self.split_widths = self._split_widths(options)
         too_big = self._too_big_tables(options)
         if too_big:
             self._too_big = too_big
@@ -198,6 +215,9 @@ class DreamShardEnumerator(EmbeddingEnumerator):
                 o for o in redo if o.name in too_big
             ]
         self.fallback_fqns = {o.fqn for o in options if not is_dreamshard_option(o)}
+        self.split_widths = {
+            k: w for k, w in self.split_widths.items() if k not in self.fallback_fqns
+        }
         if self.fallback_fqns:
             logger.info(
                 "DreamShard leaves %d table(s) to TorchRec's planner: %s",
@@ -220,6 +240,9 @@ class DreamShardEnumerator(EmbeddingEnumerator):
                 )
             return rest
         if self._eligible(name, types, sharder_key):
+            if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
+                min_partition = getattr(self._constraints_by_name.get(name), "min_partition", 0)
+                self._cw_widths[name] = int(min_partition or MIN_CW_DIM)
             return [DREAMSHARD_SHARDING_TYPE]
         return types
 
@@ -247,19 +270,66 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             self._last_stored_module = None
             self._last_stored_search_space = None
 
-    def _eligible(self, name: str, types: list[str], sharder_key: str) -> bool:
-        """Table-wise fused is allowed and the module is an EmbeddingBagCollection."""
+    def _eligible(
+        self,
+        name: str,
+        types: list[str],
+        sharder_key: str,
+        sharding_type: str = DREAMSHARD_SHARDING_TYPE,
+    ) -> bool:
+        """``sharding_type`` (default table-wise) is allowed on the fused kernel and the
+        module is an EmbeddingBagCollection."""
         sharder = self._sharder_map.get(sharder_key)
-        if sharder is None or DREAMSHARD_SHARDING_TYPE not in types:
+        if sharder is None or sharding_type not in types:
             return False
         if not issubclass(sharder.module_type, EmbeddingBagCollection):
             return False
         kernels = super()._filter_compute_kernels(
-            name,
-            sharder.compute_kernels(DREAMSHARD_SHARDING_TYPE, self._compute_device),
-            DREAMSHARD_SHARDING_TYPE,
+            name, sharder.compute_kernels(sharding_type, self._compute_device), sharding_type
         )
         return DREAMSHARD_COMPUTE_KERNEL in kernels
+
+    def _split_widths(self, options: list[ShardingOption]) -> dict[str, int]:
+        """Minimum shard width of every DreamShard table that may be split, by fqn (only
+        tables with at least one shard count the column-wise rule allows)."""
+        out: dict[str, int] = {}
+        world = self._topology.world_size
+        for o in options:
+            width = self._cw_widths.get(o.name)
+            if is_dreamshard_option(o) and width and split_counts(self.table_spec(o), world, width):
+                out[o.fqn] = width
+        return out
+
+    def column_wise_option(
+        self, option: ShardingOption, columns: Sequence[tuple[int, int]]
+    ) -> ShardingOption:
+        """The column-wise fused option of a DreamShard table cut at ``columns`` (one
+        ``(start, end)`` per shard), with TorchRec's storage estimate of each shard; its
+        ranks are for the proposer to set."""
+        rows = int(option.tensor.shape[0])
+        split = ShardingOption(
+            name=option.name,
+            tensor=option.tensor,
+            module=option.module,
+            input_lengths=option.input_lengths,
+            batch_size=option.batch_size,
+            sharding_type=SPLIT_SHARDING_TYPE,
+            partition_by=PartitionByType.DEVICE.value,
+            compute_kernel=option.compute_kernel,
+            shards=[Shard(size=[rows, b - a], offset=[0, a]) for a, b in columns],
+            cache_params=option.cache_params,
+            enforce_hbm=option.enforce_hbm,
+            stochastic_rounding=option.stochastic_rounding,
+            bounds_check_mode=option.bounds_check_mode,
+            dependency=option.dependency,
+            is_pooled=option.is_pooled,
+            feature_names=option.feature_names,
+            output_dtype=option.output_dtype,
+            key_value_params=option.key_value_params,
+        )
+        setattr(split, SPLIT_COLUMNS_ATTR, [(int(a), int(b)) for a, b in columns])
+        self.populate_estimates([split])
+        return split
 
     def _capacity_topology(self) -> Topology:
         return reserved_topology(self._reservation, self._topology)
@@ -270,9 +340,16 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         topo = self._capacity_topology()
         tier = memory_tier(topo)
         biggest = max(device_capacity(topo))
+        world = self._topology.world_size
         out: dict[str, tuple[int, int]] = {}
         for o in options:
-            if is_dreamshard_option(o) and option_bytes(o, tier) > biggest:
+            if not is_dreamshard_option(o) or option_bytes(o, tier) <= biggest:
+                continue
+            width = self.split_widths.get(o.fqn)
+            spec = self.table_spec(o)
+            most = split_counts(spec, world, width)[-1] if width else 1
+            shard_share = column_shards(spec, most)[0].dim / spec.dim
+            if option_bytes(o, tier) * shard_share > biggest:  # no split fits either
                 out[o.name] = (option_bytes(o, tier), biggest)
         return out
 

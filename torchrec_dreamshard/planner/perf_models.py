@@ -1,6 +1,7 @@
 """``CostNetPerfModel``: rates a plan with the DreamShard cost network.
 
-For the table-wise tables DreamShard placed, the cost network predicts each rank's fused
+For the table-wise tables DreamShard placed, and the column-wise shards of those it split
+(each shard a table of its columns), the cost network predicts each rank's fused
 forward, backward and communication time and the overall step cost. Shards TorchRec placed
 (tables DreamShard leaves to it) add TorchRec's own perf estimate to their rank. The rating
 is the cost network's step cost plus the largest per-rank TorchRec estimate.
@@ -16,6 +17,8 @@ from torchrec_dreamshard.planner.types import (
     PlacementAgent,
     PlanPrediction,
     is_dreamshard_option,
+    is_split_option,
+    option_specs,
     prediction_task,
     spec_for_option,
 )
@@ -65,7 +68,7 @@ class CostNetPerfModel(PerfModel):
         for option in plan:
             for rank in {s.rank for s in option.shards}:
                 tables[rank] += 1
-            if is_dreamshard_option(option):
+            if is_dreamshard_option(option) or is_split_option(option):
                 ours.append(option)
                 continue
             for shard in option.shards:
@@ -73,9 +76,12 @@ class CostNetPerfModel(PerfModel):
         zeros = [0.0] * world
         if not ours:
             return PlanPrediction(zeros, zeros[:], zeros[:], other, max(other), tables)
-        specs = [self._spec_fn(o) for o in ours]
+        specs, ranks = [], []
+        for option in ours:
+            specs += option_specs(option, self._spec_fn(option))
+            ranks += [s.rank for s in option.shards]
         task = prediction_task(specs, world, self._batch_size)
-        pred = self._agent.predict(task, [o.shards[0].rank for o in ours])
+        pred = self._agent.predict(task, ranks)
         return PlanPrediction(
             fwd_ms=list(pred.fwd_ms),
             bwd_ms=list(pred.bwd_ms),

@@ -16,8 +16,13 @@ per-rank times after TorchRec's ``EmbeddingStats``). Nothing here trains.
 Which tables the policy places: every ``EmbeddingBagCollection`` table (nested anywhere in
 the model, in any number of collections) whose constraints allow table-wise sharding on the
 fused kernel and whose table-wise storage fits a device after TorchRec's storage
-reservation. The others (constraints forbidding table-wise or the fused kernel, tables too
-big for any single device, other module types) are planned by TorchRec's machinery
+reservation, or whose constraints also allow column-wise sharding and whose column-wise
+shards would fit. Such a table may be split column-wise (:mod:`torchrec_dreamshard.splits`:
+when it fits no device whole, or when the cost network predicts a faster step); its shards
+are at least ``min_partition`` columns wide (TorchRec's 128 when unset) and the plan gives
+it ``column_wise`` with the ranks chosen. The others (constraints forbidding table-wise or
+the fused kernel, tables too big for any single device that may not be split, other module
+types) are planned by TorchRec's machinery
 alongside: TorchRec's enumerator and perf estimator offer their options, the best-rated
 option that fits is taken and TorchRec's ``GreedyPerfPartitioner`` places it first; the
 policy then places its tables in the memory left. A table too big for any device whose
@@ -207,7 +212,12 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         if dist.get_rank(pg) == 0:
             try:
                 plan = self.plan(module, sharders)
-                result[0] = ("ok", plan, self.last_placement, self.last_prediction)
+                result[0] = (
+                    "ok",
+                    plan,
+                    (self.last_placement, self.last_shards),
+                    self.last_prediction,
+                )
             except Exception as exc:
                 result[0] = ("error", type(exc).__name__, str(exc), None)
                 dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
@@ -219,7 +229,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             if first not in ("PlannerError", "ValueError"):
                 kind = RuntimeError
             raise kind(f"rank 0 could not plan: {first}: {second}")
-        self.proposer.last_placement = dict(second)
+        self.proposer.last_placement = dict(second[0])
+        self.proposer.last_shards = dict(second[1])
         self.cost_stats.last_prediction = third
         return first
 
@@ -230,9 +241,15 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def last_placement(self) -> dict[str, int]:
-        """Rank of every table the policy placed in the last plan, by fully qualified
-        name (``"module.path.table"``)."""
+        """Rank of every whole table the policy placed in the last plan, by fully
+        qualified name (``"module.path.table"``)."""
         return dict(self.proposer.last_placement)
+
+    @property
+    def last_shards(self) -> dict[str, list[dict]]:
+        """The column-wise shards of every table split in the last plan, by fully qualified
+        name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
+        return dict(self.proposer.last_shards)
 
 
 class _Unloaded:

@@ -6,6 +6,13 @@ the policy then places the DreamShard tables in the memory each device has left.
 devices are written into the options' ``shard.rank``, which
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` keeps.
 
+Splits. Tables the enumerator marks splittable (``split_widths``) may be cut column-wise by
+:func:`torchrec_dreamshard.splits.plan_with_splits`: a table too big for every device is
+split to fit, others when the cost network predicts a faster step. A split table's
+table-wise option is replaced by a column-wise fused option (the enumerator's
+``column_wise_option``, with TorchRec's storage estimate of each shard) whose shards carry
+the devices chosen; the shards are listed in :attr:`DreamShardProposer.last_shards`.
+
 Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
 optimizer state and input/output buffers. The policy is given each device's memory scaled
 by the tables' weight-to-storage ratio; if TorchRec's estimate still overflows a device,
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +49,7 @@ from torchrec_dreamshard.planner.types import (
     spec_for_option,
     storage_bytes,
 )
+from torchrec_dreamshard.splits import SplitPlan, plan_entries, plan_with_splits, shard_task
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.torchrec_adapter import reserved_topology
@@ -91,7 +100,8 @@ class DreamShardProposer(Proposer):
         self._enumerator: Enumerator | None = None
         self._done = False
         self.last_placement: dict[str, int] = {}
-        self.last_report: Any = None  # the agent's SafetyReport of the last proposal
+        self.last_shards: dict[str, list[dict]] = {}
+        self.last_report: Any = None  # the agent's SafetyReport of an unsplit proposal
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
         """Take the enumerated options; the next :meth:`propose` runs the policy."""
@@ -118,12 +128,39 @@ class DreamShardProposer(Proposer):
         used = self._place_others(others, constraint)
         left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
         if ours:
-            placement = self._place_ours(ours, left, memory_tier(constraint))
-            for option, device in zip(ours, placement, strict=True):
-                for shard in option.shards:
-                    shard.rank = device
-            self.last_placement = {o.fqn: d for o, d in zip(ours, placement, strict=True)}
+            found = self._place_ours(ours, left, memory_tier(constraint))
+            ours = self._ranked_options(ours, found)
         return others + ours
+
+    def _ranked_options(self, ours: list[ShardingOption], found: SplitPlan) -> list[ShardingOption]:
+        """The options with the plan's devices in their shards' ranks: table-wise for the
+        whole tables, the enumerator's column-wise option for each split one."""
+        whole, shards = plan_entries(found.sharded, found.placement)
+        out = []
+        for option in ours:
+            if option.fqn in whole:
+                for shard in option.shards:
+                    shard.rank = whole[option.fqn]
+                out.append(option)
+                continue
+            entries = shards[option.fqn]
+            split = self._column_wise(option, [tuple(e["columns"]) for e in entries])
+            for shard, entry in zip(split.shards, entries, strict=True):
+                shard.rank = entry["device"]
+            out.append(split)
+        self.last_placement = whole
+        self.last_shards = shards
+        return out
+
+    def _column_wise(self, option: ShardingOption, columns: list[tuple]) -> ShardingOption:
+        make = getattr(self._enumerator, "column_wise_option", None)
+        if make is None:
+            raise PlannerError(
+                "DreamShard split a table but the enumerator cannot make column-wise options; "
+                "use DreamShardEnumerator",
+                PlannerErrorType.OTHER,
+            )
+        return make(option, columns)
 
     # -- steps ----------------------------------------------------------------------------
 
@@ -173,24 +210,25 @@ class DreamShardProposer(Proposer):
                 used[shard.rank] += storage_bytes(shard.storage, tier)
         return used
 
-    def _place_ours(self, ours: list[ShardingOption], left: list[int], tier: str) -> list[int]:
-        """Run the policy until TorchRec's storage estimate fits every device."""
+    def _place_ours(self, ours: list[ShardingOption], left: list[int], tier: str) -> SplitPlan:
+        """Run the policy (and the split search) until TorchRec's storage estimate fits
+        every device."""
         specs = [self._spec(o) for o in ours]
         need = [option_bytes(o, tier) for o in ours]
-        self._check_fits(ours, need, left)
+        widths = self._split_widths()
+        self._check_fits(ours, need, left, widths)
         ratio = sum(t.size_bytes for t in specs) / max(1, sum(need))
         caps = [max(1, int(x * min(1.0, ratio))) for x in left]
+        by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
         for _ in range(MAX_MEMORY_ROUNDS):
-            placement = self._run_policy(specs, caps)
-            used = [0] * len(left)
-            for d, n in zip(placement, need, strict=True):
-                used[d] += n
+            found = self._run_policy(specs, caps, widths)
+            used, holders = self._storage_used(found, by_fqn, tier, len(left))
             over = [d for d, (u, cap) in enumerate(zip(used, left, strict=True)) if u > cap]
             if not over:
-                return placement
+                return found
             for d in over:
                 caps[d] = max(1, int(caps[d] * max(left[d], 0) / used[d] * MEMORY_SHRINK))
-        names = [o.fqn for o, d in zip(ours, placement, strict=True) if d in over]
+        names = sorted({name for d in over for name in holders[d]})
         raise PlannerError(
             f"DreamShard could not fit the tables {names} on devices {over}: TorchRec's "
             f"storage estimate exceeds the memory left there after {MAX_MEMORY_ROUNDS} "
@@ -198,26 +236,65 @@ class DreamShardProposer(Proposer):
             PlannerErrorType.INSUFFICIENT_STORAGE,
         )
 
-    def _run_policy(self, specs: Sequence[TableSpec], caps: list[int]) -> list[int]:
+    def _storage_used(
+        self, found: SplitPlan, by_fqn: dict, tier: str, world: int
+    ) -> tuple[list[int], list[set[str]]]:
+        """TorchRec's storage estimate on each device of a plan, and the tables there."""
+        used = [0] * world
+        holders: list[set[str]] = [set() for _ in range(world)]
+        whole, shards = plan_entries(found.sharded, found.placement)
+        for fqn, d in whole.items():
+            used[d] += by_fqn[fqn][1]
+            holders[d].add(fqn)
+        for fqn, entries in shards.items():
+            option = by_fqn[fqn][0]
+            split = self._column_wise(option, [tuple(e["columns"]) for e in entries])
+            for shard, entry in zip(split.shards, entries, strict=True):
+                used[entry["device"]] += storage_bytes(shard.storage, tier)
+                holders[entry["device"]].add(fqn)
+        return used, holders
+
+    def _split_widths(self) -> dict[str, int]:
+        return dict(getattr(self._enumerator, "split_widths", None) or {})
+
+    def _run_policy(
+        self, specs: Sequence[TableSpec], caps: list[int], widths: dict[str, int]
+    ) -> SplitPlan:
         try:
             task = Task(
                 tables=list(specs),
                 num_devices=len(caps),
                 memory_bytes=caps,
                 batch_size=self._batch_size,
+                allow_oversized=bool(widths),
             )
-            placement = self._agent.place(
-                task, mode=self._mode, num_samples=self._num_samples, seed=self._seed
+            if not widths:  # nothing may be split: the policy's placement as it is
+                placement = self._agent.place(
+                    task, mode=self._mode, num_samples=self._num_samples, seed=self._seed
+                )
+                self.last_report = getattr(self._agent, "last_report", None)
+                return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
+            found = plan_with_splits(
+                self._agent,
+                task,
+                mode=self._mode,
+                num_samples=self._num_samples,
+                seed=self._seed,
+                splittable=widths,
             )
-            self.last_report = getattr(self._agent, "last_report", None)
-            return placement
+            # the report describes the whole-table placement; a split plan is re-placed
+            split = bool(found.sharded.columns)
+            self.last_report = None if split else getattr(self._agent, "last_report", None)
+            return found
         except ValueError as exc:  # PlacementError is a ValueError
             raise PlannerError(
                 f"DreamShard could not place the tables: {exc}",
                 PlannerErrorType.INSUFFICIENT_STORAGE,
             ) from exc
 
-    def _check_fits(self, ours: list[ShardingOption], need: list[int], left: list[int]) -> None:
+    def _check_fits(
+        self, ours: list[ShardingOption], need: list[int], left: list[int], widths: dict
+    ) -> None:
         if sum(need) > sum(max(x, 0) for x in left):
             raise PlannerError(
                 f"the {len(ours)} table-wise tables need {sum(need)} bytes (TorchRec's storage "
@@ -228,7 +305,11 @@ class DreamShardProposer(Proposer):
                 PlannerErrorType.INSUFFICIENT_STORAGE,
             )
         biggest = max(left)
-        misfits = [f"{o.fqn} ({n} bytes)" for o, n in zip(ours, need, strict=True) if n > biggest]
+        misfits = [
+            f"{o.fqn} ({n} bytes)"
+            for o, n in zip(ours, need, strict=True)
+            if n > biggest and o.fqn not in widths
+        ]
         if misfits:
             raise PlannerError(
                 f"tables {misfits} fit on no device: the most memory any device has left "

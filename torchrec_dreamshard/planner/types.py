@@ -1,8 +1,9 @@
 """Shared types and helpers of the DreamShard planner components.
 
-The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM kernel;
-every other sharding option (row-, column-wise, data-parallel, UVM caching, ...) is left to
-TorchRec's own machinery. The helpers here turn TorchRec ``ShardingOption``s into the
+The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM kernel, and
+the column-wise shards of the tables it splits (:mod:`torchrec_dreamshard.splits`); every
+other sharding option (row-wise, data-parallel, UVM caching, ...) is left to TorchRec's own
+machinery. The helpers here turn TorchRec ``ShardingOption``s into the
 :class:`~torchrec_dreamshard.tables.TableSpec` / :class:`~torchrec_dreamshard.tasks.Task`
 the policy and cost network understand, and read device memory off a ``Topology``.
 """
@@ -18,6 +19,7 @@ from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.report import device_table
+from torchrec_dreamshard.splits import shard_spec
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
@@ -26,7 +28,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
+SPLIT_SHARDING_TYPE: str = ShardingType.COLUMN_WISE.value
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")  # see policy.agent
+SPLIT_COLUMNS_ATTR = "dreamshard_columns"  # the column ranges DreamShard gave a CW option
 
 
 class PlacementAgent(Protocol):
@@ -47,6 +51,23 @@ def is_dreamshard_option(option: ShardingOption) -> bool:
         option.sharding_type == DREAMSHARD_SHARDING_TYPE
         and option.compute_kernel == DREAMSHARD_COMPUTE_KERNEL
     )
+
+
+def is_split_option(option: ShardingOption) -> bool:
+    """Whether this is a column-wise option DreamShard made for a table it split."""
+    return (
+        option.sharding_type == SPLIT_SHARDING_TYPE
+        and option.compute_kernel == DREAMSHARD_COMPUTE_KERNEL
+        and getattr(option, SPLIT_COLUMNS_ATTR, None) is not None
+    )
+
+
+def option_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
+    """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
+    one spec per shard (``name@start:end``) for a split one, in shard order."""
+    if not is_split_option(option):
+        return [spec]
+    return [shard_spec(spec, a, b) for a, b in getattr(option, SPLIT_COLUMNS_ATTR)]
 
 
 def memory_tier(topology: Topology) -> str:

@@ -1,0 +1,248 @@
+"""Column-wise splits on memory-tight tasks: the default plan with splits allowed against
+the table-wise-only plan, measured on real kernels.
+
+Tasks: the ``tight`` family's test tasks (memory 1.05x or 1.2x the task's bytes / D, as
+drawn) and the same tables at 1.05x. Each task is planned by:
+
+- **whole**: ``agent.place`` with the agent's default mode (whole tables only; may find no
+  plan when memory is tight);
+- **split**: :func:`torchrec_dreamshard.splits.plan_with_splits` with the same mode
+  (splits a table when it fits no device, when whole tables cannot be packed, or when the
+  cost network predicts a faster step);
+- the four proxy heuristics, only to count the tasks on which they find no plan.
+
+Both plans of every task are measured in R interleaved rounds (each round visits the tasks
+in a shuffled order and, shuffled, their plans; a plan with shards is measured as the task
+of its shards). A task's figure is the median over rounds of split / whole, for
+**compute** (max over devices of the fused forward + backward) and **step** (plus the
+local backend's all-to-all model). When the split search keeps every table whole the two
+plans are the same and the ratio is 1 without a second measurement. Also reported: the
+seconds ``plan_with_splits`` takes on 1000 tables x 64 devices (one run).
+
+Raw results go to ``results/splits_raw.json`` (``splits_quick_raw.json`` with ``--quick``)
+after every round, the summary to ``results/splits.md``.
+
+Usage: python benchmarks/splits.py [--tasks 6] [--rounds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, machine, write  # noqa: E402
+
+from torchrec_dreamshard import baselines, families  # noqa: E402
+from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.sampler import make_task  # noqa: E402
+from torchrec_dreamshard.splits import plan_entries, plan_with_splits  # noqa: E402
+
+TIGHT = 1.05  # the memory factor every tight task is also planned at
+PLANS = ("whole", "split")
+
+
+def tight_tasks(n: int) -> list[tuple[str, object]]:
+    """``(label, task)``: the tight family's first ``n`` test tasks, as drawn and at 1.05x."""
+    out = []
+    for k in range(n):
+        task = families.draw_task("tight", "test", k)
+        factor = task.memory[0] * task.num_devices / task.total_bytes
+        out.append((f"tight/{factor:.2f}x/{k}", task))
+        at = make_task(task.tables, task.num_devices, task.batch_size, TIGHT)
+        out.append((f"tight/{TIGHT:.2f}x/{k}", at))
+    return out
+
+
+def plan_both(agent, task) -> dict:
+    """Both plans (``None`` where none is found), the heuristics' misses and the seconds."""
+    entry: dict = {"plans": {}, "secs": {}, "heuristics_without_plan": []}
+    t0 = time.perf_counter()
+    try:
+        entry["plans"]["whole"] = {"task": None, "placement": agent.place(task)}
+    except ValueError as exc:
+        entry["plans"]["whole"], entry["whole_error"] = None, str(exc)
+    entry["secs"]["whole"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    try:
+        found = plan_with_splits(agent, task)
+    except ValueError as exc:
+        entry["plans"]["split"], entry["split_error"], entry["counts"] = None, str(exc), {}
+        entry["predicted"] = {}
+        return _heuristic_misses(entry, task)
+    entry["secs"]["split"] = time.perf_counter() - t0
+    whole, shards = plan_entries(found.sharded, found.placement)
+    entry["plans"]["split"] = {
+        "task": found.sharded.shards.to_dict() if shards else None,
+        "placement": found.placement,
+        "plan": {"placement": whole, "shards": shards},
+    }
+    entry["predicted"] = {"whole": found.whole_ms, "split": found.predicted_ms}
+    entry["counts"] = found.sharded.counts
+    return _heuristic_misses(entry, task)
+
+
+def _heuristic_misses(entry: dict, task) -> dict:
+    for name in baselines.HEURISTICS:
+        try:
+            baselines.place(name, task)
+        except baselines.NoPlanError:
+            entry["heuristics_without_plan"].append(name)
+    return entry
+
+
+def measure(task, placement, config) -> dict:
+    from torchrec_dreamshard.measure import measure_placement
+
+    m = measure_placement(task, list(placement), config)
+    if not m.ok:
+        raise RuntimeError(f"measurement failed: {m.error}")
+    dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
+    return {"compute": max(f + b for f, b, _ in dev), "step": max(sum(d) for d in dev)}
+
+
+def plan_task(task, plan: dict):
+    from torchrec_dreamshard.tasks import Task
+
+    return task if plan["task"] is None else Task.from_dict(plan["task"], allow_oversized=True)
+
+
+def measure_round(tasks, raw, config, rng) -> None:
+    """One interleaved pass over every task's plans, appended to each task's rounds."""
+    for ti in rng.permutation(len(tasks)):
+        entry, task = raw["tasks"][ti], tasks[ti][1]
+        same = entry["plans"]["whole"] is not None and not entry["counts"]
+        same = same and entry["plans"]["whole"]["placement"] == entry["plans"]["split"]["placement"]
+        result = {}
+        for k in rng.permutation(len(PLANS)):
+            name = PLANS[k]
+            plan = entry["plans"][name]
+            if plan is None or (same and name == "split"):
+                continue
+            result[name] = measure(plan_task(task, plan), plan["placement"], config)
+        if same:
+            result["split"] = result["whole"]
+        entry["rounds"].append(result)
+
+
+def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
+    """Seconds of ``plan_with_splits`` on ``tables`` DLRM-shaped pool tables (CPU scale) on
+    ``devices`` devices at 1.2x memory (one run, as ``benchmarks/planning_time.py`` does)."""
+    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+
+    pool = synthetic_pool(num_tables=tables, scale=CPU_POOL_SCALE, seed=0)
+    task = make_task(pool, devices, 2048, 1.2)
+    t0 = time.perf_counter()
+    plan_with_splits(agent, task)
+    return time.perf_counter() - t0
+
+
+def geomean(values) -> float:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    return float(math.exp(np.mean(np.log(vals)))) if vals else float("nan")
+
+
+def summarise(tasks, raw) -> tuple[dict, str]:
+    rows, by_factor = [], {}
+    for (label, _), entry in zip(tasks, raw["tasks"], strict=True):
+        factor = label.split("/")[1]
+        row = {
+            "task": label,
+            "whole_found": entry["plans"]["whole"] is not None,
+            "split_found": entry["plans"]["split"] is not None,
+            "counts": entry["counts"],
+            "heuristics_without_plan": entry["heuristics_without_plan"],
+            "secs": entry["secs"],
+        }
+        for kind in ("compute", "step"):
+            if row["whole_found"] and row["split_found"]:
+                ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
+                row[kind] = float(np.median(ratios))
+        rows.append(row)
+        by_factor.setdefault(factor, []).append(row)
+    lines = [
+        "# Column-wise splits on memory-tight tasks",
+        "",
+        f"{len(tasks)} tasks, {raw['settings']['rounds']} interleaved round(s); checkpoint: "
+        f"{raw['settings']['checkpoint']}. Produced by `benchmarks/splits.py`"
+        + (" `--quick` (a smoke run, not a result)." if raw["settings"]["quick"] else "."),
+        "",
+        "Ratio = split plan / table-wise plan, median over rounds, geomean over the tasks "
+        "where a table-wise plan exists (< 1: splitting is faster).",
+        "",
+        "| memory | tasks | split / whole (compute) | split / whole (step) | tasks split "
+        "| no table-wise plan | ... of which split found one | heuristics without a plan |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    summary = {}
+    for factor, rs in by_factor.items():
+        s = {
+            "tasks": len(rs),
+            "compute": geomean([r.get("compute") for r in rs]),
+            "step": geomean([r.get("step") for r in rs]),
+            "split_tasks": sum(bool(r["counts"]) for r in rs),
+            "no_whole_plan": sum(not r["whole_found"] for r in rs),
+            "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
+            "heuristic_misses": sum(len(r["heuristics_without_plan"]) for r in rs),
+        }
+        summary[factor] = s
+        lines.append(
+            f"| {factor} | {s['tasks']} | {s['compute']:.3f} | {s['step']:.3f} | "
+            f"{s['split_tasks']} | {s['no_whole_plan']} | {s['split_rescued']} | "
+            f"{s['heuristic_misses']} of {4 * s['tasks']} |"
+        )
+    lines += [
+        "",
+        f"Planning 1000 tables x 64 devices with splits: {raw['planning_1000x64_s']:.2f} s.",
+    ]
+    return {"rows": rows, "by_memory": summary}, "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", type=int, default=6, help="tight family test tasks")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--checkpoint", default=None, help="agent checkpoint (default: bundled)")
+    ap.add_argument("--quick", action="store_true", help="1 task, 1 short round (a smoke run)")
+    args = ap.parse_args()
+    from torchrec_dreamshard.measure import MeasureConfig
+
+    config = MeasureConfig()
+    if args.quick:
+        args.tasks, args.rounds = 1, 1
+        config = MeasureConfig(warmup=1, iters=2, rounds=1)
+    agent = load_checkpoint(args.checkpoint)
+    tasks = tight_tasks(args.tasks)
+    settings = {
+        "tasks": args.tasks,
+        "rounds": args.rounds,
+        "quick": args.quick,
+        "checkpoint": args.checkpoint or "bundled",
+        "measure": config.to_dict(),
+    }
+    raw: dict = {"settings": settings, "machine": machine(), "tasks": []}
+    for label, task in tasks:
+        entry = plan_both(agent, task)
+        entry["rounds"] = []
+        raw["tasks"].append(entry)
+        print(f"{label}: planned, splits {entry['counts'] or 'none'}", flush=True)
+    raw["planning_1000x64_s"] = planning_seconds(agent)
+    name = "splits_quick" if args.quick else "splits"
+    path = RESULTS / f"{name}_raw.json"
+    rng = np.random.default_rng(0)
+    for r in range(args.rounds):
+        measure_round(tasks, raw, config, rng)
+        path.write_text(json.dumps(raw) + "\n")
+        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    summary, text = summarise(tasks, raw)
+    write(name, {"settings": settings, **summary}, text)
+
+
+if __name__ == "__main__":
+    main()

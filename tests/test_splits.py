@@ -1,0 +1,173 @@
+"""Column-wise splits: shard sizing, shard tasks, plan entries and the split search."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.splits import (
+    column_shards,
+    plan_entries,
+    plan_from_entries,
+    plan_with_splits,
+    shard_task,
+    split_counts,
+)
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task, device_bytes
+
+
+def _table(name: str, rows: int = 1000, dim: int = 64, pf: float = 3.0) -> TableSpec:
+    return TableSpec(name=name, rows=rows, dim=dim, pooling_factor=pf)
+
+
+def _task(tables, devices=4, factor=1.5, **kw) -> Task:
+    total = sum(t.size_bytes for t in tables)
+    mem = int(factor * total / devices)
+    return Task(tables=tables, num_devices=devices, memory_bytes=mem, batch_size=512, **kw)
+
+
+def test_split_counts_follow_torchrec_rule():
+    spec = _table("t", dim=64)
+    assert split_counts(spec, 16) == [2, 4, 8, 16]  # widths 32, 16, 8, 4
+    assert split_counts(spec, 16, min_width=16) == [2, 4]
+    assert split_counts(_table("odd", dim=12), 16) == [3]  # width 4
+    assert split_counts(_table("narrow", dim=6), 16) == []
+
+
+def test_column_shards_cover_the_columns_once():
+    spec = dataclasses.replace(_table("t0", dim=128), reuse_hist=None)
+    shards = column_shards(spec, 4)
+    assert [s.name for s in shards] == ["t0@0:32", "t0@32:64", "t0@64:96", "t0@96:128"]
+    assert all(s.rows == spec.rows and s.pooling_factor == spec.pooling_factor for s in shards)
+    assert sum(s.dim for s in shards) == spec.dim
+    assert sum(s.size_bytes for s in shards) == spec.size_bytes
+    assert column_shards(spec, 1) == [spec]
+    with pytest.raises(ValueError, match="allowed counts"):
+        column_shards(spec, 3)
+
+
+def test_oversized_tables_need_allow_oversized():
+    tables = [_table("big", rows=100_000, dim=64), _table("s", rows=10)]
+    with pytest.raises(ValueError, match="bigger than every device"):
+        Task(tables=tables, num_devices=4, memory_bytes=10_000_000, batch_size=64)
+    Task(tables=tables, num_devices=4, memory_bytes=10_000_000, batch_size=64, allow_oversized=True)
+
+
+def test_plan_entries_round_trip():
+    task = _task([_table("a", dim=64), _table("b", dim=32)], factor=3.0)
+    sharded = shard_task(task, {"a": 2})
+    assert sharded.shards.names == ["a@0:32", "a@32:64", "b"]
+    whole, shards = plan_entries(sharded, [0, 3, 1])
+    assert whole == {"b": 1}
+    assert shards == {"a": [{"device": 0, "columns": [0, 32]}, {"device": 3, "columns": [32, 64]}]}
+    again, placement = plan_from_entries(task, whole, shards)
+    assert again.shards.names == sharded.shards.names and placement == [0, 3, 1]
+
+
+@pytest.mark.parametrize(
+    "shards, match",
+    [
+        ({"a": [{"device": 0, "columns": [0, 16]}]}, "end at 16"),
+        ({"a": [{"device": 0, "columns": [0, 32]}, {"device": 1, "columns": [16, 64]}]}, "once"),
+        ({"a": [{"device": 0, "cols": [0, 64]}]}, "each must be"),
+    ],
+)
+def test_plan_from_entries_refuses_bad_shards(shards, match):
+    task = _task([_table("a", dim=64), _table("b", dim=32)], factor=3.0)
+    with pytest.raises(ValueError, match=match):
+        plan_from_entries(task, {"b": 0}, shards)
+
+
+def test_plan_from_entries_refuses_a_table_twice():
+    task = _task([_table("a", dim=64), _table("b", dim=32)], factor=3.0)
+    with pytest.raises(ValueError, match="both"):
+        plan_from_entries(task, {"a": 0, "b": 0}, {"a": [{"device": 1, "columns": [0, 64]}]})
+
+
+def _check_plan(task: Task, plan) -> None:
+    """Shards cover each table's columns exactly once and every device's memory holds."""
+    whole, shards = plan_entries(plan.sharded, plan.placement)
+    assert set(whole) | set(shards) == set(task.names)
+    for name, entries in shards.items():
+        dim = next(t.dim for t in task.tables if t.name == name)
+        cols = [e["columns"] for e in entries]
+        assert cols[0][0] == 0 and cols[-1][1] == dim
+        assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
+        assert len({e["device"] for e in entries}) == len(entries)
+    used = device_bytes(plan.sharded.shards, plan.placement)
+    assert all(u <= m for u, m in zip(used, task.memory, strict=True))
+
+
+def test_a_table_too_big_for_every_device_is_split():
+    small = [_table(f"s{i}", rows=2000, dim=32) for i in range(12)]
+    big = _table("big", rows=40_000, dim=128)
+    task = _task([big, *small], devices=4, factor=1.2, allow_oversized=True)
+    assert big.size_bytes > max(task.memory)
+    plan = plan_with_splits(DreamShard.untrained(seed=0), task)
+    assert plan.whole_ms is None
+    assert plan.sharded.counts["big"] >= 2
+    _check_plan(task, plan)
+
+
+def test_unsplittable_oversized_table_is_named():
+    big = _table("big", rows=40_000, dim=128)
+    task = _task([big, _table("s", rows=10)], devices=4, factor=1.2, allow_oversized=True)
+    with pytest.raises(ValueError, match="'big'.*may not be split"):
+        plan_with_splits(DreamShard.untrained(seed=0), task, splittable={"s": 4})
+
+
+def test_split_search_never_predicts_worse_than_whole_tables():
+    tables = [_table(f"t{i}", rows=500 * (i + 1), dim=16 * (1 + i % 4)) for i in range(16)]
+    task = _task(tables, devices=4, factor=1.3)
+    plan = plan_with_splits(DreamShard.untrained(seed=1), task, mode="search", num_samples=4)
+    assert plan.whole_ms is not None and plan.predicted_ms <= plan.whole_ms
+    _check_plan(task, plan)
+
+
+class _AdditiveAgent:
+    """A stand-in agent whose device cost is the sum of its tables' ``dim x pooling`` and
+    whose policy places tables largest-cost first on the least loaded device with room."""
+
+    def table_costs(self, task):
+        return [t.dim * t.pooling_factor for t in task.tables]
+
+    def place(self, task, mode="greedy", num_samples=16, seed=0):
+        costs = self.table_costs(task)
+        load, free = [0.0] * task.num_devices, list(task.memory)
+        placement = [0] * len(task.tables)
+        for i in sorted(range(len(task.tables)), key=lambda i: -costs[i]):
+            legal = [d for d in range(task.num_devices) if free[d] >= task.tables[i].size_bytes]
+            if not legal:
+                raise ValueError(f"table {task.tables[i].name!r} fits on no device")
+            d = min(legal, key=lambda x: load[x])
+            placement[i], load[d], free[d] = (
+                d,
+                load[d] + costs[i],
+                free[d] - task.tables[i].size_bytes,
+            )
+        return placement
+
+    def predict(self, task, placement):
+        from torchrec_dreamshard.policy import CostPrediction
+
+        load = [0.0] * task.num_devices
+        for c, d in zip(self.table_costs(task), placement, strict=True):
+            load[d] += c
+        zeros = [0.0] * task.num_devices
+        return CostPrediction(fwd_ms=load, bwd_ms=zeros, comm_ms=zeros[:], step_ms=max(load))
+
+
+def test_the_search_splits_a_dominant_table_when_the_cost_model_says_it_pays():
+    tables = [_table("hot", rows=1000, dim=128, pf=40.0)] + [
+        _table(f"t{i}", rows=1000, dim=16, pf=2.0) for i in range(8)
+    ]
+    task = _task(tables, devices=4, factor=3.0)
+    plan = plan_with_splits(_AdditiveAgent(), task)
+    assert plan.whole_ms == 128 * 40.0  # the hot table alone sets the step
+    assert plan.sharded.counts["hot"] >= 4 and plan.predicted_ms < 0.5 * plan.whole_ms
+    _check_plan(task, plan)
+    narrow = plan_with_splits(_AdditiveAgent(), task, splittable={"hot": 64})
+    assert narrow.sharded.counts == {"hot": 2}  # shards of at least 64 columns
