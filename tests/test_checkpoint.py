@@ -15,6 +15,7 @@ from torchrec_dreamshard.checkpoint import (
     read_payload,
     save_checkpoint,
 )
+from torchrec_dreamshard.families import TRAIN_FAMILIES
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import TaskSampler
@@ -127,7 +128,8 @@ def test_bundled_checkpoint_loads(task):
     assert BUNDLED_CHECKPOINT.is_file(), "the package must ship its trained checkpoint"
     agent = load_checkpoint()
     assert agent.meta["trained"] is True
-    assert agent.meta["batch_size"] == 2048
+    assert agent.meta["workload"]["optimizer"] == "rowwise_adagrad"
+    assert set(agent.meta["train_families"]) == set(TRAIN_FAMILIES)  # none held out
     assert "hardware" in agent.meta and "workload" in agent.meta and "version" in agent.meta
     placement = agent.place(task)
     assert agent.predict(task, placement).step_ms > 0
