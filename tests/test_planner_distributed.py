@@ -81,11 +81,11 @@ def local_tables(dmp) -> list[str]:
     return sorted(out)
 
 
-def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def worker(rank: int, world: int, port: int, out_dir: str, split: bool = False) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     with local_process_group(rank, world, port):
-        train(rank, world, Path(out_dir))
+        (train_split if split else train)(rank, world, Path(out_dir))
     exit_spawned_rank()
 
 
@@ -260,14 +260,6 @@ def make_split_batch(rank: int, step: int):
     )
 
 
-def split_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    with local_process_group(rank, world, port):
-        train_split(rank, world, Path(out_dir))
-    exit_spawned_rank()
-
-
 def train_split(rank: int, world: int, out_dir: Path) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -318,7 +310,7 @@ def train_split(rank: int, world: int, out_dir: Path) -> None:
 def test_dlrm_trains_with_a_table_split_column_wise(tmp_path):
     world = 2
     assert BIG_ROWS * DIM * 4 > SPLIT_CAP  # the table fits no single device whole
-    mp.spawn(split_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(worker, args=(world, free_port(), str(tmp_path), True), nprocs=world, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     assert all(r["plan"] == results[0]["plan"] for r in results), "ranks got different plans"
     types, ranks = results[0]["types"], results[0]["ranks"]

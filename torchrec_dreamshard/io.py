@@ -184,3 +184,14 @@ def finite(x: float) -> bool:
         return math.isfinite(float(x))
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def save_figure(fig, path: str | Path, what: str = "plot file", dpi: int = 100) -> None:
+    """Save a matplotlib figure atomically (see :func:`atomic_path`) and close it."""
+    import matplotlib.pyplot as plt
+
+    try:
+        with atomic_path(path, what) as tmp:
+            fig.savefig(tmp, dpi=dpi)
+    finally:
+        plt.close(fig)

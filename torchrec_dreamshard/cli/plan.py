@@ -223,10 +223,6 @@ def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, titl
     ax.set_xticks(devices)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     fig.tight_layout()
-    from torchrec_dreamshard.io import atomic_path
+    from torchrec_dreamshard.io import save_figure
 
-    try:
-        with atomic_path(path, "plot file") as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
+    save_figure(fig, path, "plot file", dpi=120)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchrec_dreamshard.io import atomic_path, atomic_write_with
+from torchrec_dreamshard.io import atomic_write_with, save_figure
 
 METRICS_NAME = "metrics.csv"
 PLOT_NAME = "curves.png"
@@ -54,8 +54,4 @@ def plot_curves(metrics_csv: Path, out_png: Path) -> None:
     for ax in np.ravel(axes)[len(keys) :]:
         ax.axis("off")
     fig.tight_layout()
-    try:
-        with atomic_path(out_png, "curves file") as tmp:
-            fig.savefig(tmp, dpi=80)
-    finally:
-        plt.close(fig)
+    save_figure(fig, out_png, "curves file", dpi=80)
