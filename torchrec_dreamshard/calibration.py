@@ -665,6 +665,7 @@ class CalibratingAgent:
         self.calibration = calibration
         self.verify_k, self.verify_rounds, self.progress = verify_k, verify_rounds, progress
         self.last_outcome: PlanOutcome | None = None
+        self.calibration_enabled = True
 
     def place(self, task: Task, mode: str = "safe", num_samples: int = 4, seed: int = 0):
         import logging

@@ -13,6 +13,7 @@ EXAMPLES = """examples:
   dreamshard plan task.json
   dreamshard plan task.json --out plan.json --plot plan.png
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
+  dreamshard plan task.json --calibrate --budget-s 60 --verify 4
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
@@ -42,7 +43,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-samples", type=int, default=4, help="sampled policy roll-outs")
     p.add_argument("--seed", type=int, default=0)
+    add_calibration_args(p)
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="measure the K best-rated candidate plans and the heuristics' plans on real "
+        "kernels (interleaved rounds) and keep the fastest",
+    )
+    p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.set_defaults(func=run)
+
+
+def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
+    """``--calibrate`` (when ``flag``), ``--budget-s`` and ``--store``."""
+    if flag:
+        p.add_argument(
+            "--calibrate",
+            action="store_true",
+            help="first measure the task's tables on this machine and fine-tune the cost "
+            "network on them (re-uses earlier measurements in the store)",
+        )
+    p.add_argument("--budget-s", type=float, default=60.0, help="calibration time budget (seconds)")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        help="calibration store (default: $DREAMSHARD_CALIBRATION_STORE or "
+        "~/.cache/torchrec_dreamshard/calibration.sqlite)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,14 +88,39 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_format(args.plot)
     task = Task.load(args.task)
+    from torchrec_dreamshard.calibration import CalibrationConfig, plan_task
+
+    calibration = None
+    if getattr(args, "calibrate", False):
+        calibration = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
+    if args.verify < 0 or args.verify_rounds < 1:
+        raise ValueError(
+            f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
+            f"{args.verify_rounds}"
+        )
     agent = load_checkpoint(args.checkpoint)
     start = time.perf_counter()
-    placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
+    outcome = plan_task(
+        agent,
+        task,
+        mode=args.mode,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        calibration=calibration,
+        verify_k=args.verify,
+        verify_rounds=args.verify_rounds,
+        progress=True,
+    )
     seconds = time.perf_counter() - start
+    agent, placement = outcome.agent, outcome.placement
     plan = plan_dict(task, placement, agent.predict(task, placement))
     report = getattr(agent, "last_report", None)
     if report is not None:
         plan["candidates"] = report.to_dict()
+    if outcome.calibration is not None:
+        plan["calibration"] = outcome.calibration.to_dict()
+    if outcome.verification is not None:
+        plan["verification"] = outcome.verification.to_dict()
     print(
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
@@ -74,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan))
     if report is not None:
         print("\n".join(report.lines()))
+    if outcome.lines():
+        print("\n".join(outcome.lines()))
     if args.out:
         atomic_write(args.out, dumps_strict(plan), "--out file")
         print(f"wrote {args.out}")
