@@ -7,6 +7,7 @@ import json
 import time
 import warnings
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 import torch
@@ -212,3 +213,68 @@ def test_cli_calibrate_exports_a_checkpoint(files, capsys):
     bad = ["calibrate", str(files / "task.json"), "--store", str(files / "no" / "c.sqlite")]
     assert run([*bad, "--checkpoint", str(files / "agent.pt")]) == 2
     assert "folder does not exist" in capsys.readouterr().err
+
+
+# -- under a process group ----------------------------------------------------------------
+
+
+def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -> None:
+    """Every rank asks for a calibrated, verified plan; rank 0 calibrates and plans."""
+    import torch.distributed as dist
+    from test_planner_distributed import LOCAL_BATCH, build_model
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    report: dict = {}
+    start = time.monotonic()
+    with local_process_group(rank, world, port):
+        planner = DreamShardPlanner(
+            topology=Topology(world_size=world, compute_device="cpu"),
+            batch_size=LOCAL_BATCH,
+            agent=DreamShard.untrained(seed=0),
+            calibrate=config(budget_s=20.0, store=store),
+            verify=2,
+        )
+        try:
+            plan = planner.collective_plan(
+                build_model(), [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD
+            )
+            report["plan"] = str(plan)
+            report["placement"] = planner.last_placement
+            outcome = getattr(planner.agent, "last_outcome", None)
+            report["calibrated"] = outcome is not None and outcome.calibration is not None
+            report["verified"] = outcome is not None and outcome.verification is not None
+        except Exception as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    exit_spawned_rank()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True])
+def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
+    import torch.multiprocessing as mp
+
+    from torchrec_dreamshard.spawn import free_port
+
+    store = tmp_path / ("missing" if fail else "") / "calibration.sqlite"
+    start = time.monotonic()
+    mp.spawn(planner_worker, args=(2, free_port(), str(tmp_path), str(store)), nprocs=2)
+    assert time.monotonic() - start < 60
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if fail:
+        for r in reports:
+            assert "folder does not exist" in r["error"] and "missing" in r["error"], r
+        assert "rank 0 could not plan" in reports[1]["error"]
+        return
+    assert all("error" not in r for r in reports), reports
+    assert reports[0]["plan"] == reports[1]["plan"]
+    assert reports[0]["placement"] == reports[1]["placement"]
+    assert reports[0]["calibrated"] and reports[0]["verified"]
+    assert not reports[1]["calibrated"]  # only rank 0 measured
