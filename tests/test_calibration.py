@@ -278,3 +278,20 @@ def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
     assert reports[0]["placement"] == reports[1]["placement"]
     assert reports[0]["calibrated"] and reports[0]["verified"]
     assert not reports[1]["calibrated"]  # only rank 0 measured
+
+
+def test_planner_calibrate_and_verify_arguments():
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+
+    topo = Topology(world_size=2, compute_device="cpu")
+    agent = DreamShard.untrained(seed=0)
+    assert DreamShardPlanner(topology=topo, agent=agent).agent is agent
+    planner = DreamShardPlanner(topology=topo, agent=agent, calibrate=5, verify=2)
+    assert isinstance(planner.agent, cal.CalibratingAgent)
+    assert planner.agent.calibration.budget_s == 5.0 and planner.agent.verify_k == 2
+    with pytest.raises(ValueError, match="verify must be an integer >= 0"):
+        DreamShardPlanner(topology=topo, agent=agent, verify=-1)
+    with pytest.raises(ValueError, match="calibrate must be None, True"):
+        DreamShardPlanner(topology=topo, agent=agent, calibrate="yes")

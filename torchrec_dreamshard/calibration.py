@@ -125,8 +125,6 @@ class CalibrationConfig:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
         if not (self.lr > 0 and self.prior >= 0):
             raise ValueError(f"lr must be > 0 and prior >= 0, got {self.lr}, {self.prior}")
-        if self.measure.device != "cpu":
-            pass  # CUDA kernels are timed the same way (unmeasured here: no GPU)
 
     def store_path(self) -> Path:
         return Path(self.store) if self.store is not None else default_store_path()
@@ -161,8 +159,7 @@ class CalibrationResult:
     store: str
 
     def to_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k != "agent"}
-        return out
+        return {k: v for k, v in self.__dict__.items() if k != "agent"}
 
     def lines(self) -> list[str]:
         return [
