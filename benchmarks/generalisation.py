@@ -25,10 +25,18 @@ The cost network's accuracy per task: Kendall tau between its predicted step and
 measured step (median over rounds) over the task's distinct placements, and the MAPE of
 its predictions.
 
+With ``--calibrate-budget B [B ...]`` every task is also planned after calibrating on
+this machine with a budget of B seconds (``calibrated_B``: the safe mode of the calibrated
+agent) and, with ``--verify K``, after verifying by measuring its K best-rated candidates
+and the heuristics' plans (``calibrated_B_verifyK``). Each budget has its own calibration
+store (started afresh with the raw results), so a budget's model knows only what it
+measured. The calibrated model's tau and MAPE are reported beside the prior's.
+
 Raw results are written after every task and every round to
 ``results/generalisation_raw.json``; a rerun with the same settings resumes from it.
 
 Usage: python benchmarks/generalisation.py [--per-family 3] [--rounds 3] [--quick]
+       [--calibrate-budget 30 60] [--verify 4] [--checkpoint PATH]
 """
 
 from __future__ import annotations
@@ -119,6 +127,53 @@ def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
     return plans, secs
 
 
+def calibration_store(name: str, budget: float) -> Path:
+    from torchrec_dreamshard.calibration import default_store_path
+
+    return default_store_path().parent / f"bench_{name}_b{budget:g}.sqlite"
+
+
+def calibration_config(name: str, budget: float, seed: int):
+    from torchrec_dreamshard.calibration import CalibrationConfig
+
+    store = calibration_store(name, budget)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    return CalibrationConfig(budget_s=budget, store=store, seed=seed, progress=False)
+
+
+def plan_calibrated(agent, task, config, args, seed: int, plans: dict, secs: dict) -> None:
+    """Calibrate at every budget, place (safe mode) and verify; adds the plans and the
+    seconds each step took."""
+    from torchrec_dreamshard.calibration import calibrate, verify
+
+    for budget in args.calibrate_budget:
+        name = f"calibrated_{budget:g}"
+        res = calibrate(agent, task, calibration_config(args.name, budget, seed))
+        t0 = time.perf_counter()
+        plans[name] = [int(d) for d in res.agent.place(task, mode="safe", seed=seed)]
+        secs[f"{name}_calibrate"], secs[name] = res.seconds, time.perf_counter() - t0
+        secs[f"{name}_kernels"] = res.samples
+        if args.verify:
+            ver = verify(
+                res.agent, task, args.verify, config, seed=seed, extra={"chosen": plans[name]}
+            )
+            plans[f"{name}_verify{args.verify}"] = [int(d) for d in ver.winner.placement]
+            secs[f"{name}_verify{args.verify}"] = ver.seconds
+
+
+def calibrated_agents(agent, task, args, seed: int) -> dict:
+    """The calibrated agent of every budget (from its store: nothing is measured again)."""
+    from torchrec_dreamshard.calibration import calibrate
+
+    out = {}
+    for budget in args.calibrate_budget:
+        res = calibrate(agent, task, calibration_config(args.name, budget, seed))
+        if res.measured:
+            raise RuntimeError(f"budget {budget:g}: calibration store lost {res.measured} rows")
+        out[f"cal{budget:g}"] = res.agent
+    return out
+
+
 def load_raw(path: Path, settings: dict) -> dict:
     if path.exists():
         raw = json.loads(path.read_text())
@@ -153,7 +208,7 @@ def measure_round(tasks, raw, config, rng, path, r: int) -> None:
         save_raw(path, raw)
 
 
-def task_summary(agent, fam_task, entry) -> dict:
+def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict:
     """Per method: median over rounds of cost / best heuristic's, for compute and step;
     the cost network's tau and MAPE on the task's distinct plans."""
     fam, task = fam_task
@@ -183,6 +238,12 @@ def task_summary(agent, fam_task, entry) -> dict:
     out["cost_mape"] = float(
         np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)) * 100
     )
+    for tag, cal_agent in (calibrated or {}).items():
+        pred = [cal_agent.predict(task, list(p)).step_ms for p in plans]
+        out[f"cost_tau_{tag}"] = kendall_tau(pred, measured)
+        out[f"cost_mape_{tag}"] = float(
+            np.mean(np.abs(np.array(pred) - measured) / np.array(measured)) * 100
+        )
     out["num_plans"] = len(plans)
     out["planning_s"] = entry["secs"]
     return out
@@ -212,8 +273,60 @@ def family_rows(rows: list[dict]) -> dict:
         f["cost_tau"] = float(np.nanmean([r["cost_tau"] for r in rs]))
         f["cost_tau_min"] = float(np.nanmin([r["cost_tau"] for r in rs]))
         f["cost_mape"] = float(np.mean([r["cost_mape"] for r in rs]))
+        for key in [k for k in rs[0] if k.startswith(("cost_tau_cal", "cost_mape_cal"))]:
+            f[key] = float(np.nanmean([r[key] for r in rs]))
+        for key in [k for k in rs[0]["planning_s"] if k.startswith("calibrated_")]:
+            f[f"seconds/{key}"] = float(np.mean([r["planning_s"][key] for r in rs]))
         out[fam] = f
     return out
+
+
+def calibration_report(fams: dict, args) -> list[str]:
+    """The calibrated methods' table (compute / best heuristic) and the cost model's
+    accuracy before and after calibration."""
+    if not args.calibrate_budget:
+        return []
+    cols = [m for m in METHODS if m.startswith("calibrated_")]
+    lines = [
+        "",
+        "## Calibrated on this machine (and verified by measuring)",
+        "",
+        "| family | "
+        + " | ".join(f"compute: {c}" for c in cols)
+        + " | tau: prior | "
+        + " | ".join(f"tau: {b:g}s" for b in args.calibrate_budget)
+        + " | MAPE %: prior | "
+        + " | ".join(f"MAPE %: {b:g}s" for b in args.calibrate_budget)
+        + " | seconds (calibrate, verify) |",
+        "|---|" + "---|" * (len(cols) + 2 * len(args.calibrate_budget) + 3),
+    ]
+    for fam, f in fams.items():
+        cells = [f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]" for c in cols]
+        taus = [f"{f.get(f'cost_tau_cal{b:g}', float('nan')):.2f}" for b in args.calibrate_budget]
+        mapes = [f"{f.get(f'cost_mape_cal{b:g}', float('nan')):.1f}" for b in args.calibrate_budget]
+        secs = [
+            f"{f.get(f'seconds/calibrated_{b:g}_calibrate', float('nan')):.0f}, "
+            f"{f.get(f'seconds/calibrated_{b:g}_verify{args.verify}', float('nan')):.0f}"
+            for b in args.calibrate_budget
+        ]
+        lines.append(
+            f"| {fam} | "
+            + " | ".join(cells)
+            + f" | {f['cost_tau']:.2f} | "
+            + " | ".join(taus)
+            + f" | {f['cost_mape']:.1f} | "
+            + " | ".join(mapes)
+            + " | "
+            + "; ".join(secs)
+            + " |"
+        )
+    lines += [
+        "",
+        "Targets (issue 9): after <= 60 s of calibration MAPE <= 5% and tau >= 0.85 on the "
+        "held-out families; calibrated + verified geomean <= 0.92 in every family and no "
+        "task above 1.0.",
+    ]
+    return lines
 
 
 def report(fams: dict, args, checkpoint: str, wall: float) -> str:
@@ -253,6 +366,8 @@ def report(fams: dict, args, checkpoint: str, wall: float) -> str:
         "1.02, never slower than TorchRec where it finds a plan; search no worse than "
         "greedy; tau >= 0.8 in every family.",
         "",
+        *calibration_report(fams, args),
+        "",
         f"Wall time {wall:.0f} s. {machine()['note']}",
         "Raw: generalisation_raw.json, generalisation.json. Script: benchmarks/generalisation.py.",
     ]
@@ -268,9 +383,22 @@ def main() -> None:
     ap.add_argument("--families", nargs="*", default=list(families.FAMILIES))
     ap.add_argument("--quick", action="store_true", help="1 task per family, 1 round")
     ap.add_argument("--name", default="generalisation", help="results file stem")
+    ap.add_argument(
+        "--calibrate-budget",
+        type=float,
+        nargs="*",
+        default=[],
+        metavar="S",
+        help="also plan after calibrating with each budget (seconds)",
+    )
+    ap.add_argument("--verify", type=int, default=0, metavar="K", help="and verify K plans")
     args = ap.parse_args()
     if args.quick:
         args.per_family, args.rounds = 1, 1
+    for budget in args.calibrate_budget:
+        METHODS.append(f"calibrated_{budget:g}")
+        if args.verify:
+            METHODS.append(f"calibrated_{budget:g}_verify{args.verify}")
     agent = load_checkpoint(args.checkpoint)
     config = measure_config()
     tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
@@ -280,14 +408,23 @@ def main() -> None:
         "families": args.families,
         "seed": args.seed,
     }
+    if args.calibrate_budget:
+        settings["calibrate_budget"] = args.calibrate_budget
+        settings["verify"] = args.verify
     path = RESULTS / f"{args.name}_raw.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = load_raw(path, settings)
+    if not raw["tasks"]:  # a fresh run: every budget's calibration starts from nothing
+        for budget in args.calibrate_budget:
+            store = calibration_store(args.name, budget)
+            for suffix in ("", "-wal", "-shm", ".lock"):
+                Path(str(store) + suffix).unlink(missing_ok=True)
     start = time.perf_counter()
     for i, (fam, task) in enumerate(tasks):
         if i < len(raw["tasks"]):
             continue
         plans, secs = plan_task(agent, task, config, args.seed + i)
+        plan_calibrated(agent, task, config, args, args.seed + i, plans, secs)
         raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
@@ -295,7 +432,10 @@ def main() -> None:
     for r in range(args.rounds):
         measure_round(tasks, raw, config, rng, path, r)
         print(f"round {r + 1}/{args.rounds} measured", flush=True)
-    rows = [task_summary(agent, t, e) for t, e in zip(tasks, raw["tasks"], strict=True)]
+    rows = [
+        task_summary(agent, t, e, calibrated_agents(agent, t[1], args, args.seed + i))
+        for i, (t, e) in enumerate(zip(tasks, raw["tasks"], strict=True))
+    ]
     fams = family_rows(rows)
     text = report(fams, args, settings["checkpoint"], time.perf_counter() - start)
     data = {"settings": settings, "families": fams, "tasks": rows, "machine": machine()}

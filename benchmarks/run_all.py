@@ -26,6 +26,7 @@ BENCHMARKS = (
     "demo",
     "cost_model_accuracy",
     "placement_quality",
+    "generalisation",
     "splits",
 )
 

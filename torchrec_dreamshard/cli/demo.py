@@ -7,7 +7,10 @@
    kernel for both, the placements the measurement harness runs).
 3. Measures both plans on real FBGEMM kernels (``measure_placement``) and prints them side
    by side.
-4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
+4. Calibrates the cost network on the model's tables on this machine (``--calibrate-budget``
+   seconds; 0 skips it) and prints, for both plans and the calibrated agent's own plan,
+   the predicted step cost before and after calibration beside the measured one.
+5. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
    CPU, planned by ``DreamShardPlanner.collective_plan``.
 
 The model and its batches are in :mod:`torchrec_dreamshard.demo_model`.
@@ -50,6 +53,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mode", choices=["safe", "greedy", "search"], default="safe")
     p.add_argument("--train-ranks", type=int, default=2, help="gloo ranks for training")
     p.add_argument("--train-steps", type=int, default=3)
+    p.add_argument(
+        "--calibrate-budget",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds of calibration on this machine (0: none)",
+    )
     p.add_argument("--out", metavar="DEMO.json", help="write the side-by-side as JSON")
     p.set_defaults(func=run)
 
@@ -72,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     measure_both(mtask, ours, theirs)
     print(format_side_by_side(ours, theirs))
     result["measure_task"] = {"memory_bytes": mtask.memory, "batch_size": mtask.batch_size}
+    if args.calibrate_budget > 0:
+        result["calibration"] = calibrate_demo(mtask, ours, theirs, args)
     result["training"] = train_demo(task, args)
     if args.out:
         atomic_write(args.out, dumps_strict(result), "--out file")
@@ -216,6 +228,39 @@ def format_side_by_side(ours: dict, theirs: dict) -> str:
         "('pred.': the cost network's prediction)"
     )
     return "\n".join(rows)
+
+
+def calibrate_demo(mtask, ours: dict, theirs: dict, args: argparse.Namespace) -> dict:
+    """Calibrate on the model's tables, plan again with the calibrated agent, measure that
+    plan, and print predicted (before, after) vs measured step costs of all three plans."""
+    from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
+    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.measure import measure_placement
+
+    print(f"\n== calibrating on this machine ({args.calibrate_budget:g} s budget) ==", flush=True)
+    prior = load_checkpoint(args.checkpoint)
+    res = calibrate(prior, mtask, CalibrationConfig(budget_s=args.calibrate_budget))
+    print("\n".join(res.lines()))
+    placement = res.agent.place(mtask, mode=args.mode, seed=args.seed)
+    m = measure_placement(mtask, placement)
+    if not m.ok:
+        raise RuntimeError(f"measuring the calibrated plan failed: {m.error}")
+    rows = {}
+    plans = (
+        ("DreamShardPlanner", ours["placement"], ours["measured"]["step_ms"]),
+        ("TorchRec default", theirs["placement"], theirs["measured"]["step_ms"]),
+        ("calibrated DreamShard", placement, m.step_ms),
+    )
+    print(f"{'plan':24s} {'measured':>9s} {'predicted before':>17s} {'after':>9s}  (ms)")
+    for name, p, measured in plans:
+        before = prior.predict(mtask, p).step_ms
+        after = res.agent.predict(mtask, p).step_ms
+        rows[name] = {"measured_ms": measured, "before_ms": before, "after_ms": after}
+        print(
+            f"{name:24s} {measured:9.3f} {before:9.3f} ({before / measured - 1:+5.0%})"
+            f" {after:9.3f} ({after / measured - 1:+5.0%})"
+        )
+    return {"result": res.to_dict(), "plans": rows, "calibrated_placement": placement}
 
 
 # ----------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   dreamshard plan task.json --out plan.json --plot plan.png
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
   dreamshard plan task.json --no-splits      # whole tables only (table-wise)
+  dreamshard plan task.json --calibrate --budget-s 60 --verify 4
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
@@ -46,12 +47,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-samples", type=int, default=4, help="sampled policy roll-outs")
     p.add_argument("--seed", type=int, default=0)
+    add_calibration_args(p)
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="K",
+        help="measure the K best-rated candidate plans and the heuristics' plans on real "
+        "kernels (interleaved rounds) and keep the fastest",
+    )
+    p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(
         "--no-splits",
         action="store_true",
         help="place whole tables only (no column-wise splits)",
     )
     p.set_defaults(func=run)
+
+
+def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
+    """``--calibrate`` (when ``flag``), ``--budget-s`` and ``--store``."""
+    if flag:
+        p.add_argument(
+            "--calibrate",
+            action="store_true",
+            help="first measure the task's tables on this machine and fine-tune the cost "
+            "network on them (re-uses earlier measurements in the store)",
+        )
+    p.add_argument("--budget-s", type=float, default=60.0, help="calibration time budget (seconds)")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        help="calibration store (default: $DREAMSHARD_CALIBRATION_STORE or "
+        "~/.cache/torchrec_dreamshard/calibration.sqlite)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,19 +97,40 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_format(args.plot)
     task = Task.load(args.task, allow_oversized=not args.no_splits)
+    from torchrec_dreamshard.calibration import CalibrationConfig, PlanOutcome, calibrate
+
+    calibration = None
+    if getattr(args, "calibrate", False):
+        calibration = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
+    if args.verify < 0 or args.verify_rounds < 1:
+        raise ValueError(
+            f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
+            f"{args.verify_rounds}"
+        )
     agent = load_checkpoint(args.checkpoint)
     start = time.perf_counter()
+    cal = calibrate(agent, task, calibration) if calibration is not None else None
+    agent = cal.agent if cal is not None else agent
     if args.no_splits:
         placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
         plan = plan_dict(task, placement, agent.predict(task, placement))
     else:
         plan = split_plan_dict(agent, task, args.mode, args.num_samples, args.seed)
-    seconds = time.perf_counter() - start
     # the safety net's report describes the whole-table placement it chose; a split plan
     # is re-placed after the search, so only unsplit plans carry it
     report = None if plan.get("shards") else getattr(agent, "last_report", None)
+    ver = verify_plan(agent, task, plan, args, calibration) if args.verify else None
+    if ver is not None:
+        placement = list(ver.winner.placement)
+        plan = plan_dict(task, placement, agent.predict(task, placement))
+    seconds = time.perf_counter() - start
+    outcome = PlanOutcome([], agent, cal, ver)
     if report is not None:
         plan["candidates"] = report.to_dict()
+    if outcome.calibration is not None:
+        plan["calibration"] = outcome.calibration.to_dict()
+    if outcome.verification is not None:
+        plan["verification"] = outcome.verification.to_dict()
     print(
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
@@ -91,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
     print(format_plan(plan))
     if report is not None:
         print("\n".join(report.lines()))
+    if outcome.lines():
+        print("\n".join(outcome.lines()))
     if args.out:
         atomic_write(args.out, dumps_strict(plan), "--out file")
         print(f"wrote {args.out}")
@@ -127,6 +179,21 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
         "predicted_cost_ms": float(prediction.step_ms),
         "per_device": per_device,
     }
+
+
+def verify_plan(agent: Any, task: Any, plan: dict, args: Any, calibration: Any) -> Any:
+    """Measure the chosen whole-table plan, the best-rated candidates and the heuristics'
+    plans (``--verify``); ``None`` for a plan that splits tables (said on stdout)."""
+    from torchrec_dreamshard.calibration import verify
+
+    if plan.get("shards"):
+        print("--verify: skipped, it compares whole-table plans and this plan splits tables")
+        return None
+    chosen = [int(plan["placement"][t.name]) for t in task.tables]
+    mcfg = calibration.measure if calibration is not None else None
+    return verify(
+        agent, task, args.verify, mcfg, args.verify_rounds, args.seed, True, {"chosen": chosen}
+    )
 
 
 def split_plan_dict(

@@ -61,6 +61,19 @@ def measure_local(
     )
 
 
+def time_groups(
+    groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
+) -> np.ndarray:
+    """Time one fused kernel per group of tables (and the reference kernel) in
+    interleaved rounds, on one device.
+
+    Returns:
+        ``[rounds, len(groups) + 1, 2]`` round medians of ``(fwd_ms, bwd_ms)``; the last
+        column is the reference kernel, zeros for an empty group.
+    """
+    return _time_devices(groups, batch_size, config)
+
+
 def _time_devices(
     groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
 ) -> np.ndarray:

@@ -31,6 +31,7 @@ constraints allow only table-wise sharding is a ``PlannerError`` naming it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlacementAgent, PlanPrediction
+
+logger = logging.getLogger(__name__)
 
 
 def default_topology() -> Topology:
@@ -108,6 +111,12 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         debug: TorchRec's per-table stats.
         callbacks: TorchRec plan callbacks.
         timeout_seconds: TorchRec's planning timeout.
+        calibrate: calibrate the cost network on this machine and these tables before
+            placing (:mod:`torchrec_dreamshard.calibration`): ``True`` (60 s budget), a
+            budget in seconds, or a ``CalibrationConfig``; ``None`` (default) does not.
+            Under ``collective_plan`` it runs on rank 0's device(s) only.
+        verify: measure this many best-rated candidate plans and the heuristics' plans on
+            real kernels and keep the fastest (0: no verification).
     """
 
     def __init__(
@@ -126,6 +135,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         debug: bool = True,
         callbacks: list[Callable[[list[ShardingOption]], list[ShardingOption]]] | None = None,
         timeout_seconds: int | None = None,
+        calibrate: Any = None,
+        verify: int = 0,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -136,7 +147,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._load_error: str | None = None
         if agent is None:
             agent = self._load_agent(checkpoint)
-        self.agent: PlacementAgent = agent
+        self.agent: PlacementAgent = _with_calibration(agent, topology, calibrate, verify)
         global_batch = batch_size * topology.world_size
         reservation = storage_reservation or HeuristicalStorageReservation(percentage=0.15)
         enumerator = DreamShardEnumerator(
@@ -209,6 +220,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         if failures:
             raise ValueError("; ".join(failures))
         result: list[Any] = [None]
+        if dist.get_rank(pg) != 0 and getattr(self.agent, "calibration_enabled", False):
+            logger.info(
+                "rank %d: waiting for rank 0 to calibrate/verify and plan", dist.get_rank(pg)
+            )
         if dist.get_rank(pg) == 0:
             try:
                 plan = self.plan(module, sharders)
@@ -250,6 +265,32 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         """The column-wise shards of every table split in the last plan, by fully qualified
         name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
         return dict(self.proposer.last_shards)
+
+
+def _with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int) -> Any:
+    """``agent`` wrapped to calibrate and/or verify in ``place`` (unchanged without)."""
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
+    if calibrate is None or calibrate is False:
+        if not verify:
+            return agent
+        calibrate = None
+    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    from torchrec_dreamshard.measure.config import MeasureConfig
+
+    device = "cuda" if topology.compute_device == "cuda" else "cpu"
+    if calibrate is True:
+        calibrate = CalibrationConfig(measure=MeasureConfig(device=device))
+    elif isinstance(calibrate, int | float):
+        calibrate = CalibrationConfig(
+            budget_s=float(calibrate), measure=MeasureConfig(device=device)
+        )
+    elif calibrate is not None and not isinstance(calibrate, CalibrationConfig):
+        raise ValueError(
+            "calibrate must be None, True, a budget in seconds or a CalibrationConfig, "
+            f"got {calibrate!r}"
+        )
+    return CalibratingAgent(agent, calibrate, verify_k=verify)
 
 
 class _Unloaded:

@@ -1,0 +1,297 @@
+"""Calibration on the local machine and verification by measuring (fast: tiny tables,
+one short timing round)."""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from torchrec_dreamshard import calibration as cal
+from torchrec_dreamshard.measure import MeasureConfig
+from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+FAST = MeasureConfig(rounds=1, iters=2, warmup=1)
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """A calibration store and a known all-to-all model in a private cache dir."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv(cal.STORE_ENV, str(tmp_path / "calibration.sqlite"))
+    comm_mod._LOADED.clear()
+    path = comm_mod.default_model_path()
+    path.parent.mkdir(parents=True)
+    model = CommModel(latency_ms=0.1, per_peer_ms=0.05, ms_per_mb=0.5, source="test")
+    path.write_text(json.dumps(asdict(model)))
+    yield
+    comm_mod._LOADED.clear()
+
+
+def tiny_task(num_tables: int = 5, num_devices: int = 2) -> Task:
+    tables = [
+        TableSpec(name=f"t{i}", rows=500 * (i + 1), dim=8 * (1 + i % 2), pooling_factor=1.0 + i)
+        for i in range(num_tables)
+    ]
+    return Task(tables=tables, num_devices=num_devices, memory_bytes=10**7, batch_size=64)
+
+
+def config(**kw) -> cal.CalibrationConfig:
+    return cal.CalibrationConfig(measure=FAST, max_groups=3, progress=False, epochs=50, **kw)
+
+
+def test_config_and_signatures():
+    with pytest.raises(ValueError, match="budget_s must be > 0"):
+        cal.CalibrationConfig(budget_s=0)
+    with pytest.raises(ValueError, match="max_groups must be an integer"):
+        cal.CalibrationConfig(max_groups=-1)
+    a = TableSpec(name="a", rows=100, dim=8, pooling_factor=2.0)
+    b = TableSpec(name="b", rows=100, dim=8, pooling_factor=2.0)
+    c = TableSpec(name="c", rows=100, dim=16, pooling_factor=2.0)
+    assert cal.table_signature(a) == cal.table_signature(b) != cal.table_signature(c)
+    assert cal.kernel_job("p/", [a, c]) == cal.kernel_job("p/", [c, b])  # order- and name-free
+    assert cal.kernel_job("p/", [a]).startswith("p/t-")
+
+
+def test_informative_groups_are_distinct_multi_table_sets():
+    agent = DreamShard.untrained(seed=0)
+    groups = cal.informative_groups(agent, tiny_task(6, 2), max_groups=4)
+    assert 1 <= len(groups) <= 4
+    assert all(len(g) >= 2 for g in groups)
+    assert len({tuple(g) for g in groups}) == len(groups)
+
+
+def test_calibrate_measures_fine_tunes_and_reuses_the_store():
+    agent = DreamShard.untrained(seed=0)
+    prior = {n: p.detach().clone() for n, p in agent.cost_net.named_parameters()}
+    task = tiny_task()
+    first = cal.calibrate(agent, task, config())
+    assert first.measured >= len(task.tables) and first.reused == 0 and first.skipped == 0
+    assert first.samples == first.measured
+    assert set(first.before) == set(first.after) == {"cost/mape", "cost/log_std"}
+    # the prior is unchanged; the calibrated copy moved its heads only
+    tuned = dict(first.agent.cost_net.named_parameters())
+    for n, p in agent.cost_net.named_parameters():
+        assert torch.equal(p, prior[n]), n
+        if n in cal.HEAD_PARAMETERS:
+            continue
+        assert torch.equal(tuned[n], p), f"{n} is not a head parameter but moved"
+    assert not torch.equal(tuned["W_raw"], prior["W_raw"])
+    assert first.agent.meta["calibrated"]["kernels"] == first.samples
+    start = time.perf_counter()
+    second = cal.calibrate(agent, task, config())
+    assert time.perf_counter() - start < 2.0
+    assert second.measured == 0 and second.reused == first.measured
+    assert second.after["cost/mape"] == pytest.approx(first.after["cost/mape"])
+
+
+def test_fine_tune_learns_a_faster_machine_from_few_kernels():
+    """Kernels of a machine 40% faster than the prior believes: a few dozen of them bring
+    the prior's error from 40% to a few percent, on kernels it did not see too."""
+    import numpy as np
+
+    from torchrec_dreamshard.cost_fit import predict_samples, sample_from_measurement
+
+    agent = DreamShard.untrained(seed=0)
+    rng = np.random.default_rng(0)
+    tables = [
+        TableSpec(
+            name=f"t{i}",
+            rows=int(rng.integers(1_000, 200_000)),
+            dim=int(rng.choice([8, 16, 32, 64])),
+            pooling_factor=float(rng.uniform(1, 30)),
+        )
+        for i in range(40)
+    ]
+    kernels = [[t] for t in tables] + [
+        list(rng.choice(tables, 3, replace=False)) for _ in range(20)
+    ]
+    samples = []
+    for ks in kernels:
+        x = sample_from_measurement("k", ks, [0] * len(ks), 1, 2048, [(1.0, 1.0, 0.0)])
+        dev, _, _ = predict_samples(agent.cost_net, [x])
+        fwd, bwd = 0.6 * dev[0, 0], 0.6 * dev[0, 1]
+        samples.append(sample_from_measurement("k", ks, [0] * len(ks), 1, 2048, [(fwd, bwd, 0.0)]))
+    train, test = samples[::2], samples[1::2]
+    tuned = cal.fine_tune(agent.cost_net, train, epochs=300)
+    assert cal.kernel_accuracy(agent.cost_net, test)["cost/mape"] > 60
+    assert cal.kernel_accuracy(tuned, train)["cost/mape"] < 5
+    assert cal.kernel_accuracy(tuned, test)["cost/mape"] < 5
+
+
+def test_calibrate_keeps_to_the_budget_and_a_missing_store_folder_is_named(tmp_path):
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(20, 2)
+    res = cal.calibrate(agent, task, config(budget_s=0.01))  # below the fitting reserve
+    assert res.measured == cal.KERNELS_PER_CALL  # the first batch always runs
+    assert res.skipped == len(task.tables) + 3 - res.measured
+    with pytest.raises(ValueError, match="folder does not exist"):
+        cal.calibrate(agent, task, config(store=tmp_path / "nowhere" / "c.sqlite"))
+
+
+def test_verify_measures_candidates_and_heuristics_and_returns_the_fastest():
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(6, 2)
+    chosen = agent.place(task)
+    res = cal.verify(agent, task, 2, FAST, rounds=2, extra={"chosen": chosen})
+    names = [p.name for p in res.plans]
+    assert any("chosen" in n for n in names)
+    assert any("greedy" in n for n in names)  # the heuristics' plans are there
+    measured = [p.measured_ms for p in res.plans]
+    assert measured == sorted(measured) and all(len(p.rounds_ms) == 2 for p in res.plans)
+    assert all(p.predicted_ms > 0 for p in res.plans)
+    text = "\n".join(res.lines())
+    assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
+
+
+def test_plan_task_calibrates_then_verifies():
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(6, 2)
+    out = cal.plan_task(agent, task, calibration=config(), verify_k=2, verify_rounds=1)
+    assert out.calibration is not None and out.verification is not None
+    assert out.placement == out.verification.winner.placement
+    assert out.agent is out.calibration.agent
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def files(tmp_path):
+    from torchrec_dreamshard.checkpoint import save_checkpoint
+
+    tiny_task(6, 2).save(tmp_path / "task.json")
+    save_checkpoint(DreamShard.untrained(seed=0), tmp_path / "agent.pt")
+    return tmp_path
+
+
+def run(argv):
+    from torchrec_dreamshard.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return main(argv)
+
+
+def test_cli_plan_calibrate_verify_then_reuse(files, capsys):
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    argv += ["--calibrate", "--budget-s", "30", "--verify", "2", "--verify-rounds", "1"]
+    out = files / "plan.json"
+    assert run([*argv, "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "calibration:" in printed and "verification:" in printed
+    plan = json.loads(out.read_text())
+    assert plan["calibration"]["measured"] >= 6 and plan["calibration"]["reused"] == 0
+    winner = plan["verification"]["winner"]
+    assert plan["verification"]["plans"][0]["name"] == winner
+    start = time.perf_counter()
+    assert run(argv[:-4]) == 0  # calibration only: everything is in the store
+    assert time.perf_counter() - start < 2.0
+    assert "calibration: 0 kernels measured" in capsys.readouterr().out
+
+
+def test_cli_calibrate_exports_a_checkpoint(files, capsys):
+    from torchrec_dreamshard.checkpoint import load_checkpoint
+
+    store = files / "costs.sqlite"
+    export = files / "mine.pt"
+    argv = ["calibrate", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run([*argv, "--store", str(store), "--export", str(export)]) == 0
+    printed = capsys.readouterr().out
+    assert f"reused from {store}" in printed and f"wrote {export}" in printed
+    agent = load_checkpoint(export)
+    assert agent.meta["calibrated"]["kernels"] >= 6
+    bad = ["calibrate", str(files / "task.json"), "--store", str(files / "no" / "c.sqlite")]
+    assert run([*bad, "--checkpoint", str(files / "agent.pt")]) == 2
+    assert "folder does not exist" in capsys.readouterr().err
+
+
+# -- under a process group ----------------------------------------------------------------
+
+
+def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -> None:
+    """Every rank asks for a calibrated, verified plan; rank 0 calibrates and plans."""
+    import torch.distributed as dist
+    from test_planner_distributed import LOCAL_BATCH, build_model
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
+
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    report: dict = {}
+    start = time.monotonic()
+    with local_process_group(rank, world, port):
+        planner = DreamShardPlanner(
+            topology=Topology(world_size=world, compute_device="cpu"),
+            batch_size=LOCAL_BATCH,
+            agent=DreamShard.untrained(seed=0),
+            calibrate=config(budget_s=20.0, store=store),
+            verify=2,
+        )
+        try:
+            plan = planner.collective_plan(
+                build_model(), [EmbeddingBagCollectionSharder()], dist.GroupMember.WORLD
+            )
+            report["plan"] = str(plan)
+            report["placement"] = planner.last_placement
+            outcome = getattr(planner.agent, "last_outcome", None)
+            report["calibrated"] = outcome is not None and outcome.calibration is not None
+            report["verified"] = outcome is not None and outcome.verification is not None
+        except Exception as exc:
+            report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    exit_spawned_rank()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fail", [False, True])
+def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
+    import torch.multiprocessing as mp
+
+    from torchrec_dreamshard.spawn import free_port
+
+    store = tmp_path / ("missing" if fail else "") / "calibration.sqlite"
+    start = time.monotonic()
+    mp.spawn(planner_worker, args=(2, free_port(), str(tmp_path), str(store)), nprocs=2)
+    assert time.monotonic() - start < 60
+    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    if fail:
+        for r in reports:
+            assert "folder does not exist" in r["error"] and "missing" in r["error"], r
+        assert "rank 0 could not plan" in reports[1]["error"]
+        return
+    assert all("error" not in r for r in reports), reports
+    assert reports[0]["plan"] == reports[1]["plan"]
+    assert reports[0]["placement"] == reports[1]["placement"]
+    assert reports[0]["calibrated"] and reports[0]["verified"]
+    assert not reports[1]["calibrated"]  # only rank 0 measured
+
+
+def test_planner_calibrate_and_verify_arguments():
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+
+    topo = Topology(world_size=2, compute_device="cpu")
+    agent = DreamShard.untrained(seed=0)
+    assert DreamShardPlanner(topology=topo, agent=agent).agent is agent
+    planner = DreamShardPlanner(topology=topo, agent=agent, calibrate=5, verify=2)
+    assert isinstance(planner.agent, cal.CalibratingAgent)
+    assert planner.agent.calibration.budget_s == 5.0 and planner.agent.verify_k == 2
+    with pytest.raises(ValueError, match="verify must be an integer >= 0"):
+        DreamShardPlanner(topology=topo, agent=agent, verify=-1)
+    with pytest.raises(ValueError, match="calibrate must be None, True"):
+        DreamShardPlanner(topology=topo, agent=agent, calibrate="yes")
