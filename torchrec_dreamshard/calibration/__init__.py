@@ -1,0 +1,92 @@
+"""Few-shot calibration on the user's own hardware and tables, and verification by
+measuring the best candidate plans.
+
+Calibration (:func:`calibrate`). Within a time budget, on the local device:
+
+1. each of the task's tables is timed alone (one fused kernel per table, several tables'
+   kernels and the reference kernel in interleaved rounds);
+2. then fused groups chosen to be informative: the device table sets of the heuristic and
+   policy plans, most uncertain first (the ensemble members' spread of the group's
+   predicted ``log(fwd + bwd)``);
+3. every kernel's figures are kept in a :class:`~torchrec_dreamshard.measure.CostStore`
+   (default :func:`default_store_path`), one row per kernel under a job key made of the
+   hardware fingerprint, the workload (batch, optimizer, precision, device) and the content
+   signature of its tables (:func:`table_signature`: everything but the name), so a second
+   calibration of the same tables on the same machine measures nothing;
+4. the cost network's device heads (``c, W, U, u, V``: the physical and the fusion part)
+   are fine-tuned on those kernels with the bundled weights as the prior:
+
+       loss = sum_k sum_s w_ks huber(log pred_k(s) - log meas(s)) / sum w
+              + prior * mean_p (theta_p - theta_p^0)^2
+
+   each member ``k`` on its own Poisson(1) bootstrap weights ``w_ks`` (so the members'
+   disagreement still says where the data is thin). The table encoder is frozen, so the
+   policy network sees the same table encodings as before.
+
+Verification (:func:`verify`): the ``k`` candidate plans the cost model rates best (the
+safety net's report) and every classic heuristic's plan are measured on real kernels in
+interleaved rounds; the plan of lowest median measured step wins.
+
+The package, one concept per module: :mod:`.store` (the store's path and job keys),
+:mod:`.kernels` (what to measure, measuring within the budget, loading samples),
+:mod:`.fit` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.verification`
+(:func:`verify`) and :mod:`.plan` (:func:`plan_task`, :class:`CalibratingAgent`).
+"""
+
+from torchrec_dreamshard.calibration.fit import (
+    FIT_RESERVE_S,
+    HEAD_PARAMETERS,
+    CalibrationConfig,
+    CalibrationResult,
+    calibrate,
+    fine_tune,
+    kernel_accuracy,
+)
+from torchrec_dreamshard.calibration.kernels import (
+    KERNELS_PER_CALL,
+    informative_groups,
+    load_kernel_samples,
+    measure_kernels,
+)
+from torchrec_dreamshard.calibration.plan import CalibratingAgent, PlanOutcome, plan_task
+from torchrec_dreamshard.calibration.store import (
+    JOB_ROOT,
+    STORE_ENV,
+    default_store_path,
+    job_prefix,
+    kernel_job,
+    table_signature,
+)
+from torchrec_dreamshard.calibration.verification import (
+    VerifiedPlan,
+    VerifyResult,
+    verify,
+    verify_candidates,
+)
+
+__all__ = [
+    "FIT_RESERVE_S",
+    "HEAD_PARAMETERS",
+    "JOB_ROOT",
+    "KERNELS_PER_CALL",
+    "STORE_ENV",
+    "CalibratingAgent",
+    "CalibrationConfig",
+    "CalibrationResult",
+    "PlanOutcome",
+    "VerifiedPlan",
+    "VerifyResult",
+    "calibrate",
+    "default_store_path",
+    "fine_tune",
+    "informative_groups",
+    "job_prefix",
+    "kernel_accuracy",
+    "kernel_job",
+    "load_kernel_samples",
+    "measure_kernels",
+    "plan_task",
+    "table_signature",
+    "verify",
+    "verify_candidates",
+]

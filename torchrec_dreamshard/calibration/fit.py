@@ -1,0 +1,228 @@
+"""Calibrating: measure a task's kernels within the budget, then fine-tune the cost
+network's device heads on them with the bundled weights as the prior (see the package
+docstring for the loss), and the model's accuracy on those kernels.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.calibration.kernels import (
+    informative_groups,
+    load_kernel_samples,
+    measure_kernels,
+)
+from torchrec_dreamshard.calibration.store import default_store_path, job_prefix, kernel_job
+from torchrec_dreamshard.cost_fit import CostSample, pack, predict_samples, weighted_log_loss
+from torchrec_dreamshard.cost_model import EPS_MS, CostNet
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.threads import single_thread
+
+HEAD_PARAMETERS = ("c_raw", "W_raw", "U_raw", "u", "V_raw")  # fine-tuned; the rest frozen
+FIT_RESERVE_S = 3.0  # seconds of the budget kept for fine-tuning
+
+
+@dataclass(kw_only=True)
+class CalibrationConfig:
+    """How :func:`calibrate` measures and fine-tunes.
+
+    Args:
+        budget_s: seconds for the whole calibration (measuring and fine-tuning); at least
+            one batch of kernels is measured whatever the budget.
+        store: the SQLite store of calibration kernels (default :func:`default_store_path`).
+        measure: the measurement settings (optimizer, precision, device, protocol).
+        max_groups: fused groups measured at most, besides the single tables.
+        epochs: full-batch Adam steps of the fine-tuning.
+        lr: Adam learning rate.
+        prior: weight of the pull towards the prior's head weights.
+        seed: bootstrap weights.
+        progress: a tqdm bar over the kernels to measure.
+    """
+
+    budget_s: float = 60.0
+    store: str | os.PathLike | None = None
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    max_groups: int = 32
+    epochs: int = 400
+    lr: float = 0.05
+    prior: float = 1e-3
+    seed: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.budget_s, int | float) and math.isfinite(self.budget_s)):
+            raise ValueError(f"budget_s must be a finite number of seconds, got {self.budget_s!r}")
+        if self.budget_s <= 0:
+            raise ValueError(f"budget_s must be > 0 seconds, got {self.budget_s}")
+        for name in ("max_groups", "epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not (self.lr > 0 and self.prior >= 0):
+            raise ValueError(f"lr must be > 0 and prior >= 0, got {self.lr}, {self.prior}")
+
+    def store_path(self) -> Path:
+        return Path(self.store) if self.store is not None else default_store_path()
+
+
+@dataclass
+class CalibrationResult:
+    """What :func:`calibrate` did.
+
+    Attributes:
+        agent: the calibrated agent (the prior's policy, the fine-tuned cost network).
+        measured: kernels measured now.
+        reused: kernels found in the store.
+        skipped: kernels left unmeasured for lack of budget.
+        seconds: wall time of the calibration.
+        measure_s: of which measuring.
+        samples: the kernels fitted on.
+        before: the prior's accuracy on them (``cost/mape``, ``cost/log_std``).
+        after: the calibrated model's (in-sample).
+        store: the store's path.
+    """
+
+    agent: Any
+    measured: int
+    reused: int
+    skipped: int
+    seconds: float
+    measure_s: float
+    samples: int
+    before: dict[str, float]
+    after: dict[str, float]
+    store: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "agent"}
+
+    def lines(self) -> list[str]:
+        return [
+            f"calibration: {self.measured} kernels measured, {self.reused} reused from "
+            f"{self.store}, {self.skipped} skipped (budget) in {self.seconds:.1f}s "
+            f"(measuring {self.measure_s:.1f}s)",
+            f"  kernel time MAPE on the {self.samples} calibration kernels: "
+            f"{self.before.get('cost/mape', float('nan')):.1f}% before, "
+            f"{self.after.get('cost/mape', float('nan')):.1f}% after (in-sample)",
+        ]
+
+
+def fine_tune(
+    net: CostNet,
+    samples: Sequence[CostSample],
+    epochs: int = 400,
+    lr: float = 0.05,
+    prior: float = 1e-3,
+    seed: int = 0,
+) -> CostNet:
+    """A copy of ``net`` whose device heads are fitted to ``samples`` with an L2 pull
+    towards ``net``'s own head weights (see the package docstring); the encoder is frozen.
+    """
+    tuned = copy.deepcopy(net)
+    if not samples or epochs == 0:
+        return tuned.eval()
+    heads = [p for n, p in tuned.named_parameters() if n in HEAD_PARAMETERS]
+    anchors = [p.detach().clone() for p in heads]
+    for n, p in tuned.named_parameters():
+        p.requires_grad_(n in HEAD_PARAMETERS)
+    rng = np.random.default_rng(seed)
+    boot = torch.from_numpy(rng.poisson(1.0, (len(samples), net.members)).astype(np.float32))
+    boot[:, 0] = 1.0  # one member sees every sample once
+    batch = pack(samples)
+    dev = np.concatenate([s.dev_ms for s in samples])
+    log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
+    opt = torch.optim.Adam(heads, lr=lr)
+    numel = sum(p.numel() for p in heads)
+    with single_thread():
+        tuned.train()
+        for _ in range(epochs):
+            loss = weighted_log_loss(tuned, batch, log_dev, boot)
+            pull = sum(((p - a) ** 2).sum() for p, a in zip(heads, anchors, strict=True))
+            loss = loss + prior * pull / numel
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for p in tuned.parameters():
+        p.requires_grad_(True)
+    return tuned.eval()
+
+
+def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
+    """MAPE (%) of the predicted fwd + bwd of the kernels and the members' mean spread."""
+    if not samples:
+        return {}
+    with torch.no_grad(), single_thread():
+        _, step, spread = predict_samples(net, samples)
+    true = np.array([s.step_ms for s in samples])
+    mape = float(np.mean(np.abs(step - true) / np.maximum(true, EPS_MS)) * 100)
+    return {"cost/mape": mape, "cost/log_std": float(np.mean(spread))}
+
+
+def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -> CalibrationResult:
+    """Measure ``task``'s tables (alone, then informative fused groups) on this machine
+    within ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
+
+    Kernels already in the store (same machine, workload and table contents) are reused,
+    not measured again.
+
+    Args:
+        agent: a :class:`~torchrec_dreamshard.policy.DreamShard` (the prior; unchanged).
+        task: the task whose tables are measured (at its batch size).
+        config: budget, store, measurement and fine-tuning settings.
+
+    Returns:
+        The calibrated agent and what was measured, reused and skipped.
+
+    Raises:
+        ValueError: the store cannot be opened, or another process collects into it.
+    """
+    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.policy import DreamShard
+
+    config = config or CalibrationConfig()
+    start = time.perf_counter()
+    deadline = start + config.budget_s - FIT_RESERVE_S
+    path = config.store_path()
+    if config.store is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    mcfg, B = config.measure, task.batch_size
+    with CostStore(path) as store, store.collector_lock("dreamshard calibrate"):
+        prefix = job_prefix(store, mcfg, B)
+        kernels: dict[str, list[TableSpec]] = {}
+        for t in task.tables:
+            kernels.setdefault(kernel_job(prefix, [t]), [t])
+        for g in informative_groups(agent, task, config.max_groups):
+            tables = [task.tables[i] for i in g]
+            kernels.setdefault(kernel_job(prefix, tables), tables)
+        done = store.done_jobs(prefix)
+        todo = [(j, t) for j, t in kernels.items() if j not in done]
+        measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
+        samples = load_kernel_samples(store, set(kernels), mcfg, B)
+    net = fine_tune(agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed)
+    meta = dict(agent.meta)
+    meta["calibrated"] = {"kernels": len(samples), "budget_s": float(config.budget_s)}
+    tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty)
+    return CalibrationResult(
+        agent=tuned,
+        measured=measured,
+        reused=len(kernels) - len(todo),
+        skipped=len(todo) - measured,
+        seconds=time.perf_counter() - start,
+        measure_s=measure_s,
+        samples=len(samples),
+        before=kernel_accuracy(agent.cost_net, samples),
+        after=kernel_accuracy(net, samples),
+        store=str(path),
+    )

@@ -1,0 +1,141 @@
+"""Measuring calibration kernels within the budget, and loading them back as samples.
+
+Which fused groups are worth measuring (:func:`informative_groups`), timing kernels in
+interleaved batches with the reference kernel until the deadline (:func:`measure_kernels`,
+one store row per kernel) and reading the stored kernels as cost samples
+(:func:`load_kernel_samples`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.cost_fit import CostSample, sample_from_measurement
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.threads import single_thread
+
+KERNELS_PER_CALL = 8  # kernels timed together in one interleaved measurement
+
+
+def informative_groups(agent: Any, task: Task, max_groups: int) -> list[list[int]]:
+    """Up to ``max_groups`` fused groups (table indices, two or more tables) from the
+    device table sets of the heuristic plans and the policy's greedy plan, most uncertain
+    first: by the spread over the ensemble's members of the predicted log(fwd + bwd)."""
+    from torchrec_dreamshard.policy.safety_net import heuristic_candidates
+
+    if max_groups == 0 or len(task.tables) < 2:
+        return []
+    with torch.no_grad(), single_thread():
+        plans, _ = heuristic_candidates(task, agent.single_compute_ms(task))
+        named = dict(plans)
+        named["policy_greedy"] = np.asarray(agent.place(task, mode="greedy"))
+        groups: dict[tuple[int, ...], None] = {}
+        for placement in named.values():
+            for d in range(task.num_devices):
+                idx = tuple(int(i) for i in np.flatnonzero(np.asarray(placement) == d))
+                if len(idx) >= 2:
+                    groups.setdefault(idx, None)
+        if not groups:
+            return []
+        keys = list(groups)
+        enc = agent.cost_net.encode(torch.from_numpy(agent.inputs(task)))
+        S = torch.stack([enc[list(g)].sum(0) for g in keys])
+        member = torch.log(agent.cost_net.member_compute(S).sum(-1))  # [G, K]
+        spread = member.std(-1) if member.shape[-1] > 1 else torch.zeros(len(keys))
+    order = np.argsort(-spread.numpy(), kind="stable")[:max_groups]
+    return [list(keys[i]) for i in order]
+
+
+def _store_kernel(store, tables, batch_size, fb, reference_ms, spread, config, job) -> None:
+    from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+
+    room = max(1, sum(t.size_bytes for t in tables))
+    one = Task(tables=list(tables), num_devices=1, memory_bytes=[room], batch_size=batch_size)
+    fwd, bwd = float(fb[0]), float(fb[1])
+    m = PlacementMeasurement(
+        per_device=[DeviceCost(fwd, bwd, 0.0, spread, len(tables))],
+        step_ms=fwd + bwd,
+        spread=spread,
+        reference_ms=reference_ms,
+        backend="local",
+        comm_source="none (one device)",
+    )
+    store.append(one, [0] * len(tables), m, config, job=job)
+
+
+def measure_kernels(
+    store: Any,
+    kernels: Sequence[tuple[str, list[TableSpec]]],
+    batch_size: int,
+    config: MeasureConfig,
+    deadline: float,
+    progress: bool = False,
+) -> tuple[int, float]:
+    """Time ``kernels`` (job key, tables) in batches of :data:`KERNELS_PER_CALL`, each
+    batch in interleaved rounds with the reference kernel, appending one store row per
+    kernel, until the ``deadline`` (``time.perf_counter()``) would be passed (the first
+    batch always runs). Returns the kernels measured and the seconds it took."""
+    from torchrec_dreamshard.measure.local import time_groups
+    from torchrec_dreamshard.measure.summary import relative_spread
+
+    start = time.perf_counter()
+    done = 0
+    bar = None
+    if progress and kernels:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(kernels), desc="calibrate: measuring kernels", leave=False)
+    try:
+        for lo in range(0, len(kernels), KERNELS_PER_CALL):
+            chunk = kernels[lo : lo + KERNELS_PER_CALL]
+            if done and time.perf_counter() + _chunk_estimate(start, done, chunk) > deadline:
+                break
+            rounds = time_groups([t for _, t in chunk], batch_size, config)
+            ref = float(rounds[:, -1].sum(axis=1).min())
+            for k, (job, tables) in enumerate(chunk):
+                fb = rounds[:, k].min(axis=0)
+                spread = relative_spread(rounds[:, k].sum(axis=1))
+                _store_kernel(store, tables, batch_size, fb, ref, spread, config, job)
+            done += len(chunk)
+            if bar is not None:
+                bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    return done, time.perf_counter() - start
+
+
+def _chunk_estimate(start: float, done: int, chunk: Sequence) -> float:
+    """Seconds the next batch should take, from the rate so far (per kernel)."""
+    return (time.perf_counter() - start) / done * len(chunk)
+
+
+def load_kernel_samples(
+    store: Any, jobs: set[str], config: MeasureConfig, batch_size: int
+) -> list[CostSample]:
+    """The stored kernels among ``jobs`` (this machine, ``config``'s workload at
+    ``batch_size``) as one-device cost samples, normalised to the median reference-kernel
+    time of the rows read (the machine's typical speed)."""
+    from torchrec_dreamshard.measure.hardware import fingerprint_key
+    from torchrec_dreamshard.measure.summary import reference_scales
+
+    fp = fingerprint_key(store.fingerprint(config, "local"))
+    if store.count(fp, config.workload_key(batch_size), ok=True) == 0:
+        return []
+    examples = store.placement_examples(fp, config.workload_key(batch_size))
+    rows = [ex for ex in examples if ex.meta.get("job") in jobs]
+    scales = reference_scales([ex.reference_ms for ex in rows])
+    out = []
+    for ex, s in zip(rows, scales, strict=True):
+        d, t, B = ex.per_device[0], ex.task, ex.task.batch_size
+        per_device = [(d.fwd_ms * s, d.bwd_ms * s, 0.0)]
+        group = ex.meta["job"]
+        out.append(sample_from_measurement(group, t.tables, ex.placement, 1, B, per_device))
+    return out

@@ -1,0 +1,52 @@
+"""The calibration store's keys: where the store lives and the job key of each kernel.
+
+A kernel's row is kept under ``calib/<hardware fingerprint>/<workload>/`` and the content
+signature of its tables (:func:`table_signature`: everything but the name), so a second
+calibration of the same tables on the same machine measures nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
+from torchrec_dreamshard.tables import TableSpec
+
+STORE_ENV = "DREAMSHARD_CALIBRATION_STORE"  # overrides the default store path
+JOB_ROOT = "calib"
+
+
+def default_store_path() -> Path:
+    """``$DREAMSHARD_CALIBRATION_STORE``, else ``calibration.sqlite`` in the user's cache
+    directory (``$XDG_CACHE_HOME`` or ``~/.cache``)/torchrec_dreamshard."""
+    env = os.environ.get(STORE_ENV)
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "torchrec_dreamshard" / "calibration.sqlite"
+
+
+def table_signature(table: TableSpec) -> str:
+    """A short hash of everything that defines a table's kernel but its name."""
+    data = table.to_dict()
+    data.pop("name")
+    return stable_key(data)
+
+
+def kernel_job(prefix: str, tables: Sequence[TableSpec]) -> str:
+    """The store's job key of one fused kernel over ``tables`` (order-free)."""
+    sigs = sorted(table_signature(t) for t in tables)
+    if len(sigs) == 1:
+        return f"{prefix}t-{sigs[0]}"
+    return f"{prefix}g{len(sigs)}-{stable_key(sigs, 16)}"
+
+
+def job_prefix(store: Any, config: MeasureConfig, batch_size: int) -> str:
+    """``calib/<fingerprint>/<workload>/``: this machine's and workload's kernels."""
+    from torchrec_dreamshard.measure.hardware import fingerprint_key
+
+    fp = fingerprint_key(store.fingerprint(config, "local"))
+    return f"{JOB_ROOT}/{fp}/{config.workload_key(batch_size)}/"

@@ -1,0 +1,152 @@
+"""Verification: the best-rated candidate plans and every classic heuristic's plan
+measured on real kernels in interleaved rounds; the plan of lowest median measured step wins.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.tasks import Task
+
+
+@dataclass
+class VerifiedPlan:
+    """One plan measured by :func:`verify`."""
+
+    name: str
+    placement: list[int]
+    predicted_ms: float
+    log_std: float
+    measured_ms: float = float("nan")  # median over rounds of the measured step
+    rounds_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class VerifyResult:
+    """The plans :func:`verify` measured, fastest first, and the time it took."""
+
+    plans: list[VerifiedPlan]
+    seconds: float
+
+    @property
+    def winner(self) -> VerifiedPlan:
+        return self.plans[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "winner": self.winner.name,
+            "seconds": self.seconds,
+            "plans": [
+                {
+                    "name": p.name,
+                    "predicted_ms": p.predicted_ms,
+                    "measured_ms": p.measured_ms,
+                    "rounds_ms": p.rounds_ms,
+                }
+                for p in self.plans
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        rounds = len(self.winner.rounds_ms)
+        out = [
+            f"verification: {len(self.plans)} plans measured in {rounds} interleaved rounds "
+            f"({self.seconds:.1f}s); fastest: {self.winner.name}",
+            f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
+        ]
+        for p in self.plans:
+            err = (p.predicted_ms / p.measured_ms - 1.0) * 100.0
+            out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%")
+        return out
+
+
+def verify_candidates(
+    agent: Any,
+    task: Task,
+    k: int,
+    seed: int = 0,
+    extra: Mapping[str, Sequence[int]] | None = None,
+) -> list[VerifiedPlan]:
+    """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
+    safety-net report (run ``agent.place`` first) and every heuristic's plan, named, with
+    their predictions."""
+    from torchrec_dreamshard import baselines
+
+    report = getattr(agent, "last_report", None)
+    named: dict[tuple[int, ...], str] = {}
+    for name, p in (extra or {}).items():
+        named.setdefault(tuple(int(d) for d in p), name)
+    if report is not None:
+        for c in report.candidates:
+            if len([n for n in named.values() if not n.startswith("heuristic:")]) >= k:
+                break
+            named.setdefault(tuple(int(d) for d in c.placement), c.name)
+    for h in baselines.HEURISTICS:
+        try:
+            p = tuple(baselines.place(h, task, seed=seed))
+        except baselines.NoPlanError:
+            continue
+        if p in named:
+            named[p] = f"{named[p]}={h}"
+        else:
+            named[p] = f"heuristic:{h}"
+    out = []
+    for p, name in named.items():
+        pred = agent.predict(task, list(p))
+        out.append(VerifiedPlan(name, list(p), pred.step_ms, pred.step_log_std))
+    return out
+
+
+def verify(
+    agent: Any,
+    task: Task,
+    k: int = 4,
+    config: MeasureConfig | None = None,
+    rounds: int = 3,
+    seed: int = 0,
+    progress: bool = False,
+    extra: Mapping[str, Sequence[int]] | None = None,
+) -> VerifyResult:
+    """Measure the ``k`` best-rated candidates and the heuristics' plans (see
+    :func:`verify_candidates`; ``extra`` adds named plans) in ``rounds`` interleaved
+    rounds (each round visits every plan once, in a shuffled order); the plans sorted by
+    median measured step cost.
+
+    Raises:
+        RuntimeError: a measurement failed (its error is named).
+    """
+    from torchrec_dreamshard.measure import measure_placement
+
+    if k < 1 or rounds < 1:
+        raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {rounds}")
+    start = time.perf_counter()
+    config = replace(config or MeasureConfig(), rounds=1)
+    plans = verify_candidates(agent, task, k, seed, extra)
+    rng = np.random.default_rng(seed)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=rounds * len(plans), desc="verify: measuring plans", leave=False)
+    try:
+        for _ in range(rounds):
+            for i in rng.permutation(len(plans)):
+                m = measure_placement(task, plans[i].placement, config)
+                if not m.ok:
+                    raise RuntimeError(f"verification of plan {plans[i].name} failed: {m.error}")
+                plans[i].rounds_ms.append(float(m.step_ms))
+                if bar is not None:
+                    bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    for p in plans:
+        p.measured_ms = float(np.median(p.rounds_ms))
+    plans.sort(key=lambda p: p.measured_ms)
+    return VerifyResult(plans, time.perf_counter() - start)
