@@ -6,7 +6,7 @@ drawn) and the same tables at 1.05x. Each task is planned by:
 
 - **whole**: ``agent.place`` with the agent's default mode (whole tables only; may find no
   plan when memory is tight);
-- **split**: :func:`torchrec_dreamshard.splits.plan_with_splits` with the same mode
+- **split**: :func:`torchrec_dreamshard.split_search.plan_with_splits` with the same mode
   (splits a table when it fits no device, when whole tables cannot be packed, or when the
   cost network predicts a faster step);
 - the four proxy heuristics, only to count the tasks on which they find no plan.
@@ -42,7 +42,8 @@ from _common import RESULTS, machine, write  # noqa: E402
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.sampler import make_task  # noqa: E402
-from torchrec_dreamshard.splits import plan_entries, plan_with_splits  # noqa: E402
+from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
+from torchrec_dreamshard.splits import plan_entries  # noqa: E402
 
 TIGHT = 1.05  # the memory factor every tight task is also planned at
 PLANS = ("whole", "split")

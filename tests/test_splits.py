@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.split_search import plan_with_splits
 from torchrec_dreamshard.splits import (
     column_shards,
     plan_entries,
     plan_from_entries,
-    plan_with_splits,
     shard_task,
     split_counts,
 )

@@ -200,10 +200,11 @@ def split_plan_dict(
     agent: Any, task: Any, mode: str | None, num_samples: int, seed: int
 ) -> dict[str, Any]:
     """The PLAN.json contents of a plan that may split tables column-wise
-    (:func:`torchrec_dreamshard.splits.plan_with_splits`): whole tables in ``placement``,
+    (:func:`torchrec_dreamshard.split_search.plan_with_splits`): whole tables in ``placement``,
     split ones in ``shards`` (only when some table is split); ``per_device`` lists shards
     by their names (``t0@0:64``)."""
-    from torchrec_dreamshard.splits import plan_entries, plan_with_splits
+    from torchrec_dreamshard.split_search import plan_with_splits
+    from torchrec_dreamshard.splits import plan_entries
 
     found = plan_with_splits(agent, task, mode=mode, num_samples=num_samples, seed=seed)
     shards_task = found.sharded.shards

@@ -7,7 +7,7 @@ devices are written into the options' ``shard.rank``, which
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` keeps.
 
 Splits. Tables the enumerator marks splittable (``split_widths``) may be cut column-wise by
-:func:`torchrec_dreamshard.splits.plan_with_splits`: a table too big for every device is
+:func:`torchrec_dreamshard.split_search.plan_with_splits`: a table too big for every device is
 split to fit, others when the cost network predicts a faster step. A split table's
 table-wise option is replaced by a column-wise fused option (the enumerator's
 ``column_wise_option``, with TorchRec's storage estimate of each shard) whose shards carry
@@ -49,7 +49,8 @@ from torchrec_dreamshard.planner.types import (
     spec_for_option,
     storage_bytes,
 )
-from torchrec_dreamshard.splits import SplitPlan, plan_entries, plan_with_splits, shard_task
+from torchrec_dreamshard.split_search import SplitPlan, plan_with_splits
+from torchrec_dreamshard.splits import plan_entries, shard_task
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.torchrec_adapter import reserved_topology

@@ -1,0 +1,252 @@
+"""The split search: placing a task while cutting tables column-wise where that fits or
+pays (:func:`plan_with_splits`; the shards themselves are :mod:`torchrec_dreamshard.splits`).
+
+When the planner splits:
+
+1. a table bigger than every device is split into the fewest shards that fit one;
+2. if the policy still finds no placement (memory too tight to pack whole tables), the
+   table with the largest shards is split further, until it does;
+3. then, a few rounds: the cost network names the bottleneck device, the costliest tables
+   on it are each tried split in twice as many shards (the new shards go to the least
+   loaded devices with room), and a split is kept when the predicted step falls by at
+   least :data:`MIN_GAIN`; finally the policy re-places the task of shards and the better
+   of the two predictions is kept. The search starts from the whole-table plan, so the
+   predicted step never gets worse than the table-wise one.
+
+The work is bounded (:data:`SEARCH_ROUNDS` x :data:`SEARCH_TABLES` cost-network
+predictions, one or two policy runs), so planning 1000 tables on 64 devices stays within
+the time of the policy runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchrec_dreamshard.splits import (
+    MAX_SHARDS,
+    SHARD_COLUMN_MULTIPLE,
+    ShardTask,
+    column_shards,
+    shard_task,
+    split_counts,
+)
+from torchrec_dreamshard.tasks import Task, device_bytes
+
+SEARCH_ROUNDS = 8  # rounds of the split search
+SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
+MIN_GAIN = 0.01  # relative fall of the predicted step for a split to be kept
+FIT_ATTEMPTS = 12  # further splits tried while the policy finds no placement
+REPLACE_MAX_TABLES = 400  # the policy re-places the shard task when it has at most this many
+
+
+@dataclass
+class SplitPlan:
+    """What :func:`plan_with_splits` found.
+
+    Attributes:
+        sharded: the task of shards.
+        placement: a device per table of ``sharded.shards``.
+        predicted_ms: the cost network's step cost of it.
+        whole_ms: the predicted step cost of the whole-table placement the search started
+            from (``None`` when no placement of whole tables fits).
+    """
+
+    sharded: ShardTask
+    placement: list[int]
+    predicted_ms: float
+    whole_ms: float | None
+
+
+def plan_with_splits(
+    agent: Any,
+    task: Task,
+    mode: str | None = None,
+    num_samples: int = 16,
+    seed: int = 0,
+    splittable: Mapping[str, int] | None = None,
+    max_shards: int = MAX_SHARDS,
+) -> SplitPlan:
+    """Place ``task``, splitting tables column-wise where that fits or pays (see the module
+    docstring).
+
+    Args:
+        agent: a DreamShard agent (``place``, ``predict``, ``table_costs``).
+        task: the task; may hold tables bigger than every device (``allow_oversized``).
+        mode: the agent's placement mode (``None``: the agent's default).
+        num_samples: passed to ``agent.place``.
+        seed: passed to ``agent.place``.
+        splittable: the tables that may be split, each with its minimum shard width
+            (``None``: every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
+        max_shards: shards of one table at most (capped at the number of devices).
+
+    Raises:
+        ValueError: a table bigger than every device that may not be split or cannot be
+            split small enough, or no placement even after splitting (the agent's error).
+    """
+    limit = max(1, min(max_shards, task.num_devices))
+    allowed = _splittable(task, splittable)
+
+    def next_count(name: str, at_least: int) -> int | None:
+        """The smallest allowed shard count of table ``name`` that is ``>= at_least``."""
+        if name not in allowed:
+            return None
+        counts = [n for n in split_counts(specs[name], limit, allowed[name]) if n >= at_least]
+        return counts[0] if counts else None
+
+    specs = {t.name: t for t in task.tables}
+    counts = _forced_counts(task, allowed, limit)
+    sharded, placement = _place_fitting(agent, task, counts, next_count, mode, num_samples, seed)
+    prediction = agent.predict(sharded.shards, placement)
+    whole_ms = None if sharded.columns else float(prediction.step_ms)
+    best = SplitPlan(sharded, placement, float(prediction.step_ms), whole_ms)
+    best = _improve(agent, best, next_count)
+    if best.sharded.columns and len(best.sharded.shards.tables) <= REPLACE_MAX_TABLES:
+        again = _place(agent, best.sharded.shards, mode, num_samples, seed)
+        again_ms = float(agent.predict(best.sharded.shards, again).step_ms)
+        if again_ms < best.predicted_ms:
+            best = SplitPlan(best.sharded, again, again_ms, best.whole_ms)
+    return best
+
+
+def _splittable(task: Task, splittable: Mapping[str, int] | None) -> dict[str, int]:
+    if splittable is None:
+        return {t.name: SHARD_COLUMN_MULTIPLE for t in task.tables}
+    unknown = sorted(set(splittable) - set(task.names))
+    if unknown:
+        raise ValueError(f"splittable tables {unknown} are not in the task")
+    return {name: max(SHARD_COLUMN_MULTIPLE, int(w or 0)) for name, w in splittable.items()}
+
+
+def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[str, int]:
+    """The fewest shards that fit the largest device, for every table too big for it."""
+    biggest = max(task.memory)
+    counts: dict[str, int] = {}
+    for spec in task.tables:
+        if spec.size_bytes <= biggest:
+            continue
+        if spec.name not in allowed:
+            raise ValueError(
+                f"table {spec.name!r} ({spec.size_bytes} bytes) is bigger than every device "
+                f"({biggest} bytes at most) and may not be split column-wise"
+            )
+        options = split_counts(spec, limit, allowed[spec.name])
+        fits = [n for n in options if column_shards(spec, n)[0].size_bytes <= biggest]
+        if not fits:
+            raise ValueError(
+                f"table {spec.name!r} ({spec.size_bytes} bytes, dim {spec.dim}) fits no "
+                f"device ({biggest} bytes at most) even cut into the most column-wise "
+                f"shards allowed ({options[-1] if options else 1}, at most {limit}: one per "
+                "device); add devices or memory"
+            )
+        counts[spec.name] = fits[0]
+    return counts
+
+
+def _place(agent: Any, task: Task, mode: str | None, num_samples: int, seed: int) -> list[int]:
+    kwargs: dict[str, Any] = {"num_samples": num_samples, "seed": seed}
+    if mode is not None:
+        kwargs["mode"] = mode
+    return [int(d) for d in agent.place(task, **kwargs)]
+
+
+def _place_fitting(agent, task, counts, next_count, mode, num_samples, seed):
+    """Place the shard task, splitting the table with the largest shards further while the
+    agent finds no placement."""
+    error: ValueError | None = None
+    for _ in range(FIT_ATTEMPTS + 1):
+        sharded = shard_task(task, counts)
+        try:
+            return sharded, _place(agent, sharded.shards, mode, num_samples, seed)
+        except ValueError as exc:  # the policy's PlacementError is a ValueError
+            error = exc
+        tables = sharded.shards.tables
+        for k in sorted(range(len(tables)), key=lambda k: -tables[k].size_bytes):
+            name = task.tables[sharded.owner[k]].name
+            n = next_count(name, counts.get(name, 1) + 1)
+            if n is not None:
+                counts = {**counts, name: n}
+                break
+        else:
+            break
+    raise ValueError(f"no placement fits, even with column-wise splits: {error}") from error
+
+
+def _improve(agent: Any, best: SplitPlan, next_count) -> SplitPlan:
+    """Split the costliest tables on the predicted bottleneck device while the cost network
+    says the step falls."""
+    task = best.sharded.task
+    for _ in range(SEARCH_ROUNDS):
+        shards = best.sharded.shards
+        pred = agent.predict(shards, best.placement)
+        load = np.asarray(pred.total_ms, dtype=np.float64)
+        hot = int(np.argmax(load))
+        costs = np.asarray(agent.table_costs(shards), dtype=np.float64)
+        on_hot: dict[int, float] = {}
+        for k, d in enumerate(best.placement):
+            if d == hot:
+                i = best.sharded.owner[k]
+                on_hot[i] = on_hot.get(i, 0.0) + float(costs[k])
+        ranked = sorted(on_hot, key=lambda i: -on_hot[i])
+        tried, improved = 0, False
+        for i in ranked:
+            name = task.tables[i].name
+            current = len(best.sharded.columns.get(name, [(0, 0)]))
+            n = next_count(name, 2 * current)
+            if n is None:
+                continue
+            tried += 1
+            candidate = _resplit(best, i, n, load, costs)
+            if candidate is not None:
+                ms = float(agent.predict(candidate[0].shards, candidate[1]).step_ms)
+                if ms < best.predicted_ms * (1 - MIN_GAIN):
+                    best = SplitPlan(candidate[0], candidate[1], ms, best.whole_ms)
+                    improved = True
+                    break
+            if tried >= SEARCH_TABLES:
+                break
+        if not improved:
+            break
+    return best
+
+
+def _resplit(
+    best: SplitPlan, table: int, n: int, load: np.ndarray, costs: np.ndarray
+) -> tuple[ShardTask, list[int]] | None:
+    """Table ``table`` cut into ``n`` shards, the others where they were; the new shards go,
+    one at a time, to the least loaded device with room that holds none of them yet
+    (``None`` when they do not fit)."""
+    old = best.sharded
+    task = old.task
+    name = task.tables[table].name
+    load = load.copy()
+    table_ms = 0.0
+    for k, d in enumerate(best.placement):
+        if old.owner[k] == table:
+            load[d] -= costs[k]
+            table_ms += costs[k]
+    columns = {**old.columns, name: n}
+    new = shard_task(task, columns)
+    mine = [k for k, i in enumerate(new.owner) if i == table]
+    others = iter(d for k, d in enumerate(best.placement) if old.owner[k] != table)
+    placement = [-1 if i == table else next(others) for i in new.owner]
+    free = np.asarray(task.memory, dtype=np.int64) - np.asarray(
+        device_bytes(new.shards, [max(d, 0) for d in placement]), dtype=np.int64
+    )
+    # device_bytes above counted the unplaced shards on device 0: give that back
+    free[0] += sum(new.shards.tables[k].size_bytes for k in mine)
+    used: set[int] = set()
+    for k in mine:
+        size = new.shards.tables[k].size_bytes
+        legal = [d for d in range(task.num_devices) if d not in used and free[d] >= size]
+        if not legal:
+            return None
+        d = min(legal, key=lambda x: load[x])
+        placement[k] = d
+        used.add(d)
+        free[d] -= size
+        load[d] += table_ms / n
+    return new, placement
