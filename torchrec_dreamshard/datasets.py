@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from torchrec_dreamshard.tables import TableSpec, access_stats
+from torchrec_dreamshard.table_stats import access_stats
+from torchrec_dreamshard.tables import TableSpec
 
 
 @dataclass

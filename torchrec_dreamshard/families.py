@@ -28,7 +28,8 @@ import numpy as np
 
 from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.sampler import TaskSampler, make_task
-from torchrec_dreamshard.tables import TableSpec, hist_from_ids
+from torchrec_dreamshard.table_stats import hist_from_ids
+from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
 SPLITS = ("train", "test")

@@ -61,7 +61,8 @@ from torchrec_dreamshard.planner.types import (
     spec_for_option,
 )
 from torchrec_dreamshard.splits import column_shards, split_counts
-from torchrec_dreamshard.tables import TableSpec, group_stats, merge_stats
+from torchrec_dreamshard.table_stats import group_stats, merge_stats
+from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.torchrec_adapter import reserved_topology
 

@@ -1,0 +1,184 @@
+"""Table specs from real data: access statistics of id streams and the TorchRec
+constructors (from an ``EmbeddingBagConfig`` and ``KeyedJaggedTensor`` batches).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, reuse_bin
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+
+# ----------------------------------------------------------------------------------------
+# Access statistics from real id streams
+# ----------------------------------------------------------------------------------------
+
+
+def access_stats(
+    ids: torch.Tensor | np.ndarray, offsets: torch.Tensor | np.ndarray
+) -> tuple[float, tuple[float, ...]]:
+    """Pooling factor and reuse histogram of one table's batch.
+
+    Args:
+        ids: the flat ids of the batch (FBGEMM / TorchRec layout).
+        offsets: ``B + 1`` bag boundaries into ``ids``.
+
+    Returns:
+        ``(pooling_factor, reuse_hist)``: ids per sample, and the 17 fractions of accessed
+        rows by access count.
+    """
+    ids_np = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids).reshape(-1)
+    off_np = np.asarray(offsets.cpu() if isinstance(offsets, torch.Tensor) else offsets)
+    off_np = off_np.reshape(-1)
+    if off_np.size < 2:
+        raise ValueError("offsets must hold at least 2 entries (one bag)")
+    if off_np[0] != 0 or off_np[-1] != ids_np.size or np.any(np.diff(off_np) < 0):
+        raise ValueError(
+            f"offsets must start at 0, be non-decreasing and end at len(ids)={ids_np.size}"
+        )
+    batch = off_np.size - 1
+    if ids_np.size == 0:
+        raise ValueError("the batch has no ids: pooling factor would be 0")
+    return ids_np.size / batch, hist_from_ids(ids_np)
+
+
+def hist_from_ids(ids: np.ndarray) -> tuple[float, ...]:
+    """Reuse histogram of a flat id array."""
+    _, counts = np.unique(np.asarray(ids).reshape(-1), return_counts=True)
+    hist = np.bincount(reuse_bin(counts), minlength=NUM_REUSE_BINS).astype(np.float64)
+    return tuple((hist / hist.sum()).tolist())
+
+
+def merge_stats(stats: Sequence[tuple[float, tuple[float, ...], int]]) -> tuple[float, tuple]:
+    """Average ``(pooling_factor, reuse_hist, weight)`` over several batches."""
+    total = sum(w for _, _, w in stats)
+    if total <= 0:
+        raise ValueError("no batches to merge")
+    pf = sum(p * w for p, _, w in stats) / total
+    hist = np.sum([np.asarray(h) * w for _, h, w in stats], axis=0) / total
+    return pf, tuple((hist / hist.sum()).tolist())
+
+
+def group_stats(
+    table: str,
+    feature_names: Sequence[str],
+    batches: Sequence[Mapping[str, Any]],
+    batch_size: int,
+) -> tuple[float, tuple[float, ...], int] | None:
+    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together
+    (e.g. every rank's local batch: the global batch), as the fused kernel sees it: the
+    ids of all the table's features count.
+
+    Args:
+        table: the table's name (for the error message).
+        feature_names: the features that feed it.
+        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
+        batch_size: samples in all the batches together.
+
+    Returns:
+        ``None`` when the batches hold no id of the table.
+
+    Raises:
+        ValueError: a feature is missing from a batch.
+    """
+    ids = []
+    for by_key in batches:
+        missing = [f for f in feature_names if f not in by_key]
+        if missing:
+            raise ValueError(
+                f"table {table!r}: features {missing} are not in the batch (keys: {list(by_key)})"
+            )
+        ids += [by_key[f].values() for f in feature_names]
+    flat = torch.cat(ids)
+    if flat.numel() == 0:
+        return None
+    return flat.numel() / batch_size, hist_from_ids(flat.cpu().numpy()), flat.numel()
+
+
+# ----------------------------------------------------------------------------------------
+# TorchRec constructors
+# ----------------------------------------------------------------------------------------
+
+
+def spec_from_config(
+    config: EmbeddingBagConfig,
+    constraints: ParameterConstraints | None = None,
+    stats: tuple[float, Sequence[float]] | None = None,
+    default_pooling_factor: float = 1.0,
+) -> TableSpec:
+    """A :class:`TableSpec` from a TorchRec ``EmbeddingBagConfig``.
+
+    The pooling factor comes from ``stats`` (measured) if given, else from the constraints'
+    ``pooling_factors`` (summed over the table's features, as the fused kernel sees them),
+    else ``default_pooling_factor`` (TorchRec's planner default is 1.0).
+    """
+    from torchrec.types import DataType
+
+    hist = None
+    if stats is not None:
+        pooling, hist = stats[0], tuple(stats[1])
+    elif constraints is not None and constraints.pooling_factors:
+        pooling = float(sum(constraints.pooling_factors))
+    else:
+        pooling = default_pooling_factor
+    bpe = {DataType.FP32: 4, DataType.FP16: 2}.get(config.data_type)
+    if bpe is None:
+        raise ValueError(
+            f"table {config.name!r}: data_type {config.data_type} is not supported "
+            "(use FP32 or FP16)"
+        )
+    return TableSpec(
+        name=config.name,
+        rows=config.num_embeddings,
+        dim=config.embedding_dim,
+        pooling_factor=pooling,
+        reuse_hist=hist,
+        bytes_per_element=bpe,
+    )
+
+
+def specs_from_kjt_batches(
+    configs: Sequence[EmbeddingBagConfig],
+    batches: Iterable[Any],
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+) -> list[TableSpec]:
+    """Measure every table of an ``EmbeddingBagCollection`` from ``KeyedJaggedTensor`` batches.
+
+    A table fed by several features is seen as the table-batched kernel sees it: each
+    sample's ids from all its features count towards its pooling factor, and the reuse
+    histogram is taken over all of them together.
+
+    Args:
+        configs: the collection's ``EmbeddingBagConfig``s (``ebc.embedding_bag_configs()``).
+        batches: ``KeyedJaggedTensor`` batches holding the configs' features.
+        constraints: optional constraints by table name, used for a table with no ids.
+
+    Returns:
+        One spec per config, in order.
+    """
+    per_table: dict[str, list[tuple[float, tuple[float, ...], int]]] = {c.name: [] for c in configs}
+    n_batches = 0
+    for kjt in batches:
+        n_batches += 1
+        by_key = kjt.to_dict()
+        for config in configs:
+            stats = group_stats(config.name, config.feature_names, [by_key], kjt.stride())
+            if stats is not None:
+                per_table[config.name].append(stats)
+    if n_batches == 0:
+        raise ValueError("no KeyedJaggedTensor batches were given")
+    specs = []
+    for config in configs:
+        stats = per_table[config.name]
+        measured = merge_stats(stats) if stats else None
+        cons = (constraints or {}).get(config.name)
+        specs.append(spec_from_config(config, cons, measured))
+    return specs
