@@ -13,19 +13,17 @@ a store holding several (fingerprint, workload) groups without choosing one rais
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import socket
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
+from torchrec_dreamshard.measure.store_lock import collector_lock
 from torchrec_dreamshard.measure.summary import reference_scales
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.tables import TableSpec
@@ -199,37 +197,14 @@ class CostStore:
             self._fingerprints[key] = hardware_fingerprint(config, backend)
         return self._fingerprints[key]
 
-    @contextlib.contextmanager
-    def collector_lock(self, who: str) -> Iterator[None]:
-        """Hold the store's collector lock: one collecting process per store.
-
-        Two collectors on one store would measure the same jobs (one of the two inserts
-        would be refused and its measurement lost) and slow each other's timings down, so
-        the second is refused at once. The lock is an ``flock`` on ``PATH.lock``, released
-        by the operating system when the process ends, however it ends.
+    def collector_lock(self, who: str) -> contextlib.AbstractContextManager[None]:
+        """Hold the store's collector lock: one collecting process per store (see
+        :func:`~torchrec_dreamshard.measure.store_lock.collector_lock`).
 
         Raises:
             ValueError: another process holds the lock (its pid and command are named).
         """
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        f = open(lock_path, "a+")  # noqa: SIM115 - held open for the block
-        try:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "unknown process"
-                raise ValueError(
-                    f"cost store {str(self.path)!r} is being collected into by another "
-                    f"process ({holder}); wait for it to finish or use another store"
-                ) from None
-            f.seek(0)
-            f.truncate()
-            f.write(f"pid {os.getpid()} on {socket.gethostname()}: {who}")
-            f.flush()
-            yield
-        finally:
-            f.close()  # closing the file releases the lock
+        return collector_lock(self.path, who)
 
     # -- counting --------------------------------------------------------------------------
 
