@@ -85,7 +85,7 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.checkpoint import load_checkpoint
-    from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
+    from torchrec_dreamshard.io import check_writable
     from torchrec_dreamshard.tasks import Task
 
     if args.num_samples < 0:
@@ -135,6 +135,15 @@ def run(args: argparse.Namespace) -> int:
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
+    show_plan(args, plan, report, outcome)
+    return 0
+
+
+def show_plan(args: argparse.Namespace, plan: dict[str, Any], report: Any, outcome: Any) -> None:
+    """Print the plan, the safety net's report and what calibration and verification did,
+    then write ``--out`` and ``--plot``."""
+    from torchrec_dreamshard.io import atomic_write, dumps_strict
+
     if plan.get("shards"):
         split = ", ".join(f"{name} x{len(s)}" for name, s in plan["shards"].items())
         print(f"split column-wise: {split}")
@@ -149,7 +158,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         plot_per_device(plan["per_device"], args.plot, f"{Path(args.task).name}: predicted")
         print(f"wrote {args.plot}")
-    return 0
 
 
 def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str, Any]:
