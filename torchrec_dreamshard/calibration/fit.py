@@ -49,6 +49,8 @@ class CalibrationConfig:
         prior: weight of the pull towards the prior's head weights.
         seed: bootstrap weights.
         progress: a tqdm bar over the kernels to measure.
+        measure_missing: measure the kernels the store lacks (``False``: fine-tune on what
+            the store holds, measuring nothing, e.g. to rebuild an earlier calibration).
     """
 
     budget_s: float = 60.0
@@ -60,6 +62,7 @@ class CalibrationConfig:
     prior: float = 1e-3
     seed: int = 0
     progress: bool = True
+    measure_missing: bool = True
 
     def __post_init__(self) -> None:
         if not (isinstance(self.budget_s, int | float) and math.isfinite(self.budget_s)):
@@ -208,6 +211,7 @@ def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -
             kernels.setdefault(kernel_job(prefix, tables), tables)
         done = store.done_jobs(prefix)
         todo = [(j, t) for j, t in kernels.items() if j not in done]
+        todo = todo if config.measure_missing else []
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
         samples = load_kernel_samples(store, set(kernels), mcfg, B)
     net = fine_tune(agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed)
