@@ -11,6 +11,7 @@ Measuring these from real id streams and building specs from TorchRec configs an
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -244,8 +245,14 @@ def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
     """Expected reuse histogram of ``accesses`` ids drawn uniformly from ``rows`` rows.
 
     Each row's count is Poisson(lambda = accesses / rows); the histogram is over rows with a
-    count >= 1. Used where a table's statistics are unknown.
+    count >= 1. Used where a table's statistics are unknown (cached: a planner asks for
+    the same tables' histograms many times).
     """
+    return np.array(_uniform_reuse_hist(int(rows), float(accesses)))
+
+
+@functools.lru_cache(maxsize=65536)
+def _uniform_reuse_hist(rows: int, accesses: float) -> tuple[float, ...]:
     lam = max(float(accesses), 1e-9) / rows
     hist = np.zeros(NUM_REUSE_BINS)
     # Sum the Poisson pmf over each bin's integer range, in log space for large lambda.
@@ -256,7 +263,7 @@ def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
     np.add.at(hist, reuse_bin(ks), pmf)
     if hist.sum() <= 0:  # every row read far more (or far less) often than the pmf reaches
         hist[NUM_REUSE_BINS - 1 if lam > 1 else 0] = 1.0
-    return hist / hist.sum()
+    return tuple((hist / hist.sum()).tolist())
 
 
 def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.ndarray:

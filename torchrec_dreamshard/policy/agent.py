@@ -34,6 +34,8 @@ from torchrec_dreamshard.policy.network import PolicyNet
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
     DEFAULT_SAMPLES,
+    REFINE_STEPS,
+    REFINE_TOP,
     SafetyReport,
     Scorer,
     choose,
@@ -42,7 +44,8 @@ from torchrec_dreamshard.policy.safety_net import (
 from torchrec_dreamshard.tasks import Task, check_placement
 
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
-LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
+LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs,
+# asks TorchRec for no plan and refines only its best candidate, for half the steps
 
 
 @dataclass
@@ -184,7 +187,15 @@ class DreamShard:
             named.update({n: np.asarray(check_placement(task, p)) for n, p in extra.items()})
         enc = torch.empty_like(mdp.enc)
         enc[torch.from_numpy(mdp.order)] = mdp.enc  # back to table order
-        self.last_report = choose(self.scorer(task, enc), named, failed, seed=seed)
+        large = len(task.tables) * task.num_devices > LARGE_TASK
+        self.last_report = choose(
+            self.scorer(task, enc),
+            named,
+            failed,
+            refine_top=1 if large else REFINE_TOP,
+            refine_steps=REFINE_STEPS // 2 if large else REFINE_STEPS,
+            seed=seed,
+        )
         return check_placement(task, [int(d) for d in self.last_report.winner.placement])
 
     def single_compute_ms(self, task: Task, mdp: EstimatedMDP | None = None) -> np.ndarray:

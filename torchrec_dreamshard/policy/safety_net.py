@@ -218,22 +218,33 @@ def _moves(
     capacity: np.ndarray,
     rng: np.random.Generator,
     pair_swaps: int = PAIR_SWAPS,
+    limit: int = REFINE_CANDIDATES,
 ) -> list[tuple[int, int, int, int]]:
     """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``: a move to
     device ``d`` (``j = k = -1``), a swap with table ``j`` of ``d`` (``k = -1``), and up to
     ``pair_swaps`` random swaps with two tables ``j, k`` of ``d`` (one big table for two
-    smaller ones: what tight memory often needs)."""
+    smaller ones: what tight memory often needs); at most ``limit`` moves and swaps (a
+    random subset) besides the pair swaps."""
     used = np.bincount(placement, weights=sizes, minlength=len(capacity))
     free = capacity - used
     on_b = np.flatnonzero(placement == b)
     others = np.flatnonzero(placement != b)
-    out = []
-    for i in on_b:
-        out.extend((int(i), -1, -1, int(d)) for d in np.flatnonzero(free >= sizes[i]) if d != b)
-        if others.size:
-            d_j = placement[others]
-            ok = (free[d_j] + sizes[others] >= sizes[i]) & (free[b] + sizes[i] >= sizes[others])
-            out.extend((int(i), int(j), -1, int(placement[j])) for j in others[ok])
+    # moves: (table on b, device with room); swaps: (table on b, table elsewhere) pairs
+    # that keep both devices within memory, sampled before any tuple is built
+    mi, md = np.nonzero(free[None, :] >= sizes[on_b][:, None])
+    keep = md != b
+    moves = np.stack(
+        [on_b[mi[keep]], np.full(keep.sum(), -1), np.full(keep.sum(), -1), md[keep]], 1
+    )
+    si, sj = np.nonzero(
+        (free[placement[others]][None, :] + sizes[others][None, :] >= sizes[on_b][:, None])
+        & (free[b] + sizes[on_b][:, None] >= sizes[others][None, :])
+    )
+    swaps = np.stack([on_b[si], others[sj], np.full(si.size, -1), placement[others[sj]]], 1)
+    both = np.concatenate([moves, swaps]).astype(np.int64)
+    if len(both) > limit:
+        both = both[np.sort(rng.choice(len(both), limit, replace=False))]
+    out = [tuple(int(x) for x in row) for row in both]
     for _ in range(pair_swaps if others.size >= 2 else 0):
         i, j = int(rng.choice(on_b)), int(rng.choice(others))
         d = int(placement[j])
