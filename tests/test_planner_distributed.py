@@ -27,9 +27,7 @@ STEPS = 3
 
 
 def build_model():
-    from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     tables = [
         EmbeddingBagConfig(
@@ -37,6 +35,14 @@ def build_model():
         )
         for i in range(NUM_TABLES)
     ]
+    return dlrm_train(tables)
+
+
+def dlrm_train(tables):
+    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables``."""
+    from torchrec.models.dlrm import DLRM, DLRMTrain
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
     ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
     dlrm = DLRM(
         embedding_bag_collection=ebc,
@@ -211,9 +217,7 @@ SPLIT_CAP = 1_100_000  # bytes of DDR per device
 
 
 def build_split_model():
-    from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     tables = [
         EmbeddingBagConfig(
@@ -226,15 +230,7 @@ def build_split_model():
             name="big", embedding_dim=DIM, num_embeddings=BIG_ROWS, feature_names=["fbig"]
         )
     )
-    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=4,
-        dense_arch_layer_sizes=[8, DIM],
-        over_arch_layer_sizes=[8, 1],
-        dense_device=torch.device("cpu"),
-    )
-    return DLRMTrain(dlrm)
+    return dlrm_train(tables)
 
 
 def make_split_batch(rank: int, step: int):
