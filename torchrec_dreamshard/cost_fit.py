@@ -114,7 +114,7 @@ def member_predictions(net: CostNet, batch: Packed) -> torch.Tensor:
 def weighted_log_loss(
     net: CostNet, batch: Packed, log_dev: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """Squared log error of every member on every device, weighted by the member's
+    """Huber error of log costs of every member on every device, weighted by the member's
     bootstrap weight of the device's placement (``weights`` ``[P, K]``); the all-to-all
     term only where there is one (more than one device)."""
     pred = member_predictions(net, batch)  # [M, K, 3]
@@ -136,8 +136,8 @@ def fit_cost_model(
     seed: int = 0,
     progress: bool = False,
 ) -> list[float]:
-    """Fit ``net`` in place with Adam on the weighted squared log error (each member on
-    its own Poisson(1) bootstrap weights of the samples); returns the loss per epoch.
+    """Fit ``net`` in place with Adam on the weighted Huber error of log costs (each member
+    on its own Poisson(1) bootstrap weights of the samples); returns the loss per epoch.
 
     Args:
         net: the network (trained further from its current weights).
@@ -154,17 +154,27 @@ def fit_cost_model(
         return _fit(net, samples, epochs, batch_size, lr, seed, progress)
 
 
+def log_targets(samples: Sequence[CostSample]) -> torch.Tensor:
+    """``[M, 3]`` log of the measured fwd/bwd/comm ms of the samples' devices (floored at
+    ``EPS_MS``), in :func:`pack`'s device order."""
+    dev = np.concatenate([s.dev_ms for s in samples])
+    return torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
+
+
+def bootstrap_weights(rng: np.random.Generator, num_samples: int, members: int) -> torch.Tensor:
+    """``[num_samples, members]`` Poisson(1) weights: each member's bootstrap re-weighting."""
+    return torch.from_numpy(rng.poisson(1.0, (num_samples, members)).astype(np.float32))
+
+
 def _fit(net, samples, epochs, batch_size, lr, seed, progress) -> list[float]:
     rng = np.random.default_rng(seed)
-    boot = rng.poisson(1.0, (len(samples), net.members)).astype(np.float32)
+    boot = bootstrap_weights(rng, len(samples), net.members)
     order = rng.permutation(len(samples))
     batches = []
     for start in range(0, len(order), batch_size):
         idx = order[start : start + batch_size]
         chunk = [samples[i] for i in idx]
-        dev = np.concatenate([s.dev_ms for s in chunk])
-        log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
-        batches.append((pack(chunk), log_dev, torch.from_numpy(boot[idx])))
+        batches.append((pack(chunk), log_targets(chunk), boot[idx]))
     opt = torch.optim.Adam(net.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs, eta_min=lr * 0.1)
     epoch_iter = range(epochs)

@@ -23,7 +23,14 @@ from torchrec_dreamshard.calibration.kernels import (
     measure_kernels,
 )
 from torchrec_dreamshard.calibration.store import default_store_path, job_prefix, kernel_job
-from torchrec_dreamshard.cost_fit import CostSample, pack, predict_samples, weighted_log_loss
+from torchrec_dreamshard.cost_fit import (
+    CostSample,
+    bootstrap_weights,
+    log_targets,
+    pack,
+    predict_samples,
+    weighted_log_loss,
+)
 from torchrec_dreamshard.cost_model import EPS_MS, CostNet
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tables import TableSpec
@@ -141,11 +148,10 @@ def fine_tune(
     for n, p in tuned.named_parameters():
         p.requires_grad_(n in HEAD_PARAMETERS)
     rng = np.random.default_rng(seed)
-    boot = torch.from_numpy(rng.poisson(1.0, (len(samples), net.members)).astype(np.float32))
+    boot = bootstrap_weights(rng, len(samples), net.members)
     boot[:, 0] = 1.0  # one member sees every sample once
     batch = pack(samples)
-    dev = np.concatenate([s.dev_ms for s in samples])
-    log_dev = torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
+    log_dev = log_targets(samples)
     opt = torch.optim.Adam(heads, lr=lr)
     numel = sum(p.numel() for p in heads)
     with single_thread():

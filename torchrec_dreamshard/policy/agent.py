@@ -168,7 +168,8 @@ class DreamShard:
         if mode == "greedy":
             self.last_report = None
             return check_placement(task, [int(d) for d in named["policy_greedy"]])
-        if mode == "safe" and len(task.tables) * task.num_devices > LARGE_TASK:
+        large = len(task.tables) * task.num_devices > LARGE_TASK
+        if mode == "safe" and large:
             num_samples = 0  # bounded planning time on the largest tasks
         if num_samples:
             gen = torch.Generator().manual_seed(seed)
@@ -176,20 +177,16 @@ class DreamShard:
             named.update({f"policy_sample{k}": p for k, p in enumerate(rolls.placements)})
         failed: dict[str, str] = {}
         if mode == "safe":
-            single = self.single_compute_ms(task, mdp)
-            plans, failed = heuristic_candidates(task, single)
+            plans, failed = heuristic_candidates(task, mdp.single_compute_ms)
             named.update(plans)
-            if len(task.tables) * task.num_devices <= LARGE_TASK:
+            if not large:
                 try:
                     named["torchrec"] = np.asarray(torchrec_placement(task, ours=True))
                 except NoPlanError as exc:
                     failed["torchrec"] = str(exc)
             named.update({n: np.asarray(check_placement(task, p)) for n, p in extra.items()})
-        enc = torch.empty_like(mdp.enc)
-        enc[torch.from_numpy(mdp.order)] = mdp.enc  # back to table order
-        large = len(task.tables) * task.num_devices > LARGE_TASK
         self.last_report = choose(
-            self.scorer(task, enc),
+            self.scorer(task, mdp.table_enc),
             named,
             failed,
             refine_top=1 if large else REFINE_TOP,
@@ -198,14 +195,9 @@ class DreamShard:
         )
         return check_placement(task, [int(d) for d in self.last_report.winner.placement])
 
-    def single_compute_ms(self, task: Task, mdp: EstimatedMDP | None = None) -> np.ndarray:
+    def single_compute_ms(self, task: Task) -> np.ndarray:
         """Predicted fwd + bwd (ms) of each table alone on a device, in table order."""
-        mdp = mdp or self.mdp(task)
-        enc = torch.empty_like(mdp.enc)
-        enc[torch.from_numpy(mdp.order)] = mdp.enc
-        with torch.no_grad():
-            fb = self.cost_net.member_compute(enc)  # [T, K, 2]
-        return torch.exp(torch.log(fb).mean(-2)).sum(-1).numpy().astype(np.float64)
+        return self.mdp(task).single_compute_ms
 
     @single_thread()
     @torch.no_grad()
@@ -214,17 +206,15 @@ class DreamShard:
         placement = check_placement(task, placement)
         scorer = self.scorer(task)
         S, occupied = scorer.device_states(np.asarray([placement]))
-        log_dev = self.cost_net.device_log_costs(S[0], scorer.ctx)
-        log_step = self.cost_net.overall_log_cost(S[0], log_dev, occupied[0])
-        _, _, std = scorer.score_states(S, occupied)
-        if not torch.isfinite(log_step):
+        log_dev, log_step, std = scorer.device_stats(S, occupied)
+        if not torch.isfinite(log_step[0]):
             raise ValueError("the cost network's prediction is not finite")
-        dev = (torch.exp(log_dev) * occupied[0].unsqueeze(-1)).numpy().astype(float)
+        dev = (torch.exp(log_dev[0]) * occupied[0].unsqueeze(-1)).numpy().astype(float)
         return CostPrediction(
             fwd_ms=dev[:, 0].tolist(),
             bwd_ms=dev[:, 1].tolist(),
             comm_ms=dev[:, 2].tolist(),
-            step_ms=float(math.exp(float(log_step))),
+            step_ms=float(math.exp(float(log_step[0]))),
             step_log_std=float(std[0]),
         )
 

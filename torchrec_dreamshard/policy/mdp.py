@@ -59,6 +59,21 @@ def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
     return True
 
 
+def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
+    """Whether the tables ``rest`` (sizes sorted descending) can still be packed after a
+    table of ``size`` goes to device ``d`` (``free``: each device's free bytes): the k-th
+    largest surely finds room if the devices' room above it exceeds what the larger ones
+    can have taken; else first-fit decreasing decides."""
+    if rest.size == 0:
+        return True
+    trial = free.astype(np.float64)  # a copy
+    trial[d] -= size
+    before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
+    if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
+        return True
+    return ffd_fits(rest, trial)
+
+
 def _choose(
     logits: torch.Tensor, legal: torch.Tensor, greedy: bool, generator: torch.Generator | None
 ) -> torch.Tensor:
@@ -85,10 +100,14 @@ class EstimatedMDP:
         self.ctx = device_context(self.D, sum(t.dim for t in task.tables))
         with torch.no_grad():
             enc = cost_net.encode(torch.from_numpy(inputs))
-            single = cost_net.device_log_costs(enc, self.ctx)
-        self.single_ms = torch.exp(single).sum(-1).numpy().astype(np.float64)
+            single = torch.exp(cost_net.device_log_costs(enc, self.ctx))
+        # per table, in the task's order: its encoding, its predicted fwd + bwd + comm and
+        # fwd + bwd alone on a device
+        self.table_enc = enc
+        self.single_ms = single.sum(-1).numpy().astype(np.float64)
+        self.single_compute_ms = single[:, :2].sum(-1).numpy().astype(np.float64)
         self.order = np.argsort(-self.single_ms, kind="stable")
-        self.enc = enc[torch.from_numpy(self.order)]
+        self.enc = enc[torch.from_numpy(self.order)]  # in placement order
         sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)[self.order]
         self.sizes = sizes
         rev = sizes[::-1]
@@ -124,15 +143,7 @@ class EstimatedMDP:
     def feasible(self, i: int, free_row: np.ndarray, d: int) -> bool:
         """After table ``i`` goes to device ``d``, whether the remaining tables can be
         packed: per-table any-fit bound, else first-fit decreasing."""
-        trial = free_row.copy()
-        trial[d] -= self.sizes[i]
-        rem = np.sort(self.sizes[i + 1 :])[::-1]
-        before = np.concatenate([[0.0], np.cumsum(rem)[:-1]])
-        # the j-th largest table finds room if the devices' room above it exceeds what
-        # the larger ones can have taken
-        if (np.maximum(trial[None, :] - rem[:, None], 0.0).sum(1) > before).all():
-            return True
-        return ffd_fits(rem, trial)
+        return can_pack(np.sort(self.sizes[i + 1 :])[::-1], free_row, d, self.sizes[i])
 
     def _no_room_message(self, i: int, free: np.ndarray) -> str:
         t = self.task.tables[int(self.order[i])]

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.baselines import PROXIES
-from torchrec_dreamshard.policy.mdp import ffd_fits
+from torchrec_dreamshard.policy.mdp import can_pack
 from torchrec_dreamshard.tasks import Task
 
 DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
@@ -61,25 +61,11 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
         if room.size == 0:
             return None
         by_load = room[np.argsort(load[room], kind="stable")]
-        d = next((int(d) for d in by_load if _can_pack(rest, free, d, sizes[i])), int(by_load[0]))
+        d = next((int(d) for d in by_load if can_pack(rest, free, d, sizes[i])), int(by_load[0]))
         out[i] = d
         free[d] -= sizes[i]
         load[d] += costs[i]
     return out
-
-
-def _can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
-    """Whether the tables ``rest`` (sorted descending) still fit after ``size`` goes to
-    device ``d``: the k-th largest surely finds room if the devices' room above it
-    exceeds what the larger ones can have taken; else first-fit decreasing decides."""
-    if rest.size == 0:
-        return True
-    trial = free.copy()
-    trial[d] -= size
-    before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
-    if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
-        return True
-    return ffd_fits(rest, trial)
 
 
 # ----------------------------------------------------------------------------------------
@@ -182,18 +168,24 @@ class Scorer:
         return S.view(C, self.D, -1), occ.view(C, self.D)
 
     @torch.no_grad()
-    def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(score, log_step, std)`` ``[C]`` of device states: the ensemble's log step
-        (the slowest device by the members' mean log costs, as ``predict`` reports it),
-        the members' standard deviation of their own log step, and ``log_step + penalty
-        * std``."""
+    def device_stats(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(log_dev [C, D, 3], log_step [C], std [C])`` of device states: the members'
+        mean log fwd/bwd/comm per device, the ensemble's log step (the slowest occupied
+        device by those means) and the members' standard deviation of their own log
+        step."""
         member = self.net.member_device_log_costs(S, self.ctx)  # [C, D, K, 3]
         neg = torch.finfo(member.dtype).min
-        hidden = ~occ.unsqueeze(-1)
-        mean_tot = torch.logsumexp(member.mean(-2), -1).masked_fill(~occ, neg)  # [C, D]
-        log_step = mean_tot.amax(-1)
-        steps = torch.logsumexp(member, -1).masked_fill(hidden, neg).amax(-2)  # [C, K]
+        log_dev = member.mean(-2)
+        log_step = torch.logsumexp(log_dev, -1).masked_fill(~occ, neg).amax(-1)
+        steps = torch.logsumexp(member, -1).masked_fill(~occ.unsqueeze(-1), neg).amax(-2)
         std = steps.std(-1) if steps.shape[-1] > 1 else torch.zeros_like(log_step)
+        return log_dev, log_step, std
+
+    @torch.no_grad()
+    def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(score, log_step, std)`` ``[C]`` of device states (see :meth:`device_stats`),
+        ``score = log_step + penalty * std``."""
+        _, log_step, std = self.device_stats(S, occ)
         return log_step + self.penalty * std, log_step, std
 
     def candidates(self, named: Mapping[str, np.ndarray]) -> list[Candidate]:
