@@ -124,12 +124,12 @@ def iteration_jobs(cfg: TrainConfig, it: int) -> list[Job]:
     greedy roll-out, sampled roll-outs and a random placement, so the cost network is
     corrected where the agent's own choices take it."""
     rng = np.random.default_rng([cfg.seed, it])
-    kinds: list[JobKind] = ["safe", "greedy", "random"]
+    last = cfg.placements_per_task - 1
     jobs = []
     for j, task in enumerate(draw_tasks(cfg, cfg.collect_tasks, rng)):
         for k in range(cfg.placements_per_task):
-            kind = (
-                kinds[k] if k < 2 else ("random" if k == cfg.placements_per_task - 1 else "sample")
+            kind: JobKind = (
+                ("safe", "greedy")[k] if k < 2 else ("random" if k == last else "sample")
             )
             jobs.append(_job(cfg, f"it{it}-task{j}-{k}", task, kind))
     return jobs
