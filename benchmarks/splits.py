@@ -1,14 +1,16 @@
-"""Column-wise splits on memory-tight tasks: the default plan with splits allowed against
-the table-wise-only plan, measured on real kernels.
+"""Column-wise splits: the default plan with splits allowed against the table-wise-only
+plan, measured on real kernels, on memory-tight tasks and on tasks with wide tables.
 
 Tasks: the ``tight`` family's test tasks (memory 1.05x or 1.2x the task's bytes / D, as
-drawn) and the same tables at 1.05x. Each task is planned by:
+drawn) and the same tables at 1.05x; and the held-out ``wide`` family's test tasks (dims
+256-1024, as drawn), where one table can outweigh a device's share. Each task is planned
+by:
 
 - **whole**: ``agent.place`` with the agent's default mode (whole tables only; may find no
   plan when memory is tight);
 - **split**: :func:`torchrec_dreamshard.split_search.plan_with_splits` with the same mode
   (splits a table when it fits no device, when whole tables cannot be packed, or when the
-  cost network predicts a faster step);
+  cost network predicts a faster plan);
 - the four proxy heuristics, only to count the tasks on which they find no plan.
 
 Both plans of every task are measured in R interleaved rounds (each round visits the tasks
@@ -17,12 +19,15 @@ of its shards). A task's figure is the median over rounds of split / whole, for
 **compute** (max over devices of the fused forward + backward) and **step** (plus the
 local backend's all-to-all model). When the split search keeps every table whole the two
 plans are the same and the ratio is 1 without a second measurement. Also reported: the
-seconds ``plan_with_splits`` takes on 1000 tables x 64 devices (one run).
+seconds ``plan_with_splits`` takes on 1000 tables x 64 devices (one run), and what a
+shard costs: for each task's three costliest tables (measured alone), the measured
+fwd + bwd of one of its two half-width shards over the whole table's (a split can only
+pay where the table outweighs what splitting adds).
 
 Raw results go to ``results/splits_raw.json`` (``splits_quick_raw.json`` with ``--quick``)
 after every round, the summary to ``results/splits.md``.
 
-Usage: python benchmarks/splits.py [--tasks 6] [--rounds 3] [--quick]
+Usage: python benchmarks/splits.py [--tasks 6] [--wide 8] [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
@@ -49,15 +54,37 @@ TIGHT = 1.05  # the memory factor every tight task is also planned at
 PLANS = ("whole", "split")
 
 
-def tight_tasks(n: int) -> list[tuple[str, object]]:
-    """``(label, task)``: the tight family's first ``n`` test tasks, as drawn and at 1.05x."""
+def bench_tasks(tight: int, wide: int) -> list[tuple[str, object]]:
+    """``(label, task)``: the tight family's first ``tight`` test tasks, as drawn and at
+    1.05x, then the wide family's first ``wide``; labels are ``family/group/k``."""
     out = []
-    for k in range(n):
+    for k in range(tight):
         task = families.draw_task("tight", "test", k)
         factor = task.memory[0] * task.num_devices / task.total_bytes
         out.append((f"tight/{factor:.2f}x/{k}", task))
         at = make_task(task.tables, task.num_devices, task.batch_size, TIGHT)
         out.append((f"tight/{TIGHT:.2f}x/{k}", at))
+    out += [(f"wide/as drawn/{k}", families.draw_task("wide", "test", k)) for k in range(wide)]
+    return out
+
+
+def shard_overhead(task, config, top: int = 3) -> list[dict]:
+    """For the ``top`` costliest tables of ``task`` (measured alone) that TorchRec's rule
+    lets be halved: the measured fwd + bwd of the whole table and of one half shard."""
+    from torchrec_dreamshard.measure import time_fused_kernel
+    from torchrec_dreamshard.splits import column_shards, split_counts
+
+    def cost(spec) -> float:
+        return float(sum(time_fused_kernel([spec], task.batch_size, config)))
+
+    whole = sorted(((cost(t), t) for t in task.tables), key=lambda x: -x[0])
+    out = []
+    for ms, spec in whole:
+        if len(out) == top:
+            break
+        if 2 in split_counts(spec):
+            half = cost(column_shards(spec, 2)[0])
+            out.append({"table": spec.name, "dim": spec.dim, "whole_ms": ms, "half_ms": half})
     return out
 
 
@@ -152,7 +179,7 @@ def geomean(values) -> float:
 def summarise(tasks, raw) -> tuple[dict, str]:
     rows, by_factor = [], {}
     for (label, _), entry in zip(tasks, raw["tasks"], strict=True):
-        factor = label.split("/")[1]
+        factor = " ".join(label.split("/")[:2])
         row = {
             "task": label,
             "whole_found": entry["plans"]["whole"] is not None,
@@ -168,7 +195,7 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         rows.append(row)
         by_factor.setdefault(factor, []).append(row)
     lines = [
-        "# Column-wise splits on memory-tight tasks",
+        "# Column-wise splits on memory-tight and wide tasks",
         "",
         f"{len(tasks)} tasks, {raw['settings']['rounds']} interleaved round(s); checkpoint: "
         f"{raw['settings']['checkpoint']}. Produced by `benchmarks/splits.py`"
@@ -177,7 +204,7 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "Ratio = split plan / table-wise plan, median over rounds, geomean over the tasks "
         "where a table-wise plan exists (< 1: splitting is faster).",
         "",
-        "| memory | tasks | split / whole (compute) | split / whole (step) | tasks split "
+        "| family, memory | tasks | split / whole (compute) | split / whole (step) | tasks split "
         "| no table-wise plan | ... of which split found one | heuristics without a plan |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -201,13 +228,34 @@ def summarise(tasks, raw) -> tuple[dict, str]:
     lines += [
         "",
         f"Planning 1000 tables x 64 devices with splits: {raw['planning_1000x64_s']:.2f} s.",
+        "",
+        "What a shard costs: one half-width shard's measured fwd + bwd over the whole "
+        "table's, for each task's three costliest tables (median [range]); a split adds "
+        "the other half's cost again, so it pays only where a table outweighs that.",
+        "",
+        "| family | tables | half shard / whole |",
+        "|---|---:|---:|",
     ]
+    for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
+        ratios = [
+            o["half_ms"] / o["whole_ms"]
+            for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
+            if label.startswith(fam + "/")
+            for o in entry.get("shard_overhead", [])
+        ]
+        if ratios:
+            lines.append(
+                f"| {fam} | {len(ratios)} | {np.median(ratios):.2f} "
+                f"[{min(ratios):.2f}, {max(ratios):.2f}] |"
+            )
+    summary["shard_overhead"] = [e.get("shard_overhead", []) for e in raw["tasks"]]
     return {"rows": rows, "by_memory": summary}, "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", type=int, default=6, help="tight family test tasks")
+    ap.add_argument("--wide", type=int, default=8, help="wide family test tasks")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--checkpoint", default=None, help="agent checkpoint (default: bundled)")
     ap.add_argument("--quick", action="store_true", help="1 task, 1 short round (a smoke run)")
@@ -216,21 +264,26 @@ def main() -> None:
 
     config = MeasureConfig()
     if args.quick:
-        args.tasks, args.rounds = 1, 1
+        args.tasks, args.wide, args.rounds = 1, 1, 1
         config = MeasureConfig(warmup=1, iters=2, rounds=1)
     agent = load_checkpoint(args.checkpoint)
-    tasks = tight_tasks(args.tasks)
+    tasks = bench_tasks(args.tasks, args.wide)
     settings = {
         "tasks": args.tasks,
+        "wide": args.wide,
         "rounds": args.rounds,
         "quick": args.quick,
         "checkpoint": args.checkpoint or "bundled",
         "measure": config.to_dict(),
     }
     raw: dict = {"settings": settings, "machine": machine(), "tasks": []}
+    seen: set[tuple[str, ...]] = set()
     for label, task in tasks:
         entry = plan_both(agent, task)
         entry["rounds"] = []
+        if tuple(task.names) not in seen:  # the tight tasks at 1.05x repeat their tables
+            seen.add(tuple(task.names))
+            entry["shard_overhead"] = shard_overhead(task, config)
         raw["tasks"].append(entry)
         print(f"{label}: planned, splits {entry['counts'] or 'none'}", flush=True)
     raw["planning_1000x64_s"] = planning_seconds(agent)

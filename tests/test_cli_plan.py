@@ -71,7 +71,8 @@ def test_plan_search_mode(files, monkeypatch):
         run([*argv, "--mode", "search", "--num-samples", "4", "--seed", "5", "--out", str(out)])
         == 0
     )
-    assert calls == [("search", 4, 5)]
+    # the split search may run the policy again on tasks of shards, always as asked
+    assert calls and set(calls) == {("search", 4, 5)}
     task = Task.load(files / "task.json")
     expected = place(load_checkpoint(files / "agent.pt"), task, "search", 4, 5)
     assert json.loads(out.read_text())["placement"] == {

@@ -171,3 +171,36 @@ def test_the_search_splits_a_dominant_table_when_the_cost_model_says_it_pays():
     _check_plan(task, plan)
     narrow = plan_with_splits(_AdditiveAgent(), task, splittable={"hot": 64})
     assert narrow.sharded.counts == {"hot": 2}  # shards of at least 64 columns
+
+
+class _BusyLinkAgent(_AdditiveAgent):
+    """:class:`_AdditiveAgent` whose last device also spends :attr:`COMM` on communication,
+    so that its all-to-all, not any device's compute, sets the step."""
+
+    COMM = 10_000.0
+
+    def predict(self, task, placement):
+        from torchrec_dreamshard.policy import CostPrediction
+
+        pred = super().predict(task, placement)
+        comm = [0.0] * (task.num_devices - 1) + [self.COMM]
+        total = [f + c for f, c in zip(pred.fwd_ms, comm, strict=True)]
+        return CostPrediction(
+            fwd_ms=pred.fwd_ms, bwd_ms=pred.bwd_ms, comm_ms=comm, step_ms=max(total)
+        )
+
+
+def test_the_search_splits_a_dominant_table_when_communication_sets_the_step():
+    tables = [_table("hot", rows=1000, dim=128, pf=40.0)] + [
+        _table(f"t{i}", rows=1000, dim=16, pf=2.0) for i in range(8)
+    ]
+    task = _task(tables, devices=4, factor=3.0)
+    agent = _BusyLinkAgent()
+    plan = plan_with_splits(agent, task)
+    assert plan.sharded.counts.get("hot", 1) >= 2  # the compute everyone waits for falls
+    assert plan.predicted_ms <= plan.whole_ms  # at no higher a step
+    shards = plan.sharded.shards
+    before = agent.predict(task, agent.place(task))
+    after = agent.predict(shards, plan.placement)
+    assert max(after.fwd_ms) < 0.97 * max(before.fwd_ms)
+    _check_plan(task, plan)

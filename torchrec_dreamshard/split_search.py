@@ -6,15 +6,17 @@ When the planner splits:
 1. a table bigger than every device is split into the fewest shards that fit one;
 2. if the policy still finds no placement (memory too tight to pack whole tables), the
    table with the largest shards is split further, until it does;
-3. then, a few rounds: the cost network names the bottleneck device, the costliest tables
-   on it are each tried split in twice as many shards (the new shards go to the least
-   loaded devices with room), and a split is kept when the predicted step falls by at
-   least :data:`MIN_GAIN`; finally the policy re-places the task of shards and the better
+3. then, a few rounds: the cost network names the bottleneck devices (of the step, and of
+   the compute alone), the costliest tables on them are each tried split in twice as many
+   shards (the new shards go to the least loaded devices with room), and a split is kept
+   when the predicted step falls by at least :data:`MIN_GAIN`, or, at no higher a step,
+   the slowest device's predicted compute does (a dominant table under an all-to-all
+   that sets the step); finally the policy re-places the task of shards and the better
    of the two predictions is kept. The search starts from the whole-table plan, so the
    predicted step never gets worse than the table-wise one.
 
 The work is bounded (:data:`SEARCH_ROUNDS` x :data:`SEARCH_TABLES` cost-network
-predictions, one or two policy runs), so planning 1000 tables on 64 devices stays within
+predictions a round, one or two policy runs), so planning 1000 tables on 64 devices stays within
 the time of the policy runs.
 """
 
@@ -38,7 +40,8 @@ from torchrec_dreamshard.tasks import Task, device_bytes
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
-MIN_GAIN = 0.01  # relative fall of the predicted step for a split to be kept
+MIN_GAIN = 0.03  # relative fall of the predicted cost for a split to be kept (the cost
+# network is a few percent off on tables it never saw; smaller predicted gains are noise)
 FIT_ATTEMPTS = 12  # further splits tried while the policy finds no placement
 REPLACE_MAX_TABLES = 400  # the policy re-places the shard task when it has at most this many
 
@@ -65,7 +68,7 @@ def plan_with_splits(
     agent: Any,
     task: Task,
     mode: str | None = None,
-    num_samples: int = 16,
+    num_samples: int | None = None,
     seed: int = 0,
     splittable: Mapping[str, int] | None = None,
     max_shards: int = MAX_SHARDS,
@@ -77,7 +80,7 @@ def plan_with_splits(
         agent: a DreamShard agent (``place``, ``predict``, ``table_costs``).
         task: the task; may hold tables bigger than every device (``allow_oversized``).
         mode: the agent's placement mode (``None``: the agent's default).
-        num_samples: passed to ``agent.place``.
+        num_samples: passed to ``agent.place`` (``None``: the agent's default).
         seed: passed to ``agent.place``.
         splittable: the tables that may be split, each with its minimum shard width
             (``None``: every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
@@ -103,7 +106,13 @@ def plan_with_splits(
     prediction = agent.predict(sharded.shards, placement)
     whole_ms = None if sharded.columns else float(prediction.step_ms)
     best = SplitPlan(sharded, placement, float(prediction.step_ms), whole_ms)
-    best = _improve(agent, best, next_count)
+    replace = None
+    if len(task.tables) <= REPLACE_MAX_TABLES:
+
+        def replace(shards: Task) -> list[int]:
+            return _place(agent, shards, mode, num_samples, seed)
+
+    best = _improve(agent, best, next_count, replace)
     if best.sharded.columns and len(best.sharded.shards.tables) <= REPLACE_MAX_TABLES:
         again = _place(agent, best.sharded.shards, mode, num_samples, seed)
         again_ms = float(agent.predict(best.sharded.shards, again).step_ms)
@@ -146,10 +155,12 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
     return counts
 
 
-def _place(agent: Any, task: Task, mode: str | None, num_samples: int, seed: int) -> list[int]:
-    kwargs: dict[str, Any] = {"num_samples": num_samples, "seed": seed}
+def _place(agent: Any, task: Task, mode: str | None, num_samples: int | None, seed: int) -> list[int]:
+    kwargs: dict[str, Any] = {"seed": seed}
     if mode is not None:
         kwargs["mode"] = mode
+    if num_samples is not None:
+        kwargs["num_samples"] = num_samples
     return [int(d) for d in agent.place(task, **kwargs)]
 
 
@@ -175,42 +186,86 @@ def _place_fitting(agent, task, counts, next_count, mode, num_samples, seed):
     raise ValueError(f"no placement fits, even with column-wise splits: {error}") from error
 
 
-def _improve(agent: Any, best: SplitPlan, next_count) -> SplitPlan:
-    """Split the costliest tables on the predicted bottleneck device while the cost network
-    says the step falls."""
+def _improve(agent: Any, best: SplitPlan, next_count, replace=None) -> SplitPlan:
+    """Split the costliest tables on the predicted bottleneck devices while the cost network
+    says the plan gets faster (see :func:`_better`). Each split is tried with its new shards
+    on the lightest devices, the others staying put, and, given ``replace`` (the policy),
+    with the whole task of shards placed afresh."""
     task = best.sharded.task
     for _ in range(SEARCH_ROUNDS):
         shards = best.sharded.shards
         pred = agent.predict(shards, best.placement)
         load = np.asarray(pred.total_ms, dtype=np.float64)
-        hot = int(np.argmax(load))
+        compute = _compute(pred)
         costs = np.asarray(agent.table_costs(shards), dtype=np.float64)
-        on_hot: dict[int, float] = {}
-        for k, d in enumerate(best.placement):
-            if d == hot:
-                i = best.sharded.owner[k]
-                on_hot[i] = on_hot.get(i, 0.0) + float(costs[k])
-        ranked = sorted(on_hot, key=lambda i: -on_hot[i])
-        tried, improved = 0, False
-        for i in ranked:
-            name = task.tables[i].name
-            current = len(best.sharded.columns.get(name, [(0, 0)]))
-            n = next_count(name, 2 * current)
-            if n is None:
-                continue
-            tried += 1
-            candidate = _resplit(best, i, n, load, costs)
-            if candidate is not None:
-                ms = float(agent.predict(candidate[0].shards, candidate[1]).step_ms)
-                if ms < best.predicted_ms * (1 - MIN_GAIN):
-                    best = SplitPlan(candidate[0], candidate[1], ms, best.whole_ms)
-                    improved = True
+        improved = False
+        # the step's bottleneck, then the compute's (they differ when the all-to-all
+        # dominates the step, as it does for wide tables)
+        for hot in dict.fromkeys([int(np.argmax(load)), int(np.argmax(compute))]):
+            on_hot: dict[int, float] = {}
+            for k, d in enumerate(best.placement):
+                if d == hot:
+                    i = best.sharded.owner[k]
+                    on_hot[i] = on_hot.get(i, 0.0) + float(costs[k])
+            tried = 0
+            for i in sorted(on_hot, key=lambda i: -on_hot[i]):
+                name = task.tables[i].name
+                current = len(best.sharded.columns.get(name, [(0, 0)]))
+                n = next_count(name, 2 * current)
+                if n is None:
+                    continue
+                tried += 1
+                for candidate in _candidates(best, i, n, load, compute, costs, replace):
+                    new = agent.predict(candidate[0].shards, candidate[1])
+                    if _better(new, pred):
+                        best = SplitPlan(candidate[0], candidate[1], new.step_ms, best.whole_ms)
+                        improved = True
+                        break
+                if improved:
                     break
-            if tried >= SEARCH_TABLES:
+                if tried >= SEARCH_TABLES:
+                    break
+            if improved:
                 break
         if not improved:
             break
     return best
+
+
+def _candidates(best, table, n, load, compute, costs, replace):
+    """The placements of ``best`` with ``table`` cut into ``n`` shards to try: the new
+    shards on the devices lightest by total, then by compute alone (the others where they
+    were), then the policy's placement of the task of shards (given ``replace``)."""
+    for by in (load, compute):
+        candidate = _resplit(best, table, n, by, costs)
+        if candidate is not None:
+            yield candidate
+    if replace is not None:
+        sharded = shard_task(
+            best.sharded.task, {**best.sharded.columns, best.sharded.task.tables[table].name: n}
+        )
+        try:
+            yield sharded, replace(sharded.shards)
+        except ValueError:  # the policy finds no placement of these shards
+            return
+
+
+def _compute(pred: Any) -> np.ndarray:
+    """Per-device predicted forward + backward (ms)."""
+    return np.asarray(pred.fwd_ms, dtype=np.float64) + np.asarray(pred.bwd_ms, dtype=np.float64)
+
+
+def _better(new: Any, old: Any) -> bool:
+    """Whether prediction ``new`` beats ``old`` by :data:`MIN_GAIN`: a lower step, or, at
+    no higher a step, a lower slowest-device compute. The second case is the one a
+    dominant table makes when the all-to-all sets the step: cutting the table shortens
+    the compute every device waits for, which the modelled step (the slowest device's
+    compute plus its own communication) does not show."""
+    if new.step_ms < old.step_ms * (1 - MIN_GAIN):
+        return True
+    return new.step_ms <= old.step_ms and float(np.max(_compute(new))) < float(
+        np.max(_compute(old))
+    ) * (1 - MIN_GAIN)
 
 
 def _resplit(
