@@ -7,12 +7,14 @@ access skew, bag-length variance, rows and dims beyond the training ranges, pool
 families in ``HELDOUT_FAMILIES`` are kept out of training entirely.
 
 Every task is planned by: the four proxy heuristics, TorchRec's planner (default storage
-reservation), DreamShard's default (safe) plan, its policy's greedy roll-out alone and its
-search mode, *measured-greedy* (each table
-measured alone on real kernels, then the measured costs balanced greedily: one
-measurement per table, balanced with the same memory look-ahead as the safety net's
-heuristics: the reference for what knowing the hardware buys) and two random
-placements (so that the cost network is ranked on at least eight placements per task).
+reservation), DreamShard's default (safe) plan of whole tables (``agent.place``), the same
+with column-wise splits allowed (``dreamshard_split``: ``plan_with_splits``, what
+``dreamshard plan`` and ``DreamShardPlanner`` do by default; a split plan is measured as
+the task of its shards), its policy's greedy roll-out alone and its search mode,
+*measured-greedy* (each table measured alone on real kernels, then the measured costs
+balanced greedily: one measurement per table, balanced with the same memory look-ahead as
+the safety net's heuristics: the reference for what knowing the hardware buys) and two
+random placements (so that the cost network is ranked on at least eight placements per task).
 
 Every distinct plan is then measured in R interleaved rounds (each round visits the tasks
 and, shuffled, their plans). A method's figure on a task is the median over rounds of its
@@ -58,11 +60,13 @@ from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.cost_fit import kendall_tau  # noqa: E402
 from torchrec_dreamshard.policy.safety_net import memory_aware_greedy  # noqa: E402
+from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
+from torchrec_dreamshard.splits import shard_task  # noqa: E402
 
 HEURISTICS = list(baselines.HEURISTICS)
 METHODS = [
-    *HEURISTICS, "torchrec", "dreamshard", "dreamshard_greedy", "dreamshard_search",
-    "measured_greedy",
+    *HEURISTICS, "torchrec", "dreamshard", "dreamshard_split", "dreamshard_greedy",
+    "dreamshard_search", "measured_greedy",
 ]  # fmt: skip
 RANDOM = ["random_0", "random_1"]
 
@@ -111,6 +115,18 @@ def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
         timed(name, lambda name=name: baselines.place(name, task, seed=seed))
     timed("dreamshard", lambda: agent.place(task, seed=seed))  # the default (safe) mode
     entry_report = agent.last_report.to_dict() if agent.last_report else None
+    t0 = time.perf_counter()
+    try:
+        found = plan_with_splits(agent, task, seed=seed)  # what `dreamshard plan` does
+        placement = [int(d) for d in found.placement]
+        plans["dreamshard_split"] = (
+            {"columns": found.sharded.counts, "placement": placement}
+            if found.sharded.columns
+            else placement
+        )
+    except ValueError as exc:
+        plans["dreamshard_split"], secs["dreamshard_split_error"] = None, str(exc)
+    secs["dreamshard_split"] = time.perf_counter() - t0
     timed("dreamshard_greedy", lambda: agent.place(task, mode="greedy", seed=seed))
     timed("dreamshard_search", lambda: agent.place(task, mode="search", seed=seed))
     secs["safe_report"] = entry_report
@@ -193,8 +209,24 @@ def save_raw(path: Path, raw: dict) -> None:
     os.replace(tmp, path)
 
 
-def distinct_plans(entry: dict) -> list[list[int]]:
-    return sorted({tuple(p) for p in entry["plans"].values() if p is not None})
+def plan_key(plan) -> str:
+    """A plan's key in the rounds: its placement list, or for a plan with column-wise
+    shards ``{"columns": {table: shards}, "placement": [device per shard]}``."""
+    return json.dumps(plan, sort_keys=True)
+
+
+def plan_target(task, plan) -> tuple:
+    """``(task, placement)`` to measure or predict: a plan with shards is the task of its
+    shards."""
+    if isinstance(plan, dict):
+        return shard_task(task, plan["columns"]).shards, plan["placement"]
+    return task, plan
+
+
+def distinct_plans(entry: dict) -> list:
+    """The task's distinct plans, in key order."""
+    found = {plan_key(p): p for p in entry["plans"].values() if p is not None}
+    return [found[k] for k in sorted(found)]
 
 
 def measure_round(tasks, raw, config, rng, path, r: int) -> None:
@@ -207,7 +239,7 @@ def measure_round(tasks, raw, config, rng, path, r: int) -> None:
         plans = distinct_plans(entry)
         results = {}
         for k in rng.permutation(len(plans)):
-            results[json.dumps(list(plans[k]))] = measure(tasks[ti][1], plans[k], config)
+            results[plan_key(plans[k])] = measure(*plan_target(tasks[ti][1], plans[k]), config)
         entry["rounds"].append(results)
         save_raw(path, raw)
 
@@ -216,7 +248,7 @@ def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict
     """Per method: median over rounds of cost / best heuristic's, for compute and step;
     the cost network's tau and MAPE on the task's distinct plans."""
     fam, task = fam_task
-    key = {n: json.dumps(p) for n, p in entry["plans"].items() if p is not None}
+    key = {n: plan_key(p) for n, p in entry["plans"].items() if p is not None}
     costs = {
         kind: {k: np.array([r[k][kind] for r in entry["rounds"]]) for k in entry["rounds"][0]}
         for kind in ("compute", "step")
@@ -236,14 +268,18 @@ def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict
         out[kind] = {n: float(np.median(c[key[n]] / c[key[best]])) for n in METHODS if n in key}
         out[f"{kind}_best_heuristic"] = best
     plans = distinct_plans(entry)
-    measured = [float(np.median(costs["step"][json.dumps(list(p))])) for p in plans]
-    predicted = [agent.predict(task, list(p)).step_ms for p in plans]
+    if found:
+        out["even_spread"] = even_spread(entry) / float(
+            np.median(costs["compute"][key[out["compute_best_heuristic"]]])
+        )
+    measured = [float(np.median(costs["step"][plan_key(p)])) for p in plans]
+    predicted = [agent.predict(*plan_target(task, p)).step_ms for p in plans]
     out["cost_tau"] = kendall_tau(predicted, measured)
     out["cost_mape"] = float(
         np.mean(np.abs(np.array(predicted) - measured) / np.array(measured)) * 100
     )
     for tag, cal_agent in (calibrated or {}).items():
-        pred = [cal_agent.predict(task, list(p)).step_ms for p in plans]
+        pred = [cal_agent.predict(*plan_target(task, p)).step_ms for p in plans]
         out[f"cost_tau_{tag}"] = kendall_tau(pred, measured)
         out[f"cost_mape_{tag}"] = float(
             np.mean(np.abs(np.array(pred) - measured) / np.array(measured)) * 100
@@ -251,6 +287,19 @@ def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict
     out["num_plans"] = len(plans)
     out["planning_s"] = entry["secs"]
     return out
+
+
+def even_spread(entry: dict) -> float:
+    """The headroom estimate: the lowest total compute (sum over devices of fwd + bwd,
+    median over rounds) of any plan measured for the task, divided by the number of
+    devices, as if that work were spread perfectly evenly. Not a proof (an unmeasured plan
+    may do less work in all), but no measured plan's slowest device was below it."""
+    totals = [
+        float(np.median([sum(f + b for f, b, _ in r[k]["dev"]) for r in entry["rounds"]]))
+        / len(entry["rounds"][0][k]["dev"])
+        for k in entry["rounds"][0]
+    ]
+    return min(totals)
 
 
 def geomean(values) -> float:
@@ -274,6 +323,9 @@ def family_rows(rows: list[dict]) -> dict:
                 r[kind]["dreamshard"] / r[kind]["torchrec"] for r in rs if "torchrec" in r[kind]
             ]
             f[f"{kind}/dreamshard_vs_torchrec_worst"] = max(vs_tr, default=float("nan"))
+        spread = [r.get("even_spread") for r in rs]
+        f["even_spread"] = geomean(spread)
+        f["even_spread/worst"] = max((v for v in spread if v), default=float("nan"))
         f["cost_tau"] = float(np.nanmean([r["cost_tau"] for r in rs]))
         f["cost_tau_min"] = float(np.nanmin([r["cost_tau"] for r in rs]))
         f["cost_mape"] = float(np.mean([r["cost_mape"] for r in rs]))
@@ -333,8 +385,11 @@ def calibration_report(fams: dict, args) -> list[str]:
     return lines
 
 
-def report(fams: dict, args, checkpoint: str, wall: float) -> str:
-    cols = ["dreamshard", "dreamshard_greedy", "dreamshard_search", "measured_greedy", "torchrec"]
+def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
+    cols = [
+        "dreamshard", "dreamshard_split", "dreamshard_greedy", "dreamshard_search",
+        "measured_greedy", "torchrec",
+    ]  # fmt: skip
     lines = [
         "# Generalisation: placement quality and cost-model accuracy by task family",
         "",
@@ -349,8 +404,9 @@ def report(fams: dict, args, checkpoint: str, wall: float) -> str:
         "",
         "| family | held out | "
         + " | ".join(f"compute: {c}" for c in cols)
-        + " | step: dreamshard | worst dreamshard / torchrec (compute) | tau (min) | MAPE % |",
-        "|---|---|" + "---|" * (len(cols) + 4),
+        + " | even spread (est.) | step: dreamshard | worst dreamshard / torchrec (compute) "
+        "| tau (min) | MAPE % |",
+        "|---|---|" + "---|" * (len(cols) + 5),
     ]
     for fam, f in fams.items():
         cells = [
@@ -361,6 +417,7 @@ def report(fams: dict, args, checkpoint: str, wall: float) -> str:
         lines.append(
             f"| {fam} | {'yes' if f['heldout'] else ''} | "
             + " | ".join(cells)
+            + f" | {f['even_spread']:.3f} [{f['even_spread/worst']:.2f}]"
             + f" | {f['step/dreamshard']:.3f} | {f['compute/dreamshard_vs_torchrec_worst']:.3f} | "
             f"{f['cost_tau']:.2f} ({f['cost_tau_min']:.2f}) | {f['cost_mape']:.1f} |"
         )
@@ -370,10 +427,17 @@ def report(fams: dict, args, checkpoint: str, wall: float) -> str:
         "1.02, never slower than TorchRec where it finds a plan; search no worse than "
         "greedy; tau >= 0.8 in every family.",
         "",
+        "Even spread (est.): the headroom estimate. Per task, the lowest total work (sum "
+        "over devices of measured fwd + bwd) of any plan measured, spread perfectly evenly "
+        "over the devices, over the best heuristic; [the task where it is highest]. No "
+        "measured plan got below it. Where it is above 0.93, that family's target is out "
+        "of reach of any plan measured here: the heuristics already balance those tasks "
+        "to within a few percent.",
+        "",
         *calibration_report(fams, args),
         "",
-        f"Wall time {wall:.0f} s. {machine()['note']}",
-        "Raw: generalisation_raw.json, generalisation.json. Script: benchmarks/generalisation.py.",
+        f"Wall time {wall:.0f} s. {note}",
+        f"Raw: {args.name}_raw.json, {args.name}.json. Script: benchmarks/generalisation.py.",
     ]
     return "\n".join(lines)
 
@@ -411,6 +475,7 @@ def main() -> None:
         "per_family": args.per_family,
         "families": args.families,
         "seed": args.seed,
+        "methods": METHODS,  # raw results of another method list are not resumed
     }
     if args.calibrate_budget:
         settings["calibrate_budget"] = args.calibrate_budget
@@ -423,7 +488,7 @@ def main() -> None:
             store = calibration_store(args.name, budget)
             for suffix in ("", "-wal", "-shm", ".lock"):
                 Path(str(store) + suffix).unlink(missing_ok=True)
-    start = time.perf_counter()
+    start, wall_before = time.perf_counter(), raw.get("wall_s", 0.0)
     for i, (fam, task) in enumerate(tasks):
         if i < len(raw["tasks"]):
             continue
@@ -434,15 +499,23 @@ def main() -> None:
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
     rng = np.random.default_rng(args.seed)
     for r in range(args.rounds):
+        if all(len(e["rounds"]) > r for e in raw["tasks"]):
+            continue  # measured by an earlier run
         measure_round(tasks, raw, config, rng, path, r)
+        raw["wall_s"], raw["machine"] = wall_before + time.perf_counter() - start, machine()
+        save_raw(path, raw)
         print(f"round {r + 1}/{args.rounds} measured", flush=True)
     rows = [
         task_summary(agent, t, e, calibrated_agents(agent, t[1], args, args.seed + i))
         for i, (t, e) in enumerate(zip(tasks, raw["tasks"], strict=True))
     ]
     fams = family_rows(rows)
-    text = report(fams, args, settings["checkpoint"], time.perf_counter() - start)
-    data = {"settings": settings, "families": fams, "tasks": rows, "machine": machine()}
+    # wall time and machine state from the runs that planned and measured (a re-run that
+    # finds everything measured only re-reports)
+    wall = raw.get("wall_s", time.perf_counter() - start)
+    at_end = raw.get("machine", machine())
+    text = report(fams, args, settings["checkpoint"], wall, at_end["note"])
+    data = {"settings": settings, "families": fams, "tasks": rows, "machine": at_end}
     write(args.name, data, text)
 
 
