@@ -11,6 +11,9 @@ by:
 - **split**: :func:`torchrec_dreamshard.split_search.plan_with_splits` with the same mode
   (splits a table when it fits no device, when whole tables cannot be packed, or when the
   cost network predicts a faster plan);
+- **forced** (tight tasks only): the table that takes the most memory cut in two and the
+  task of shards placed by the policy, whatever the cost network says: whether loosening
+  the packing would pay where the search does not split;
 - the four proxy heuristics, only to count the tasks on which they find no plan.
 
 Both plans of every task are measured in R interleaved rounds (each round visits the tasks
@@ -20,9 +23,10 @@ of its shards). A task's figure is the median over rounds of split / whole, for
 local backend's all-to-all model). When the split search keeps every table whole the two
 plans are the same and the ratio is 1 without a second measurement. Also reported: the
 seconds ``plan_with_splits`` takes on 1000 tables x 64 devices (one run), and what a
-shard costs: for each task's three costliest tables (measured alone), the measured
-fwd + bwd of one of its two half-width shards over the whole table's (a split can only
-pay where the table outweighs what splitting adds).
+shard costs: every table measured alone, then for each task's three costliest tables the
+measured fwd + bwd of one of its two half-width shards over the whole table's, and the
+costliest table's time over a device's even share of the sum (a split can only pay where a
+table outweighs what splitting adds).
 
 Raw results go to ``results/splits_raw.json`` (``splits_quick_raw.json`` with ``--quick``)
 after every round, the summary to ``results/splits.md``.
@@ -51,7 +55,7 @@ from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
 from torchrec_dreamshard.splits import plan_entries  # noqa: E402
 
 TIGHT = 1.05  # the memory factor every tight task is also planned at
-PLANS = ("whole", "split")
+PLANS = ("whole", "split", "forced")  # forced: tight tasks only (forced_split)
 
 
 def bench_tasks(tight: int, wide: int) -> list[tuple[str, object]]:
@@ -68,9 +72,10 @@ def bench_tasks(tight: int, wide: int) -> list[tuple[str, object]]:
     return out
 
 
-def shard_overhead(task, config, top: int = 3) -> list[dict]:
-    """For the ``top`` costliest tables of ``task`` (measured alone) that TorchRec's rule
-    lets be halved: the measured fwd + bwd of the whole table and of one half shard."""
+def shard_overhead(task, config, top: int = 3) -> dict:
+    """Every table of ``task`` measured alone (fwd + bwd): the costliest one's time and a
+    device's even share of their sum, and for the ``top`` costliest tables that TorchRec's
+    rule lets be halved, the whole table's time and one half shard's."""
     from torchrec_dreamshard.measure import time_fused_kernel
     from torchrec_dreamshard.splits import column_shards, split_counts
 
@@ -78,17 +83,39 @@ def shard_overhead(task, config, top: int = 3) -> list[dict]:
         return float(sum(time_fused_kernel([spec], task.batch_size, config)))
 
     whole = sorted(((cost(t), t) for t in task.tables), key=lambda x: -x[0])
-    out = []
+    out = {
+        "max_ms": whole[0][0],
+        "share_ms": sum(ms for ms, _ in whole) / task.num_devices,
+        "tables": [],
+    }
     for ms, spec in whole:
-        if len(out) == top:
+        if len(out["tables"]) == top:
             break
         if 2 in split_counts(spec):
             half = cost(column_shards(spec, 2)[0])
-            out.append({"table": spec.name, "dim": spec.dim, "whole_ms": ms, "half_ms": half})
+            out["tables"].append(
+                {"table": spec.name, "dim": spec.dim, "whole_ms": ms, "half_ms": half}
+            )
     return out
 
 
-def plan_both(agent, task) -> dict:
+def forced_split(agent, task) -> dict | None:
+    """The plan with the table taking the most memory cut in two (``None`` if none can
+    be, or the policy finds no placement): does loosening the packing pay?"""
+    from torchrec_dreamshard.splits import shard_task, split_counts
+
+    for spec in sorted(task.tables, key=lambda t: -t.size_bytes):
+        if 2 in split_counts(spec, task.num_devices):
+            sharded = shard_task(task, {spec.name: 2})
+            try:
+                placement = [int(d) for d in agent.place(sharded.shards)]
+            except ValueError:
+                return None
+            return {"task": sharded.shards.to_dict(), "placement": placement}
+    return None
+
+
+def plan_both(agent, label: str, task) -> dict:
     """Both plans (``None`` where none is found), the heuristics' misses and the seconds."""
     entry: dict = {"plans": {}, "secs": {}, "heuristics_without_plan": []}
     t0 = time.perf_counter()
@@ -113,6 +140,8 @@ def plan_both(agent, task) -> dict:
     }
     entry["predicted"] = {"whole": found.whole_ms, "split": found.predicted_ms}
     entry["counts"] = found.sharded.counts
+    if label.startswith("tight/"):
+        entry["plans"]["forced"] = forced_split(agent, task)
     return _heuristic_misses(entry, task)
 
 
@@ -148,8 +177,9 @@ def measure_round(tasks, raw, config, rng) -> None:
         same = entry["plans"]["whole"] is not None and not entry["counts"]
         same = same and entry["plans"]["whole"]["placement"] == entry["plans"]["split"]["placement"]
         result = {}
-        for k in rng.permutation(len(PLANS)):
-            name = PLANS[k]
+        names = [n for n in PLANS if n in entry["plans"]]
+        for k in rng.permutation(len(names)):
+            name = names[k]
             plan = entry["plans"][name]
             if plan is None or (same and name == "split"):
                 continue
@@ -192,6 +222,9 @@ def summarise(tasks, raw) -> tuple[dict, str]:
             if row["whole_found"] and row["split_found"]:
                 ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
                 row[kind] = float(np.median(ratios))
+            if row["whole_found"] and entry["plans"].get("forced"):
+                ratios = [r["forced"][kind] / r["whole"][kind] for r in entry["rounds"]]
+                row[f"forced_{kind}"] = float(np.median(ratios))
         rows.append(row)
         by_factor.setdefault(factor, []).append(row)
     lines = [
@@ -205,8 +238,9 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "where a table-wise plan exists (< 1: splitting is faster).",
         "",
         "| family, memory | tasks | split / whole (compute) | split / whole (step) | tasks split "
-        "| no table-wise plan | ... of which split found one | heuristics without a plan |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| no table-wise plan | ... of which split found one | heuristics without a plan "
+        "| forced: biggest table halved / whole (compute) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     summary = {}
     for factor, rs in by_factor.items():
@@ -214,6 +248,7 @@ def summarise(tasks, raw) -> tuple[dict, str]:
             "tasks": len(rs),
             "compute": geomean([r.get("compute") for r in rs]),
             "step": geomean([r.get("step") for r in rs]),
+            "forced_compute": geomean([r.get("forced_compute") for r in rs]),
             "split_tasks": sum(bool(r["counts"]) for r in rs),
             "no_whole_plan": sum(not r["whole_found"] for r in rs),
             "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
@@ -223,30 +258,38 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         lines.append(
             f"| {factor} | {s['tasks']} | {s['compute']:.3f} | {s['step']:.3f} | "
             f"{s['split_tasks']} | {s['no_whole_plan']} | {s['split_rescued']} | "
-            f"{s['heuristic_misses']} of {4 * s['tasks']} |"
+            f"{s['heuristic_misses']} of {4 * s['tasks']} | {s['forced_compute']:.3f} |"
         )
     lines += [
         "",
         f"Planning 1000 tables x 64 devices with splits: {raw['planning_1000x64_s']:.2f} s.",
         "",
-        "What a shard costs: one half-width shard's measured fwd + bwd over the whole "
-        "table's, for each task's three costliest tables (median [range]); a split adds "
-        "the other half's cost again, so it pays only where a table outweighs that.",
+        "Forced: the plan with the table that takes the most memory cut in two and the "
+        "task of shards placed by the policy (tight tasks only): whether loosening the "
+        "packing pays when the planner does not split.",
         "",
-        "| family | tables | half shard / whole |",
-        "|---|---:|---:|",
+        "What a shard costs (each task's tables measured alone): one half-width shard's "
+        "fwd + bwd over its whole table's, for the three costliest tables, and the "
+        "costliest table's over a device's even share of all of them (median [range]). A "
+        "split adds the other half's cost again, so it pays only where a table outweighs "
+        "that.",
+        "",
+        "| family | tables | half shard / whole | tasks | costliest table / device share |",
+        "|---|---:|---:|---:|---:|",
     ]
     for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
-        ratios = [
-            o["half_ms"] / o["whole_ms"]
+        measured = [
+            entry["shard_overhead"]
             for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
-            if label.startswith(fam + "/")
-            for o in entry.get("shard_overhead", [])
+            if label.startswith(fam + "/") and "shard_overhead" in entry
         ]
-        if ratios:
+        halves = [o["half_ms"] / o["whole_ms"] for m in measured for o in m["tables"]]
+        shares = [m["max_ms"] / m["share_ms"] for m in measured]
+        if halves:
             lines.append(
-                f"| {fam} | {len(ratios)} | {np.median(ratios):.2f} "
-                f"[{min(ratios):.2f}, {max(ratios):.2f}] |"
+                f"| {fam} | {len(halves)} | {np.median(halves):.2f} "
+                f"[{min(halves):.2f}, {max(halves):.2f}] | {len(shares)} | "
+                f"{np.median(shares):.2f} [{min(shares):.2f}, {max(shares):.2f}] |"
             )
     summary["shard_overhead"] = [e.get("shard_overhead", []) for e in raw["tasks"]]
     return {"rows": rows, "by_memory": summary}, "\n".join(lines)
@@ -279,7 +322,7 @@ def main() -> None:
     raw: dict = {"settings": settings, "machine": machine(), "tasks": []}
     seen: set[tuple[str, ...]] = set()
     for label, task in tasks:
-        entry = plan_both(agent, task)
+        entry = plan_both(agent, label, task)
         entry["rounds"] = []
         if tuple(task.names) not in seen:  # the tight tasks at 1.05x repeat their tables
             seen.add(tuple(task.names))
