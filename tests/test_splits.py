@@ -204,3 +204,31 @@ def test_the_search_splits_a_dominant_table_when_communication_sets_the_step():
     after = agent.predict(shards, plan.placement)
     assert max(after.fwd_ms) < 0.97 * max(before.fwd_ms)
     _check_plan(task, plan)
+
+
+def test_trial_splits_leave_the_whole_plan_report_and_do_not_recalibrate(monkeypatch):
+    """The split search re-places trial shard tasks; a plan that stays whole keeps the
+    safety-net report of its own placement, and a calibrating agent calibrates once."""
+    from torchrec_dreamshard.calibration import CalibratingAgent
+    from torchrec_dreamshard.calibration import plan as plan_mod
+
+    tables = [_table(f"t{i}", rows=800 * (i + 1), dim=64, pf=2.0 + i) for i in range(8)]
+    task = _task(tables, devices=4, factor=2.0)
+    agent = DreamShard.untrained(seed=0)
+    calls = []
+    place = DreamShard.place
+
+    def spy(self, t, *args, **kwargs):
+        calls.append(len(t.tables))
+        return place(self, t, *args, **kwargs)
+
+    monkeypatch.setattr(DreamShard, "place", spy)
+    plan = plan_with_splits(agent, task)
+    assert not plan.sharded.columns  # the untrained model keeps these tables whole
+    assert any(n > len(tables) for n in calls)  # but it tried tasks of shards
+    assert all(len(c.placement) == len(tables) for c in agent.last_report.candidates)
+
+    runs, real = [], plan_mod.plan_task
+    monkeypatch.setattr(plan_mod, "plan_task", lambda *a, **k: runs.append(1) or real(*a, **k))
+    plan_with_splits(CalibratingAgent(agent, calibration=None), task)
+    assert len(runs) == 1  # the trial placements went to the calibrated agent directly

@@ -8,16 +8,17 @@ When the planner splits:
    table with the largest shards is split further, until it does;
 3. then, a few rounds: the cost network names the bottleneck devices (of the step, and of
    the compute alone), the costliest tables on them are each tried split in twice as many
-   shards (the new shards go to the least loaded devices with room), and a split is kept
+   shards (the new shards on the least loaded devices with room, or, for tasks of up to
+   :data:`REPLACE_MAX_TABLES` tables, the policy placing the shards afresh); a split is kept
    when the predicted step falls by at least :data:`MIN_GAIN`, or, at no higher a step,
    the slowest device's predicted compute does (a dominant table under an all-to-all
    that sets the step); finally the policy re-places the task of shards and the better
    of the two predictions is kept. The search starts from the whole-table plan, so the
    predicted step never gets worse than the table-wise one.
 
-The work is bounded (:data:`SEARCH_ROUNDS` x :data:`SEARCH_TABLES` cost-network
-predictions a round, one or two policy runs), so planning 1000 tables on 64 devices stays within
-the time of the policy runs.
+The work is bounded (:data:`SEARCH_ROUNDS` rounds of at most 2 x :data:`SEARCH_TABLES`
+tables tried, each a few cost-network predictions and, on small tasks, a policy run), so
+planning 1000 tables on 64 devices stays within the time of the policy runs.
 """
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def plan_with_splits(
     specs = {t.name: t for t in task.tables}
     counts = _forced_counts(task, allowed, limit)
     sharded, placement = _place_fitting(agent, task, counts, next_count, mode, num_samples, seed)
+    # the search's trial placements below use the agent's plain placer (a calibrating
+    # agent's calibrated agent, which measures nothing) and must not leave their safety-net
+    # report behind: a plan that stays whole keeps the first placement's
+    placer = getattr(agent, "placer", agent)
+    report = getattr(placer, "last_report", None)
     prediction = agent.predict(sharded.shards, placement)
     whole_ms = None if sharded.columns else float(prediction.step_ms)
     best = SplitPlan(sharded, placement, float(prediction.step_ms), whole_ms)
@@ -110,14 +116,16 @@ def plan_with_splits(
     if len(task.tables) <= REPLACE_MAX_TABLES:
 
         def replace(shards: Task) -> list[int]:
-            return _place(agent, shards, mode, num_samples, seed)
+            return _place(placer, shards, mode, num_samples, seed)
 
     best = _improve(agent, best, next_count, replace)
     if best.sharded.columns and len(best.sharded.shards.tables) <= REPLACE_MAX_TABLES:
-        again = _place(agent, best.sharded.shards, mode, num_samples, seed)
+        again = _place(placer, best.sharded.shards, mode, num_samples, seed)
         again_ms = float(agent.predict(best.sharded.shards, again).step_ms)
         if again_ms < best.predicted_ms:
             best = SplitPlan(best.sharded, again, again_ms, best.whole_ms)
+    if not best.sharded.columns and hasattr(placer, "last_report"):
+        placer.last_report = report
     return best
 
 
@@ -155,7 +163,9 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
     return counts
 
 
-def _place(agent: Any, task: Task, mode: str | None, num_samples: int | None, seed: int) -> list[int]:
+def _place(
+    agent: Any, task: Task, mode: str | None, num_samples: int | None, seed: int
+) -> list[int]:
     kwargs: dict[str, Any] = {"seed": seed}
     if mode is not None:
         kwargs["mode"] = mode

@@ -125,6 +125,13 @@ class CalibratingAgent:
             log.info(line)
         return out.placement
 
+    @property
+    def placer(self) -> Any:
+        """The agent that places without measuring: the calibrated agent once ``place``
+        has calibrated (the prior before). The split search re-places shards with it, so
+        that trying a split does not calibrate and verify again."""
+        return self.current
+
     def predict(self, task: Task, placement: Sequence[int]):
         return self.current.predict(task, placement)
 
