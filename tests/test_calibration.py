@@ -70,6 +70,17 @@ def test_informative_groups_are_distinct_multi_table_sets():
     assert len({tuple(g) for g in groups}) == len(groups)
 
 
+def test_informative_groups_cover_the_plans_the_safe_mode_weighs():
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(10, 3)
+    groups = {tuple(g) for g in cal.informative_groups(agent, task, max_groups=10_000)}
+    agent.place(task, mode="safe")
+    for c in agent.last_report.candidates:
+        for d in range(task.num_devices):
+            tables = tuple(i for i, x in enumerate(c.placement) if x == d)
+            assert len(tables) < 2 or tables in groups, (c.name, tables)
+
+
 def test_calibrate_measures_fine_tunes_and_reuses_the_store():
     agent = DreamShard.untrained(seed=0)
     prior = {n: p.detach().clone() for n, p in agent.cost_net.named_parameters()}

@@ -63,7 +63,7 @@ class CalibrationConfig:
     budget_s: float = 60.0
     store: str | os.PathLike | None = None
     measure: MeasureConfig = field(default_factory=MeasureConfig)
-    max_groups: int = 32
+    max_groups: int = 96
     epochs: int = 400
     lr: float = 0.05
     prior: float = 1e-3

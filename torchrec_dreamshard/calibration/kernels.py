@@ -26,7 +26,8 @@ KERNELS_PER_CALL = 8  # kernels timed together in one interleaved measurement
 
 def informative_groups(agent: Any, task: Task, max_groups: int) -> list[list[int]]:
     """Up to ``max_groups`` fused groups (table indices, two or more tables) from the
-    device table sets of the heuristic plans and the policy's greedy plan, most uncertain
+    device table sets of the plans the planner will weigh (the heuristics', the policy's
+    greedy roll-out and every candidate of the safe mode's safety net), most uncertain
     first: by the spread over the ensemble's members of the predicted log(fwd + bwd)."""
     from torchrec_dreamshard.policy.safety_net import heuristic_candidates
 
@@ -36,6 +37,9 @@ def informative_groups(agent: Any, task: Task, max_groups: int) -> list[list[int
         plans, _ = heuristic_candidates(task, agent.single_compute_ms(task))
         named = dict(plans)
         named["policy_greedy"] = np.asarray(agent.place(task, mode="greedy"))
+        agent.place(task, mode="safe")
+        for c in agent.last_report.candidates if agent.last_report else []:
+            named.setdefault(c.name, np.asarray(c.placement))
         groups: dict[tuple[int, ...], None] = {}
         for placement in named.values():
             for d in range(task.num_devices):
