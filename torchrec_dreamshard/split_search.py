@@ -9,7 +9,7 @@ When the planner splits:
 3. then, a few rounds: the cost network names the bottleneck devices (of the step, and of
    the compute alone), the costliest tables on them are each tried split in twice as many
    shards (the new shards on the least loaded devices with room, or, for tasks of up to
-   :data:`REPLACE_MAX_TABLES` tables, the policy placing the shards afresh); a split is kept
+   :data:`TRIAL_REPLACE_MAX_TABLES` tables, the policy placing the shards afresh); a split is kept
    when the predicted step falls by at least :data:`MIN_GAIN`, or, at no higher a step,
    the slowest device's predicted compute does (a dominant table under an all-to-all
    that sets the step); finally the policy re-places the task of shards and the better
@@ -45,6 +45,7 @@ MIN_GAIN = 0.03  # relative fall of the predicted cost for a split to be kept (t
 # network is a few percent off on tables it never saw; smaller predicted gains are noise)
 FIT_ATTEMPTS = 12  # further splits tried while the policy finds no placement
 REPLACE_MAX_TABLES = 400  # the policy re-places the shard task when it has at most this many
+TRIAL_REPLACE_MAX_TABLES = 100  # ... and each trial split, on tasks of at most this many
 
 
 @dataclass
@@ -113,7 +114,7 @@ def plan_with_splits(
     whole_ms = None if sharded.columns else float(prediction.step_ms)
     best = SplitPlan(sharded, placement, float(prediction.step_ms), whole_ms)
     replace = None
-    if len(task.tables) <= REPLACE_MAX_TABLES:
+    if len(task.tables) <= TRIAL_REPLACE_MAX_TABLES:
 
         def replace(shards: Task) -> list[int]:
             return _place(placer, shards, mode, num_samples, seed)
