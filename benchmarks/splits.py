@@ -2,9 +2,11 @@
 plan, measured on real kernels, on memory-tight tasks and on tasks with wide tables.
 
 Tasks: the ``tight`` family's test tasks (memory 1.05x or 1.2x the task's bytes / D, as
-drawn) and the same tables at 1.05x; and the held-out ``wide`` family's test tasks (dims
-256-1024, as drawn), where one table can outweigh a device's share. Each task is planned
-by:
+drawn) and the same tables at 1.05x; the held-out ``wide`` family's test tasks (dims
+256-1024, as drawn), where one table can outweigh a device's share; and those of all
+these tasks that, at exactly 1.05x the bytes / D, hold a table bigger than every device
+(no table-wise plan exists; the sampler's rule would have given a device room for it).
+Each task is planned by:
 
 - **whole**: ``agent.place`` with the agent's default mode (whole tables only; may find no
   plan when memory is tight);
@@ -69,6 +71,30 @@ def bench_tasks(tight: int, wide: int) -> list[tuple[str, object]]:
         at = make_task(task.tables, task.num_devices, task.batch_size, TIGHT)
         out.append((f"tight/{TIGHT:.2f}x/{k}", at))
     out += [(f"wide/as drawn/{k}", families.draw_task("wide", "test", k)) for k in range(wide)]
+    return out + oversized(out)
+
+
+def oversized(tasks: list[tuple[str, object]]) -> list[tuple[str, object]]:
+    """The tasks above again at exactly 1.05x the bytes / D, where that leaves a table
+    bigger than every device (the sampler's rule gives a device room for the largest table,
+    so these tasks have no table-wise plan at all): ``family/oversized 1.05x/k``."""
+    from torchrec_dreamshard.tasks import Task
+
+    out, seen = [], set()
+    for label, task in tasks:
+        cap = int(math.ceil(TIGHT * task.total_bytes / task.num_devices))
+        if max(t.size_bytes for t in task.tables) <= cap or tuple(task.names) in seen:
+            continue
+        seen.add(tuple(task.names))
+        family, _, k = label.split("/")
+        at = Task(
+            tables=list(task.tables),
+            num_devices=task.num_devices,
+            memory_bytes=cap,
+            batch_size=task.batch_size,
+            allow_oversized=True,
+        )
+        out.append((f"{family}/oversized {TIGHT:.2f}x/{k}", at))
     return out
 
 
