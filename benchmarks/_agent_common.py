@@ -1,5 +1,5 @@
 """Shared helpers of the DreamShard agent benchmarks (placement quality, cost-model
-accuracy, training cost)."""
+accuracy, training cost, generalisation, splits)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,30 @@ def measure_fn(config=None):
         return m.step_ms, [d.total_ms for d in m.per_device], m.reference_ms
 
     return measure
+
+
+def measure_costs(task: Task, placement: Sequence[int], config) -> dict:
+    """One measurement of ``placement`` on real kernels: ``dev``, each device's
+    ``[fwd, bwd, comm]`` ms; ``compute``, the slowest device's fwd + bwd; ``step``, its
+    fwd + bwd + comm."""
+    from torchrec_dreamshard.measure import measure_placement
+
+    m = measure_placement(task, list(placement), config)
+    if not m.ok:
+        raise RuntimeError(f"measurement failed: {m.error}")
+    dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
+    return {
+        "compute": max(f + b for f, b, _ in dev),
+        "step": max(f + b + c for f, b, c in dev),
+        "dev": dev,
+    }
+
+
+def single_ms(spec, batch_size: int, config) -> float:
+    """Table ``spec`` alone on one device: measured fwd + bwd (ms)."""
+    from torchrec_dreamshard.measure import time_fused_kernel
+
+    return float(sum(time_fused_kernel([spec], batch_size, config)))
 
 
 def geomean(values: Sequence[float]) -> float:

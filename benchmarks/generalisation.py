@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -54,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, machine, write  # noqa: E402
+from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, write  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
@@ -77,26 +76,9 @@ def measure_config():
     return MeasureConfig()
 
 
-def measure(task, placement, config) -> dict:
-    """Per-device fwd/bwd/comm (ms) of one measurement, and its compute and step cost."""
-    from torchrec_dreamshard.measure import measure_placement
-
-    m = measure_placement(task, list(placement), config)
-    if not m.ok:
-        raise RuntimeError(f"measurement failed: {m.error}")
-    dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
-    return {
-        "compute": max(f + b for f, b, _ in dev),
-        "step": max(f + b + c for f, b, c in dev),
-        "dev": dev,
-    }
-
-
 def measured_single_costs(task, config) -> list[float]:
     """Each table alone on one device: measured fwd + bwd (ms)."""
-    from torchrec_dreamshard.measure import time_fused_kernel
-
-    return [sum(time_fused_kernel([t], task.batch_size, config)) for t in task.tables]
+    return [single_ms(t, task.batch_size, config) for t in task.tables]
 
 
 def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
@@ -239,7 +221,9 @@ def measure_round(tasks, raw, config, rng, path, r: int) -> None:
         plans = distinct_plans(entry)
         results = {}
         for k in rng.permutation(len(plans)):
-            results[plan_key(plans[k])] = measure(*plan_target(tasks[ti][1], plans[k]), config)
+            results[plan_key(plans[k])] = measure_costs(
+                *plan_target(tasks[ti][1], plans[k]), config
+            )
         entry["rounds"].append(results)
         save_raw(path, raw)
 
@@ -318,11 +302,6 @@ def even_spread(entry: dict) -> float:
         for k in entry["rounds"][0]
     ]
     return min(totals)
-
-
-def geomean(values) -> float:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return float(math.exp(np.mean(np.log(vals)))) if vals else float("nan")
 
 
 def family_rows(rows: list[dict]) -> dict:

@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, machine, write  # noqa: E402
+from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, write  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
@@ -102,11 +102,10 @@ def shard_overhead(task, config, top: int = 3) -> dict:
     """Every table of ``task`` measured alone (fwd + bwd): the costliest one's time and a
     device's even share of their sum, and for the ``top`` costliest tables that TorchRec's
     rule lets be halved, the whole table's time and one half shard's."""
-    from torchrec_dreamshard.measure import time_fused_kernel
     from torchrec_dreamshard.splits import column_shards, split_counts
 
     def cost(spec) -> float:
-        return float(sum(time_fused_kernel([spec], task.batch_size, config)))
+        return single_ms(spec, task.batch_size, config)
 
     whole = sorted(((cost(t), t) for t in task.tables), key=lambda x: -x[0])
     out = {
@@ -180,16 +179,6 @@ def _heuristic_misses(entry: dict, task) -> dict:
     return entry
 
 
-def measure(task, placement, config) -> dict:
-    from torchrec_dreamshard.measure import measure_placement
-
-    m = measure_placement(task, list(placement), config)
-    if not m.ok:
-        raise RuntimeError(f"measurement failed: {m.error}")
-    dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
-    return {"compute": max(f + b for f, b, _ in dev), "step": max(sum(d) for d in dev)}
-
-
 def plan_task(task, plan: dict):
     from torchrec_dreamshard.tasks import Task
 
@@ -209,7 +198,7 @@ def measure_round(tasks, raw, config, rng) -> None:
             plan = entry["plans"][name]
             if plan is None or (same and name == "split"):
                 continue
-            result[name] = measure(plan_task(task, plan), plan["placement"], config)
+            result[name] = measure_costs(plan_task(task, plan), plan["placement"], config)
         if same:
             result["split"] = result["whole"]
         entry["rounds"].append(result)
@@ -225,11 +214,6 @@ def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
     t0 = time.perf_counter()
     plan_with_splits(agent, task)
     return time.perf_counter() - t0
-
-
-def geomean(values) -> float:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return float(math.exp(np.mean(np.log(vals)))) if vals else float("nan")
 
 
 def summarise(tasks, raw) -> tuple[dict, str]:
