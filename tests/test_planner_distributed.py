@@ -95,10 +95,28 @@ def worker(rank: int, world: int, port: int, out_dir: str, split: bool = False) 
     exit_spawned_rank()
 
 
+def train_steps(model, plan, sharders, batch):
+    """``model`` under DistributedModelParallel with ``plan``, trained :data:`STEPS` steps
+    on ``batch(step)`` (SGD on the dense part; the embeddings' optimizer is fused in the
+    backward): the DMP module and the losses."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
+    opt = torch.optim.SGD(dense, lr=0.05)
+    losses = []
+    for step in range(STEPS):
+        loss, _ = dmp(batch(step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return dmp, losses
+
+
 def train(rank: int, world: int, out_dir: Path) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner.types import Topology
 
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -114,16 +132,7 @@ def train(rank: int, world: int, out_dir: Path) -> None:
         agent=DreamShard.untrained(seed=0),
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
-    opt = torch.optim.SGD(dense, lr=0.05)
-    losses = []
-    for step in range(STEPS):
-        loss, _ = dmp(make_batch(rank, step))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    dmp, losses = train_steps(model, plan, sharders, lambda step: make_batch(rank, step))
     module_plan = plan.plan["model.sparse_arch.embedding_bag_collection"]
     result = {
         "plan": str(plan),
@@ -259,7 +268,6 @@ def make_split_batch(rank: int, step: int):
 def train_split(rank: int, world: int, out_dir: Path) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -276,16 +284,7 @@ def train_split(rank: int, world: int, out_dir: Path) -> None:
         constraints={"big": ParameterConstraints(min_partition=4)},
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
-    opt = torch.optim.SGD(dense, lr=0.05)
-    losses = []
-    for step in range(STEPS):
-        loss, _ = dmp(make_split_batch(rank, step))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
+    dmp, losses = train_steps(model, plan, sharders, lambda step: make_split_batch(rank, step))
     module_plan = plan.plan["model.sparse_arch.embedding_bag_collection"]
     big = dmp.state_dict()["model.sparse_arch.embedding_bag_collection.embedding_bags.big.weight"]
     result = {
