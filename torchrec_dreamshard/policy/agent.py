@@ -162,12 +162,19 @@ class DreamShard:
         with single_thread(), torch.no_grad():
             return self._place(task, mode, num_samples, seed, extra or {})
 
-    def _place(self, task, mode, num_samples, seed, extra) -> list[int]:
-        mdp = self.mdp(task)
+    def candidates(
+        self,
+        task: Task,
+        mode: str = "safe",
+        num_samples: int = DEFAULT_SAMPLES,
+        seed: int = 0,
+        extra: Mapping[str, Sequence[int]] | None = None,
+        mdp: EstimatedMDP | None = None,
+    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """The unrefined candidate plans of ``mode`` (``"safe"`` or ``"search"``) by name,
+        and the names of the sources that found no plan (see the module docstring)."""
+        mdp = mdp or self.mdp(task)
         named = {"policy_greedy": mdp.rollout(self.policy, 1, greedy=True).placements[0]}
-        if mode == "greedy":
-            self.last_report = None
-            return check_placement(task, [int(d) for d in named["policy_greedy"]])
         large = len(task.tables) * task.num_devices > LARGE_TASK
         if mode == "safe" and large:
             num_samples = 0  # bounded planning time on the largest tasks
@@ -184,7 +191,18 @@ class DreamShard:
                     named["torchrec"] = np.asarray(torchrec_placement(task, ours=True))
                 except NoPlanError as exc:
                     failed["torchrec"] = str(exc)
-            named.update({n: np.asarray(check_placement(task, p)) for n, p in extra.items()})
+            for n, p in (extra or {}).items():
+                named[n] = np.asarray(check_placement(task, p))
+        return named, failed
+
+    def _place(self, task, mode, num_samples, seed, extra) -> list[int]:
+        mdp = self.mdp(task)
+        if mode == "greedy":
+            self.last_report = None
+            placement = mdp.rollout(self.policy, 1, greedy=True).placements[0]
+            return check_placement(task, [int(d) for d in placement])
+        named, failed = self.candidates(task, mode, num_samples, seed, extra, mdp)
+        large = len(task.tables) * task.num_devices > LARGE_TASK
         self.last_report = choose(
             self.scorer(task, mdp.table_enc),
             named,
