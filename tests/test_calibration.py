@@ -149,19 +149,36 @@ def test_calibrate_keeps_to_the_budget_and_a_missing_store_folder_is_named(tmp_p
         cal.calibrate(agent, task, config(store=tmp_path / "nowhere" / "c.sqlite"))
 
 
-def test_verify_measures_candidates_and_heuristics_and_returns_the_fastest():
+def test_verify_measures_candidates_and_heuristics_and_ranks_them():
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     chosen = agent.place(task)
     res = cal.verify(agent, task, 2, FAST, rounds=2, extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
-    assert any("greedy" in n for n in names)  # the heuristics' plans are there
-    measured = [p.measured_ms for p in res.plans]
+    assert any(p.heuristic and "greedy" in p.name for p in res.plans)  # the heuristics' plans
+    measured = [p.measured_ms for p in res.plans[1:]]
     assert measured == sorted(measured) and all(len(p.rounds_ms) == 2 for p in res.plans)
+    best_heuristic = min(p.measured_ms for p in res.plans if p.heuristic)
+    assert res.winner.measured_ms <= best_heuristic
     assert all(p.predicted_ms > 0 for p in res.plans)
     text = "\n".join(res.lines())
     assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
+
+
+def plan(name, rounds, heuristic=False):
+    return cal.VerifiedPlan(name, [0], 1.0, 0.0, rounds_ms=rounds, heuristic=heuristic)
+
+
+def test_verification_keeps_the_best_heuristic_unless_a_plan_beat_it_every_round():
+    ref = plan("heuristic:size_greedy", [10.0, 10.0, 10.0], heuristic=True)
+    other = plan("heuristic:dim_greedy", [11.0, 12.0, 13.0], heuristic=True)
+    lucky = plan("policy_greedy", [8.0, 9.0, 10.5])  # lower median, slower in one round
+    ranked = cal.rank_measured([lucky, other, ref])
+    assert ranked[0] is ref and [p.name for p in ranked[1:]] == ["policy_greedy", other.name]
+    steady = plan("policy_sample0", [9.9, 9.8, 9.9])  # faster in every round
+    assert cal.rank_measured([lucky, ref, steady])[0] is steady
+    assert cal.rank_measured([lucky, steady])[0] is lucky  # no heuristic: lowest median
 
 
 def test_plan_task_calibrates_then_verifies():

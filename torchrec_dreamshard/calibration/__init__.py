@@ -25,7 +25,8 @@ Calibration (:func:`calibrate`). Within a time budget, on the local device:
 
 Verification (:func:`verify`): the ``k`` candidate plans the cost model rates best (the
 safety net's report) and every classic heuristic's plan are measured on real kernels in
-interleaved rounds; the plan of lowest median measured step wins.
+interleaved rounds; the fastest heuristic plan (lowest median measured step) wins unless
+another plan measured faster than it in every round (:func:`rank_measured`).
 
 The package, one concept per module: :mod:`.store` (the store's path and job keys),
 :mod:`.kernels` (what to measure, measuring within the budget, loading samples),
@@ -60,6 +61,7 @@ from torchrec_dreamshard.calibration.store import (
 from torchrec_dreamshard.calibration.verification import (
     VerifiedPlan,
     VerifyResult,
+    rank_measured,
     verify,
     verify_candidates,
 )
@@ -86,6 +88,7 @@ __all__ = [
     "load_kernel_samples",
     "measure_kernels",
     "plan_task",
+    "rank_measured",
     "table_signature",
     "verify",
     "verify_candidates",

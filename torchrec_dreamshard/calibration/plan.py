@@ -56,7 +56,7 @@ def plan_task(
         mode, num_samples, seed: as ``DreamShard.place``.
         calibration: calibration settings; ``None`` plans with ``agent`` as it is.
         verify_k: measure the ``verify_k`` best-rated candidates and the heuristics' plans
-            and keep the fastest (0: no verification).
+            and keep what :func:`~.verification.rank_measured` picks (0: no verification).
         verify_rounds: interleaved rounds of the verification.
         verify_config: its measurement settings (default: the calibration's, else
             :class:`MeasureConfig`'s).

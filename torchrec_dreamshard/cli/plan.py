@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0,
         metavar="K",
         help="measure the K best-rated candidate plans and the heuristics' plans on real "
-        "kernels (interleaved rounds) and keep the fastest",
+        "kernels (interleaved rounds); keep the fastest heuristic plan unless a plan beat "
+        "it in every round",
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(

@@ -116,7 +116,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             budget in seconds, or a ``CalibrationConfig``; ``None`` (default) does not.
             Under ``collective_plan`` it runs on rank 0's device(s) only.
         verify: measure this many best-rated candidate plans and the heuristics' plans on
-            real kernels and keep the fastest (0: no verification).
+            real kernels and keep the fastest heuristic plan unless another beat it in every
+            round (0: no verification).
     """
 
     def __init__(
