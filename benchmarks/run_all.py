@@ -27,6 +27,7 @@ BENCHMARKS = (
     "cost_model_accuracy",
     "placement_quality",
     "generalisation",
+    "safety_net_study",
     "splits",
 )
 

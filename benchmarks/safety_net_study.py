@@ -18,6 +18,8 @@ so that selection rules can be compared on the same measurements:
 * ``anchor_G``: the model's choice only where it is rated ``G`` below the best-rated
   heuristic candidate (size / dim / lookup / size-lookup / predicted greedy, TorchRec),
   else that heuristic's plan;
+* ``policy_greedy``: the policy's greedy roll-out alone; ``policy_no_refine``: the
+  lowest-rated of the policy's roll-outs, unrefined (the search mode without refinement);
 * ``oracle``: the fastest candidate as measured (what a perfect model would pick).
 
 Tasks are the generalisation families' *test* draws with another seed than
@@ -127,6 +129,10 @@ def rules() -> dict:
         "current": lambda p: lowest(pool(p, "+r48")),
         "no_refine": lambda p: lowest(pool(p, "+none")),
         "refine8": lambda p: lowest(pool(p, "+r8")),
+        "policy_greedy": lambda p: "policy_greedy",
+        "policy_no_refine": lambda p: lowest(
+            {n: v for n, v in p.items() if n[:7] == "policy_" and "+" not in n}
+        ),
     }
     for pen in PENALTIES:
         out[f"penalty_{pen:g}"] = lambda p, pen=pen: lowest(pool(p, "+r48"), pen)
