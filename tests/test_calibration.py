@@ -105,6 +105,32 @@ def test_calibrate_measures_fine_tunes_and_reuses_the_store():
     assert second.after["cost/mape"] == pytest.approx(first.after["cost/mape"])
 
 
+def test_calibration_fits_kernels_as_measured_whatever_their_reference_kernel_time(tmp_path):
+    """The reference kernel timed beside a batch is noisier than the kernels: loading
+    must not rescale the kernels by it."""
+    import sqlite3
+
+    from torchrec_dreamshard.measure.store import CostStore
+
+    task = tiny_task()
+    cal.calibrate(DreamShard.untrained(seed=0), task, config())
+    path = cal.default_store_path()
+
+    def samples():
+        with CostStore(path) as store:
+            jobs = {j for j in store.done_jobs(cal.job_prefix(store, FAST, task.batch_size))}
+            out = cal.load_kernel_samples(store, jobs, FAST, task.batch_size)
+        return {tuple(map(tuple, s.inputs.round(6))): s.dev_ms.copy() for s in out}
+
+    before = samples()
+    with sqlite3.connect(path) as con:  # one kernel's reference timed 3x slower
+        con.execute("UPDATE measurements SET reference_ms = reference_ms * 3 WHERE id = 1")
+    after = samples()
+    assert len(before) == len(after) >= len(task.tables)
+    for key, dev in before.items():
+        assert after[key] == pytest.approx(dev), "a kernel was rescaled by its reference time"
+
+
 def test_fine_tune_learns_a_faster_machine_from_few_kernels():
     """Kernels of a machine 40% faster than the prior believes: a few dozen of them bring
     the prior's error from 40% to a few percent, on kernels it did not see too."""
