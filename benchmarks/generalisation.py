@@ -228,6 +228,19 @@ def measure_round(tasks, raw, config, rng, path, r: int) -> None:
         save_raw(path, raw)
 
 
+def measure_rounds(tasks, raw, config, args, path, start: float, wall_before: float) -> None:
+    """``args.rounds`` interleaved rounds (those an earlier run measured are skipped), the
+    wall time and the machine's state saved after each."""
+    rng = np.random.default_rng(args.seed)
+    for r in range(args.rounds):
+        if all(len(e["rounds"]) > r for e in raw["tasks"]):
+            continue  # measured by an earlier run
+        measure_round(tasks, raw, config, rng, path, r)
+        raw["wall_s"], raw["machine"] = wall_before + time.perf_counter() - start, machine()
+        save_raw(path, raw)
+        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+
+
 def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict:
     """Per method: median over rounds of cost / best heuristic's, for compute and step;
     the cost network's tau and MAPE on the task's distinct plans."""
@@ -507,14 +520,7 @@ def main() -> None:
         raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
-    rng = np.random.default_rng(args.seed)
-    for r in range(args.rounds):
-        if all(len(e["rounds"]) > r for e in raw["tasks"]):
-            continue  # measured by an earlier run
-        measure_round(tasks, raw, config, rng, path, r)
-        raw["wall_s"], raw["machine"] = wall_before + time.perf_counter() - start, machine()
-        save_raw(path, raw)
-        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    measure_rounds(tasks, raw, config, args, path, start, wall_before)
     rows = [
         task_summary(agent, t, e, calibrated_agents(agent, t[1], args, args.seed + i))
         for i, (t, e) in enumerate(zip(tasks, raw["tasks"], strict=True))

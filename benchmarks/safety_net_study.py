@@ -48,7 +48,7 @@ from generalisation import (  # noqa: E402
     HEURISTICS,
     load_raw,
     measure_config,
-    measure_round,
+    measure_rounds,
     plan_key,
     save_raw,
 )
@@ -225,14 +225,7 @@ def main() -> None:
         raw["tasks"].append(entry)
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
-    rng = np.random.default_rng(args.seed)
-    for r in range(args.rounds):
-        if all(len(e["rounds"]) > r for e in raw["tasks"]):
-            continue
-        measure_round(tasks, raw, config, rng, path, r)
-        raw["wall_s"], raw["machine"] = wall_before + time.perf_counter() - start, machine()
-        save_raw(path, raw)
-        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    measure_rounds(tasks, raw, config, args, path, start, wall_before)
     rows = [task_rows(e) for e in raw["tasks"]]
     at_end = raw.get("machine", machine())
     text, data = report(rows, args, raw.get("wall_s", 0.0), at_end["note"])
