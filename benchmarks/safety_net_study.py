@@ -30,7 +30,7 @@ other tasks. Ratios are to the per-task best of the four proxy heuristics (as pl
 Raw results go to ``results/safety_net_study_raw.json`` after every task and every round
 (a rerun with the same settings resumes).
 
-Usage: python benchmarks/safety_net_study.py [--per-family 2] [--rounds 3] [--seed 1]
+Usage: python benchmarks/safety_net_study.py [--per-family 3] [--rounds 3] [--seed 1]
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def report(rows: list[dict], args, wall: float, note: str) -> tuple[str, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="default: the bundled checkpoint")
-    ap.add_argument("--per-family", type=int, default=2)
+    ap.add_argument("--per-family", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--families", nargs="*", default=list(families.FAMILIES))
