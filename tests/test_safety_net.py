@@ -10,7 +10,7 @@ from torchrec_dreamshard import cost_model as M
 from torchrec_dreamshard.baselines import NoPlanError, greedy_by_costs
 from torchrec_dreamshard.policy import safety_net as S
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.tasks import Task, check_placement
 
 
 def _scorer(task: Task, penalty: float = 1.0, seed: int = 0) -> S.Scorer:
@@ -120,3 +120,21 @@ def test_two_devices_at_tight_memory_come_close_to_the_exhaustive_optimum():
         placement = agent.place(task)
         got = scorer.candidates({"safe": np.asarray(placement)})[0].score
         assert got <= best + np.log(1.02)
+
+
+def test_agent_candidates_are_what_the_safe_mode_chooses_among():
+    from torchrec_dreamshard.policy import DreamShard
+
+    agent, task = DreamShard.untrained(seed=0), _task()
+    safe, failed = agent.candidates(task, "safe", num_samples=2, seed=1)
+    assert {"policy_greedy", "policy_sample0", "policy_sample1", "size_greedy"} <= set(safe)
+    assert "predicted_greedy" in safe and ("torchrec" in safe or "torchrec" in failed)
+    search, _ = agent.candidates(task, "search", num_samples=2, seed=1)
+    assert set(search) == {"policy_greedy", "policy_sample0", "policy_sample1"}
+    for p in safe.values():
+        check_placement(task, list(p))  # raises on a wrong length or an overfull device
+    agent.place(task, num_samples=2, seed=1)
+    sources = {c.name.split("+")[0] for c in agent.last_report.candidates}
+    assert sources <= set(safe)  # every rated plan came from a candidate (refined or not)
+    with pytest.raises(ValueError, match="safe or search"):
+        agent.candidates(task, "greedy")

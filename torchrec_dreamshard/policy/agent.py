@@ -162,6 +162,8 @@ class DreamShard:
         with single_thread(), torch.no_grad():
             return self._place(task, mode, num_samples, seed, extra or {})
 
+    @single_thread()
+    @torch.no_grad()
     def candidates(
         self,
         task: Task,
@@ -173,6 +175,8 @@ class DreamShard:
     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The unrefined candidate plans of ``mode`` (``"safe"`` or ``"search"``) by name,
         and the names of the sources that found no plan (see the module docstring)."""
+        if mode not in ("safe", "search"):
+            raise ValueError(f"candidates are those of the safe or search mode, got {mode!r}")
         mdp = mdp or self.mdp(task)
         named = {"policy_greedy": mdp.rollout(self.policy, 1, greedy=True).placements[0]}
         large = len(task.tables) * task.num_devices > LARGE_TASK
