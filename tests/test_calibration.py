@@ -349,3 +349,23 @@ def test_planner_calibrate_and_verify_arguments():
         DreamShardPlanner(topology=topo, agent=agent, verify=-1)
     with pytest.raises(ValueError, match="calibrate must be None, True"):
         DreamShardPlanner(topology=topo, agent=agent, calibrate="yes")
+
+
+def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batch():
+    """The local backend charges the fitted all-to-all model; after calibration the cost
+    network predicts exactly that, at any batch size (the prior's head has no batch)."""
+    from torchrec_dreamshard.measure.comm import load_comm_model
+
+    model = load_comm_model()  # the private test model
+    agent = DreamShard.untrained(seed=0)
+    for batch in (64, 1024):
+        task = Task(
+            tables=tiny_task(6, 3).tables, num_devices=3, memory_bytes=10**7, batch_size=batch
+        )
+        tuned = cal.calibrate(agent, task, config()).agent
+        placement = [0, 0, 1, 1, 2, 2]
+        dims = [sum(task.tables[i].dim for i in range(6) if placement[i] == d) for d in range(3)]
+        want = model.device_comm_ms(dims, batch)
+        got = tuned.predict(task, placement).comm_ms
+        assert got == pytest.approx(want, rel=0.01)
+        assert agent.predict(task, placement).comm_ms != pytest.approx(want, rel=0.01)

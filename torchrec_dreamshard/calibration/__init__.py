@@ -21,7 +21,10 @@ Calibration (:func:`calibrate`). Within a time budget, on the local device:
 
    each member ``k`` on its own Poisson(1) bootstrap weights ``w_ks`` (so the members'
    disagreement still says where the data is thin). The table encoder is frozen, so the
-   policy network sees the same table encodings as before.
+   policy network sees the same table encodings as before;
+5. the all-to-all head is set from the machine's fitted all-to-all model (the one the
+   local measurement backend charges) at the task's batch size (:func:`with_comm_model`):
+   the head has no batch input, so the prior's all-to-all is right at one batch size only.
 
 Verification (:func:`verify`): the ``k`` candidate plans the cost model rates best (the
 safety net's report) and every classic heuristic's plan are measured on real kernels in
@@ -42,6 +45,7 @@ from torchrec_dreamshard.calibration.fit import (
     calibrate,
     fine_tune,
     kernel_accuracy,
+    with_comm_model,
 )
 from torchrec_dreamshard.calibration.kernels import (
     KERNELS_PER_CALL,
@@ -92,4 +96,5 @@ __all__ = [
     "table_signature",
     "verify",
     "verify_candidates",
+    "with_comm_model",
 ]

@@ -168,6 +168,25 @@ def fine_tune(
     return tuned.eval()
 
 
+def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
+    """``net`` with its all-to-all head set to the machine's fitted all-to-all ``model``
+    (:class:`~torchrec_dreamshard.measure.CommModel`, what the local backend charges) at
+    ``batch_size``: a forward and a backward all-to-all of
+    ``latency + per_peer (D - 1) + ms_per_mb * MB``, where a device of pooled width ``w``
+    among D devices of total width W moves ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)``.
+    That is the head's own form with ``p = 2 per_peer``, ``r = 2 latency`` and
+    ``q = 2 ms_per_mb elem_bytes B / 1000``. The head has no batch input, so the prior
+    predicts one all-to-all for every batch size; this fits the task's."""
+    p = 2.0 * model.per_peer_ms
+    q = 2.0 * model.ms_per_mb * elem_bytes * batch_size / 1000.0
+    r = 2.0 * model.latency_ms
+    target = torch.tensor([p, q, r], dtype=torch.float64).clamp(min=1e-6)
+    raw = target + torch.log(-torch.expm1(-target))  # softplus^-1, stable for small and large
+    with torch.no_grad():
+        net.comm_raw.copy_(raw.to(net.comm_raw.dtype))
+    return net
+
+
 def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
     """MAPE (%) of the predicted fwd + bwd of the kernels and the members' mean spread."""
     if not samples:
@@ -221,6 +240,10 @@ def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
         samples = load_kernel_samples(store, set(kernels), mcfg, B)
     net = fine_tune(agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed)
+    if task.num_devices > 1:
+        from torchrec_dreamshard.measure.comm import load_comm_model
+
+        net = with_comm_model(net, load_comm_model(mcfg.comm_model_path), B)
     meta = dict(agent.meta)
     meta["calibrated"] = {"kernels": len(samples), "budget_s": float(config.budget_s)}
     tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty)
