@@ -199,48 +199,47 @@ def _place_fitting(agent, task, counts, next_count, mode, num_samples, seed):
 
 def _improve(agent: Any, best: SplitPlan, next_count, replace=None) -> SplitPlan:
     """Split the costliest tables on the predicted bottleneck devices while the cost network
-    says the plan gets faster (see :func:`_better`). Each split is tried with its new shards
-    on the lightest devices, the others staying put, and, given ``replace`` (the policy),
-    with the whole task of shards placed afresh."""
-    task = best.sharded.task
+    says the plan gets faster (see :func:`_better`), one split per round."""
     for _ in range(SEARCH_ROUNDS):
-        shards = best.sharded.shards
-        pred = agent.predict(shards, best.placement)
-        load = np.asarray(pred.total_ms, dtype=np.float64)
-        compute = _compute(pred)
-        costs = np.asarray(agent.table_costs(shards), dtype=np.float64)
-        improved = False
-        # the step's bottleneck, then the compute's (they differ when the all-to-all
-        # dominates the step, as it does for wide tables)
-        for hot in dict.fromkeys([int(np.argmax(load)), int(np.argmax(compute))]):
-            on_hot: dict[int, float] = {}
-            for k, d in enumerate(best.placement):
-                if d == hot:
-                    i = best.sharded.owner[k]
-                    on_hot[i] = on_hot.get(i, 0.0) + float(costs[k])
-            tried = 0
-            for i in sorted(on_hot, key=lambda i: -on_hot[i]):
-                name = task.tables[i].name
-                current = len(best.sharded.columns.get(name, [(0, 0)]))
-                n = next_count(name, 2 * current)
-                if n is None:
-                    continue
-                tried += 1
-                for candidate in _candidates(best, i, n, load, compute, costs, replace):
-                    new = agent.predict(candidate[0].shards, candidate[1])
-                    if _better(new, pred):
-                        best = SplitPlan(candidate[0], candidate[1], new.step_ms, best.whole_ms)
-                        improved = True
-                        break
-                if improved:
-                    break
-                if tried >= SEARCH_TABLES:
-                    break
-            if improved:
-                break
-        if not improved:
+        found = _split_once(agent, best, next_count, replace)
+        if found is None:
             break
+        best = found
     return best
+
+
+def _split_once(agent: Any, best: SplitPlan, next_count, replace) -> SplitPlan | None:
+    """The first split the cost network rates better than ``best`` (``None`` if none): on
+    the step's bottleneck device, then the compute's (they differ when the all-to-all
+    dominates the step, as it does for wide tables), its :data:`SEARCH_TABLES` costliest
+    splittable tables, each cut into twice as many shards and tried with its new shards on
+    the lightest devices, the others staying put, and, given ``replace`` (the policy), with
+    the whole task of shards placed afresh (:func:`_candidates`)."""
+    task, shards = best.sharded.task, best.sharded.shards
+    pred = agent.predict(shards, best.placement)
+    load = np.asarray(pred.total_ms, dtype=np.float64)
+    compute = _compute(pred)
+    costs = np.asarray(agent.table_costs(shards), dtype=np.float64)
+    for hot in dict.fromkeys([int(np.argmax(load)), int(np.argmax(compute))]):
+        on_hot: dict[int, float] = {}
+        for k, d in enumerate(best.placement):
+            if d == hot:
+                i = best.sharded.owner[k]
+                on_hot[i] = on_hot.get(i, 0.0) + float(costs[k])
+        tried = 0
+        for i in sorted(on_hot, key=lambda i: -on_hot[i]):
+            name = task.tables[i].name
+            n = next_count(name, 2 * len(best.sharded.columns.get(name, [(0, 0)])))
+            if n is None:
+                continue
+            for candidate in _candidates(best, i, n, load, compute, costs, replace):
+                new = agent.predict(candidate[0].shards, candidate[1])
+                if _better(new, pred):
+                    return SplitPlan(candidate[0], candidate[1], new.step_ms, best.whole_ms)
+            tried += 1
+            if tried >= SEARCH_TABLES:
+                break
+    return None
 
 
 def _candidates(best, table, n, load, compute, costs, replace):
