@@ -55,7 +55,12 @@ from generalisation import (  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.policy.safety_net import REFINE_STEPS, REFINE_TOP, refine  # noqa: E402
+from torchrec_dreamshard.policy.safety_net import (  # noqa: E402
+    REFINE_STEPS,
+    REFINE_TOP,
+    distinct,
+    refine,
+)
 
 SHORT_STEPS = 8
 HEURISTIC_SOURCES = (
@@ -75,11 +80,8 @@ def plan_candidates(agent, task, seed: int) -> tuple[dict, dict, str]:
     name; the model's ``[log_step, log_std]`` of each candidate; ``agent.place``'s
     winner."""
     named, _ = agent.candidates(task, seed=seed)
-    unique: dict[tuple, str] = {}  # as `choose` does: one name per distinct plan
-    for name, p in named.items():
-        unique.setdefault(tuple(int(d) for d in p), name)
     scorer = agent.scorer(task)
-    raw = scorer.candidates({n: np.asarray(p) for p, n in unique.items()})
+    raw = scorer.candidates(distinct(named))  # as `choose` rates them
     raw.sort(key=lambda c: c.score)
     cands = {c.name: c for c in raw}
     for steps, tag in ((REFINE_STEPS, "r48"), (SHORT_STEPS, "r8")):

@@ -324,6 +324,14 @@ def heuristic_candidates(
     return plans, failed
 
 
+def distinct(named: Mapping[str, Sequence[int]]) -> dict[str, np.ndarray]:
+    """The distinct plans of ``named``, each under the first name that gives it, in order."""
+    unique: dict[tuple, str] = {}
+    for name, p in named.items():
+        unique.setdefault(tuple(int(d) for d in p), name)
+    return {n: np.asarray(p) for p, n in unique.items()}
+
+
 def choose(
     scorer: Scorer,
     named: Mapping[str, np.ndarray],
@@ -334,10 +342,7 @@ def choose(
 ) -> SafetyReport:
     """Score every candidate, refine the best ``refine_top`` (distinct plans only), and
     report them all, best first."""
-    unique: dict[tuple, str] = {}
-    for name, p in named.items():
-        unique.setdefault(tuple(int(d) for d in p), name)
-    cands = scorer.candidates({n: np.asarray(p) for p, n in unique.items()})
+    cands = scorer.candidates(distinct(named))
     cands.sort(key=lambda c: c.score)
     top = [refine(scorer, c, refine_steps, seed) for c in cands[:refine_top]]
     out = sorted(top + cands[refine_top:], key=lambda c: c.score)
