@@ -90,14 +90,16 @@ def verify_candidates(
         named.setdefault(tuple(int(d) for d in p), name)
     if report is not None:
         for c in report.candidates:
-            if len([n for n in named.values() if not n.startswith("heuristic:")]) >= k:
+            if len(named) >= k:  # the extra plans count among the k
                 break
             named.setdefault(tuple(int(d) for d in c.placement), c.name)
+    heuristic: set[tuple[int, ...]] = set()
     for h in baselines.HEURISTICS:
         try:
             p = tuple(baselines.place(h, task, seed=seed))
         except baselines.NoPlanError:
             continue
+        heuristic.add(p)
         if p in named:
             named[p] = f"{named[p]}={h}"
         else:
@@ -105,8 +107,9 @@ def verify_candidates(
     out = []
     for p, name in named.items():
         pred = agent.predict(task, list(p))
-        heur = name.startswith("heuristic:") or "=" in name
-        out.append(VerifiedPlan(name, list(p), pred.step_ms, pred.step_log_std, heuristic=heur))
+        out.append(
+            VerifiedPlan(name, list(p), pred.step_ms, pred.step_log_std, heuristic=p in heuristic)
+        )
     return out
 
 
