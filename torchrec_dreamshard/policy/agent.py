@@ -48,6 +48,11 @@ LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no ro
 # asks TorchRec for no plan and refines only its best candidate, for half the steps
 
 
+def is_large(task: Task) -> bool:
+    """Whether the safe mode plans ``task`` in its bounded way (see :data:`LARGE_TASK`)."""
+    return len(task.tables) * task.num_devices > LARGE_TASK
+
+
 @dataclass
 class CostPrediction:
     """The cost network's view of a placement (ms, at the task's batch size).
@@ -179,7 +184,7 @@ class DreamShard:
             raise ValueError(f"candidates are those of the safe or search mode, got {mode!r}")
         mdp = mdp or self.mdp(task)
         named = {"policy_greedy": mdp.rollout(self.policy, 1, greedy=True).placements[0]}
-        large = len(task.tables) * task.num_devices > LARGE_TASK
+        large = is_large(task)
         if mode == "safe" and large:
             num_samples = 0  # bounded planning time on the largest tasks
         if num_samples:
@@ -206,7 +211,7 @@ class DreamShard:
             placement = mdp.rollout(self.policy, 1, greedy=True).placements[0]
             return check_placement(task, [int(d) for d in placement])
         named, failed = self.candidates(task, mode, num_samples, seed, extra, mdp)
-        large = len(task.tables) * task.num_devices > LARGE_TASK
+        large = is_large(task)
         self.last_report = choose(
             self.scorer(task, mdp.table_enc),
             named,
