@@ -11,6 +11,7 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
     PlannerError,
+    PlannerErrorType,
     Shard,
     ShardingOption,
     Storage,
@@ -26,7 +27,6 @@ from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.torchrec_adapter import (
     planner_best_plan,
-    planner_enumerator,
     planner_reserved_topology,
 )
 
@@ -164,8 +164,12 @@ def test_table_too_big_with_only_table_wise_is_a_clear_error(agent):
     ]  # fmt: skip
     topo = Topology(world_size=2, compute_device="cpu", ddr_cap=80 * 2**20)
     cons = {"huge": ParameterConstraints(sharding_types=["table_wise"])}
-    with pytest.raises(PlannerError, match="'huge'.*no other sharding type"):
+    with pytest.raises(
+        PlannerError, match=r"huge \(\d+ bytes\)'\] fit on no device.*no other"
+    ) as err:
         planner(agent, topology=topo, constraints=cons).plan(dlrm(tables), SHARDERS)
+    # the devices hold the model in all: TorchRec calls that strict constraints
+    assert err.value.error_type == PlannerErrorType.STRICT_CONSTRAINTS
 
 
 def test_constraints_forbidding_table_wise_go_to_torchrec(agent):
@@ -175,7 +179,10 @@ def test_constraints_forbidding_table_wise_go_to_torchrec(agent):
     module_plan = plan.plan["sparse_arch.embedding_bag_collection"]
     assert module_plan["t1"].sharding_type == "column_wise"
     assert all(module_plan[f"t{i}"].sharding_type == "table_wise" for i in (0, 2, 3, 4))
-    assert p.last_prediction.other_ms[module_plan["t1"].ranks[0]] > 0
+    # TorchRec's column-wise fused option: the cost network rates each shard as a table
+    shards = p.last_shards["sparse_arch.embedding_bag_collection.t1"]
+    assert [s["device"] for s in shards] == module_plan["t1"].ranks
+    assert sum(p.last_prediction.tables) == 4 + len(shards)
 
 
 def test_model_too_big_for_all_devices_is_a_clear_error(agent):
@@ -216,7 +223,7 @@ def test_reuse_statistics_from_sample_batches(agent):
     ]
     p = planner(agent, world=2, sample_batches=batches)
     p.plan(dlrm(tables), SHARDERS)
-    specs = planner_enumerator(p).table_specs
+    specs = p.table_specs.specs
     assert len(specs) == 3
     assert all(s.reuse_hist is not None for s in specs.values())
 
@@ -236,7 +243,7 @@ def test_demo_model_planned_from_its_sample_batches(agent):
     )  # fmt: skip
     plan = p.plan(DemoDLRM(tables, META), SHARDERS)
     assert sorted(plan.plan["sparse"]) == sorted(t.name for t in tables)
-    specs = planner_enumerator(p).table_specs
+    specs = p.table_specs.specs
     for t in tables:
         spec = specs[f"sparse.{t.name}"]
         assert spec.pooling_factor == pytest.approx(t.pooling_factor)
@@ -294,6 +301,7 @@ class _ScriptedAgent:
 
     def __init__(self, placements):
         self.placements, self.memory = list(placements), []
+        self.last_report = None
 
     def place(self, task, mode="greedy", num_samples=16, seed=0):
         self.memory.append(list(task.memory))

@@ -8,10 +8,20 @@ options TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise
 fits no device), and TorchRec's machinery plans it.
 
 Splits. A DreamShard table whose constraints also allow ``column_wise`` on the fused kernel
-may be split (:attr:`DreamShardEnumerator.split_widths`); its shards are at least
-``ParameterConstraints.min_partition`` columns wide, TorchRec's ``MIN_CW_DIM`` (128) when
-that is unset, as in TorchRec's own column-wise rule. The proposer decides the splits and
-asks :meth:`DreamShardEnumerator.column_wise_option` for the column-wise option of each.
+may be split; its shards are at least ``ParameterConstraints.min_partition`` columns wide,
+TorchRec's ``MIN_CW_DIM`` (128) when that is unset, as in TorchRec's own column-wise rule.
+The search space offers such a table column-wise once per shard count allowed (equal
+shards), so that a plan that splits it can be hashed, stored and loaded
+(``extract_plan``) like any TorchRec plan. The proposer decides the splits.
+
+A table whose constraints allow only table-wise sharding keeps its table-wise option even
+when it fits no device: the proposer then proposes a plan the partitioner rejects with a
+message naming the table, and TorchRec's planner classifies the failure as it classifies
+its own (``STRICT_CONSTRAINTS`` when the model fits the devices' memory in all,
+``INSUFFICIENT_STORAGE`` when it does not).
+
+The enumerator keeps TorchRec's search-space cache (``last_stored_search_space``): the
+planner-context hash and plan loading read it.
 
 Perf of a DreamShard option is the cost network's single-table cost (forward + backward +
 communication, the agent's ``table_costs``) on the task's device count and global batch;
@@ -21,23 +31,19 @@ TorchRec's perf estimator.
 
 from __future__ import annotations
 
+import copy
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 from torch import nn
-from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR, MIN_CW_DIM
+from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
-    PartitionByType,
     Perf,
-    PlannerError,
-    PlannerErrorType,
-    Shard,
     SharderDataMap,
     ShardEstimator,
     ShardingOption,
@@ -47,10 +53,10 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
-    SPLIT_COLUMNS_ATTR,
     SPLIT_SHARDING_TYPE,
     PlacementAgent,
     device_capacity,
@@ -61,14 +67,11 @@ from torchrec_dreamshard.planner.types import (
     spec_for_option,
 )
 from torchrec_dreamshard.splits import column_shards, split_counts
-from torchrec_dreamshard.table_stats import group_stats, merge_stats
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.torchrec_adapter import reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
-
-SpecFn = Callable[[ShardingOption], TableSpec]
 
 
 def single_table_costs(agent: PlacementAgent, task: Task) -> np.ndarray:
@@ -139,7 +142,8 @@ def _unique_specs(specs: Sequence[TableSpec]) -> list[TableSpec]:
 
 
 class DreamShardEnumerator(EmbeddingEnumerator):
-    """TorchRec's enumerator, narrowed to one table-wise fused option per DreamShard table.
+    """TorchRec's enumerator, narrowed to one table-wise fused option per DreamShard table
+    (plus its column-wise options when it may be split).
 
     Args:
         topology: the devices.
@@ -148,11 +152,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             types and kernels).
         agent: the DreamShard agent (its cost network fills the perf of our options).
         storage_reservation: the planner's storage reservation; a table whose table-wise
-            storage fits no device after it is left to TorchRec.
-        sample_batches: optional ``KeyedJaggedTensor`` batches (per-rank batches) from
-            which each table's reuse histogram is measured; consecutive groups of
-            ``world_size`` batches are taken together as the global batch a table-wise
-            kernel sees.
+            storage fits no device after it is left to TorchRec (when its constraints
+            allow another type).
+        spec_fn: the planner's table specs (:class:`~torchrec_dreamshard.planner.specs.TableSpecs`,
+            which knows measured reuse statistics); default: shapes and pooling only.
         estimator: override the estimators (default: the cost network plus TorchRec's
             storage estimator).
     """
@@ -164,19 +167,17 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         constraints: dict[str, ParameterConstraints] | None = None,
         agent: PlacementAgent | None = None,
         storage_reservation: StorageReservation | None = None,
-        sample_batches: Iterable[Any] | None = None,
+        spec_fn: SpecFn | None = None,
         estimator: ShardEstimator | list[ShardEstimator] | None = None,
     ) -> None:
         self._topology = topology
         self._reservation = storage_reservation
-        self._samples = list(sample_batches) if sample_batches is not None else []
-        self.table_specs: dict[str, TableSpec] = {}
+        self.table_spec: SpecFn = spec_fn or spec_for_option
         self.fallback_fqns: set[str] = set()
-        self.split_widths: dict[str, int] = {}
         self._cw_widths: dict[str, int] = {}
         self._constraints_by_name = constraints or {}
-        self._reuse: dict[str, tuple[float, ...]] = {}
-        self._too_big: dict[str, tuple[int, int]] = {}
+        self._too_big: set[str] = set()
+        self._types: dict[str, list[str]] = {}
         if estimator is None:
             estimator = [
                 CostNetShardEstimator(
@@ -187,27 +188,20 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             ]  # fmt: skip
         super().__init__(topology, batch_size, constraints, estimator)
 
-    # -- public ---------------------------------------------------------------------------
-
-    def table_spec(self, option: ShardingOption) -> TableSpec:
-        """The :class:`TableSpec` of a DreamShard option (with measured reuse, if any)."""
-        spec = self.table_specs.get(option.fqn)
-        if spec is None:
-            spec = spec_for_option(option, self._reuse.get(option.fqn))
-            self.table_specs[option.fqn] = spec
-        return spec
-
     def enumerate(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
-        """Sharding options for ``module``: one per DreamShard table, TorchRec's for the
-        rest (see the module docstring)."""
-        self.table_specs = {}
-        self._too_big = {}
-        self._cw_widths = {}
-        self._reuse = _reuse_hists(module, self._samples, self._topology.world_size)
+        """Sharding options for ``module``: one per DreamShard table (and its column-wise
+        options), TorchRec's for the rest (see the module docstring). Like TorchRec's
+        enumerator, the same module and sharders give a copy of the stored search space."""
+        if (
+            self._last_stored_search_space is not None
+            and self._last_stored_module is module
+            and self._last_stored_sharders == sharders
+        ):
+            return copy.deepcopy(self._last_stored_search_space)
+        self._too_big, self._cw_widths, self._types = set(), {}, {}
         options = self._enumerate_once(module, sharders)
-        self.split_widths = self._split_widths(options)
         too_big = self._too_big_tables(options)
         if too_big:
             self._too_big = too_big
@@ -215,16 +209,17 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             options = [o for o in options if o.name not in too_big] + [
                 o for o in redo if o.name in too_big
             ]
+        options += self._split_options(options)
         self.fallback_fqns = {o.fqn for o in options if not is_dreamshard_option(o)}
-        self.split_widths = {
-            k: w for k, w in self.split_widths.items() if k not in self.fallback_fqns
-        }
         if self.fallback_fqns:
             logger.info(
                 "DreamShard leaves %d table(s) to TorchRec's planner: %s",
                 len(self.fallback_fqns),
                 sorted(self.fallback_fqns),
             )
+        self._last_stored_module = module
+        self._last_stored_sharders = sharders
+        self._last_stored_search_space = copy.deepcopy(options)
         return options
 
     # -- TorchRec hooks -------------------------------------------------------------------
@@ -233,17 +228,12 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
         types = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+        self._types[name] = types
         if name in self._too_big:
-            rest = [t for t in types if t != DREAMSHARD_SHARDING_TYPE]
-            if not rest:
-                raise PlannerError(
-                    self._too_big_message(name), PlannerErrorType.INSUFFICIENT_STORAGE
-                )
-            return rest
+            return [t for t in types if t != DREAMSHARD_SHARDING_TYPE]
         if self._eligible(name, types, sharder_key):
             if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
-                min_partition = getattr(self._constraints_by_name.get(name), "min_partition", 0)
-                self._cw_widths[name] = int(min_partition or MIN_CW_DIM)
+                self._cw_widths[name] = min_shard_width(self._constraints_by_name, name)
             return [DREAMSHARD_SHARDING_TYPE]
         return types
 
@@ -265,11 +255,8 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
         self._last_stored_module = None  # TorchRec's own cache would skip our second pass
-        try:
-            return super().enumerate(module, sharders)
-        finally:
-            self._last_stored_module = None
-            self._last_stored_search_space = None
+        self._last_stored_search_space = None
+        return super().enumerate(module, sharders)
 
     def _eligible(
         self,
@@ -290,107 +277,44 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         )
         return DREAMSHARD_COMPUTE_KERNEL in kernels
 
-    def _split_widths(self, options: list[ShardingOption]) -> dict[str, int]:
-        """Minimum shard width of every DreamShard table that may be split, by fqn (only
-        tables with at least one shard count the column-wise rule allows)."""
-        out: dict[str, int] = {}
+    def _split_options(self, options: list[ShardingOption]) -> list[ShardingOption]:
+        """The column-wise fused options of every DreamShard table that may be split: one
+        per shard count the column-wise rule allows, cut in equal shards."""
         world = self._topology.world_size
+        out = []
         for o in options:
             width = self._cw_widths.get(o.name)
-            if is_dreamshard_option(o) and width and split_counts(self.table_spec(o), world, width):
-                out[o.fqn] = width
+            if not width or not is_dreamshard_option(o):
+                continue
+            spec = self.table_spec(o)
+            for n in split_counts(spec, world, width):
+                step = spec.dim // n
+                columns = [(k * step, (k + 1) * step) for k in range(n)]
+                out.append(column_wise_option(self, o, columns))
         return out
-
-    def column_wise_option(
-        self, option: ShardingOption, columns: Sequence[tuple[int, int]]
-    ) -> ShardingOption:
-        """The column-wise fused option of a DreamShard table cut at ``columns`` (one
-        ``(start, end)`` per shard), with TorchRec's storage estimate of each shard; its
-        ranks are for the proposer to set."""
-        rows = int(option.tensor.shape[0])
-        split = ShardingOption(
-            name=option.name,
-            tensor=option.tensor,
-            module=option.module,
-            input_lengths=option.input_lengths,
-            batch_size=option.batch_size,
-            sharding_type=SPLIT_SHARDING_TYPE,
-            partition_by=PartitionByType.DEVICE.value,
-            compute_kernel=option.compute_kernel,
-            shards=[Shard(size=[rows, b - a], offset=[0, a]) for a, b in columns],
-            cache_params=option.cache_params,
-            enforce_hbm=option.enforce_hbm,
-            stochastic_rounding=option.stochastic_rounding,
-            bounds_check_mode=option.bounds_check_mode,
-            dependency=option.dependency,
-            is_pooled=option.is_pooled,
-            feature_names=option.feature_names,
-            output_dtype=option.output_dtype,
-            key_value_params=option.key_value_params,
-        )
-        setattr(split, SPLIT_COLUMNS_ATTR, [(int(a), int(b)) for a, b in columns])
-        self.populate_estimates([split])
-        return split
 
     def _capacity_topology(self) -> Topology:
         return reserved_topology(self._reservation, self._topology)
 
-    def _too_big_tables(self, options: list[ShardingOption]) -> dict[str, tuple[int, int]]:
-        """Names of DreamShard tables whose table-wise storage fits no device, with
-        (bytes needed, largest device's bytes)."""
+    def _too_big_tables(self, options: list[ShardingOption]) -> set[str]:
+        """Names of DreamShard tables whose table-wise storage fits no device, nor any
+        column-wise split of theirs, and whose constraints allow another type."""
         topo = self._capacity_topology()
         tier = memory_tier(topo)
         biggest = max(device_capacity(topo))
         world = self._topology.world_size
-        out: dict[str, tuple[int, int]] = {}
+        out: set[str] = set()
         for o in options:
             if not is_dreamshard_option(o) or option_bytes(o, tier) <= biggest:
                 continue
-            width = self.split_widths.get(o.fqn)
+            width = self._cw_widths.get(o.name)
             spec = self.table_spec(o)
-            most = split_counts(spec, world, width)[-1] if width else 1
+            most = (split_counts(spec, world, width) or [1])[-1] if width else 1
             shard_share = column_shards(spec, most)[0].dim / spec.dim
-            if option_bytes(o, tier) * shard_share > biggest:  # no split fits either
-                out[o.name] = (option_bytes(o, tier), biggest)
+            if option_bytes(o, tier) * shard_share > biggest and self._has_other_type(o):
+                out.add(o.name)
         return out
 
-    def _too_big_message(self, name: str) -> str:
-        need, biggest = self._too_big[name]
-        tier = memory_tier(self._topology).upper()
-        return (
-            f"table {name!r} needs {need} bytes of {tier} table-wise, more than any device "
-            f"has after TorchRec's storage reservation ({biggest} bytes), and its "
-            "ParameterConstraints allow no other sharding type: allow row_wise or "
-            "column_wise for it, add devices or memory, or make the table smaller"
-        )
-
-
-# ----------------------------------------------------------------------------------------
-# Reuse statistics from sample KeyedJaggedTensor batches
-# ----------------------------------------------------------------------------------------
-
-
-def _reuse_hists(
-    module: nn.Module, batches: Sequence[Any], world_size: int
-) -> dict[str, tuple[float, ...]]:
-    """Reuse histogram of every EmbeddingBagCollection table whose features are all in the
-    sample batches, by the table's fully qualified name."""
-    if not batches:
-        return {}
-    dicts = [kjt.to_dict() for kjt in batches]
-    sizes = [kjt.stride() for kjt in batches]
-    starts = range(0, len(dicts), world_size)
-    groups = [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
-    out: dict[str, tuple[float, ...]] = {}
-    for path, child in module.named_modules():
-        if not isinstance(child, EmbeddingBagCollection):
-            continue
-        for config in child.embedding_bag_configs():
-            try:
-                stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
-            except ValueError:  # a feature missing from the samples: TorchRec's defaults
-                continue
-            stats = [s for s in stats if s is not None]
-            if stats:
-                out[f"{path}.{config.name}"] = merge_stats(stats)[1]
-    return out
+    def _has_other_type(self, option: ShardingOption) -> bool:
+        """Whether the table's constraints and sharder allow a type other than table-wise."""
+        return any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(option.name, []))

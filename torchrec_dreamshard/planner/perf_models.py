@@ -4,7 +4,9 @@ For the table-wise tables DreamShard placed, and the column-wise shards of those
 (each shard a table of its columns), the cost network predicts each rank's fused
 forward, backward and communication time and the overall step cost. Shards TorchRec placed
 (tables DreamShard leaves to it) add TorchRec's own perf estimate to their rank. The rating
-is the cost network's step cost plus the largest per-rank TorchRec estimate.
+is the cost network's step cost, penalised by its uncertainty as the safety net penalises
+its candidates (``PlanPrediction.score_ms``), plus the largest per-rank TorchRec estimate:
+every proposal, DreamShard's or a user proposer's, is rated the same way.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topolo
 from torchrec_dreamshard.planner.types import (
     PlacementAgent,
     PlanPrediction,
-    is_dreamshard_option,
+    is_policy_option,
     is_split_option,
     option_specs,
     prediction_task,
     spec_for_option,
 )
+from torchrec_dreamshard.policy.safety_net import DEFAULT_PENALTY
 from torchrec_dreamshard.tables import TableSpec
 
 
@@ -50,8 +53,9 @@ class CostNetPerfModel(PerfModel):
         self._last: tuple[tuple, PlanPrediction] | None = None
 
     def rate(self, plan: list[ShardingOption]) -> float:
-        """Predicted step cost of ``plan`` in ms (lower is better)."""
-        return self.predict(plan).step_ms
+        """Predicted step cost of ``plan`` in ms, penalised by the cost network's
+        uncertainty (lower is better)."""
+        return self.predict(plan).score_ms
 
     def predict(self, plan: list[ShardingOption]) -> PlanPrediction:
         """Per-rank predicted times of a partitioned plan (every shard has a rank)."""
@@ -68,7 +72,7 @@ class CostNetPerfModel(PerfModel):
         for option in plan:
             for rank in {s.rank for s in option.shards}:
                 tables[rank] += 1
-            if is_dreamshard_option(option) or is_split_option(option):
+            if is_policy_option(option) or is_split_option(option):
                 ours.append(option)
                 continue
             for shard in option.shards:
@@ -89,4 +93,6 @@ class CostNetPerfModel(PerfModel):
             other_ms=other,
             step_ms=float(pred.step_ms) + max(other),
             tables=tables,
+            step_log_std=float(pred.step_log_std),
+            penalty=DEFAULT_PENALTY,
         )

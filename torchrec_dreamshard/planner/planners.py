@@ -7,11 +7,15 @@ Usage, in an existing TorchRec training job::
     plan = planner.collective_plan(model, sharders, pg)
     model = DistributedModelParallel(model, device=device, plan=plan)
 
-It is wired from TorchRec's own extension points: :class:`DreamShardEnumerator` (with
-:class:`CostNetShardEstimator` and TorchRec's storage estimator), :class:`DreamShardProposer`
-(runs the policy), :class:`DreamShardPartitioner` (keeps the policy's ranks, checks memory),
-:class:`CostNetPerfModel` (rates the plan) and :class:`CostNetStats` (logs the predicted
-per-rank times after TorchRec's ``EmbeddingStats``). Nothing here trains.
+It is TorchRec's planner, with TorchRec's planning loop, wired from TorchRec's own
+extension points: :class:`DreamShardEnumerator` (with :class:`CostNetShardEstimator` and
+TorchRec's storage estimator), :class:`DreamShardProposer` (runs the policy),
+:class:`DreamShardPartitioner` (keeps the policy's ranks, checks memory),
+:class:`CostNetPerfModel` (rates every proposal) and :class:`CostNetStats` (logs the
+predicted per-rank times and which proposer won). It takes every argument of TorchRec's
+planner with TorchRec's meaning; a user's enumerator, proposers, partitioner, performance
+model, stats, callbacks and plan loader add to ours or replace them (see
+:class:`DreamShardPlanner`). Nothing here trains.
 
 Which tables the policy places: every ``EmbeddingBagCollection`` table (nested anywhere in
 the model, in any number of collections) whose constraints allow table-wise sharding on the
@@ -19,80 +23,111 @@ fused kernel and whose table-wise storage fits a device after TorchRec's storage
 reservation, or whose constraints also allow column-wise sharding and whose column-wise
 shards would fit. Such a table may be split column-wise (:mod:`torchrec_dreamshard.splits`:
 when it fits no device whole, or when the cost network predicts a faster step); its shards
-are at least ``min_partition`` columns wide (TorchRec's 128 when unset) and the plan gives
-it ``column_wise`` with the ranks chosen. The others (constraints forbidding table-wise or
-the fused kernel, tables too big for any single device that may not be split, other module
-types) are planned by TorchRec's machinery
-alongside: TorchRec's enumerator and perf estimator offer their options, the best-rated
-option that fits is taken and TorchRec's ``GreedyPerfPartitioner`` places it first; the
-policy then places its tables in the memory left. A table too big for any device whose
-constraints allow only table-wise sharding is a ``PlannerError`` naming it.
+are at least ``min_partition`` columns wide (TorchRec's 128 when unset). The others
+(constraints forbidding table-wise or the fused kernel, tables too big for any single
+device that may not be split, other module types) are planned by TorchRec's machinery
+alongside: the best-rated option that fits is taken and TorchRec's partitioner places it
+first; the policy then places its tables in the memory left. When the tables cannot be
+placed, TorchRec's planner raises its ``PlannerError`` (``INSUFFICIENT_STORAGE`` when the
+model does not fit the devices' memory in all, else ``STRICT_CONSTRAINTS``) with
+DreamShard's message, naming the tables and what to change, as its last error.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-from torchrec.distributed.comm import get_local_size
+from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
+    Enumerator,
     ParameterConstraints,
+    Partitioner,
+    PerfModel,
+    PlanLoader,
     PlannerError,
+    PlannerErrorType,
+    Proposer,
     ShardingOption,
     Stats,
     StorageReservation,
     Topology,
+    hash_sha256_str,
+    hash_sha256_to_int,
 )
-from torchrec.distributed.utils import get_device_type
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from torchrec_dreamshard.planner.components import (
+    Unloaded,
+    check_components,
+    default_topology,
+    load_agent,
+    with_calibration,
+)
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
+from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.rivals import ProposalLog, TrackedProposer
+from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlacementAgent, PlanPrediction
 
 logger = logging.getLogger(__name__)
 
 
-def default_topology() -> Topology:
-    """The current process group's topology, as TorchRec's planner builds it."""
-    if not dist.is_initialized():
-        raise ValueError(
-            "topology=None needs an initialised process group; pass "
-            "topology=Topology(world_size=..., compute_device=...)"
-        )
-    return Topology(
-        world_size=dist.get_world_size(),
-        compute_device=get_device_type(),
-        local_world_size=get_local_size(),
-    )
-
-
-def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
-    """The agent in ``checkpoint`` (``None``: the one bundled with the package)."""
-    from torchrec_dreamshard.checkpoint import load_checkpoint
-
-    return load_checkpoint(checkpoint)
-
-
 class DreamShardPlanner(EmbeddingShardingPlanner):
     """A TorchRec sharding planner driven by a trained DreamShard policy.
+
+    Every argument of TorchRec's ``EmbeddingShardingPlanner`` comes first, in TorchRec's
+    order and with TorchRec's meaning; a user's component adds to DreamShard's or replaces
+    it (the README's "TorchRec compatibility" table says which):
 
     Args:
         topology: the devices (default: the current process group's).
         batch_size: TorchRec's per-rank batch size (default TorchRec's 512). Under
             table-wise sharding each rank's kernels see the global batch, so the policy
             plans for ``batch_size * world_size``.
-        constraints: TorchRec ``ParameterConstraints`` by table name: pooling factors,
-            allowed sharding types and compute kernels.
+        enumerator: the search space (default :class:`DreamShardEnumerator`). A user's
+            enumerator replaces ours: the policy places the table-wise fused options of
+            ``EmbeddingBagCollection`` tables in it (and splits those it also offers
+            column-wise), TorchRec's machinery plans the rest from its options.
+        storage_reservation: TorchRec storage reservation (default
+            ``HeuristicalStorageReservation(heuristical_storage_reservation_percentage)``).
+        proposer: one or a list of TorchRec proposers. They add to DreamShard's: the
+            policy's proposal comes first, then theirs; every proposal that partitions is
+            rated by ``performance_model`` and the best kept, as in TorchRec. What a user's
+            proposal sets on an option (kernel, cache parameters) is in the plan when it
+            wins. :class:`CostNetStats` logs which proposer won.
+        partitioner: places proposals that carry no ranks (the user proposers', and the
+            tables DreamShard leaves to TorchRec), in place of TorchRec's
+            ``GreedyPerfPartitioner``; the policy's ranks are kept.
+        performance_model: rates every proposal (default :class:`CostNetPerfModel`: the
+            cost network, penalised by its uncertainty). A user's replaces ours as the
+            judge between proposals; the policy still places with the cost network.
+        stats: stats loggers (default TorchRec's ``EmbeddingStats``); :class:`CostNetStats`
+            is always appended.
+        constraints: TorchRec ``ParameterConstraints`` by table name; every field reaches
+            the plan as TorchRec passes it.
+        debug: TorchRec's per-table stats.
+        callbacks: TorchRec plan callbacks, applied to the chosen plan.
+        timeout_seconds: TorchRec's planning timeout (the proposers after ours stop
+            proposing when it is reached; the policy's one proposal is always made).
+        plan_loader: a TorchRec ``PlanLoader``: a plan whose context hash matches
+            :meth:`hash_planner_context_inputs_str` is loaded instead of planned; a
+            mismatch raises ``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
+        heuristical_storage_reservation_percentage: the default storage reservation's
+            percentage (TorchRec's planner base argument).
         checkpoint: a checkpoint written by ``dreamshard train``; ``None`` uses the one
             bundled with the package (trained on CPU).
         agent: an already loaded agent (overrides ``checkpoint``).
@@ -104,13 +139,6 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         seed: sampling seed.
         sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
             features; each table's reuse histogram is measured from them.
-        storage_reservation: TorchRec storage reservation (default
-            ``HeuristicalStorageReservation(percentage=0.15)``, TorchRec's default).
-        stats: stats loggers (default TorchRec's ``EmbeddingStats`` then
-            :class:`CostNetStats`).
-        debug: TorchRec's per-table stats.
-        callbacks: TorchRec plan callbacks.
-        timeout_seconds: TorchRec's planning timeout.
         calibrate: calibrate the cost network on this machine and these tables before
             placing (:mod:`torchrec_dreamshard.calibration`): ``True`` (60 s budget), a
             budget in seconds, or a ``CalibrationConfig``; ``None`` (default) does not.
@@ -118,24 +146,36 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: measure this many best-rated candidate plans and the heuristics' plans on
             real kernels and keep the fastest heuristic plan unless another beat it in every
             round (0: no verification).
+
+    The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
+    what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
+    the mode, samples and seed, the calibration and verification settings and the reuse
+    statistics measured from ``sample_batches``.
     """
 
     def __init__(
         self,
         topology: Topology | None = None,
         batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: StorageReservation | None = None,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Stats | list[Stats] | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
+        debug: bool = True,
+        callbacks: list[Callable[[list[ShardingOption]], list[ShardingOption]]] | None = None,
+        timeout_seconds: int | None = None,
+        plan_loader: PlanLoader | None = None,
+        heuristical_storage_reservation_percentage: float = 0.15,
+        *,
         checkpoint: str | Path | None = None,
         agent: PlacementAgent | None = None,
         mode: str = "safe",
         num_samples: int = 4,
         seed: int = 0,
         sample_batches: Iterable[Any] | None = None,
-        storage_reservation: StorageReservation | None = None,
-        stats: Stats | list[Stats] | None = None,
-        debug: bool = True,
-        callbacks: list[Callable[[list[ShardingOption]], list[ShardingOption]]] | None = None,
-        timeout_seconds: int | None = None,
         calibrate: Any = None,
         verify: int = 0,
     ) -> None:
@@ -143,40 +183,65 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
+        users = check_components(enumerator, proposer, partitioner, performance_model, plan_loader)
         topology = topology if topology is not None else default_topology()
         batch_size = batch_size or BATCH_SIZE
         self._load_error: str | None = None
         if agent is None:
             agent = self._load_agent(checkpoint)
-        self.agent: PlacementAgent = _with_calibration(agent, topology, calibrate, verify)
-        global_batch = batch_size * topology.world_size
-        reservation = storage_reservation or HeuristicalStorageReservation(percentage=0.15)
-        enumerator = DreamShardEnumerator(
-            topology, batch_size, constraints, self.agent, reservation, sample_batches
+        self._prior = agent
+        self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
+        self._settings = [mode, num_samples, seed, repr(calibrate), verify]
+        reservation = storage_reservation or HeuristicalStorageReservation(
+            percentage=heuristical_storage_reservation_percentage
         )
-        self.proposer = DreamShardProposer(
-            self.agent, topology, global_batch, reservation, mode, num_samples, seed
-        )
+        self.table_specs = TableSpecs(sample_batches, topology.world_size)
+        self.proposer, proposers = self._proposers_for(
+            users, topology, batch_size, reservation, partitioner, constraints,
+            mode, num_samples, seed,
+        )  # fmt: skip
         self.perf_model = CostNetPerfModel(
-            self.agent, topology, global_batch, spec_fn=enumerator.table_spec
+            self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
         )
-        self.cost_stats = CostNetStats(self.perf_model, self.proposer)
-        if stats is None:
-            stats = [EmbeddingStats(), self.cost_stats]
+        self.cost_stats = CostNetStats(self.perf_model, self.proposer, self.proposal_log)
+        stats = [EmbeddingStats()] if stats is None else stats
         super().__init__(
             topology=topology,
             batch_size=batch_size,
-            enumerator=enumerator,
+            enumerator=enumerator
+            or DreamShardEnumerator(
+                topology, batch_size, constraints, self.agent, reservation, self.table_specs
+            ),
             storage_reservation=reservation,
-            proposer=self.proposer,
-            partitioner=DreamShardPartitioner(),
-            performance_model=self.perf_model,
-            stats=stats,
+            proposer=proposers,
+            partitioner=DreamShardPartitioner(self.proposer.fallback, self.proposer),
+            performance_model=performance_model or self.perf_model,
+            stats=[*(stats if isinstance(stats, list) else [stats]), self.cost_stats],
             constraints=constraints,
             debug=debug,
             callbacks=callbacks,
             timeout_seconds=timeout_seconds,
+            plan_loader=plan_loader,
         )
+        self.last_plan: ShardingPlan | None = None
+
+    def _proposers_for(
+        self, users, topology, batch_size, reservation, partitioner, constraints, *settings
+    ) -> tuple[DreamShardProposer, list[Proposer]]:
+        """DreamShard's proposer, and every proposer wrapped to be tracked (ours first)."""
+        mode, num_samples, seed = settings
+        ours = DreamShardProposer(
+            self.agent, topology, batch_size * topology.world_size, reservation, mode,
+            num_samples, seed, fallback_partitioner=partitioner or GreedyPerfPartitioner(),
+            constraints=constraints, spec_fn=self.table_specs,
+        )  # fmt: skip
+        self.proposal_log = ProposalLog()
+        labels = ["DreamShardProposer"] + [f"{type(p).__name__}#{i}" for i, p in enumerate(users)]
+        tracked = [
+            TrackedProposer(p, label, self.proposal_log)
+            for p, label in zip([ours, *users], labels, strict=True)
+        ]
+        return ours, tracked
 
     def _load_agent(self, checkpoint: str | Path | None) -> PlacementAgent:
         """Load the checkpoint. Under a process group of several ranks a failure is kept
@@ -188,23 +253,36 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             if not (dist.is_initialized() and dist.get_world_size() > 1):
                 raise
             self._load_error = f"rank {dist.get_rank()}: {exc}"
-            return _Unloaded(self._load_error)
+            return Unloaded(self._load_error)
 
-    def plan(self, module: Any, sharders: list[Any]) -> Any:
-        """TorchRec's ``plan`` (this rank only); raises a checkpoint failure kept by
-        ``__init__``."""
+    def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
+        """TorchRec's ``plan`` (this rank only), with the tables' reuse statistics measured
+        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
-        return super().plan(module, sharders)
+        self.table_specs.observe(module)
+        self.proposal_log.reset()
+        self.cost_stats.last_prediction = None
+        self.last_plan = None
+        plan = super().plan(module, sharders)
+        self.last_plan = plan
+        return plan
 
-    def collective_plan(self, module: Any, sharders: list[Any] | None = None, pg: Any = None):
+    def collective_plan(
+        self,
+        module: nn.Module,
+        sharders: list[ModuleSharder[nn.Module]] | None = None,
+        pg: dist.ProcessGroup | None = None,
+    ) -> ShardingPlan:
         """Plan on rank 0 and broadcast the plan, with failures reaching every rank.
 
         First every rank shares whether its checkpoint loaded (one small
         ``all_gather_object``): if any failed, every rank raises the same ``ValueError``
-        naming the ranks and the reasons. Then rank 0 plans and broadcasts either the plan
-        with its metadata (:attr:`last_placement`, :attr:`last_prediction`, so they are
-        set on every rank) or its error, which every other rank raises as well.
+        naming the ranks and the reasons. Then rank 0 plans and broadcasts a
+        :class:`PlanBroadcast`: the plan and the cost network's prediction of it (so
+        :attr:`last_placement`, :attr:`last_shards` and :attr:`last_prediction` are set on
+        every rank), or its error, which every other rank raises as well (a
+        ``PlannerError`` with the same ``error_type``).
         """
         from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -220,35 +298,52 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         failures = [s for s in statuses if s]
         if failures:
             raise ValueError("; ".join(failures))
-        result: list[Any] = [None]
-        if dist.get_rank(pg) != 0 and getattr(self.agent, "calibration_enabled", False):
+        if dist.get_rank(pg) != 0 and self.agent is not self._prior:
             logger.info(
                 "rank %d: waiting for rank 0 to calibrate/verify and plan", dist.get_rank(pg)
             )
+        box: list[PlanBroadcast | None] = [None]
         if dist.get_rank(pg) == 0:
-            try:
-                plan = self.plan(module, sharders)
-                result[0] = (
-                    "ok",
-                    plan,
-                    (self.last_placement, self.last_shards),
-                    self.last_prediction,
-                )
-            except Exception as exc:
-                result[0] = ("error", type(exc).__name__, str(exc), None)
-                dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
-                raise
-        dist.broadcast_object_list(result, src=dist.get_global_rank(pg, 0), group=pg)
-        status, first, second, third = result[0]
-        if status == "error":
-            kind = PlannerError if first == "PlannerError" else ValueError
-            if first not in ("PlannerError", "ValueError"):
-                kind = RuntimeError
-            raise kind(f"rank 0 could not plan: {first}: {second}")
-        self.proposer.last_placement = dict(second[0])
-        self.proposer.last_shards = dict(second[1])
-        self.cost_stats.last_prediction = third
-        return first
+            box[0] = self._plan_for_broadcast(module, sharders)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+        sent = box[0]
+        assert sent is not None
+        if sent.plan is None:
+            raise sent.error()
+        self.last_plan = sent.plan
+        self.cost_stats.last_prediction = sent.prediction
+        return sent.plan
+
+    def _plan_for_broadcast(self, module: nn.Module, sharders: list) -> PlanBroadcast:
+        try:
+            plan = self.plan(module, sharders)
+        except Exception as exc:  # every rank raises it after the broadcast
+            kind = exc.error_type.name if isinstance(exc, PlannerError) else None
+            return PlanBroadcast(None, None, type(exc).__name__, str(exc), kind)
+        return PlanBroadcast(plan, self.last_prediction)
+
+    # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
+
+    def dreamshard_context(self) -> list[Any]:
+        """What only DreamShard's plans depend on: the agent's fingerprint, the mode,
+        samples, seed, calibration and verification settings, and the measured reuse."""
+        return [self._prior.fingerprint(), *self._settings, self.table_specs.reuse_key()]
+
+    def hash_planner_context_inputs(self) -> int:
+        """TorchRec's context hash (topology, batch, search space, storage reservation,
+        constraints) combined with :meth:`dreamshard_context`."""
+        return hash_sha256_to_int(
+            [super().hash_planner_context_inputs(), self.dreamshard_context()]
+        )
+
+    def hash_planner_context_inputs_str(self) -> str:
+        """The string form of :meth:`hash_planner_context_inputs` (what a ``PlanLoader``
+        stores and TorchRec compares before loading a plan)."""
+        return hash_sha256_str(
+            [super().hash_planner_context_inputs_str(), self.dreamshard_context()]
+        )
+
+    # -- what the last plan was -----------------------------------------------------------
 
     @property
     def last_prediction(self) -> PlanPrediction | None:
@@ -257,51 +352,32 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def last_placement(self) -> dict[str, int]:
-        """Rank of every whole table the policy placed in the last plan, by fully
+        """Rank of every table the last plan shards table-wise on the fused kernel, by fully
         qualified name (``"module.path.table"``)."""
-        return dict(self.proposer.last_placement)
+        return plan_layout(self.last_plan)[0] if self.last_plan is not None else {}
 
     @property
     def last_shards(self) -> dict[str, list[dict]]:
-        """The column-wise shards of every table split in the last plan, by fully qualified
-        name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
-        return dict(self.proposer.last_shards)
+        """The column-wise shards on the fused kernel of every table the last plan splits,
+        by fully qualified name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
+        return plan_layout(self.last_plan)[1] if self.last_plan is not None else {}
 
 
-def _with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int) -> Any:
-    """``agent`` wrapped to calibrate and/or verify in ``place`` (unchanged without)."""
-    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
-        raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
-    if calibrate is None or calibrate is False:
-        if not verify:
-            return agent
-        calibrate = None
-    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
-    from torchrec_dreamshard.measure.config import MeasureConfig
+@dataclass
+class PlanBroadcast:
+    """What rank 0 sends every rank from :meth:`DreamShardPlanner.collective_plan`: the plan
+    and its prediction, or the error (exception class name, message, ``PlannerErrorType``
+    name for a ``PlannerError``)."""
 
-    device = "cuda" if topology.compute_device == "cuda" else "cpu"
-    if calibrate is True:
-        calibrate = CalibrationConfig(measure=MeasureConfig(device=device))
-    elif isinstance(calibrate, int | float):
-        calibrate = CalibrationConfig(
-            budget_s=float(calibrate), measure=MeasureConfig(device=device)
-        )
-    elif calibrate is not None and not isinstance(calibrate, CalibrationConfig):
-        raise ValueError(
-            "calibrate must be None, True, a budget in seconds or a CalibrationConfig, "
-            f"got {calibrate!r}"
-        )
-    return CalibratingAgent(agent, calibrate, verify_k=verify)
+    plan: ShardingPlan | None
+    prediction: PlanPrediction | None
+    error_class: str = ""
+    message: str = ""
+    planner_error_type: str | None = None
 
-
-class _Unloaded:
-    """Stands in for an agent whose checkpoint failed to load on this rank: any use
-    raises the load error (collective_plan raises it first, on every rank)."""
-
-    def __init__(self, message: str) -> None:
-        self._message = message
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
-        raise ValueError(self._message)
+    def error(self) -> Exception:
+        """The error to raise on a rank that did not plan."""
+        text = f"rank 0 could not plan: {self.error_class}: {self.message}"
+        if self.planner_error_type is not None:
+            return PlannerError(text, PlannerErrorType[self.planner_error_type])
+        return (ValueError if self.error_class == "ValueError" else RuntimeError)(text)

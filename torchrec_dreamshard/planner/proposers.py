@@ -6,12 +6,21 @@ the policy then places the DreamShard tables in the memory each device has left.
 devices are written into the options' ``shard.rank``, which
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` keeps.
 
-Splits. Tables the enumerator marks splittable (``split_widths``) may be cut column-wise by
+Which options: :func:`~torchrec_dreamshard.planner.options.choose_options`, on whatever
+search space it is given (DreamShard's enumerator's or a user's).
+
+Splits. Tables the search space also offers column-wise on the fused kernel
+(:func:`~torchrec_dreamshard.planner.options.split_widths`) may be cut column-wise by
 :func:`torchrec_dreamshard.split_search.plan_with_splits`: a table too big for every device is
 split to fit, others when the cost network predicts a faster step. A split table's
-table-wise option is replaced by a column-wise fused option (the enumerator's
-``column_wise_option``, with TorchRec's storage estimate of each shard) whose shards carry
-the devices chosen; the shards are listed in :attr:`DreamShardProposer.last_shards`.
+table-wise option is replaced by a column-wise fused option (estimated by the planner's
+enumerator: TorchRec's storage estimate of each shard) whose shards carry the devices
+chosen.
+
+Failure. When the tables cannot be placed, the proposal is still made and
+:meth:`DreamShardProposer.failure` holds the error (naming the tables and what to change);
+:class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` raises it, so
+TorchRec's planner treats it as it treats any proposal that does not partition.
 
 Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
 optimizer state and input/output buffers. The policy is given each device's memory scaled
@@ -25,11 +34,11 @@ import copy
 import logging
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import (
     Enumerator,
+    ParameterConstraints,
     Partitioner,
     PlannerError,
     PlannerErrorType,
@@ -39,16 +48,22 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.planner.options import (
+    SpecFn,
+    choose_options,
+    column_wise_option,
+    split_widths,
+)
 from torchrec_dreamshard.planner.types import (
     PLACEMENT_MODES,
     PlacementAgent,
     device_capacity,
-    is_dreamshard_option,
     memory_tier,
     option_bytes,
     spec_for_option,
     storage_bytes,
 )
+from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.split_search import SplitPlan, plan_with_splits
 from torchrec_dreamshard.splits import plan_entries, shard_task
 from torchrec_dreamshard.tables import TableSpec
@@ -74,6 +89,8 @@ class DreamShardProposer(Proposer):
         num_samples: sampled policy roll-outs (safe and search modes).
         seed: sampling seed.
         fallback_partitioner: places the tables TorchRec plans (default greedy by perf).
+        constraints: TorchRec per-table constraints (``min_partition`` of splits).
+        spec_fn: the planner's table specs (default: shapes and pooling only).
     """
 
     def __init__(
@@ -86,6 +103,8 @@ class DreamShardProposer(Proposer):
         num_samples: int = 4,
         seed: int = 0,
         fallback_partitioner: Partitioner | None = None,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        spec_fn: SpecFn | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -96,19 +115,27 @@ class DreamShardProposer(Proposer):
         self._mode = mode
         self._num_samples = num_samples
         self._seed = seed
-        self._fallback = fallback_partitioner or GreedyPerfPartitioner()
+        self.fallback = fallback_partitioner or GreedyPerfPartitioner()
+        self._constraints = constraints
+        self._spec: SpecFn = spec_fn or spec_for_option
         self._search_space: list[ShardingOption] = []
         self._enumerator: Enumerator | None = None
+        self._widths: dict[str, int] = {}
         self._done = False
-        self.last_placement: dict[str, int] = {}
-        self.last_shards: dict[str, list[dict]] = {}
-        self.last_report: Any = None  # the agent's SafetyReport of an unsplit proposal
+        self._proposal: list[ShardingOption] | None = None
+        self._failure: PlannerError | None = None
+        self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
         """Take the enumerated options; the next :meth:`propose` runs the policy."""
         self._search_space = search_space
         self._enumerator = enumerator
+        self._widths = split_widths(
+            search_space, self._constraints, self._topology.world_size, self._spec
+        )
         self._done = False
+        self._proposal, self._failure = None, None
+        self.last_report = None
 
     def feedback(
         self,
@@ -120,22 +147,35 @@ class DreamShardProposer(Proposer):
         """One proposal is all DreamShard makes; feedback is not needed."""
 
     def propose(self) -> list[ShardingOption] | None:
-        """The policy's plan the first time, then ``None``."""
+        """The policy's plan the first time, then ``None``.
+
+        When the policy cannot place the tables (memory), the proposal is still made, and
+        :meth:`failure` gives the partitioner the error to raise for it, so that TorchRec's
+        planner records the failure, tries the other proposers and, when none succeeds,
+        classifies it as it classifies its own."""
         if self._done or not self._search_space:
             return None
         self._done = True
         constraint = self._storage_constraint()
-        ours, others = self._choose_options(constraint)
-        used = self._place_others(others, constraint)
-        left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
-        if ours:
-            found = self._place_ours(ours, left, memory_tier(constraint))
-            ours = self._ranked_options(ours, found)
-        return others + ours
+        ours, others = choose_options(self._search_space, constraint, self._widths)
+        try:
+            used = self._place_others(others, constraint)
+            left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
+            if ours:
+                found = self._place_ours(ours, left, memory_tier(constraint))
+                ours = self._ranked_options(ours, found)
+        except PlannerError as exc:
+            self._failure = exc
+        self._proposal = others + ours
+        return self._proposal
+
+    def failure(self, proposal: list[ShardingOption]) -> PlannerError | None:
+        """Why ``proposal`` cannot be partitioned, if it is this proposer's failed one."""
+        return self._failure if proposal is self._proposal else None
 
     def _ranked_options(self, ours: list[ShardingOption], found: SplitPlan) -> list[ShardingOption]:
         """The options with the plan's devices in their shards' ranks: table-wise for the
-        whole tables, the enumerator's column-wise option for each split one."""
+        whole tables, a column-wise option for each split one."""
         whole, shards = plan_entries(found.sharded, found.placement)
         out = []
         for option in ours:
@@ -149,45 +189,18 @@ class DreamShardProposer(Proposer):
             for shard, entry in zip(split.shards, entries, strict=True):
                 shard.rank = entry["device"]
             out.append(split)
-        self.last_placement = whole
-        self.last_shards = shards
         return out
 
     def _column_wise(self, option: ShardingOption, columns: list[tuple]) -> ShardingOption:
-        make = getattr(self._enumerator, "column_wise_option", None)
-        if make is None:
+        if self._enumerator is None:
             raise PlannerError(
-                "DreamShard split a table but the enumerator cannot make column-wise options; "
-                "use DreamShardEnumerator",
+                "DreamShard split a table but was given no enumerator to estimate its "
+                "column-wise shards; call load(search_space, enumerator)",
                 PlannerErrorType.OTHER,
             )
-        return make(option, columns)
+        return column_wise_option(self._enumerator, option, columns)
 
     # -- steps ----------------------------------------------------------------------------
-
-    def _choose_options(
-        self, constraint: Topology
-    ) -> tuple[list[ShardingOption], list[ShardingOption]]:
-        """One option per table: the DreamShard one, or TorchRec's best-rated one among
-        those whose every shard fits the largest device."""
-        tier = memory_tier(constraint)
-        biggest = max(device_capacity(constraint))
-
-        def rank_key(o: ShardingOption) -> tuple[bool, float]:
-            fits = all(storage_bytes(s.storage, tier) <= biggest for s in o.shards)
-            return (not fits, o.total_perf)
-
-        by_fqn: dict[str, list[ShardingOption]] = {}
-        for option in self._search_space:
-            by_fqn.setdefault(option.fqn, []).append(option)
-        ours, others = [], []
-        for options in by_fqn.values():
-            mine = [o for o in options if is_dreamshard_option(o)]
-            if mine:
-                ours.append(mine[0])
-            else:
-                others.append(min(options, key=rank_key))
-        return ours, others
 
     def _storage_constraint(self) -> Topology:
         return reserved_topology(self._reservation, self._topology)
@@ -199,7 +212,7 @@ class DreamShardProposer(Proposer):
         if not others:
             return used
         try:
-            self._fallback.partition(others, copy.deepcopy(constraint))
+            self.fallback.partition(others, copy.deepcopy(constraint))
         except PlannerError as exc:
             raise PlannerError(
                 "TorchRec's partitioner could not place the tables DreamShard leaves to it "
@@ -216,7 +229,7 @@ class DreamShardProposer(Proposer):
         every device."""
         specs = [self._spec(o) for o in ours]
         need = [option_bytes(o, tier) for o in ours]
-        widths = self._split_widths()
+        widths = self._widths
         self._check_fits(ours, need, left, widths)
         ratio = sum(t.size_bytes for t in specs) / max(1, sum(need))
         caps = [max(1, int(x * min(1.0, ratio))) for x in left]
@@ -255,9 +268,6 @@ class DreamShardProposer(Proposer):
                 holders[entry["device"]].add(fqn)
         return used, holders
 
-    def _split_widths(self) -> dict[str, int]:
-        return dict(getattr(self._enumerator, "split_widths", None) or {})
-
     def _run_policy(
         self, specs: Sequence[TableSpec], caps: list[int], widths: dict[str, int]
     ) -> SplitPlan:
@@ -273,7 +283,7 @@ class DreamShardProposer(Proposer):
                 placement = self._agent.place(
                     task, mode=self._mode, num_samples=self._num_samples, seed=self._seed
                 )
-                self.last_report = getattr(self._agent, "last_report", None)
+                self.last_report = self._agent.last_report
                 return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
             found = plan_with_splits(
                 self._agent,
@@ -285,7 +295,7 @@ class DreamShardProposer(Proposer):
             )
             # the report describes the whole-table placement; a split plan is re-placed
             split = bool(found.sharded.columns)
-            self.last_report = None if split else getattr(self._agent, "last_report", None)
+            self.last_report = None if split else self._agent.last_report
             return found
         except ValueError as exc:  # PlacementError is a ValueError
             raise PlannerError(
@@ -315,10 +325,8 @@ class DreamShardProposer(Proposer):
             raise PlannerError(
                 f"tables {misfits} fit on no device: the most memory any device has left "
                 f"after TorchRec's storage reservation and the tables TorchRec placed is "
-                f"{biggest} bytes",
+                f"{biggest} bytes, and no other sharding type their ParameterConstraints "
+                "allow fits either: allow row_wise or column_wise for them, add devices or "
+                "memory, or make them smaller",
                 PlannerErrorType.INSUFFICIENT_STORAGE,
             )
-
-    def _spec(self, option: ShardingOption) -> TableSpec:
-        spec_fn = getattr(self._enumerator, "table_spec", None)
-        return spec_fn(option) if spec_fn is not None else spec_for_option(option)

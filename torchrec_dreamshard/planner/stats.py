@@ -10,6 +10,8 @@ from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.rivals import ProposalLog
 from torchrec_dreamshard.planner.types import PlanPrediction
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -22,14 +24,21 @@ class CostNetStats(Stats):
     forward, backward and communication times, and keeps it as :attr:`last_prediction`.
 
     Args:
-        perf_model: the cost-network perf model that rates plans.
-        proposer: the proposer whose ``last_report`` (the safety net's candidates: which
-            won and by how much) is logged too, when it has one.
+        perf_model: the cost-network perf model that predicts the chosen plan.
+        proposer: the DreamShard proposer whose ``last_report`` (the safety net's
+            candidates: which won and by how much) is logged too, when it has one.
+        log: the planner's proposal log (every proposer's best rating, which won).
     """
 
-    def __init__(self, perf_model: CostNetPerfModel, proposer: Any = None) -> None:
+    def __init__(
+        self,
+        perf_model: CostNetPerfModel,
+        proposer: DreamShardProposer | None = None,
+        log: ProposalLog | None = None,
+    ) -> None:
         self._perf_model = perf_model
         self._proposer = proposer
+        self._log = log
         self.last_prediction: PlanPrediction | None = None
         self.last_table: list[str] = []
 
@@ -56,7 +65,10 @@ class CostNetStats(Stats):
             "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all;",
             "Other: TorchRec's perf estimate of the shards it placed",
         ]
-        report = getattr(self._proposer, "last_report", None)
+        if self._log is not None and self._log.proposals:
+            rows += ["Proposers (rated by the planner's performance model):"]
+            rows += ["  " + line for line in self._log.lines()]
+        report = self._proposer.last_report if self._proposer is not None else None
         if report is not None:
             rows += report.lines()
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]

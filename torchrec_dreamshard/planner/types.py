@@ -10,6 +10,7 @@ the policy and cost network understand, and read device memory off a ``Topology`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.report import device_table
 from torchrec_dreamshard.splits import shard_spec
@@ -30,7 +32,6 @@ DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
 SPLIT_SHARDING_TYPE: str = ShardingType.COLUMN_WISE.value
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")  # see policy.agent
-SPLIT_COLUMNS_ATTR = "dreamshard_columns"  # the column ranges DreamShard gave a CW option
 
 
 class PlacementAgent(Protocol):
@@ -53,21 +54,32 @@ def is_dreamshard_option(option: ShardingOption) -> bool:
     )
 
 
+def is_policy_option(option: ShardingOption) -> bool:
+    """Whether the policy can place ``option``: table-wise, fused, of an EBC table."""
+    return is_dreamshard_option(option) and isinstance(option.module[1], EmbeddingBagCollection)
+
+
 def is_split_option(option: ShardingOption) -> bool:
-    """Whether this is a column-wise option DreamShard made for a table it split."""
+    """Whether the cost network rates this option: column-wise on the fused kernel, of an
+    EBC table (each shard a table of its columns)."""
     return (
         option.sharding_type == SPLIT_SHARDING_TYPE
         and option.compute_kernel == DREAMSHARD_COMPUTE_KERNEL
-        and getattr(option, SPLIT_COLUMNS_ATTR, None) is not None
+        and isinstance(option.module[1], EmbeddingBagCollection)
     )
+
+
+def option_columns(option: ShardingOption) -> list[tuple[int, int]]:
+    """The ``(start, end)`` columns of each of an option's shards, in shard order."""
+    return [(int(s.offset[1]), int(s.offset[1]) + int(s.size[1])) for s in option.shards]
 
 
 def option_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
     """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
-    one spec per shard (``name@start:end``) for a split one, in shard order."""
+    one spec per shard (``name@start:end``) for a column-wise one, in shard order."""
     if not is_split_option(option):
         return [spec]
-    return [shard_spec(spec, a, b) for a, b in getattr(option, SPLIT_COLUMNS_ATTR)]
+    return [shard_spec(spec, a, b) for a, b in option_columns(option)]
 
 
 def memory_tier(topology: Topology) -> str:
@@ -128,9 +140,12 @@ class PlanPrediction:
         fwd_ms, bwd_ms, comm_ms: predicted fused-kernel forward, backward and all-to-all
             times of the DreamShard-placed tables on each rank.
         other_ms: TorchRec's perf estimate of the shards TorchRec placed, per rank.
-        step_ms: predicted overall embedding step cost of the plan (what the planner
-            minimises): the cost network's step cost plus the largest ``other_ms``.
+        step_ms: predicted overall embedding step cost of the plan: the cost network's
+            step cost plus the largest ``other_ms``.
         tables: number of tables on each rank.
+        step_log_std: the cost network's uncertainty about its step cost (the ensemble
+            members' spread of log step cost).
+        penalty: how many of those spreads the planner's rating adds (the safety net's).
     """
 
     fwd_ms: list[float]
@@ -139,6 +154,16 @@ class PlanPrediction:
     other_ms: list[float]
     step_ms: float
     tables: list[int] = field(default_factory=list)
+    step_log_std: float = 0.0
+    penalty: float = 0.0
+
+    @property
+    def score_ms(self) -> float:
+        """The rating the planner minimises, as the safety net rates its candidates: the
+        cost network's step cost scaled by ``exp(penalty * step_log_std)`` (a plan only
+        some ensemble members believe in rates worse), plus the largest ``other_ms``."""
+        net = self.step_ms - max(self.other_ms, default=0.0)
+        return net * math.exp(self.penalty * self.step_log_std) + max(self.other_ms, default=0.0)
 
     def total_ms(self, rank: int) -> float:
         return self.fwd_ms[rank] + self.bwd_ms[rank] + self.comm_ms[rank] + self.other_ms[rank]
@@ -146,6 +171,7 @@ class PlanPrediction:
     def to_dict(self) -> dict:
         return {
             "step_ms": self.step_ms,
+            "step_log_std": self.step_log_std,
             "per_device": [
                 {
                     "rank": r,

@@ -19,6 +19,8 @@ by how much).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -120,6 +122,17 @@ class DreamShard:
         net = CostNet(hidden, members)
         meta = {"trained": False, "seed": seed, "version": __version__}
         return cls(net, PolicyNet(net.enc_dim, policy_hidden), meta)
+
+    def fingerprint(self) -> str:
+        """A digest of the networks' weights and the metadata: two agents with the same
+        fingerprint place every task the same way (the planner's context hash uses it)."""
+        digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True, default=str).encode())
+        digest.update(repr(self.penalty).encode())
+        for net in (self.cost_net, self.policy):
+            for name, tensor in sorted(net.state_dict().items()):
+                digest.update(name.encode())
+                digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
     # -- helpers --------------------------------------------------------------------------
 

@@ -1,0 +1,102 @@
+"""The parts of :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` built from
+its arguments: the topology, the agent (loaded, wrapped for calibration), and the check that
+a user's components are of TorchRec's types."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from torchrec.distributed.comm import get_local_size
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    Partitioner,
+    PerfModel,
+    PlanLoader,
+    Proposer,
+    Topology,
+)
+from torchrec.distributed.utils import get_device_type
+
+from torchrec_dreamshard.planner.types import PlacementAgent
+
+
+def default_topology() -> Topology:
+    """The current process group's topology, as TorchRec's planner builds it."""
+    if not dist.is_initialized():
+        raise ValueError(
+            "topology=None needs an initialised process group; pass "
+            "topology=Topology(world_size=..., compute_device=...)"
+        )
+    return Topology(
+        world_size=dist.get_world_size(),
+        compute_device=get_device_type(),
+        local_world_size=get_local_size(),
+    )
+
+
+def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
+    """The agent in ``checkpoint`` (``None``: the one bundled with the package)."""
+    from torchrec_dreamshard.checkpoint import load_checkpoint
+
+    return load_checkpoint(checkpoint)
+
+
+def check_components(enumerator, proposer, partitioner, performance_model, plan_loader) -> list:
+    """The user's proposers as a list, after checking each component is of TorchRec's type
+    for its argument (a ``TypeError`` names the argument and what it got)."""
+    users = [] if proposer is None else list(proposer) if isinstance(proposer, list) else [proposer]
+    expected = [
+        ("enumerator", enumerator, Enumerator),
+        ("partitioner", partitioner, Partitioner),
+        ("performance_model", performance_model, PerfModel),
+        ("plan_loader", plan_loader, PlanLoader),
+        *[("proposer", p, Proposer) for p in users],
+    ]
+    for arg, value, kind in expected:
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(
+                f"{arg} must be a TorchRec {kind.__name__} (torchrec.distributed.planner."
+                f"types.{kind.__name__}), got {type(value).__name__}"
+            )
+    return users
+
+
+def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int) -> Any:
+    """``agent`` wrapped to calibrate and/or verify in ``place`` (unchanged without)."""
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
+    if calibrate is None or calibrate is False:
+        if not verify:
+            return agent
+        calibrate = None
+    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    from torchrec_dreamshard.measure.config import MeasureConfig
+
+    device = "cuda" if topology.compute_device == "cuda" else "cpu"
+    if calibrate is True:
+        calibrate = CalibrationConfig(measure=MeasureConfig(device=device))
+    elif isinstance(calibrate, int | float):
+        calibrate = CalibrationConfig(
+            budget_s=float(calibrate), measure=MeasureConfig(device=device)
+        )
+    elif calibrate is not None and not isinstance(calibrate, CalibrationConfig):
+        raise ValueError(
+            "calibrate must be None, True, a budget in seconds or a CalibrationConfig, "
+            f"got {calibrate!r}"
+        )
+    return CalibratingAgent(agent, calibrate, verify_k=verify)
+
+
+class Unloaded:
+    """Stands in for an agent whose checkpoint failed to load on this rank: any use
+    raises the load error (collective_plan raises it first, on every rank)."""
+
+    def __init__(self, message: str) -> None:
+        self._message = message
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise ValueError(self._message)

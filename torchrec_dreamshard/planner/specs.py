@@ -1,0 +1,83 @@
+"""``TableSpecs``: the :class:`~torchrec_dreamshard.tables.TableSpec` of every sharding option,
+shared by the planner's components.
+
+The enumerator, the proposer, the perf model and the stats all see a table the same way:
+its shape and element size from the option's tensor, its pooling factor from the option's
+``input_lengths`` (``ParameterConstraints.pooling_factors``), and, when the planner was
+given sample batches, the reuse histogram measured from them. The planner calls
+:meth:`TableSpecs.observe` with the module before it plans, so the statistics are there
+whichever enumerator (ours or a user's) builds the search space.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import nn
+from torchrec.distributed.planner.types import ShardingOption
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_dreamshard.planner.types import spec_for_option
+from torchrec_dreamshard.table_stats import group_stats, merge_stats
+from torchrec_dreamshard.tables import TableSpec
+
+
+class TableSpecs:
+    """Table specs by fully qualified name, with reuse measured from sample batches.
+
+    Args:
+        sample_batches: optional ``KeyedJaggedTensor`` batches (per-rank batches) of the
+            model's sparse features; consecutive groups of ``world_size`` batches are taken
+            together as the global batch a table-wise kernel sees.
+        world_size: ranks in the topology.
+    """
+
+    def __init__(self, sample_batches: Iterable[Any] | None = None, world_size: int = 1) -> None:
+        self._samples = list(sample_batches) if sample_batches is not None else []
+        self._world = world_size
+        self._reuse: dict[str, tuple[float, ...]] = {}
+        self.specs: dict[str, TableSpec] = {}
+
+    def observe(self, module: nn.Module) -> None:
+        """Measure the reuse statistics of ``module``'s tables and forget earlier specs."""
+        self.specs = {}
+        self._reuse = reuse_hists(module, self._samples, self._world)
+
+    def reuse_key(self) -> list[tuple[str, tuple[float, ...]]]:
+        """The measured reuse histograms, sorted by table (part of the planner's context)."""
+        return sorted(self._reuse.items())
+
+    def __call__(self, option: ShardingOption) -> TableSpec:
+        """The spec of ``option``'s table (with measured reuse, if any)."""
+        spec = self.specs.get(option.fqn)
+        if spec is None:
+            spec = spec_for_option(option, self._reuse.get(option.fqn))
+            self.specs[option.fqn] = spec
+        return spec
+
+
+def reuse_hists(
+    module: nn.Module, batches: Sequence[Any], world_size: int
+) -> dict[str, tuple[float, ...]]:
+    """Reuse histogram of every EmbeddingBagCollection table whose features are all in the
+    sample batches, by the table's fully qualified name."""
+    if not batches:
+        return {}
+    dicts = [kjt.to_dict() for kjt in batches]
+    sizes = [kjt.stride() for kjt in batches]
+    starts = range(0, len(dicts), world_size)
+    groups = [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
+    out: dict[str, tuple[float, ...]] = {}
+    for path, child in module.named_modules():
+        if not isinstance(child, EmbeddingBagCollection):
+            continue
+        for config in child.embedding_bag_configs():
+            try:
+                stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
+            except ValueError:  # a feature missing from the samples: TorchRec's defaults
+                continue
+            stats = [s for s in stats if s is not None]
+            if stats:
+                out[f"{path}.{config.name}"] = merge_stats(stats)[1]
+    return out
