@@ -172,7 +172,7 @@ def test_dlrm_trains_under_dmp_with_dreamshard_plan(world, tmp_path):
 def failing_worker(rank: int, world: int, port: int, out_dir: str, checkpoint: str) -> None:
     """Rank 1 lacks the checkpoint; then rank 0 alone fails to plan (no memory)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.planner.types import PlannerError, Topology
 
     from torchrec_dreamshard.planner import DreamShardPlanner
 
@@ -192,8 +192,9 @@ def failing_worker(rank: int, world: int, port: int, out_dir: str, checkpoint: s
         planner = DreamShardPlanner(topology=tiny, batch_size=LOCAL_BATCH, checkpoint=checkpoint)
         try:
             planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
-        except Exception as exc:
+        except PlannerError as exc:
             report["plan"] = f"{type(exc).__name__}: {exc}"
+            report["error_type"] = exc.error_type.name
     (Path(out_dir) / f"fail{rank}.json").write_text(json.dumps(report))
     exit_spawned_rank()
 
@@ -216,6 +217,7 @@ def test_a_failure_on_one_rank_reaches_every_rank(tmp_path):
         assert report["load"].startswith("ValueError: rank 1: checkpoint"), report
         assert "agent.pt.missing" in report["load"] and "does not exist" in report["load"]
         assert "PlannerError" in report["plan"], report
+        assert report["error_type"] == "INSUFFICIENT_STORAGE"  # TorchRec's type, on every rank
     assert "rank 0 could not plan" in reports[1]["plan"]
 
 
