@@ -138,11 +138,17 @@ class CommModel:
     samples: int = 0
     rmse_ms: float = 0.0
 
-    def all_to_all_ms(self, num_devices: int, megabytes: float) -> float:
-        """One all-to-all's ms for a device moving ``megabytes`` among ``num_devices``."""
+    def collective_ms(self, num_devices: int, megabytes: float) -> float:
+        """One collective's ms for a device moving ``megabytes`` among ``num_devices``
+        (the same latency-bandwidth form fits every collective; see
+        :mod:`torchrec_dreamshard.measure.collectives`)."""
         if num_devices <= 1:
             return 0.0
         return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
+
+    def all_to_all_ms(self, num_devices: int, megabytes: float) -> float:
+        """One all-to-all's ms for a device moving ``megabytes`` among ``num_devices``."""
+        return self.collective_ms(num_devices, megabytes)
 
     def device_comm_ms(self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4) -> list:
         """Forward + backward all-to-all ms of every device, given each device's width."""
@@ -153,11 +159,13 @@ class CommModel:
         ]
 
 
-def fit_comm_model(samples: Sequence[tuple[int, float, float]], source: str) -> CommModel:
-    """Least squares of ``(num_devices, MB, ms)`` samples (one all-to-all each)."""
+def fit_comm_model(
+    samples: Sequence[tuple[int, float, float]], source: str, what: str = "all-to-all"
+) -> CommModel:
+    """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each)."""
     arr = np.asarray(samples, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] < 3:
-        raise ValueError("fitting the all-to-all model needs at least 3 samples")
+        raise ValueError(f"fitting the {what} model needs at least 3 samples")
     design = np.stack([np.ones(len(arr)), arr[:, 0] - 1, arr[:, 1]], axis=1)
     coef, *_ = np.linalg.lstsq(design, arr[:, 2], rcond=None)
     coef = np.maximum(coef, 0.0)

@@ -1,0 +1,102 @@
+"""The collective models: one latency-bandwidth fit per collective, cached per machine."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import numpy as np
+import pytest
+
+from torchrec_dreamshard.measure import collectives as coll
+from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.measure.collectives import (
+    COLLECTIVES,
+    CollectiveModels,
+    fit_collective_models,
+    wire_megabytes,
+)
+from torchrec_dreamshard.measure.comm import CommModel
+
+MODELS = CollectiveModels(
+    backend="gloo",
+    models={k: CommModel(0.2, 0.5 + i, 0.8, source="test") for i, k in enumerate(COLLECTIVES)},
+)
+
+
+def test_wire_megabytes_puts_every_collective_on_one_axis():
+    s = 4e6
+    assert wire_megabytes("all_to_all", 4, s) == pytest.approx(2 * 3 / 4 * 4)
+    assert wire_megabytes("reduce_scatter", 4, s) == wire_megabytes("all_gather", 4, s)
+    assert wire_megabytes("all_reduce", 4, s) == pytest.approx(
+        2 * wire_megabytes("all_gather", 4, s)
+    )
+    assert wire_megabytes("all_reduce", 1, s) == 0.0
+    with pytest.raises(ValueError, match="unknown collective 'broadcast'"):
+        wire_megabytes("broadcast", 2, s)
+
+
+def test_fit_recovers_each_collectives_coefficients_and_round_trips():
+    rng = np.random.default_rng(0)
+    truth = {k: (0.1 * (i + 1), 0.5 + i, 0.2 * (i + 1)) for i, k in enumerate(COLLECTIVES)}
+    samples = [
+        (k, d, mb, a + b * (d - 1) + c * mb)
+        for k, (a, b, c) in truth.items()
+        for d in (2, 3, 4)
+        for mb in rng.uniform(0.01, 8.0, size=4)
+    ]
+    fitted = fit_collective_models(samples, "gloo", "synthetic")
+    for k, coefs in truth.items():
+        m = fitted.models[k]
+        assert (m.latency_ms, m.per_peer_ms, m.ms_per_mb) == pytest.approx(coefs, abs=1e-9)
+    again = CollectiveModels.from_dict(json.loads(json.dumps(fitted.to_dict())))
+    assert again.to_dict() == fitted.to_dict()
+    with pytest.raises(ValueError, match="format version 1, got 0"):
+        CollectiveModels.from_dict({**fitted.to_dict(), "version": 0})
+    with pytest.raises(ValueError, match="lack \\['all_reduce'\\]"):
+        CollectiveModels(backend="gloo", models={k: MODELS.models[k] for k in COLLECTIVES[:3]})
+
+
+def test_cached_models_load_without_calibrating_and_leave_the_all_to_all_cache(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(coll, "_LOADED", {})
+    monkeypatch.setattr(comm_mod, "_LOADED", {})
+    monkeypatch.setattr(coll, "calibrate_collective_models", _refuse)
+    monkeypatch.setattr(comm_mod, "calibrate_comm_model", _refuse)
+    old = CommModel(latency_ms=0.1, per_peer_ms=0.05, ms_per_mb=0.5, source="old cache")
+    old_path = comm_mod.default_model_path()
+    old_path.parent.mkdir(parents=True)
+    old_path.write_text(json.dumps(asdict(old)))
+    path = coll.default_collectives_path("gloo")
+    assert path.parent == old_path.parent and path != old_path
+    path.write_text(json.dumps(MODELS.to_dict()))
+    assert coll.load_collective_models(backend="gloo").to_dict() == MODELS.to_dict()
+    assert comm_mod.load_comm_model() == old
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"version": 7}))
+    with pytest.raises(ValueError, match="delete .*bad.json"):
+        coll.load_collective_models(bad)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("must not calibrate when the cache file exists")
+
+
+@pytest.mark.slow
+def test_calibrated_collectives_are_positive_and_monotone(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(coll, "_LOADED", {})
+    models = coll.load_collective_models(backend="gloo")
+    assert coll.default_collectives_path("gloo").exists()
+    for kind in COLLECTIVES:
+        m = models.models[kind]
+        assert m.samples == (2 + 3 + 4) * len(coll._CALIBRATION_BYTES)  # every rank of each group
+        assert m.latency_ms >= 0 and m.per_peer_ms >= 0 and m.ms_per_mb > 0, (kind, m)
+        for d in (2, 3, 4):
+            small, large = models.ms(kind, d, 0.1), models.ms(kind, d, 10.0)
+            assert 0 < small < large, (kind, d, small, large)
+    monkeypatch.setattr(coll, "_LOADED", {})
+    monkeypatch.setattr(coll, "calibrate_collective_models", _refuse)
+    assert coll.load_collective_models(backend="gloo").to_dict() == models.to_dict()

@@ -1,0 +1,71 @@
+"""Hosts in the communication terms: the fit within a host, an analytic term across."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from torchrec_dreamshard.comm_topology import (
+    INTER_HOST_BW,
+    INTRA_HOST_BW,
+    CommTopology,
+    all_to_all_ms,
+    analytic_models,
+    ring_ms,
+)
+from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels, wire_megabytes
+from torchrec_dreamshard.measure.comm import CommModel
+
+GLOO = CollectiveModels(
+    backend="test",
+    models={k: CommModel(0.2, 0.5 + i, 0.8, source="test") for i, k in enumerate(COLLECTIVES)},
+)
+
+
+def test_comm_topology_from_torchrec_topology():
+    from torchrec.distributed.planner.types import Topology
+
+    topo = CommTopology.from_torchrec(
+        Topology(world_size=8, local_world_size=4, compute_device="cpu")
+    )
+    assert (topo.world_size, topo.local_world_size, topo.num_hosts) == (8, 4, 2)
+    assert topo.intra_host_bw == pytest.approx(INTRA_HOST_BW)
+    assert topo.inter_host_bw == pytest.approx(INTER_HOST_BW)
+    assert topo.host_ranks(1) == (4, 5, 6, 7)
+    assert not topo.crosses_hosts((0, 3)) and topo.crosses_hosts((3, 4))
+    with pytest.raises(ValueError, match="local_world_size must be an integer in 1..4"):
+        CommTopology(world_size=4, local_world_size=5)
+    with pytest.raises(ValueError, match="inter_host_bw must be a positive"):
+        CommTopology(world_size=4, inter_host_bw=0.0)
+
+
+def test_cross_host_terms_grow_with_inter_host_volume():
+    topo = CommTopology(world_size=8, local_world_size=4, inter_host_bw=1e3)  # 1 MB/ms
+    flows = np.zeros((8, 8))
+    for nbytes in (1e6, 4e6):
+        near, far = flows.copy(), flows.copy()
+        near[0, 1], far[0, 5] = nbytes, nbytes
+        same = all_to_all_ms(topo, GLOO, range(8), near)
+        cross = all_to_all_ms(topo, GLOO, range(8), far)
+        assert cross[0] - same[0] == pytest.approx(nbytes / 1e3)  # the senders
+        assert cross[5] - same[1] == pytest.approx(nbytes / 1e3)  # the receivers
+        assert cross[3] == pytest.approx(same[3])  # a rank that sends nothing across
+    one_host = CommTopology(world_size=8, local_world_size=8, inter_host_bw=1e3)
+    extra = [
+        ring_ms(topo, GLOO, "all_reduce", range(8), s)[0]
+        - ring_ms(one_host, GLOO, "all_reduce", range(8), s)[0]
+        for s in (1e6, 4e6)
+    ]
+    # hierarchical: 2 (H - 1) / H * S / n over H = 2 hosts of n = 4 NICs
+    assert extra == pytest.approx([2 * 0.5 * s / 4 / 1e3 for s in (1e6, 4e6)])
+    within = ring_ms(topo, GLOO, "all_gather", (4, 5, 6, 7), 4e6)
+    assert within[4] == pytest.approx(
+        GLOO.ms("all_gather", 4, wire_megabytes("all_gather", 4, 4e6))
+    )
+
+
+def test_analytic_models_follow_the_intra_host_bandwidth():
+    topo = CommTopology(world_size=8, intra_host_bw=1e5)
+    models = analytic_models(topo)
+    assert models.ms("all_to_all", 8, 2.0) == pytest.approx(1e6 / 1e5)  # 1 MB each way
+    assert models.backend == "analytic" and "unmeasured" in models.source

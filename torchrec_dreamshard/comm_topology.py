@@ -1,0 +1,178 @@
+"""Hosts in the communication terms: which collectives cross hosts, and what that costs.
+
+A job of ``W`` ranks runs ``L`` (``local_world_size``) ranks per host; rank ``r`` lives on
+host ``r // L``, as in TorchRec's ``Topology``. A collective over a set of ranks costs
+each rank
+
+    t_r = fit(D, MB_r)  +  X_r / inter_host_bw
+
+* ``fit`` is the collective's latency-bandwidth model (measured on this machine's backend,
+  :mod:`torchrec_dreamshard.measure.collectives`), at the group's size ``D`` and the MB the
+  rank sends plus receives. Every rank's bytes pass through its own stack, so the fit
+  applies whether or not the group crosses hosts; beyond the sizes it was measured at
+  (here 2..4 ranks) it extrapolates linearly in ``D``.
+* ``X_r`` (bytes) is what the rank moves *across hosts*, one way: links are full duplex,
+  so it is the larger of what it sends to and receives from other hosts. This term is
+  **analytic**: this machine has one host and cannot measure it. With one NIC per rank
+  (TorchRec's assumption, whose all-reduce bandwidth is ``inter_host_bw * L``):
+
+  - all-to-all: exactly the flows to and from ranks of other hosts;
+  - reduce-scatter, all-gather of an ``S``-byte buffer over ``H`` hosts with ``n`` ranks
+    each (hierarchical: within the host, then a ring between hosts carried by the host's
+    ``n`` NICs): ``X = (H - 1) / H * S / n``; all-reduce: twice that. A group with unequal
+    ranks per host is charged at its thinnest host (fewest NICs).
+
+Where no fit exists for the target (NVLink within a host, say), :func:`analytic_models`
+builds the fit from ``intra_host_bw`` alone: no latency, ``MB / 2 / intra_host_bw`` (half
+of send-plus-receive crosses each direction of a full-duplex link). That is analytic too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from torchrec_dreamshard.measure.collectives import (
+    COLLECTIVES,
+    CollectiveModels,
+    check_kind,
+    wire_megabytes,
+)
+from torchrec_dreamshard.measure.comm import CommModel
+
+INTRA_HOST_BW: float = 600 * 1024**3 / 1000  # bytes/ms; TorchRec's INTRA_NODE_BANDWIDTH
+INTER_HOST_BW: float = 12.5 * 1024**3 / 1000  # bytes/ms; TorchRec's CROSS_NODE_BANDWIDTH
+_RING_CROSS = {"reduce_scatter": 1.0, "all_gather": 1.0, "all_reduce": 2.0}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommTopology:
+    """Ranks, hosts and link bandwidths, as TorchRec's ``Topology`` gives them.
+
+    Args:
+        world_size: ranks ``W`` in the job.
+        local_world_size: ranks per host ``L`` (``None``: all on one host).
+        intra_host_bw: bytes/ms between ranks of a host (used only by
+            :func:`analytic_models`; the measured fit stands for it here).
+        inter_host_bw: bytes/ms of one rank's link to other hosts.
+    """
+
+    world_size: int
+    local_world_size: int | None = None
+    intra_host_bw: float = INTRA_HOST_BW
+    inter_host_bw: float = INTER_HOST_BW
+
+    def __post_init__(self) -> None:
+        w = self.world_size
+        if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {w!r}")
+        local = w if self.local_world_size is None else self.local_world_size
+        if isinstance(local, bool) or not isinstance(local, int) or not 1 <= local <= w:
+            raise ValueError(f"local_world_size must be an integer in 1..{w}, got {local!r}")
+        object.__setattr__(self, "local_world_size", local)
+        for name in ("intra_host_bw", "inter_host_bw"):
+            bw = getattr(self, name)
+            if not (isinstance(bw, int | float) and np.isfinite(bw) and bw > 0):
+                raise ValueError(f"{name} must be a positive number of bytes/ms, got {bw!r}")
+
+    @classmethod
+    def from_torchrec(cls, topology: Any) -> CommTopology:
+        """From a TorchRec ``Topology`` (its ``world_size``, ``local_world_size``,
+        ``intra_host_bw`` and ``inter_host_bw``, all in TorchRec's units)."""
+        return cls(
+            world_size=int(topology.world_size),
+            local_world_size=int(topology.local_world_size),
+            intra_host_bw=float(topology.intra_host_bw),
+            inter_host_bw=float(topology.inter_host_bw),
+        )
+
+    @property
+    def num_hosts(self) -> int:
+        return -(-self.world_size // self.local_world_size)
+
+    def host_of(self, rank: int) -> int:
+        """The host of ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is out of range 0..{self.world_size - 1}")
+        return rank // self.local_world_size
+
+    def host_ranks(self, host: int) -> tuple[int, ...]:
+        """The ranks of ``host``."""
+        if not 0 <= host < self.num_hosts:
+            raise ValueError(f"host {host} is out of range 0..{self.num_hosts - 1}")
+        start = host * self.local_world_size
+        return tuple(range(start, min(start + self.local_world_size, self.world_size)))
+
+    def crosses_hosts(self, ranks: Sequence[int]) -> bool:
+        """Whether a collective over ``ranks`` involves more than one host."""
+        return len({self.host_of(r) for r in ranks}) > 1
+
+    def remote_mask(self) -> np.ndarray:
+        """``[W, W]`` booleans: whether ranks ``i`` and ``j`` are on different hosts."""
+        hosts = np.arange(self.world_size) // self.local_world_size
+        return hosts[:, None] != hosts[None, :]
+
+    def ring_cross_bytes(self, kind: str, ranks: Sequence[int], buffer_bytes: float) -> float:
+        """Bytes one rank moves across hosts, one way, in a reduce-scatter, all-gather or
+        all-reduce of ``buffer_bytes`` over ``ranks`` (see the module docstring)."""
+        if check_kind(kind) not in _RING_CROSS:
+            raise ValueError(f"{kind!r} is not a ring collective; give its flows")
+        per_host: dict[int, int] = {}
+        for r in ranks:
+            per_host[self.host_of(r)] = per_host.get(self.host_of(r), 0) + 1
+        h = len(per_host)
+        if h <= 1:
+            return 0.0
+        return _RING_CROSS[kind] * (h - 1) / h * buffer_bytes / min(per_host.values())
+
+
+def all_to_all_ms(
+    topo: CommTopology, models: CollectiveModels, ranks: Sequence[int], flows: np.ndarray
+) -> np.ndarray:
+    """``[W]`` ms of one all-to-all over ``ranks`` (0 for ranks outside it).
+
+    Args:
+        flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored).
+    """
+    out = np.zeros(topo.world_size)
+    idx = np.asarray(sorted(set(ranks)), dtype=np.int64)
+    f = np.array(flows, dtype=np.float64)
+    np.fill_diagonal(f, 0.0)
+    remote = np.where(topo.remote_mask(), f, 0.0)
+    for r in idx:
+        mb = (f[r].sum() + f[:, r].sum()) / 1e6
+        cross = max(remote[r].sum(), remote[:, r].sum())
+        out[r] = models.ms("all_to_all", len(idx), mb) + cross / topo.inter_host_bw
+    return out
+
+
+def ring_ms(
+    topo: CommTopology,
+    models: CollectiveModels,
+    kind: str,
+    ranks: Sequence[int],
+    buffer_bytes: float,
+) -> np.ndarray:
+    """``[W]`` ms of one reduce-scatter, all-gather or all-reduce of ``buffer_bytes`` per
+    rank over ``ranks`` (0 for ranks outside it)."""
+    out = np.zeros(topo.world_size)
+    group = sorted(set(ranks))
+    mb = wire_megabytes(kind, len(group), buffer_bytes)
+    cross = topo.ring_cross_bytes(kind, group, buffer_bytes)
+    for r in group:
+        out[r] = models.ms(kind, len(group), mb) + cross / topo.inter_host_bw
+    return out
+
+
+def analytic_models(topo: CommTopology) -> CollectiveModels:
+    """Collective models from ``topo.intra_host_bw`` alone (no latency): for a backend
+    this machine cannot measure, such as NCCL over NVLink. Analytic, unmeasured."""
+    ms_per_mb = 1e6 / 2.0 / topo.intra_host_bw
+    source = f"analytic: intra_host_bw {topo.intra_host_bw:.4g} bytes/ms, unmeasured"
+    model = CommModel(latency_ms=0.0, per_peer_ms=0.0, ms_per_mb=ms_per_mb, source=source)
+    return CollectiveModels(
+        backend="analytic", models=dict.fromkeys(COLLECTIVES, model), source=source
+    )

@@ -1,0 +1,284 @@
+"""Every collective TorchRec's sharding types use, timed on this machine and modelled.
+
+The four collectives are the all-to-all (table-wise and column-wise outputs, every input
+distribution), the reduce-scatter (row-wise pooled outputs, forward), the all-gather
+(their gradients, backward) and the all-reduce (data-parallel gradients). Each is fitted,
+as :mod:`torchrec_dreamshard.measure.comm` fits the all-to-all, to the latency-bandwidth
+form
+
+    t(D, MB) = a + b * (D - 1) + c * MB        (ms; one collective among D ranks)
+
+where ``MB`` (1e6 bytes) is what one rank sends plus receives under the collective's
+bandwidth-optimal algorithm, so that every collective is on the same axis. For a buffer of
+``S`` bytes on each of ``D`` ranks:
+
+* all-to-all of ``S`` bytes per rank, evenly split: ``2 (D - 1) / D * S`` (its own slice
+  stays; uneven all-to-alls count the bytes they actually move);
+* reduce-scatter of an ``S``-byte input (``S / D`` out): ``2 (D - 1) / D * S``;
+* all-gather into an ``S``-byte output (``S / D`` in): ``2 (D - 1) / D * S``;
+* all-reduce of ``S`` bytes (a reduce-scatter then an all-gather): ``4 (D - 1) / D * S``.
+
+``a, b, c`` are least squares over timings on 2..``max_devices`` spawned ranks, clipped at
+0, and are cached per machine and backend in a JSON file of their own (the all-to-all
+model's file is left as it was, so old caches still load). The backend is gloo on CPU
+and NCCL where at least two GPUs are present; the NCCL path (one GPU per rank, timings
+synchronised on the device) is written to be right but is unmeasured here, where there is
+no GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
+from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
+from torchrec_dreamshard.measure.config import stable_key
+from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.spawn import free_port, local_process_group
+
+COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
+FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
+_WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
+_CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
+_CALIBRATION_REPEATS = 5
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it names a collective, else a ``ValueError`` listing the names."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {list(COLLECTIVES)}")
+    return kind
+
+
+def wire_megabytes(kind: str, num_devices: int, buffer_bytes: float) -> float:
+    """MB one rank sends plus receives in ``kind`` over ``num_devices`` ranks with a buffer
+    of ``buffer_bytes`` per rank (see the module docstring; 0 for one rank)."""
+    check_kind(kind)
+    if num_devices <= 1:
+        return 0.0
+    return _WIRE_FACTOR[kind] * (num_devices - 1) / num_devices * buffer_bytes / 1e6
+
+
+@dataclass
+class CollectiveModels:
+    """One fitted :class:`CommModel` per collective, for one backend.
+
+    Args:
+        backend: ``"gloo"`` or ``"nccl"`` (or ``"analytic"`` for models built from
+            bandwidths rather than timings).
+        models: collective name -> its ``t(D, MB)`` model.
+        source: how the models were obtained.
+    """
+
+    backend: str
+    models: dict[str, CommModel]
+    source: str = ""
+    version: int = field(default=FORMAT_VERSION)
+
+    def __post_init__(self) -> None:
+        missing = [k for k in COLLECTIVES if k not in self.models]
+        if missing:
+            raise ValueError(f"collective models lack {missing}; expected all of {COLLECTIVES}")
+
+    def ms(self, kind: str, num_devices: int, megabytes: float) -> float:
+        """One ``kind`` collective's ms for a rank moving ``megabytes`` among
+        ``num_devices`` ranks (0 for one rank)."""
+        return self.models[check_kind(kind)].collective_ms(num_devices, megabytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        models = {k: asdict(m) for k, m in self.models.items()}
+        return {
+            "version": self.version,
+            "backend": self.backend,
+            "source": self.source,
+            "models": models,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CollectiveModels:
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            found = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"collective models need format version {FORMAT_VERSION}, got {found}")
+        try:
+            models = {k: CommModel(**v) for k, v in data["models"].items()}
+            return cls(backend=data["backend"], models=models, source=data.get("source", ""))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"collective models are malformed ({exc!r})") from None
+
+
+def default_backend() -> str:
+    """``"nccl"`` where at least two GPUs and NCCL are present, else ``"gloo"``."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available():
+        return "nccl"
+    return "gloo"
+
+
+def _buffers(
+    kind: str, numel: int, num_devices: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input, output)`` of ``kind`` for a buffer of ``numel`` elements per rank
+    (``numel`` a multiple of ``num_devices``; the all-reduce works in place)."""
+    part = numel // num_devices
+    if kind == "reduce_scatter":
+        return torch.rand(numel, device=device), torch.empty(part, device=device)
+    if kind == "all_gather":
+        return torch.rand(part, device=device), torch.empty(numel, device=device)
+    full = torch.rand(numel, device=device)
+    return full, (torch.empty(numel, device=device) if kind == "all_to_all" else full)
+
+
+def _run(kind: str, inp: torch.Tensor, out: torch.Tensor, group) -> None:
+    import torch.distributed as dist
+
+    if kind == "all_to_all":
+        dist.all_to_all_single(out, inp, group=group)
+    elif kind == "reduce_scatter":
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, inp, group=group)
+    elif kind == "all_gather":
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=group)
+    else:
+        dist.all_reduce(inp, group=group)
+
+
+def time_collective(
+    kind: str, buffer_bytes: int, iters: int, warmup: int = 1, group=None, device=None
+) -> list[float]:
+    """Time ``kind`` with a buffer of about ``buffer_bytes`` per rank (fp32) on an
+    initialised group; every rank of ``group`` must call it with the same arguments.
+
+    Each run starts after a barrier, so a rank's time is from the common start to its own
+    completion (with a device synchronisation on CUDA).
+
+    Returns:
+        ``iters`` figures in ms for this rank.
+    """
+    import torch.distributed as dist
+
+    device = device or torch.device("cpu")
+    d = dist.get_world_size(group)
+    numel = max(1, round(buffer_bytes / 4 / d)) * d
+    inp, out = _buffers(check_kind(kind), numel, d, device)
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier(group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        _run(kind, inp, out, group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    samples = []
+    with local_process_group(rank, world, port, backend=backend):
+        for d in range(2, world + 1):
+            group = dist.new_group(list(range(d)))
+            if rank >= d:
+                continue
+            for kind in COLLECTIVES:
+                for size in _CALIBRATION_BYTES:
+                    t = time_collective(
+                        kind, size, _CALIBRATION_REPEATS, group=group, device=device
+                    )
+                    samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(samples, gathered, dst=0)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps([s for part in gathered for s in part]))
+
+
+def fit_collective_models(
+    samples: Sequence[tuple[str, int, float, float]], backend: str, source: str
+) -> CollectiveModels:
+    """One least-squares :class:`CommModel` per collective from ``(kind, D, MB, ms)``."""
+    models = {}
+    for kind in COLLECTIVES:
+        rows = [(d, mb, ms) for k, d, mb, ms in samples if k == kind]
+        models[kind] = fit_comm_model(rows, f"{source}: {kind}", what=kind)
+    return CollectiveModels(backend=backend, models=models, source=source)
+
+
+def calibrate_collective_models(
+    max_devices: int = 4, backend: str | None = None
+) -> CollectiveModels:
+    """Time every collective on 2..``max_devices`` spawned ranks and fit their models.
+
+    The timings take a few seconds; starting the processes takes most of the rest.
+    """
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    backend = backend or default_backend()
+    if backend == "nccl":
+        max_devices = min(max_devices, torch.cuda.device_count())
+    if max_devices < 2:
+        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "samples.json")
+        args = (max_devices, free_port(), out, backend)
+        mp.spawn(_calibration_worker, args=args, nprocs=max_devices)
+        samples = json.loads(Path(out).read_text())
+    source = f"{backend} collectives on {_device_name(backend)}, 2..{max_devices} ranks"
+    return fit_collective_models([tuple(s) for s in samples], backend, source)
+
+
+def _device_name(backend: str) -> str:
+    return torch.cuda.get_device_name(0) if backend == "nccl" else cpu_name()
+
+
+def default_collectives_path(backend: str | None = None) -> Path:
+    """Per-machine, per-backend cache file of the fitted models (beside the all-to-all
+    model's, under ``$XDG_CACHE_HOME`` or ~/.cache)."""
+    backend = backend or default_backend()
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    machine = stable_key([socket.gethostname(), _device_name(backend), torch.__version__])
+    return base / "torchrec_dreamshard" / f"collectives_{backend}_{machine}.json"
+
+
+_LOADED: dict[str, CollectiveModels] = {}
+
+
+def load_collective_models(
+    path: str | os.PathLike | None = None, backend: str | None = None
+) -> CollectiveModels:
+    """The fitted models from ``path`` (default :func:`default_collectives_path`),
+    calibrating and saving them first when the file does not exist."""
+    backend = backend or default_backend()
+    path = Path(path) if path is not None else default_collectives_path(backend)
+    if str(path) in _LOADED:
+        return _LOADED[str(path)]
+    if path.exists():
+        try:
+            models = CollectiveModels.from_dict(read_json(path, "collective models file"))
+        except ValueError as exc:
+            raise ValueError(f"{exc}; delete {str(path)!r} to refit") from None
+    else:
+        models = calibrate_collective_models(backend=backend)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, dumps_strict(models.to_dict()), "collective models file")
+    _LOADED[str(path)] = models
+    return models

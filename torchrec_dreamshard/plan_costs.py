@@ -1,0 +1,162 @@
+"""The cost of a typed plan: every table's sharding terms, priced per rank, batched as
+TorchRec batches them.
+
+Per rank ``r``:
+
+    fwd_r  = sum over r's fused kernels of their forward ms
+    bwd_r  = sum over r's fused kernels of their backward ms + DP dense bytes_r / mem_bw
+    comm_r = sum over the collectives r takes part in of their ms
+    step   = max_r (fwd_r + bwd_r + comm_r)
+
+A fused kernel is one call of the caller's ``kernel_ms`` over every table (or shard) that
+one rank looks up with one sharding type, pooled or sequence, at one batch: TorchRec
+groups lookups that way. A collective is every table's share with the same tag, kind and
+ranks (one all-to-all for all table-wise outputs, one all-reduce for all DP gradients,
+one reduce-scatter for all row-wise outputs, ...): flows and buffers are **summed first**
+and the collective's model is applied **once**, so its latency is paid once, not per
+table (:mod:`torchrec_dreamshard.comm_topology` prices one collective).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from torchrec_dreamshard.comm_topology import all_to_all_ms, ring_ms
+from torchrec_dreamshard.sharding_costs import (
+    CostContext,
+    Exchange,
+    KernelFn,
+    TableChoice,
+    Terms,
+    job_terms,
+    table_terms,
+)
+from torchrec_dreamshard.tables import TableSpec
+
+
+@dataclass(frozen=True)
+class RankCost:
+    """One rank's forward, backward and communication ms in a step."""
+
+    fwd_ms: float
+    bwd_ms: float
+    comm_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.fwd_ms + self.bwd_ms + self.comm_ms
+
+
+@dataclass(frozen=True)
+class PlanCost:
+    """Every rank's cost; the step is the slowest rank's total."""
+
+    ranks: tuple[RankCost, ...]
+
+    @property
+    def step_ms(self) -> float:
+        return max(r.total_ms for r in self.ranks)
+
+
+def kernel_costs(terms: Terms, ctx: CostContext) -> tuple[np.ndarray, np.ndarray]:
+    """``([W], [W])`` forward and backward ms: one ``kernel_ms`` call per fused kernel,
+    plus DP's dense passes in the backward."""
+    groups: dict[tuple[int, str, int], list[TableSpec]] = {}
+    for k in terms.kernels:
+        groups.setdefault((k.rank, k.group, k.batch), []).append(k.table)
+    fwd, bwd = np.zeros(ctx.topology.world_size), np.zeros(ctx.topology.world_size)
+    for (rank, _, batch), tables in groups.items():
+        f, b = ctx.kernel_ms(tables, batch)
+        fwd[rank] += f
+        bwd[rank] += b
+    for rank, nbytes in terms.dense_bytes:
+        bwd[rank] += nbytes / ctx.mem_bw
+    return fwd, bwd
+
+
+def merged_exchanges(exchanges: Iterable[Exchange]) -> list[Exchange]:
+    """One exchange per collective: shares with equal ``(tag, kind, ranks)`` summed."""
+    merged: dict[tuple[str, str, tuple[int, ...]], Exchange] = {}
+    for e in exchanges:
+        key = (e.tag, e.kind, tuple(sorted(e.ranks)))
+        old = merged.get(key)
+        if old is None:
+            merged[key] = Exchange(e.tag, e.kind, key[2], e.flows, e.buffer_bytes)
+            continue
+        flows = None if e.flows is None else old.flows + e.flows
+        merged[key] = Exchange(e.tag, e.kind, key[2], flows, old.buffer_bytes + e.buffer_bytes)
+    return list(merged.values())
+
+
+def comm_costs(terms: Terms, ctx: CostContext) -> np.ndarray:
+    """``[W]`` ms of every collective each rank takes part in, batched."""
+    comm = np.zeros(ctx.topology.world_size)
+    for e in merged_exchanges(terms.exchanges):
+        if e.kind == "all_to_all":
+            comm += all_to_all_ms(ctx.topology, ctx.collectives, e.ranks, e.flows)
+        else:
+            comm += ring_ms(ctx.topology, ctx.collectives, e.kind, e.ranks, e.buffer_bytes)
+    return comm
+
+
+def terms_cost(terms: Terms, ctx: CostContext) -> PlanCost:
+    """Every rank's fwd, bwd and comm ms of ``terms``."""
+    fwd, bwd = kernel_costs(terms, ctx)
+    comm = comm_costs(terms, ctx)
+    return PlanCost(
+        tuple(
+            RankCost(float(f), float(b), float(c)) for f, b, c in zip(fwd, bwd, comm, strict=True)
+        )
+    )
+
+
+def table_cost(choice: TableChoice, ctx: CostContext) -> PlanCost:
+    """What ``choice`` costs every rank with no other table (its collectives alone, and
+    the job's dense all-reduce if ``ctx.dense_grad_bytes``)."""
+    return terms_cost(job_terms(ctx) + table_terms(choice, ctx), ctx)
+
+
+def plan_cost(choices: Sequence[TableChoice], ctx: CostContext) -> PlanCost:
+    """What a whole typed plan costs every rank, collectives batched (see the module
+    docstring); ``plan_cost(...).step_ms`` rates the plan."""
+    names = [c.table.name for c in choices]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"tables {dupes} are chosen more than once; give each one choice")
+    if not choices:
+        raise ValueError("a plan needs at least one table choice")
+    terms = job_terms(ctx)
+    for c in choices:
+        terms += table_terms(c, ctx)
+    return terms_cost(terms, ctx)
+
+
+class Predictor(Protocol):
+    """What :func:`cost_network_kernel` needs of an agent."""
+
+    def predict(self, task: Any, placement: Sequence[int]) -> Any: ...
+
+
+def cost_network_kernel(agent: Predictor) -> KernelFn:
+    """``kernel_ms`` from a DreamShard agent's cost network: the predicted forward and
+    backward ms of the tables alone on one device (the compute heads do not depend on the
+    number of devices, so one device stands for any rank)."""
+    from torchrec_dreamshard.tasks import MAX_MEMORY_BYTES, Task
+
+    def kernel_ms(tables: list[TableSpec], batch: int) -> tuple[float, float]:
+        memory = min(MAX_MEMORY_BYTES, max(1, sum(t.size_bytes for t in tables)))
+        task = Task(
+            tables=list(tables),
+            num_devices=1,
+            memory_bytes=memory,
+            batch_size=batch,
+            allow_oversized=True,
+        )
+        pred = agent.predict(task, [0] * len(tables))
+        return float(pred.fwd_ms[0]), float(pred.bwd_ms[0])
+
+    return kernel_ms
