@@ -19,6 +19,7 @@ table (:mod:`torchrec_dreamshard.comm_topology` prices one collective).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,6 +31,7 @@ from torchrec_dreamshard.sharding_costs import (
     CostContext,
     Exchange,
     KernelFn,
+    KernelsFn,
     TableChoice,
     Terms,
     job_terms,
@@ -63,14 +65,19 @@ class PlanCost:
 
 
 def kernel_costs(terms: Terms, ctx: CostContext) -> tuple[np.ndarray, np.ndarray]:
-    """``([W], [W])`` forward and backward ms: one ``kernel_ms`` call per fused kernel,
-    plus DP's dense passes in the backward."""
+    """``([W], [W])`` forward and backward ms: every fused kernel priced by one
+    ``kernels_ms`` call (or one ``kernel_ms`` call each), plus DP's dense passes in the
+    backward."""
     groups: dict[tuple[int, str, int], list[TableSpec]] = {}
     for k in terms.kernels:
         groups.setdefault((k.rank, k.group, k.batch), []).append(k.table)
     fwd, bwd = np.zeros(ctx.topology.world_size), np.zeros(ctx.topology.world_size)
-    for (rank, _, batch), tables in groups.items():
-        f, b = ctx.kernel_ms(tables, batch)
+    calls = [(tables, batch) for (_, _, batch), tables in groups.items()]
+    if ctx.kernels_ms is not None:
+        times = ctx.kernels_ms(calls)
+    else:
+        times = [ctx.kernel_ms(tables, batch) for tables, batch in calls]
+    for (rank, _, _), (f, b) in zip(groups, times, strict=True):
         fwd[rank] += f
         bwd[rank] += b
     for rank, nbytes in terms.dense_bytes:
@@ -160,3 +167,42 @@ def cost_network_kernel(agent: Predictor) -> KernelFn:
         return float(pred.fwd_ms[0]), float(pred.bwd_ms[0])
 
     return kernel_ms
+
+
+def cost_network_kernels(agent: Predictor) -> KernelsFn:
+    """``kernels_ms`` from a DreamShard agent's cost network: every kernel of one batch
+    size priced in one prediction, each kernel's tables on a device of their own. Kernels
+    already priced (the same tables at the same batch, as row-wise shards are on every
+    rank, and as a plan's unchanged ranks are from one candidate plan to the next) are
+    remembered, not predicted again."""
+    from torchrec_dreamshard.tasks import MAX_MEMORY_BYTES, Task
+
+    seen: dict[tuple, tuple[float, float]] = {}
+
+    def predict(calls: list[tuple[list[TableSpec], int]], batch: int) -> None:
+        # one table may be looked up on several ranks (row-wise shards): unique names
+        tables = [
+            dataclasses.replace(t, name=f"{t.name}#{d}")
+            for d, (group, _) in enumerate(calls)
+            for t in group
+        ]
+        placement = [d for d, (group, _) in enumerate(calls) for _ in group]
+        task = Task(
+            tables=tables,
+            num_devices=len(calls),
+            memory_bytes=min(MAX_MEMORY_BYTES, max(1, sum(t.size_bytes for t in tables))),
+            batch_size=batch,
+            allow_oversized=True,
+        )
+        pred = agent.predict(task, placement)
+        for d, (group, _) in enumerate(calls):
+            seen[(batch, tuple(group))] = (float(pred.fwd_ms[d]), float(pred.bwd_ms[d]))
+
+    def kernels_ms(calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        keys = [(batch, tuple(tables)) for tables, batch in calls]
+        new = {k: (list(k[1]), k[0]) for k in keys if k not in seen and k[1]}
+        for batch in sorted({b for b, _ in new}):
+            predict([c for k, c in new.items() if k[0] == batch], batch)
+        return [seen.get(k, (0.0, 0.0)) for k in keys]
+
+    return kernels_ms

@@ -63,6 +63,7 @@ DENSE_UPDATE_PASSES = 4.0  # passes over a DP table's bytes per step (see the do
 DDR_MEM_BW = 51 * 1024**3 / 1000  # bytes/ms; TorchRec's DDR_MEM_BW (analytic)
 
 KernelFn = Callable[[list[TableSpec], int], tuple[float, float]]
+KernelsFn = Callable[[list[tuple[list[TableSpec], int]]], list[tuple[float, float]]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,6 +101,8 @@ class CostContext:
             the DP tables' gradients in one collective, so with them a DP table adds only
             its bytes to an all-reduce the job runs anyway; 0 charges the DP tables'
             all-reduce alone.
+        kernels_ms: optional ``[(tables, batch), ...] -> [(fwd_ms, bwd_ms), ...]`` pricing
+            every kernel of a plan in one call (used instead of ``kernel_ms`` when given).
     """
 
     batch_size: int
@@ -110,6 +113,7 @@ class CostContext:
     input_dist: bool = True
     skew: bool = True
     dense_grad_bytes: float = 0.0
+    kernels_ms: KernelsFn | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):

@@ -4,6 +4,7 @@ a user's components are of TorchRec's types."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.utils import get_device_type
 
+from torchrec_dreamshard.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
 from torchrec_dreamshard.planner.types import PlacementAgent
 
 
@@ -100,3 +103,14 @@ class Unloaded:
         if name.startswith("__"):
             raise AttributeError(name)
         raise ValueError(self._message)
+
+
+def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
+    """Where the type choice's collective models come from: on CPU ranks, the gloo models
+    fitted on this machine (measured once, ~20 s, then cached:
+    :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`); on
+    accelerators, analytic models from the topology's intra-host bandwidth (NCCL cannot be
+    measured here: unmeasured)."""
+    if topology.compute_device == "cpu":
+        return lambda: load_collective_models(backend="gloo")
+    return lambda: analytic_models(CommTopology.from_torchrec(topology))

@@ -32,8 +32,9 @@ TorchRec's perf estimator.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from torch import nn
@@ -54,6 +55,7 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
+from torchrec_dreamshard.planner.type_choice import ALTERNATIVE_KERNELS
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -92,6 +94,7 @@ class CostNetShardEstimator(ShardEstimator):
         batch_size: the *global* batch (TorchRec's per-rank batch times the world size).
         spec_fn: turns an option into a :class:`TableSpec` (defaults to
             :func:`spec_for_option`, without reuse statistics).
+        policy_table: whether a table (by name) is one the policy places.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class CostNetShardEstimator(ShardEstimator):
         agent: PlacementAgent | None = None,
         batch_size: int = 512,
         spec_fn: SpecFn | None = None,
+        policy_table: Callable[[str], bool] | None = None,
     ) -> None:
         if agent is None:
             raise ValueError("CostNetShardEstimator needs a DreamShard agent (agent=...)")
@@ -108,6 +112,7 @@ class CostNetShardEstimator(ShardEstimator):
         self._agent = agent
         self._batch_size = batch_size
         self._spec_fn: SpecFn = spec_fn or spec_for_option
+        self._policy_table = policy_table or (lambda name: False)
         self._fallback: ShardEstimator = EmbeddingPerfEstimatorFactory.create(
             DEFAULT_PERF_ESTIMATOR, topology=topology, constraints=constraints
         )
@@ -116,8 +121,8 @@ class CostNetShardEstimator(ShardEstimator):
         self, sharding_options: list[ShardingOption], sharder_data_map: SharderDataMap
     ) -> None:
         """Set ``shard.perf`` of every option in place."""
-        ours = [o for o in sharding_options if is_dreamshard_option(o)]
-        others = [o for o in sharding_options if not is_dreamshard_option(o)]
+        ours = [o for o in sharding_options if self._ours(o)]
+        others = [o for o in sharding_options if not self._ours(o)]
         if others:
             self._fallback.estimate(others, sharder_data_map=sharder_data_map)
         if not ours:
@@ -127,11 +132,18 @@ class CostNetShardEstimator(ShardEstimator):
         costs = single_table_costs(self._agent, task)
         row = {t.name: i for i, t in enumerate(specs)}
         for option in ours:
-            cost = float(costs[row[option.fqn]])
+            cost = float(costs[row[option.fqn]]) / len(option.shards)
             for shard in option.shards:
-                # The cost network rates a table as a whole; its per-rank forward,
-                # backward and communication split is logged by CostNetStats.
+                # The cost network rates a table as a whole (shared evenly by its shards);
+                # its per-rank split is logged by CostNetStats, and the type choice rates
+                # the other types' options with the typed cost model.
                 shard.perf = Perf(fwd_compute=cost, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
+
+    def _ours(self, option: ShardingOption) -> bool:
+        """Options the cost network rates: table-wise fused ones, and every option of a
+        table the policy places (its column-wise splits, the type choice's alternatives),
+        which TorchRec's estimator would take minutes to rate at scale."""
+        return is_dreamshard_option(option) or self._policy_table(option.name)
 
 
 def _unique_specs(specs: Sequence[TableSpec]) -> list[TableSpec]:
@@ -178,11 +190,12 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self._constraints_by_name = constraints or {}
         self._too_big: set[str] = set()
         self._types: dict[str, list[str]] = {}
+        self._ours: set[str] = set()  # the tables the policy places
         if estimator is None:
             estimator = [
                 CostNetShardEstimator(
                     topology, constraints, agent, batch_size * topology.world_size,
-                    spec_fn=self.table_spec,
+                    spec_fn=self.table_spec, policy_table=self._ours.__contains__,
                 ),
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints),
             ]  # fmt: skip
@@ -199,12 +212,14 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             and self._last_stored_module is module
             and self._last_stored_sharders == sharders
         ):
-            return copy.deepcopy(self._last_stored_search_space)
+            return copy_options(self._last_stored_search_space)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
+        self._ours.clear()  # cleared in place: the estimator holds it
         options = self._enumerate_once(module, sharders)
         too_big = self._too_big_tables(options)
         if too_big:
             self._too_big = too_big
+            self._ours -= too_big
             redo = self._enumerate_once(module, sharders)
             options = [o for o in options if o.name not in too_big] + [
                 o for o in redo if o.name in too_big
@@ -219,7 +234,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             )
         self._last_stored_module = module
         self._last_stored_sharders = sharders
-        self._last_stored_search_space = copy.deepcopy(options)
+        self._last_stored_search_space = copy_options(options)
         return options
 
     # -- TorchRec hooks -------------------------------------------------------------------
@@ -232,22 +247,22 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         if name in self._too_big:
             return [t for t in types if t != DREAMSHARD_SHARDING_TYPE]
         if self._eligible(name, types, sharder_key):
+            self._ours.add(name)
             if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
                 self._cw_widths[name] = min_shard_width(self._constraints_by_name, name)
-            return [DREAMSHARD_SHARDING_TYPE]
+            return [DREAMSHARD_SHARDING_TYPE] + [t for t in types if t in ALTERNATIVE_KERNELS]
         return types
 
     def _filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
     ) -> list[str]:
         kernels = super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
-        if (
-            sharding_type == DREAMSHARD_SHARDING_TYPE
-            and name not in self._too_big
-            and DREAMSHARD_COMPUTE_KERNEL in kernels
-        ):
+        if name in self._too_big or name not in self._ours:
+            return kernels
+        if sharding_type == DREAMSHARD_SHARDING_TYPE and DREAMSHARD_COMPUTE_KERNEL in kernels:
             return [DREAMSHARD_COMPUTE_KERNEL]
-        return kernels
+        wanted = ALTERNATIVE_KERNELS.get(sharding_type)  # the type choice's kernel
+        return [wanted] if wanted in kernels else kernels
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -318,3 +333,28 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     def _has_other_type(self, option: ShardingOption) -> bool:
         """Whether the table's constraints and sharder allow a type other than table-wise."""
         return any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(option.name, []))
+
+
+def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
+    """A copy of ``options`` that planning cannot change, as TorchRec's enumerator keeps:
+    the options, their shards and the shards' storage and perf are new objects (the
+    tensor, module and frozen constraint values are shared). ``copy.deepcopy`` does the
+    same ten times slower, which at thousands of options with one shard per rank is
+    seconds."""
+    out = []
+    for option in options:
+        new = copy.copy(option)
+        for key, value in vars(option).items():
+            if isinstance(value, list):
+                setattr(new, key, list(value))
+            elif dataclasses.is_dataclass(value) and key != "_module":
+                setattr(new, key, copy.copy(value))
+        new.shards = [
+            dataclasses.replace(
+                s, size=list(s.size), offset=list(s.offset),
+                storage=copy.copy(s.storage), perf=copy.copy(s.perf),
+            )
+            for s in option.shards
+        ]  # fmt: skip
+        out.append(new)
+    return out

@@ -66,9 +66,11 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.components import (
     Unloaded,
     check_components,
+    default_collectives,
     default_topology,
     load_agent,
     with_calibration,
@@ -146,6 +148,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: measure this many best-rated candidate plans and the heuristics' plans on
             real kernels and keep the fastest heuristic plan unless another beat it in every
             round (0: no verification).
+        collectives: the collective models the sharding-type choice rates plans with
+            (default :func:`~torchrec_dreamshard.planner.components.default_collectives`).
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -178,6 +182,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         sample_batches: Iterable[Any] | None = None,
         calibrate: Any = None,
         verify: int = 0,
+        collectives: CollectiveModels | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -198,7 +203,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self.table_specs = TableSpecs(sample_batches, topology.world_size)
         self.proposer, proposers = self._proposers_for(
             users, topology, batch_size, reservation, partitioner, constraints,
-            mode, num_samples, seed,
+            mode, num_samples, seed, collectives,
         )  # fmt: skip
         self.perf_model = CostNetPerfModel(
             self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
@@ -229,11 +234,13 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self, users, topology, batch_size, reservation, partitioner, constraints, *settings
     ) -> tuple[DreamShardProposer, list[Proposer]]:
         """DreamShard's proposer, and every proposer wrapped to be tracked (ours first)."""
-        mode, num_samples, seed = settings
+        mode, num_samples, seed, collectives = settings
         ours = DreamShardProposer(
             self.agent, topology, batch_size * topology.world_size, reservation, mode,
             num_samples, seed, fallback_partitioner=partitioner or GreedyPerfPartitioner(),
             constraints=constraints, spec_fn=self.table_specs,
+            collectives=default_collectives(topology) if collectives is None
+            else lambda: collectives,
         )  # fmt: skip
         self.proposal_log = ProposalLog()
         labels = ["DreamShardProposer"] + [f"{type(p).__name__}#{i}" for i, p in enumerate(users)]

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import (
@@ -48,12 +48,14 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.options import (
     SpecFn,
     choose_options,
     column_wise_option,
     split_widths,
 )
+from torchrec_dreamshard.planner.type_choice import TypeChooser, TypePlan, alternatives
 from torchrec_dreamshard.planner.types import (
     PLACEMENT_MODES,
     PlacementAgent,
@@ -91,6 +93,10 @@ class DreamShardProposer(Proposer):
         fallback_partitioner: places the tables TorchRec plans (default greedy by perf).
         constraints: TorchRec per-table constraints (``min_partition`` of splits).
         spec_fn: the planner's table specs (default: shapes and pooling only).
+        collectives: gives the machine's fitted collective models, asked for only when the
+            search space offers a table data-parallel, row-wise or table-row-wise; then
+            :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser` decides which
+            tables leave table-wise (``None``: every policy table stays table-wise).
     """
 
     def __init__(
@@ -105,6 +111,7 @@ class DreamShardProposer(Proposer):
         fallback_partitioner: Partitioner | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         spec_fn: SpecFn | None = None,
+        collectives: Callable[[], CollectiveModels] | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -124,7 +131,9 @@ class DreamShardProposer(Proposer):
         self._done = False
         self._proposal: list[ShardingOption] | None = None
         self._failure: PlannerError | None = None
+        self._collectives = collectives
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
+        self.last_types: TypePlan | None = None  # the type choice of the last proposal
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
         """Take the enumerated options; the next :meth:`propose` runs the policy."""
@@ -135,7 +144,7 @@ class DreamShardProposer(Proposer):
         )
         self._done = False
         self._proposal, self._failure = None, None
-        self.last_report = None
+        self.last_report, self.last_types = None, None
 
     def feedback(
         self,
@@ -158,6 +167,7 @@ class DreamShardProposer(Proposer):
         self._done = True
         constraint = self._storage_constraint()
         ours, others = choose_options(self._search_space, constraint, self._widths)
+        ours, others = self._choose_types(ours, others, constraint)
         try:
             used = self._place_others(others, constraint)
             left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
@@ -168,6 +178,26 @@ class DreamShardProposer(Proposer):
             self._failure = exc
         self._proposal = others + ours
         return self._proposal
+
+    def _choose_types(
+        self, ours: list[ShardingOption], others: list[ShardingOption], constraint: Topology
+    ) -> tuple[list[ShardingOption], list[ShardingOption]]:
+        """Move the tables the type choice takes off table-wise to TorchRec's machinery
+        (their chosen option, placed with the others). Tables that fit no device whole (to
+        be split) stay with the policy."""
+        tier = memory_tier(constraint)
+        capacity = device_capacity(constraint)
+        fits = [o for o in ours if option_bytes(o, tier) <= max(capacity)]
+        alts = alternatives(self._search_space, {o.fqn for o in fits})
+        if not alts or self._collectives is None:
+            return ours, others
+        chooser = TypeChooser(
+            self._agent, self._topology, self._batch_size, self._spec, self._collectives()
+        )
+        taken = sum(option_bytes(o, tier) for o in others) / len(capacity)
+        self.last_types = chooser.choose(fits, alts, [c - taken for c in capacity], tier)
+        moved = self.last_types.moved
+        return [o for o in ours if o.fqn not in moved], others + list(moved.values())
 
     def failure(self, proposal: list[ShardingOption]) -> PlannerError | None:
         """Why ``proposal`` cannot be partitioned, if it is this proposer's failed one."""
@@ -229,7 +259,7 @@ class DreamShardProposer(Proposer):
         every device."""
         specs = [self._spec(o) for o in ours]
         need = [option_bytes(o, tier) for o in ours]
-        widths = self._widths
+        widths = {o.fqn: self._widths[o.fqn] for o in ours if o.fqn in self._widths}
         self._check_fits(ours, need, left, widths)
         ratio = sum(t.size_bytes for t in specs) / max(1, sum(need))
         caps = [max(1, int(x * min(1.0, ratio))) for x in left]
