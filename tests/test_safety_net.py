@@ -133,9 +133,7 @@ def test_agent_candidates_are_what_the_safe_mode_chooses_among():
     mine = FixedPlan("mine", tuple(greedy_by_costs(task, [t.dim for t in task.tables])))
     agent = DreamShard.untrained(seed=0, sources=[mine])
     safe, failed = agent.candidates(task, "safe", num_samples=2, seed=1)
-    assert {"policy_greedy", "policy_sample0", "policy_sample1", "memory_aware_size"} <= set(
-        safe
-    )
+    assert {"policy_greedy", "policy_sample0", "policy_sample1", "memory_aware_size"} <= set(safe)
     assert "memory_aware_predicted" in safe and "mine" in safe and not failed
     search, _ = agent.candidates(task, "search", num_samples=2, seed=1)
     assert set(search) == {"policy_greedy", "policy_sample0", "policy_sample1"}

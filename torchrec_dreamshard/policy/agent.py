@@ -82,7 +82,8 @@ def source_candidates(
 
     Raises:
         ValueError: two sources, or a source and a name in ``taken``, share a name; or a
-            source's plan does not fit ``task`` (named).
+            source's plan does not fit ``task``, or it raised another ``ValueError``
+            (named).
     """
     plans: dict[str, np.ndarray] = {}
     failed: dict[str, str] = {}
@@ -93,14 +94,12 @@ def source_candidates(
         seen.add(source.name)
         try:
             placement = source.propose(task)
+            if placement is not None:
+                plans[source.name] = np.asarray(check_placement(task, placement))
         except NoPlanError as exc:
             failed[source.name] = str(exc)
-            continue
-        if placement is not None:
-            try:
-                plans[source.name] = np.asarray(check_placement(task, placement))
-            except ValueError as exc:
-                raise ValueError(f"candidate source {source.name!r}: {exc}") from exc
+        except ValueError as exc:
+            raise ValueError(f"candidate source {source.name!r}: {exc}") from exc
     return plans, failed
 
 
