@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchrec_dreamshard import baselines
 from torchrec_dreamshard.policy import CandidateSource, is_large
 from torchrec_dreamshard.tasks import Task
 
@@ -38,9 +39,7 @@ class TorchRecCandidate:
         """
         if is_large(task):
             return None
-        from torchrec_dreamshard.baselines import torchrec_placement
-
-        return torchrec_placement(task, ours=True)
+        return baselines.torchrec_placement(task, ours=True)
 
 
 def default_sources() -> tuple[CandidateSource, ...]:
