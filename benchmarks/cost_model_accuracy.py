@@ -27,6 +27,7 @@ from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E40
 from torchrec_dreamshard import baselines  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.cost_fit import kendall_tau, mape  # noqa: E402
+from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument("--checkpoint", default=None, help="default: the bundled checkpoint")
     ap.add_argument("--quick", action="store_true", help="2 tasks, 2 random placements")
     args = ap.parse_args()
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     shapes = SHAPES[:2] if args.quick else SHAPES
     tasks = heldout_tasks(shapes, seed=1)
     measure = measure_fn()

@@ -58,6 +58,7 @@ from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, w
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.cost_fit import kendall_tau  # noqa: E402
+from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
 from torchrec_dreamshard.policy.safety_net import memory_aware_greedy  # noqa: E402
 from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
 from torchrec_dreamshard.splits import shard_task  # noqa: E402
@@ -81,7 +82,7 @@ def measured_single_costs(task, config) -> list[float]:
     return [single_ms(t, task.batch_size, config) for t in task.tables]
 
 
-def plan_task(agent, task, config, seed: int) -> tuple[dict, dict]:
+def plan_every_method(agent, task, config, seed: int) -> tuple[dict, dict]:
     """Every method's placement (``None`` where it finds no plan) and planning seconds."""
     plans, secs = {}, {}
 
@@ -490,7 +491,7 @@ def main() -> None:
         METHODS.append(f"calibrated_{budget:g}")
         if args.verify:
             METHODS.append(f"calibrated_{budget:g}_verify{args.verify}")
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     config = measure_config()
     tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
     settings = {
@@ -515,7 +516,7 @@ def main() -> None:
     for i, (fam, task) in enumerate(tasks):
         if i < len(raw["tasks"]):
             continue
-        plans, secs = plan_task(agent, task, config, args.seed + i)
+        plans, secs = plan_every_method(agent, task, config, args.seed + i)
         plan_calibrated(agent, task, config, args, args.seed + i, plans, secs)
         raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
         save_raw(path, raw)

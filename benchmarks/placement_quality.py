@@ -38,6 +38,7 @@ from _agent_common import (  # noqa: E402
 
 from torchrec_dreamshard import baselines  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
 
 SHAPES = [
     (20, 2), (40, 4), (60, 8), (80, 2), (100, 4), (100, 8),
@@ -181,7 +182,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="3 small tasks, 2 rounds")
     args = ap.parse_args()
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     shapes = [(20, 2), (30, 4), (25, 8)] if args.quick else SHAPES
     if args.quick:
         args.rounds, args.search_budget = 2, 6

@@ -80,11 +80,12 @@ def make_planner(name: str, devices: int, constraints: dict, checkpoint: str | N
 def load_agent(checkpoint: str | None):
     """The given checkpoint, else the bundled one, else an untrained agent (same speed)."""
     from torchrec_dreamshard.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
+    from torchrec_dreamshard.planner.candidates import default_sources
     from torchrec_dreamshard.policy import DreamShard
 
     if checkpoint is None and not BUNDLED_CHECKPOINT.is_file():
-        return DreamShard.untrained(seed=0)
-    return load_checkpoint(checkpoint)
+        return DreamShard.untrained(seed=0, sources=default_sources())
+    return load_checkpoint(checkpoint, sources=default_sources())
 
 
 def one_run(name: str, tables: int, devices: int, checkpoint: str | None, cap: int, out) -> None:

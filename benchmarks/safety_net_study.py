@@ -55,6 +55,7 @@ from generalisation import (  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
 from torchrec_dreamshard.policy.safety_net import (  # noqa: E402
     REFINE_STEPS,
     REFINE_TOP,
@@ -64,12 +65,12 @@ from torchrec_dreamshard.policy.safety_net import (  # noqa: E402
 
 SHORT_STEPS = 8
 HEURISTIC_SOURCES = (
-    "size_greedy",
-    "dim_greedy",
-    "lookup_greedy",
-    "size_lookup_greedy",
-    "predicted_greedy",
-    "torchrec",
+    "memory_aware_size",
+    "memory_aware_dim",
+    "memory_aware_lookup",
+    "memory_aware_size_lookup",
+    "memory_aware_predicted",
+    "torchrec_ours",
 )
 PENALTIES = (0.0, 2.0, 4.0)
 GAINS = (0.02, 0.05, 0.10)
@@ -206,7 +207,7 @@ def main() -> None:
     ap.add_argument("--families", nargs="*", default=list(families.FAMILIES))
     ap.add_argument("--name", default="safety_net_study", help="results file stem")
     args = ap.parse_args()
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     config = measure_config()
     tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
     settings = {

@@ -52,6 +52,7 @@ from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, w
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
 from torchrec_dreamshard.sampler import make_task  # noqa: E402
 from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
 from torchrec_dreamshard.splits import plan_entries  # noqa: E402
@@ -179,7 +180,8 @@ def _heuristic_misses(entry: dict, task) -> dict:
     return entry
 
 
-def plan_task(task, plan: dict):
+def task_of_plan(task, plan: dict):
+    """The task ``plan`` places: its task of shards, or ``task`` itself."""
     from torchrec_dreamshard.tasks import Task
 
     return task if plan["task"] is None else Task.from_dict(plan["task"], allow_oversized=True)
@@ -198,7 +200,7 @@ def measure_round(tasks, raw, config, rng) -> None:
             plan = entry["plans"][name]
             if plan is None or (same and name == "split"):
                 continue
-            result[name] = measure_costs(plan_task(task, plan), plan["placement"], config)
+            result[name] = measure_costs(task_of_plan(task, plan), plan["placement"], config)
         if same:
             result["split"] = result["whole"]
         entry["rounds"].append(result)
@@ -319,7 +321,7 @@ def main() -> None:
     if args.quick:
         args.tasks, args.wide, args.rounds = 1, 1, 1
         config = MeasureConfig(warmup=1, iters=2, rounds=1)
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     tasks = bench_tasks(args.tasks, args.wide)
     settings = {
         "tasks": args.tasks,

@@ -301,7 +301,7 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
             )
             report["plan"] = str(plan)
             report["placement"] = planner.last_placement
-            outcome = getattr(planner.agent, "last_outcome", None)
+            outcome = planner.agent.last_outcome  # a CalibratingAgent (calibrate=...)
             report["calibrated"] = outcome is not None and outcome.calibration is not None
             report["verified"] = outcome is not None and outcome.verification is not None
         except Exception as exc:

@@ -54,6 +54,21 @@ def test_plan_writes_json_and_png(files, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_plan_weighs_torchrecs_candidate(files, monkeypatch):
+    """`dreamshard plan` hands the planner side's candidate sources to the agent."""
+    from torchrec_dreamshard.planner.candidates import TorchRecCandidate
+    from torchrec_dreamshard.policy import NoPlanError
+
+    def probe(self, task):
+        raise NoPlanError("asked")
+
+    monkeypatch.setattr(TorchRecCandidate, "propose", probe)
+    out = files / "plan.json"
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run([*argv, "--no-splits", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["candidates"]["no_plan"]["torchrec_ours"] == "asked"
+
+
 def test_plan_search_mode(files, monkeypatch):
     from torchrec_dreamshard.checkpoint import load_checkpoint
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from torchrec_dreamshard import cost_model as M
-from torchrec_dreamshard.baselines import NoPlanError, greedy_by_costs
+from torchrec_dreamshard.heuristics import NoPlanError, greedy_by_costs
 from torchrec_dreamshard.policy import safety_net as S
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement
@@ -68,6 +68,10 @@ def test_refine_never_raises_the_score_and_keeps_memory():
     # the refined candidate's score is what a fresh scoring of its placement says
     again = scorer.candidates({"x": better.placement})[0]
     assert again.score == pytest.approx(better.score, abs=1e-5)
+    # its provenance is fields: the source's name, and whether moves changed its plan
+    assert better.name == "start" and not cand.refined
+    assert better.refined == (better.score < cand.score)
+    assert better.label == ("start+refined" if better.refined else "start")
 
 
 def test_choose_picks_the_lowest_penalised_score_and_reports_margins():
@@ -80,7 +84,7 @@ def test_choose_picks_the_lowest_penalised_score_and_reports_margins():
     fresh = scorer.candidates(plans)
     assert report.winner.score == pytest.approx(min(c.score for c in fresh), abs=1e-6)
     assert all(c.score >= c.log_step - 1e-9 for c in report.candidates)  # penalty >= 0
-    assert report.margin(report.winner.name.split("+")[0]) == pytest.approx(1.0)
+    assert report.margin(report.winner.name) == pytest.approx(1.0)
     assert any("winner" in line for line in report.lines())
 
 
@@ -123,18 +127,20 @@ def test_two_devices_at_tight_memory_come_close_to_the_exhaustive_optimum():
 
 
 def test_agent_candidates_are_what_the_safe_mode_chooses_among():
-    from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.policy import DreamShard, FixedPlan
 
-    agent, task = DreamShard.untrained(seed=0), _task()
+    task = _task()
+    mine = FixedPlan("mine", tuple(greedy_by_costs(task, [t.dim for t in task.tables])))
+    agent = DreamShard.untrained(seed=0, sources=[mine])
     safe, failed = agent.candidates(task, "safe", num_samples=2, seed=1)
-    assert {"policy_greedy", "policy_sample0", "policy_sample1", "size_greedy"} <= set(safe)
-    assert "predicted_greedy" in safe and ("torchrec" in safe or "torchrec" in failed)
+    assert {"policy_greedy", "policy_sample0", "policy_sample1", "memory_aware_size"} <= set(safe)
+    assert "memory_aware_predicted" in safe and "mine" in safe and not failed
     search, _ = agent.candidates(task, "search", num_samples=2, seed=1)
     assert set(search) == {"policy_greedy", "policy_sample0", "policy_sample1"}
     for p in safe.values():
         check_placement(task, list(p))  # raises on a wrong length or an overfull device
     agent.place(task, num_samples=2, seed=1)
-    sources = {c.name.split("+")[0] for c in agent.last_report.candidates}
+    sources = {c.name for c in agent.last_report.candidates}
     assert sources <= set(safe)  # every rated plan came from a candidate (refined or not)
     with pytest.raises(ValueError, match="safe or search"):
         agent.candidates(task, "greedy")

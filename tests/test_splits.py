@@ -128,13 +128,22 @@ def test_split_search_never_predicts_worse_than_whole_tables():
 
 
 class _AdditiveAgent:
-    """A stand-in agent whose device cost is the sum of its tables' ``dim x pooling`` and
-    whose policy places tables largest-cost first on the least loaded device with room."""
+    """A stand-in agent (a ``PlacementAgent``) whose device cost is the sum of its tables'
+    ``dim x pooling`` and whose policy places tables largest-cost first on the least
+    loaded device with room."""
+
+    meta: dict = {}
+    last_report = None
+    calibration_enabled = False
+
+    @property
+    def placer(self):
+        return self
 
     def table_costs(self, task):
         return [t.dim * t.pooling_factor for t in task.tables]
 
-    def place(self, task, mode="greedy", num_samples=16, seed=0):
+    def place(self, task, mode="greedy", num_samples=16, seed=0, sources=None):
         costs = self.table_costs(task)
         load, free = [0.0] * task.num_devices, list(task.memory)
         placement = [0] * len(task.tables)

@@ -65,3 +65,17 @@ def test_config_errors():
         TrainConfig(backend="tpu")
     with pytest.raises(ValueError, match="holdout"):
         TrainConfig(holdout_fraction=1.5)
+
+
+def test_training_agents_weigh_the_planner_sides_candidates(tmp_path):
+    """The safe-mode placements training measures weigh TorchRec's plan, as every
+    safe-mode plan does (fresh and resumed agents alike)."""
+    from torchrec_dreamshard.checkpoint import save_checkpoint
+    from torchrec_dreamshard.training.loop import CHECKPOINT_NAME, new_agent, resume_agent
+
+    cfg = TrainConfig(out_dir=str(tmp_path), progress=False)
+    fresh = new_agent(cfg)
+    assert [s.name for s in fresh.sources] == ["torchrec_ours"]
+    save_checkpoint(fresh, tmp_path / CHECKPOINT_NAME, extra={"iteration": 1})
+    resumed, iteration, _ = resume_agent(cfg)
+    assert iteration == 1 and [s.name for s in resumed.sources] == ["torchrec_ours"]

@@ -16,83 +16,28 @@ device's memory respected.
   and swaps tables off the measured bottleneck device and keeps a change only when the
   measured step cost drops.
 
-Use :func:`place` (``place("size_lookup_greedy", task)``) or the functions directly.
-:func:`measured_search` lives in :mod:`torchrec_dreamshard.measured_search` (re-exported
-here).
+Use :func:`place` (``place("size_lookup_greedy", task)``) or the functions directly. The
+heuristics live in :mod:`torchrec_dreamshard.heuristics` (free of TorchRec, for the policy's
+safety net) and :func:`measured_search` in :mod:`torchrec_dreamshard.measured_search`; both
+are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import numpy as np
-
-from torchrec_dreamshard import tasks
+from torchrec_dreamshard.heuristics import (
+    PROXIES,
+    NoPlanError,
+    greedy_by_costs,
+    proxy_greedy,
+    random_placement,
+)
 from torchrec_dreamshard.measured_search import MeasureFn, SearchResult, measured_search
-from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement
 
 Placer = Callable[..., list[int]]
-
-
-class NoPlanError(ValueError):
-    """A baseline found no placement that fits (e.g. TorchRec's planner with its default
-    storage reservation on tight memory)."""
-
-
-# ----------------------------------------------------------------------------------------
-# Random and greedy
-# ----------------------------------------------------------------------------------------
-
-
-def random_placement(task: Task, seed: int = 0) -> list[int]:
-    """:func:`torchrec_dreamshard.tasks.random_placement`, raising :class:`NoPlanError`
-    when a table fits on no device."""
-    try:
-        return tasks.random_placement(task, seed)
-    except ValueError as exc:
-        raise NoPlanError(str(exc)) from None
-
-
-PROXIES: dict[str, Callable[[TableSpec], float]] = {
-    "size": lambda t: float(t.size_bytes),
-    "dim": lambda t: float(t.dim),
-    "lookup": lambda t: t.dim * t.pooling_factor,
-    "size_lookup": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
-}
-
-
-def greedy_by_costs(task: Task, costs: Sequence[float]) -> list[int]:
-    """Sort tables by ``costs`` descending; each goes to the least-loaded device (by the
-    sum of its tables' costs) that still has room."""
-    free = np.asarray(task.memory, dtype=np.int64)
-    load = np.zeros(task.num_devices)
-    out = [0] * len(task.tables)
-    for i in sorted(range(len(task.tables)), key=lambda i: (-costs[i], i)):
-        size = task.tables[i].size_bytes
-        legal = np.flatnonzero(free >= size)
-        if legal.size == 0:
-            raise NoPlanError(_no_room(task.tables[i], free))
-        d = int(legal[np.argmin(load[legal])])
-        out[i] = d
-        free[d] -= size
-        load[d] += costs[i]
-    return out
-
-
-def proxy_greedy(task: Task, proxy: str, seed: int = 0) -> list[int]:
-    """Greedy balancing of one of :data:`PROXIES` (``seed`` is unused)."""
-    fn = PROXIES[proxy]
-    return greedy_by_costs(task, [fn(t) for t in task.tables])
-
-
-def _no_room(table: TableSpec, free: np.ndarray) -> str:
-    return (
-        f"table {table.name!r} ({table.size_bytes} bytes) fits on no device "
-        f"(most free: {int(free.max())} bytes)"
-    )
 
 
 # ----------------------------------------------------------------------------------------

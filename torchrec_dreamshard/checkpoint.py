@@ -17,7 +17,7 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import torch
 from torchrec_dreamshard import tables as _tables
 from torchrec_dreamshard.cost_model import CostNet
 from torchrec_dreamshard.io import atomic_path
-from torchrec_dreamshard.policy import DreamShard, PolicyNet
+from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "cpu_default.pt"
 FORMAT = "torchrec-dreamshard"
@@ -196,8 +196,16 @@ def check_shapes(state: dict[str, Any], build: Callable[[], torch.nn.Module], wh
             )
 
 
-def load_checkpoint(path: str | Path | None = None) -> DreamShard:
+def load_checkpoint(
+    path: str | Path | None = None, sources: Sequence[CandidateSource] = ()
+) -> DreamShard:
     """Load an agent (``None``: the checkpoint bundled with the package).
+
+    Args:
+        path: the checkpoint file.
+        sources: the agent's candidate sources (see ``DreamShard``); a checkpoint holds
+            none. The planner side's defaults (TorchRec's plan) are
+            :func:`torchrec_dreamshard.planner.candidates.default_sources`.
 
     Raises:
         ValueError: the file is missing, corrupt, truncated, of another format or feature
@@ -226,4 +234,4 @@ def load_checkpoint(path: str | Path | None = None) -> DreamShard:
     for name, module in (("cost_net", cost_net), ("policy", policy)):
         if not all(torch.isfinite(p).all() for p in module.parameters()):
             raise ValueError(f"{where}: {name} holds non-finite weights")
-    return DreamShard(cost_net, policy, meta)
+    return DreamShard(cost_net, policy, meta, sources=sources)

@@ -23,9 +23,9 @@ planning 1000 tables on 64 devices stays within the time of the policy runs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +38,10 @@ from torchrec_dreamshard.splits import (
     split_counts,
 )
 from torchrec_dreamshard.tasks import Task, device_bytes
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy.agent import CostPrediction
+    from torchrec_dreamshard.policy.protocol import CandidateSource, PlacementAgent
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
@@ -67,19 +71,20 @@ class SplitPlan:
 
 
 def plan_with_splits(
-    agent: Any,
+    agent: PlacementAgent,
     task: Task,
     mode: str | None = None,
     num_samples: int | None = None,
     seed: int = 0,
     splittable: Mapping[str, int] | None = None,
     max_shards: int = MAX_SHARDS,
+    sources: Sequence[CandidateSource] | None = None,
 ) -> SplitPlan:
     """Place ``task``, splitting tables column-wise where that fits or pays (see the module
     docstring).
 
     Args:
-        agent: a DreamShard agent (``place``, ``predict``, ``table_costs``).
+        agent: the agent.
         task: the task; may hold tables bigger than every device (``allow_oversized``).
         mode: the agent's placement mode (``None``: the agent's default).
         num_samples: passed to ``agent.place`` (``None``: the agent's default).
@@ -87,6 +92,7 @@ def plan_with_splits(
         splittable: the tables that may be split, each with its minimum shard width
             (``None``: every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
         max_shards: shards of one table at most (capped at the number of devices).
+        sources: passed to ``agent.place`` (``None``: the agent's own candidate sources).
 
     Raises:
         ValueError: a table bigger than every device that may not be split or cannot be
@@ -104,12 +110,13 @@ def plan_with_splits(
 
     specs = {t.name: t for t in task.tables}
     counts = _forced_counts(task, allowed, limit)
-    sharded, placement = _place_fitting(agent, task, counts, next_count, mode, num_samples, seed)
+    how = _PlaceArgs(mode, num_samples, seed, sources)
+    sharded, placement = _place_fitting(agent, task, counts, next_count, how)
     # the search's trial placements below use the agent's plain placer (a calibrating
     # agent's calibrated agent, which measures nothing) and must not leave their safety-net
     # report behind: a plan that stays whole keeps the first placement's
-    placer = getattr(agent, "placer", agent)
-    report = getattr(placer, "last_report", None)
+    placer = agent.placer
+    report = placer.last_report
     prediction = agent.predict(sharded.shards, placement)
     whole_ms = None if sharded.columns else float(prediction.step_ms)
     best = SplitPlan(sharded, placement, float(prediction.step_ms), whole_ms)
@@ -117,15 +124,15 @@ def plan_with_splits(
     if len(task.tables) <= TRIAL_REPLACE_MAX_TABLES:
 
         def replace(shards: Task) -> list[int]:
-            return _place(placer, shards, mode, num_samples, seed)
+            return how.place(placer, shards)
 
     best = _improve(agent, best, next_count, replace)
     if best.sharded.columns and len(best.sharded.shards.tables) <= REPLACE_MAX_TABLES:
-        again = _place(placer, best.sharded.shards, mode, num_samples, seed)
+        again = how.place(placer, best.sharded.shards)
         again_ms = float(agent.predict(best.sharded.shards, again).step_ms)
         if again_ms < best.predicted_ms:
             best = SplitPlan(best.sharded, again, again_ms, best.whole_ms)
-    if not best.sharded.columns and hasattr(placer, "last_report"):
+    if not best.sharded.columns:
         placer.last_report = report
     return best
 
@@ -164,25 +171,34 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
     return counts
 
 
-def _place(
-    agent: Any, task: Task, mode: str | None, num_samples: int | None, seed: int
-) -> list[int]:
-    kwargs: dict[str, Any] = {"seed": seed}
-    if mode is not None:
-        kwargs["mode"] = mode
-    if num_samples is not None:
-        kwargs["num_samples"] = num_samples
-    return [int(d) for d in agent.place(task, **kwargs)]
+@dataclass(frozen=True)
+class _PlaceArgs:
+    """How the search calls ``agent.place`` (``None``: the agent's default)."""
+
+    mode: str | None
+    num_samples: int | None
+    seed: int
+    sources: Sequence[CandidateSource] | None
+
+    def place(self, agent: PlacementAgent, task: Task) -> list[int]:
+        kwargs: dict[str, Any] = {"seed": self.seed}
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        if self.num_samples is not None:
+            kwargs["num_samples"] = self.num_samples
+        if self.sources is not None:
+            kwargs["sources"] = self.sources
+        return [int(d) for d in agent.place(task, **kwargs)]
 
 
-def _place_fitting(agent, task, counts, next_count, mode, num_samples, seed):
+def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: _PlaceArgs):
     """Place the shard task, splitting the table with the largest shards further while the
     agent finds no placement."""
     error: ValueError | None = None
     for _ in range(FIT_ATTEMPTS + 1):
         sharded = shard_task(task, counts)
         try:
-            return sharded, _place(agent, sharded.shards, mode, num_samples, seed)
+            return sharded, how.place(agent, sharded.shards)
         except ValueError as exc:  # the policy's PlacementError is a ValueError
             error = exc
         tables = sharded.shards.tables
@@ -197,7 +213,7 @@ def _place_fitting(agent, task, counts, next_count, mode, num_samples, seed):
     raise ValueError(f"no placement fits, even with column-wise splits: {error}") from error
 
 
-def _improve(agent: Any, best: SplitPlan, next_count, replace=None) -> SplitPlan:
+def _improve(agent: PlacementAgent, best: SplitPlan, next_count, replace=None) -> SplitPlan:
     """Split the costliest tables on the predicted bottleneck devices while the cost network
     says the plan gets faster (see :func:`_better`), one split per round."""
     for _ in range(SEARCH_ROUNDS):
@@ -208,7 +224,7 @@ def _improve(agent: Any, best: SplitPlan, next_count, replace=None) -> SplitPlan
     return best
 
 
-def _split_once(agent: Any, best: SplitPlan, next_count, replace) -> SplitPlan | None:
+def _split_once(agent: PlacementAgent, best: SplitPlan, next_count, replace) -> SplitPlan | None:
     """The first split the cost network rates better than ``best`` (``None`` if none): on
     the step's bottleneck device, then the compute's (they differ when the all-to-all
     dominates the step, as it does for wide tables), its :data:`SEARCH_TABLES` costliest
@@ -260,12 +276,12 @@ def _candidates(best, table, n, load, compute, costs, replace):
             return
 
 
-def _compute(pred: Any) -> np.ndarray:
+def _compute(pred: CostPrediction) -> np.ndarray:
     """Per-device predicted forward + backward (ms)."""
     return np.asarray(pred.fwd_ms, dtype=np.float64) + np.asarray(pred.bwd_ms, dtype=np.float64)
 
 
-def _better(new: Any, old: Any) -> bool:
+def _better(new: CostPrediction, old: CostPrediction) -> bool:
     """Whether prediction ``new`` beats ``old`` by :data:`MIN_GAIN`: a lower step, or, at
     no higher a step, a lower slowest-device compute. The second case is the one a
     dominant table makes when the all-to-all sets the step: cutting the table shortens

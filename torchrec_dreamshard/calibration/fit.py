@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.threads import single_thread
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import CandidateSource, DreamShard
 
 HEAD_PARAMETERS = ("c_raw", "W_raw", "U_raw", "u", "V_raw")  # fine-tuned; the rest frozen
 FIT_RESERVE_S = 3.0  # seconds of the budget kept for fine-tuning
@@ -104,7 +107,7 @@ class CalibrationResult:
         store: the store's path.
     """
 
-    agent: Any
+    agent: DreamShard
     measured: int
     reused: int
     skipped: int
@@ -198,7 +201,12 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
     return {"cost/mape": mape, "cost/log_std": float(np.mean(spread))}
 
 
-def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -> CalibrationResult:
+def calibrate(
+    agent: DreamShard,
+    task: Task,
+    config: CalibrationConfig | None = None,
+    sources: Sequence[CandidateSource] | None = None,
+) -> CalibrationResult:
     """Measure ``task``'s tables (alone, then informative fused groups) on this machine
     within ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
 
@@ -209,6 +217,8 @@ def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -
         agent: a :class:`~torchrec_dreamshard.policy.DreamShard` (the prior; unchanged).
         task: the task whose tables are measured (at its batch size).
         config: budget, store, measurement and fine-tuning settings.
+        sources: the candidate sources of the safe-mode plans whose device groups are
+            measured (``None``: the agent's own); the calibrated agent keeps the agent's.
 
     Returns:
         The calibrated agent and what was measured, reused and skipped.
@@ -231,7 +241,7 @@ def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -
         kernels: dict[str, list[TableSpec]] = {}
         for t in task.tables:
             kernels.setdefault(kernel_job(prefix, [t]), [t])
-        for g in informative_groups(agent, task, config.max_groups):
+        for g in informative_groups(agent, task, config.max_groups, sources):
             tables = [task.tables[i] for i in g]
             kernels.setdefault(kernel_job(prefix, tables), tables)
         done = store.done_jobs(prefix)
@@ -246,7 +256,7 @@ def calibrate(agent: Any, task: Task, config: CalibrationConfig | None = None) -
         net = with_comm_model(net, load_comm_model(mcfg.comm_model_path), B)
     meta = dict(agent.meta)
     meta["calibrated"] = {"kernels": len(samples), "budget_s": float(config.budget_s)}
-    tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty)
+    tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)
     return CalibrationResult(
         agent=tuned,
         measured=measured,

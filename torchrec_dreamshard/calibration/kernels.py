@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,27 +21,35 @@ from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.threads import single_thread
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import CandidateSource, DreamShard
+
 KERNELS_PER_CALL = 8  # kernels timed together in one interleaved measurement
 
 
-def informative_groups(agent: Any, task: Task, max_groups: int) -> list[list[int]]:
+def informative_groups(
+    agent: DreamShard,
+    task: Task,
+    max_groups: int,
+    sources: Sequence[CandidateSource] | None = None,
+) -> list[list[int]]:
     """Up to ``max_groups`` fused groups (table indices, two or more tables) from the
     device table sets of the plans the planner will weigh (the heuristics', the policy's
-    greedy roll-out and every candidate of the safe mode's safety net), most uncertain
-    first: by the spread over the ensemble's members of the predicted log(fwd + bwd)."""
+    greedy roll-out and every candidate of the safe mode's safety net, with ``sources`` as
+    in ``agent.place``), most uncertain first: by the spread over the ensemble's members
+    of the predicted log(fwd + bwd)."""
     from torchrec_dreamshard.policy.safety_net import heuristic_candidates
 
     if max_groups == 0 or len(task.tables) < 2:
         return []
     with torch.no_grad(), single_thread():
-        plans, _ = heuristic_candidates(task, agent.single_compute_ms(task))
-        named = dict(plans)
-        named["policy_greedy"] = np.asarray(agent.place(task, mode="greedy"))
-        agent.place(task, mode="safe")
-        for c in agent.last_report.candidates if agent.last_report else []:
-            named.setdefault(c.name, np.asarray(c.placement))
-        groups: dict[tuple[int, ...], None] = {}
-        for placement in named.values():
+        heuristic, _ = heuristic_candidates(task, agent.single_compute_ms(task))
+        plans = [*heuristic.values(), np.asarray(agent.place(task, mode="greedy"))]
+        agent.place(task, mode="safe", sources=sources)
+        report = agent.last_report
+        plans += [c.placement for c in report.candidates] if report is not None else []
+        groups: dict[tuple[int, ...], None] = {}  # in order of first appearance
+        for placement in plans:
             for d in range(task.num_devices):
                 idx = tuple(int(i) for i in np.flatnonzero(np.asarray(placement) == d))
                 if len(idx) >= 2:

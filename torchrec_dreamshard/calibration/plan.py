@@ -4,14 +4,25 @@ does it on every ``place`` (:class:`CalibratingAgent`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from torchrec_dreamshard.calibration.fit import CalibrationConfig, CalibrationResult, calibrate
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tasks import Task
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import (
+        CandidateSource,
+        CostPrediction,
+        DreamShard,
+        SafetyReport,
+    )
 
 
 @dataclass
@@ -26,7 +37,7 @@ class PlanOutcome:
     """
 
     placement: list[int]
-    agent: Any
+    agent: DreamShard
     calibration: CalibrationResult | None = None
     verification: VerifyResult | None = None
 
@@ -36,12 +47,13 @@ class PlanOutcome:
 
 
 def plan_task(
-    agent: Any,
+    agent: DreamShard,
     task: Task,
     *,
     mode: str = "safe",
     num_samples: int = 4,
     seed: int = 0,
+    sources: Sequence[CandidateSource] | None = None,
     calibration: CalibrationConfig | None = None,
     verify_k: int = 0,
     verify_rounds: int = 3,
@@ -53,7 +65,8 @@ def plan_task(
     Args:
         agent: the prior agent (unchanged).
         task: the task.
-        mode, num_samples, seed: as ``DreamShard.place``.
+        mode, num_samples, seed, sources: as ``DreamShard.place`` (``sources`` also choose
+            the safe mode's candidates whose device groups calibration measures).
         calibration: calibration settings; ``None`` plans with ``agent`` as it is.
         verify_k: measure the ``verify_k`` best-rated candidates and the heuristics' plans
             and keep what :func:`~.verification.rank_measured` picks (0: no verification).
@@ -64,9 +77,9 @@ def plan_task(
     """
     if verify_k < 0:
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
-    cal = calibrate(agent, task, calibration) if calibration is not None else None
+    cal = calibrate(agent, task, calibration, sources) if calibration is not None else None
     planner = cal.agent if cal is not None else agent
-    placement = planner.place(task, mode=mode, num_samples=num_samples, seed=seed)
+    placement = planner.place(task, mode=mode, num_samples=num_samples, seed=seed, sources=sources)
     ver = None
     if verify_k:
         mcfg = verify_config or (calibration.measure if calibration is not None else None)
@@ -78,9 +91,10 @@ def plan_task(
 
 
 class CalibratingAgent:
-    """An agent (``PlacementAgent``) whose ``place`` calibrates on the task's tables
-    first and verifies the best candidates after (:func:`plan_task`); ``predict`` and
-    everything else use the calibrated agent once there is one.
+    """An agent (:class:`~torchrec_dreamshard.policy.PlacementAgent`) whose ``place``
+    calibrates on the task's tables first and verifies the best candidates after
+    (:func:`plan_task`); ``predict`` and the other members use the calibrated agent once
+    there is one (the prior before).
 
     Args:
         agent: the prior agent.
@@ -90,9 +104,11 @@ class CalibratingAgent:
         progress: tqdm bars.
     """
 
+    calibration_enabled: bool = True  # place measures on this machine
+
     def __init__(
         self,
-        agent: Any,
+        agent: DreamShard,
         calibration: CalibrationConfig | None,
         verify_k: int = 0,
         verify_rounds: int = 3,
@@ -103,17 +119,24 @@ class CalibratingAgent:
         self.calibration = calibration
         self.verify_k, self.verify_rounds, self.progress = verify_k, verify_rounds, progress
         self.last_outcome: PlanOutcome | None = None
-        self.calibration_enabled = True
 
-    def place(self, task: Task, mode: str = "safe", num_samples: int = 4, seed: int = 0):
-        import logging
-
+    def place(
+        self,
+        task: Task,
+        mode: str = "safe",
+        num_samples: int = 4,
+        seed: int = 0,
+        sources: Sequence[CandidateSource] | None = None,
+    ) -> list[int]:
+        """Calibrate the prior on ``task``, place with the calibrated agent and verify
+        (:func:`plan_task`); the outcome is kept in :attr:`last_outcome` and logged."""
         out = plan_task(
             self.prior,
             task,
             mode=mode,
             num_samples=num_samples,
             seed=seed,
+            sources=sources,
             calibration=self.calibration,
             verify_k=self.verify_k,
             verify_rounds=self.verify_rounds,
@@ -126,19 +149,30 @@ class CalibratingAgent:
         return out.placement
 
     @property
-    def placer(self) -> Any:
+    def placer(self) -> DreamShard:
         """The agent that places without measuring: the calibrated agent once ``place``
         has calibrated (the prior before). The split search re-places shards with it, so
         that trying a split does not calibrate and verify again."""
         return self.current
 
-    def predict(self, task: Task, placement: Sequence[int]):
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The current agent's metadata (the calibrated agent's records the calibration)."""
+        return self.current.meta
+
+    @property
+    def last_report(self) -> SafetyReport | None:
+        """The current agent's safety-net report of its last placement."""
+        return self.current.last_report
+
+    @last_report.setter
+    def last_report(self, report: SafetyReport | None) -> None:
+        self.current.last_report = report
+
+    def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction:
+        """The current agent's prediction."""
         return self.current.predict(task, placement)
 
-    def table_costs(self, task: Task):
+    def table_costs(self, task: Task) -> np.ndarray:
+        """The current agent's single-table costs."""
         return self.current.table_costs(task)
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in ("current", "prior"):
-            raise AttributeError(name)
-        return getattr(self.current, name)

@@ -11,12 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.tasks import Task
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import PlacementAgent
 
 
 @dataclass
@@ -73,7 +76,7 @@ class VerifyResult:
 
 
 def verify_candidates(
-    agent: Any,
+    agent: PlacementAgent,
     task: Task,
     k: int,
     seed: int = 0,
@@ -84,7 +87,7 @@ def verify_candidates(
     their predictions."""
     from torchrec_dreamshard import baselines
 
-    report = getattr(agent, "last_report", None)
+    report = agent.last_report
     named: dict[tuple[int, ...], str] = {}
     for name, p in (extra or {}).items():
         named.setdefault(tuple(int(d) for d in p), name)
@@ -92,7 +95,7 @@ def verify_candidates(
         for c in report.candidates:
             if len(named) >= k:  # the extra plans count among the k
                 break
-            named.setdefault(tuple(int(d) for d in c.placement), c.name)
+            named.setdefault(tuple(int(d) for d in c.placement), c.label)
     heuristic: set[tuple[int, ...]] = set()
     for h in baselines.HEURISTICS:
         try:
@@ -134,7 +137,7 @@ def rank_measured(plans: Sequence[VerifiedPlan]) -> list[VerifiedPlan]:
 
 
 def verify(
-    agent: Any,
+    agent: PlacementAgent,
     task: Task,
     k: int = 4,
     config: MeasureConfig | None = None,

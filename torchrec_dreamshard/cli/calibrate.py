@@ -36,13 +36,14 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
     from torchrec_dreamshard.checkpoint import load_checkpoint, save_checkpoint
     from torchrec_dreamshard.io import check_writable
+    from torchrec_dreamshard.planner.candidates import default_sources
     from torchrec_dreamshard.tasks import Task
 
     config = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
     if args.export:
         check_writable(args.export, "--export file")
     task = Task.load(args.task)
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     result = calibrate(agent, task, config)
     print("\n".join(result.lines()))
     if args.export:

@@ -236,9 +236,10 @@ def calibrate_demo(mtask, ours: dict, theirs: dict, args: argparse.Namespace) ->
     from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
     from torchrec_dreamshard.checkpoint import load_checkpoint
     from torchrec_dreamshard.measure import measure_placement
+    from torchrec_dreamshard.planner.candidates import default_sources
 
     print(f"\n== calibrating on this machine ({args.calibrate_budget:g} s budget) ==", flush=True)
-    prior = load_checkpoint(args.checkpoint)
+    prior = load_checkpoint(args.checkpoint, sources=default_sources())
     res = calibrate(prior, mtask, CalibrationConfig(budget_s=args.calibrate_budget))
     print("\n".join(res.lines()))
     placement = res.agent.place(mtask, mode=args.mode, seed=args.seed)

@@ -7,7 +7,12 @@ import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.calibration import VerifyResult
+    from torchrec_dreamshard.policy import PlacementAgent
+    from torchrec_dreamshard.tasks import Task
 
 EXAMPLES = """examples:
   dreamshard plan task.json
@@ -87,6 +92,7 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
 def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.checkpoint import load_checkpoint
     from torchrec_dreamshard.io import check_writable
+    from torchrec_dreamshard.planner.candidates import default_sources
     from torchrec_dreamshard.tasks import Task
 
     if args.num_samples < 0:
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
             f"{args.verify_rounds}"
         )
-    agent = load_checkpoint(args.checkpoint)
+    agent = load_checkpoint(args.checkpoint, sources=default_sources())
     start = time.perf_counter()
     cal = calibrate(agent, task, calibration) if calibration is not None else None
     agent = cal.agent if cal is not None else agent
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         plan = split_plan_dict(agent, task, args.mode, args.num_samples, args.seed)
     # the safety net's report describes the whole-table placement it chose; a split plan
     # is re-placed after the search, so only unsplit plans carry it
-    report = None if plan.get("shards") else getattr(agent, "last_report", None)
+    report = None if plan.get("shards") else agent.last_report
     ver = verify_plan(agent, task, plan, args, calibration) if args.verify else None
     if ver is not None:
         placement = list(ver.winner.placement)
@@ -190,7 +196,9 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
     }
 
 
-def verify_plan(agent: Any, task: Any, plan: dict, args: Any, calibration: Any) -> Any:
+def verify_plan(
+    agent: PlacementAgent, task: Task, plan: dict, args: Any, calibration: Any
+) -> VerifyResult | None:
     """Measure the chosen whole-table plan, the best-rated candidates and the heuristics'
     plans (``--verify``); ``None`` for a plan that splits tables (said on stdout)."""
     from torchrec_dreamshard.calibration import verify
@@ -206,7 +214,7 @@ def verify_plan(agent: Any, task: Any, plan: dict, args: Any, calibration: Any) 
 
 
 def split_plan_dict(
-    agent: Any, task: Any, mode: str | None, num_samples: int, seed: int
+    agent: PlacementAgent, task: Task, mode: str | None, num_samples: int, seed: int
 ) -> dict[str, Any]:
     """The PLAN.json contents of a plan that may split tables column-wise
     (:func:`torchrec_dreamshard.split_search.plan_with_splits`): whole tables in ``placement``,

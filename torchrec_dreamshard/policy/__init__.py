@@ -4,22 +4,45 @@
 * :mod:`~torchrec_dreamshard.policy.mdp`: the estimated MDP and its roll-outs;
 * :mod:`~torchrec_dreamshard.policy.safety_net`: candidate plans, refined, chosen by the
   uncertainty-penalised cost;
+* :mod:`~torchrec_dreamshard.policy.protocol`: what users may touch on an agent
+  (``PlacementAgent``) and how plans from outside the policy reach the safety net
+  (``CandidateSource``);
 * :mod:`~torchrec_dreamshard.policy.agent`: the trained agent ``DreamShard``.
+
+Nothing here imports TorchRec's planner: its plans are handed in as candidate sources from
+the planner side (:mod:`torchrec_dreamshard.planner.candidates`).
 """
 
-from torchrec_dreamshard.policy.agent import PLACEMENT_MODES, CostPrediction, DreamShard
+from torchrec_dreamshard.policy.agent import (
+    PLACEMENT_MODES,
+    CostPrediction,
+    DreamShard,
+    is_large,
+)
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, PlacementError, Rollout
 from torchrec_dreamshard.policy.network import PolicyNet
-from torchrec_dreamshard.policy.safety_net import SafetyReport, refine
+from torchrec_dreamshard.policy.protocol import (
+    CandidateSource,
+    FixedPlan,
+    NoPlanError,
+    PlacementAgent,
+)
+from torchrec_dreamshard.policy.safety_net import Candidate, SafetyReport, refine
 
 __all__ = [
     "PLACEMENT_MODES",
+    "Candidate",
+    "CandidateSource",
     "CostPrediction",
     "DreamShard",
     "EstimatedMDP",
+    "FixedPlan",
+    "NoPlanError",
+    "PlacementAgent",
     "PlacementError",
     "PolicyNet",
     "Rollout",
     "SafetyReport",
+    "is_large",
     "refine",
 ]

@@ -5,10 +5,12 @@ Placement modes:
 
 * ``"safe"`` (the default): the safety net of :mod:`torchrec_dreamshard.policy.safety_net`:
   the policy's greedy and sampled roll-outs, the memory-aware classic heuristics, a
-  greedy balance of the predicted single-table costs, TorchRec's own planner (with the
-  task's memory, on tasks of at most ``LARGE_TASK`` tables x devices) and any plans the
-  caller adds compete; the best few are refined by moves and swaps, and the
-  lowest cost, penalised by the ensemble's disagreement, wins;
+  greedy balance of the predicted single-table costs and the plans of the agent's
+  candidate sources (:class:`~torchrec_dreamshard.policy.protocol.CandidateSource`:
+  TorchRec's own planner, for one, handed in from the planner side) compete; the best few
+  are refined by moves and swaps, and the lowest cost, penalised by the ensemble's
+  disagreement, wins. On tasks of more than ``LARGE_TASK`` tables x devices it samples no
+  roll-outs and refines only its best candidate (:func:`is_large`);
 * ``"greedy"``: the policy's greedy roll-out alone (DreamShard's inference);
 * ``"search"``: the policy's roll-outs alone (greedy and ``num_samples`` sampled), scored
   and refined like the safety net's candidates.
@@ -22,17 +24,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.baselines import NoPlanError, torchrec_placement
 from torchrec_dreamshard.cost_model import CostNet, cost_inputs, device_context, single_thread
+from torchrec_dreamshard.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP
 from torchrec_dreamshard.policy.network import PolicyNet
+from torchrec_dreamshard.policy.protocol import CandidateSource
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
     DEFAULT_SAMPLES,
@@ -46,13 +49,60 @@ from torchrec_dreamshard.policy.safety_net import (
 from torchrec_dreamshard.tasks import Task, check_placement
 
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
-LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs,
-# asks TorchRec for no plan and refines only its best candidate, for half the steps
+LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
+# and refines only its best candidate, for half the steps (TorchRec's candidate source
+# declines these tasks too: torchrec_dreamshard.planner.candidates)
 
 
 def is_large(task: Task) -> bool:
     """Whether the safe mode plans ``task`` in its bounded way (see :data:`LARGE_TASK`)."""
     return len(task.tables) * task.num_devices > LARGE_TASK
+
+
+def check_sources(sources: Sequence[CandidateSource]) -> tuple[CandidateSource, ...]:
+    """``sources`` as a tuple, each checked to be a
+    :class:`~torchrec_dreamshard.policy.protocol.CandidateSource`.
+
+    Raises:
+        TypeError: an element has no ``name`` or no ``propose`` (named by position).
+    """
+    out = tuple(sources)
+    for k, source in enumerate(out):
+        if not isinstance(source, CandidateSource):
+            raise TypeError(
+                f"candidate source {k} ({source!r}) needs a `name` and a "
+                "`propose(task)` method (policy.protocol.CandidateSource)"
+            )
+    return out
+
+
+def source_candidates(
+    task: Task, sources: Sequence[CandidateSource], taken: Sequence[str] = ()
+) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The plans of the candidate ``sources`` (by their names; a source that offers
+    nothing for ``task`` is left out) and the messages of those that found none.
+
+    Raises:
+        ValueError: two sources, or a source and a name in ``taken``, share a name; or a
+            source's plan does not fit ``task``, or it raised another ``ValueError``
+            (named).
+    """
+    plans: dict[str, np.ndarray] = {}
+    failed: dict[str, str] = {}
+    seen = set(taken)
+    for source in sources:
+        if source.name in seen:
+            raise ValueError(f"candidate source name {source.name!r} is used twice")
+        seen.add(source.name)
+        try:
+            placement = source.propose(task)
+            if placement is not None:
+                plans[source.name] = np.asarray(check_placement(task, placement))
+        except NoPlanError as exc:
+            failed[source.name] = str(exc)
+        except ValueError as exc:
+            raise ValueError(f"candidate source {source.name!r}: {exc}") from exc
+    return plans, failed
 
 
 @dataclass
@@ -81,14 +131,19 @@ class CostPrediction:
 
 
 class DreamShard:
-    """The trained agent: cost network, policy and metadata.
+    """The trained agent: cost network, policy and metadata (a
+    :class:`~torchrec_dreamshard.policy.protocol.PlacementAgent`).
 
     Args:
         cost_net: the cost network.
         policy: the policy network (its input width is the cost network's ``enc_dim``).
         meta: metadata (hardware fingerprint, workload, version, ...).
         penalty: how many ensemble standard deviations of log cost the safety net adds.
+        sources: the candidate sources whose plans the safe mode weighs (in this order,
+            after the policy's and the heuristics'), unless ``place`` is given others.
     """
+
+    calibration_enabled: bool = False  # place never measures
 
     def __init__(
         self,
@@ -96,6 +151,7 @@ class DreamShard:
         policy: PolicyNet,
         meta: dict[str, Any] | None = None,
         penalty: float = DEFAULT_PENALTY,
+        sources: Sequence[CandidateSource] = (),
     ):
         if cost_net.enc_dim != policy.in_dim:
             raise ValueError(
@@ -105,6 +161,7 @@ class DreamShard:
         self.cost_net = cost_net.eval()
         self.policy = policy.eval()
         self.penalty = penalty
+        self.sources = check_sources(sources)
         self.meta: dict[str, Any] = dict(meta or {})
         self.meta.setdefault("hidden", cost_net.hidden)
         self.meta.setdefault("members", cost_net.members)
@@ -113,7 +170,12 @@ class DreamShard:
 
     @classmethod
     def untrained(
-        cls, seed: int = 0, hidden: int = 16, members: int = 5, policy_hidden: int = 64
+        cls,
+        seed: int = 0,
+        hidden: int = 16,
+        members: int = 5,
+        policy_hidden: int = 64,
+        sources: Sequence[CandidateSource] = (),
     ) -> DreamShard:
         """Randomly initialised networks (deterministic in ``seed``)."""
         torch.manual_seed(seed)
@@ -121,7 +183,12 @@ class DreamShard:
 
         net = CostNet(hidden, members)
         meta = {"trained": False, "seed": seed, "version": __version__}
-        return cls(net, PolicyNet(net.enc_dim, policy_hidden), meta)
+        return cls(net, PolicyNet(net.enc_dim, policy_hidden), meta, sources=sources)
+
+    @property
+    def placer(self) -> DreamShard:
+        """The agent that places without measuring: this one."""
+        return self
 
     def fingerprint(self) -> str:
         """A digest of the networks' weights and the metadata: two agents with the same
@@ -159,7 +226,7 @@ class DreamShard:
         mode: str = "safe",
         num_samples: int = DEFAULT_SAMPLES,
         seed: int = 0,
-        extra: Mapping[str, Sequence[int]] | None = None,
+        sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
         """A device per table, respecting every device's memory.
 
@@ -168,7 +235,8 @@ class DreamShard:
             mode: one of :data:`PLACEMENT_MODES` (see the module docstring).
             num_samples: sampled roll-outs (search and safe modes).
             seed: sampling seed.
-            extra: more candidate plans by name (safe mode), e.g. TorchRec's.
+            sources: the candidate sources of the safe mode for this call, instead of
+                the agent's own (``None``: the agent's :attr:`sources`).
 
         Raises:
             PlacementError: a table fits on no device (named in the message).
@@ -178,7 +246,7 @@ class DreamShard:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         with single_thread(), torch.no_grad():
-            return self._place(task, mode, num_samples, seed, extra or {})
+            return self._place(task, mode, num_samples, seed, sources)
 
     @single_thread()
     @torch.no_grad()
@@ -188,11 +256,12 @@ class DreamShard:
         mode: str = "safe",
         num_samples: int = DEFAULT_SAMPLES,
         seed: int = 0,
-        extra: Mapping[str, Sequence[int]] | None = None,
+        sources: Sequence[CandidateSource] | None = None,
         mdp: EstimatedMDP | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The unrefined candidate plans of ``mode`` (``"safe"`` or ``"search"``) by name,
-        and the names of the sources that found no plan (see the module docstring)."""
+        and the messages of the sources that found no plan, by name (see the module
+        docstring; ``sources`` as in :meth:`place`)."""
         if mode not in ("safe", "search"):
             raise ValueError(f"candidates are those of the safe or search mode, got {mode!r}")
         mdp = mdp or self.mdp(task)
@@ -208,22 +277,19 @@ class DreamShard:
         if mode == "safe":
             plans, failed = heuristic_candidates(task, mdp.single_compute_ms)
             named.update(plans)
-            if not large:
-                try:
-                    named["torchrec"] = np.asarray(torchrec_placement(task, ours=True))
-                except NoPlanError as exc:
-                    failed["torchrec"] = str(exc)
-            for n, p in (extra or {}).items():
-                named[n] = np.asarray(check_placement(task, p))
+            given = self.sources if sources is None else check_sources(sources)
+            plans, no_plan = source_candidates(task, given, taken=list(named) + list(failed))
+            named.update(plans)
+            failed.update(no_plan)
         return named, failed
 
-    def _place(self, task, mode, num_samples, seed, extra) -> list[int]:
+    def _place(self, task, mode, num_samples, seed, sources) -> list[int]:
         mdp = self.mdp(task)
         if mode == "greedy":
             self.last_report = None
             placement = mdp.rollout(self.policy, 1, greedy=True).placements[0]
             return check_placement(task, [int(d) for d in placement])
-        named, failed = self.candidates(task, mode, num_samples, seed, extra, mdp)
+        named, failed = self.candidates(task, mode, num_samples, seed, sources, mdp)
         large = is_large(task)
         self.last_report = choose(
             self.scorer(task, mdp.table_enc),

@@ -6,10 +6,14 @@ against a learned cost model finds that model's errors. So the default plan is c
 among candidates from different sources:
 
 * the policy's greedy roll-out and a few sampled roll-outs;
-* the classic heuristics (size, dim, lookup and size-lookup greedy) and a greedy balance
-  of the cost model's *single-table* predictions, all with a memory look-ahead
-  (:func:`memory_aware_greedy`), so that tight memory does not strand a big table;
-* any extra plans the caller brings (TorchRec's own planner, for one).
+* the classic heuristics' proxies (size, dim, lookup and size-lookup) and the cost model's
+  *single-table* predictions, each balanced greedily with a memory look-ahead
+  (:func:`memory_aware_greedy`), so that tight memory does not strand a big table; they
+  are named ``memory_aware_<proxy>`` (``memory_aware_size``, ..., ``memory_aware_predicted``)
+  to tell them from the heuristics without the look-ahead (``size_greedy``, ... in
+  :mod:`torchrec_dreamshard.baselines`);
+* the plans of the candidate sources the caller brings (TorchRec's own planner, for one:
+  see :mod:`torchrec_dreamshard.policy.protocol`).
 
 Each is rated ``score = log step + penalty * std_k log step_k``: the ensemble's predicted
 log step cost plus the spread of its members ``k`` over their own predictions, so a plan
@@ -23,12 +27,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.baselines import PROXIES
+from torchrec_dreamshard.heuristics import PROXIES
 from torchrec_dreamshard.policy.mdp import can_pack
 from torchrec_dreamshard.tasks import Task
 
@@ -78,12 +82,13 @@ class Candidate:
     """One candidate plan and the cost model's view of it.
 
     Attributes:
-        name: where it came from (``policy_greedy``, ``size_greedy``, ...; ``+refined``
-            when moves improved it).
+        name: the source that proposed it (``policy_greedy``, ``memory_aware_size``, a
+            candidate source's name, ...).
         placement: device per table.
         score: ``log_step + penalty * log_std``.
         log_step: the ensemble's log step cost (as :meth:`DreamShard.predict` gives it).
         log_std: the members' standard deviation of their own log step cost.
+        refined: whether :func:`refine`'s moves changed the source's plan.
     """
 
     name: str
@@ -91,10 +96,16 @@ class Candidate:
     score: float
     log_step: float
     log_std: float
+    refined: bool = False
 
     @property
     def step_ms(self) -> float:
         return float(math.exp(self.log_step))
+
+    @property
+    def label(self) -> str:
+        """The name for people: ``name``, with ``+refined`` when refinement changed it."""
+        return f"{self.name}+refined" if self.refined else self.name
 
 
 @dataclass
@@ -109,9 +120,10 @@ class SafetyReport:
         return self.candidates[0]
 
     def margin(self, name: str) -> float:
-        """Predicted step of candidate ``name`` over the winner's (``nan`` if absent)."""
+        """Predicted step of the candidate from source ``name`` over the winner's (``nan``
+        if absent)."""
         for c in self.candidates:
-            if c.name.split("+")[0] == name:
+            if c.name == name:
                 return float(math.exp(c.log_step - self.winner.log_step))
         return float("nan")
 
@@ -120,10 +132,12 @@ class SafetyReport:
         ratio to the winner and ensemble spread."""
         w = self.winner
         return {
-            "winner": w.name,
+            "winner": w.label,
             "candidates": [
                 {
-                    "name": c.name,
+                    "name": c.label,
+                    "source": c.name,
+                    "refined": c.refined,
                     "predicted_ms": c.step_ms,
                     "vs_winner": float(math.exp(c.log_step - w.log_step)),
                     "log_std": c.log_std,
@@ -136,12 +150,12 @@ class SafetyReport:
     def lines(self) -> list[str]:
         w = self.winner
         out = [
-            f"safety net: {len(self.candidates)} candidates; winner {w.name} "
+            f"safety net: {len(self.candidates)} candidates; winner {w.label} "
             f"({w.step_ms:.3f} ms predicted, log-std {w.log_std:.3f})"
         ]
         for c in self.candidates[1:]:
             out.append(
-                f"  {c.name:28s} {c.step_ms:9.3f} ms  x{math.exp(c.log_step - w.log_step):.3f}"
+                f"  {c.label:28s} {c.step_ms:9.3f} ms  x{math.exp(c.log_step - w.log_step):.3f}"
                 f"  log-std {c.log_std:.3f}"
             )
         out += [f"  {n:28s} no plan: {msg}" for n, msg in self.failed.items()]
@@ -298,8 +312,7 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
         now, improved = float(score[k]), True
     if not improved:
         return cand
-    name = cand.name if cand.name.endswith("+refined") else cand.name + "+refined"
-    return scorer.candidates({name: placement})[0]
+    return replace(scorer.candidates({cand.name: placement})[0], refined=True)
 
 
 # ----------------------------------------------------------------------------------------
@@ -310,11 +323,12 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
 def heuristic_candidates(
     task: Task, single_costs: np.ndarray
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The memory-aware heuristics' plans and the predicted-cost greedy's (by name), and
-    the names of those that found none."""
+    """The plans of :func:`memory_aware_greedy` on each of the heuristics' proxies and on
+    the predicted single-table costs, named ``memory_aware_<proxy>`` and
+    ``memory_aware_predicted``, and the names of those that found none."""
     plans, failed = {}, {}
-    costs = {f"{n}_greedy": [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
-    costs["predicted_greedy"] = list(single_costs)
+    costs = {f"memory_aware_{n}": [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
+    costs["memory_aware_predicted"] = list(single_costs)
     for name, c in costs.items():
         p = memory_aware_greedy(task, c)
         if p is None:

@@ -38,7 +38,7 @@ from torchrec_dreamshard.cost_fit import (
 )
 from torchrec_dreamshard.cost_model import CostNet, single_thread
 from torchrec_dreamshard.io import atomic_write, dumps_strict
-from torchrec_dreamshard.policy import DreamShard, PolicyNet
+from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
 from torchrec_dreamshard.training.config import TrainConfig, seed_everything
 from torchrec_dreamshard.training.jobs import bootstrap_jobs, collect, draw_tasks, iteration_jobs
 from torchrec_dreamshard.training.logs import write_metrics
@@ -78,11 +78,19 @@ def agent_meta(cfg: TrainConfig, store: CostStore, n_samples: int, wall_s: float
     }
 
 
+def candidate_sources() -> tuple[CandidateSource, ...]:
+    """The candidate sources of the safe-mode placements training measures: the planner
+    side's defaults (TorchRec's plan), as every safe-mode plan weighs them."""
+    from torchrec_dreamshard.planner.candidates import default_sources
+
+    return default_sources()
+
+
 def new_agent(cfg: TrainConfig) -> DreamShard:
     """A fresh agent of the configured sizes (seeded by ``cfg.seed``)."""
     torch.manual_seed(cfg.seed)
     net = CostNet(cfg.hidden, cfg.members)
-    return DreamShard(net, PolicyNet(net.enc_dim, cfg.policy_hidden))
+    return DreamShard(net, PolicyNet(net.enc_dim, cfg.policy_hidden), sources=candidate_sources())
 
 
 def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
@@ -101,7 +109,8 @@ def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
                 f"{path} was trained with {key}={saved[key]!r}, this run asks for "
                 f"{getattr(cfg, key)!r}: use another --out-dir or the same settings"
             )
-    return load_checkpoint(path), int(extra["iteration"]), float(extra.get("wall_s", 0.0))
+    agent = load_checkpoint(path, sources=candidate_sources())
+    return agent, int(extra["iteration"]), float(extra.get("wall_s", 0.0))
 
 
 def check_hardware(agent: DreamShard, store: CostStore, cfg: TrainConfig) -> None:

@@ -1,0 +1,77 @@
+"""The classic placement heuristics, pure functions of a task: no cost model, no TorchRec.
+
+* :func:`random_placement`: each table (largest first) on a uniformly random device with
+  room;
+* :func:`proxy_greedy`: sort the tables by a proxy cost (:data:`PROXIES`: bytes; dim;
+  dim x pooling factor; dim x pooling factor x log10(rows)), descending, and put each on
+  the device with the least proxy load that still has room (:func:`greedy_by_costs`).
+
+They raise :class:`NoPlanError` when they find no placement. The policy's safety net
+builds on them, and so does the baselines' registry (:mod:`torchrec_dreamshard.baselines`),
+which adds TorchRec's planner.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from torchrec_dreamshard import tasks
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tasks import Task
+
+
+class NoPlanError(ValueError):
+    """A placer found no placement that fits (a heuristic on tight memory, TorchRec's
+    planner with its default storage reservation, or any candidate source of the safety
+    net)."""
+
+
+def random_placement(task: Task, seed: int = 0) -> list[int]:
+    """:func:`torchrec_dreamshard.tasks.random_placement`, raising :class:`NoPlanError`
+    when a table fits on no device."""
+    try:
+        return tasks.random_placement(task, seed)
+    except ValueError as exc:
+        raise NoPlanError(str(exc)) from None
+
+
+PROXIES: dict[str, Callable[[TableSpec], float]] = {
+    "size": lambda t: float(t.size_bytes),
+    "dim": lambda t: float(t.dim),
+    "lookup": lambda t: t.dim * t.pooling_factor,
+    "size_lookup": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
+}
+
+
+def greedy_by_costs(task: Task, costs: Sequence[float]) -> list[int]:
+    """Sort tables by ``costs`` descending; each goes to the least-loaded device (by the
+    sum of its tables' costs) that still has room."""
+    free = np.asarray(task.memory, dtype=np.int64)
+    load = np.zeros(task.num_devices)
+    out = [0] * len(task.tables)
+    for i in sorted(range(len(task.tables)), key=lambda i: (-costs[i], i)):
+        size = task.tables[i].size_bytes
+        legal = np.flatnonzero(free >= size)
+        if legal.size == 0:
+            raise NoPlanError(_no_room(task.tables[i], free))
+        d = int(legal[np.argmin(load[legal])])
+        out[i] = d
+        free[d] -= size
+        load[d] += costs[i]
+    return out
+
+
+def proxy_greedy(task: Task, proxy: str, seed: int = 0) -> list[int]:
+    """Greedy balancing of one of :data:`PROXIES` (``seed`` is unused)."""
+    fn = PROXIES[proxy]
+    return greedy_by_costs(task, [fn(t) for t in task.tables])
+
+
+def _no_room(table: TableSpec, free: np.ndarray) -> str:
+    return (
+        f"table {table.name!r} ({table.size_bytes} bytes) fits on no device "
+        f"(most free: {int(free.max())} bytes)"
+    )

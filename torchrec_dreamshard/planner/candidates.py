@@ -1,0 +1,47 @@
+"""Candidate sources from the planner side: plans the policy's safety net weighs but the
+policy cannot make itself, because they come from TorchRec's planner (or, later, from a
+user's proposer). See :class:`~torchrec_dreamshard.policy.protocol.CandidateSource`.
+
+:func:`default_sources` are those every safe-mode plan weighs: hand them to an agent for
+good (``load_checkpoint(path, sources=default_sources())``) or for one call
+(``agent.place(task, sources=default_sources())``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchrec_dreamshard import baselines
+from torchrec_dreamshard.policy import CandidateSource, is_large
+from torchrec_dreamshard.tasks import Task
+
+TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
+
+
+@dataclass(frozen=True)
+class TorchRecCandidate:
+    """TorchRec's ``EmbeddingShardingPlanner`` (table-wise fused sharding) with our memory
+    accounting, so that it finds a plan whenever whole tables fit: the baselines'
+    ``torchrec_ours`` (:func:`torchrec_dreamshard.baselines.torchrec_placement`).
+
+    It declines tasks the safe mode plans in its bounded way
+    (:func:`~torchrec_dreamshard.policy.is_large`): TorchRec's planner would take longer
+    than the rest of the safety net there.
+    """
+
+    name: str = TORCHREC_CANDIDATE
+
+    def propose(self, task: Task) -> list[int] | None:
+        """TorchRec's placement of ``task`` (``None`` on a large task).
+
+        Raises:
+            NoPlanError: TorchRec's planner found no plan (its message is kept).
+        """
+        if is_large(task):
+            return None
+        return baselines.torchrec_placement(task, ours=True)
+
+
+def default_sources() -> tuple[CandidateSource, ...]:
+    """The candidate sources of every safe-mode plan: TorchRec's planner."""
+    return (TorchRecCandidate(),)

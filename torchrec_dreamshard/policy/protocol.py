@@ -1,0 +1,122 @@
+"""The agent's interface, declared: what the planner, the split search, calibration and the
+CLI may touch on an agent (:class:`PlacementAgent`), and how plans from outside the policy
+reach its safety net (:class:`CandidateSource`).
+
+The policy knows nothing of TorchRec's planner. Plans from it, or from a user's proposer,
+are candidate sources handed in from the planner side
+(:mod:`torchrec_dreamshard.planner.candidates`): either for good, when the agent is built
+(``DreamShard(..., sources=...)``, ``load_checkpoint(path, sources=...)``), or for one call
+(``agent.place(task, sources=...)``). The safe mode rates a source's plan like every other
+candidate; a source that looked and found none raises :class:`NoPlanError`, which the
+safety net's report lists under ``no_plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from torchrec_dreamshard.heuristics import NoPlanError
+from torchrec_dreamshard.tasks import Task, check_placement
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy.agent import CostPrediction
+    from torchrec_dreamshard.policy.safety_net import SafetyReport
+
+__all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlacementAgent"]
+
+
+@runtime_checkable
+class CandidateSource(Protocol):
+    """A source of candidate plans for the safety net (safe mode).
+
+    Attributes:
+        name: the candidates' name in the safety net's report (unique among the sources
+            and the policy's own candidates).
+    """
+
+    name: str
+
+    def propose(self, task: Task) -> Sequence[int] | None:
+        """A device per table of ``task``, or ``None`` when the source offers nothing for
+        this task (e.g. a task too large for it to plan in time).
+
+        Raises:
+            NoPlanError: the source looked for a plan and found none (its message is
+                reported).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class FixedPlan:
+    """A candidate source that offers one given placement (a user's plan, say).
+
+    Attributes:
+        name: the candidate's name.
+        placement: a device per table of the tasks it is offered for.
+    """
+
+    name: str
+    placement: tuple[int, ...]
+
+    def propose(self, task: Task) -> list[int]:
+        """The placement, checked against ``task`` (a ``ValueError`` names what is wrong)."""
+        return check_placement(task, list(self.placement))
+
+
+@runtime_checkable
+class PlacementAgent(Protocol):
+    """Every member of an agent that code outside the agent touches.
+
+    Implemented by :class:`~torchrec_dreamshard.policy.DreamShard` and by
+    :class:`~torchrec_dreamshard.calibration.CalibratingAgent` (which calibrates and
+    verifies in ``place``).
+
+    Attributes:
+        last_report: the safety net's report of the last safe or search placement
+            (``None`` after a greedy one, or before any); the split search restores it
+            after its trial placements.
+    """
+
+    last_report: SafetyReport | None
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """Metadata (hardware fingerprint, workload, version, ...)."""
+        ...
+
+    @property
+    def calibration_enabled(self) -> bool:
+        """Whether ``place`` measures on this machine (calibration or verification), so
+        that other ranks know to wait."""
+        ...
+
+    @property
+    def placer(self) -> PlacementAgent:
+        """The agent that places without measuring (itself, for an agent that never
+        measures): the split search re-places trial tasks with it."""
+        ...
+
+    def place(
+        self,
+        task: Task,
+        mode: str = "safe",
+        num_samples: int = 4,
+        seed: int = 0,
+        sources: Sequence[CandidateSource] | None = None,
+    ) -> list[int]:
+        """A device per table, respecting every device's memory; ``sources`` replace the
+        agent's own candidate sources for this call (``None``: the agent's own)."""
+        ...
+
+    def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction:
+        """The cost network's per-device and overall cost of ``placement``."""
+        ...
+
+    def table_costs(self, task: Task) -> np.ndarray:
+        """Predicted single-table fwd + bwd + comm (ms) of each table, alone on a device."""
+        ...
