@@ -4,6 +4,7 @@ does it on every ``place`` (:class:`CalibratingAgent`).
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,6 +148,12 @@ class CalibratingAgent:
         for line in out.lines():
             log.info(line)
         return out.placement
+
+    def fingerprint(self) -> str:
+        """The prior's fingerprint and the calibration and verification settings (the
+        calibrated weights follow from them on a given machine)."""
+        settings = [self.calibration, self.verify_k, self.verify_rounds]
+        return hashlib.sha256(f"{self.prior.fingerprint()}|{settings!r}".encode()).hexdigest()
 
     @property
     def placer(self) -> DreamShard:

@@ -93,16 +93,28 @@ def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int
 
 
 class Unloaded:
-    """Stands in for an agent whose checkpoint failed to load on this rank: any use
-    raises the load error (collective_plan raises it first, on every rank)."""
+    """Stands in for an agent whose checkpoint failed to load on this rank (a
+    ``PlacementAgent`` in form): every use raises the load error, which
+    ``collective_plan`` raises first, on every rank."""
+
+    last_report = None
+    calibration_enabled = False
 
     def __init__(self, message: str) -> None:
         self._message = message
 
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
-            raise AttributeError(name)
+    def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError(self._message)
+
+    place = predict = table_costs = fingerprint = _fail
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._fail()
+
+    @property
+    def placer(self) -> Unloaded:
+        return self._fail()
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:

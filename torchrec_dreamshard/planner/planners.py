@@ -194,7 +194,6 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._load_error: str | None = None
         if agent is None:
             agent = self._load_agent(checkpoint)
-        self._prior = agent
         self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
         self._settings = [mode, num_samples, seed, repr(calibrate), verify]
         reservation = storage_reservation or HeuristicalStorageReservation(
@@ -305,7 +304,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         failures = [s for s in statuses if s]
         if failures:
             raise ValueError("; ".join(failures))
-        if dist.get_rank(pg) != 0 and self.agent is not self._prior:
+        if dist.get_rank(pg) != 0 and self.agent.calibration_enabled:
             logger.info(
                 "rank %d: waiting for rank 0 to calibrate/verify and plan", dist.get_rank(pg)
             )
@@ -334,7 +333,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     def dreamshard_context(self) -> list[Any]:
         """What only DreamShard's plans depend on: the agent's fingerprint, the mode,
         samples, seed, calibration and verification settings, and the measured reuse."""
-        return [self._prior.fingerprint(), *self._settings, self.table_specs.reuse_key()]
+        return [self.agent.fingerprint(), *self._settings, self.table_specs.reuse_key()]
 
     def hash_planner_context_inputs(self) -> int:
         """TorchRec's context hash (topology, batch, search space, storage reservation,

@@ -49,6 +49,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.options import (
     SpecFn,
     choose_options,
@@ -65,6 +66,7 @@ from torchrec_dreamshard.planner.types import (
     spec_for_option,
     storage_bytes,
 )
+from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.split_search import SplitPlan, plan_with_splits
 from torchrec_dreamshard.splits import plan_entries, shard_task
@@ -132,6 +134,7 @@ class DreamShardProposer(Proposer):
         self._proposal: list[ShardingOption] | None = None
         self._failure: PlannerError | None = None
         self._collectives = collectives
+        self.sources: tuple[CandidateSource, ...] = default_sources()  # TorchRec's plan
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
 
@@ -311,7 +314,11 @@ class DreamShardProposer(Proposer):
             )
             if not widths:  # nothing may be split: the policy's placement as it is
                 placement = self._agent.place(
-                    task, mode=self._mode, num_samples=self._num_samples, seed=self._seed
+                    task,
+                    mode=self._mode,
+                    num_samples=self._num_samples,
+                    seed=self._seed,
+                    sources=self.sources,
                 )
                 self.last_report = self._agent.last_report
                 return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
@@ -322,6 +329,7 @@ class DreamShardProposer(Proposer):
                 num_samples=self._num_samples,
                 seed=self._seed,
                 splittable=widths,
+                sources=self.sources,
             )
             # the report describes the whole-table placement; a split plan is re-placed
             split = bool(found.sharded.columns)

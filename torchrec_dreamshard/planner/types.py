@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
@@ -26,24 +26,12 @@ from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.policy import CostPrediction
+    pass
 
 DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
 SPLIT_SHARDING_TYPE: str = ShardingType.COLUMN_WISE.value
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")  # see policy.agent
-
-
-class PlacementAgent(Protocol):
-    """What the planner needs of a trained DreamShard agent (``policy.DreamShard``)."""
-
-    def place(
-        self, task: Task, mode: str = "safe", num_samples: int = 4, seed: int = 0
-    ) -> list[int]: ...
-
-    def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction: ...
-
-    def table_costs(self, task: Task) -> Any: ...
 
 
 def is_dreamshard_option(option: ShardingOption) -> bool:

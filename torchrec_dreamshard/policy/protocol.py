@@ -120,3 +120,8 @@ class PlacementAgent(Protocol):
     def table_costs(self, task: Task) -> np.ndarray:
         """Predicted single-table fwd + bwd + comm (ms) of each table, alone on a device."""
         ...
+
+    def fingerprint(self) -> str:
+        """A digest of everything that decides the agent's plans (weights, metadata and,
+        for a wrapper, its settings): the planner's context hash includes it."""
+        ...
