@@ -149,14 +149,17 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
 def report_lines(times: Mapping[str, Any], baseline: str) -> list[str]:
     """Each plan's median step and interval, its ratio to ``baseline`` and the sharding
     types it used."""
-    from collections import Counter
-
+    from torchrec_dreamshard.measure.dmp_step import sharding_type_counts
     from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval, verdict
 
     rounds = times["rounds"]
+    if not rounds:
+        return ["no rounds were timed"]
     ms = {name: [r["step_ms"][name] for r in rounds] for name in times["plans"]}
+    coverage = median_interval(ms[baseline]).coverage
     lines = [
-        f"{len(rounds)} rounds on {times['world_size']} ranks; medians with 95% intervals",
+        f"{len(rounds)} rounds on {times['world_size']} ranks: medians [interval holding the "
+        f"median with probability {coverage:.1%}]",
         f"{'plan':16s} {'step ms':>26s}  {'/ ' + baseline:>26s}  sharding types",
     ]
     for name, values in ms.items():
@@ -166,14 +169,14 @@ def report_lines(times: Mapping[str, Any], baseline: str) -> list[str]:
         if name != baseline:
             r = ratio_interval(values, ms[baseline])
             ratio = f"{r.median:7.3f} [{r.low:6.3f}, {r.high:6.3f}]"
-        types = Counter(t["sharding_type"] for t in times["plans"][name]["tables"].values())
-        kinds = ", ".join(f"{k} {v}" for k, v in sorted(types.items()))
+        types = sharding_type_counts(times["plans"][name]["tables"])
+        kinds = ", ".join(f"{k} {v}" for k, v in types.items())
         lines.append(f"{name:16s} {step:>26s}  {ratio:>26s}  {kinds}")
     for name in ms:
         if name != baseline:
             r = ratio_interval(ms[name], ms[baseline])
             lines.append(f"{name} / {baseline}: {verdict(r, name, baseline)}")
-    if rounds and median_interval(ms[baseline]).coverage < 0.95:
+    if coverage < 0.95:
         lines.append("(fewer than 6 rounds: the intervals are [min, max], below 95%)")
     return lines
 
@@ -181,4 +184,7 @@ def report_lines(times: Mapping[str, Any], baseline: str) -> list[str]:
 if __name__ == "__main__":  # torchrun -m torchrec_dreamshard.cli.steptime ...
     from torchrec_dreamshard.cli import main
 
-    sys.exit(main(["steptime", *sys.argv[1:]]))
+    code = main(["steptime", *sys.argv[1:]])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skips C++ static destructors after DMP on gloo (spawn.exit_spawned_rank)

@@ -204,6 +204,14 @@ def plan_summary(plan: Any) -> dict[str, dict[str, Any]]:
     }
 
 
+def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """How many tables of a :func:`plan_summary` use each sharding type (sorted by type)."""
+    counts: dict[str, int] = {}
+    for entry in tables.values():
+        counts[entry["sharding_type"]] = counts.get(entry["sharding_type"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
 # ----------------------------------------------------------------------------------------
 # One rank's work
 # ----------------------------------------------------------------------------------------
