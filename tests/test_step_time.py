@@ -158,3 +158,42 @@ def test_a_failing_plan_raises_on_the_caller_without_hanging():
         time_plans(tiny_spec(), plans, world_size=2, config=config)
     assert "this planner has no plan for you" in str(err.value)
     assert time.monotonic() - start < 120
+
+
+def test_steptime_command_prints_the_comparison_and_writes_the_rounds(
+    tmp_path, capsys, monkeypatch
+):
+    from torchrec_dreamshard.cli import main
+    from torchrec_dreamshard.measure import dmp_step
+
+    tables = {"a": {"sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [0]}}
+    seen = {}
+
+    def fake_time_plans(spec, plans, world_size, config, round_log):
+        seen.update(spec=spec, plans=plans, world=world_size, config=config)
+        rounds = [
+            {"round": r, "order": round_order(list(plans), r),
+             "step_ms": {"torchrec": 100.0 + r, "dreamshard": 90.0 + r}}
+            for r in range(config.rounds)
+        ]  # fmt: skip
+        info = {"tables": tables, "pipelined": 1}
+        return dmp_step.StepTimes(world_size=world_size, config={}, rounds=rounds,
+                                  plans={n: info for n in plans})  # fmt: skip
+
+    monkeypatch.setattr(dmp_step, "time_plans", fake_time_plans)
+    monkeypatch.delenv("RANK", raising=False)
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"tables": [{"name": "a", "rows": 10, "dim": 4,
+                                             "pooling_factor": 1.0}]}))  # fmt: skip
+    out = tmp_path / "times.json"
+    argv = ["steptime", str(model), "--planners", "torchrec,dreamshard", "--rounds", "10"]
+    assert main(argv + ["--steps", "4", "--world-size", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "10 rounds on 2 ranks" in printed and "97.9%" in printed
+    assert "dreamshard / torchrec: dreamshard faster than torchrec by" in printed
+    assert "table_wise 1" in printed
+    assert len(json.loads(out.read_text())["rounds"]) == 10
+    assert seen["config"].steps == 4 and seen["world"] == 2
+    assert [p.kind for p in seen["plans"].values()] == ["torchrec", "dreamshard"]
+    assert main(["steptime", str(model), "--planners", "torchrec,torchrec"]) == 2
+    assert "distinct planners" in capsys.readouterr().err
