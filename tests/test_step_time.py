@@ -99,6 +99,23 @@ def test_model_spec_refuses_what_torchrec_cannot_build():
     assert spec.bags == (t,) and spec.planner_constraints()["a"].pooling_factors == [1.0]
 
 
+def test_a_spec_is_built_from_torchrec_configs_and_constraints():
+    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+
+    from torchrec_dreamshard.measure.step_model import spec_from_configs
+
+    bag = EmbeddingBagConfig(name="u", embedding_dim=16, num_embeddings=1000, feature_names=["x"])
+    seq = EmbeddingConfig(name="h", embedding_dim=8, num_embeddings=500, feature_names=["y"])
+    constraints = {"u": ParameterConstraints(pooling_factors=[3.0], sharding_types=["row_wise"])}
+    spec = spec_from_configs([bag], [seq], constraints)
+    assert [(t.name, t.rows, t.dim, t.pooling_factor) for t in spec.tables] == [
+        ("u", 1000, 16, 3.0),
+        ("h", 500, 8, 1.0),
+    ]
+    assert spec.planner_constraints()["u"].sharding_types == ["row_wise"]
+
+
 def test_table_wise_only_keeps_the_other_constraints():
     from torchrec.distributed.planner.types import ParameterConstraints
 

@@ -104,6 +104,25 @@ class StepModelSpec:
         return cls(bags=lists["tables"], sequences=lists["sequence_tables"])
 
 
+def spec_from_configs(
+    bag_configs: Sequence[Any] = (),
+    sequence_configs: Sequence[Any] = (),
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+) -> StepModelSpec:
+    """A :class:`StepModelSpec` from TorchRec configs: ``EmbeddingBagConfig``s (bags) and
+    ``EmbeddingConfig``s (sequences), each table's pooling factor from its constraints'
+    ``pooling_factors`` (1.0 without), uniform reuse. For measured pooling and reuse, build
+    the specs with :func:`torchrec_dreamshard.table_stats.specs_from_kjt_batches`."""
+    from torchrec_dreamshard.table_stats import spec_from_config
+
+    def specs(configs: Sequence[Any]) -> tuple[TableSpec, ...]:
+        return tuple(spec_from_config(c, (constraints or {}).get(c.name)) for c in configs)
+
+    return StepModelSpec(
+        bags=specs(bag_configs), sequences=specs(sequence_configs), constraints=constraints
+    )
+
+
 def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingConfig]:
     """One ``EmbeddingConfig`` (a sequence table) per table, fed by ``f_<name>``."""
     return [
