@@ -29,6 +29,7 @@ BENCHMARKS = (
     "generalisation",
     "safety_net_study",
     "splits",
+    "step_time",
 )
 
 

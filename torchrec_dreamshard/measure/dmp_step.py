@@ -1,0 +1,385 @@
+"""Sharding plans judged by the training step: real ``DistributedModelParallel`` steps
+under ``TrainPipelineSparseDist`` on gloo ranks, plan against plan, in alternating rounds.
+
+A step holds everything a plan changes: the input distribution (ids all-to-all), the
+embedding kernels, the output collectives (all-to-all, reduce-scatter, all-reduce of
+data-parallel gradients), the dense part and the fused optimizer. Each plan's model
+(:class:`~torchrec_dreamshard.measure.step_model.StepDLRM`) is built once; then every
+round runs each plan for ``warmup_steps`` untimed steps and ``steps`` timed ones. The
+time of a round is the wall clock over its timed steps, started after a barrier, the
+maximum over ranks, divided by ``steps``. Plans run in a different order each round
+(:func:`round_order`), so that neither drift of the machine nor the position in a round
+favours one plan.
+
+Embeddings train with TorchRec's fused row-wise Adagrad (``RowWiseAdagrad`` applied in
+the backward, fused into the FBGEMM kernel where the plan uses one), the dense part with
+Adagrad. Batches are drawn before timing from :mod:`torchrec_dreamshard.workloads` (each
+table's pooling factor and reuse) and cycled. Every rank uses one thread.
+
+:func:`time_plans` spawns the ranks on this machine; :func:`run_rounds` is the body every
+rank runs, callable as is under ``torchrun``. A plan is a TorchRec ``ShardingPlan`` or a
+planner factory ``factory(topology, batch_size, constraints)`` returning a planner whose
+``plan(model, sharders)`` is run on rank 0 (a plan or error is then sent to every rank).
+A failing rank ends every rank, and its error is raised by :func:`time_plans`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchrec_dreamshard.measure.step_model import StepBatch, StepDLRM, StepModelSpec, make_batch
+
+PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
+DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two batches ahead
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTimerConfig:
+    """How the step timer runs.
+
+    Args:
+        batch_size: samples per rank per step (TorchRec's per-rank ``batch_size``).
+        rounds: rounds; every plan runs once in each.
+        warmup_steps: untimed steps of a plan at the start of each of its runs.
+        steps: timed steps of a plan in each round.
+        distinct_batches: batches drawn per rank (cycled through the steps).
+        lr: learning rate of both optimizers.
+        seed: seed of the batches.
+        first_round: index of the first round (a resumed run continues the order).
+        timeout_s: seconds after which spawned ranks are ended (``None``: no limit).
+    """
+
+    batch_size: int = 512
+    rounds: int = 10
+    warmup_steps: int = 3
+    steps: int = 10
+    distinct_batches: int = 4
+    lr: float = 0.01
+    seed: int = 0
+    first_round: int = 0
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_size", "rounds", "steps", "distinct_batches"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("warmup_steps", "first_round"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive or None, got {self.timeout_s!r}")
+
+
+@dataclass(kw_only=True)
+class StepTimes:
+    """What the step timer measured.
+
+    Attributes:
+        world_size: ranks.
+        config: the :class:`StepTimerConfig`, as a dict.
+        plans: per plan, each table's ``sharding_type``, ``compute_kernel`` and ``ranks``,
+            and ``pipelined`` (modules whose input distribution the pipeline overlaps).
+        rounds: per round ``{"round": r, "order": [plan, ...], "step_ms": {plan: ms}}``.
+    """
+
+    world_size: int
+    config: dict[str, Any]
+    plans: dict[str, dict[str, Any]]
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+    def step_ms(self, name: str) -> list[float]:
+        """The plan's step time in each round (ms)."""
+        return [float(r["step_ms"][name]) for r in self.rounds]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepTimes:
+        return cls(**dict(data))
+
+
+class StepTimerError(RuntimeError):
+    """A rank of the step timer failed or the run timed out."""
+
+
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """The order plans run in round ``r``: rotated by ``r // 2``, reversed on odd rounds.
+
+    Two plans alternate (AB, BA, BA, AB, ...); three run in all six orders every six rounds.
+    """
+    names = list(names)
+    k = (round_index // 2) % max(1, len(names))
+    rotated = names[k:] + names[:k]
+    return rotated[::-1] if round_index % 2 else rotated
+
+
+# ----------------------------------------------------------------------------------------
+# Plans
+# ----------------------------------------------------------------------------------------
+
+
+def make_plan(spec: StepModelSpec, source: PlanSource, world: int, batch_size: int):
+    """``source`` itself if it is a ``ShardingPlan``, else its planner's plan of the model
+    (on a ``world``-rank CPU topology); checked by :func:`check_plan`."""
+    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.types import ShardingPlan
+
+    if isinstance(source, ShardingPlan):
+        plan = source
+    elif callable(source):
+        topology = Topology(world_size=world, compute_device="cpu")
+        planner = source(topology, batch_size, spec.planner_constraints())
+        plan = planner.plan(StepDLRM(spec, torch.device("meta")), get_default_sharders())
+    else:
+        raise ValueError(
+            f"a plan must be a torchrec ShardingPlan or a planner factory, got {source!r}"
+        )
+    check_plan(spec, plan, world)
+    return plan
+
+
+def check_plan(spec: StepModelSpec, plan: Any, world: int) -> None:
+    """Raise ``ValueError`` unless ``plan`` places every table of ``spec``, and only those,
+    on ranks ``0..world-1``."""
+    summary = plan_summary(plan)
+    missing = sorted({t.name for t in spec.tables} - set(summary))
+    unknown = sorted(set(summary) - {t.name for t in spec.tables})
+    if missing or unknown:
+        raise ValueError(f"the plan leaves out tables {missing} and has unknown ones {unknown}")
+    for name, entry in summary.items():
+        bad = [r for r in entry["ranks"] if not 0 <= r < world]
+        if bad:
+            raise ValueError(f"table {name!r} is on ranks {bad}, outside 0..{world - 1}")
+
+
+def resolve_plans(
+    spec: StepModelSpec, plans: Mapping[str, PlanSource], batch_size: int
+) -> dict[str, Any]:
+    """Every plan as a ``ShardingPlan`` on every rank: factories run on rank 0, whose plans
+    (or the first error, raised on every rank naming the plan) are broadcast."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    payload: list[Any] = [None]
+    if rank == 0:
+        resolved, error = {}, None
+        for name, source in plans.items():
+            try:
+                resolved[name] = make_plan(spec, source, world, batch_size)
+            except Exception as exc:  # sent to every rank, raised there
+                error = f"plan {name!r} (on rank 0): {type(exc).__name__}: {exc}"
+                break
+        payload = [(resolved, error)]
+    dist.broadcast_object_list(payload, src=0)
+    resolved, error = payload[0]
+    if error is not None:
+        raise ValueError(error)
+    return resolved
+
+
+def plan_summary(plan: Any) -> dict[str, dict[str, Any]]:
+    """Each table's sharding type, compute kernel and ranks in a ``ShardingPlan``."""
+    return {
+        name: {
+            "sharding_type": ps.sharding_type,
+            "compute_kernel": ps.compute_kernel,
+            "ranks": list(ps.ranks or []),
+        }
+        for module_plan in plan.plan.values()
+        for name, ps in module_plan.items()
+    }
+
+
+def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """How many tables of a :func:`plan_summary` use each sharding type (sorted by type)."""
+    counts: dict[str, int] = {}
+    for entry in tables.values():
+        counts[entry["sharding_type"]] = counts.get(entry["sharding_type"], 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# ----------------------------------------------------------------------------------------
+# One rank's work
+# ----------------------------------------------------------------------------------------
+
+
+def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
+    """The model under ``DistributedModelParallel`` with ``plan`` (fused row-wise Adagrad on
+    the embeddings, Adagrad on the rest) in a ``TrainPipelineSparseDist``."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.optim import RowWiseAdagrad
+    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    model = StepDLRM(spec, torch.device("meta"))
+    tables = [p for n, p in model.named_parameters() if n.startswith(("bags.", "sequences."))]
+    _apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
+    dmp = DistributedModelParallel(
+        model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
+    )
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(dmp.named_parameters())),
+        lambda params: torch.optim.Adagrad(params, lr=lr),
+    )
+    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    return TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
+
+
+def time_round(pipeline: Any, batches: Sequence[StepBatch], warmup: int, steps: int) -> float:
+    """One run of a plan: ``warmup`` steps, ``steps`` timed steps, the pipeline drained;
+    the mean timed step in ms, the maximum over ranks."""
+    n = warmup + steps + DRAIN_STEPS
+    stream = iter([batches[i % len(batches)] for i in range(n)])
+    for _ in range(warmup):
+        pipeline.progress(stream)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        pipeline.progress(stream)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    for _ in range(DRAIN_STEPS):
+        pipeline.progress(stream)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item()) * 1000.0 / steps
+
+
+def run_rounds(
+    spec: StepModelSpec,
+    plans: Mapping[str, PlanSource],
+    config: StepTimerConfig,
+    round_log: str | Path | None = None,
+) -> StepTimes:
+    """The step timer on this rank of an initialised process group (every rank calls it;
+    every rank returns the same times). Rank 0 appends each finished round to
+    ``round_log`` (JSON lines) when given."""
+    if not plans:
+        raise ValueError("no plans to time")
+    torch.set_num_threads(1)
+    resolved = resolve_plans(spec, plans, config.batch_size)
+    pipelines = {}
+    for name, plan in resolved.items():
+        try:
+            pipelines[name] = build_pipeline(spec, plan, config.lr)
+        except Exception as exc:
+            raise RuntimeError(f"plan {name!r}: building its DMP model failed: {exc}") from exc
+    rank = dist.get_rank()
+    base = config.seed * 1_000_003 + rank * 10_007
+    batches = [
+        make_batch(spec, config.batch_size, base + i) for i in range(config.distinct_batches)
+    ]
+    times = StepTimes(
+        world_size=dist.get_world_size(),
+        config=asdict(config),
+        plans={name: {"tables": plan_summary(plan)} for name, plan in resolved.items()},
+    )
+    for r in range(config.first_round, config.first_round + config.rounds):
+        order = round_order(list(resolved), r)
+        step_ms = {
+            name: time_round(pipelines[name], batches, config.warmup_steps, config.steps)
+            for name in order
+        }
+        times.rounds.append({"round": r, "order": order, "step_ms": step_ms})
+        if rank == 0 and round_log is not None:
+            with open(round_log, "a") as f:
+                f.write(json.dumps(times.rounds[-1]) + "\n")
+    for name, pipeline in pipelines.items():
+        times.plans[name]["pipelined"] = len(pipeline._pipelined_modules)
+    return times
+
+
+def _spawned_rank(rank: int, world: int, port: int, job: tuple) -> None:
+    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
+
+    spec, plans, config, round_log, out = job
+    warnings.filterwarnings("ignore")
+    with local_process_group(rank, world, port):
+        times = run_rounds(spec, plans, config, round_log)
+        if rank == 0:
+            Path(out).write_text(json.dumps(times.to_dict()))
+    exit_spawned_rank()
+
+
+# ----------------------------------------------------------------------------------------
+# The caller
+# ----------------------------------------------------------------------------------------
+
+
+def time_plans(
+    spec: StepModelSpec,
+    plans: Mapping[str, PlanSource],
+    world_size: int = 2,
+    config: StepTimerConfig | None = None,
+    round_log: str | Path | None = None,
+) -> StepTimes:
+    """Time ``plans`` on ``world_size`` gloo ranks spawned on this machine (CPU).
+
+    Args:
+        spec: the model's tables.
+        plans: name -> ``ShardingPlan`` or planner factory (picklable: a module-level
+            function or class, not a lambda).
+        world_size: ranks to spawn.
+        config: rounds, steps, batch size (default :class:`StepTimerConfig`).
+        round_log: a file rank 0 appends each finished round to (JSON lines), so an
+            interrupted run keeps them.
+
+    Returns:
+        The step time of every plan in every round.
+
+    Raises:
+        StepTimerError: a rank failed (its error in the message) or ``timeout_s`` passed.
+    """
+    import torch.multiprocessing as mp
+
+    from torchrec_dreamshard.spawn import free_port
+
+    config = config or StepTimerConfig()
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size must be a positive integer, got {world_size!r}")
+    if not plans:
+        raise ValueError("no plans to time")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "times.json"
+        job = (spec, dict(plans), config, None if round_log is None else str(round_log), str(out))
+        context = mp.spawn(
+            _spawned_rank, args=(world_size, free_port(), job), nprocs=world_size, join=False
+        )
+        _join(context, config.timeout_s)
+        return StepTimes.from_dict(json.loads(out.read_text()))
+
+
+def _join(context: Any, timeout_s: float | None) -> None:
+    """Wait for every spawned rank; a failure or the deadline ends them all and raises."""
+    import torch.multiprocessing as mp
+
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=1.0):
+            if deadline is not None and time.monotonic() > deadline:
+                raise StepTimerError(f"the step timer's ranks did not finish in {timeout_s:g} s")
+    except mp.ProcessRaisedException as exc:
+        text = str(exc).strip()
+        last = text.splitlines()[-1] if text else type(exc).__name__
+        raise StepTimerError(f"rank {exc.error_index} failed: {last}\n\n{text}") from None
+    except mp.ProcessExitedException as exc:
+        raise StepTimerError(f"rank {exc.error_index} exited: {exc}") from None
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.terminate()

@@ -1,0 +1,211 @@
+"""The model and batches the end-to-end step timer trains (:mod:`.dmp_step`).
+
+A DLRM-like model: a dense MLP over 13 dense features; pooled embeddings of the bag tables
+(an ``EmbeddingBagCollection``); the sequence tables (an ``EmbeddingCollection``, one
+embedding per id) each summed over its sample's ids; all concatenated into an over-arch
+MLP with one logit, trained on binary cross-entropy. Its ``forward`` takes a
+:class:`StepBatch` and returns ``(loss, logits)``, as ``TrainPipelineSparseDist`` expects.
+
+A table's ids come from :func:`torchrec_dreamshard.workloads.generate_batch`, so each batch
+has the table's pooling factor (for a sequence table: its mean sequence length) and reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
+from torchrec.streamable import Pipelineable
+
+from torchrec_dreamshard.demo_model import DENSE_IN, sample_kjt
+from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.torchrec_adapter import embedding_bag_configs, feature_name
+
+DENSE_WIDTH = 32  # outputs of the dense MLP
+OVER_WIDTH = 64  # hidden units of the over-arch
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepModelSpec:
+    """The tables of the model to time.
+
+    Args:
+        bags: pooled tables (``EmbeddingBagCollection``); each fed by ``f_<name>``.
+        sequences: sequence tables (``EmbeddingCollection``, one embedding per id; TorchRec
+            needs one dim for all of them); each fed by ``f_<name>``.
+        constraints: TorchRec ``ParameterConstraints`` by table name, handed to planners
+            (``None``: each table's pooling factor, nothing else).
+    """
+
+    bags: tuple[TableSpec, ...] = ()
+    sequences: tuple[TableSpec, ...] = ()
+    constraints: Mapping[str, ParameterConstraints] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bags", tuple(self.bags))
+        object.__setattr__(self, "sequences", tuple(self.sequences))
+        if not self.bags and not self.sequences:
+            raise ValueError("a step model needs at least one bag or sequence table")
+        names = [t.name for t in self.tables]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"table names must be unique across bags and sequences: {dupes}")
+        dims = sorted({t.dim for t in self.sequences})
+        if len(dims) > 1:
+            raise ValueError(
+                f"sequence tables must share one dim (TorchRec's EmbeddingCollection), got {dims}"
+            )
+        unknown = sorted(set(self.constraints or {}) - set(names))
+        if unknown:
+            raise ValueError(f"constraints name tables the model does not have: {unknown}")
+
+    @property
+    def tables(self) -> tuple[TableSpec, ...]:
+        return self.bags + self.sequences
+
+    def planner_constraints(self) -> dict[str, ParameterConstraints]:
+        """The constraints planners get: the given ones, else each table's pooling factor."""
+        if self.constraints is not None:
+            return dict(self.constraints)
+        return {
+            t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in self.tables
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tables as JSON (constraints are not written)."""
+        return {
+            "tables": [t.to_dict() for t in self.bags],
+            "sequence_tables": [t.to_dict() for t in self.sequences],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepModelSpec:
+        """From ``{"tables": [...], "sequence_tables": [...]}``; a task file's other fields
+        (``num_devices``, ``memory_bytes``, ``batch_size``) are accepted and ignored."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"a model spec must be a JSON object, got {type(data).__name__}")
+        known = {"tables", "sequence_tables", "num_devices", "memory_bytes", "batch_size"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"model spec has unknown fields {unknown}; known: {sorted(known)}")
+        lists = {}
+        for key in ("tables", "sequence_tables"):
+            value = data.get(key, [])
+            if not isinstance(value, list):
+                raise ValueError(f"model spec field {key!r} must be a list of table objects")
+            lists[key] = tuple(TableSpec.from_dict(t) for t in value)
+        return cls(bags=lists["tables"], sequences=lists["sequence_tables"])
+
+
+def spec_from_configs(
+    bag_configs: Sequence[Any] = (),
+    sequence_configs: Sequence[Any] = (),
+    constraints: Mapping[str, ParameterConstraints] | None = None,
+) -> StepModelSpec:
+    """A :class:`StepModelSpec` from TorchRec configs: ``EmbeddingBagConfig``s (bags) and
+    ``EmbeddingConfig``s (sequences), each table's pooling factor from its constraints'
+    ``pooling_factors`` (1.0 without), uniform reuse. For measured pooling and reuse, build
+    the specs with :func:`torchrec_dreamshard.table_stats.specs_from_kjt_batches`."""
+    from torchrec_dreamshard.table_stats import spec_from_config
+
+    def specs(configs: Sequence[Any]) -> tuple[TableSpec, ...]:
+        return tuple(spec_from_config(c, (constraints or {}).get(c.name)) for c in configs)
+
+    return StepModelSpec(
+        bags=specs(bag_configs), sequences=specs(sequence_configs), constraints=constraints
+    )
+
+
+def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingConfig]:
+    """One ``EmbeddingConfig`` (a sequence table) per table, fed by ``f_<name>``."""
+    return [
+        EmbeddingConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature_name(t)]
+        )
+        for t in tables
+    ]
+
+
+@dataclass
+class StepBatch(Pipelineable):
+    """One local batch: dense features, the bag and sequence tables' ids, labels."""
+
+    dense: torch.Tensor
+    bag_features: KeyedJaggedTensor | None
+    sequence_features: KeyedJaggedTensor | None
+    labels: torch.Tensor
+
+    def _map(self, fn) -> StepBatch:
+        kjts = (self.bag_features, self.sequence_features)
+        bags, seqs = (None if k is None else fn(k) for k in kjts)
+        return StepBatch(dense=fn(self.dense), bag_features=bags, sequence_features=seqs,
+                         labels=fn(self.labels))  # fmt: skip
+
+    def to(self, device: torch.device, non_blocking: bool = False) -> StepBatch:
+        return self._map(lambda x: x.to(device=device, non_blocking=non_blocking))
+
+    def record_stream(self, stream: Any) -> None:
+        for x in (self.dense, self.bag_features, self.sequence_features, self.labels):
+            if x is not None:
+                x.record_stream(stream)
+
+    def pin_memory(self) -> StepBatch:
+        return self._map(lambda x: x.pin_memory())
+
+
+def make_batch(spec: StepModelSpec, batch_size: int, seed: int) -> StepBatch:
+    """A batch of ``batch_size`` samples, deterministic in ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    return StepBatch(
+        dense=torch.randn(batch_size, DENSE_IN, generator=g),
+        bag_features=sample_kjt(spec.bags, batch_size, seed) if spec.bags else None,
+        sequence_features=(
+            sample_kjt(spec.sequences, batch_size, seed + 7919) if spec.sequences else None
+        ),
+        labels=torch.randint(0, 2, (batch_size,), generator=g).float(),
+    )
+
+
+def _sum_ids(jt: JaggedTensor) -> torch.Tensor:
+    """A sequence feature's embeddings summed over each sample's ids (0 for none)."""
+    return torch.segment_reduce(jt.values(), "sum", lengths=jt.lengths(), axis=0, unsafe=True)
+
+
+class StepDLRM(nn.Module):
+    """The model of :class:`StepModelSpec`: embeddings on ``table_device`` (``meta`` for
+    planning and for ``DistributedModelParallel``), the dense part on the CPU."""
+
+    def __init__(self, spec: StepModelSpec, table_device: torch.device) -> None:
+        super().__init__()
+        self.bags = (
+            EmbeddingBagCollection(tables=embedding_bag_configs(spec.bags), device=table_device)
+            if spec.bags
+            else None
+        )
+        self.sequences = (
+            EmbeddingCollection(tables=embedding_configs(spec.sequences), device=table_device)
+            if spec.sequences
+            else None
+        )
+        self.sequence_features = [feature_name(t) for t in spec.sequences]
+        self.dense = nn.Sequential(nn.Linear(DENSE_IN, DENSE_WIDTH), nn.ReLU())
+        width = DENSE_WIDTH + sum(t.dim for t in spec.tables)
+        self.over = nn.Sequential(nn.Linear(width, OVER_WIDTH), nn.ReLU(), nn.Linear(OVER_WIDTH, 1))
+
+    def forward(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        parts = [self.dense(batch.dense)]
+        if self.bags is not None:
+            parts.append(self.bags(batch.bag_features).values())
+        if self.sequences is not None:
+            out = self.sequences(batch.sequence_features)
+            parts.extend(_sum_ids(out[name]) for name in self.sequence_features)
+        logits = self.over(torch.cat(parts, dim=1)).squeeze(-1)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, logits.detach()
