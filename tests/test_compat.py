@@ -127,7 +127,7 @@ def test_plan_ranks_and_the_planner_s_attributes(agent):
     assert p._num_proposals >= 1 and p._num_plans >= 1
     best = {o.name: [s.rank for s in o.shards] for o in p._best_plan}
     assert best == {name: ps.ranks for name, ps in params(plan).items()}
-    assert len(p._enumerator.last_stored_search_space) == 8
+    assert len({o.fqn for o in p._enumerator.last_stored_search_space}) == 8
 
 
 def test_no_sharders_gives_an_empty_plan(agent):

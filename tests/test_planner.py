@@ -303,7 +303,7 @@ class _ScriptedAgent:
         self.placements, self.memory = list(placements), []
         self.last_report = None
 
-    def place(self, task, mode="greedy", num_samples=16, seed=0):
+    def place(self, task, mode="greedy", num_samples=16, seed=0, sources=None):
         self.memory.append(list(task.memory))
         return self.placements[min(len(self.memory), len(self.placements)) - 1]
 

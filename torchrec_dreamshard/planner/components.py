@@ -22,7 +22,7 @@ from torchrec.distributed.utils import get_device_type
 
 from torchrec_dreamshard.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
-from torchrec_dreamshard.planner.types import PlacementAgent
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
 def default_topology() -> Topology:

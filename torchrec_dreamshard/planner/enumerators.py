@@ -60,7 +60,6 @@ from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
-    PlacementAgent,
     device_capacity,
     is_dreamshard_option,
     memory_tier,
@@ -68,6 +67,7 @@ from torchrec_dreamshard.planner.types import (
     prediction_task,
     spec_for_option,
 )
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.splits import column_shards, split_counts
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task

@@ -16,7 +16,6 @@ from collections.abc import Callable
 from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
 
 from torchrec_dreamshard.planner.types import (
-    PlacementAgent,
     PlanPrediction,
     is_policy_option,
     is_split_option,
@@ -24,6 +23,7 @@ from torchrec_dreamshard.planner.types import (
     prediction_task,
     spec_for_option,
 )
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import DEFAULT_PENALTY
 from torchrec_dreamshard.tables import TableSpec
 

@@ -83,7 +83,8 @@ from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.rivals import ProposalLog, TrackedProposer
 from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
-from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlacementAgent, PlanPrediction
+from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlanPrediction
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,6 @@ from torchrec_dreamshard.planner.options import (
 from torchrec_dreamshard.planner.type_choice import TypeChooser, TypePlan, alternatives
 from torchrec_dreamshard.planner.types import (
     PLACEMENT_MODES,
-    PlacementAgent,
     device_capacity,
     memory_tier,
     option_bytes,
@@ -67,6 +66,7 @@ from torchrec_dreamshard.planner.types import (
     storage_bytes,
 )
 from torchrec_dreamshard.policy import CandidateSource
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.split_search import SplitPlan, plan_with_splits
 from torchrec_dreamshard.splits import plan_entries, shard_task

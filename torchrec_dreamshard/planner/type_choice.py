@@ -36,7 +36,8 @@ from torchrec.distributed.types import ShardingType
 from torchrec_dreamshard.comm_topology import CommTopology
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.plan_costs import cost_network_kernel, cost_network_kernels, terms_cost
-from torchrec_dreamshard.planner.types import PlacementAgent, option_bytes, prediction_task
+from torchrec_dreamshard.planner.types import option_bytes, prediction_task
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.sharding_costs import (
     CostContext,
     TableChoice,
