@@ -137,6 +137,7 @@ class DreamShardProposer(Proposer):
         self.sources: tuple[CandidateSource, ...] = default_sources()  # TorchRec's plan
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
+        self.type_chooser: TypeChooser | None = None  # and the chooser that made it
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
         """Take the enumerated options; the next :meth:`propose` runs the policy."""
@@ -194,7 +195,7 @@ class DreamShardProposer(Proposer):
         alts = alternatives(self._search_space, {o.fqn for o in fits})
         if not alts or self._collectives is None:
             return ours, others
-        chooser = TypeChooser(
+        self.type_chooser = chooser = TypeChooser(
             self._agent, self._topology, self._batch_size, self._spec, self._collectives()
         )
         taken = sum(option_bytes(o, tier) for o in others) / len(capacity)

@@ -13,7 +13,7 @@ topology's bandwidths):
   it saves its all-to-all and its kernel at the global batch), for row-wise and
   table-row-wise, by the cost network's single-table cost descending (the hottest table
   is the one that sets a device's load); prefixes of 1, 4, 16, ... tables and all of them,
-  and the best of each type together;
+  then halving the gaps beside the best, and the best of each type together;
 * each candidate's table-wise tables are balanced greedily by their single-table cost in
   the memory its replicated and row-wise shards leave, and the whole plan is rated;
 * the candidate rated lowest wins only if it beats all-table-wise by more than
@@ -35,7 +35,12 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.comm_topology import CommTopology
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.plan_costs import cost_network_kernel, cost_network_kernels, terms_cost
+from torchrec_dreamshard.plan_costs import (
+    cost_network_kernel,
+    cost_network_kernels,
+    plan_cost,
+    terms_cost,
+)
 from torchrec_dreamshard.planner.types import option_bytes, prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.sharding_costs import (
@@ -142,10 +147,9 @@ class TypeChooser:
         base = rate({})
         rated = [(base, {})]
         for kind, order in self._orders(ours, alts, specs, costs):
-            prefixes = [
-                {fqn: alts[fqn][kind] for fqn in order[:k]} for k in _prefix_sizes(len(order))
-            ]
-            rated.append(min(((rate(m), m) for m in prefixes), key=lambda x: x[0]))
+            moves = [{f: alts[f][kind] for f in order[:k]} for k in range(len(order) + 1)]
+            step, k = _best_prefix(lambda k, moves=moves: rate(moves[k]), len(order))
+            rated.append((step, moves[k]))
         winners = [m for step, m in rated[1:] if step < base]
         if len(winners) > 1:  # the best of each type together (the first type keeps a table)
             union = {k: v for m in reversed(winners) for k, v in m.items()}
@@ -174,6 +178,20 @@ class TypeChooser:
             if idx:
                 out.append((kind, [ours[i].fqn for i in idx]))
         return out
+
+
+def _best_prefix(rate: Callable[[int], float], n: int) -> tuple[float, int]:
+    """The lowest-rated prefix length ``k`` in ``1..n``: a coarse sweep
+    (:func:`_prefix_sizes`), then halving the gaps on either side of the best."""
+    seen = {k: rate(k) for k in _prefix_sizes(n)}
+    while True:
+        best = min(seen, key=lambda k: (seen[k], k))
+        lower = max((k for k in seen if k < best), default=0)
+        upper = min((k for k in seen if k > best), default=best)
+        trial = [k for k in ((lower + best) // 2, (best + upper) // 2) if k > 0 and k not in seen]
+        if not trial:
+            return seen[best], best
+        seen.update({k: rate(k) for k in trial})
 
 
 def _prefix_sizes(n: int) -> list[int]:
@@ -249,3 +267,36 @@ class _Rater:
             load[r] += self.costs[i]
             out.append((i, r))
         return out
+
+
+TYPED = {DP, TW, RW, TWRW, ShardingType.COLUMN_WISE.value}
+
+
+def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[TableChoice]:
+    """The tables of a partitioned plan as the typed cost model sees them (TorchRec's
+    table-column-wise counts as column-wise; a sequence table is unpooled).
+
+    Raises:
+        ValueError: a sharding type the typed cost model does not price (named).
+    """
+    out = []
+    for o in plan:
+        kind = (
+            ShardingType.COLUMN_WISE.value
+            if o.sharding_type == "table_column_wise"
+            else o.sharding_type
+        )
+        if kind not in TYPED:
+            raise ValueError(f"{o.fqn}: sharding type {o.sharding_type!r} is not priced")
+        ranks = tuple(int(s.rank) for s in o.shards)
+        if kind in (DP, RW):
+            ranks = ()
+        out.append(
+            TableChoice(table=spec_fn(o), sharding_type=kind, ranks=ranks, pooled=o.is_pooled)
+        )
+    return out
+
+
+def typed_step_ms(plan: Sequence[ShardingOption], chooser: TypeChooser, spec_fn: SpecFn) -> float:
+    """A whole plan's step by the typed cost model."""
+    return plan_cost(typed_choices(plan, spec_fn), chooser.ctx).step_ms
