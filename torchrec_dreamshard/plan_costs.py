@@ -142,6 +142,9 @@ def plan_cost(choices: Sequence[TableChoice], ctx: CostContext) -> PlanCost:
     return terms_cost(terms, ctx)
 
 
+KERNELS_PER_PREDICTION = 1024  # kernels (devices of one task) priced in one prediction
+
+
 class Predictor(Protocol):
     """What :func:`cost_network_kernel` needs of an agent."""
 
@@ -202,7 +205,9 @@ def cost_network_kernels(agent: Predictor) -> KernelsFn:
         keys = [(batch, tuple(tables)) for tables, batch in calls]
         new = {k: (list(k[1]), k[0]) for k in keys if k not in seen and k[1]}
         for batch in sorted({b for b, _ in new}):
-            predict([c for k, c in new.items() if k[0] == batch], batch)
+            todo = [c for k, c in new.items() if k[0] == batch]
+            for start in range(0, len(todo), KERNELS_PER_PREDICTION):
+                predict(todo[start : start + KERNELS_PER_PREDICTION], batch)
         return [seen.get(k, (0.0, 0.0)) for k in keys]
 
     return kernels_ms

@@ -169,3 +169,29 @@ def plan_with_torchrec(task: Task, weights_only: bool = False) -> dict[str, int]
             **kwargs,
         )
         return plan_ranks(planner.plan(ebc, [EmbeddingBagCollectionSharder()]))
+
+
+@contextlib.contextmanager
+def enumerate_without_stored_copy() -> Iterator[None]:
+    """Inside, ``EmbeddingEnumerator.enumerate`` keeps the options it returns as its
+    stored search space instead of a deep copy of them. DreamShard's enumerator discards
+    TorchRec's stored copy (it stores its own, of the options it finally offers), and
+    that deep copy is seconds at scale (300 tables on 64 ranks: every data-parallel and
+    row-wise option has a shard per rank). TorchRec 1.8 copies with ``copy.deepcopy`` in
+    ``torchrec.distributed.planner.enumerators``; this swaps that module's ``copy`` for a
+    stand-in whose ``deepcopy`` returns a list (the search space) as it is and copies
+    anything else (the constraints' cache and key-value parameters it also copies) as
+    ``copy.deepcopy`` does, and restores it on exit."""
+    from types import SimpleNamespace
+
+    from torchrec.distributed.planner import enumerators
+
+    before = enumerators.copy
+    def deepcopy(x, memo=None):
+        return x if isinstance(x, list) else before.deepcopy(x, memo)
+
+    enumerators.copy = SimpleNamespace(deepcopy=deepcopy, copy=before.copy)
+    try:
+        yield
+    finally:
+        enumerators.copy = before

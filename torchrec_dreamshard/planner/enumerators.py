@@ -71,7 +71,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.splits import column_shards, split_counts
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
-from torchrec_dreamshard.torchrec_adapter import reserved_topology
+from torchrec_dreamshard.torchrec_adapter import enumerate_without_stored_copy, reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -271,7 +271,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     ) -> list[ShardingOption]:
         self._last_stored_module = None  # TorchRec's own cache would skip our second pass
         self._last_stored_search_space = None
-        return super().enumerate(module, sharders)
+        with enumerate_without_stored_copy():
+            options = super().enumerate(module, sharders)
+        self._last_stored_search_space = None  # ours is stored once the options are final
+        return options
 
     def _eligible(
         self,

@@ -25,6 +25,7 @@ come out of the rating, and how much they pay depends on the collectives' speed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from torchrec_dreamshard.planner.types import option_bytes, prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.sharding_costs import (
     CostContext,
+    KernelsFn,
     TableChoice,
     Terms,
     job_terms,
@@ -143,7 +145,12 @@ class TypeChooser:
         """The best typed plan of the candidates, or none moved (see the module docstring)."""
         specs = [self._spec(o) for o in ours]
         costs = self._single_costs(specs)
-        rate = _Rater(self, ours, specs, costs, capacity, tier)
+        screen = ScreeningKernels(self.ctx.kernels_ms)
+        exact = _Rater(self.ctx, ours, specs, costs, capacity, tier)
+        rate = _Rater(dataclasses.replace(self.ctx, kernels_ms=screen), *exact.args, exact.terms)
+        base_exact = exact({})
+        rate({})  # the all-table-wise plan's kernels set the screening's fusion ratios
+        screen.calibrate(screen.last_calls)
         base = rate({})
         rated = [(base, {})]
         for kind, order in self._orders(ours, alts, specs, costs):
@@ -155,9 +162,10 @@ class TypeChooser:
             union = {k: v for m in reversed(winners) for k, v in m.items()}
             rated.append((rate(union), union))
         step, moved = min(rated, key=lambda x: x[0])
-        if not step < base * (1 - TYPE_MARGIN):
-            step, moved = base, {}
-        return TypePlan(moved, step, base, rate.count)
+        step = exact(moved) if moved else base_exact
+        if not step < base_exact * (1 - TYPE_MARGIN):
+            step, moved = base_exact, {}
+        return TypePlan(moved, step, base_exact, rate.count + exact.count)
 
     def _single_costs(self, specs: list[TableSpec]) -> np.ndarray:
         if not specs:
@@ -203,17 +211,63 @@ def _prefix_sizes(n: int) -> list[int]:
     return sizes + [n] if n else []
 
 
+class ScreeningKernels:
+    """Fused kernels priced for screening candidates: the sum of their tables' single-table
+    kernels (each predicted once), scaled per batch by the fusion ratio the cost network
+    gives one plan's kernels (:meth:`calibrate`). The candidates' many fused groups then
+    cost no prediction; the chosen candidate is rated again with the exact kernels.
+
+    Args:
+        exact: the cost network's ``kernels_ms``.
+    """
+
+    def __init__(self, exact: KernelsFn | None) -> None:
+        if exact is None:
+            raise ValueError("screening needs the cost network's kernels_ms")
+        self.exact = exact
+        self.ratio: dict[int, tuple[float, float]] = {}
+        self.last_calls: list[tuple[list[TableSpec], int]] = []
+
+    def summed(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        singles = self.exact([([t], b) for tables, b in calls for t in tables])
+        out, k = [], 0
+        for tables, _ in calls:
+            part = singles[k : k + len(tables)]
+            out.append((sum(f for f, _ in part), sum(b for _, b in part)))
+            k += len(tables)
+        return out
+
+    def calibrate(self, calls: list[tuple[list[TableSpec], int]]) -> None:
+        """Fusion ratios per batch: exact over summed, over the kernels of ``calls``."""
+        fused, summed = self.exact(calls), self.summed(calls)
+        for batch in {b for _, b in calls}:
+            idx = [i for i, (tables, b) in enumerate(calls) if b == batch and len(tables) > 1]
+            top = [sum(fused[i][j] for i in idx) for j in (0, 1)]
+            low = [sum(summed[i][j] for i in idx) for j in (0, 1)]
+            if all(x > 0 for x in low):
+                self.ratio[batch] = (top[0] / low[0], top[1] / low[1])
+
+    def __call__(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        self.last_calls = calls
+        out = []
+        for (tables, batch), (f, b) in zip(calls, self.summed(calls), strict=True):
+            rf, rb = self.ratio.get(batch, (1.0, 1.0)) if len(tables) > 1 else (1.0, 1.0)
+            out.append((f * rf, b * rb))
+        return out
+
+
 class _Rater:
     """Rates a candidate (which tables move to which option): the table-wise tables
-    balanced greedily in the memory left, the whole plan priced by the typed cost model;
-    ``inf`` when the table-wise tables do not fit."""
+    balanced greedily in the memory left, the whole plan priced by the typed cost model
+    with the kernels of ``ctx``; ``inf`` when the table-wise tables do not fit."""
 
-    def __init__(self, chooser, ours, specs, costs, capacity, tier) -> None:
-        self.chooser, self.ours, self.specs, self.costs = chooser, ours, specs, costs
+    def __init__(self, ctx, ours, specs, costs, capacity, tier, terms=None) -> None:
+        self.args = (ours, specs, costs, capacity, tier)
+        self.ctx, self.ours, self.specs, self.costs = ctx, ours, specs, costs
         self.capacity = np.asarray(capacity, dtype=np.float64)
         self.tier = tier
         self.need = np.array([option_bytes(o, tier) for o in ours], dtype=np.float64)
-        self.terms: dict[TableChoice, Terms] = {}
+        self.terms: dict[TableChoice, Terms] = {} if terms is None else terms
         self.count = 0
 
     def __call__(self, moved: dict[str, ShardingOption]) -> float:
@@ -232,7 +286,7 @@ class _Rater:
         if ranks is None:
             return math.inf
         choices = [TableChoice(table=self.specs[i], sharding_type=TW, ranks=(r,)) for i, r in ranks]
-        topo, hosts = self.chooser.ctx.topology, 0
+        topo, hosts = self.ctx.topology, 0
         for i, o in enumerate(self.ours):
             if o.fqn in moved:
                 kind, r = moved[o.fqn].sharding_type, ()
@@ -243,7 +297,7 @@ class _Rater:
 
     def step_ms(self, choices: list[TableChoice]) -> float:
         """``plan_cost(choices).step_ms``, each choice's terms built once per choice."""
-        ctx = self.chooser.ctx
+        ctx = self.ctx
         kernels, exchanges, dense = [], [], []
         for c in choices:
             terms = self.terms.get(c)
