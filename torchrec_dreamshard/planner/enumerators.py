@@ -45,6 +45,7 @@ from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstima
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
     Perf,
+    Shard,
     SharderDataMap,
     ShardEstimator,
     ShardingOption,
@@ -340,10 +341,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
 
 def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
     """A copy of ``options`` that planning cannot change, as TorchRec's enumerator keeps:
-    the options, their shards and the shards' storage and perf are new objects (the
-    tensor, module and frozen constraint values are shared). ``copy.deepcopy`` does the
-    same ten times slower, which at thousands of options with one shard per rank is
-    seconds."""
+    the options, their lists, constraint values and shards are new objects (the tensor,
+    the module, and each shard's ``Storage`` and ``Perf``, which planning replaces but never
+    changes in place, are shared). ``copy.deepcopy`` does the same ten times slower, which
+    at thousands of options with one shard per rank is seconds."""
     out = []
     for option in options:
         new = copy.copy(option)
@@ -353,10 +354,8 @@ def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
             elif dataclasses.is_dataclass(value) and key != "_module":
                 setattr(new, key, copy.copy(value))
         new.shards = [
-            dataclasses.replace(
-                s, size=list(s.size), offset=list(s.offset),
-                storage=copy.copy(s.storage), perf=copy.copy(s.perf),
-            )
+            Shard(size=list(s.size), offset=list(s.offset), storage=s.storage, perf=s.perf,
+                  rank=s.rank)
             for s in option.shards
         ]  # fmt: skip
         out.append(new)

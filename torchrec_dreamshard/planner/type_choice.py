@@ -226,15 +226,25 @@ class ScreeningKernels:
             raise ValueError("screening needs the cost network's kernels_ms")
         self.exact = exact
         self.ratio: dict[int, tuple[float, float]] = {}
+        self.single: dict[tuple[int, int], tuple[float, float]] = {}
+        self._alive: list[TableSpec] = []  # keeps the ids in ``single`` unique
         self.last_calls: list[tuple[list[TableSpec], int]] = []
 
     def summed(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
-        singles = self.exact([([t], b) for tables, b in calls for t in tables])
-        out, k = [], 0
-        for tables, _ in calls:
-            part = singles[k : k + len(tables)]
-            out.append((sum(f for f, _ in part), sum(b for _, b in part)))
-            k += len(tables)
+        """Per call, the sum of its tables' single-table kernels (each predicted once; the
+        candidates' terms share their table objects, so they are remembered by identity)."""
+        missing = {
+            (b, id(t)): t for tables, b in calls for t in tables if (b, id(t)) not in self.single
+        }
+        if missing:
+            keys = list(missing)
+            times = self.exact([([missing[k]], k[0]) for k in keys])
+            self.single.update(zip(keys, times, strict=True))
+            self._alive.extend(missing.values())
+        out = []
+        for tables, b in calls:
+            part = [self.single[(b, id(t))] for t in tables]
+            out.append((sum(f for f, _ in part), sum(x for _, x in part)))
         return out
 
     def calibrate(self, calls: list[tuple[list[TableSpec], int]]) -> None:
