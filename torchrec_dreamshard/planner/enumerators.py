@@ -68,6 +68,7 @@ from torchrec_dreamshard.planner.types import (
     prediction_task,
     spec_for_option,
 )
+from torchrec_dreamshard.policy.agent import LARGE_TASK
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.splits import column_shards, split_counts
 from torchrec_dreamshard.tables import TableSpec
@@ -192,6 +193,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self._too_big: set[str] = set()
         self._types: dict[str, list[str]] = {}
         self._ours: set[str] = set()  # the tables the policy places
+        self._offer_types = True  # offer them other types (see offers_types)
         if estimator is None:
             estimator = [
                 CostNetShardEstimator(
@@ -215,6 +217,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         ):
             return copy_options(self._last_stored_search_space)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
+        self._offer_types = offers_types(module, self._topology.world_size)
         self._ours.clear()  # cleared in place: the estimator holds it
         options = self._enumerate_once(module, sharders)
         too_big = self._too_big_tables(options)
@@ -251,7 +254,8 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             self._ours.add(name)
             if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
                 self._cw_widths[name] = min_shard_width(self._constraints_by_name, name)
-            return [DREAMSHARD_SHARDING_TYPE] + [t for t in types if t in ALTERNATIVE_KERNELS]
+            others = [t for t in types if t in ALTERNATIVE_KERNELS and self._offer_types]
+            return [DREAMSHARD_SHARDING_TYPE, *others]
         return types
 
     def _filter_compute_kernels(
@@ -337,6 +341,20 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     def _has_other_type(self, option: ShardingOption) -> bool:
         """Whether the table's constraints and sharder allow a type other than table-wise."""
         return any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(option.name, []))
+
+
+def offers_types(module: nn.Module, world_size: int) -> bool:
+    """Whether the policy's tables are offered the other sharding types: on models of at
+    most :data:`~torchrec_dreamshard.policy.LARGE_TASK` tables x devices, where the safe
+    mode plans in full. Beyond, TorchRec's estimates of one shard per rank for every table
+    and type alone take longer than the whole plan may (1000 tables on 64 ranks: 12 s), so
+    the tables stay table-wise, as the safe mode there leaves TorchRec's candidate out."""
+    tables = sum(
+        len(m.embedding_bag_configs())
+        for m in module.modules()
+        if isinstance(m, EmbeddingBagCollection)
+    )
+    return tables * world_size <= LARGE_TASK
 
 
 def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
