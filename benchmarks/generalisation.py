@@ -68,6 +68,14 @@ METHODS = [
     "dreamshard_search", "measured_greedy",
 ]  # fmt: skip
 RANDOM = ["random_0", "random_1"]
+PER_FAMILY = 3  # test tasks per family
+
+
+def roster(names=None, per_family: int = PER_FAMILY, seed: int = 0) -> list:
+    """``[(family, task)]``: the benchmark's tasks, ``per_family`` test draws of each family
+    in ``names`` (default: every family); task ``i`` is planned with seed ``seed + i``."""
+    names = list(families.FAMILIES) if names is None else list(names)
+    return families.draw_tasks(names, per_family, "test", seed)
 
 
 def measure_config():
@@ -468,7 +476,7 @@ def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="default: the bundled checkpoint")
-    ap.add_argument("--per-family", type=int, default=3)
+    ap.add_argument("--per-family", type=int, default=PER_FAMILY)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--families", nargs="*", default=list(families.FAMILIES))
@@ -492,7 +500,7 @@ def main() -> None:
             METHODS.append(f"calibrated_{budget:g}_verify{args.verify}")
     agent = load_checkpoint(args.checkpoint)
     config = measure_config()
-    tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
+    tasks = roster(args.families, args.per_family, args.seed)
     settings = {
         "checkpoint": args.checkpoint or "bundled",
         "per_family": args.per_family,
