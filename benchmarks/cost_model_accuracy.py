@@ -2,7 +2,7 @@
 
 Held-out tasks (test-split tables, T and D beyond training), each with diverse placements
 (random ones, the four heuristics, DreamShard's greedy plan). Every placement is measured
-twice, in two interleaved passes. Reported:
+twice, in two interleaved passes (``measure_in_rounds``). Reported:
 
 * MAPE of the predicted step cost against the first measurement, next to the MAPE between
   the two measurements (the measurement's own repeat-to-repeat error);
@@ -27,6 +27,7 @@ from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E40
 from torchrec_dreamshard import baselines  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.cost_fit import kendall_tau, mape  # noqa: E402
+from torchrec_dreamshard.measure import measure_in_rounds  # noqa: E402
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 
@@ -54,11 +55,10 @@ def main() -> None:
     measure = measure_fn()
     start = time.perf_counter()
     plans = [placements_for(agent, t, 2 if args.quick else 4) for t in tasks]
-    measured: list[dict[str, list[float]]] = [{n: [] for n in p} for p in plans]
-    for _ in range(2):  # two interleaved passes
-        for ti, task in enumerate(tasks):
-            for name, placement in plans[ti].items():
-                measured[ti][name].append(measure(task, placement)[0])
+    passes = measure_in_rounds(  # two interleaved passes
+        [list(p) for p in plans], lambda ti, name: measure(tasks[ti], plans[ti][name])[0], 2
+    )
+    measured = [{n: [r[n] for r in rs] for n in p} for p, rs in zip(plans, passes, strict=True)]
     rows, pred_all, meas1, meas2, taus, taus_repeat = [], [], [], [], [], []
     for ti, task in enumerate(tasks):
         names = list(plans[ti])

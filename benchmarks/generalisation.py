@@ -17,11 +17,12 @@ the safety net's heuristics: the reference for what knowing the hardware buys) a
 random placements (so that the cost network is ranked on at least eight placements per task).
 
 Every distinct plan is then measured in R interleaved rounds (each round visits the tasks
-and, shuffled, their plans). A method's figure on a task is the median over rounds of its
-cost divided by the per-task best heuristic's in the same round (best = the lowest median
-of the four). Two costs are reported: **compute** = max over devices of the measured fused
-forward + backward (the headline: what the placement controls), and **step** = max over
-devices of forward + backward + all-to-all (the local backend's fitted all-to-all model).
+and their plans, the orders rotated round by round). A method's figure on a task is the
+median over rounds of its cost divided by the per-task best heuristic's in the same round
+(best = the lowest median of the four). Two costs are reported: **compute** = max over
+devices of the measured fused forward + backward (the headline: what the placement
+controls), and **step** = max over devices of forward + backward + all-to-all (the local
+backend's fitted all-to-all model).
 
 The cost network's accuracy per task: Kendall tau between its predicted step and the
 measured step (median over rounds) over the task's distinct placements, and the MAPE of
@@ -219,34 +220,32 @@ def distinct_plans(entry: dict) -> list:
     return [found[k] for k in sorted(found)]
 
 
-def measure_round(tasks, raw, config, rng, path, r: int) -> None:
-    """Round ``r``: one interleaved pass over every task's distinct plans (appended to
-    ``raw``; tasks that already hold round ``r`` are skipped)."""
-    for ti in rng.permutation(len(tasks)):
-        entry = raw["tasks"][ti]
-        if len(entry["rounds"]) > r:
-            continue
-        plans = distinct_plans(entry)
-        results = {}
-        for k in rng.permutation(len(plans)):
-            results[plan_key(plans[k])] = measure_costs(
-                *plan_target(tasks[ti][1], plans[k]), config
-            )
-        entry["rounds"].append(results)
+def measure_rounds(tasks, raw, config, args, path, start: float, wall_before: float) -> None:
+    """Every task's distinct plans in ``args.rounds`` interleaved rounds
+    (``measure_in_rounds``; what an earlier run measured is kept), appended to each task's
+    rounds; the raw results saved after every task's round, with the wall time and the
+    machine's state after every round."""
+    from torchrec_dreamshard.measure import measure_in_rounds
+
+    entries = raw["tasks"]
+    plans = [{plan_key(p): p for p in distinct_plans(e)} for e in entries]
+
+    def measure(ti: int, key: str) -> dict:
+        return measure_costs(*plan_target(tasks[ti][1], plans[ti][key]), config)
+
+    def keep(ti: int, r: int, results: dict) -> None:
+        entries[ti]["rounds"].append(results)
         save_raw(path, raw)
 
-
-def measure_rounds(tasks, raw, config, args, path, start: float, wall_before: float) -> None:
-    """``args.rounds`` interleaved rounds (those an earlier run measured are skipped), the
-    wall time and the machine's state saved after each."""
-    rng = np.random.default_rng(args.seed)
-    for r in range(args.rounds):
-        if all(len(e["rounds"]) > r for e in raw["tasks"]):
-            continue  # measured by an earlier run
-        measure_round(tasks, raw, config, rng, path, r)
+    def ended(r: int) -> None:
         raw["wall_s"], raw["machine"] = wall_before + time.perf_counter() - start, machine()
         save_raw(path, raw)
         print(f"round {r + 1}/{args.rounds} measured", flush=True)
+
+    done = [list(e["rounds"]) for e in entries]
+    measure_in_rounds(
+        [list(p) for p in plans], measure, args.rounds, done=done, on_group=keep, on_round=ended
+    )
 
 
 def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict:

@@ -7,11 +7,11 @@ with our memory accounting), DreamShard greedy and search, and the measured-sear
 reference (a local search on real measurements, started from the heuristics' and
 DreamShard's plans, with a bounded number of measurements).
 
-The plans are then measured in R interleaved rounds: each round visits every task and, in
-a shuffled order, every distinct plan. A method's cost on a task is the median over rounds
-of its step cost divided by the best heuristic's in the same round (the best heuristic is
-the one of the four with the lowest median); the spread is the min and max over rounds.
-Headline figures are geometric means of those ratios over the tasks.
+The plans are then measured in R interleaved rounds: each round visits every task and every
+distinct plan (the orders rotated round by round). A method's cost on a task is the median
+over rounds of its step cost divided by the best heuristic's in the same round (the best
+heuristic is the one of the four with the lowest median); the spread is the min and max
+over rounds. Headline figures are geometric means of those ratios over the tasks.
 
 Usage: python benchmarks/placement_quality.py [--rounds 3] [--search-budget 12] [--quick]
 """
@@ -75,17 +75,14 @@ def plan_all(agent, task, measure, budget: int, seed: int) -> tuple[dict, dict]:
     return plans, times
 
 
-def measure_rounds(tasks, plans, measure, rounds: int, seed: int) -> list[dict]:
-    """``costs[task][placement key] = [ms per round]`` for every distinct plan."""
-    rng = np.random.default_rng(seed)
-    costs: list[dict] = [{} for _ in tasks]
-    for _ in range(rounds):
-        for ti in rng.permutation(len(tasks)):
-            distinct = {tuple(p) for p in plans[ti].values() if p is not None}
-            for key in rng.permutation(sorted(distinct)).tolist():
-                ms = measure(tasks[ti], list(key))[0]
-                costs[ti].setdefault(tuple(key), []).append(ms)
-    return costs
+def measure_rounds(tasks, plans, measure, rounds: int) -> list[dict]:
+    """``costs[task][placement key] = [ms per round]`` for every distinct plan, measured in
+    interleaved rounds (``measure_in_rounds``)."""
+    from torchrec_dreamshard.measure import measure_in_rounds
+
+    keys = [sorted({tuple(p) for p in ps.values() if p is not None}) for ps in plans]
+    measured = measure_in_rounds(keys, lambda ti, key: measure(tasks[ti], list(key))[0], rounds)
+    return [{k: [r[k] for r in rs] for k in ks} for ks, rs in zip(keys, measured, strict=True)]
 
 
 def summarise_task(task, plans, costs) -> dict:
@@ -195,7 +192,7 @@ def main() -> None:
         plan_times.append(t)
         print(f"planned T={len(task.tables)} D={task.num_devices}", flush=True)
     raw_path = RESULTS / "placement_quality_raw.json"
-    costs = measure_rounds(tasks, plans, measure, args.rounds, args.seed)
+    costs = measure_rounds(tasks, plans, measure, args.rounds)
     raw = [
         {"plans": p, "costs": [[list(k), v] for k, v in c.items()]}
         for p, c in zip(plans, costs, strict=True)

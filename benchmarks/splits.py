@@ -19,8 +19,8 @@ Each task is planned by:
 - the four proxy heuristics, only to count the tasks on which they find no plan.
 
 Both plans of every task are measured in R interleaved rounds (each round visits the tasks
-in a shuffled order and, shuffled, their plans; a plan with shards is measured as the task
-of its shards). A task's figure is the median over rounds of split / whole, for
+and their plans, the orders rotated round by round; a plan with shards is measured as the
+task of its shards). A task's figure is the median over rounds of split / whole, for
 **compute** (max over devices of the fused forward + backward) and **step** (plus the
 local backend's all-to-all model). When the split search keeps every table whole the two
 plans are the same and the ratio is 1 without a second measurement. Also reported: the
@@ -185,23 +185,44 @@ def plan_task(task, plan: dict):
     return task if plan["task"] is None else Task.from_dict(plan["task"], allow_oversized=True)
 
 
-def measure_round(tasks, raw, config, rng) -> None:
-    """One interleaved pass over every task's plans, appended to each task's rounds."""
-    for ti in rng.permutation(len(tasks)):
-        entry, task = raw["tasks"][ti], tasks[ti][1]
-        same = entry["plans"]["whole"] is not None and not entry["counts"]
-        same = same and entry["plans"]["whole"]["placement"] == entry["plans"]["split"]["placement"]
-        result = {}
-        names = [n for n in PLANS if n in entry["plans"]]
-        for k in rng.permutation(len(names)):
-            name = names[k]
-            plan = entry["plans"][name]
-            if plan is None or (same and name == "split"):
-                continue
-            result[name] = measure_costs(plan_task(task, plan), plan["placement"], config)
-        if same:
+def same_plans(entry: dict) -> bool:
+    """Whether the split search kept every table whole and the whole plan's placement."""
+    whole, split = entry["plans"]["whole"], entry["plans"]["split"]
+    if whole is None or split is None or entry["counts"]:
+        return False
+    return whole["placement"] == split["placement"]
+
+
+def measure_rounds(tasks, raw, config, rounds: int, path: Path) -> None:
+    """Every task's plans in interleaved rounds (``measure_in_rounds``), appended to each
+    task's rounds; a split plan that is the whole plan is measured once and given both
+    names. The raw results are written after every round."""
+    from torchrec_dreamshard.measure import measure_in_rounds
+
+    entries = raw["tasks"]
+    keys = [
+        [
+            n
+            for n in PLANS
+            if entry["plans"].get(n) is not None and not (n == "split" and same_plans(entry))
+        ]
+        for entry in entries
+    ]
+
+    def measure(ti: int, name: str) -> dict:
+        plan = entries[ti]["plans"][name]
+        return measure_costs(plan_task(tasks[ti][1], plan), plan["placement"], config)
+
+    def keep(ti: int, r: int, result: dict) -> None:
+        if same_plans(entries[ti]):
             result["split"] = result["whole"]
-        entry["rounds"].append(result)
+        entries[ti]["rounds"].append(result)
+
+    def save(r: int) -> None:
+        path.write_text(json.dumps(raw) + "\n")
+        print(f"round {r + 1}/{rounds} measured", flush=True)
+
+    measure_in_rounds(keys, measure, rounds, on_group=keep, on_round=save)
 
 
 def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
@@ -342,11 +363,7 @@ def main() -> None:
     raw["planning_1000x64_s"] = planning_seconds(agent)
     name = "splits_quick" if args.quick else "splits"
     path = RESULTS / f"{name}_raw.json"
-    rng = np.random.default_rng(0)
-    for r in range(args.rounds):
-        measure_round(tasks, raw, config, rng)
-        path.write_text(json.dumps(raw) + "\n")
-        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    measure_rounds(tasks, raw, config, args.rounds, path)
     summary, text = summarise(tasks, raw)
     write(name, {"settings": settings, **summary}, text)
 
