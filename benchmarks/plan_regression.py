@@ -1,7 +1,7 @@
 """Plan regression: what the bundled checkpoint plans on the generalisation benchmark's tasks,
 so that a refactor can show it changed no plan.
 
-Every task of the generalisation roster (``generalisation.roster``: 3 test tasks of every
+Every task of the generalisation roster (``_roster.roster``: 3 test tasks of every
 family; task ``i`` planned with seed ``i``) is planned in four modes, planning only (nothing
 is measured):
 
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _paths import RESULTS  # noqa: E402
-from generalisation import roster  # noqa: E402
+from _roster import roster  # noqa: E402
 
 PATH = RESULTS / "plan_regression.json"
 MODES = ("default", "safe", "greedy", "search")
