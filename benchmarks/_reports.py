@@ -61,6 +61,23 @@ def calibration_report(fams: dict, args) -> list[str]:
     return lines
 
 
+def family_line(fam: str, f: dict, cols: list[str]) -> str:
+    """One family's row of the main table."""
+    cells = [
+        f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]"
+        + (f" ({f[f'compute/{c}/no_plan']} no plan)" if f[f"compute/{c}/no_plan"] else "")
+        for c in cols
+    ]
+    return (
+        f"| {fam} | {'yes' if f['heldout'] else ''} | "
+        + " | ".join(cells)
+        + f" | {f['even_spread']:.3f} [{f['even_spread/worst']:.2f}]"
+        + f" | {f['step/dreamshard']:.3f} | {f['compute/dreamshard_vs_torchrec_worst']:.3f} | "
+        f"{f['cost_tau']:.2f} ({f['cost_tau_min']:.2f}) | {f['cost_mape']:.1f} | "
+        f"{f['noise_tau']:.2f} |"
+    )
+
+
 def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
     cols = [
         "dreamshard", "dreamshard_split", "dreamshard_greedy", "dreamshard_search",
@@ -84,20 +101,7 @@ def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
         "| tau (min) | MAPE % | tau: a round vs the others |",
         "|---|---|" + "---|" * (len(cols) + 6),
     ]
-    for fam, f in fams.items():
-        cells = [
-            f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]"
-            + (f" ({f[f'compute/{c}/no_plan']} no plan)" if f[f"compute/{c}/no_plan"] else "")
-            for c in cols
-        ]
-        lines.append(
-            f"| {fam} | {'yes' if f['heldout'] else ''} | "
-            + " | ".join(cells)
-            + f" | {f['even_spread']:.3f} [{f['even_spread/worst']:.2f}]"
-            + f" | {f['step/dreamshard']:.3f} | {f['compute/dreamshard_vs_torchrec_worst']:.3f} | "
-            f"{f['cost_tau']:.2f} ({f['cost_tau_min']:.2f}) | {f['cost_mape']:.1f} | "
-            f"{f['noise_tau']:.2f} |"
-        )
+    lines += [family_line(fam, f, cols) for fam, f in fams.items()]
     lines += [
         "",
         "Targets (issue 8): default plan geomean <= 0.93 in every family, no task above "

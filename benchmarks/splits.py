@@ -237,27 +237,69 @@ def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
     return time.perf_counter() - t0
 
 
+def task_row(label: str, entry: dict) -> dict:
+    """One task's figures: which plans were found, the splits, and the medians over rounds
+    of split / whole and forced / whole."""
+    row = {
+        "task": label,
+        "whole_found": entry["plans"]["whole"] is not None,
+        "split_found": entry["plans"]["split"] is not None,
+        "counts": entry["counts"],
+        "heuristics_without_plan": entry["heuristics_without_plan"],
+        "secs": entry["secs"],
+    }
+    for kind in ("compute", "step"):
+        if row["whole_found"] and row["split_found"]:
+            ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
+            row[kind] = float(np.median(ratios))
+        if row["whole_found"] and entry["plans"].get("forced"):
+            ratios = [r["forced"][kind] / r["whole"][kind] for r in entry["rounds"]]
+            row[f"forced_{kind}"] = float(np.median(ratios))
+    return row
+
+
+def group_summary(rs: list[dict]) -> dict:
+    """One family and memory level's geomeans and counts."""
+    return {
+        "tasks": len(rs),
+        "compute": geomean([r.get("compute") for r in rs]),
+        "step": geomean([r.get("step") for r in rs]),
+        "forced_compute": geomean([r.get("forced_compute") for r in rs]),
+        "split_tasks": sum(bool(r["counts"]) for r in rs),
+        "no_whole_plan": sum(not r["whole_found"] for r in rs),
+        "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
+        "heuristic_misses": sum(len(r["heuristics_without_plan"]) for r in rs),
+    }
+
+
+def overhead_lines(tasks, raw) -> list[str]:
+    """The table of what a shard costs, one line per family."""
+    lines = [
+        "| family | tables | half shard / whole | tasks | costliest table / device share |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
+        measured = [
+            entry["shard_overhead"]
+            for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
+            if label.startswith(fam + "/") and "shard_overhead" in entry
+        ]
+        halves = [o["half_ms"] / o["whole_ms"] for m in measured for o in m["tables"]]
+        shares = [m["max_ms"] / m["share_ms"] for m in measured]
+        if halves:
+            lines.append(
+                f"| {fam} | {len(halves)} | {np.median(halves):.2f} "
+                f"[{min(halves):.2f}, {max(halves):.2f}] | {len(shares)} | "
+                f"{np.median(shares):.2f} [{min(shares):.2f}, {max(shares):.2f}] |"
+            )
+    return lines
+
+
 def summarise(tasks, raw) -> tuple[dict, str]:
     rows, by_factor = [], {}
     for (label, _), entry in zip(tasks, raw["tasks"], strict=True):
-        factor = " ".join(label.split("/")[:2])
-        row = {
-            "task": label,
-            "whole_found": entry["plans"]["whole"] is not None,
-            "split_found": entry["plans"]["split"] is not None,
-            "counts": entry["counts"],
-            "heuristics_without_plan": entry["heuristics_without_plan"],
-            "secs": entry["secs"],
-        }
-        for kind in ("compute", "step"):
-            if row["whole_found"] and row["split_found"]:
-                ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
-                row[kind] = float(np.median(ratios))
-            if row["whole_found"] and entry["plans"].get("forced"):
-                ratios = [r["forced"][kind] / r["whole"][kind] for r in entry["rounds"]]
-                row[f"forced_{kind}"] = float(np.median(ratios))
-        rows.append(row)
-        by_factor.setdefault(factor, []).append(row)
+        rows.append(task_row(label, entry))
+        by_factor.setdefault(" ".join(label.split("/")[:2]), []).append(rows[-1])
     lines = [
         "# Column-wise splits on memory-tight and wide tasks",
         "",
@@ -273,19 +315,8 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "| forced: biggest table halved / whole (compute) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    summary = {}
-    for factor, rs in by_factor.items():
-        s = {
-            "tasks": len(rs),
-            "compute": geomean([r.get("compute") for r in rs]),
-            "step": geomean([r.get("step") for r in rs]),
-            "forced_compute": geomean([r.get("forced_compute") for r in rs]),
-            "split_tasks": sum(bool(r["counts"]) for r in rs),
-            "no_whole_plan": sum(not r["whole_found"] for r in rs),
-            "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
-            "heuristic_misses": sum(len(r["heuristics_without_plan"]) for r in rs),
-        }
-        summary[factor] = s
+    summary = {factor: group_summary(rs) for factor, rs in by_factor.items()}
+    for factor, s in summary.items():
         lines.append(
             f"| {factor} | {s['tasks']} | {s['compute']:.3f} | {s['step']:.3f} | "
             f"{s['split_tasks']} | {s['no_whole_plan']} | {s['split_rescued']} | "
@@ -305,23 +336,8 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "split adds the other half's cost again, so it pays only where a table outweighs "
         "that.",
         "",
-        "| family | tables | half shard / whole | tasks | costliest table / device share |",
-        "|---|---:|---:|---:|---:|",
+        *overhead_lines(tasks, raw),
     ]
-    for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
-        measured = [
-            entry["shard_overhead"]
-            for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
-            if label.startswith(fam + "/") and "shard_overhead" in entry
-        ]
-        halves = [o["half_ms"] / o["whole_ms"] for m in measured for o in m["tables"]]
-        shares = [m["max_ms"] / m["share_ms"] for m in measured]
-        if halves:
-            lines.append(
-                f"| {fam} | {len(halves)} | {np.median(halves):.2f} "
-                f"[{min(halves):.2f}, {max(halves):.2f}] | {len(shares)} | "
-                f"{np.median(shares):.2f} [{min(shares):.2f}, {max(shares):.2f}] |"
-            )
     summary["shard_overhead"] = [e.get("shard_overhead", []) for e in raw["tasks"]]
     return {"rows": rows, "by_memory": summary}, "\n".join(lines)
 
