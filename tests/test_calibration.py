@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ import torch
 
 from torchrec_dreamshard import calibration as cal
 from torchrec_dreamshard.measure import MeasureConfig
-from torchrec_dreamshard.measure import comm as comm_mod
-from torchrec_dreamshard.measure.comm import CommModel
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
@@ -24,17 +21,9 @@ FAST = MeasureConfig(rounds=1, iters=2, warmup=1)
 
 
 @pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    """A calibration store and a known all-to-all model in a private cache dir."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def private_cache(tmp_path, monkeypatch, comm_model):
+    """A calibration store in ``tmp_path``, and a known all-to-all model (``comm_model``)."""
     monkeypatch.setenv(cal.STORE_ENV, str(tmp_path / "calibration.sqlite"))
-    comm_mod._LOADED.clear()
-    path = comm_mod.default_model_path()
-    path.parent.mkdir(parents=True)
-    model = CommModel(latency_ms=0.1, per_peer_ms=0.05, ms_per_mb=0.5, source="test")
-    path.write_text(json.dumps(asdict(model)))
-    yield
-    comm_mod._LOADED.clear()
 
 
 def tiny_task(num_tables: int = 5, num_devices: int = 2) -> Task:
@@ -229,19 +218,11 @@ def files(tmp_path):
     return tmp_path
 
 
-def run(argv):
-    from torchrec_dreamshard.cli import main
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return main(argv)
-
-
-def test_cli_plan_calibrate_verify_then_reuse(files, capsys):
+def test_cli_plan_calibrate_verify_then_reuse(files, capsys, run_cli):
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     argv += ["--calibrate", "--budget-s", "30", "--verify", "2", "--verify-rounds", "1"]
     out = files / "plan.json"
-    assert run([*argv, "--out", str(out)]) == 0
+    assert run_cli([*argv, "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "calibration:" in printed and "verification:" in printed
     plan = json.loads(out.read_text())
@@ -249,24 +230,24 @@ def test_cli_plan_calibrate_verify_then_reuse(files, capsys):
     winner = plan["verification"]["winner"]
     assert plan["verification"]["plans"][0]["name"] == winner
     start = time.perf_counter()
-    assert run(argv[:-4]) == 0  # calibration only: everything is in the store
+    assert run_cli(argv[:-4]) == 0  # calibration only: everything is in the store
     assert time.perf_counter() - start < 2.0
     assert "calibration: 0 kernels measured" in capsys.readouterr().out
 
 
-def test_cli_calibrate_exports_a_checkpoint(files, capsys):
+def test_cli_calibrate_exports_a_checkpoint(files, capsys, run_cli):
     from torchrec_dreamshard.checkpoint import load_checkpoint
 
     store = files / "costs.sqlite"
     export = files / "mine.pt"
     argv = ["calibrate", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run([*argv, "--store", str(store), "--export", str(export)]) == 0
+    assert run_cli([*argv, "--store", str(store), "--export", str(export)]) == 0
     printed = capsys.readouterr().out
     assert f"reused from {store}" in printed and f"wrote {export}" in printed
     agent = load_checkpoint(export)
     assert agent.meta["calibrated"]["kernels"] >= 6
     bad = ["calibrate", str(files / "task.json"), "--store", str(files / "no" / "c.sqlite")]
-    assert run([*bad, "--checkpoint", str(files / "agent.pt")]) == 2
+    assert run_cli([*bad, "--checkpoint", str(files / "agent.pt")]) == 2
     assert "folder does not exist" in capsys.readouterr().err
 
 

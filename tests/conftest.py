@@ -1,0 +1,42 @@
+"""Fixtures the test modules share."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+
+import pytest
+
+from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.measure.comm import CommModel
+
+TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
+
+
+@pytest.fixture
+def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
+    """A known all-to-all model (:data:`TEST_COMM_MODEL`) in a private cache dir
+    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned processes): no test
+    calibrates gloo's all-to-all, nor reads or writes the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    comm_mod._LOADED.clear()
+    path = comm_mod.default_model_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(asdict(TEST_COMM_MODEL)))
+    yield TEST_COMM_MODEL
+    comm_mod._LOADED.clear()
+
+
+@pytest.fixture
+def run_cli() -> Callable[[Sequence[str]], int]:
+    """``run_cli(argv)``: the ``dreamshard`` entry point's exit code, warnings silenced."""
+    from torchrec_dreamshard.cli import main
+
+    def run(argv: Sequence[str]) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return main(list(argv))
+
+    return run
