@@ -165,19 +165,47 @@ def test_calibrate_keeps_to_the_budget_and_a_missing_store_folder_is_named(tmp_p
         cal.calibrate(agent, task, config(store=tmp_path / "nowhere" / "c.sqlite"))
 
 
-def test_verify_measures_candidates_and_heuristics_and_ranks_them():
+def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
+    import statistics
+
+    from torchrec_dreamshard import measure
+
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     chosen = agent.place(task)
+    calls, real = [], measure.measure_placement
+
+    def spy(t, placement, config=None, backend="local"):
+        m = real(t, placement, config, backend)
+        calls.append((list(placement), float(m.step_ms)))
+        return m
+
+    monkeypatch.setattr(measure, "measure_placement", spy)
     res = cal.verify(agent, task, 2, FAST, rounds=2, extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
     assert any(p.heuristic and "greedy" in p.name for p in res.plans)  # the heuristics' plans
-    measured = [p.measured_ms for p in res.plans[1:]]
-    assert measured == sorted(measured) and all(len(p.rounds_ms) == 2 for p in res.plans)
-    best_heuristic = min(p.measured_ms for p in res.plans if p.heuristic)
-    assert res.winner.measured_ms <= best_heuristic
     assert all(p.predicted_ms > 0 for p in res.plans)
+    # each round measured every plan once; a plan's rounds are the measurements of it
+    n = len(res.plans)
+    assert len(calls) == 2 * n
+    for r in range(2):
+        assert sorted(pl for pl, _ in calls[r * n : (r + 1) * n]) == sorted(
+            p.placement for p in res.plans
+        )
+    for p in res.plans:
+        assert p.rounds_ms == [ms for pl, ms in calls if pl == p.placement]
+    # the ranking, recomputed from those measurements: the heuristic plan of lowest median
+    # is kept unless plans beat it in both rounds (then the lowest median of those); the
+    # rest follow by median
+    median = {p.name: statistics.median(p.rounds_ms) for p in res.plans}
+    ref = min((p for p in res.plans if p.heuristic), key=lambda p: median[p.name])
+    faster = [
+        p for p in res.plans if all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+    ]
+    winner = min(faster, key=lambda p: median[p.name]) if faster else ref
+    rest = sorted((p.name for p in res.plans if p is not winner), key=median.get)
+    assert [p.name for p in res.plans] == [winner.name, *rest]
     text = "\n".join(res.lines())
     assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
 
