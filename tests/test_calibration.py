@@ -26,6 +26,16 @@ def private_cache(tmp_path, monkeypatch, comm_model):
     monkeypatch.setenv(cal.STORE_ENV, str(tmp_path / "calibration.sqlite"))
 
 
+def forbid_kernel_timing(monkeypatch) -> None:
+    """From here on, timing any kernel fails the test: what is in the store is reused."""
+    from torchrec_dreamshard.measure import local
+
+    def timed(*args, **kwargs):
+        raise AssertionError("a kernel was timed although the store holds it")
+
+    monkeypatch.setattr(local, "time_groups", timed)
+
+
 def tiny_task(num_tables: int = 5, num_devices: int = 2) -> Task:
     tables = [
         TableSpec(name=f"t{i}", rows=500 * (i + 1), dim=8 * (1 + i % 2), pooling_factor=1.0 + i)
@@ -70,7 +80,7 @@ def test_informative_groups_cover_the_plans_the_safe_mode_weighs():
             assert len(tables) < 2 or tables in groups, (c.name, tables)
 
 
-def test_calibrate_measures_fine_tunes_and_reuses_the_store():
+def test_calibrate_measures_fine_tunes_and_reuses_the_store(monkeypatch):
     agent = DreamShard.untrained(seed=0)
     prior = {n: p.detach().clone() for n, p in agent.cost_net.named_parameters()}
     task = tiny_task()
@@ -88,9 +98,8 @@ def test_calibrate_measures_fine_tunes_and_reuses_the_store():
         assert torch.equal(tuned[n], p), f"{n} is not a head parameter but moved"
     assert not torch.equal(tuned["W_raw"], prior["W_raw"])
     assert first.agent.meta["calibrated"]["kernels"] == first.samples
-    start = time.perf_counter()
+    forbid_kernel_timing(monkeypatch)
     second = cal.calibrate(agent, task, config())
-    assert time.perf_counter() - start < 2.0
     assert second.measured == 0 and second.reused == first.measured
     assert second.after["cost/mape"] == pytest.approx(first.after["cost/mape"])
 
@@ -246,7 +255,7 @@ def files(tmp_path):
     return tmp_path
 
 
-def test_cli_plan_calibrate_verify_then_reuse(files, capsys, run_cli):
+def test_cli_plan_calibrate_verify_then_reuse(files, capsys, monkeypatch, run_cli):
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     argv += ["--calibrate", "--budget-s", "30", "--verify", "2", "--verify-rounds", "1"]
     out = files / "plan.json"
@@ -257,9 +266,8 @@ def test_cli_plan_calibrate_verify_then_reuse(files, capsys, run_cli):
     assert plan["calibration"]["measured"] >= 6 and plan["calibration"]["reused"] == 0
     winner = plan["verification"]["winner"]
     assert plan["verification"]["plans"][0]["name"] == winner
-    start = time.perf_counter()
+    forbid_kernel_timing(monkeypatch)
     assert run_cli(argv[:-4]) == 0  # calibration only: everything is in the store
-    assert time.perf_counter() - start < 2.0
     assert "calibration: 0 kernels measured" in capsys.readouterr().out
 
 
