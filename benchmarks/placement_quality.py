@@ -7,11 +7,11 @@ with our memory accounting), DreamShard greedy and search, and the measured-sear
 reference (a local search on real measurements, started from the heuristics' and
 DreamShard's plans, with a bounded number of measurements).
 
-The plans are then measured in R interleaved rounds: each round visits every task and, in
-a shuffled order, every distinct plan. A method's cost on a task is the median over rounds
-of its step cost divided by the best heuristic's in the same round (the best heuristic is
-the one of the four with the lowest median); the spread is the min and max over rounds.
-Headline figures are geometric means of those ratios over the tasks.
+The plans are then measured in R interleaved rounds: each round visits every task and every
+distinct plan (the orders rotated round by round). A method's cost on a task is the median
+over rounds of its step cost divided by the best heuristic's in the same round (the best
+heuristic is the one of the four with the lowest median); the spread is the min and max
+over rounds. Headline figures are geometric means of those ratios over the tasks.
 
 Usage: python benchmarks/placement_quality.py [--rounds 3] [--search-budget 12] [--quick]
 """
@@ -76,17 +76,14 @@ def plan_all(agent, task, measure, budget: int, seed: int) -> tuple[dict, dict]:
     return plans, times
 
 
-def measure_rounds(tasks, plans, measure, rounds: int, seed: int) -> list[dict]:
-    """``costs[task][placement key] = [ms per round]`` for every distinct plan."""
-    rng = np.random.default_rng(seed)
-    costs: list[dict] = [{} for _ in tasks]
-    for _ in range(rounds):
-        for ti in rng.permutation(len(tasks)):
-            distinct = {tuple(p) for p in plans[ti].values() if p is not None}
-            for key in rng.permutation(sorted(distinct)).tolist():
-                ms = measure(tasks[ti], list(key))[0]
-                costs[ti].setdefault(tuple(key), []).append(ms)
-    return costs
+def measure_rounds(tasks, plans, measure, rounds: int) -> list[dict]:
+    """``costs[task][placement key] = [ms per round]`` for every distinct plan, measured in
+    interleaved rounds (``measure_in_rounds``)."""
+    from torchrec_dreamshard.measure import measure_in_rounds
+
+    keys = [sorted({tuple(p) for p in ps.values() if p is not None}) for ps in plans]
+    measured = measure_in_rounds(keys, lambda ti, key: measure(tasks[ti], list(key))[0], rounds)
+    return [{k: [r[k] for r in rs] for k in ks} for ks, rs in zip(keys, measured, strict=True)]
 
 
 def summarise_task(task, plans, costs) -> dict:
@@ -109,29 +106,41 @@ def summarise_task(task, plans, costs) -> dict:
     return out
 
 
-def report(rows, args, wall) -> tuple[dict, str]:
-    gm = {m: geomean([r[m]["ratio"] for r in rows if r[m]]) for m in METHODS}
+def target_figures(rows, gm: dict) -> dict:
+    """DreamShard's better mode against the size-lookup greedy, the best heuristic, the
+    measured search and TorchRec."""
     ds = (
         "dreamshard_search"
         if gm["dreamshard_search"] <= gm["dreamshard_greedy"]
         else ("dreamshard_greedy")
     )
-    slg = geomean(
-        [r[ds]["ratio"] / r["size_lookup_greedy"]["ratio"] for r in rows if r["size_lookup_greedy"]]
-    )
-    ref = geomean([r[ds]["ratio"] / r["measured_search"]["ratio"] for r in rows])
     tr_ok = [r for r in rows if r["torchrec"]]
     vs_torchrec = [r[ds]["ratio"] / r["torchrec"]["ratio"] for r in tr_ok]
-    vs_torchrec_ours = [r[ds]["ratio"] / r["torchrec_ours"]["ratio"] for r in rows]
-    targets = {
+    return {
         "best_dreamshard_mode": ds,
-        "vs_size_lookup_greedy": slg,
+        "vs_size_lookup_greedy": geomean(
+            [
+                r[ds]["ratio"] / r["size_lookup_greedy"]["ratio"]
+                for r in rows
+                if r["size_lookup_greedy"]
+            ]
+        ),
         "vs_best_heuristic": gm[ds],
-        "vs_measured_search": ref,
+        "vs_measured_search": geomean(
+            [r[ds]["ratio"] / r["measured_search"]["ratio"] for r in rows]
+        ),
         "torchrec_no_plan_tasks": len(rows) - len(tr_ok),
         "worst_vs_torchrec": max(vs_torchrec) if vs_torchrec else None,
-        "worst_vs_torchrec_ours": max(vs_torchrec_ours),
+        "worst_vs_torchrec_ours": max(r[ds]["ratio"] / r["torchrec_ours"]["ratio"] for r in rows),
     }
+
+
+def report(rows, args, wall) -> tuple[dict, str]:
+    gm = {m: geomean([r[m]["ratio"] for r in rows if r[m]]) for m in METHODS}
+    targets = target_figures(rows, gm)
+    ds, slg, ref = (
+        targets[k] for k in ("best_dreamshard_mode", "vs_size_lookup_greedy", "vs_measured_search")
+    )
     lines = [
         "# Placement quality on held-out tasks",
         "",
@@ -163,7 +172,11 @@ def report(rows, args, wall) -> tuple[dict, str]:
         f"- vs the measured-search reference: {ref:.3f} (target <= 1.03)",
         f"- TorchRec's default planner found no plan on {targets['torchrec_no_plan_tasks']} of "
         f"{len(rows)} tasks; worst DreamShard / TorchRec ratio where it did: "
-        + (f"{targets['worst_vs_torchrec']:.3f}" if vs_torchrec else "n/a")
+        + (
+            f"{targets['worst_vs_torchrec']:.3f}"
+            if targets["worst_vs_torchrec"] is not None
+            else "n/a"
+        )
         + f"; worst vs TorchRec with our memory accounting: "
         f"{targets['worst_vs_torchrec_ours']:.3f} (target: never above 1)",
         "",
@@ -196,7 +209,7 @@ def main() -> None:
         plan_times.append(t)
         print(f"planned T={len(task.tables)} D={task.num_devices}", flush=True)
     raw_path = RESULTS / "placement_quality_raw.json"
-    costs = measure_rounds(tasks, plans, measure, args.rounds, args.seed)
+    costs = measure_rounds(tasks, plans, measure, args.rounds)
     raw = [
         {"plans": p, "costs": [[list(k), v] for k, v in c.items()]}
         for p, c in zip(plans, costs, strict=True)

@@ -44,14 +44,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _agent_common import RESULTS, geomean, machine, write  # noqa: E402
-from generalisation import (  # noqa: E402
-    HEURISTICS,
-    load_raw,
-    measure_config,
-    measure_rounds,
-    plan_key,
-    save_raw,
-)
+from _roster import HEURISTICS, roster  # noqa: E402
+from _runner import load_raw, measure_config, measure_rounds, plan_key, save_raw  # noqa: E402
 
 from torchrec_dreamshard import baselines, families  # noqa: E402
 from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
@@ -209,7 +203,7 @@ def main() -> None:
     args = ap.parse_args()
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
     config = measure_config()
-    tasks = families.draw_tasks(args.families, args.per_family, "test", args.seed)
+    tasks = roster(args.families, args.per_family, args.seed)
     settings = {
         "checkpoint": args.checkpoint or "bundled",
         "per_family": args.per_family,

@@ -19,8 +19,8 @@ Each task is planned by:
 - the four proxy heuristics, only to count the tasks on which they find no plan.
 
 Both plans of every task are measured in R interleaved rounds (each round visits the tasks
-in a shuffled order and, shuffled, their plans; a plan with shards is measured as the task
-of its shards). A task's figure is the median over rounds of split / whole, for
+and their plans, the orders rotated round by round; a plan with shards is measured as the
+task of its shards). A task's figure is the median over rounds of split / whole, for
 **compute** (max over devices of the fused forward + backward) and **step** (plus the
 local backend's all-to-all model). When the split search keeps every table whole the two
 plans are the same and the ratio is 1 without a second measurement. Also reported: the
@@ -181,29 +181,49 @@ def _heuristic_misses(entry: dict, task) -> dict:
 
 
 def task_of_plan(task, plan: dict):
-    """The task ``plan`` places: its task of shards, or ``task`` itself."""
     from torchrec_dreamshard.tasks import Task
 
     return task if plan["task"] is None else Task.from_dict(plan["task"], allow_oversized=True)
 
 
-def measure_round(tasks, raw, config, rng) -> None:
-    """One interleaved pass over every task's plans, appended to each task's rounds."""
-    for ti in rng.permutation(len(tasks)):
-        entry, task = raw["tasks"][ti], tasks[ti][1]
-        same = entry["plans"]["whole"] is not None and not entry["counts"]
-        same = same and entry["plans"]["whole"]["placement"] == entry["plans"]["split"]["placement"]
-        result = {}
-        names = [n for n in PLANS if n in entry["plans"]]
-        for k in rng.permutation(len(names)):
-            name = names[k]
-            plan = entry["plans"][name]
-            if plan is None or (same and name == "split"):
-                continue
-            result[name] = measure_costs(task_of_plan(task, plan), plan["placement"], config)
-        if same:
+def same_plans(entry: dict) -> bool:
+    """Whether the split search kept every table whole and the whole plan's placement."""
+    whole, split = entry["plans"]["whole"], entry["plans"]["split"]
+    if whole is None or split is None or entry["counts"]:
+        return False
+    return whole["placement"] == split["placement"]
+
+
+def measure_rounds(tasks, raw, config, rounds: int, path: Path) -> None:
+    """Every task's plans in interleaved rounds (``measure_in_rounds``), appended to each
+    task's rounds; a split plan that is the whole plan is measured once and given both
+    names. The raw results are written after every round."""
+    from torchrec_dreamshard.measure import measure_in_rounds
+
+    entries = raw["tasks"]
+    keys = [
+        [
+            n
+            for n in PLANS
+            if entry["plans"].get(n) is not None and not (n == "split" and same_plans(entry))
+        ]
+        for entry in entries
+    ]
+
+    def measure(ti: int, name: str) -> dict:
+        plan = entries[ti]["plans"][name]
+        return measure_costs(task_of_plan(tasks[ti][1], plan), plan["placement"], config)
+
+    def keep(ti: int, r: int, result: dict) -> None:
+        if same_plans(entries[ti]):
             result["split"] = result["whole"]
-        entry["rounds"].append(result)
+        entries[ti]["rounds"].append(result)
+
+    def save(r: int) -> None:
+        path.write_text(json.dumps(raw) + "\n")
+        print(f"round {r + 1}/{rounds} measured", flush=True)
+
+    measure_in_rounds(keys, measure, rounds, on_group=keep, on_round=save)
 
 
 def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
@@ -218,27 +238,69 @@ def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
     return time.perf_counter() - t0
 
 
+def task_row(label: str, entry: dict) -> dict:
+    """One task's figures: which plans were found, the splits, and the medians over rounds
+    of split / whole and forced / whole."""
+    row = {
+        "task": label,
+        "whole_found": entry["plans"]["whole"] is not None,
+        "split_found": entry["plans"]["split"] is not None,
+        "counts": entry["counts"],
+        "heuristics_without_plan": entry["heuristics_without_plan"],
+        "secs": entry["secs"],
+    }
+    for kind in ("compute", "step"):
+        if row["whole_found"] and row["split_found"]:
+            ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
+            row[kind] = float(np.median(ratios))
+        if row["whole_found"] and entry["plans"].get("forced"):
+            ratios = [r["forced"][kind] / r["whole"][kind] for r in entry["rounds"]]
+            row[f"forced_{kind}"] = float(np.median(ratios))
+    return row
+
+
+def group_summary(rs: list[dict]) -> dict:
+    """One family and memory level's geomeans and counts."""
+    return {
+        "tasks": len(rs),
+        "compute": geomean([r.get("compute") for r in rs]),
+        "step": geomean([r.get("step") for r in rs]),
+        "forced_compute": geomean([r.get("forced_compute") for r in rs]),
+        "split_tasks": sum(bool(r["counts"]) for r in rs),
+        "no_whole_plan": sum(not r["whole_found"] for r in rs),
+        "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
+        "heuristic_misses": sum(len(r["heuristics_without_plan"]) for r in rs),
+    }
+
+
+def overhead_lines(tasks, raw) -> list[str]:
+    """The table of what a shard costs, one line per family."""
+    lines = [
+        "| family | tables | half shard / whole | tasks | costliest table / device share |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
+        measured = [
+            entry["shard_overhead"]
+            for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
+            if label.startswith(fam + "/") and "shard_overhead" in entry
+        ]
+        halves = [o["half_ms"] / o["whole_ms"] for m in measured for o in m["tables"]]
+        shares = [m["max_ms"] / m["share_ms"] for m in measured]
+        if halves:
+            lines.append(
+                f"| {fam} | {len(halves)} | {np.median(halves):.2f} "
+                f"[{min(halves):.2f}, {max(halves):.2f}] | {len(shares)} | "
+                f"{np.median(shares):.2f} [{min(shares):.2f}, {max(shares):.2f}] |"
+            )
+    return lines
+
+
 def summarise(tasks, raw) -> tuple[dict, str]:
     rows, by_factor = [], {}
     for (label, _), entry in zip(tasks, raw["tasks"], strict=True):
-        factor = " ".join(label.split("/")[:2])
-        row = {
-            "task": label,
-            "whole_found": entry["plans"]["whole"] is not None,
-            "split_found": entry["plans"]["split"] is not None,
-            "counts": entry["counts"],
-            "heuristics_without_plan": entry["heuristics_without_plan"],
-            "secs": entry["secs"],
-        }
-        for kind in ("compute", "step"):
-            if row["whole_found"] and row["split_found"]:
-                ratios = [r["split"][kind] / r["whole"][kind] for r in entry["rounds"]]
-                row[kind] = float(np.median(ratios))
-            if row["whole_found"] and entry["plans"].get("forced"):
-                ratios = [r["forced"][kind] / r["whole"][kind] for r in entry["rounds"]]
-                row[f"forced_{kind}"] = float(np.median(ratios))
-        rows.append(row)
-        by_factor.setdefault(factor, []).append(row)
+        rows.append(task_row(label, entry))
+        by_factor.setdefault(" ".join(label.split("/")[:2]), []).append(rows[-1])
     lines = [
         "# Column-wise splits on memory-tight and wide tasks",
         "",
@@ -254,19 +316,8 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "| forced: biggest table halved / whole (compute) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    summary = {}
-    for factor, rs in by_factor.items():
-        s = {
-            "tasks": len(rs),
-            "compute": geomean([r.get("compute") for r in rs]),
-            "step": geomean([r.get("step") for r in rs]),
-            "forced_compute": geomean([r.get("forced_compute") for r in rs]),
-            "split_tasks": sum(bool(r["counts"]) for r in rs),
-            "no_whole_plan": sum(not r["whole_found"] for r in rs),
-            "split_rescued": sum(r["split_found"] and not r["whole_found"] for r in rs),
-            "heuristic_misses": sum(len(r["heuristics_without_plan"]) for r in rs),
-        }
-        summary[factor] = s
+    summary = {factor: group_summary(rs) for factor, rs in by_factor.items()}
+    for factor, s in summary.items():
         lines.append(
             f"| {factor} | {s['tasks']} | {s['compute']:.3f} | {s['step']:.3f} | "
             f"{s['split_tasks']} | {s['no_whole_plan']} | {s['split_rescued']} | "
@@ -286,23 +337,8 @@ def summarise(tasks, raw) -> tuple[dict, str]:
         "split adds the other half's cost again, so it pays only where a table outweighs "
         "that.",
         "",
-        "| family | tables | half shard / whole | tasks | costliest table / device share |",
-        "|---|---:|---:|---:|---:|",
+        *overhead_lines(tasks, raw),
     ]
-    for fam in dict.fromkeys(label.split("/")[0] for label, _ in tasks):
-        measured = [
-            entry["shard_overhead"]
-            for (label, _), entry in zip(tasks, raw["tasks"], strict=True)
-            if label.startswith(fam + "/") and "shard_overhead" in entry
-        ]
-        halves = [o["half_ms"] / o["whole_ms"] for m in measured for o in m["tables"]]
-        shares = [m["max_ms"] / m["share_ms"] for m in measured]
-        if halves:
-            lines.append(
-                f"| {fam} | {len(halves)} | {np.median(halves):.2f} "
-                f"[{min(halves):.2f}, {max(halves):.2f}] | {len(shares)} | "
-                f"{np.median(shares):.2f} [{min(shares):.2f}, {max(shares):.2f}] |"
-            )
     summary["shard_overhead"] = [e.get("shard_overhead", []) for e in raw["tasks"]]
     return {"rows": rows, "by_memory": summary}, "\n".join(lines)
 
@@ -344,11 +380,7 @@ def main() -> None:
     raw["planning_1000x64_s"] = planning_seconds(agent)
     name = "splits_quick" if args.quick else "splits"
     path = RESULTS / f"{name}_raw.json"
-    rng = np.random.default_rng(0)
-    for r in range(args.rounds):
-        measure_round(tasks, raw, config, rng)
-        path.write_text(json.dumps(raw) + "\n")
-        print(f"round {r + 1}/{args.rounds} measured", flush=True)
+    measure_rounds(tasks, raw, config, args.rounds, path)
     summary, text = summarise(tasks, raw)
     write(name, {"settings": settings, **summary}, text)
 

@@ -56,6 +56,33 @@ def rows_by_kind(db: Path) -> dict[str, int]:
     return kinds
 
 
+def iteration_table(rows: list[dict]) -> list[str]:
+    """The per-iteration table of the training metrics, and what its columns mean."""
+    table = [
+        "| iteration | samples | held-out step MAPE % | Kendall tau | greedy plan, measured ms |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        table.append(
+            f"| {r['iteration']} | {r.get('data/samples', '')} | "
+            f"{float(r.get('cost/mape') or 'nan'):.1f} | "
+            f"{float(r.get('cost/kendall_tau') or 'nan'):.2f} | "
+            f"{float(r['plan/cost_ms']) if r.get('plan/cost_ms') else float('nan'):.1f} |"
+        )
+    return table + [
+        "",
+        (
+            "Iterations without a greedy-plan figure measured nothing new: the run was "
+            "restarted and the resumable store already held their measurements. "
+            if any(not r.get("plan/cost_ms") for r in rows)
+            else ""
+        )
+        + "Greedy-plan cost is the mean measured step cost of that iteration's greedy plans "
+        "(new tasks each iteration, so it is noisy); the held-out MAPE is on task groups kept "
+        "out of the fit. Curves: training_curves.png (metrics: training_metrics.csv).",
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run-dir", default="runs/cpu_default")
@@ -96,27 +123,7 @@ def main() -> None:
         f"({len(rows)} iterations x the median iteration's {compute_s / len(rows):.0f} s)",
         f"- total: **{total_s / 60:.1f} min** on this 2-core machine (target: under 30 min)",
         "",
-        "| iteration | samples | held-out step MAPE % | Kendall tau | greedy plan, measured ms |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        table.append(
-            f"| {r['iteration']} | {r.get('data/samples', '')} | "
-            f"{float(r.get('cost/mape') or 'nan'):.1f} | "
-            f"{float(r.get('cost/kendall_tau') or 'nan'):.2f} | "
-            f"{float(r['plan/cost_ms']) if r.get('plan/cost_ms') else float('nan'):.1f} |"
-        )
-    table += [
-        "",
-        (
-            "Iterations without a greedy-plan figure measured nothing new: the run was "
-            "restarted and the resumable store already held their measurements. "
-            if any(not r.get("plan/cost_ms") for r in rows)
-            else ""
-        )
-        + "Greedy-plan cost is the mean measured step cost of that iteration's greedy plans "
-        "(new tasks each iteration, so it is noisy); the held-out MAPE is on task groups kept "
-        "out of the fit. Curves: training_curves.png (metrics: training_metrics.csv).",
+        *iteration_table(rows),
         machine()["note"],
         "Raw: training_cost.json. Script: benchmarks/training_cost.py.",
     ]

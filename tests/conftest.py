@@ -1,12 +1,47 @@
-"""Fixtures every test module shares."""
+"""Fixtures the test modules share."""
 
 from __future__ import annotations
 
+import json
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict
+
 import pytest
 
-from torchrec_dreamshard.measure import collectives as collectives_mod
+from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
+
+TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
+
+
+@pytest.fixture
+def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
+    """A known all-to-all model (:data:`TEST_COMM_MODEL`) in a private cache dir
+    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned processes): no test
+    calibrates gloo's all-to-all, nor reads or writes the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    comm_mod._LOADED.clear()
+    path = comm_mod.default_model_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(asdict(TEST_COMM_MODEL)))
+    yield TEST_COMM_MODEL
+    comm_mod._LOADED.clear()
+
+
+@pytest.fixture
+def run_cli() -> Callable[[Sequence[str]], int]:
+    """``run_cli(argv)``: the ``dreamshard`` entry point's exit code, warnings silenced."""
+    from torchrec_dreamshard.cli import main
+
+    def run(argv: Sequence[str]) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return main(list(argv))
+
+    return run
+
 
 # gloo-like collective models (ms per peer, ms per MB: the order of what this machine's
 # fits gave): fixed, so the sharding-type choice of the planner tests does not depend on
@@ -24,13 +59,11 @@ GLOO_LIKE = CollectiveModels(
 
 
 @pytest.fixture(autouse=True, scope="session")
-def fixed_collectives():
-    """The planner's default CPU collective models, for every test (no calibration)."""
-    path = str(collectives_mod.default_collectives_path("gloo"))
-    before = collectives_mod._LOADED.get(path)
-    collectives_mod._LOADED[path] = GLOO_LIKE
-    yield GLOO_LIKE
-    if before is None:
-        collectives_mod._LOADED.pop(path, None)
-    else:
-        collectives_mod._LOADED[path] = before
+def fixed_collectives() -> Iterator[CollectiveModels]:
+    """The planner's CPU collective models are :data:`GLOO_LIKE` in every test: none
+    calibrates gloo's collectives for the planner (20 s, and load-dependent plans)."""
+    from torchrec_dreamshard.planner import components
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(components, "load_collective_models", lambda **kw: GLOO_LIKE)
+        yield GLOO_LIKE

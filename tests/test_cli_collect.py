@@ -9,13 +9,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 
 import pytest
 
 from torchrec_dreamshard.cli import main
-from torchrec_dreamshard.measure import CommModel, CostStore
-from torchrec_dreamshard.measure import comm as comm_mod
+from torchrec_dreamshard.measure import CostStore
 from torchrec_dreamshard.report import device_table
 from torchrec_dreamshard.sampler import make_task
 from torchrec_dreamshard.tables import TableSpec
@@ -24,13 +22,8 @@ FAST = ["--warmup", "1", "--iters", "2", "--rounds", "1"]
 
 
 @pytest.fixture
-def files(tmp_path, monkeypatch):
+def files(tmp_path, comm_model):
     """A small task, a plan, a bad plan and a private comm model cache."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    comm_mod._LOADED.clear()
-    model_path = comm_mod.default_model_path()
-    model_path.parent.mkdir(parents=True)
-    model_path.write_text(json.dumps(asdict(CommModel(0.5, 0.1, 1.0, source="test"))))
     tables = [
         TableSpec(name=f"t{i}", rows=2000 * (i + 1), dim=8 * (1 + i % 3), pooling_factor=2.0 + i)
         for i in range(6)
@@ -41,8 +34,7 @@ def files(tmp_path, monkeypatch):
         json.dumps({"placement": {t.name: i % 2 for i, t in enumerate(tables)}})
     )
     (tmp_path / "bad.json").write_text(json.dumps({"placement": {t.name: 0 for t in tables}}))
-    yield tmp_path
-    comm_mod._LOADED.clear()
+    return tmp_path
 
 
 def test_evaluate_prints_per_device_costs(files, capsys):

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import json
-import warnings
 
 import pytest
 
 from torchrec_dreamshard.checkpoint import save_checkpoint
-from torchrec_dreamshard.cli import main
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task
@@ -26,16 +24,10 @@ def files(tmp_path):
     return tmp_path
 
 
-def run(argv):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return main(argv)
-
-
-def test_plan_writes_json_and_png(files, capsys):
+def test_plan_writes_json_and_png(files, capsys, run_cli):
     out, png = files / "plan.json", files / "plan.png"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run([*argv, "--out", str(out), "--plot", str(png)]) == 0
+    assert run_cli([*argv, "--out", str(out), "--plot", str(png)]) == 0
     printed = capsys.readouterr().out
     assert "placed 6 tables on 3 devices" in printed
     assert "predicted step cost" in printed
@@ -54,7 +46,7 @@ def test_plan_writes_json_and_png(files, capsys):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_plan_weighs_torchrecs_candidate(files, monkeypatch):
+def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):
     """`dreamshard plan` hands the planner side's candidate sources to the agent."""
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate
     from torchrec_dreamshard.policy import NoPlanError
@@ -65,11 +57,11 @@ def test_plan_weighs_torchrecs_candidate(files, monkeypatch):
     monkeypatch.setattr(TorchRecCandidate, "propose", probe)
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run([*argv, "--no-splits", "--out", str(out)]) == 0
+    assert run_cli([*argv, "--no-splits", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["candidates"]["no_plan"]["torchrec_ours"] == "asked"
 
 
-def test_plan_search_mode(files, monkeypatch):
+def test_plan_search_mode(files, monkeypatch, run_cli):
     from torchrec_dreamshard.checkpoint import load_checkpoint
 
     calls = []
@@ -83,7 +75,7 @@ def test_plan_search_mode(files, monkeypatch):
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     assert (
-        run([*argv, "--mode", "search", "--num-samples", "4", "--seed", "5", "--out", str(out)])
+        run_cli([*argv, "--mode", "search", "--num-samples", "4", "--seed", "5", "--out", str(out)])
         == 0
     )
     # the split search may run the policy again on tasks of shards, always as asked
@@ -95,11 +87,11 @@ def test_plan_search_mode(files, monkeypatch):
     }
 
 
-def test_plan_errors_name_the_input(files, capsys):
-    assert run(["plan", str(files / "missing.json")]) == 2
+def test_plan_errors_name_the_input(files, capsys, run_cli):
+    assert run_cli(["plan", str(files / "missing.json")]) == 2
     assert "missing.json" in capsys.readouterr().err
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "nope.pt")]
-    assert run(argv) == 2
+    assert run_cli(argv) == 2
     assert "nope.pt" in capsys.readouterr().err
 
 
@@ -138,46 +130,46 @@ def _variant(**changes):
         (b'{"a": "\xff"}', "not UTF-8"),
     ],
 )
-def test_every_bad_task_is_one_line_naming_the_file(files, capsys, text, message):
+def test_every_bad_task_is_one_line_naming_the_file(files, capsys, text, message, run_cli):
     path = files / "bad.json"
     if isinstance(text, bytes):
         path.write_bytes(text)
     else:
         path.write_text(text)
-    assert run(["plan", str(path)]) == 2
+    assert run_cli(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
     assert "bad.json" in err and message in err, err
 
 
-def test_task_path_that_is_a_directory(files, capsys):
-    assert run(["plan", str(files)]) == 2
+def test_task_path_that_is_a_directory(files, capsys, run_cli):
+    assert run_cli(["plan", str(files)]) == 2
     assert "is a directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--out", "--plot"])
 @pytest.mark.parametrize("where", ["missing/plan.x", "DIR"])
-def test_bad_output_paths_fail_before_planning(files, capsys, flag, where):
+def test_bad_output_paths_fail_before_planning(files, capsys, flag, where, run_cli):
     target = str(files) if where == "DIR" else str(files / where)
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run([*argv, flag, target]) == 2
+    assert run_cli([*argv, flag, target]) == 2
     captured = capsys.readouterr()
     assert "placed" not in captured.out  # refused before any planning
     assert flag in captured.err and captured.err.count("\n") == 1
 
 
-def test_unwritable_output_is_one_line(files, capsys, monkeypatch):
+def test_unwritable_output_is_one_line(files, capsys, monkeypatch, run_cli):
     import os
 
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if "ro" in str(p) else real(p, mode))
     (files / "ro.json").write_text("{}")
     argv = ["plan", str(files / "task.json"), "--out", str(files / "ro.json")]
-    assert run(argv) == 2
+    assert run_cli(argv) == 2
     assert "not writable" in capsys.readouterr().err
 
 
-def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, monkeypatch):
+def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, monkeypatch, run_cli):
     from torchrec_dreamshard.cli import plan as plan_cli
 
     def boom(*a, **k):
@@ -185,10 +177,10 @@ def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, mon
 
     monkeypatch.setattr(plan_cli, "plan_dict", boom)
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run(argv) == 2
+    assert run_cli(argv) == 2
     assert "Permission denied: 'somewhere.json'" in capsys.readouterr().err
     with pytest.raises(PermissionError):
-        run([*argv, "--debug"])
+        run_cli([*argv, "--debug"])
 
 
 def test_non_finite_prediction_names_the_tables(files):
@@ -206,7 +198,7 @@ def test_non_finite_prediction_names_the_tables(files):
         plan_dict(task, placement, Bad())
 
 
-def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys):
+def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys, run_cli):
     tables = [TableSpec(name="big", rows=20_000, dim=64, pooling_factor=4.0)] + [
         TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(6)
     ]
@@ -219,7 +211,7 @@ def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys):
     save_checkpoint(DreamShard.untrained(seed=0), tmp_path / "agent.pt")
     argv = ["plan", str(tmp_path / "task.json"), "--checkpoint", str(tmp_path / "agent.pt")]
     out = tmp_path / "plan.json"
-    assert run([*argv, "--out", str(out)]) == 0
+    assert run_cli([*argv, "--out", str(out)]) == 0
     assert "split column-wise: big x" in capsys.readouterr().out
     plan = json.loads(out.read_text())
     assert "big" not in plan["placement"] and sorted(plan["placement"]) == [
@@ -229,5 +221,5 @@ def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys):
     assert cols[0][0] == 0 and cols[-1][1] == 64
     assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
     assert all(d["bytes"] <= d["memory_bytes"] for d in plan["per_device"])
-    assert run([*argv, "--no-splits"]) == 2
+    assert run_cli([*argv, "--no-splits"]) == 2
     assert "bigger than every device" in capsys.readouterr().err

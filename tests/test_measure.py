@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict
 
 import numpy as np
 import pytest
 import torch
 
 from torchrec_dreamshard.measure import (
-    CommModel,
     MeasureConfig,
     measure_placement,
     random_placement,
@@ -24,6 +22,7 @@ from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement
 
 FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
+pytestmark = pytest.mark.usefixtures("comm_model")  # a known all-to-all model, privately
 
 
 def small_task(num_devices: int = 2, batch_size: int = 256, memory_factor: float = 1.5) -> Task:
@@ -32,19 +31,6 @@ def small_task(num_devices: int = 2, batch_size: int = 256, memory_factor: float
         for i in range(6)
     ]
     return make_task(tables, num_devices, batch_size, memory_factor)
-
-
-@pytest.fixture(autouse=True)
-def fixed_comm_model(tmp_path, monkeypatch):
-    """A known all-to-all model in a private cache dir (no calibration in fast tests)."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    comm_mod._LOADED.clear()
-    path = comm_mod.default_model_path()
-    path.parent.mkdir(parents=True)
-    model = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
-    path.write_text(json.dumps(asdict(model)))
-    yield model
-    comm_mod._LOADED.clear()
 
 
 def test_config_rejects_bad_values_with_actionable_messages():
@@ -92,7 +78,7 @@ def test_time_fused_kernel_is_positive_and_updates_weights(optimizer):
         assert not torch.equal(a, b)  # the optimizer step updated every table's rows
 
 
-def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(fixed_comm_model):
+def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(comm_model):
     task = small_task(num_devices=3, memory_factor=3.0)
     placement = [0, 1, 0, 1, 0, 1]  # device 2 is empty
     m = measure_placement(task, placement, FAST)
@@ -101,7 +87,7 @@ def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(fi
         assert math.isfinite(d.fwd_ms) and d.fwd_ms > 0 and d.bwd_ms > 0 and d.comm_ms > 0
     empty = m.per_device[2]
     assert empty.fwd_ms == 0 and empty.bwd_ms == 0 and empty.num_tables == 0
-    assert empty.comm_ms >= fixed_comm_model.latency_ms * 2
+    assert empty.comm_ms >= comm_model.latency_ms * 2
     assert m.step_ms == pytest.approx(max(d.total_ms for d in m.per_device))
     assert m.reference_ms > 0 and m.normalised_step == pytest.approx(m.step_ms / m.reference_ms)
 
@@ -209,7 +195,6 @@ def test_comm_model_calibrates_from_real_gloo_all_to_all():
 def test_distributed_entry_point_under_torchrun(tmp_path):
     """``torchrun -m torchrec_dreamshard.measure.distributed TASK PLAN --db``: rank 0
     prints the measurement and appends it to the store."""
-    import json
     import subprocess
     import sys
     from pathlib import Path

@@ -88,21 +88,44 @@ def test_choose_picks_the_lowest_penalised_score_and_reports_margins():
     assert any("winner" in line for line in report.lines())
 
 
+def _members_log_steps(scorer: S.Scorer, placement) -> np.ndarray:
+    """Each ensemble member's log step cost of ``placement``, computed here one device at a
+    time: the device's state is the sum of its tables' encodings, the member's log device
+    time the log of its summed fwd + bwd + comm, the step the slowest occupied device's."""
+    steps = []
+    for d in range(scorer.task.num_devices):
+        on_d = [i for i, dev in enumerate(placement) if dev == d]
+        if not on_d:
+            continue
+        state = scorer.enc[on_d].sum(0)
+        member = scorer.net.member_device_log_costs(state, scorer.ctx)  # [K, 3]
+        steps.append(torch.log(torch.exp(member).sum(-1)).numpy())
+    return np.max(steps, axis=0)
+
+
 def test_penalty_prefers_the_plan_the_members_agree_on():
+    """On every placement of ten tables on two devices that fits, the scorer's spread is
+    the members' standard deviation of their own log step costs, computed here; with no
+    penalty the best plan is not the one the members agree on most, and a heavy penalty
+    picks exactly that one."""
+    import itertools
+
     task = _task(10, 2)
     scorer = _scorer(task, penalty=0.0)
-    plans = {f"p{k}": np.random.default_rng(k).integers(0, 2, 10) for k in range(8)}
-    plans = {
-        n: p
-        for n, p in plans.items()
-        if np.all(np.bincount(p, [t.size_bytes for t in task.tables], 2) <= task.memory)
-    }
-    cands = scorer.candidates(plans)
-    scorer.penalty = 50.0
-    heavy = scorer.candidates(plans)
-    best_plain = min(cands, key=lambda c: c.score)
-    best_heavy = min(heavy, key=lambda c: c.score)
-    assert best_heavy.log_std <= best_plain.log_std + 1e-9
+    sizes = np.array([t.size_bytes for t in task.tables])
+    every = np.array(list(itertools.product([0, 1], repeat=len(task.tables))))
+    fits = every[[np.all(np.bincount(p, sizes, 2) <= task.memory) for p in every]]
+    plans = {str(k): p for k, p in enumerate(fits)}
+    with torch.no_grad():
+        spread = {n: float(np.std(_members_log_steps(scorer, p), ddof=1)) for n, p in plans.items()}
+    plain = {c.name: c for c in scorer.candidates(plans)}
+    for n, c in plain.items():
+        assert c.log_std == pytest.approx(spread[n], abs=1e-5)
+    lowest = min(spread.values())  # a plan and its mirror image (devices swapped) tie
+    assert spread[min(plain.values(), key=lambda c: c.score).name] > lowest + 1e-3
+    scorer.penalty = 1e4
+    heavy = min(scorer.candidates(plans), key=lambda c: c.score)
+    assert spread[heavy.name] == pytest.approx(lowest, abs=1e-6)
 
 
 def test_two_devices_at_tight_memory_come_close_to_the_exhaustive_optimum():

@@ -18,7 +18,7 @@ from torchrec_dreamshard.pool import (
     to_published_bins,
 )
 from torchrec_dreamshard.sampler import TaskSampler
-from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.tables import BIN_MID, TableSpec
 from torchrec_dreamshard.tasks import Task, check_placement, placement_from_dict
 
 
@@ -124,14 +124,29 @@ def test_pool_is_deterministic_and_spread_widely():
 
 
 def test_pool_matches_published_dlrm_statistics(monkeypatch):
-    """The figures the README states (largest gap in one bin 0.022, rows read once 0.47),
-    and the calibration is what brings the pool there: without it the gaps are far
-    larger."""
+    """The pool's share of accesses by reuse bin, computed here from each table's
+    histogram (a table's batch reads ``pf x B`` ids over ``pf x B / sum_k hist_k mid_k``
+    distinct rows, of which ``hist_k`` are in bin k, read ``mid_k`` times each), is the one
+    ``pool_access_share`` gives and within 0.03 of the published DLRM share in every bin
+    (``benchmarks/pool_stats.py`` reports the largest gap for the README); rows read once
+    are within 0.01 of the published 0.47; and the calibration is what brings the pool
+    there: without it the gaps are far larger."""
     published = np.asarray(DLRM_PUBLISHED_ACCESS_SHARE)
-    pool = synthetic_pool()
-    gap = np.abs(to_published_bins(pool_access_share(pool, 65536)) - published)
-    assert round(float(gap.max()), 3) == 0.022
-    assert round(pool_rows_accessed_once(pool, 65536), 2) == DLRM_PUBLISHED_ROWS_ACCESSED_ONCE
+    pool, batch = synthetic_pool(), 65536
+    accesses = np.zeros(len(BIN_MID))
+    for t in pool:
+        hist = t.hist(batch)
+        rows_read = (
+            t.pooling_factor * batch / sum(h * m for h, m in zip(hist, BIN_MID, strict=True))
+        )
+        for k, (h, m) in enumerate(zip(hist, BIN_MID, strict=True)):
+            accesses[k] += h * rows_read * m
+    share = accesses / accesses.sum()
+    np.testing.assert_allclose(pool_access_share(pool, batch), share, rtol=1e-9, atol=1e-12)
+    published_bins = np.append(share[:15], share[15] + share[16])  # beyond 16384 is one bin
+    gap = np.abs(published_bins - published)
+    assert gap.max() <= 0.03, gap
+    assert abs(pool_rows_accessed_once(pool, batch) - DLRM_PUBLISHED_ROWS_ACCESSED_ONCE) <= 0.01
     monkeypatch.setattr(pool_module, "_CALIBRATION_ROUNDS", 0)
     base = pool_module._synthetic_pool.__wrapped__(856, 1.0, 0)
     base_gap = np.abs(to_published_bins(pool_access_share(base, 65536)) - published)

@@ -187,6 +187,7 @@ def enumerate_without_stored_copy() -> Iterator[None]:
     from torchrec.distributed.planner import enumerators
 
     before = enumerators.copy
+
     def deepcopy(x, memo=None):
         return x if isinstance(x, list) else before.deepcopy(x, memo)
 

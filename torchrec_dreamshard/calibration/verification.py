@@ -148,35 +148,40 @@ def verify(
 ) -> VerifyResult:
     """Measure the ``k`` best-rated candidates and the heuristics' plans (see
     :func:`verify_candidates`; ``extra`` adds named plans) in ``rounds`` interleaved
-    rounds (each round visits every plan once, in a shuffled order); the plans winner
-    first (see :func:`rank_measured`), then by median measured step cost.
+    rounds (:func:`~torchrec_dreamshard.measure.measure_in_rounds`: each round visits every
+    plan once, the order rotated round by round); the plans winner first (see
+    :func:`rank_measured`), then by median measured step cost.
 
     Raises:
         RuntimeError: a measurement failed (its error is named).
     """
-    from torchrec_dreamshard.measure import measure_placement
+    from torchrec_dreamshard.measure import measure_in_rounds, measure_placement
 
     if k < 1 or rounds < 1:
         raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {rounds}")
     start = time.perf_counter()
     config = replace(config or MeasureConfig(), rounds=1)
     plans = verify_candidates(agent, task, k, seed, extra)
-    rng = np.random.default_rng(seed)
     bar = None
     if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=rounds * len(plans), desc="verify: measuring plans", leave=False)
+
+    def measure(_: int, i: int) -> float:
+        m = measure_placement(task, plans[i].placement, config)
+        if not m.ok:
+            raise RuntimeError(f"verification of plan {plans[i].name} failed: {m.error}")
+        if bar is not None:
+            bar.update(1)
+        return float(m.step_ms)
+
     try:
-        for _ in range(rounds):
-            for i in rng.permutation(len(plans)):
-                m = measure_placement(task, plans[i].placement, config)
-                if not m.ok:
-                    raise RuntimeError(f"verification of plan {plans[i].name} failed: {m.error}")
-                plans[i].rounds_ms.append(float(m.step_ms))
-                if bar is not None:
-                    bar.update(1)
+        measured = measure_in_rounds([list(range(len(plans)))], measure, rounds)[0]
     finally:
         if bar is not None:
             bar.close()
+    for results in measured:
+        for i, ms in results.items():
+            plans[i].rounds_ms.append(ms)
     return VerifyResult(rank_measured(plans), time.perf_counter() - start)

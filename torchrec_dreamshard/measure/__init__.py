@@ -4,6 +4,8 @@
   (forward, and backward with the fused optimizer) and the all-to-all of pooled embeddings,
   with the ``"local"`` or ``"distributed"`` backend;
 * :func:`time_fused_kernel` times one fused kernel over a set of tables;
+* :func:`measure_in_rounds` / :func:`measure_plans` measure plans against each other in
+  interleaved rounds;
 * :class:`CostStore` appends every measurement to SQLite and reads training examples back.
 """
 
@@ -12,6 +14,7 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
 from torchrec_dreamshard.measure.kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement
+from torchrec_dreamshard.measure.rounds import measure_in_rounds, measure_plans, round_order
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.tasks import random_placement
@@ -29,7 +32,10 @@ __all__ = [
     "calibrate_comm_model",
     "hardware_fingerprint",
     "load_comm_model",
+    "measure_in_rounds",
     "measure_placement",
+    "measure_plans",
     "random_placement",
+    "round_order",
     "time_fused_kernel",
 ]

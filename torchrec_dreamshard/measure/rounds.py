@@ -1,0 +1,123 @@
+"""Measuring plans against each other in interleaved rounds.
+
+A machine's speed drifts (other work, frequency, caches), so plans measured one after the
+other are not compared fairly. Interleaved rounds fix that: each round measures every plan
+once, so a plan's figures pair up with the others' round by round (compare them by the
+median over rounds of a ratio, or count the rounds one plan won). The order within a round
+is rotated by one each round: over ``n`` rounds every plan takes every position once, and
+two plans alternate (``AB``, ``BA``, ``AB``).
+
+Several tasks can share the rounds (``groups``): a round visits every task, in rotated
+order, and each task's plans in rotated order, so a task's rounds lie apart in time.
+
+* :func:`measure_in_rounds`: the one loop; any ``measure(group, key)`` callable, resumable
+  from the rounds already measured, with hooks after every group's round and every round
+  (to save);
+* :func:`measure_plans`: one task's named placements measured with
+  :func:`~torchrec_dreamshard.measure.measure_placement`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import TypeVar
+
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.tasks import Task
+
+K = TypeVar("K", bound=Hashable)
+R = TypeVar("R")
+
+
+def round_order(n: int, r: int) -> list[int]:
+    """The order of ``n`` items in round ``r``: ``0..n-1`` rotated left by ``r``."""
+    k = r % n if n else 0
+    return [*range(k, n), *range(k)]
+
+
+def measure_in_rounds(
+    groups: Sequence[Sequence[K]],
+    measure: Callable[[int, K], R],
+    rounds: int,
+    *,
+    done: Sequence[Sequence[Mapping[K, R]]] | None = None,
+    on_group: Callable[[int, int, dict[K, R]], None] | None = None,
+    on_round: Callable[[int], None] | None = None,
+) -> list[list[dict[K, R]]]:
+    """Measure every key of every group once per round, in interleaved rounds.
+
+    Round ``r`` visits the groups in :func:`round_order` and, within a group, its keys in
+    :func:`round_order`. A group that already holds ``r + 1`` rounds in ``done`` is skipped
+    in round ``r`` (a resumed run measures only what is missing).
+
+    Args:
+        groups: per group (a task), the keys of its plans (distinct; measured in this
+            order in round 0).
+        measure: ``measure(group index, key)``, one measurement (raise to stop).
+        rounds: rounds in all, those in ``done`` included.
+        done: per group, the rounds already measured (``{key: measurement}`` each).
+        on_group: called as ``on_group(group index, round, results)`` after every
+            group's round, e.g. to save the results so far.
+        on_round: called as ``on_round(round)`` after every round that measured something.
+
+    Returns:
+        Per group, its rounds (``done``'s first), each ``{key: measurement}``.
+    """
+    if rounds < 0:
+        raise ValueError(f"rounds must be >= 0, got {rounds}")
+    for g, keys in enumerate(groups):
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"group {g} repeats a plan key: {list(keys)}")
+    done = done if done is not None else [[] for _ in groups]
+    if len(done) != len(groups):
+        raise ValueError(f"done holds {len(done)} groups' rounds for {len(groups)} groups")
+    out = [[dict(res) for res in rs] for rs in done]
+    for r in range(rounds):
+        todo = [g for g in round_order(len(groups), r) if len(out[g]) <= r]
+        for g in todo:
+            keys = groups[g]
+            results = {keys[i]: measure(g, keys[i]) for i in round_order(len(keys), r)}
+            out[g].append(results)
+            if on_group is not None:
+                on_group(g, r, results)
+        if todo and on_round is not None:
+            on_round(r)
+    return out
+
+
+def measure_plans(
+    task: Task,
+    plans: Mapping[K, Sequence[int]],
+    config: MeasureConfig | None = None,
+    rounds: int = 3,
+    backend: str = "local",
+    done: Sequence[Mapping[K, PlacementMeasurement]] = (),
+) -> list[dict[K, PlacementMeasurement]]:
+    """Every named placement of ``task`` measured once per round (see
+    :func:`measure_in_rounds`; ``done``: this task's rounds already measured).
+
+    Args:
+        task: the task.
+        plans: a placement (a device per table) by name; names are measured in this
+            order in round 0.
+        config: the measurement's settings (default :class:`MeasureConfig`).
+        rounds: rounds in all.
+        backend: ``"local"`` or ``"distributed"`` (see ``measure_placement``).
+        done: rounds already measured.
+
+    Returns:
+        The rounds, each ``{name: measurement}``.
+
+    Raises:
+        RuntimeError: a measurement failed (the plan and its error are named).
+    """
+    from torchrec_dreamshard.measure.placement import measure_placement
+
+    def measure(_: int, name: K) -> PlacementMeasurement:
+        m = measure_placement(task, list(plans[name]), config, backend)
+        if not m.ok:
+            raise RuntimeError(f"measuring plan {name!r} failed: {m.error}")
+        return m
+
+    return measure_in_rounds([list(plans)], measure, rounds, done=[list(done)])[0]
