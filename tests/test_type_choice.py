@@ -113,3 +113,34 @@ def test_across_hosts_a_hot_table_is_spread(agent):
     plan = p.plan(Model(hot + tiny_and_big(4)), get_default_sharders())
     types = {n: ps.sharding_type for n, ps in plan.plan["ebc"].items()}
     assert {types["hot0"], types["hot1"]} <= {"row_wise", "table_row_wise"}, types
+
+
+class WithSequences(torch.nn.Module):
+    def __init__(self, bags, sequences):
+        from torchrec.modules.embedding_modules import EmbeddingCollection
+
+        super().__init__()
+        self.ebc = EmbeddingBagCollection(tables=bags, device=META)
+        self.ec = EmbeddingCollection(tables=sequences, device=META)
+
+
+def test_sequence_tables_join_the_choice_as_sequence_lookups(agent):
+    """A small sequence table of 30 ids per sample: its all-to-all carries 30 rows per
+    sample, so with dear bytes it is cheaper replicated; it is rated unpooled."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    from torchrec_dreamshard.planner.type_choice import typed_choices
+
+    seq = [EmbeddingConfig(name="hist", embedding_dim=16, num_embeddings=200, feature_names=["h"])]
+    cons = {"hist": ParameterConstraints(pooling_factors=[30.0])}
+    topo = Topology(world_size=4, compute_device="cpu")
+    p = DreamShardPlanner(
+        topo, 512, agent=agent, debug=False, constraints=cons, collectives=models(0.0, 100.0)
+    )
+    sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+    plan = p.plan(WithSequences(tiny_and_big(2), seq), sharders)
+    assert plan.plan["ec"]["hist"].sharding_type == "data_parallel"
+    assert "ec.hist" in p.proposer.last_types.moved
+    rated = {c.table.name: c for c in typed_choices(p._best_plan, p.table_specs)}
+    assert rated["ec.hist"].pooled is False and rated["ebc.big0"].pooled is True

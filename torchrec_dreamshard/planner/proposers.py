@@ -56,7 +56,12 @@ from torchrec_dreamshard.planner.options import (
     column_wise_option,
     split_widths,
 )
-from torchrec_dreamshard.planner.type_choice import TypeChooser, TypePlan, alternatives
+from torchrec_dreamshard.planner.type_choice import (
+    TypeChooser,
+    TypePlan,
+    alternatives,
+    sequence_options,
+)
 from torchrec_dreamshard.planner.types import (
     PLACEMENT_MODES,
     device_capacity,
@@ -188,20 +193,27 @@ class DreamShardProposer(Proposer):
     ) -> tuple[list[ShardingOption], list[ShardingOption]]:
         """Move the tables the type choice takes off table-wise to TorchRec's machinery
         (their chosen option, placed with the others). Tables that fit no device whole (to
-        be split) stay with the policy."""
+        be split) stay with the policy. Sequence tables (TorchRec's to place) join the
+        choice as sequence lookups: table-wise unless another type rates better."""
         tier = memory_tier(constraint)
         capacity = device_capacity(constraint)
-        fits = [o for o in ours if option_bytes(o, tier) <= max(capacity)]
+        seq = sequence_options(self._search_space, {o.fqn for o in others})
+        fits = [o for o in ours + seq if option_bytes(o, tier) <= max(capacity)]
         alts = alternatives(self._search_space, {o.fqn for o in fits})
         if not alts or self._collectives is None:
             return ours, others
         self.type_chooser = chooser = TypeChooser(
             self._agent, self._topology, self._batch_size, self._spec, self._collectives()
         )
-        taken = sum(option_bytes(o, tier) for o in others) / len(capacity)
+        seq_fqns = {o.fqn for o in seq}
+        rest = [o for o in others if o.fqn not in seq_fqns or o.fqn not in alts]
+        taken = sum(option_bytes(o, tier) for o in rest) / len(capacity)
         self.last_types = chooser.choose(fits, alts, [c - taken for c in capacity], tier)
         moved = self.last_types.moved
-        return [o for o in ours if o.fqn not in moved], others + list(moved.values())
+        chosen = [moved.get(o.fqn, o) for o in seq if o.fqn in alts]
+        return [o for o in ours if o.fqn not in moved], rest + chosen + [
+            option for fqn, option in moved.items() if fqn not in seq_fqns
+        ]
 
     def failure(self, proposal: list[ShardingOption]) -> PlannerError | None:
         """Why ``proposal`` cannot be partitioned, if it is this proposer's failed one."""

@@ -77,6 +77,22 @@ def alternatives(
     return out
 
 
+def sequence_options(
+    search_space: Sequence[ShardingOption], fqns: set[str]
+) -> list[ShardingOption]:
+    """The table-wise fused option of every sequence (unpooled) table among ``fqns``."""
+    out: dict[str, ShardingOption] = {}
+    for o in search_space:
+        if (
+            o.fqn in fqns
+            and not o.is_pooled
+            and o.sharding_type == TW
+            and o.compute_kernel == "fused"
+        ):
+            out.setdefault(o.fqn, o)
+    return list(out.values())
+
+
 @dataclass
 class TypePlan:
     """What the type choice decided.
@@ -277,6 +293,7 @@ class _Rater:
         self.capacity = np.asarray(capacity, dtype=np.float64)
         self.tier = tier
         self.need = np.array([option_bytes(o, tier) for o in ours], dtype=np.float64)
+        self.pooled = [bool(o.is_pooled) for o in ours]  # a sequence table is not
         self.terms: dict[TableChoice, Terms] = {} if terms is None else terms
         self.count = 0
 
@@ -302,7 +319,11 @@ class _Rater:
                 kind, r = moved[o.fqn].sharding_type, ()
                 if kind == TWRW:  # hosts in turn
                     r, hosts = topo.host_ranks(hosts % topo.num_hosts), hosts + 1
-                choices.append(TableChoice(table=self.specs[i], sharding_type=kind, ranks=r))
+                choices.append(
+                    TableChoice(
+                        table=self.specs[i], sharding_type=kind, ranks=r, pooled=self.pooled[i]
+                    )
+                )
         return self.step_ms(choices)
 
     def step_ms(self, choices: list[TableChoice]) -> float:
