@@ -53,6 +53,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, load_note, machine  # noqa: E402
 
+from torchrec_dreamshard.cli.steptime import prepare_collectives  # noqa: E402
 from torchrec_dreamshard.families import zipf_reuse_hist  # noqa: E402
 from torchrec_dreamshard.measure.step_model import StepModelSpec  # noqa: E402
 from torchrec_dreamshard.tables import TableSpec  # noqa: E402
@@ -315,6 +316,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"families": {}}
     raw["settings"], raw["machine"] = settings, machine()
+    prepare_collectives()  # DreamShardPlanner's type choice reads them on rank 0
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _interrupt)  # a kill keeps the finished rounds, as Ctrl-C
     try:

@@ -129,6 +129,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def prepare_collectives() -> None:
+    """Fit (or load) this machine's gloo collective models before the ranks start, so
+    that DreamShardPlanner on rank 0 finds them cached instead of measuring them while
+    the other ranks wait."""
+    from torchrec_dreamshard.measure.collectives import load_collective_models
+
+    load_collective_models(backend="gloo")
+
+
 def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
     """Under torchrun: this rank's part (rank 0 gets the times); else spawn the ranks."""
     import torch.distributed as dist
@@ -136,6 +145,7 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
     from torchrec_dreamshard.measure.dmp_step import run_rounds, time_plans
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        prepare_collectives()
         return time_plans(spec, plans, args.world_size, config, args.round_log)
     dist.init_process_group("gloo", init_method="env://")
     try:
