@@ -24,9 +24,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from torchrec_dreamshard.demo_model import DENSE_IN, sample_kjt
+from torchrec_dreamshard.demo_model import DENSE_IN, embedding_bag_configs, feature_name, sample_kjt
 from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.torchrec_adapter import embedding_bag_configs, feature_name
 
 DENSE_WIDTH = 32  # outputs of the dense MLP
 OVER_WIDTH = 64  # hidden units of the over-arch
