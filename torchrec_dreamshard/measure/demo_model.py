@@ -17,8 +17,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.workloads import generate_batch
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.workloads import generate_batch
 
 DENSE_IN = 13  # dense features, as in Criteo
 

@@ -4,7 +4,7 @@ Every TorchRec member that is not public API is read here (and by the planner's
 enumerator, which overrides ``EmbeddingEnumerator``'s filter hooks), against the version
 below; a TorchRec upgrade starts by checking this module. The ``EmbeddingBagConfig`` of
 each table (public API, shared with the measured models) comes from
-:mod:`torchrec_dreamshard.demo_model`.
+:mod:`torchrec_dreamshard.measure.demo_model`.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_dreamshard.demo_model import embedding_bag_configs
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.demo_model import embedding_bag_configs
 
 TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
 
