@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import numpy as np
 from _common import RESULTS, machine, write  # noqa: F401 (re-exported)
 
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.tasks import Task
 
 
 def heldout_tasks(

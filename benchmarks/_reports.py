@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from _roster import METHODS
 
-from torchrec_dreamshard import families
+from torchrec_dreamshard.data import families
 
 
 def calibration_report(fams: dict, args) -> list[str]:

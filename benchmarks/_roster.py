@@ -10,9 +10,10 @@ from pathlib import Path
 
 from _agent_common import single_ms
 
-from torchrec_dreamshard import baselines, families
+from torchrec_dreamshard.data import families
+from torchrec_dreamshard.planner import baselines
 from torchrec_dreamshard.policy.safety_net import memory_aware_greedy
-from torchrec_dreamshard.split_search import plan_with_splits
+from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 HEURISTICS = list(baselines.HEURISTICS)
 METHODS = [

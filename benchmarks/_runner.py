@@ -11,7 +11,7 @@ from pathlib import Path
 
 from _agent_common import machine, measure_costs
 
-from torchrec_dreamshard.splits import shard_task
+from torchrec_dreamshard.data.splits import shard_task
 
 
 def measure_config():

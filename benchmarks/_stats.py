@@ -9,8 +9,8 @@ from _agent_common import geomean
 from _roster import HEURISTICS, METHODS
 from _runner import distinct_plans, plan_key, plan_target
 
-from torchrec_dreamshard import families
-from torchrec_dreamshard.cost_fit import kendall_tau
+from torchrec_dreamshard.cost.fit import kendall_tau
+from torchrec_dreamshard.data import families
 
 
 def task_summary(agent, fam_task, entry, calibrated: dict | None = None) -> dict:

@@ -24,11 +24,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E402
 
-from torchrec_dreamshard import baselines  # noqa: E402
-from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.cost_fit import kendall_tau, mape  # noqa: E402
+from torchrec_dreamshard.cost.fit import kendall_tau, mape  # noqa: E402
 from torchrec_dreamshard.measure import measure_in_rounds  # noqa: E402
+from torchrec_dreamshard.planner import baselines  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 

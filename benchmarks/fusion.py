@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _measure_common import machine, write  # noqa: E402
 
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool  # noqa: E402
 from torchrec_dreamshard.measure import MeasureConfig, time_fused_kernel  # noqa: E402
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool  # noqa: E402
 
 SHARDS = 12
 BATCH = 2048

@@ -1,7 +1,7 @@
 """Generalisation: placement quality and cost-model accuracy on task families the bundled
 checkpoint never saw, each family reported apart.
 
-Families (``torchrec_dreamshard.families``) differ from training along one axis each:
+Families (``torchrec_dreamshard.data.families``) differ from training along one axis each:
 access skew, bag-length variance, rows and dims beyond the training ranges, pooling past
 100, memory tightness and unequal memory, table and device counts, batch size. The
 families in ``HELDOUT_FAMILIES`` are kept out of training entirely.
@@ -64,9 +64,9 @@ from _roster import (  # noqa: E402
 from _runner import load_raw, measure_config, measure_rounds, save_raw  # noqa: E402
 from _stats import family_rows, task_summary  # noqa: E402
 
-from torchrec_dreamshard import families  # noqa: E402
-from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.data import families  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -36,9 +36,9 @@ from _agent_common import (  # noqa: E402
     write,
 )
 
-from torchrec_dreamshard import baselines  # noqa: E402
-from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.planner import baselines  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
 
 SHAPES = [
     (20, 2), (40, 4), (60, 8), (80, 2), (100, 4), (100, 8),

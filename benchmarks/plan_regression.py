@@ -44,7 +44,7 @@ CLI_SAMPLES = 4  # `dreamshard plan --num-samples` default
 def plan_mode(agent, task, mode: str, seed: int) -> dict:
     """One mode's plan of ``task``: ``placement``, ``columns`` (split tables only) and
     ``predicted_ms``; or ``error`` where the mode finds no plan."""
-    from torchrec_dreamshard.split_search import plan_with_splits
+    from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     try:
         if mode == "default":
@@ -62,8 +62,8 @@ def plan_mode(agent, task, mode: str, seed: int) -> dict:
 
 def plan_all(checkpoint: str | None = None) -> dict:
     """Every roster task's plans in every mode, with the task's shape."""
-    from torchrec_dreamshard.checkpoint import load_checkpoint
     from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     agent = load_checkpoint(checkpoint, sources=default_sources())
     tasks = []

@@ -44,7 +44,7 @@ def build(num_tables: int):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.pool import synthetic_pool
+    from torchrec_dreamshard.data.pool import synthetic_pool
 
     pool = synthetic_pool(num_tables=num_tables, seed=0)
     configs = [
@@ -79,9 +79,9 @@ def make_planner(name: str, devices: int, constraints: dict, checkpoint: str | N
 
 def load_agent(checkpoint: str | None):
     """The given checkpoint, else the bundled one, else an untrained agent (same speed)."""
-    from torchrec_dreamshard.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
     from torchrec_dreamshard.planner.candidates import default_sources
     from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.policy.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
 
     if checkpoint is None and not BUNDLED_CHECKPOINT.is_file():
         return DreamShard.untrained(seed=0, sources=default_sources())

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from _paths import RESULTS
 
-from torchrec_dreamshard.pool import (
+from torchrec_dreamshard.data.pool import (
     DLRM_BATCH_SIZE,
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
@@ -29,8 +29,8 @@ from torchrec_dreamshard.pool import (
     synthetic_pool,
     to_published_bins,
 )
-from torchrec_dreamshard.tables import TableSpec, reuse_bin
-from torchrec_dreamshard.workloads import generate_batch
+from torchrec_dreamshard.data.tables import TableSpec, reuse_bin
+from torchrec_dreamshard.data.workloads import generate_batch
 
 BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 15)] + ["beyond 16384"]
 

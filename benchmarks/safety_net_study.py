@@ -47,9 +47,10 @@ from _agent_common import RESULTS, geomean, machine, write  # noqa: E402
 from _roster import HEURISTICS, roster  # noqa: E402
 from _runner import load_raw, measure_config, measure_rounds, plan_key, save_raw  # noqa: E402
 
-from torchrec_dreamshard import baselines, families  # noqa: E402
-from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.data import families  # noqa: E402
+from torchrec_dreamshard.planner import baselines  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
 from torchrec_dreamshard.policy.safety_net import (  # noqa: E402
     REFINE_STEPS,
     REFINE_TOP,

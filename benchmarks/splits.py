@@ -10,7 +10,7 @@ Each task is planned by:
 
 - **whole**: ``agent.place`` with the agent's default mode (whole tables only; may find no
   plan when memory is tight);
-- **split**: :func:`torchrec_dreamshard.split_search.plan_with_splits` with the same mode
+- **split**: :func:`torchrec_dreamshard.policy.split_search.plan_with_splits` with the same mode
   (splits a table when it fits no device, when whole tables cannot be packed, or when the
   cost network predicts a faster plan);
 - **forced** (tight tasks only): the table that takes the most memory cut in two and the
@@ -50,12 +50,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, write  # noqa: E402
 
-from torchrec_dreamshard import baselines, families  # noqa: E402
-from torchrec_dreamshard.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.data import families  # noqa: E402
+from torchrec_dreamshard.data.sampler import make_task  # noqa: E402
+from torchrec_dreamshard.data.splits import plan_entries  # noqa: E402
+from torchrec_dreamshard.planner import baselines  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.sampler import make_task  # noqa: E402
-from torchrec_dreamshard.split_search import plan_with_splits  # noqa: E402
-from torchrec_dreamshard.splits import plan_entries  # noqa: E402
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.policy.split_search import plan_with_splits  # noqa: E402
 
 TIGHT = 1.05  # the memory factor every tight task is also planned at
 PLANS = ("whole", "split", "forced")  # forced: tight tasks only (forced_split)
@@ -79,7 +80,7 @@ def oversized(tasks: list[tuple[str, object]]) -> list[tuple[str, object]]:
     """The tasks above again at exactly 1.05x the bytes / D, where that leaves a table
     bigger than every device (the sampler's rule gives a device room for the largest table,
     so these tasks have no table-wise plan at all): ``family/oversized 1.05x/k``."""
-    from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.data.tasks import Task
 
     out, seen = [], set()
     for label, task in tasks:
@@ -103,7 +104,7 @@ def shard_overhead(task, config, top: int = 3) -> dict:
     """Every table of ``task`` measured alone (fwd + bwd): the costliest one's time and a
     device's even share of their sum, and for the ``top`` costliest tables that TorchRec's
     rule lets be halved, the whole table's time and one half shard's."""
-    from torchrec_dreamshard.splits import column_shards, split_counts
+    from torchrec_dreamshard.data.splits import column_shards, split_counts
 
     def cost(spec) -> float:
         return single_ms(spec, task.batch_size, config)
@@ -128,7 +129,7 @@ def shard_overhead(task, config, top: int = 3) -> dict:
 def forced_split(agent, task) -> dict | None:
     """The plan with the table taking the most memory cut in two (``None`` if none can
     be, or the policy finds no placement): does loosening the packing pay?"""
-    from torchrec_dreamshard.splits import shard_task, split_counts
+    from torchrec_dreamshard.data.splits import shard_task, split_counts
 
     for spec in sorted(task.tables, key=lambda t: -t.size_bytes):
         if 2 in split_counts(spec, task.num_devices):
@@ -181,7 +182,7 @@ def _heuristic_misses(entry: dict, task) -> dict:
 
 
 def task_of_plan(task, plan: dict):
-    from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.data.tasks import Task
 
     return task if plan["task"] is None else Task.from_dict(plan["task"], allow_oversized=True)
 
@@ -229,7 +230,7 @@ def measure_rounds(tasks, raw, config, rounds: int, path: Path) -> None:
 def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
     """Seconds of ``plan_with_splits`` on ``tables`` DLRM-shaped pool tables (CPU scale) on
     ``devices`` devices at 1.2x memory (one run, as ``benchmarks/planning_time.py`` does)."""
-    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 
     pool = synthetic_pool(num_tables=tables, scale=CPU_POOL_SCALE, seed=0)
     task = make_task(pool, devices, 2048, 1.2)

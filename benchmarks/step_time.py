@@ -19,7 +19,7 @@ intervals (order statistics, :mod:`torchrec_dreamshard.measure.step_stats`), and
 sharding types each plan used. A difference is called only when its interval excludes 1.
 
 Families (per-rank batch 512 by default; ids drawn to each table's pooling factor and
-Zipf-skewed reuse by :mod:`torchrec_dreamshard.workloads`):
+Zipf-skewed reuse by :mod:`torchrec_dreamshard.data.workloads`):
 
 - **tiny**: 100 small tables (20-2000 rows, dims 8-16, 1-4 ids per sample);
 - **huge_hot**: 3 big tables (1M, 600k, 400k rows, dim 64, 20-50 ids, Zipf 1.0-1.2) and 4
@@ -54,9 +54,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, load_note, machine  # noqa: E402
 
 from torchrec_dreamshard.cli.steptime import prepare_collectives  # noqa: E402
-from torchrec_dreamshard.families import zipf_reuse_hist  # noqa: E402
+from torchrec_dreamshard.data.families import zipf_reuse_hist  # noqa: E402
+from torchrec_dreamshard.data.tables import TableSpec  # noqa: E402
 from torchrec_dreamshard.measure.step_model import StepModelSpec  # noqa: E402
-from torchrec_dreamshard.tables import TableSpec  # noqa: E402
 
 PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw")
 RATIOS = (

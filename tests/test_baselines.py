@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_dreamshard import baselines
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.planner import baselines
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from torchrec_dreamshard import baselines, families
-from torchrec_dreamshard.checkpoint import load_checkpoint
-from torchrec_dreamshard.split_search import plan_with_splits
+from torchrec_dreamshard.data import families
+from torchrec_dreamshard.planner import baselines
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 MARGIN = 0.03  # the default plan's predicted step over the best heuristic's, at most 1.03x
 POLICY_MARGIN = 0.10  # the policy's greedy roll-out alone, without the safety net

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from torchrec_dreamshard import calibration as cal
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure import MeasureConfig
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
 
 FAST = MeasureConfig(rounds=1, iters=2, warmup=1)
 
@@ -135,7 +135,7 @@ def test_fine_tune_learns_a_faster_machine_from_few_kernels():
     the prior's error from 40% to a few percent, on kernels it did not see too."""
     import numpy as np
 
-    from torchrec_dreamshard.cost_fit import predict_samples, sample_from_measurement
+    from torchrec_dreamshard.cost.fit import predict_samples, sample_from_measurement
 
     agent = DreamShard.untrained(seed=0)
     rng = np.random.default_rng(0)
@@ -248,7 +248,7 @@ def test_plan_task_calibrates_then_verifies():
 
 @pytest.fixture()
 def files(tmp_path):
-    from torchrec_dreamshard.checkpoint import save_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
     tiny_task(6, 2).save(tmp_path / "task.json")
     save_checkpoint(DreamShard.untrained(seed=0), tmp_path / "agent.pt")
@@ -272,7 +272,7 @@ def test_cli_plan_calibrate_verify_then_reuse(files, capsys, monkeypatch, run_cl
 
 
 def test_cli_calibrate_exports_a_checkpoint(files, capsys, run_cli):
-    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     store = files / "costs.sqlite"
     export = files / "mine.pt"
@@ -297,8 +297,8 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import Topology
 
+    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -333,7 +333,7 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
 def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.spawn import free_port
+    from torchrec_dreamshard.measure.spawn import free_port
 
     store = tmp_path / ("missing" if fail else "") / "calibration.sqlite"
     start = time.monotonic()

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchrec_dreamshard.checkpoint import (
+from torchrec_dreamshard.data.families import TRAIN_FAMILIES
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy.checkpoint import (
     BUNDLED_CHECKPOINT,
     load_checkpoint,
     read_payload,
     save_checkpoint,
 )
-from torchrec_dreamshard.families import TRAIN_FAMILIES
-from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler
 
 
 @pytest.fixture(scope="module")

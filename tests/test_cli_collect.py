@@ -13,10 +13,10 @@ import time
 import pytest
 
 from torchrec_dreamshard.cli import main
+from torchrec_dreamshard.data.sampler import make_task
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure import CostStore
 from torchrec_dreamshard.report import device_table
-from torchrec_dreamshard.sampler import make_task
-from torchrec_dreamshard.tables import TableSpec
 
 FAST = ["--warmup", "1", "--iters", "2", "--rounds", "1"]
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from torchrec_dreamshard.checkpoint import save_checkpoint
 from torchrec_dreamshard.cli import main
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
 
 @pytest.mark.slow

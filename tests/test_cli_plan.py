@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from torchrec_dreamshard.checkpoint import save_checkpoint
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
 
 @pytest.fixture()
@@ -62,7 +62,7 @@ def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):
 
 
 def test_plan_search_mode(files, monkeypatch, run_cli):
-    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     calls = []
     place = DreamShard.place

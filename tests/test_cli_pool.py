@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from torchrec_dreamshard.cli import main
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.tasks import Task
 
 
 def test_pool_summary_describes_the_pool(capsys):

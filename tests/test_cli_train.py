@@ -47,7 +47,7 @@ def test_train_then_resume(tmp_path, capsys):
     assert main(["train", "--out-dir", str(out), "-n", "2", *TINY]) == 0
     assert _iterations(out) == [1, 2]
     assert (out / "curves.png").exists() and (out / "checkpoint_it002.pt").exists()
-    from torchrec_dreamshard.checkpoint import load_checkpoint, read_payload
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint, read_payload
 
     agent = load_checkpoint(out / "checkpoint.pt")
     assert agent.meta["trained"] and agent.meta["workload"]["optimizer"] == "rowwise_adagrad"

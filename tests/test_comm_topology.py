@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_dreamshard.comm_topology import (
+from torchrec_dreamshard.cost.comm_topology import (
     INTER_HOST_BW,
     INTRA_HOST_BW,
     CommTopology,

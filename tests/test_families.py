@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_dreamshard import families as F
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.workloads import generate_batch
+from torchrec_dreamshard.data import families as F
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.workloads import generate_batch
 
 
 def test_draws_are_deterministic_and_splits_differ():

@@ -14,10 +14,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from torchrec_dreamshard.checkpoint import load_checkpoint, read_payload, save_checkpoint
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.io import loads_strict
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint, read_payload, save_checkpoint
 
 # Words at least one of which names the culprit in every message.
 FIELDS = ("task", "table", "num_devices", "memory_bytes", "batch_size", "tables", "name")

@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from torchrec_dreamshard.data.sampler import make_task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure import (
     MeasureConfig,
     measure_placement,
@@ -17,9 +20,6 @@ from torchrec_dreamshard.measure import (
 )
 from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure import kernels as kernels_mod
-from torchrec_dreamshard.sampler import make_task
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement
 
 FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
 pytestmark = pytest.mark.usefixtures("comm_model")  # a known all-to-all model, privately
@@ -199,8 +199,8 @@ def test_distributed_entry_point_under_torchrun(tmp_path):
     import sys
     from pathlib import Path
 
+    from torchrec_dreamshard.data.tasks import placement_to_dict
     from torchrec_dreamshard.measure import CostStore
-    from torchrec_dreamshard.tasks import placement_to_dict
 
     task = small_task(num_devices=2, memory_factor=3.0)
     placement = [0, 1, 0, 1, 0, 1]

@@ -24,11 +24,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
-from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.torchrec_adapter import (
+from torchrec_dreamshard.planner.torchrec_adapter import (
     planner_best_plan,
     planner_reserved_topology,
 )
+from torchrec_dreamshard.policy import DreamShard
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
@@ -231,9 +231,9 @@ def test_reuse_statistics_from_sample_batches(agent):
 def test_demo_model_planned_from_its_sample_batches(agent):
     """The demo's model and batches: every table placed, its pooling factor from the
     constraints and its reuse histogram measured from the KJT batches."""
-    from torchrec_dreamshard.demo_model import DemoDLRM, sample_kjt
-    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.torchrec_adapter import table_wise_constraints
+    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
     batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]
@@ -268,7 +268,7 @@ def test_bad_arguments_are_rejected(agent):
 
 
 def test_checkpoint_path_is_loaded(tmp_path):
-    from torchrec_dreamshard.checkpoint import save_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
     path = tmp_path / "agent.pt"
     save_checkpoint(DreamShard.untrained(seed=1), path)
@@ -311,8 +311,8 @@ class _ScriptedAgent:
 def _proposer_with(monkeypatch, agent, need: int):
     from types import SimpleNamespace
 
+    from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.planner import proposers
-    from torchrec_dreamshard.tables import TableSpec
 
     specs = {
         f"t{i}": TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(4)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 
 NUM_TABLES = 6
 DIM = 8
@@ -203,8 +203,8 @@ def failing_worker(rank: int, world: int, port: int, out_dir: str, checkpoint: s
 def test_a_failure_on_one_rank_reaches_every_rank(tmp_path):
     import time
 
-    from torchrec_dreamshard.checkpoint import save_checkpoint
     from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
     checkpoint = str(tmp_path / "agent.pt")
     save_checkpoint(DreamShard.untrained(seed=0), checkpoint)

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler, make_task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement, device_bytes
 from torchrec_dreamshard.policy import DreamShard, PlacementError
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler, make_task
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement, device_bytes
 from torchrec_dreamshard.threads import single_thread
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from torchrec_dreamshard.calibration import CalibratingAgent
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, random_placement
 from torchrec_dreamshard.policy import (
     CandidateSource,
     DreamShard,
@@ -20,8 +22,6 @@ from torchrec_dreamshard.policy import (
     NoPlanError,
     PlacementAgent,
 )
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, random_placement
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,7 +173,7 @@ def test_bad_sources_are_refused_with_their_names():
 
 
 def test_the_split_search_passes_sources_on():
-    from torchrec_dreamshard.split_search import plan_with_splits
+    from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     task, shy = _task(8, 2), _Declining()
     plan_with_splits(DreamShard.untrained(seed=0), task, sources=[shy])
@@ -185,8 +185,8 @@ def test_the_split_search_passes_sources_on():
 _PROBE = """
 import json, sys
 from torchrec_dreamshard.policy import DreamShard, FixedPlan
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 tables = [TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=16, pooling_factor=2.0)
           for i in range(6)]
 task = Task(tables=tables, num_devices=2, memory_bytes=10**8, batch_size=256)
@@ -203,21 +203,16 @@ def test_the_policy_imports_nothing_of_torchrecs_planner():
         [sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, check=True
     )
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
-    banned = (
-        "torchrec.distributed.planner",
-        "torchrec_dreamshard.torchrec_adapter",
-        "torchrec_dreamshard.baselines",
-        "torchrec_dreamshard.planner",
-    )
+    banned = ("torchrec.distributed.planner", "torchrec_dreamshard.planner")
     assert not [m for m in loaded if m.startswith(banned)]
-    assert "torchrec_dreamshard.heuristics" in loaded
+    assert "torchrec_dreamshard.policy.heuristics" in loaded
 
 
 # -- the planner side's TorchRec source ---------------------------------------------------
 
 
 def test_torchrecs_candidate_is_the_baselines_torchrec_ours():
-    from torchrec_dreamshard import baselines
+    from torchrec_dreamshard.planner import baselines
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
 
     task = _task(8, 2)
@@ -230,7 +225,7 @@ def test_torchrecs_candidate_is_the_baselines_torchrec_ours():
 
 
 def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypatch):
-    from torchrec_dreamshard import baselines
+    from torchrec_dreamshard.planner import baselines
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate
     from torchrec_dreamshard.policy import is_large
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from torchrec_dreamshard.data.sampler import make_task
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure import measure_in_rounds, measure_plans, round_order
 from torchrec_dreamshard.measure import placement as placement_mod
 from torchrec_dreamshard.measure.types import PlacementMeasurement
-from torchrec_dreamshard.sampler import make_task
-from torchrec_dreamshard.tables import TableSpec
 
 
 def recorder():

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard import cost_model as M
-from torchrec_dreamshard.heuristics import NoPlanError, greedy_by_costs
+from torchrec_dreamshard.cost import network as M
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy import safety_net as S
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement
+from torchrec_dreamshard.policy.heuristics import NoPlanError, greedy_by_costs
 
 
 def _scorer(task: Task, penalty: float = 1.0, seed: int = 0) -> S.Scorer:

@@ -10,12 +10,12 @@ import math
 
 import pytest
 
-from torchrec_dreamshard.comm_topology import CommTopology
+from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.plans import cost_network_kernel, plan_cost, table_cost
+from torchrec_dreamshard.cost.sharding import CostContext, TableChoice, routed_share
+from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
-from torchrec_dreamshard.plan_costs import cost_network_kernel, plan_cost, table_cost
-from torchrec_dreamshard.sharding_costs import CostContext, TableChoice, routed_share
-from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec
 
 # Close to what gloo on 4 ranks of this 2-core machine gave (ms, ms per peer, ms per MB).
 GLOO_LIKE = {

@@ -7,17 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.split_search import plan_with_splits
-from torchrec_dreamshard.splits import (
+from torchrec_dreamshard.data.splits import (
     column_shards,
     plan_entries,
     plan_from_entries,
     shard_task,
     split_counts,
 )
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, device_bytes
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, device_bytes
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 
 def _table(name: str, rows: int = 1000, dim: int = 64, pf: float = 3.0) -> TableSpec:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from torchrec_dreamshard.cli.steptime import NamedPlanner, report_lines, table_wise_only
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.dmp_step import (
     StepTimerConfig,
     StepTimerError,
@@ -28,7 +29,6 @@ from torchrec_dreamshard.measure.step_stats import (
     ratio_interval,
     verdict,
 )
-from torchrec_dreamshard.tables import TableSpec
 
 
 def tiny_spec() -> StepModelSpec:

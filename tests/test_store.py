@@ -7,6 +7,8 @@ import math
 
 import pytest
 
+from torchrec_dreamshard.data.sampler import make_task
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure import (
     CostStore,
     DeviceCost,
@@ -14,8 +16,6 @@ from torchrec_dreamshard.measure import (
     PlacementMeasurement,
     hardware_fingerprint,
 )
-from torchrec_dreamshard.sampler import make_task
-from torchrec_dreamshard.tables import TableSpec
 
 
 def task():

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.tables import (
+from torchrec_dreamshard.data.tables import (
     FEATURE_DIM,
     NUM_REUSE_BINS,
     TableSpec,

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard import pool as pool_module
-from torchrec_dreamshard.datasets import load_dlrm_dataset
-from torchrec_dreamshard.pool import (
+from torchrec_dreamshard.data import pool as pool_module
+from torchrec_dreamshard.data.datasets import load_dlrm_dataset
+from torchrec_dreamshard.data.pool import (
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
     access_share_to_row_hist,
@@ -17,9 +17,9 @@ from torchrec_dreamshard.pool import (
     synthetic_pool,
     to_published_bins,
 )
-from torchrec_dreamshard.sampler import TaskSampler
-from torchrec_dreamshard.tables import BIN_MID, TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement, placement_from_dict
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.tables import BIN_MID, TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement, placement_from_dict
 
 
 def tables(n=4, rows=1000, dim=16):

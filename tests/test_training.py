@@ -7,11 +7,11 @@ import csv
 import pytest
 import torch
 
-from torchrec_dreamshard.cost_fit import CostSample
-from torchrec_dreamshard.cost_model import context_values
+from torchrec_dreamshard.cost.fit import CostSample
+from torchrec_dreamshard.cost.network import context_values
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler
 from torchrec_dreamshard.training import (
     TrainConfig,
     split_holdout,
@@ -70,7 +70,7 @@ def test_config_errors():
 def test_training_agents_weigh_the_planner_sides_candidates(tmp_path):
     """The safe-mode placements training measures weigh TorchRec's plan, as every
     safe-mode plan does (fresh and resumed agents alike)."""
-    from torchrec_dreamshard.checkpoint import save_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
     from torchrec_dreamshard.training.loop import CHECKPOINT_NAME, new_agent, resume_agent
 
     cfg = TrainConfig(out_dir=str(tmp_path), progress=False)

@@ -30,7 +30,7 @@ def _quiet():
 
 @pytest.fixture(scope="module")
 def agent() -> DreamShard:
-    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     return load_checkpoint(None)  # the bundled cost network: kernels priced as trained
 

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.pool import synthetic_pool
-from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, access_stats
-from torchrec_dreamshard.workloads import (
+from torchrec_dreamshard.data.pool import synthetic_pool
+from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, access_stats
+from torchrec_dreamshard.data.workloads import (
     HIST_L1_TOLERANCE,
     POOLING_TOLERANCE,
     generate_batch,

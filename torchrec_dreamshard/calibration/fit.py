@@ -23,7 +23,7 @@ from torchrec_dreamshard.calibration.kernels import (
     measure_kernels,
 )
 from torchrec_dreamshard.calibration.store import default_store_path, job_prefix, kernel_job
-from torchrec_dreamshard.cost_fit import (
+from torchrec_dreamshard.cost.fit import (
     CostSample,
     bootstrap_weights,
     log_targets,
@@ -31,10 +31,10 @@ from torchrec_dreamshard.cost_fit import (
     predict_samples,
     weighted_log_loss,
 )
-from torchrec_dreamshard.cost_model import EPS_MS, CostNet
+from torchrec_dreamshard.cost.network import EPS_MS, CostNet
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_fit import CostSample, sample_from_measurement
+from torchrec_dreamshard.cost.fit import CostSample, sample_from_measurement
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

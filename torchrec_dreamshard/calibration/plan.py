@@ -14,8 +14,8 @@ import numpy as np
 
 from torchrec_dreamshard.calibration.fit import CalibrationConfig, CalibrationResult, calibrate
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import (

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
-from torchrec_dreamshard.tables import TableSpec
 
 STORE_ENV = "DREAMSHARD_CALIBRATION_STORE"  # overrides the default store path
 JOB_ROOT = "calib"

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
@@ -85,7 +85,7 @@ def verify_candidates(
     """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
     safety-net report (run ``agent.place`` first) and every heuristic's plan, named, with
     their predictions."""
-    from torchrec_dreamshard import baselines
+    from torchrec_dreamshard.planner import baselines
 
     report = agent.last_report
     named: dict[tuple[int, ...], str] = {}

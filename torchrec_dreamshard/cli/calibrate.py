@@ -34,10 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
-    from torchrec_dreamshard.checkpoint import load_checkpoint, save_checkpoint
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import check_writable
     from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint, save_checkpoint
 
     config = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
     if args.export:

@@ -41,10 +41,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tasks(args: argparse.Namespace, count: int) -> list:
+    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import read_json
-    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.sampler import TaskSampler
-    from torchrec_dreamshard.tasks import Task
 
     if args.task_file:
         data = read_json(args.task_file, "task file")
@@ -68,10 +68,10 @@ def _placement(args: argparse.Namespace, task, job: int) -> list[int]:
 
         return random_placement(task, [args.seed, job])
     try:
-        from torchrec_dreamshard import baselines
+        from torchrec_dreamshard.planner import baselines
     except ImportError:
         raise ValueError(
-            f"--placer {args.placer!r} needs torchrec_dreamshard.baselines, which is not "
+            f"--placer {args.placer!r} needs torchrec_dreamshard.planner.baselines, which is not "
             "installed yet; use --placer random"
         ) from None
     return list(baselines.place(args.placer, task, seed=job))

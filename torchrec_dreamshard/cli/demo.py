@@ -13,7 +13,7 @@
 5. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
    CPU, planned by ``DreamShardPlanner.collective_plan``.
 
-The model and its batches are in :mod:`torchrec_dreamshard.demo_model`.
+The model and its batches are in :mod:`torchrec_dreamshard.measure.demo_model`.
 """
 
 from __future__ import annotations
@@ -98,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
     """Tables from the synthetic pool's test split (CPU scale)."""
-    from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.sampler import TaskSampler
+    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.sampler import TaskSampler
 
     pool = synthetic_pool(scale=CPU_POOL_SCALE, seed=seed)
     return TaskSampler(pool, seed=seed).sample("test", num_tables, num_devices, batch_size)
@@ -117,10 +117,10 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import Topology
 
-    from torchrec_dreamshard.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.tasks import Task
-    from torchrec_dreamshard.torchrec_adapter import (
+    from torchrec_dreamshard.planner.torchrec_adapter import (
         planner_reserved_topology,
         table_wise_constraints,
     )
@@ -234,9 +234,9 @@ def calibrate_demo(mtask, ours: dict, theirs: dict, args: argparse.Namespace) ->
     """Calibrate on the model's tables, plan again with the calibrated agent, measure that
     plan, and print predicted (before, after) vs measured step costs of all three plans."""
     from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
-    from torchrec_dreamshard.checkpoint import load_checkpoint
     from torchrec_dreamshard.measure import measure_placement
     from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     print(f"\n== calibrating on this machine ({args.calibrate_budget:g} s budget) ==", flush=True)
     prior = load_checkpoint(args.checkpoint, sources=default_sources())
@@ -273,7 +273,7 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
     """Train ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks; rank 0's report."""
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.spawn import free_port
+    from torchrec_dreamshard.measure.spawn import free_port
 
     world = args.train_ranks
     print(f"\n== training {args.train_steps} steps under DistributedModelParallel ==")
@@ -293,7 +293,7 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
 def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     import torch
 
-    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
+    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -313,10 +313,10 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
     from torchrec.distributed.planner.types import Topology
     from torchrec.optim import RowWiseAdagrad
 
-    from torchrec_dreamshard.demo_model import DENSE_IN, DemoDLRM, sample_kjt
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.measure.demo_model import DENSE_IN, DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.tasks import Task
-    from torchrec_dreamshard.torchrec_adapter import table_wise_constraints
+    from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 
     task = Task.from_dict(task_dict)
     model = DemoDLRM(task.tables, torch.device("meta"))

@@ -46,9 +46,9 @@ def load_plan(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchrec_dreamshard.data.splits import plan_from_entries
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure import CostStore, measure_placement
-    from torchrec_dreamshard.splits import plan_from_entries
-    from torchrec_dreamshard.tasks import Task
 
     config = config_from_args(args)
     task = Task.load(args.task, allow_oversized=True)
@@ -76,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_table(task, placement, m) -> None:
+    from torchrec_dreamshard.data.tasks import device_tables
     from torchrec_dreamshard.report import device_table
-    from torchrec_dreamshard.tasks import device_tables
 
     if not m.ok:
         return

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.calibration import VerifyResult
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.policy import PlacementAgent
-    from torchrec_dreamshard.tasks import Task
 
 EXAMPLES = """examples:
   dreamshard plan task.json
@@ -90,10 +90,10 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import check_writable
     from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.tasks import Task
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     if args.num_samples < 0:
         raise ValueError(f"--num-samples must be >= 0, got {args.num_samples}")
@@ -170,7 +170,7 @@ def show_plan(args: argparse.Namespace, plan: dict[str, Any], report: Any, outco
 def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str, Any]:
     """The PLAN.json contents: placement by table name, predicted step cost (ms) and
     each device's tables, bytes and predicted forward/backward/communication ms."""
-    from torchrec_dreamshard.tasks import device_bytes, device_tables, placement_to_dict
+    from torchrec_dreamshard.data.tasks import device_bytes, device_tables, placement_to_dict
 
     check_finite_prediction(task, placement, prediction)
     used = device_bytes(task, placement)
@@ -217,11 +217,11 @@ def split_plan_dict(
     agent: PlacementAgent, task: Task, mode: str | None, num_samples: int, seed: int
 ) -> dict[str, Any]:
     """The PLAN.json contents of a plan that may split tables column-wise
-    (:func:`torchrec_dreamshard.split_search.plan_with_splits`): whole tables in ``placement``,
-    split ones in ``shards`` (only when some table is split); ``per_device`` lists shards
-    by their names (``t0@0:64``)."""
-    from torchrec_dreamshard.split_search import plan_with_splits
-    from torchrec_dreamshard.splits import plan_entries
+    (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`): whole tables in
+    ``placement``, split ones in ``shards`` (only when some table is split); ``per_device``
+    lists shards by their names (``t0@0:64``)."""
+    from torchrec_dreamshard.data.splits import plan_entries
+    from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     found = plan_with_splits(agent, task, mode=mode, num_samples=num_samples, seed=seed)
     shards_task = found.sharded.shards
@@ -240,8 +240,8 @@ def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any
         ValueError: the device(s) whose predicted times are not finite and their tables
             (those whose own features are not finite first).
     """
-    from torchrec_dreamshard.tables import table_features
-    from torchrec_dreamshard.tasks import device_tables
+    from torchrec_dreamshard.data.tables import table_features
+    from torchrec_dreamshard.data.tasks import device_tables
 
     figures = [prediction.step_ms, *prediction.fwd_ms, *prediction.bwd_ms, *prediction.comm_ms]
     if all(math.isfinite(float(x)) for x in figures):

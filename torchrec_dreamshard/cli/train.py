@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
-    from torchrec_dreamshard.checkpoint import read_payload
     from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict
+    from torchrec_dreamshard.policy.checkpoint import read_payload
     from torchrec_dreamshard.training import CHECKPOINT_NAME, TrainConfig, train
 
     export = getattr(args, "export", None)

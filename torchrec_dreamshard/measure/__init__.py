@@ -9,6 +9,7 @@
 * :class:`CostStore` appends every measurement to SQLite and reads training examples back.
 """
 
+from torchrec_dreamshard.data.tasks import random_placement
 from torchrec_dreamshard.measure.comm import CommModel, calibrate_comm_model, load_comm_model
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
@@ -17,7 +18,6 @@ from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement
 from torchrec_dreamshard.measure.rounds import measure_in_rounds, measure_plans, round_order
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
-from torchrec_dreamshard.tasks import random_placement
 
 __all__ = [
     "BACKENDS",

@@ -44,7 +44,7 @@ from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.spawn import free_port, local_process_group
+from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions

@@ -33,7 +33,7 @@ import torch
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.spawn import free_port, local_process_group
+from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 
 _CALIBRATION_BATCHES = (512, 2048, 8192)
 _CALIBRATION_REPEATS = 5

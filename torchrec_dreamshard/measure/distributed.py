@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import time_all_to_all
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.kernels import (
@@ -40,10 +41,9 @@ from torchrec_dreamshard.measure.kernels import (
     reference_numel,
     state_numel,
 )
+from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
-from torchrec_dreamshard.spawn import free_port, local_process_group
-from torchrec_dreamshard.tasks import Task, device_tables
 from torchrec_dreamshard.threads import single_thread
 
 _RESULT_TIMEOUT_S = 1800.0
@@ -286,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun ... -m torchrec_dreamshard.measure.distributed TASK.json PLAN.json``."""
     import torch.distributed as dist
 
-    from torchrec_dreamshard.tasks import placement_from_dict
+    from torchrec_dreamshard.data.tasks import placement_from_dict
 
     p = argparse.ArgumentParser(prog="torchrec_dreamshard.measure.distributed")
     p.add_argument("task")

@@ -13,7 +13,7 @@ favours one plan.
 
 Embeddings train with TorchRec's fused row-wise Adagrad (``RowWiseAdagrad`` applied in
 the backward, fused into the FBGEMM kernel where the plan uses one), the dense part with
-Adagrad. Batches are drawn before timing from :mod:`torchrec_dreamshard.workloads` (each
+Adagrad. Batches are drawn before timing from :mod:`torchrec_dreamshard.data.workloads` (each
 table's pooling factor and reuse) and cycled. Every rank uses one thread.
 
 :func:`time_plans` spawns the ranks on this machine; :func:`run_rounds` is the body every
@@ -305,7 +305,7 @@ def run_rounds(
 
 
 def _spawned_rank(rank: int, world: int, port: int, job: tuple) -> None:
-    from torchrec_dreamshard.spawn import exit_spawned_rank, local_process_group
+    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
 
     spec, plans, config, round_log, out = job
     warnings.filterwarnings("ignore")
@@ -347,7 +347,7 @@ def time_plans(
     """
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.spawn import free_port
+    from torchrec_dreamshard.measure.spawn import free_port
 
     config = config or StepTimerConfig()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.workloads import fuse_batches, generate_batch
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.tables import TableSpec
 from torchrec_dreamshard.threads import single_thread
-from torchrec_dreamshard.workloads import fuse_batches, generate_batch
 
 # The fixed reference kernel timed beside every measurement (rows, dim, pooling factor).
 REFERENCE_TABLES: tuple[TableSpec, ...] = tuple(

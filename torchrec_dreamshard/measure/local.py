@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import CommModel, load_comm_model
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.kernels import (
@@ -23,8 +25,6 @@ from torchrec_dreamshard.measure.kernels import (
 )
 from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, device_tables
 from torchrec_dreamshard.threads import single_thread
 
 

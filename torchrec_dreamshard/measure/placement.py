@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.types import PlacementMeasurement
-from torchrec_dreamshard.tasks import Task, check_placement
 
 BACKENDS = ("local", "distributed")
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
 
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.types import PlacementMeasurement
-from torchrec_dreamshard.tasks import Task
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")

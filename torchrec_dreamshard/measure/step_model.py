@@ -6,7 +6,7 @@ embedding per id) each summed over its sample's ids; all concatenated into an ov
 MLP with one logit, trained on binary cross-entropy. Its ``forward`` takes a
 :class:`StepBatch` and returns ``(loss, logits)``, as ``TrainPipelineSparseDist`` expects.
 
-A table's ids come from :func:`torchrec_dreamshard.workloads.generate_batch`, so each batch
+A table's ids come from :func:`torchrec_dreamshard.data.workloads.generate_batch`, so each batch
 has the table's pooling factor (for a sequence table: its mean sequence length) and reuse.
 """
 
@@ -24,9 +24,13 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
-from torchrec_dreamshard.demo_model import DENSE_IN, sample_kjt
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.torchrec_adapter import embedding_bag_configs, feature_name
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.demo_model import (
+    DENSE_IN,
+    embedding_bag_configs,
+    feature_name,
+    sample_kjt,
+)
 
 DENSE_WIDTH = 32  # outputs of the dense MLP
 OVER_WIDTH = 64  # hidden units of the over-arch
@@ -112,8 +116,8 @@ def spec_from_configs(
     """A :class:`StepModelSpec` from TorchRec configs: ``EmbeddingBagConfig``s (bags) and
     ``EmbeddingConfig``s (sequences), each table's pooling factor from its constraints'
     ``pooling_factors`` (1.0 without), uniform reuse. For measured pooling and reuse, build
-    the specs with :func:`torchrec_dreamshard.table_stats.specs_from_kjt_batches`."""
-    from torchrec_dreamshard.table_stats import spec_from_config
+    the specs with :func:`torchrec_dreamshard.data.table_stats.specs_from_kjt_batches`."""
+    from torchrec_dreamshard.data.table_stats import spec_from_config
 
     def specs(configs: Sequence[Any]) -> tuple[TableSpec, ...]:
         return tuple(spec_from_config(c, (constraints or {}).get(c.name)) for c in configs)

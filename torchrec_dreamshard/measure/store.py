@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
 from torchrec_dreamshard.measure.store_lock import collector_lock
 from torchrec_dreamshard.measure.summary import reference_scales
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, device_tables
 
 __all__ = [
     "CostStore",

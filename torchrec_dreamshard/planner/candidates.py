@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchrec_dreamshard import baselines
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.planner import baselines
 from torchrec_dreamshard.policy import CandidateSource, is_large
-from torchrec_dreamshard.tasks import Task
 
 TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
 
@@ -22,7 +22,7 @@ TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
 class TorchRecCandidate:
     """TorchRec's ``EmbeddingShardingPlanner`` (table-wise fused sharding) with our memory
     accounting, so that it finds a plan whenever whole tables fit: the baselines'
-    ``torchrec_ours`` (:func:`torchrec_dreamshard.baselines.torchrec_placement`).
+    ``torchrec_ours`` (:func:`torchrec_dreamshard.planner.baselines.torchrec_placement`).
 
     It declines tasks the safe mode plans in its bounded way
     (:func:`~torchrec_dreamshard.policy.is_large`): TorchRec's planner would take longer

@@ -20,7 +20,7 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.utils import get_device_type
 
-from torchrec_dreamshard.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -41,7 +41,7 @@ def default_topology() -> Topology:
 
 def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
     """The agent in ``checkpoint`` (``None``: the one bundled with the package)."""
-    from torchrec_dreamshard.checkpoint import load_checkpoint
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     return load_checkpoint(checkpoint)
 

@@ -55,7 +55,14 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.data.splits import column_shards, split_counts
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
+from torchrec_dreamshard.planner.torchrec_adapter import (
+    enumerate_without_stored_copy,
+    reserved_topology,
+)
 from torchrec_dreamshard.planner.type_choice import ALTERNATIVE_KERNELS
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
@@ -70,10 +77,6 @@ from torchrec_dreamshard.planner.types import (
 )
 from torchrec_dreamshard.policy.agent import LARGE_TASK
 from torchrec_dreamshard.policy.protocol import PlacementAgent
-from torchrec_dreamshard.splits import column_shards, split_counts
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
-from torchrec_dreamshard.torchrec_adapter import enumerate_without_stored_copy, reserved_topology
 
 logger: logging.Logger = logging.getLogger(__name__)
 

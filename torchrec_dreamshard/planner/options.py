@@ -22,6 +22,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ShardingPlan
 
+from torchrec_dreamshard.data.splits import split_counts
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -33,8 +35,6 @@ from torchrec_dreamshard.planner.types import (
     option_bytes,
     storage_bytes,
 )
-from torchrec_dreamshard.splits import split_counts
-from torchrec_dreamshard.tables import TableSpec
 
 SpecFn = Callable[[ShardingOption], TableSpec]
 

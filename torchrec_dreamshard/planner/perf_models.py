@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
 
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.types import (
     PlanPrediction,
     is_policy_option,
@@ -25,7 +26,6 @@ from torchrec_dreamshard.planner.types import (
 )
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import DEFAULT_PENALTY
-from torchrec_dreamshard.tables import TableSpec
 
 
 class CostNetPerfModel(PerfModel):

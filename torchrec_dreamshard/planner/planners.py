@@ -21,7 +21,7 @@ Which tables the policy places: every ``EmbeddingBagCollection`` table (nested a
 the model, in any number of collections) whose constraints allow table-wise sharding on the
 fused kernel and whose table-wise storage fits a device after TorchRec's storage
 reservation, or whose constraints also allow column-wise sharding and whose column-wise
-shards would fit. Such a table may be split column-wise (:mod:`torchrec_dreamshard.splits`:
+shards would fit. Such a table may be split column-wise (:mod:`torchrec_dreamshard.data.splits`:
 when it fits no device whole, or when the cost network predicts a faster step); its shards
 are at least ``min_partition`` columns wide (TorchRec's 128 when unset). The others
 (constraints forbidding table-wise or the fused kernel, tables too big for any single

@@ -11,8 +11,8 @@ search space it is given (DreamShard's enumerator's or a user's).
 
 Splits. Tables the search space also offers column-wise on the fused kernel
 (:func:`~torchrec_dreamshard.planner.options.split_widths`) may be cut column-wise by
-:func:`torchrec_dreamshard.split_search.plan_with_splits`: a table too big for every device is
-split to fit, others when the cost network predicts a faster step. A split table's
+:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`: a table too big for
+every device is split to fit, others when the cost network predicts a faster step. A split table's
 table-wise option is replaced by a column-wise fused option (estimated by the planner's
 enumerator: TorchRec's storage estimate of each shard) whose shards carry the devices
 chosen.
@@ -48,6 +48,9 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.data.splits import plan_entries, shard_task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.options import (
@@ -56,6 +59,7 @@ from torchrec_dreamshard.planner.options import (
     column_wise_option,
     split_widths,
 )
+from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
 from torchrec_dreamshard.planner.type_choice import (
     TypeChooser,
     TypePlan,
@@ -73,11 +77,7 @@ from torchrec_dreamshard.planner.types import (
 from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import SafetyReport
-from torchrec_dreamshard.split_search import SplitPlan, plan_with_splits
-from torchrec_dreamshard.splits import plan_entries, shard_task
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
-from torchrec_dreamshard.torchrec_adapter import reserved_topology
+from torchrec_dreamshard.policy.split_search import SplitPlan, plan_with_splits
 
 logger: logging.Logger = logging.getLogger(__name__)
 

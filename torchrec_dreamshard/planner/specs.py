@@ -1,4 +1,4 @@
-"""``TableSpecs``: the :class:`~torchrec_dreamshard.tables.TableSpec` of every sharding option,
+"""``TableSpecs``: the :class:`~torchrec_dreamshard.data.tables.TableSpec` of every sharding option,
 shared by the planner's components.
 
 The enumerator, the proposer, the perf model and the stats all see a table the same way:
@@ -18,9 +18,9 @@ from torch import nn
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.data.table_stats import group_stats, merge_stats
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.types import spec_for_option
-from torchrec_dreamshard.table_stats import group_stats, merge_stats
-from torchrec_dreamshard.tables import TableSpec
 
 
 class TableSpecs:

@@ -4,7 +4,7 @@ policy places the table-wise tables.
 The policy places tables table-wise (and splits some column-wise). Where the search space
 also offers a table data-parallel, row-wise or table-row-wise, :class:`TypeChooser`
 decides which tables leave table-wise, by the typed cost model
-(:func:`torchrec_dreamshard.plan_costs.plan_cost`: the cost network's fused kernels per
+(:func:`torchrec_dreamshard.cost.plans.plan_cost`: the cost network's fused kernels per
 rank, and every collective from the machine's fitted models, across hosts from the
 topology's bandwidths):
 
@@ -34,17 +34,14 @@ import numpy as np
 from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
-from torchrec_dreamshard.comm_topology import CommTopology
-from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.plan_costs import (
+from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.plans import (
     cost_network_kernel,
     cost_network_kernels,
     plan_cost,
     terms_cost,
 )
-from torchrec_dreamshard.planner.types import option_bytes, prediction_task
-from torchrec_dreamshard.policy.protocol import PlacementAgent
-from torchrec_dreamshard.sharding_costs import (
+from torchrec_dreamshard.cost.sharding import (
     CostContext,
     KernelsFn,
     TableChoice,
@@ -52,7 +49,10 @@ from torchrec_dreamshard.sharding_costs import (
     job_terms,
     table_terms,
 )
-from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.planner.types import option_bytes, prediction_task
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 DP = ShardingType.DATA_PARALLEL.value
 TW = ShardingType.TABLE_WISE.value

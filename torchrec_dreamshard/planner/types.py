@@ -1,10 +1,10 @@
 """Shared types and helpers of the DreamShard planner components.
 
 The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM kernel, and
-the column-wise shards of the tables it splits (:mod:`torchrec_dreamshard.splits`); every
+the column-wise shards of the tables it splits (:mod:`torchrec_dreamshard.data.splits`); every
 other sharding option (row-wise, data-parallel, UVM caching, ...) is left to TorchRec's own
 machinery. The helpers here turn TorchRec ``ShardingOption``s into the
-:class:`~torchrec_dreamshard.tables.TableSpec` / :class:`~torchrec_dreamshard.tasks.Task`
+:class:`~torchrec_dreamshard.data.tables.TableSpec` / :class:`~torchrec_dreamshard.data.tasks.Task`
 the policy and cost network understand, and read device memory off a ``Topology``.
 """
 
@@ -20,10 +20,10 @@ from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.data.splits import shard_spec
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.report import device_table
-from torchrec_dreamshard.splits import shard_spec
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     pass

@@ -7,7 +7,12 @@
 * :mod:`~torchrec_dreamshard.policy.protocol`: what users may touch on an agent
   (``PlacementAgent``) and how plans from outside the policy reach the safety net
   (``CandidateSource``);
-* :mod:`~torchrec_dreamshard.policy.agent`: the trained agent ``DreamShard``.
+* :mod:`~torchrec_dreamshard.policy.agent`: the trained agent ``DreamShard``;
+* :mod:`~torchrec_dreamshard.policy.heuristics`: the classic placers, candidates of the
+  safety net;
+* :mod:`~torchrec_dreamshard.policy.split_search`: placing while cutting tables
+  column-wise;
+* :mod:`~torchrec_dreamshard.policy.checkpoint`: saving and loading an agent.
 
 Nothing here imports TorchRec's planner: its plans are handed in as candidate sources from
 the planner side (:mod:`torchrec_dreamshard.planner.candidates`).

@@ -31,8 +31,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_model import CostNet, cost_inputs, device_context, single_thread
-from torchrec_dreamshard.heuristics import NoPlanError
+from torchrec_dreamshard.cost.network import CostNet, cost_inputs, device_context, single_thread
+from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP
 from torchrec_dreamshard.policy.network import PolicyNet
 from torchrec_dreamshard.policy.protocol import CandidateSource
@@ -46,7 +47,6 @@ from torchrec_dreamshard.policy.safety_net import (
     choose,
     heuristic_candidates,
 )
-from torchrec_dreamshard.tasks import Task, check_placement
 
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
 LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_model import EPS_MS, CostNet, device_context
+from torchrec_dreamshard.cost.network import EPS_MS, CostNet, device_context
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.network import PolicyNet
-from torchrec_dreamshard.tasks import Task
 
 LOG_EPS = math.log(EPS_MS)
 

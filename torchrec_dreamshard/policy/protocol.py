@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from torchrec_dreamshard.heuristics import NoPlanError
-from torchrec_dreamshard.tasks import Task, check_placement
+from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.policy.heuristics import NoPlanError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy.agent import CostPrediction

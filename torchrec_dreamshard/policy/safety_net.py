@@ -11,7 +11,7 @@ among candidates from different sources:
   (:func:`memory_aware_greedy`), so that tight memory does not strand a big table; they
   are named ``memory_aware_<proxy>`` (``memory_aware_size``, ..., ``memory_aware_predicted``)
   to tell them from the heuristics without the look-ahead (``size_greedy``, ... in
-  :mod:`torchrec_dreamshard.baselines`);
+  :mod:`torchrec_dreamshard.planner.baselines`);
 * the plans of the candidate sources the caller brings (TorchRec's own planner, for one:
   see :mod:`torchrec_dreamshard.policy.protocol`).
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from torchrec_dreamshard.heuristics import PROXIES
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.policy.heuristics import PROXIES
 from torchrec_dreamshard.policy.mdp import can_pack
-from torchrec_dreamshard.tasks import Task
 
 DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
 DEFAULT_SAMPLES = 4  # sampled policy roll-outs

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.families import FAMILIES, TRAIN_FAMILIES
+from torchrec_dreamshard.data.families import FAMILIES, TRAIN_FAMILIES
 
 
 @dataclass(kw_only=True)

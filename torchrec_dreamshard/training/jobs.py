@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_model import single_thread
-from torchrec_dreamshard.families import draw_task
+from torchrec_dreamshard.cost.network import single_thread
+from torchrec_dreamshard.data.families import draw_task
+from torchrec_dreamshard.data.tasks import Task, random_placement
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.tasks import Task, random_placement
 from torchrec_dreamshard.training.config import TrainConfig
 
 if TYPE_CHECKING:

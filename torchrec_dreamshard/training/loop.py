@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost_fit import (
+from torchrec_dreamshard.cost.fit import (
     evaluate_cost_model,
     fit_cost_model,
 )
-from torchrec_dreamshard.cost_model import CostNet, single_thread
+from torchrec_dreamshard.cost.network import CostNet, single_thread
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
 from torchrec_dreamshard.training.config import TrainConfig, seed_everything
@@ -95,7 +95,7 @@ def new_agent(cfg: TrainConfig) -> DreamShard:
 
 def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
     """The last checkpoint's agent, next iteration and wall time; a fresh agent if none."""
-    from torchrec_dreamshard.checkpoint import load_checkpoint, read_payload
+    from torchrec_dreamshard.policy.checkpoint import load_checkpoint, read_payload
 
     path = Path(cfg.out_dir) / CHECKPOINT_NAME
     if not path.exists():
@@ -139,8 +139,8 @@ def train(cfg: TrainConfig) -> DreamShard:
     Every iteration ends with ``out_dir/checkpoint.pt`` (and a numbered copy), a row in
     ``metrics.csv`` and ``curves.png``.
     """
-    from torchrec_dreamshard.checkpoint import save_checkpoint
     from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from torchrec_dreamshard.cost_fit import (
+from torchrec_dreamshard.cost.fit import (
     CostSample,
     sample_from_measurement,
 )

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from torchrec_dreamshard.tables import BIN_HIGH, BIN_LOW, BIN_MID, NUM_REUSE_BINS, TableSpec
+from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, BIN_MID, NUM_REUSE_BINS, TableSpec
 
 # Tolerances the tests hold the generator to: the pooling factor always; the histogram (L1
 # distance) when a batch touches >= 5000 distinct rows and the table has twice as many.

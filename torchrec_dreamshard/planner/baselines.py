@@ -17,8 +17,8 @@ device's memory respected.
   measured step cost drops.
 
 Use :func:`place` (``place("size_lookup_greedy", task)``) or the functions directly. The
-heuristics live in :mod:`torchrec_dreamshard.heuristics` (free of TorchRec, for the policy's
-safety net) and :func:`measured_search` in :mod:`torchrec_dreamshard.measured_search`; both
+heuristics live in :mod:`torchrec_dreamshard.policy.heuristics` (free of TorchRec, for the policy's
+safety net) and :func:`measured_search` in :mod:`torchrec_dreamshard.planner.measured_search`; both
 are re-exported here.
 """
 
@@ -27,15 +27,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from torchrec_dreamshard.heuristics import (
+from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.planner.measured_search import MeasureFn, SearchResult, measured_search
+from torchrec_dreamshard.policy.heuristics import (
     PROXIES,
     NoPlanError,
     greedy_by_costs,
     proxy_greedy,
     random_placement,
 )
-from torchrec_dreamshard.measured_search import MeasureFn, SearchResult, measured_search
-from torchrec_dreamshard.tasks import Task, check_placement
 
 Placer = Callable[..., list[int]]
 
@@ -47,7 +47,7 @@ Placer = Callable[..., list[int]]
 
 def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[int]:
     """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
-    :func:`torchrec_dreamshard.torchrec_adapter.plan_with_torchrec`).
+    :func:`torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`).
 
     Args:
         task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
@@ -60,7 +60,7 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
     """
     from torchrec.distributed.planner.types import PlannerError
 
-    from torchrec_dreamshard.torchrec_adapter import plan_with_torchrec
+    from torchrec_dreamshard.planner.torchrec_adapter import plan_with_torchrec
 
     # module names may not hold dots (a planner's tables are named by their FQN): plan
     # tables named t0, t1, ... and map the ranks back by position

@@ -6,7 +6,7 @@ rows accessed in a batch whose access count falls in each of 17 power-of-two bin
 ``(0,1], (1,2], (2,4], ..., (2^14, 2^15], (2^15, inf)``.
 
 Measuring these from real id streams and building specs from TorchRec configs and
-``KeyedJaggedTensor`` batches is :mod:`torchrec_dreamshard.table_stats`.
+``KeyedJaggedTensor`` batches is :mod:`torchrec_dreamshard.data.table_stats`.
 """
 
 from __future__ import annotations
@@ -303,7 +303,7 @@ _IN_TABLE_STATS = frozenset(
 
 def __getattr__(name: str) -> Any:
     if name in _IN_TABLE_STATS:
-        from torchrec_dreamshard import table_stats
+        from torchrec_dreamshard.data import table_stats
 
         return getattr(table_stats, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

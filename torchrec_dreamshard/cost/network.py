@@ -4,7 +4,7 @@ correction for fusion, and an ensemble whose spread is the model's uncertainty.
 Inputs. Each table ``i`` is seen as ``x_i = [s_i, q_i]``: its shape features ``s_i``
 (``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(bytes) / 11`` and the 17 reuse fractions;
 no pooling factor) and its scaled physical quantities ``q_i >= 0``
-(:func:`torchrec_dreamshard.physics.table_quantities`: lookups, bags, elements gathered,
+(:func:`torchrec_dreamshard.cost.physics.table_quantities`: lookups, bags, elements gathered,
 unique rows, elements updated, table elements, and the gathered/updated elements split
 over five table-size buckets). Both come from fixed constants, so a table has the same
 input in every task, at the task's own batch size.
@@ -38,7 +38,7 @@ re-weighting of the samples. The prediction is the mean of the members' log cost
 standard deviation is the uncertainty a planner adds as a penalty, so that a search
 cannot profit from a placement only some members believe in.
 
-Fitting is in :mod:`torchrec_dreamshard.cost_fit`.
+Fitting is in :mod:`torchrec_dreamshard.cost.fit`.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from torchrec_dreamshard.physics import NUM_QUANTITIES, table_quantities
-from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, table_features
+from torchrec_dreamshard.cost.physics import NUM_QUANTITIES, table_quantities
+from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, table_features
 from torchrec_dreamshard.threads import single_thread  # noqa: F401 (re-exported)
 
 EPS_MS = 1e-3  # ms; floor under measured costs before taking logs

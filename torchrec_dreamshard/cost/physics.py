@@ -29,7 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torchrec_dreamshard.tables import BIN_MID, TableSpec
+from torchrec_dreamshard.data.tables import BIN_MID, TableSpec
 
 SIZE_BUCKETS_LOG10 = (5.0, 6.0, 7.0, 8.0, 9.0)  # bytes: 100 KB ... 1 GB
 BASE_NAMES = ("lookups", "bags", "gathered", "unique_rows", "updated", "table_elems")

@@ -1,5 +1,5 @@
 """The split search: placing a task while cutting tables column-wise where that fits or
-pays (:func:`plan_with_splits`; the shards themselves are :mod:`torchrec_dreamshard.splits`).
+pays (:func:`plan_with_splits`; the shards themselves are :mod:`torchrec_dreamshard.data.splits`).
 
 When the planner splits:
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.splits import (
+from torchrec_dreamshard.data.splits import (
     MAX_SHARDS,
     SHARD_COLUMN_MULTIPLE,
     ShardTask,
@@ -37,7 +37,7 @@ from torchrec_dreamshard.splits import (
     shard_task,
     split_counts,
 )
-from torchrec_dreamshard.tasks import Task, device_bytes
+from torchrec_dreamshard.data.tasks import Task, device_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy.agent import CostPrediction

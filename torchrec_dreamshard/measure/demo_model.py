@@ -1,5 +1,7 @@
 """The demo's DLRM-style model and its ``KeyedJaggedTensor`` batches, built from table
-specs (used by ``dreamshard demo`` and the tests).
+specs (used by ``dreamshard demo``, the step-time model and the tests), and the
+``EmbeddingBagConfig`` of each table with the feature that feeds it in every model we
+build (public TorchRec API only: TorchRec's internals are read by the planner's adapter).
 
 The model concatenates the pooled embeddings with the dense arch's output (torchrec's
 ``DLRM`` needs one embedding dim for every table; the pool's tables have dims 4 to 256).
@@ -7,18 +9,35 @@ The model concatenates the pooled embeddings with the dense arch's output (torch
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.torchrec_adapter import embedding_bag_configs, feature_name
-from torchrec_dreamshard.workloads import generate_batch
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.workloads import generate_batch
 
 DENSE_IN = 13  # dense features, as in Criteo
+
+
+def feature_name(table: TableSpec) -> str:
+    """The feature that feeds ``table`` in the models we build: ``f_<table name>``."""
+    return f"f_{table.name}"
+
+
+def embedding_bag_configs(
+    tables: Sequence[TableSpec], feature: Callable[[TableSpec], str] = feature_name
+) -> list[EmbeddingBagConfig]:
+    """One ``EmbeddingBagConfig`` per table, fed by the feature ``feature(table)``."""
+    return [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature(t)]
+        )
+        for t in tables
+    ]
 
 
 class DemoDLRM(nn.Module):

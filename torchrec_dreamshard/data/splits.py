@@ -12,7 +12,7 @@ a table of dim ``D`` is cut into ``n`` shards of equal width ``D / n``, a multip
 ``ParameterConstraints.min_partition``).
 
 The split search that decides which tables to cut is
-:func:`torchrec_dreamshard.split_search.plan_with_splits`.
+:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task, check_placement
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, check_placement
 
 SHARD_COLUMN_MULTIPLE = 4  # columns: TorchRec's column-wise shard widths are multiples of 4
 MAX_SHARDS = 16  # shards of one table at most (and never more than devices)

@@ -23,19 +23,19 @@ from typing import Any
 
 import torch
 
-from torchrec_dreamshard import tables as _tables
-from torchrec_dreamshard.cost_model import CostNet
+from torchrec_dreamshard.cost.network import CostNet
+from torchrec_dreamshard.data import tables as _tables
 from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
 
-BUNDLED_CHECKPOINT = Path(__file__).resolve().parent / "checkpoints" / "cpu_default.pt"
+BUNDLED_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu_default.pt"
 FORMAT = "torchrec-dreamshard"
 FORMAT_VERSION = 2  # 2: the physical ensemble cost network (1: the first cost network)
 
 
 def feature_spec() -> dict[str, Any]:
     """The feature normalisation this package computes (a checkpoint must match it)."""
-    from torchrec_dreamshard import physics
+    from torchrec_dreamshard.cost import physics
 
     return {
         "names": list(_tables.FEATURE_NAMES),
@@ -146,7 +146,7 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
     Raises:
         ValueError: naming the file and the field.
     """
-    from torchrec_dreamshard.tasks import MAX_BATCH_SIZE
+    from torchrec_dreamshard.data.tasks import MAX_BATCH_SIZE
 
     for key, high, required in (
         ("hidden", MAX_HIDDEN, True),

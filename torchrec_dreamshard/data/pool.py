@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torchrec_dreamshard.tables import BIN_MID, NUM_REUSE_BINS, TableSpec
+from torchrec_dreamshard.data.tables import BIN_MID, NUM_REUSE_BINS, TableSpec
 
 # Share of index accesses by reuse factor published with Meta's open DLRM embedding dataset
 # (bins (0,1], (1,2], (2,4], ..., (8192,16384], beyond).

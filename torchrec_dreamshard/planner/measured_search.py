@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from torchrec_dreamshard.tasks import Task, check_placement, device_tables
+from torchrec_dreamshard.data.tasks import Task, check_placement, device_tables
 
 
 @dataclass

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 
 DEFAULT_MEMORY_FACTOR = 1.5
 

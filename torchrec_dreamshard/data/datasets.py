@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from torchrec_dreamshard.table_stats import access_stats
-from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.data.table_stats import access_stats
+from torchrec_dreamshard.data.tables import TableSpec
 
 
 @dataclass

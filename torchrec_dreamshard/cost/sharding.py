@@ -7,7 +7,7 @@ output element (fp32; quantised comms would lower it). The width of a sample's o
 ``w = d`` for a pooled table (``EmbeddingBagCollection``) and ``w = p d`` for a sequence
 table (``EmbeddingCollection``: one row per id, so outputs scale with ids times dim).
 
-A term is one of three things, and :mod:`torchrec_dreamshard.plan_costs` prices them:
+A term is one of three things, and :mod:`torchrec_dreamshard.cost.plans` prices them:
 
 * kernel work: a table (or shard) looked up on a rank at a batch, priced by the caller's
   ``kernel_ms(tables, batch) -> (fwd_ms, bwd_ms)`` (the cost network) over every table one
@@ -49,10 +49,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from torchrec_dreamshard.comm_topology import CommTopology
+from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.physics import mean_access_count
+from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.physics import mean_access_count
-from torchrec_dreamshard.tables import BIN_HIGH, BIN_LOW, TableSpec
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 SEQUENCE_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")  # TorchRec's EC

@@ -1,8 +1,8 @@
 """Tasks (tables + devices + memory + batch) and placements (a device per table).
 
-The synthetic table pool is in :mod:`torchrec_dreamshard.pool`, the task sampler in
-:mod:`torchrec_dreamshard.sampler` and the dataset loader in
-:mod:`torchrec_dreamshard.datasets`."""
+The synthetic table pool is in :mod:`torchrec_dreamshard.data.pool`, the task sampler in
+:mod:`torchrec_dreamshard.data.sampler` and the dataset loader in
+:mod:`torchrec_dreamshard.data.datasets`."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from torchrec_dreamshard.data.tables import TableSpec, _short
 from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
-from torchrec_dreamshard.tables import TableSpec, _short
 
 Placement = list[int]
 """A device index per table, in the task's table order."""
@@ -37,7 +37,7 @@ class Task:
         memory_bytes: capacity per device in bytes: one number for all, or one per device.
         batch_size: the global batch each device's fused kernel processes.
         allow_oversized: accept tables bigger than every device (a column-wise splitting
-            planner, :mod:`torchrec_dreamshard.splits`, splits them; placing such a task's
+            planner, :mod:`torchrec_dreamshard.data.splits`, splits them; placing such a task's
             tables whole fails). The total must still fit.
     """
 

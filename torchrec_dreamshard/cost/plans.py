@@ -14,7 +14,7 @@ groups lookups that way. A collective is every table's share with the same tag, 
 ranks (one all-to-all for all table-wise outputs, one all-reduce for all DP gradients,
 one reduce-scatter for all row-wise outputs, ...): flows and buffers are **summed first**
 and the collective's model is applied **once**, so its latency is paid once, not per
-table (:mod:`torchrec_dreamshard.comm_topology` prices one collective).
+table (:mod:`torchrec_dreamshard.cost.comm_topology` prices one collective).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from torchrec_dreamshard.comm_topology import all_to_all_ms, ring_ms
-from torchrec_dreamshard.sharding_costs import (
+from torchrec_dreamshard.cost.comm_topology import all_to_all_ms, ring_ms
+from torchrec_dreamshard.cost.sharding import (
     CostContext,
     Exchange,
     KernelFn,
@@ -37,7 +37,7 @@ from torchrec_dreamshard.sharding_costs import (
     job_terms,
     table_terms,
 )
-from torchrec_dreamshard.tables import TableSpec
+from torchrec_dreamshard.data.tables import TableSpec
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ def cost_network_kernel(agent: Predictor) -> KernelFn:
     """``kernel_ms`` from a DreamShard agent's cost network: the predicted forward and
     backward ms of the tables alone on one device (the compute heads do not depend on the
     number of devices, so one device stands for any rank)."""
-    from torchrec_dreamshard.tasks import MAX_MEMORY_BYTES, Task
+    from torchrec_dreamshard.data.tasks import MAX_MEMORY_BYTES, Task
 
     def kernel_ms(tables: list[TableSpec], batch: int) -> tuple[float, float]:
         memory = min(MAX_MEMORY_BYTES, max(1, sum(t.size_bytes for t in tables)))
@@ -178,7 +178,7 @@ def cost_network_kernels(agent: Predictor) -> KernelsFn:
     already priced (the same tables at the same batch, as row-wise shards are on every
     rank, and as a plan's unchanged ranks are from one candidate plan to the next) are
     remembered, not predicted again."""
-    from torchrec_dreamshard.tasks import MAX_MEMORY_BYTES, Task
+    from torchrec_dreamshard.data.tasks import MAX_MEMORY_BYTES, Task
 
     seen: dict[tuple, tuple[float, float]] = {}
 

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torchrec_dreamshard.pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.sampler import TaskSampler, make_task
-from torchrec_dreamshard.table_stats import hist_from_ids
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.data.sampler import TaskSampler, make_task
+from torchrec_dreamshard.data.table_stats import hist_from_ids
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 
 SPLITS = ("train", "test")
 MAX_SIMULATED_IDS = 2_000_000  # ids drawn to estimate a Zipf table's reuse histogram

@@ -7,7 +7,7 @@
   the device with the least proxy load that still has room (:func:`greedy_by_costs`).
 
 They raise :class:`NoPlanError` when they find no placement. The policy's safety net
-builds on them, and so does the baselines' registry (:mod:`torchrec_dreamshard.baselines`),
+builds on them, and so does the baselines' registry (:mod:`torchrec_dreamshard.planner.baselines`),
 which adds TorchRec's planner.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from torchrec_dreamshard import tasks
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data import tasks
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 
 
 class NoPlanError(ValueError):
@@ -30,7 +30,7 @@ class NoPlanError(ValueError):
 
 
 def random_placement(task: Task, seed: int = 0) -> list[int]:
-    """:func:`torchrec_dreamshard.tasks.random_placement`, raising :class:`NoPlanError`
+    """:func:`torchrec_dreamshard.data.tasks.random_placement`, raising :class:`NoPlanError`
     when a table fits on no device."""
     try:
         return tasks.random_placement(task, seed)

@@ -2,7 +2,9 @@
 
 Every TorchRec member that is not public API is read here (and by the planner's
 enumerator, which overrides ``EmbeddingEnumerator``'s filter hooks), against the version
-below; a TorchRec upgrade starts by checking this module.
+below; a TorchRec upgrade starts by checking this module. The ``EmbeddingBagConfig`` of
+each table (public API, shared with the measured models) comes from
+:mod:`torchrec_dreamshard.measure.demo_model`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -26,30 +28,13 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 from torchrec.distributed.types import ShardingPlan
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_dreamshard.tables import TableSpec
-from torchrec_dreamshard.tasks import Task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.demo_model import embedding_bag_configs
 
 TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
-
-
-def feature_name(table: TableSpec) -> str:
-    """The feature that feeds ``table`` in the models we build: ``f_<table name>``."""
-    return f"f_{table.name}"
-
-
-def embedding_bag_configs(
-    tables: Sequence[TableSpec], feature: Callable[[TableSpec], str] = feature_name
-) -> list[EmbeddingBagConfig]:
-    """One ``EmbeddingBagConfig`` per table, fed by the feature ``feature(table)``."""
-    return [
-        EmbeddingBagConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature(t)]
-        )
-        for t in tables
-    ]
 
 
 def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterConstraints]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.tables import NUM_REUSE_BINS, TableSpec, reuse_bin
+from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, reuse_bin
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.planner.types import ParameterConstraints

@@ -1,0 +1,163 @@
+"""The package's shape, checked by parsing its source (nothing is imported): the folders
+read as the flow (README, "Architecture"), modules and functions stay small, the policy
+never reaches TorchRec's planner, and agents are used through their declared protocol."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "torchrec_dreamshard"
+MAX_ROOT_MODULES = 6  # counting __init__.py
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60  # lines of code: no blank lines, comments or docstring
+# what the policy may not import (the planner side hands its candidates in)
+POLICY_BANNED = (
+    "torchrec.distributed.planner",
+    "torchrec_dreamshard.planner",
+)
+# the folders in the order data flows: a module imports only from its own folder, from
+# folders before it and from the root's leaf modules (which import nothing of the package)
+FLOW = ("data", "measure", "cost", "policy", "calibration", "planner", "training", "cli")
+# imports against the flow, each made inside the one function that needs it
+UPSTREAM_ALLOWED = {
+    # verification measures the heuristic baselines' plans beside the candidates; the
+    # baselines' registry lives with TorchRec's planner, which two of them run
+    ("calibration/verification.py", "planner"),
+}
+# expressions that hold an agent or a TorchRec component: their members are declared, so
+# no getattr probes them
+TYPED_HOLDERS = {"agent", "self._agent", "self.agent", "proposer", "enumerator"}
+
+
+def _modules() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(PACKAGE.parent))
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), filename=str(path))
+
+
+def _code_lines(func: ast.FunctionDef | ast.AsyncFunctionDef, lines: list[str]) -> int:
+    """Non-blank, non-comment lines of ``func``'s body, its docstring left out."""
+    body = func.body
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)
+    ):
+        body = body[1:]
+    if not body:
+        return 0
+    first, last = body[0].lineno, max(n.end_lineno or n.lineno for n in body)
+    # decorators and signature lines before the body are not counted; neither are a
+    # nested function's docstring lines (they are few and rare)
+    text = lines[first - 1 : last]
+    return sum(1 for line in text if line.strip() and not line.strip().startswith("#"))
+
+
+def _functions(tree: ast.Module) -> Iterator[ast.FunctionDef | ast.AsyncFunctionDef]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node
+
+
+def _imports(tree: ast.Module) -> Iterator[str]:
+    """Every module an import statement names, at any depth (inside functions too)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{alias.name}" for alias in node.names)
+
+
+def _package_imports(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    """The top-level name under the package (a folder or a root module) of every import of
+    the package in ``tree``, with its line (``from torchrec_dreamshard import x`` names x)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE.name:
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == PACKAGE.name and len(parts) > 1 and parts[1] != "__version__":
+                yield parts[1], node.lineno
+
+
+def test_few_modules_at_the_root():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_no_module_is_long():
+    sizes = {_name(p): len(p.read_text().splitlines()) for p in _modules()}
+    long = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines: {long}"
+
+
+def test_no_function_is_long():
+    offenders = []
+    for path in _modules():
+        lines = path.read_text().splitlines()
+        for func in _functions(_tree(path)):
+            n = _code_lines(func, lines)
+            if n > MAX_FUNCTION_LINES:
+                offenders.append(f"{_name(path)}:{func.lineno} {func.name} ({n} lines)")
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines of code: {offenders}"
+
+
+def test_imports_follow_the_flow():
+    leaves = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
+    offenders = []
+    for path in _modules():
+        parts = path.relative_to(PACKAGE).parts
+        if len(parts) == 1 and path.stem == "__init__":
+            continue  # the public API re-exports from wherever things live
+        rel = "/".join(parts)
+        for target, line in _package_imports(_tree(path)):
+            if len(parts) == 1:
+                ok = False  # a leaf imports nothing of the package
+            elif target in leaves:
+                ok = True
+            else:
+                here, there = FLOW.index(parts[0]), FLOW.index(target)
+                ok = there <= here or (rel, target) in UPSTREAM_ALLOWED
+            if not ok:
+                offenders.append(f"{rel}:{line} imports {target}")
+    assert not offenders, offenders
+
+
+def test_the_policy_never_imports_torchrecs_planner():
+    offenders = []
+    for path in sorted((PACKAGE / "policy").rglob("*.py")):
+        for name in _imports(_tree(path)):
+            if name.startswith(POLICY_BANNED) or name.endswith("torchrec_adapter"):
+                offenders.append(f"{_name(path)}: {name}")
+    assert not offenders, offenders
+
+
+def test_agents_and_components_are_not_probed_with_getattr():
+    offenders = []
+    for path in _modules():
+        for node in ast.walk(_tree(path)):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and node.args
+                and ast.unparse(node.args[0]) in TYPED_HOLDERS
+            ):
+                offenders.append(f"{_name(path)}:{node.lineno} {ast.unparse(node)}")
+    assert not offenders, offenders
