@@ -387,3 +387,45 @@ def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batc
         got = tuned.predict(task, placement).comm_ms
         assert got == pytest.approx(want, rel=0.01)
         assert agent.predict(task, placement).comm_ms != pytest.approx(want, rel=0.01)
+
+
+def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
+    """When the search space offers other sharding types, the planner calibrates before
+    the type choice, which then prices with the calibrated cost network, and placing the
+    table-wise tables reuses that calibration instead of measuring again."""
+    from test_planner_distributed import LOCAL_BATCH, build_model
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.calibration import fit, plan
+    from torchrec_dreamshard.planner import DreamShardPlanner, proposers
+
+    runs = []
+
+    def counted(*args, **kwargs):
+        runs.append(args[1])
+        return fit.calibrate(*args, **kwargs)
+
+    monkeypatch.setattr(plan, "calibrate", counted)
+    planner = DreamShardPlanner(
+        topology=Topology(world_size=2, compute_device="cpu"),
+        batch_size=LOCAL_BATCH,
+        agent=DreamShard.untrained(seed=0),
+        calibrate=config(budget_s=10.0),
+    )
+    priced = []
+    real = proposers.TypeChooser
+
+    def spying(agent, *args, **kwargs):
+        priced.append(agent.placer)  # the agent the choice's cost network is read from
+        return real(agent, *args, **kwargs)
+
+    monkeypatch.setattr(proposers, "TypeChooser", spying)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        planner.plan(build_model(), [EmbeddingBagCollectionSharder()])
+    assert len(runs) == 1, "calibrated more than once"
+    outcome = planner.agent.last_outcome
+    assert outcome is not None and outcome.calibration is not None
+    assert priced == [outcome.agent]  # the type choice priced with the calibrated agent
+    assert priced[0] is not planner.agent.prior

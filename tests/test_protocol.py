@@ -75,6 +75,7 @@ def _members(protocol: type) -> set[str]:
 def test_protocol_declares_what_the_planner_split_search_and_calibration_touch():
     assert {
         "place",
+        "prepare",
         "predict",
         "table_costs",
         "last_report",

@@ -226,6 +226,9 @@ class _AdditiveAgent:
     def placer(self):
         return self
 
+    def prepare(self, task, sources=None):
+        pass
+
     def table_costs(self, task):
         return [t.dim * t.pooling_factor for t in task.tables]
 

@@ -60,6 +60,7 @@ def plan_task(
     verify_rounds: int = 3,
     verify_config: MeasureConfig | None = None,
     progress: bool = False,
+    calibrated: CalibrationResult | None = None,
 ) -> PlanOutcome:
     """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``).
 
@@ -75,10 +76,14 @@ def plan_task(
         verify_config: its measurement settings (default: the calibration's, else
             :class:`MeasureConfig`'s).
         progress: tqdm bars.
+        calibrated: a calibration of ``agent`` already made (on these tables or more) to
+            plan with instead of calibrating again.
     """
     if verify_k < 0:
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
-    cal = calibrate(agent, task, calibration, sources) if calibration is not None else None
+    cal = calibrated
+    if cal is None and calibration is not None:
+        cal = calibrate(agent, task, calibration, sources)
     planner = cal.agent if cal is not None else agent
     placement = planner.place(task, mode=mode, num_samples=num_samples, seed=seed, sources=sources)
     ver = None
@@ -120,6 +125,16 @@ class CalibratingAgent:
         self.calibration = calibration
         self.verify_k, self.verify_rounds, self.progress = verify_k, verify_rounds, progress
         self.last_outcome: PlanOutcome | None = None
+        self._prepared: CalibrationResult | None = None
+
+    def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
+        """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
+        and ``table_costs`` then price with the calibrated agent, and the next ``place``
+        (of these tables or some of them) plans with it instead of calibrating again."""
+        if self.calibration is None:
+            return
+        self._prepared = calibrate(self.prior, task, self.calibration, sources)
+        self.current = self._prepared.agent
 
     def place(
         self,
@@ -129,8 +144,9 @@ class CalibratingAgent:
         seed: int = 0,
         sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
-        """Calibrate the prior on ``task``, place with the calibrated agent and verify
-        (:func:`plan_task`); the outcome is kept in :attr:`last_outcome` and logged."""
+        """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
+        calibrated agent and verify (:func:`plan_task`); the outcome is kept in
+        :attr:`last_outcome` and logged."""
         out = plan_task(
             self.prior,
             task,
@@ -142,7 +158,9 @@ class CalibratingAgent:
             verify_k=self.verify_k,
             verify_rounds=self.verify_rounds,
             progress=self.progress,
+            calibrated=self._prepared,
         )
+        self._prepared = None  # one preparation serves one placement
         self.current, self.last_outcome = out.agent, out
         log = logging.getLogger("torchrec_dreamshard.calibration")
         for line in out.lines():

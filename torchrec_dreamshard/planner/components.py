@@ -106,7 +106,7 @@ class Unloaded:
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError(self._message)
 
-    place = predict = table_costs = fingerprint = _fail
+    place = prepare = predict = table_costs = fingerprint = _fail
 
     @property
     def meta(self) -> dict[str, Any]:

@@ -71,6 +71,7 @@ from torchrec_dreamshard.planner.types import (
     device_capacity,
     memory_tier,
     option_bytes,
+    prediction_task,
     spec_for_option,
     storage_bytes,
 )
@@ -202,6 +203,11 @@ class DreamShardProposer(Proposer):
         alts = alternatives(self._search_space, {o.fqn for o in fits})
         if not alts or self._collectives is None:
             return ours, others
+        specs = [self._spec(o) for o in fits]
+        # a calibrating agent calibrates here, so the choice prices calibrated kernels
+        self._agent.prepare(
+            prediction_task(specs, self._topology.world_size, self._batch_size), self.sources
+        )
         self.type_chooser = chooser = TypeChooser(
             self._agent, self._topology, self._batch_size, self._spec, self._collectives()
         )

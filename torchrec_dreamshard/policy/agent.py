@@ -190,6 +190,9 @@ class DreamShard:
         """The agent that places without measuring: this one."""
         return self
 
+    def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
+        """Nothing to do: this agent prices every task as it is."""
+
     def fingerprint(self) -> str:
         """A digest of the networks' weights and the metadata: two agents with the same
         fingerprint place every task the same way (the planner's context hash uses it)."""

@@ -101,6 +101,13 @@ class PlacementAgent(Protocol):
         measures): the split search re-places trial tasks with it."""
         ...
 
+    def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
+        """Get ready to price ``task``'s tables before placing some of them: nothing, for
+        an agent that never measures; a calibrating agent calibrates on them here, so that
+        the planner's sharding-type choice prices with calibrated costs, and its next
+        ``place`` uses that calibration instead of calibrating again."""
+        ...
+
     def place(
         self,
         task: Task,
