@@ -12,6 +12,7 @@ import pytest
 from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 
 TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
 
@@ -58,12 +59,24 @@ GLOO_LIKE = CollectiveModels(
 )
 
 
+# A dense-kernel model of the order this machine's fit gave (ms; per table, per MB gathered,
+# written and of weights): fixed for the same reason. tests/test_dense_kernels.py fits the
+# real one.
+CPU_DENSE_LIKE = DenseKernelModel(
+    fwd=(0.05, 0.003, 0.0, 0.22, 0.016),
+    bwd=(0.11, 0.002, 0.003, 0.41, 0.95),
+    source="tests: a fixed CPU-like dense kernel",
+)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def fixed_collectives() -> Iterator[CollectiveModels]:
-    """The planner's CPU collective models are :data:`GLOO_LIKE` in every test: none
-    calibrates gloo's collectives for the planner (20 s, and load-dependent plans)."""
+    """The planner's CPU collective models are :data:`GLOO_LIKE` and its dense-kernel model
+    :data:`CPU_DENSE_LIKE` in every test: none calibrates gloo's collectives (20 s) or
+    times the dense kernel for the planner, and no plan depends on the machine's load."""
     from torchrec_dreamshard.planner import components
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(components, "load_collective_models", lambda **kw: GLOO_LIKE)
+        patch.setattr(components, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
         yield GLOO_LIKE

@@ -346,3 +346,29 @@ def test_proposer_gives_up_after_its_memory_rounds(monkeypatch):
     assert len(agent.memory) == MAX_MEMORY_ROUNDS
     caps0 = [m[0] for m in agent.memory]
     assert caps0 == sorted(caps0, reverse=True) and len(set(caps0)) == MAX_MEMORY_ROUNDS
+
+
+def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog):
+    """Planning for CPU ranks with a cost network trained on another CPU model warns
+    (and says to calibrate); the same CPU, GPU ranks or calibrating say nothing."""
+    import logging
+
+    from torchrec_dreamshard.measure.hardware import cpu_name
+    from torchrec_dreamshard.planner.components import other_hardware, with_calibration
+
+    class Agent:
+        def __init__(self, name):
+            self.meta = {"hardware": {"device": "cpu", "device_name": name}}
+
+    cpu = Topology(world_size=2, compute_device="cpu")
+    note = other_hardware(Agent("Some Other CPU 9000"), cpu)
+    assert note and "Some Other CPU 9000" in note and cpu_name() in note and "calibrate" in note
+    assert other_hardware(Agent(cpu_name()), cpu) is None
+    gpu = Topology(world_size=2, compute_device="cuda")
+    assert other_hardware(Agent("Some Other CPU 9000"), gpu) is None
+    with caplog.at_level(logging.WARNING, logger="torchrec_dreamshard.planner"):
+        with_calibration(Agent("Some Other CPU 9000"), cpu, None, 0)
+        assert "Some Other CPU 9000" in caplog.text
+        caplog.clear()
+        with_calibration(Agent("Some Other CPU 9000"), cpu, 5.0, 0)
+        assert caplog.text == ""

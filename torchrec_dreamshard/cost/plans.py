@@ -3,16 +3,19 @@ TorchRec batches them.
 
 Per rank ``r``:
 
-    fwd_r  = sum over r's fused kernels of their forward ms
-    bwd_r  = sum over r's fused kernels of their backward ms + DP dense bytes_r / mem_bw
+    fwd_r  = sum over r's kernels of their forward ms
+    bwd_r  = sum over r's kernels of their backward ms (+ DP dense bytes_r / mem_bw where
+             the dense kernel is not fitted)
     comm_r = sum over the collectives r takes part in of their ms
     step   = max_r (fwd_r + bwd_r + comm_r)
 
 A fused kernel is one call of the caller's ``kernel_ms`` over every table (or shard) that
 one rank looks up with one sharding type, pooled or sequence, at one batch: TorchRec
-groups lookups that way. A collective is every table's share with the same tag, kind and
-ranks (one all-to-all for all table-wise outputs, one all-reduce for all DP gradients,
-one reduce-scatter for all row-wise outputs, ...): flows and buffers are **summed first**
+groups lookups that way (the data-parallel tables of a rank run one *dense* kernel,
+priced by the machine's fitted dense-kernel model where there is one). A collective is
+every table's share with the same tag, kind and ranks (one all-to-all for all table-wise
+outputs, one all-reduce for all DP gradients, one reduce-scatter for all row-wise
+outputs, ...): flows and buffers are **summed first**
 and the collective's model is applied **once**, so its latency is paid once, not per
 table (:mod:`torchrec_dreamshard.cost.comm_topology` prices one collective).
 """
@@ -66,18 +69,24 @@ class PlanCost:
 
 def kernel_costs(terms: Terms, ctx: CostContext) -> tuple[np.ndarray, np.ndarray]:
     """``([W], [W])`` forward and backward ms: every fused kernel priced by one
-    ``kernels_ms`` call (or one ``kernel_ms`` call each), plus DP's dense passes in the
-    backward."""
+    ``kernels_ms`` call (or one ``kernel_ms`` call each), every dense kernel (the
+    data-parallel tables', where fitted) by ``ctx.dense_kernel``, plus DP's analytic dense
+    passes in the backward where it is not fitted."""
     groups: dict[tuple[int, str, int], list[TableSpec]] = {}
+    dense: dict[tuple[int, str, int], list[TableSpec]] = {}
     for k in terms.kernels:
-        groups.setdefault((k.rank, k.group, k.batch), []).append(k.table)
+        (dense if k.dense else groups).setdefault((k.rank, k.group, k.batch), []).append(k.table)
     fwd, bwd = np.zeros(ctx.topology.world_size), np.zeros(ctx.topology.world_size)
     calls = [(tables, batch) for (_, _, batch), tables in groups.items()]
     if ctx.kernels_ms is not None:
         times = ctx.kernels_ms(calls)
     else:
         times = [ctx.kernel_ms(tables, batch) for tables, batch in calls]
-    for (rank, _, _), (f, b) in zip(groups, times, strict=True):
+    if dense:
+        if ctx.dense_kernel is None:
+            raise ValueError("dense kernel calls need ctx.dense_kernel (the fitted model)")
+        times = list(times) + [ctx.dense_kernel.ms(t, batch) for (_, _, batch), t in dense.items()]
+    for (rank, _, _), (f, b) in zip([*groups, *dense], times, strict=True):
         fwd[rank] += f
         bwd[rank] += b
     for rank, nbytes in terms.dense_bytes:

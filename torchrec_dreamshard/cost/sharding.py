@@ -23,10 +23,14 @@ Per type (every non-DP type also has the input all-to-all of ids, ``F[i, j] = b 
 
 * data-parallel: every rank looks up its local batch over the whole table
   (kernel at ``b``); backward, the all-reduce of the table's dense gradient ``S = R d e``
-  over all ranks, and dense passes over the table. We assume TorchRec's DP as it is:
-  a dense kernel whose gradient DDP all-reduces whole, then a dense optimizer step. We
-  price the kernel as the fused kernel at ``b`` and add ``4 R d e`` bytes of memory traffic
-  (zeroing the gradient, reading it, reading and writing the weights).
+  over all ranks. TorchRec's DP is a dense kernel (FBGEMM's
+  ``DenseTableBatchedEmbeddingBagsCodegen``) whose gradient DDP all-reduces whole, then
+  the job's dense optimizer step. Where the machine's dense kernel is fitted
+  (``ctx.dense_kernel``, :mod:`torchrec_dreamshard.measure.dense_kernels`), one dense
+  kernel per rank over its DP tables is priced by that model, optimizer step included;
+  elsewhere (accelerators we cannot time) as the fused kernel at ``b`` plus ``4 R d e``
+  bytes of memory traffic (zeroing the gradient, reading it, reading and writing the
+  weights) at ``ctx.mem_bw``.
 * table-wise: one rank looks up the global batch (kernel at ``B``); its outputs go to
   every other rank, ``F[o, j] = b w o``, forward, and back, backward.
 * column-wise: each shard (dim ``d_k``, the dim split evenly) acts as a table-wise table.
@@ -53,6 +57,7 @@ from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.physics import mean_access_count
 from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 
 SHARDING_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise", "table_row_wise")
 SEQUENCE_TYPES = ("data_parallel", "table_wise", "column_wise", "row_wise")  # TorchRec's EC
@@ -103,6 +108,9 @@ class CostContext:
             all-reduce alone.
         kernels_ms: optional ``[(tables, batch), ...] -> [(fwd_ms, bwd_ms), ...]`` pricing
             every kernel of a plan in one call (used instead of ``kernel_ms`` when given).
+        dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
+            run (``None``: DP is priced as the fused kernel plus dense passes at
+            ``mem_bw``; see the module docstring).
     """
 
     batch_size: int
@@ -114,6 +122,7 @@ class CostContext:
     skew: bool = True
     dense_grad_bytes: float = 0.0
     kernels_ms: KernelsFn | None = None
+    dense_kernel: DenseKernelModel | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
@@ -135,12 +144,14 @@ class CostContext:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """``table`` looked up on ``rank`` over ``batch`` bags, in the fused kernel ``group``."""
+    """``table`` looked up on ``rank`` over ``batch`` bags, in the kernel ``group`` (the
+    fused kernel, or the dense one that data-parallel tables run when ``dense``)."""
 
     rank: int
     group: str
     batch: int
     table: TableSpec
+    dense: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -230,9 +241,10 @@ def dp_terms(choice: TableChoice, ctx: CostContext) -> Terms:
     """Data-parallel (see the module docstring)."""
     t, every = choice.table, tuple(range(ctx.topology.world_size))
     table, bags = kernel_view(t, choice.pooled, ctx.local_batch)
-    kernels = tuple(KernelCall(r, _group(choice), bags, table) for r in every)
+    fitted = ctx.dense_kernel is not None
+    kernels = tuple(KernelCall(r, _group(choice), bags, table, dense=fitted) for r in every)
     grad = Exchange("data_parallel/grad", "all_reduce", every, buffer_bytes=t.size_bytes)
-    dense = tuple((r, DENSE_UPDATE_PASSES * t.size_bytes) for r in every)
+    dense = () if fitted else tuple((r, DENSE_UPDATE_PASSES * t.size_bytes) for r in every)
     return Terms(kernels, (grad,), dense)
 
 

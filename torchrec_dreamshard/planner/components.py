@@ -4,6 +4,7 @@ a user's components are of TorchRec's types."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ from torchrec.distributed.utils import get_device_type
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_dense_kernel_model
+from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
@@ -71,6 +74,9 @@ def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
     if calibrate is None or calibrate is False:
+        note = other_hardware(agent, topology)
+        if note:
+            logging.getLogger("torchrec_dreamshard.planner").warning(note)
         if not verify:
             return agent
         calibrate = None
@@ -90,6 +96,23 @@ def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int
             f"got {calibrate!r}"
         )
     return CalibratingAgent(agent, calibrate, verify_k=verify)
+
+
+def other_hardware(agent: Any, topology: Topology) -> str | None:
+    """Why the agent's kernel times may not hold here: it was trained on another CPU than
+    the one planning for CPU ranks (``None`` when they match, or cannot be told)."""
+    if isinstance(agent, Unloaded) or topology.compute_device != "cpu":
+        return None
+    trained = agent.meta.get("hardware", {})
+    here = cpu_name()
+    if trained.get("device") != "cpu" or trained.get("device_name") in (None, here):
+        return None
+    return (
+        f"the cost network was trained on {trained['device_name']} CPUs and this machine is "
+        f"{here}: its kernel times may be far off here (the CPU kernels' speeds differ "
+        "between CPU models); pass calibrate=True (or a budget in seconds) to measure this "
+        "machine's kernels before planning"
+    )
 
 
 class Unloaded:
@@ -126,3 +149,18 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
     if topology.compute_device == "cpu":
         return lambda: load_collective_models(backend="gloo")
     return lambda: analytic_models(CommTopology.from_torchrec(topology))
+
+
+def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | None]:
+    """Where the type choice's model of the data-parallel (dense) kernel comes from: on CPU
+    ranks, FBGEMM's dense kernel timed on this machine (once, a few seconds, then cached:
+    :func:`~torchrec_dreamshard.measure.dense_kernels.load_dense_kernel_model`); on GPUs,
+    timed on this machine's GPU where there is one (unmeasured here); else ``None``
+    (analytic: the fused kernel plus dense passes at memory bandwidth)."""
+    import torch
+
+    if topology.compute_device == "cpu":
+        return lambda: load_dense_kernel_model(device="cpu")
+    if topology.compute_device == "cuda" and torch.cuda.is_available():
+        return lambda: load_dense_kernel_model(device="cuda")
+    return lambda: None

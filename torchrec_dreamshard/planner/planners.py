@@ -67,10 +67,12 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.components import (
     Unloaded,
     check_components,
     default_collectives,
+    default_dense_kernel,
     default_topology,
     load_agent,
     with_calibration,
@@ -151,6 +153,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             round (0: no verification).
         collectives: the collective models the sharding-type choice rates plans with
             (default :func:`~torchrec_dreamshard.planner.components.default_collectives`).
+        dense_kernel: the model of the dense kernel data-parallel tables run, that the
+            type choice prices them with (default
+            :func:`~torchrec_dreamshard.planner.components.default_dense_kernel`).
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -184,6 +189,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         calibrate: Any = None,
         verify: int = 0,
         collectives: CollectiveModels | None = None,
+        dense_kernel: DenseKernelModel | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -203,7 +209,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self.table_specs = TableSpecs(sample_batches, topology.world_size)
         self.proposer, proposers = self._proposers_for(
             users, topology, batch_size, reservation, partitioner, constraints,
-            mode, num_samples, seed, collectives,
+            mode, num_samples, seed, collectives, dense_kernel,
         )  # fmt: skip
         self.perf_model = CostNetPerfModel(
             self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
@@ -234,13 +240,15 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self, users, topology, batch_size, reservation, partitioner, constraints, *settings
     ) -> tuple[DreamShardProposer, list[Proposer]]:
         """DreamShard's proposer, and every proposer wrapped to be tracked (ours first)."""
-        mode, num_samples, seed, collectives = settings
+        mode, num_samples, seed, collectives, dense_kernel = settings
         ours = DreamShardProposer(
             self.agent, topology, batch_size * topology.world_size, reservation, mode,
             num_samples, seed, fallback_partitioner=partitioner or GreedyPerfPartitioner(),
             constraints=constraints, spec_fn=self.table_specs,
             collectives=default_collectives(topology) if collectives is None
             else lambda: collectives,
+            dense_kernel=default_dense_kernel(topology) if dense_kernel is None
+            else lambda: dense_kernel,
         )  # fmt: skip
         self.proposal_log = ProposalLog()
         labels = ["DreamShardProposer"] + [f"{type(p).__name__}#{i}" for i, p in enumerate(users)]

@@ -52,6 +52,7 @@ from torchrec_dreamshard.data.splits import plan_entries, shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.options import (
     SpecFn,
@@ -105,6 +106,8 @@ class DreamShardProposer(Proposer):
             search space offers a table data-parallel, row-wise or table-row-wise; then
             :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser` decides which
             tables leave table-wise (``None``: every policy table stays table-wise).
+        dense_kernel: gives the machine's fitted dense-kernel model the type choice prices
+            data-parallel tables with (``None``, or giving ``None``: analytic).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class DreamShardProposer(Proposer):
         constraints: dict[str, ParameterConstraints] | None = None,
         spec_fn: SpecFn | None = None,
         collectives: Callable[[], CollectiveModels] | None = None,
+        dense_kernel: Callable[[], DenseKernelModel | None] | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -140,6 +144,7 @@ class DreamShardProposer(Proposer):
         self._proposal: list[ShardingOption] | None = None
         self._failure: PlannerError | None = None
         self._collectives = collectives
+        self._dense_kernel = dense_kernel
         self.sources: tuple[CandidateSource, ...] = default_sources()  # TorchRec's plan
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
@@ -209,8 +214,9 @@ class DreamShardProposer(Proposer):
             prediction_task(specs, self._topology.world_size, self._batch_size), self.sources
         )
         self.type_chooser = chooser = TypeChooser(
-            self._agent, self._topology, self._batch_size, self._spec, self._collectives()
-        )
+            self._agent, self._topology, self._batch_size, self._spec, self._collectives(),
+            None if self._dense_kernel is None else self._dense_kernel(),
+        )  # fmt: skip
         seq_fqns = {o.fqn for o in seq}
         rest = [o for o in others if o.fqn not in seq_fqns or o.fqn not in alts]
         taken = sum(option_bytes(o, tier) for o in rest) / len(capacity)

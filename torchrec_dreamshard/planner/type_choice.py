@@ -51,6 +51,7 @@ from torchrec_dreamshard.cost.sharding import (
 )
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.types import option_bytes, prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -129,6 +130,8 @@ class TypeChooser:
         batch_size: the global batch.
         spec_fn: the planner's table specs.
         collectives: the machine's fitted collective models.
+        dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
+            run (``None``: priced analytically, see :mod:`torchrec_dreamshard.cost.sharding`).
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class TypeChooser:
         batch_size: int,
         spec_fn: SpecFn,
         collectives: CollectiveModels,
+        dense_kernel: DenseKernelModel | None = None,
     ) -> None:
         self._agent = agent
         self._spec = spec_fn
@@ -149,6 +153,7 @@ class TypeChooser:
             collectives=collectives,
             kernel_ms=cost_network_kernel(agent),
             kernels_ms=cost_network_kernels(agent),
+            dense_kernel=dense_kernel,
         )
 
     def choose(
