@@ -5,7 +5,10 @@ Every family's model is planned by three planners, each with TorchRec's
 
 - **torchrec**: TorchRec's ``EmbeddingShardingPlanner`` (every sharding type);
 - **dreamshard**: ``DreamShardPlanner`` with every sharding type its constraints allow;
-- **dreamshard-tw**: ``DreamShardPlanner`` with table-wise-only constraints.
+- **dreamshard-tw**: ``DreamShardPlanner`` with table-wise-only constraints;
+- **dreamshard-cal**: ``DreamShardPlanner(calibrate=True)``: the bundled cost network
+  calibrated on this machine's kernels first (what a user on hardware other than the
+  checkpoint's does), every sharding type allowed.
 
 Each plan's model (:class:`torchrec_dreamshard.measure.step_model.StepDLRM`: dense MLP,
 the bag and sequence tables, over-arch; fused row-wise Adagrad on the embeddings) is
@@ -14,9 +17,10 @@ ranks, one thread each (:func:`torchrec_dreamshard.measure.dmp_step.time_plans`)
 round every plan runs warm-up steps then timed steps, in an order that changes from round
 to round; a round's figure is the mean timed step, the maximum over ranks. Reported per
 family: each plan's median step with its interval over rounds, the per-round ratios
-dreamshard / torchrec, dreamshard-tw / torchrec and dreamshard / dreamshard-tw with their
-intervals (order statistics, :mod:`torchrec_dreamshard.measure.step_stats`), and the
-sharding types each plan used. A difference is called only when its interval excludes 1.
+dreamshard / torchrec, dreamshard-tw / torchrec, dreamshard / dreamshard-tw and
+dreamshard-cal / torchrec with their intervals (order statistics,
+:mod:`torchrec_dreamshard.measure.step_stats`), and the sharding types each plan used.
+A difference is called only when its interval excludes 1.
 
 Families (per-rank batch 512 by default; ids drawn to each table's pooling factor and
 Zipf-skewed reuse by :mod:`torchrec_dreamshard.data.workloads`):
@@ -53,16 +57,17 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, load_note, machine  # noqa: E402
 
-from torchrec_dreamshard.cli.steptime import prepare_collectives  # noqa: E402
+from torchrec_dreamshard.cli.steptime import prepare_machine_models  # noqa: E402
 from torchrec_dreamshard.data.families import zipf_reuse_hist  # noqa: E402
 from torchrec_dreamshard.data.tables import TableSpec  # noqa: E402
 from torchrec_dreamshard.measure.step_model import StepModelSpec  # noqa: E402
 
-PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw")
+PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 RATIOS = (
     ("dreamshard", "torchrec"),
     ("dreamshard-tw", "torchrec"),
     ("dreamshard", "dreamshard-tw"),
+    ("dreamshard-cal", "torchrec"),
 )
 FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed")
 QUICK_FAMILIES = ("tiny", "sequence")
@@ -316,7 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"families": {}}
     raw["settings"], raw["machine"] = settings, machine()
-    prepare_collectives()  # DreamShardPlanner's type choice reads them on rank 0
+    prepare_machine_models()  # DreamShardPlanner's type choice reads them on rank 0
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _interrupt)  # a kill keeps the finished rounds, as Ctrl-C
     try:

@@ -200,7 +200,7 @@ def test_steptime_command_prints_the_comparison_and_writes_the_rounds(
     monkeypatch.setattr(dmp_step, "time_plans", fake_time_plans)
     from torchrec_dreamshard.cli import steptime
 
-    monkeypatch.setattr(steptime, "prepare_collectives", lambda: None)  # no gloo fit here
+    monkeypatch.setattr(steptime, "prepare_machine_models", lambda: None)  # no gloo fit here
     monkeypatch.delenv("RANK", raising=False)
     model = tmp_path / "model.json"
     model.write_text(json.dumps({"tables": [{"name": "a", "rows": 10, "dim": 4,

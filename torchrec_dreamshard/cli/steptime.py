@@ -30,9 +30,11 @@ MODEL.json is a task file ({"tables": [...]}, its other fields ignored) with opt
   torchrec-tw    the same, table-wise only
   dreamshard     DreamShardPlanner, every sharding type its constraints allow
   dreamshard-tw  DreamShardPlanner, table-wise only
+  dreamshard-cal DreamShardPlanner calibrated on this machine first (calibrate=True:
+                 its kernels measured within 60 s, cached for the next run)
 """
 
-PLANNER_KINDS = ("torchrec", "torchrec-tw", "dreamshard", "dreamshard-tw")
+PLANNER_KINDS = ("torchrec", "torchrec-tw", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 
 
 def table_wise_only(constraints: Mapping[str, Any]) -> dict[str, Any]:
@@ -74,6 +76,7 @@ class NamedPlanner:
         return DreamShardPlanner(
             topology=topology, batch_size=batch_size, constraints=dict(constraints),
             checkpoint=self.checkpoint, debug=False,
+            calibrate=True if self.kind.endswith("-cal") else None,
         )  # fmt: skip
 
 
@@ -129,13 +132,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def prepare_collectives() -> None:
-    """Fit (or load) this machine's gloo collective models before the ranks start, so
-    that DreamShardPlanner on rank 0 finds them cached instead of measuring them while
-    the other ranks wait."""
+def prepare_machine_models() -> None:
+    """Fit (or load) this machine's gloo collective models and dense-kernel model before
+    the ranks start, so that DreamShardPlanner on rank 0 finds them cached instead of
+    measuring them while the other ranks wait."""
     from torchrec_dreamshard.measure.collectives import load_collective_models
+    from torchrec_dreamshard.measure.dense_kernels import load_dense_kernel_model
 
     load_collective_models(backend="gloo")
+    load_dense_kernel_model(device="cpu")
 
 
 def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
@@ -145,7 +150,7 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
     from torchrec_dreamshard.measure.dmp_step import run_rounds, time_plans
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        prepare_collectives()
+        prepare_machine_models()
         return time_plans(spec, plans, args.world_size, config, args.round_log)
     dist.init_process_group("gloo", init_method="env://")
     try:
