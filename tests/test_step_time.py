@@ -167,6 +167,19 @@ def test_two_plans_are_timed_in_alternating_rounds_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
+def test_dreamshard_plans_bags_and_sequences_that_train_under_dmp_on_two_ranks():
+    """A model with an EmbeddingBagCollection and an EmbeddingCollection: DreamShardPlanner
+    plans both (the sequence table rated as a sequence lookup) and the plan trains."""
+    plans = {"dreamshard": NamedPlanner("dreamshard")}
+    config = StepTimerConfig(batch_size=16, rounds=1, warmup_steps=1, steps=2, timeout_s=240)
+    times = time_plans(tiny_spec(), plans, world_size=2, config=config)
+    tables = times.plans["dreamshard"]["tables"]
+    assert set(tables) == {"b0", "b1", "b2", "s0"}
+    assert all(math.isfinite(ms) and ms > 0 for ms in times.step_ms("dreamshard"))
+    assert times.plans["dreamshard"]["pipelined"] == 2
+
+
+@pytest.mark.slow
 def test_a_failing_plan_raises_on_the_caller_without_hanging():
     plans = {"ok": NamedPlanner("torchrec-tw"), "bad": failing_planner}
     config = StepTimerConfig(batch_size=8, rounds=1, warmup_steps=0, steps=1, timeout_s=120)
