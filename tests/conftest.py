@@ -71,12 +71,15 @@ CPU_DENSE_LIKE = DenseKernelModel(
 
 @pytest.fixture(autouse=True, scope="session")
 def fixed_collectives() -> Iterator[CollectiveModels]:
-    """The planner's CPU collective models are :data:`GLOO_LIKE` and its dense-kernel model
-    :data:`CPU_DENSE_LIKE` in every test: none calibrates gloo's collectives (20 s) or
-    times the dense kernel for the planner, and no plan depends on the machine's load."""
+    """The planner's CPU collective models are :data:`GLOO_LIKE`, its dense-kernel model
+    :data:`CPU_DENSE_LIKE` and its reference kernel unmeasured in every test: none
+    calibrates gloo's collectives (20 s) or times a kernel for the planner, and no plan
+    depends on the machine or its load."""
     from torchrec_dreamshard.planner import components
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(components, "load_collective_models", lambda **kw: GLOO_LIKE)
         patch.setattr(components, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
+        # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)
+        patch.setattr(components, "load_reference_ms", lambda **kw: None)
         yield GLOO_LIKE

@@ -117,7 +117,7 @@ def train_steps(model, plan, sharders, batch):
 def train(rank: int, world: int, out_dir: Path) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.policy import DreamShard
@@ -126,10 +126,15 @@ def train(rank: int, world: int, out_dir: Path) -> None:
     ebc = model.model.sparse_arch.embedding_bag_collection
     _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.05})
     sharders = [EmbeddingBagCollectionSharder()]
+    # table-wise only: the policy places every table, whatever this machine's collectives
+    # and dense kernel would make of replicating these tiny ones (test_step_time trains
+    # DreamShardPlanner's typed plans under DMP)
+    table_wise = ParameterConstraints(sharding_types=["table_wise"])
     planner = DreamShardPlanner(
         topology=Topology(world_size=world, compute_device="cpu"),
         batch_size=LOCAL_BATCH,
         agent=DreamShard.untrained(seed=0),
+        constraints={f"t{i}": table_wise for i in range(NUM_TABLES)},
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp, losses = train_steps(model, plan, sharders, lambda step: make_batch(rank, step))
@@ -283,7 +288,14 @@ def train_split(rank: int, world: int, out_dir: Path) -> None:
         topology=Topology(world_size=world, compute_device="cpu", ddr_cap=SPLIT_CAP),
         batch_size=LOCAL_BATCH,
         agent=DreamShard.untrained(seed=0),
-        constraints={"big": ParameterConstraints(min_partition=4)},
+        constraints={
+            "big": ParameterConstraints(min_partition=4),
+            # the small tables table-wise, as in train(): what is tested is the split
+            **{
+                f"t{i}": ParameterConstraints(sharding_types=["table_wise"])
+                for i in range(NUM_TABLES - 1)
+            },
+        },
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp, losses = train_steps(model, plan, sharders, lambda step: make_split_batch(rank, step))

@@ -220,3 +220,77 @@ def cost_network_kernels(agent: Predictor) -> KernelsFn:
         return [seen.get(k, (0.0, 0.0)) for k in keys]
 
     return kernels_ms
+
+
+def scaled_kernel(kernel_ms: KernelFn, speed: tuple[float, float]) -> KernelFn:
+    """``kernel_ms`` with its forward and backward multiplied by ``speed``."""
+
+    def scaled(tables: list[TableSpec], batch: int) -> tuple[float, float]:
+        f, b = kernel_ms(tables, batch)
+        return f * speed[0], b * speed[1]
+
+    return scaled
+
+
+def scaled_kernels(kernels_ms: KernelsFn, speed: tuple[float, float]) -> KernelsFn:
+    """``kernels_ms`` with every forward and backward multiplied by ``speed``."""
+
+    def scaled(calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        return [(f * speed[0], b * speed[1]) for f, b in kernels_ms(calls)]
+
+    return scaled
+
+
+class ScreeningKernels:
+    """Fused kernels priced for screening candidates: the sum of their tables' single-table
+    kernels (each predicted once), scaled per batch by the fusion ratio the cost network
+    gives one plan's kernels (:meth:`calibrate`). The candidates' many fused groups then
+    cost no prediction; the chosen candidate is rated again with the exact kernels.
+
+    Args:
+        exact: the cost network's ``kernels_ms``.
+    """
+
+    def __init__(self, exact: KernelsFn | None) -> None:
+        if exact is None:
+            raise ValueError("screening needs the cost network's kernels_ms")
+        self.exact = exact
+        self.ratio: dict[int, tuple[float, float]] = {}
+        self.single: dict[tuple[int, int], tuple[float, float]] = {}
+        self._alive: list[TableSpec] = []  # keeps the ids in ``single`` unique
+        self.last_calls: list[tuple[list[TableSpec], int]] = []
+
+    def summed(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        """Per call, the sum of its tables' single-table kernels (each predicted once; the
+        candidates' terms share their table objects, so they are remembered by identity)."""
+        missing = {
+            (b, id(t)): t for tables, b in calls for t in tables if (b, id(t)) not in self.single
+        }
+        if missing:
+            keys = list(missing)
+            times = self.exact([([missing[k]], k[0]) for k in keys])
+            self.single.update(zip(keys, times, strict=True))
+            self._alive.extend(missing.values())
+        out = []
+        for tables, b in calls:
+            part = [self.single[(b, id(t))] for t in tables]
+            out.append((sum(f for f, _ in part), sum(x for _, x in part)))
+        return out
+
+    def calibrate(self, calls: list[tuple[list[TableSpec], int]]) -> None:
+        """Fusion ratios per batch: exact over summed, over the kernels of ``calls``."""
+        fused, summed = self.exact(calls), self.summed(calls)
+        for batch in {b for _, b in calls}:
+            idx = [i for i, (tables, b) in enumerate(calls) if b == batch and len(tables) > 1]
+            top = [sum(fused[i][j] for i in idx) for j in (0, 1)]
+            low = [sum(summed[i][j] for i in idx) for j in (0, 1)]
+            if all(x > 0 for x in low):
+                self.ratio[batch] = (top[0] / low[0], top[1] / low[1])
+
+    def __call__(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
+        self.last_calls = calls
+        out = []
+        for (tables, batch), (f, b) in zip(calls, self.summed(calls), strict=True):
+            rf, rb = self.ratio.get(batch, (1.0, 1.0)) if len(tables) > 1 else (1.0, 1.0)
+            out.append((f * rf, b * rb))
+        return out

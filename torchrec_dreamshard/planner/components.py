@@ -25,6 +25,7 @@ from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
@@ -163,4 +164,19 @@ def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | 
         return lambda: load_dense_kernel_model(device="cpu")
     if topology.compute_device == "cuda" and torch.cuda.is_available():
         return lambda: load_dense_kernel_model(device="cuda")
+    return lambda: None
+
+
+def default_reference(topology: Topology) -> Callable[[], tuple[float, float] | None]:
+    """Where the type choice's reference-kernel time comes from: measured on this machine's
+    CPU (once, a second or two, then cached:
+    :func:`~torchrec_dreamshard.measure.reference_speed.load_reference_ms`) when planning
+    for CPU ranks, on its GPU for GPU ranks where there is one (unmeasured here); else
+    ``None`` (the cost network's kernels as predicted)."""
+    import torch
+
+    if topology.compute_device == "cpu":
+        return lambda: load_reference_ms(device="cpu")
+    if topology.compute_device == "cuda" and torch.cuda.is_available():
+        return lambda: load_reference_ms(device="cuda")
     return lambda: None

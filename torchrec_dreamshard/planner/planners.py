@@ -73,6 +73,7 @@ from torchrec_dreamshard.planner.components import (
     check_components,
     default_collectives,
     default_dense_kernel,
+    default_reference,
     default_topology,
     load_agent,
     with_calibration,
@@ -248,7 +249,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             collectives=default_collectives(topology) if collectives is None
             else lambda: collectives,
             dense_kernel=default_dense_kernel(topology) if dense_kernel is None
-            else lambda: dense_kernel,
+            else lambda: dense_kernel, reference_ms=default_reference(topology),
         )  # fmt: skip
         self.proposal_log = ProposalLog()
         labels = ["DreamShardProposer"] + [f"{type(p).__name__}#{i}" for i, p in enumerate(users)]

@@ -108,6 +108,9 @@ class DreamShardProposer(Proposer):
             tables leave table-wise (``None``: every policy table stays table-wise).
         dense_kernel: gives the machine's fitted dense-kernel model the type choice prices
             data-parallel tables with (``None``, or giving ``None``: analytic).
+        reference_ms: gives the reference kernel's time on this machine, that the type
+            choice brings the cost network's kernels to this machine's time with
+            (``None``, or giving ``None``: as predicted).
     """
 
     def __init__(
@@ -124,6 +127,7 @@ class DreamShardProposer(Proposer):
         spec_fn: SpecFn | None = None,
         collectives: Callable[[], CollectiveModels] | None = None,
         dense_kernel: Callable[[], DenseKernelModel | None] | None = None,
+        reference_ms: Callable[[], tuple[float, float] | None] | None = None,
     ) -> None:
         if mode not in PLACEMENT_MODES:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
@@ -144,7 +148,7 @@ class DreamShardProposer(Proposer):
         self._proposal: list[ShardingOption] | None = None
         self._failure: PlannerError | None = None
         self._collectives = collectives
-        self._dense_kernel = dense_kernel
+        self._machine = (dense_kernel or (lambda: None), reference_ms or (lambda: None))
         self.sources: tuple[CandidateSource, ...] = default_sources()  # TorchRec's plan
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit proposals
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
@@ -215,7 +219,7 @@ class DreamShardProposer(Proposer):
         )
         self.type_chooser = chooser = TypeChooser(
             self._agent, self._topology, self._batch_size, self._spec, self._collectives(),
-            None if self._dense_kernel is None else self._dense_kernel(),
+            *(give() for give in self._machine),
         )  # fmt: skip
         seq_fqns = {o.fqn for o in seq}
         rest = [o for o in others if o.fqn not in seq_fqns or o.fqn not in alts]

@@ -36,14 +36,16 @@ from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.plans import (
+    ScreeningKernels,
     cost_network_kernel,
     cost_network_kernels,
     plan_cost,
+    scaled_kernel,
+    scaled_kernels,
     terms_cost,
 )
 from torchrec_dreamshard.cost.sharding import (
     CostContext,
-    KernelsFn,
     TableChoice,
     Terms,
     job_terms,
@@ -52,6 +54,8 @@ from torchrec_dreamshard.cost.sharding import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
+from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+from torchrec_dreamshard.measure.reference_speed import speed_ratio
 from torchrec_dreamshard.planner.types import option_bytes, prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -103,12 +107,14 @@ class TypePlan:
         step_ms: the chosen plan's predicted step (typed cost model, greedy placement).
         table_wise_ms: all-table-wise, rated the same way.
         rated: candidates rated.
+        speed: the factors (fwd, bwd) the cost network's kernels were scaled by.
     """
 
     moved: dict[str, ShardingOption] = field(default_factory=dict)
     step_ms: float = math.nan
     table_wise_ms: float = math.nan
     rated: int = 0
+    speed: tuple[float, float] = (1.0, 1.0)
 
     def lines(self) -> list[str]:
         counts: dict[str, int] = {}
@@ -117,7 +123,8 @@ class TypePlan:
         kinds = ", ".join(f"{n} {t}" for t, n in sorted(counts.items())) or "none"
         return [
             f"Sharding types: {kinds} besides table-wise ({self.rated} candidates rated);",
-            f"  predicted step {self.step_ms:.3f} ms, all table-wise {self.table_wise_ms:.3f} ms",
+            f"  predicted step {self.step_ms:.3f} ms, all table-wise {self.table_wise_ms:.3f} ms"
+            f" (fused kernels x{self.speed[0]:.2f} fwd, x{self.speed[1]:.2f} bwd: this machine)",
         ]
 
 
@@ -132,6 +139,12 @@ class TypeChooser:
         collectives: the machine's fitted collective models.
         dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
             run (``None``: priced analytically, see :mod:`torchrec_dreamshard.cost.sharding`).
+        reference_ms: the reference kernel's ``(fwd_ms, bwd_ms)`` measured on this
+            machine: the cost network's fused kernels are scaled by it over the network's
+            prediction of it, so that they are priced in this machine's time beside the
+            measured dense kernel and collectives
+            (:mod:`torchrec_dreamshard.measure.reference_speed`). Not for an agent that
+            calibrates (its kernels are this machine's already), nor when ``None``.
     """
 
     def __init__(
@@ -142,17 +155,24 @@ class TypeChooser:
         spec_fn: SpecFn,
         collectives: CollectiveModels,
         dense_kernel: DenseKernelModel | None = None,
+        reference_ms: tuple[float, float] | None = None,
     ) -> None:
         self._agent = agent
         self._spec = spec_fn
         self._world = topology.world_size
         self._batch = batch_size
+        kernel, kernels = cost_network_kernel(agent), cost_network_kernels(agent)
+        self.speed = (1.0, 1.0)  # this machine's time over the cost network's
+        if reference_ms is not None and not agent.calibration_enabled:
+            predicted = kernel(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE)
+            self.speed = speed_ratio(reference_ms, predicted)
+            kernel, kernels = scaled_kernel(kernel, self.speed), scaled_kernels(kernels, self.speed)
         self.ctx = CostContext(
             batch_size=batch_size,
             topology=CommTopology.from_torchrec(topology),
             collectives=collectives,
-            kernel_ms=cost_network_kernel(agent),
-            kernels_ms=cost_network_kernels(agent),
+            kernel_ms=kernel,
+            kernels_ms=kernels,
             dense_kernel=dense_kernel,
         )
 
@@ -186,7 +206,7 @@ class TypeChooser:
         step = exact(moved) if moved else base_exact
         if not step < base_exact * (1 - TYPE_MARGIN):
             step, moved = base_exact, {}
-        return TypePlan(moved, step, base_exact, rate.count + exact.count)
+        return TypePlan(moved, step, base_exact, rate.count + exact.count, self.speed)
 
     def _single_costs(self, specs: list[TableSpec]) -> np.ndarray:
         if not specs:
@@ -230,61 +250,6 @@ def _prefix_sizes(n: int) -> list[int]:
         sizes.append(k)
         k *= PREFIX_GROWTH
     return sizes + [n] if n else []
-
-
-class ScreeningKernels:
-    """Fused kernels priced for screening candidates: the sum of their tables' single-table
-    kernels (each predicted once), scaled per batch by the fusion ratio the cost network
-    gives one plan's kernels (:meth:`calibrate`). The candidates' many fused groups then
-    cost no prediction; the chosen candidate is rated again with the exact kernels.
-
-    Args:
-        exact: the cost network's ``kernels_ms``.
-    """
-
-    def __init__(self, exact: KernelsFn | None) -> None:
-        if exact is None:
-            raise ValueError("screening needs the cost network's kernels_ms")
-        self.exact = exact
-        self.ratio: dict[int, tuple[float, float]] = {}
-        self.single: dict[tuple[int, int], tuple[float, float]] = {}
-        self._alive: list[TableSpec] = []  # keeps the ids in ``single`` unique
-        self.last_calls: list[tuple[list[TableSpec], int]] = []
-
-    def summed(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
-        """Per call, the sum of its tables' single-table kernels (each predicted once; the
-        candidates' terms share their table objects, so they are remembered by identity)."""
-        missing = {
-            (b, id(t)): t for tables, b in calls for t in tables if (b, id(t)) not in self.single
-        }
-        if missing:
-            keys = list(missing)
-            times = self.exact([([missing[k]], k[0]) for k in keys])
-            self.single.update(zip(keys, times, strict=True))
-            self._alive.extend(missing.values())
-        out = []
-        for tables, b in calls:
-            part = [self.single[(b, id(t))] for t in tables]
-            out.append((sum(f for f, _ in part), sum(x for _, x in part)))
-        return out
-
-    def calibrate(self, calls: list[tuple[list[TableSpec], int]]) -> None:
-        """Fusion ratios per batch: exact over summed, over the kernels of ``calls``."""
-        fused, summed = self.exact(calls), self.summed(calls)
-        for batch in {b for _, b in calls}:
-            idx = [i for i, (tables, b) in enumerate(calls) if b == batch and len(tables) > 1]
-            top = [sum(fused[i][j] for i in idx) for j in (0, 1)]
-            low = [sum(summed[i][j] for i in idx) for j in (0, 1)]
-            if all(x > 0 for x in low):
-                self.ratio[batch] = (top[0] / low[0], top[1] / low[1])
-
-    def __call__(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
-        self.last_calls = calls
-        out = []
-        for (tables, batch), (f, b) in zip(calls, self.summed(calls), strict=True):
-            rf, rb = self.ratio.get(batch, (1.0, 1.0)) if len(tables) > 1 else (1.0, 1.0)
-            out.append((f * rf, b * rb))
-        return out
 
 
 class _Rater:
