@@ -201,3 +201,39 @@ def test_quick_feasible_is_a_sound_bound(sampler, agent):
                 assert packs or not quick[k]
                 refused += int(not quick[k] and not packs)
     assert refused > 0
+
+
+def test_can_pack_never_claims_a_packing_that_does_not_exist():
+    """``can_pack``'s quick bounds (the O(D) one and the any-fit one) never claim a packing
+    that does not exist: whenever it says yes, a brute-force search of these small cases
+    finds an assignment of the rest that fits."""
+    import itertools
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from torchrec_dreamshard.policy.mdp import can_pack
+
+    sizes = st.lists(st.integers(1, 20), min_size=0, max_size=5)
+    frees = st.lists(st.integers(0, 40), min_size=1, max_size=3)
+
+    @settings(max_examples=300, deadline=None)
+    @given(sizes, frees, st.integers(0, 2), st.integers(0, 20))
+    def check(rest, free, d, size):
+        free = np.array(free, dtype=np.float64)
+        d = d % len(free)
+        rest = np.sort(np.array(rest, dtype=np.float64))[::-1]
+        if free[d] < size or not can_pack(rest, free, d, float(size)):
+            return  # it is asked only of devices with room for the table
+        trial = free.copy()
+        trial[d] -= size
+        fits = any(
+            all(
+                sum(rest[j] for j in range(len(rest)) if where[j] == k) <= trial[k]
+                for k in range(len(trial))
+            )
+            for where in itertools.product(range(len(trial)), repeat=len(rest))
+        )
+        assert fits, (rest, free, d, size)
+
+    check()

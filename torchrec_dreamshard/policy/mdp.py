@@ -68,6 +68,10 @@ def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
         return True
     trial = free.astype(np.float64)  # a copy
     trial[d] -= size
+    # the room above the largest exceeds all that is left: every table surely finds room
+    # (the bound below then holds for every k), decided in O(D)
+    if np.maximum(trial - rest[0], 0.0).sum() > rest.sum():
+        return True
     before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
     if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
         return True
