@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -40,10 +39,9 @@ from typing import Any
 
 import torch
 
-from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
-from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
@@ -251,12 +249,10 @@ def _device_name(backend: str) -> str:
 
 
 def default_collectives_path(backend: str | None = None) -> Path:
-    """Per-machine, per-backend cache file of the fitted models (beside the all-to-all
-    model's, under ``$XDG_CACHE_HOME`` or ~/.cache)."""
+    """Per-machine, per-backend cache file of the fitted models
+    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
     backend = backend or default_backend()
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    machine = stable_key([socket.gethostname(), _device_name(backend), torch.__version__])
-    return base / "torchrec_dreamshard" / f"collectives_{backend}_{machine}.json"
+    return machine_cache_path(f"collectives_{backend}", _device_name(backend))
 
 
 _LOADED: dict[str, CollectiveModels] = {}
@@ -269,16 +265,7 @@ def load_collective_models(
     calibrating and saving them first when the file does not exist."""
     backend = backend or default_backend()
     path = Path(path) if path is not None else default_collectives_path(backend)
-    if str(path) in _LOADED:
-        return _LOADED[str(path)]
-    if path.exists():
-        try:
-            models = CollectiveModels.from_dict(read_json(path, "collective models file"))
-        except ValueError as exc:
-            raise ValueError(f"{exc}; delete {str(path)!r} to refit") from None
-    else:
-        models = calibrate_collective_models(backend=backend)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, dumps_strict(models.to_dict()), "collective models file")
-    _LOADED[str(path)] = models
-    return models
+    return load_cached(
+        path, "collective models file", CollectiveModels.from_dict,
+        lambda: calibrate_collective_models(backend=backend), CollectiveModels.to_dict, _LOADED,
+    )  # fmt: skip

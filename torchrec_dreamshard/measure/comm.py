@@ -20,19 +20,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.io import atomic_write, dumps_strict
-from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 
 _CALIBRATION_BATCHES = (512, 2048, 8192)
@@ -216,33 +215,25 @@ def calibrate_comm_model(max_devices: int = 4) -> CommModel:
 
 
 def default_model_path() -> Path:
-    """Per-machine cache file of the fitted model (under ``$XDG_CACHE_HOME`` or ~/.cache)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    machine = stable_key([socket.gethostname(), cpu_name(), torch.__version__])
-    return base / "torchrec_dreamshard" / f"comm_model_{machine}.json"
+    """Per-machine cache file of the fitted model
+    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
+    return machine_cache_path("comm_model", cpu_name())
 
 
 _LOADED: dict[str, CommModel] = {}
+
+
+def _parse(data: Any) -> CommModel:
+    try:
+        return CommModel(**data)
+    except TypeError as exc:
+        raise ValueError(f"unreadable ({exc})") from None
 
 
 def load_comm_model(path: str | os.PathLike | None = None) -> CommModel:
     """The fitted model from ``path`` (default :func:`default_model_path`), calibrating and
     saving it first when the file does not exist."""
     path = Path(path) if path is not None else default_model_path()
-    if str(path) in _LOADED:
-        return _LOADED[str(path)]
-    if path.exists():
-        try:
-            model = CommModel(**json.loads(path.read_text()))
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise ValueError(
-                f"comm model file {str(path)!r} is unreadable ({exc}); delete it to refit"
-            ) from None
-    else:
-        model = calibrate_comm_model()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # a temporary file of its own (two first runs may calibrate at once; the last
-        # rename wins and both files are whole)
-        atomic_write(path, dumps_strict(asdict(model)), "comm model file")
-    _LOADED[str(path)] = model
-    return model
+    return load_cached(
+        path, "comm model file", _parse, lambda: calibrate_comm_model(), asdict, _LOADED
+    )

@@ -23,7 +23,6 @@ timer runs on the GPU (events); that path is written to be right and is unmeasur
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -35,10 +34,9 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
-from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.kernels import fused_ring
+from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.threads import single_thread
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -236,11 +234,10 @@ def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
 
 
 def default_dense_kernel_path(device: str = "cpu") -> Path:
-    """Per-machine cache file of the fitted model (beside the collectives' models)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    """Per-machine cache file of the fitted model
+    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
     name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
-    machine = stable_key([socket.gethostname(), name, torch.__version__])
-    return base / "torchrec_dreamshard" / f"dense_kernel_{device}_{machine}.json"
+    return machine_cache_path(f"dense_kernel_{device}", name)
 
 
 _LOADED: dict[str, DenseKernelModel] = {}
@@ -252,16 +249,7 @@ def load_dense_kernel_model(
     """The fitted model from ``path`` (default :func:`default_dense_kernel_path`),
     timing and saving it first when the file does not exist."""
     path = Path(path) if path is not None else default_dense_kernel_path(device)
-    if str(path) in _LOADED:
-        return _LOADED[str(path)]
-    if path.exists():
-        try:
-            model = DenseKernelModel.from_dict(read_json(path, "dense kernel model file"))
-        except ValueError as exc:
-            raise ValueError(f"{exc}; delete {str(path)!r} to refit") from None
-    else:
-        model = calibrate_dense_kernel_model(device)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, dumps_strict(model.to_dict()), "dense kernel model file")
-    _LOADED[str(path)] = model
-    return model
+    return load_cached(
+        path, "dense kernel model file", DenseKernelModel.from_dict,
+        lambda: calibrate_dense_kernel_model(device), DenseKernelModel.to_dict, _LOADED,
+    )  # fmt: skip

@@ -16,19 +16,19 @@ fix where it is affordable.
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
-from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
+from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
     time_fused_kernel,
 )
+from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 
 FORMAT_VERSION = 1
 
@@ -40,14 +40,25 @@ def measure_reference_ms(device: str = "cpu") -> tuple[float, float]:
 
 
 def default_reference_path(device: str = "cpu") -> Path:
-    """Per-machine cache file (beside the collectives' and the dense kernel's models)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    """Per-machine cache file
+    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
     name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
-    machine = stable_key([socket.gethostname(), name, torch.__version__])
-    return base / "torchrec_dreamshard" / f"reference_kernel_{device}_{machine}.json"
+    return machine_cache_path(f"reference_kernel_{device}", name)
 
 
 _LOADED: dict[str, tuple[float, float]] = {}
+
+
+def _parse(data: Any) -> tuple[float, float]:
+    try:
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(f"format version {data.get('version')!r}")
+        ms = (float(data["fwd_ms"]), float(data["bwd_ms"]))
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed ({exc})") from None
+    if not (ms[0] > 0 and ms[1] > 0):
+        raise ValueError(f"malformed (times {ms} are not positive)")
+    return ms
 
 
 def load_reference_ms(
@@ -56,29 +67,13 @@ def load_reference_ms(
     """The reference kernel's ``(fwd_ms, bwd_ms)`` here, from ``path`` (default
     :func:`default_reference_path`), measured and saved first when it does not exist."""
     path = Path(path) if path is not None else default_reference_path(device)
-    if str(path) in _LOADED:
-        return _LOADED[str(path)]
-    if path.exists():
-        data = read_json(path, "reference kernel file")
-        try:
-            if data.get("version") != FORMAT_VERSION:
-                raise ValueError(f"format version {data.get('version')!r}")
-            ms = (float(data["fwd_ms"]), float(data["bwd_ms"]))
-            if not (ms[0] > 0 and ms[1] > 0):
-                raise ValueError(f"times {ms} are not positive")
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ValueError(
-                f"reference kernel file {str(path)!r} is malformed ({exc}); delete it to "
-                "measure again"
-            ) from None
-    else:
-        ms = measure_reference_ms(device)
-        record = {"version": FORMAT_VERSION, "fwd_ms": ms[0], "bwd_ms": ms[1]}
-        record["source"] = f"reference kernel on {cpu_name() if device == 'cpu' else device}"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, dumps_strict(record), "reference kernel file")
-    _LOADED[str(path)] = ms
-    return ms
+
+    def dump(ms: tuple[float, float]) -> dict[str, Any]:
+        where = cpu_name() if device == "cpu" else device
+        return {"version": FORMAT_VERSION, "fwd_ms": ms[0], "bwd_ms": ms[1], "source": where}
+
+    measure = lambda: measure_reference_ms(device)  # noqa: E731 - late-bound for tests
+    return load_cached(path, "reference kernel file", _parse, measure, dump, _LOADED)
 
 
 def speed_ratio(
