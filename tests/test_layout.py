@@ -161,3 +161,19 @@ def test_agents_and_components_are_not_probed_with_getattr():
             ):
                 offenders.append(f"{_name(path)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def test_no_agent_is_typed_any():
+    """Every parameter that takes an agent (named ``agent`` or ``*_agent``) is typed with
+    what it needs (the protocol, or a concrete agent), not ``Any``."""
+    offenders = []
+    for path in _modules():
+        for node in ast.walk(_tree(path)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for arg in args:
+                named = arg.arg == "agent" or arg.arg.endswith("_agent")
+                if named and (arg.annotation is None or ast.unparse(arg.annotation) == "Any"):
+                    offenders.append(f"{_name(path)}:{node.lineno} {node.name}({arg.arg})")
+    assert not offenders, offenders

@@ -70,7 +70,9 @@ def check_components(enumerator, proposer, partitioner, performance_model, plan_
     return users
 
 
-def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int) -> Any:
+def with_calibration(
+    agent: PlacementAgent, topology: Topology, calibrate: Any, verify: int
+) -> PlacementAgent:
     """``agent`` wrapped to calibrate and/or verify in ``place`` (unchanged without)."""
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
@@ -99,7 +101,7 @@ def with_calibration(agent: Any, topology: Topology, calibrate: Any, verify: int
     return CalibratingAgent(agent, calibrate, verify_k=verify)
 
 
-def other_hardware(agent: Any, topology: Topology) -> str | None:
+def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
     """Why the agent's kernel times may not hold here: it was trained on another CPU than
     the one planning for CPU ranks (``None`` when they match, or cannot be told)."""
     if isinstance(agent, Unloaded) or topology.compute_device != "cpu":

@@ -124,7 +124,12 @@ class TypePlan:
         return [
             f"Sharding types: {kinds} besides table-wise ({self.rated} candidates rated);",
             f"  predicted step {self.step_ms:.3f} ms, all table-wise {self.table_wise_ms:.3f} ms"
-            f" (fused kernels x{self.speed[0]:.2f} fwd, x{self.speed[1]:.2f} bwd: this machine)",
+            + (
+                f" (fused kernels x{self.speed[0]:.2f} fwd, x{self.speed[1]:.2f} bwd: in "
+                "this machine's time)"
+                if self.speed != (1.0, 1.0)
+                else ""
+            ),
         ]
 
 
