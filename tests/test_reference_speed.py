@@ -82,7 +82,7 @@ def test_the_cache_file_is_kept_and_checked(tmp_path, monkeypatch):
     assert rs.load_reference_ms(path) == (2.0, 20.0) and calls == [1]  # read back, not timed
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"version": 1, "fwd_ms": -1, "bwd_ms": 2}))
-    with pytest.raises(ValueError, match="malformed.*delete it"):
+    with pytest.raises(ValueError, match="malformed.*delete .*bad.json"):
         rs.load_reference_ms(bad)
     assert rs.speed_ratio((2.0, 20.0), (1.0, 0.0)) == (2.0, 1.0)
 
