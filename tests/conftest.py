@@ -20,15 +20,41 @@ TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, sour
 @pytest.fixture
 def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
     """A known all-to-all model (:data:`TEST_COMM_MODEL`) in a private cache dir
-    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned processes): no test
-    calibrates gloo's all-to-all, nor reads or writes the user's cache."""
+    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned processes), beside the
+    fixed collective and dense-kernel models of :func:`fixed_collectives` and the bundled
+    network's own reference-kernel time: no test calibrates gloo's collectives or times
+    those kernels, in this process or in the ranks it spawns, nor reads or writes the
+    user's cache."""
+    from torchrec_dreamshard.measure import collectives, dense_kernels, reference_speed
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     comm_mod._LOADED.clear()
     path = comm_mod.default_model_path()
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(asdict(TEST_COMM_MODEL)))
+    collectives.default_collectives_path("gloo").write_text(json.dumps(GLOO_LIKE.to_dict()))
+    dense_kernels.default_dense_kernel_path().write_text(json.dumps(CPU_DENSE_LIKE.to_dict()))
+    fwd, bwd = bundled_reference_ms()
+    record = {"version": reference_speed.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
+    reference_speed.default_reference_path().write_text(json.dumps(record))
     yield TEST_COMM_MODEL
     comm_mod._LOADED.clear()
+
+
+_BUNDLED_REFERENCE: list[tuple[float, float]] = []
+
+
+def bundled_reference_ms() -> tuple[float, float]:
+    """The bundled network's prediction of the reference kernel (so that a spawned
+    planner scales its kernels by 1), computed once."""
+    if not _BUNDLED_REFERENCE:
+        from torchrec_dreamshard.cost.plans import cost_network_kernel
+        from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+        from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+
+        kernel = cost_network_kernel(load_checkpoint(None))
+        _BUNDLED_REFERENCE.append(kernel(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE))
+    return _BUNDLED_REFERENCE[0]
 
 
 @pytest.fixture

@@ -293,15 +293,16 @@ def test_cli_calibrate_exports_a_checkpoint(files, capsys, run_cli):
 def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -> None:
     """Every rank asks for a calibrated, verified plan; rank 0 calibrates and plans."""
     import torch.distributed as dist
-    from test_planner_distributed import LOCAL_BATCH, build_model
+    from test_planner_distributed import LOCAL_BATCH, NUM_TABLES, build_model
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
     from torchrec_dreamshard.planner import DreamShardPlanner
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
+    table_wise = ParameterConstraints(sharding_types=["table_wise"])
     report: dict = {}
     start = time.monotonic()
     with local_process_group(rank, world, port):
@@ -311,6 +312,9 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
             agent=DreamShard.untrained(seed=0),
             calibrate=config(budget_s=20.0, store=store),
             verify=2,
+            # table-wise: the policy places (and verification measures) every table on
+            # any machine; the type choice's calibration is tested in one process below
+            constraints={f"t{i}": table_wise for i in range(NUM_TABLES)},
         )
         try:
             plan = planner.collective_plan(

@@ -167,6 +167,7 @@ def test_two_plans_are_timed_in_alternating_rounds_on_two_ranks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("comm_model")  # fixed machine models for the spawned planner
 def test_dreamshard_plans_bags_and_sequences_that_train_under_dmp_on_two_ranks():
     """A model with an EmbeddingBagCollection and an EmbeddingCollection: DreamShardPlanner
     plans both (the sequence table rated as a sequence lookup) and the plan trains."""

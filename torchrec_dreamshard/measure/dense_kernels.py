@@ -65,7 +65,7 @@ class DenseKernelModel:
         device: ``"cpu"`` or ``"cuda"``.
         source: how it was obtained.
         samples: timed sets it was fitted on.
-        mape: mean absolute relative error of fwd + bwd over them.
+        mape: mean absolute relative error of fwd + bwd over them (``None``: not fitted).
     """
 
     fwd: tuple[float, ...]
@@ -73,7 +73,7 @@ class DenseKernelModel:
     device: str = "cpu"
     source: str = ""
     samples: int = 0
-    mape: float = float("nan")
+    mape: float | None = None
     version: int = field(default=FORMAT_VERSION)
 
     def __post_init__(self) -> None:

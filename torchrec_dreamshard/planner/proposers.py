@@ -108,9 +108,8 @@ class DreamShardProposer(Proposer):
             tables leave table-wise (``None``: every policy table stays table-wise).
         dense_kernel: gives the machine's fitted dense-kernel model the type choice prices
             data-parallel tables with (``None``, or giving ``None``: analytic).
-        reference_ms: gives the reference kernel's time on this machine, that the type
-            choice brings the cost network's kernels to this machine's time with
-            (``None``, or giving ``None``: as predicted).
+        reference_ms: gives the reference kernel's time here, to price the cost network's
+            kernels in this machine's time (``None``, or giving ``None``: as predicted).
     """
 
     def __init__(
@@ -217,9 +216,10 @@ class DreamShardProposer(Proposer):
         self._agent.prepare(
             prediction_task(specs, self._topology.world_size, self._batch_size), self.sources
         )
+        dense, reference = self._machine  # a calibrating agent's kernels need no scale
         self.type_chooser = chooser = TypeChooser(
             self._agent, self._topology, self._batch_size, self._spec, self._collectives(),
-            *(give() for give in self._machine),
+            dense(), None if self._agent.calibration_enabled else reference(),
         )  # fmt: skip
         seq_fqns = {o.fqn for o in seq}
         rest = [o for o in others if o.fqn not in seq_fqns or o.fqn not in alts]
