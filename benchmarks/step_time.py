@@ -190,7 +190,8 @@ def read_round_log(path: Path) -> list[dict]:
 
 
 def run_family(name: str, raw: dict, settings: dict, raw_path: Path) -> None:
-    """Plan ``name``, take over finished rounds when nothing changed, time the rest."""
+    """Plan ``name``, take over finished rounds when nothing changed (settings, plans and
+    the CPU model: rounds from another machine are never mixed in), time the rest."""
     from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, time_plans
 
     spec = family_spec(name, settings["batch_size"])
@@ -198,12 +199,15 @@ def run_family(name: str, raw: dict, settings: dict, raw_path: Path) -> None:
     log = raw_path.with_name(f"{raw_path.stem}.{name}.jsonl")
     old = raw["families"].get(name)
     kept = []
-    if old and old["settings"] == settings and same_plans(old["plans"], summaries):
+    cpu = raw["machine"]["device_name"]
+    same = old and old["settings"] == settings and old.get("cpu") == cpu
+    if same and same_plans(old["plans"], summaries):
         kept = old["rounds"] + read_round_log(log)
     elif old or log.exists():
-        print(f"{name}: plans or settings changed; its earlier rounds are dropped", flush=True)
+        print(f"{name}: plans, settings or CPU changed; earlier rounds are dropped", flush=True)
     log.unlink(missing_ok=True)
-    entry = {"settings": settings, "model": describe(spec), "plans": summaries, "rounds": kept}
+    entry = {"settings": settings, "cpu": cpu, "model": describe(spec), "plans": summaries,
+             "rounds": kept}  # fmt: skip
     raw["families"][name] = entry
     todo = settings["rounds"] - len(kept)
     print(f"{name}: {len(kept)} rounds kept, {max(todo, 0)} to run", flush=True)
@@ -238,7 +242,7 @@ def family_lines(name: str, entry: dict) -> list[str]:
     model, rounds, plans = entry["model"], entry["rounds"], entry["plans"]
     lines = [
         f"### {name}: {model['bag_tables']} bag tables, {model['sequence_tables']} sequence "
-        f"tables, {model['mib']:.0f} MiB; {len(rounds)} rounds",
+        f"tables, {model['mib']:.0f} MiB; {len(rounds)} rounds on {entry['cpu']}",
         "",
         "| planner | median step ms [interval] | sharding types | planning s |",
         "|---|---|---|---|",
@@ -282,8 +286,9 @@ def report(raw: dict, quick: bool) -> str:
         "Medians over rounds with order-statistic intervals; ratios are per round (a / b in "
         "the same round). A difference is called only when its interval excludes 1.",
         "",
-        f"Produced by `python benchmarks/step_time.py{' --quick' if quick else ''}`. "
-        + load_note(),
+        f"Produced by `python benchmarks/step_time.py{' --quick' if quick else ''}`; each "
+        "family names the CPU model it was timed on (a re-run on another CPU model times "
+        "the family afresh). " + load_note(),
         "",
     ]
     if quick:
@@ -320,6 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     raw_path = RESULTS / f"{stem}_raw.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"families": {}}
+    for entry in raw["families"].values():  # files from before each family named its CPU
+        entry.setdefault("cpu", raw["machine"]["device_name"])
     raw["settings"], raw["machine"] = settings, machine()
     prepare_machine_models()  # DreamShardPlanner's type choice reads them on rank 0
     start = time.perf_counter()
