@@ -88,9 +88,9 @@ def test_plan_from_entries_refuses_a_table_twice():
         plan_from_entries(task, {"a": 0, "b": 0}, {"a": [{"device": 1, "columns": [0, 64]}]})
 
 
-def _check_plan(task: Task, plan, distinct_devices: bool = True) -> None:
-    """Shards cover each table's columns exactly once (on as many devices, unless not
-    ``distinct_devices``) and every device's memory holds."""
+def _check_plan(task: Task, plan) -> None:
+    """Shards cover each table's columns exactly once, on as many devices, and every
+    device's memory holds."""
     whole, shards = plan_entries(plan.sharded, plan.placement)
     assert set(whole) | set(shards) == set(task.names)
     for name, entries in shards.items():
@@ -98,7 +98,7 @@ def _check_plan(task: Task, plan, distinct_devices: bool = True) -> None:
         cols = [e["columns"] for e in entries]
         assert cols[0][0] == 0 and cols[-1][1] == dim
         assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
-        assert not distinct_devices or len({e["device"] for e in entries}) == len(entries)
+        assert len({e["device"] for e in entries}) == len(entries)
     used = device_bytes(plan.sharded.shards, plan.placement)
     assert all(u <= m for u, m in zip(used, task.memory, strict=True))
 
@@ -193,7 +193,7 @@ def test_split_plans_of_small_tasks_against_every_plan():
     for seed in range(8):
         task, agent = _small_task(seed), _AdditiveAgent()
         plan = plan_with_splits(agent, task)
-        _check_plan(task, plan, distinct_devices=False)  # see the next test
+        _check_plan(task, plan)
         got = _additive_ms(plan.sharded.shards, plan.placement)
         whole = _additive_ms(task, agent.place(task))
         assert plan.predicted_ms == pytest.approx(got)
@@ -202,15 +202,17 @@ def test_split_plans_of_small_tasks_against_every_plan():
     assert min(gains) < 0.97
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the split search's last step re-places the task of shards with the policy, "
-    "which does not know which shards are one table's: both halves of t1 land on device 0",
-)
 def test_a_split_tables_shards_are_on_distinct_devices_after_the_policy_re_places_them():
-    plan = plan_with_splits(_AdditiveAgent(), _small_task(7))
-    assert plan.sharded.counts == {"t1": 2}
-    _check_plan(_small_task(7), plan)
+    """The policy places a task of shards not knowing which are one table's: on task 7, cut
+    t1 in two and it stacks both halves on device 0 (the defect this guards against). The
+    search never takes such a placement: on every small task, each split table's shards
+    are on distinct devices."""
+    task = _small_task(7)
+    stacked = shard_task(task, {"t1": 2})
+    placement = _AdditiveAgent().place(stacked.shards)
+    assert [d for k, d in enumerate(placement) if stacked.owner[k] == 1] == [0, 0]
+    for seed in range(16):
+        _check_plan(_small_task(seed), plan_with_splits(_AdditiveAgent(), _small_task(seed)))
 
 
 class _AdditiveAgent:

@@ -13,8 +13,10 @@ When the planner splits:
    when the predicted step falls by at least :data:`MIN_GAIN`, or, at no higher a step,
    the slowest device's predicted compute does (a dominant table under an all-to-all
    that sets the step); finally the policy re-places the task of shards and the better
-   of the two predictions is kept. The search starts from the whole-table plan, so the
-   predicted step never gets worse than the table-wise one.
+   of the two predictions is kept. A policy placement that puts two shards of one table
+   on one device is never taken (the split would gain nothing there). The search starts
+   from the whole-table plan, so the predicted step never gets worse than the table-wise
+   one.
 
 The work is bounded (:data:`SEARCH_ROUNDS` rounds of at most 2 x :data:`SEARCH_TABLES`
 tables tried, each a few cost-network predictions and, on small tasks, a policy run), so
@@ -130,7 +132,7 @@ def plan_with_splits(
     if best.sharded.columns and len(best.sharded.shards.tables) <= REPLACE_MAX_TABLES:
         again = how.place(placer, best.sharded.shards)
         again_ms = float(agent.predict(best.sharded.shards, again).step_ms)
-        if again_ms < best.predicted_ms:
+        if again_ms < best.predicted_ms and _shards_apart(best.sharded, again):
             best = SplitPlan(best.sharded, again, again_ms, best.whole_ms)
     if not best.sharded.columns:
         placer.last_report = report
@@ -271,9 +273,20 @@ def _candidates(best, table, n, load, compute, costs, replace):
             best.sharded.task, {**best.sharded.columns, best.sharded.task.tables[table].name: n}
         )
         try:
-            yield sharded, replace(sharded.shards)
+            placement = replace(sharded.shards)
         except ValueError:  # the policy finds no placement of these shards
             return
+        if _shards_apart(sharded, placement):
+            yield sharded, placement
+
+
+def _shards_apart(sharded: ShardTask, placement: Sequence[int]) -> bool:
+    """Whether every split table's shards are on as many devices as it has shards. The
+    policy places shards as tables, not knowing which are one table's: two shards of one
+    table on one device cost that device the whole table again, and the split gains
+    nothing for it, so a re-placement that stacks them is not taken."""
+    pairs = set(zip(sharded.owner, (int(d) for d in placement), strict=True))
+    return len(pairs) == len(sharded.owner)
 
 
 def _compute(pred: CostPrediction) -> np.ndarray:
