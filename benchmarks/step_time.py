@@ -39,6 +39,7 @@ settings are unchanged; otherwise that family starts afresh). ``--quick`` is a s
 (2 rounds, short steps, two families) written to ``step_time_quick*``.
 
 Usage: python benchmarks/step_time.py [--rounds 10] [--families tiny,mixed] [--quick]
+    [--name STEM]   # results/STEM.md and STEM_raw.json: keep another machine's run apart
 """
 
 from __future__ import annotations
@@ -275,7 +276,7 @@ def family_lines(name: str, entry: dict) -> list[str]:
     return lines + [""]
 
 
-def report(raw: dict, quick: bool) -> str:
+def report(raw: dict, quick: bool, command: str = "python benchmarks/step_time.py") -> str:
     s = raw["settings"]
     head = [
         "# End-to-end step time: planners on real DMP training steps",
@@ -286,9 +287,11 @@ def report(raw: dict, quick: bool) -> str:
         "Medians over rounds with order-statistic intervals; ratios are per round (a / b in "
         "the same round). A difference is called only when its interval excludes 1.",
         "",
-        f"Produced by `python benchmarks/step_time.py{' --quick' if quick else ''}`; each "
+        f"Produced by `{command}`; each "
         "family names the CPU model it was timed on (a re-run on another CPU model times "
-        "the family afresh). " + load_note(),
+        "the family afresh). "
+        + raw["machine"].get("note", load_note())
+        + f" The benchmark's own {WORLD} ranks keep {WORLD} cores busy: that load counts them.",
         "",
     ]
     if quick:
@@ -310,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=512, help="samples per rank per step")
     ap.add_argument("--families", help=f"comma-separated, of {','.join(FAMILIES)}")
     ap.add_argument("--quick", action="store_true", help="smoke run: 2 rounds, 2 families")
+    ap.add_argument(
+        "--name", help="results file stem (default step_time, or step_time_quick with --quick)"
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.rounds, args.steps, args.warmup = 2, 3, 1
@@ -321,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"unknown families {unknown}; known: {','.join(FAMILIES)}")
     settings = {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
                 "batch_size": args.batch_size, "world_size": WORLD}  # fmt: skip
-    stem = "step_time_quick" if args.quick else "step_time"
+    stem = args.name or ("step_time_quick" if args.quick else "step_time")
     raw_path = RESULTS / f"{stem}_raw.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = json.loads(raw_path.read_text()) if raw_path.exists() else {"families": {}}
@@ -342,7 +348,7 @@ def main(argv: list[str] | None = None) -> None:
     # Every family taken with these settings, this run's and earlier runs'.
     done = {n: raw["families"][n] for n in FAMILIES if n in raw["families"]}
     done = {n: e for n, e in done.items() if e["settings"] == settings}
-    text = report({**raw, "families": done}, args.quick)
+    text = report({**raw, "families": done}, args.quick, "python " + " ".join(sys.argv))
     (RESULTS / f"{stem}.md").write_text(text.rstrip() + "\n")
     print(f"wrote {raw_path} and {RESULTS / f'{stem}.md'} in {time.perf_counter() - start:.0f} s")
 
