@@ -1,0 +1,127 @@
+"""Headroom on the step-time benchmark's mixed family: is any plan much faster than
+TorchRec's on this machine?
+
+The step-time benchmark asks ``DreamShardPlanner`` for 0.90x TorchRec's step on the mixed
+family (80 tiny, 2 huge hot and 8 medium tables). Whether that is within reach depends on
+the CPU: this script times, on real DMP training steps on 2 gloo ranks in alternating
+rounds (:func:`torchrec_dreamshard.measure.dmp_step.time_plans`), TorchRec's plan, ours,
+and plans that TorchRec's planner makes under forced sharding types, each a way a planner
+could spend the step differently:
+
+- ``all_tiny_dp``: every tiny table data-parallel (TorchRec replicates some);
+- ``no_dp``: every table table-wise (no all-reduce, every tiny table in the all-to-all);
+- ``cw_huge``: both huge tables column-wise over both ranks (each rank half of each).
+
+Ratios are to TorchRec's plan, per round, with order-statistic intervals.
+
+    python benchmarks/mixed_headroom.py [--rounds 30]
+
+Writes ``results/mixed_headroom.json`` (every round) and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine, write  # noqa: E402
+from step_time import WORLD, family_spec  # noqa: E402
+
+from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_models  # noqa: E402
+from torchrec_dreamshard.measure.dmp_step import (  # noqa: E402
+    StepTimerConfig,
+    make_plan,
+    plan_summary,
+    time_plans,
+)
+from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval  # noqa: E402
+
+BATCH = 512  # per rank, as the step-time benchmark
+
+
+@dataclasses.dataclass
+class Forced:
+    """TorchRec's planner with the sharding types of some tables forced (see the module
+    docstring for each ``kind``)."""
+
+    kind: str
+
+    def __call__(self, topology, batch_size, constraints):
+        from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+        cons = dict(constraints)
+        for name, c in constraints.items():
+            if self.kind == "cw_huge" and name.startswith("huge"):
+                cons[name] = dataclasses.replace(
+                    c, sharding_types=["column_wise"], min_partition=32
+                )
+            elif self.kind == "all_tiny_dp" and name.startswith("tiny"):
+                cons[name] = dataclasses.replace(c, sharding_types=["data_parallel"])
+            elif self.kind == "no_dp":
+                cons[name] = dataclasses.replace(c, sharding_types=["table_wise"])
+        return EmbeddingShardingPlanner(
+            topology=topology, batch_size=batch_size, constraints=cons, debug=False
+        )
+
+
+PLANS = {
+    "torchrec": NamedPlanner("torchrec"),
+    "dreamshard": NamedPlanner("dreamshard"),
+    "all_tiny_dp": Forced("all_tiny_dp"),
+    "no_dp": Forced("no_dp"),
+    "cw_huge": Forced("cw_huge"),
+}
+
+
+def summary(times: dict[str, list[float]], types: dict[str, dict], rounds: int) -> str:
+    lines = [
+        "# Headroom on the mixed family: plans timed against TorchRec's",
+        "",
+        f"Real DMP training steps on {WORLD} gloo ranks, per-rank batch {BATCH}, {rounds} "
+        "alternating rounds of 3 warm-up and 10 timed steps; ratios per round to TorchRec's "
+        "plan, medians with order-statistic intervals. Produced by "
+        "`python benchmarks/mixed_headroom.py`. " + machine()["note"],
+        "",
+        "| plan | sharding types | median step ms [interval] | / torchrec [interval] |",
+        "|---|---|---|---|",
+    ]
+    for name, ms in times.items():
+        step = median_interval(ms)
+        kinds = ", ".join(f"{n} {t}" for t, n in sorted(types[name].items()))
+        ratio = "1" if name == "torchrec" else _cell(ratio_interval(ms, times["torchrec"]))
+        lines.append(f"| {name} | {kinds} | {_cell(step, 2)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _cell(iv, digits: int = 3) -> str:
+    return f"{iv.median:.{digits}f} [{iv.low:.{digits}f}, {iv.high:.{digits}f}]"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=30)
+    args = ap.parse_args(argv)
+    prepare_machine_models()
+    spec = family_spec("mixed", BATCH)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plans = {name: make_plan(spec, p, WORLD, BATCH) for name, p in PLANS.items()}
+    summaries = {name: plan_summary(plan) for name, plan in plans.items()}
+    types = {n: dict(Counter(v["sharding_type"] for v in s.values())) for n, s in summaries.items()}
+    times = time_plans(spec, plans, WORLD, StepTimerConfig(rounds=args.rounds, batch_size=BATCH))
+    ms = {name: [float(x) for x in times.step_ms(name)] for name in plans}
+    raw = {"machine": machine(), "rounds": args.rounds, "plans": summaries, "step_ms": ms}
+    write("mixed_headroom", raw, summary(ms, types, args.rounds))
+    best = min(ms, key=lambda n: float(np.median(ms[n])))
+    print(f"fastest median: {best}")
+
+
+if __name__ == "__main__":
+    main()
