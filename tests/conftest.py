@@ -58,6 +58,25 @@ def bundled_reference_ms() -> tuple[float, float]:
 
 
 @pytest.fixture
+def quiet() -> Iterator[None]:
+    """Warnings silenced for the test (TorchRec's planner warns about topologies and
+    storage reservations on every plan); a module takes it with
+    ``pytestmark = pytest.mark.usefixtures("quiet")``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+@pytest.fixture(scope="module")
+def agent():
+    """An untrained agent (seed 0): what planner tests place with when the plan's quality
+    is not what they test. A module that needs another agent defines its own ``agent``."""
+    from torchrec_dreamshard.policy import DreamShard
+
+    return DreamShard.untrained(seed=0)
+
+
+@pytest.fixture
 def run_cli() -> Callable[[Sequence[str]], int]:
     """``run_cli(argv)``: the ``dreamshard`` entry point's exit code, warnings silenced."""
     from torchrec_dreamshard.cli import main

@@ -10,7 +10,6 @@ is TorchRec's (an error type), TorchRec's planner is run on the same input besid
 from __future__ import annotations
 
 import inspect
-import warnings
 
 import pytest
 import torch
@@ -44,16 +43,7 @@ SHARDERS = [EmbeddingBagCollectionSharder()]
 FQN = "ebc."
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-@pytest.fixture(scope="module")
-def agent() -> DreamShard:
-    return DreamShard.untrained(seed=0)
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 class Model(torch.nn.Module):

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torch import nn
@@ -34,16 +32,7 @@ META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-@pytest.fixture(scope="module")
-def agent() -> DreamShard:
-    return DreamShard.untrained(seed=0)
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 def configs(n: int, rows: int = 1000, dim: int = 16, prefix: str = "t") -> list:

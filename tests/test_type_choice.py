@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -21,11 +19,7 @@ from torchrec_dreamshard.policy import DreamShard
 META = torch.device("meta")
 
 
-@pytest.fixture(autouse=True)
-def _quiet():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet")
 
 
 @pytest.fixture(scope="module")
