@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from torchrec_dreamshard.data.sampler import make_task
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure import measure_in_rounds, measure_plans, round_order
+from torchrec_dreamshard.measure import (
+    balanced_order,
+    measure_in_rounds,
+    measure_plans,
+    round_order,
+)
 from torchrec_dreamshard.measure import placement as placement_mod
 from torchrec_dreamshard.measure.types import PlacementMeasurement
 
@@ -29,6 +36,26 @@ def test_round_order_rotates_so_every_item_takes_every_position():
     for pos in range(4):
         assert sorted(o[pos] for o in orders) == [0, 1, 2, 3]
     assert all(sorted(o) == [0, 1, 2, 3] for o in orders)
+
+
+def test_balanced_order_alternates_and_visits_every_order():
+    names = "AB"
+    assert ["".join(names[i] for i in balanced_order(2, r)) for r in range(4)] == [
+        "AB", "BA", "BA", "AB",
+    ]  # fmt: skip
+    three = {tuple(balanced_order(3, r)) for r in range(6)}
+    assert three == set(itertools.permutations(range(3)))
+
+
+def test_an_order_shifted_by_the_rounds_already_run_continues_where_a_run_stopped():
+    """The step timer resumes a run in another process: rounds 2 and 3 of a run started
+    at round 2 take the orders rounds 2 and 3 of one long run take."""
+    measure, calls = recorder()
+    measure_in_rounds([["a", "b"]], measure, 4, order=balanced_order)
+    whole = [k for _, k in calls]
+    measure, calls = recorder()
+    measure_in_rounds([["a", "b"]], measure, 2, order=lambda n, r: balanced_order(n, 2 + r))
+    assert [k for _, k in calls] == whole[4:] == ["b", "a", "a", "b"]
 
 
 def test_two_plans_alternate_and_every_plan_is_measured_every_round():

@@ -15,7 +15,12 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
 from torchrec_dreamshard.measure.kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement
-from torchrec_dreamshard.measure.rounds import measure_in_rounds, measure_plans, round_order
+from torchrec_dreamshard.measure.rounds import (
+    balanced_order,
+    measure_in_rounds,
+    measure_plans,
+    round_order,
+)
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 
@@ -29,6 +34,7 @@ __all__ = [
     "PlacementExample",
     "PlacementMeasurement",
     "REFERENCE_TABLES",
+    "balanced_order",
     "calibrate_comm_model",
     "hardware_fingerprint",
     "load_comm_model",

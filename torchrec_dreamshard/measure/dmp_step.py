@@ -8,8 +8,9 @@ data-parallel gradients), the dense part and the fused optimizer. Each plan's mo
 round runs each plan for ``warmup_steps`` untimed steps and ``steps`` timed ones. The
 time of a round is the wall clock over its timed steps, started after a barrier, the
 maximum over ranks, divided by ``steps``. Plans run in a different order each round
-(:func:`round_order`), so that neither drift of the machine nor the position in a round
-favours one plan.
+(:func:`~torchrec_dreamshard.measure.rounds.balanced_order`, through the package's one
+rounds loop), so that neither drift of the machine nor the position in a round favours
+one plan.
 
 Embeddings train with TorchRec's fused row-wise Adagrad (``RowWiseAdagrad`` applied in
 the backward, fused into the FBGEMM kernel where the plan uses one), the dense part with
@@ -37,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
 from torchrec_dreamshard.measure.step_model import StepBatch, StepDLRM, StepModelSpec, make_batch
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
@@ -115,17 +117,6 @@ class StepTimes:
 
 class StepTimerError(RuntimeError):
     """A rank of the step timer failed or the run timed out."""
-
-
-def round_order(names: Sequence[str], round_index: int) -> list[str]:
-    """The order plans run in round ``r``: rotated by ``r // 2``, reversed on odd rounds.
-
-    Two plans alternate (AB, BA, BA, AB, ...); three run in all six orders every six rounds.
-    """
-    names = list(names)
-    k = (round_index // 2) % max(1, len(names))
-    rotated = names[k:] + names[:k]
-    return rotated[::-1] if round_index % 2 else rotated
 
 
 # ----------------------------------------------------------------------------------------
@@ -289,16 +280,21 @@ def run_rounds(
         config=asdict(config),
         plans={name: {"tables": plan_summary(plan)} for name, plan in resolved.items()},
     )
-    for r in range(config.first_round, config.first_round + config.rounds):
-        order = round_order(list(resolved), r)
-        step_ms = {
-            name: time_round(pipelines[name], batches, config.warmup_steps, config.steps)
-            for name in order
-        }
-        times.rounds.append({"round": r, "order": order, "step_ms": step_ms})
+    first = config.first_round
+
+    def step(_: int, name: str) -> float:
+        return time_round(pipelines[name], batches, config.warmup_steps, config.steps)
+
+    def kept(_: int, r: int, step_ms: dict[str, float]) -> None:
+        times.rounds.append({"round": first + r, "order": list(step_ms), "step_ms": step_ms})
         if rank == 0 and round_log is not None:
             with open(round_log, "a") as f:
                 f.write(json.dumps(times.rounds[-1]) + "\n")
+
+    measure_in_rounds(
+        [list(resolved)], step, config.rounds, on_group=kept,
+        order=lambda n, r: balanced_order(n, first + r),
+    )  # fmt: skip
     for name, pipeline in pipelines.items():
         times.plans[name]["pipelined"] = len(pipeline._pipelined_modules)
     return times

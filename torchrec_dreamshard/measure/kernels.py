@@ -23,6 +23,7 @@ import torch
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.workloads import fuse_batches, generate_batch
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.rounds import measure_in_rounds
 from torchrec_dreamshard.threads import single_thread
 
 # The fixed reference kernel timed beside every measurement (rows, dim, pooling factor).
@@ -290,27 +291,32 @@ def reference_numel(config: MeasureConfig) -> int:
     return sum(state_numel(REFERENCE_TABLES, REFERENCE_CONFIG_FIELDS["optimizer"]))
 
 
-def interleaved_rounds(kernels: Sequence[FusedKernel | None], config: MeasureConfig) -> np.ndarray:
-    """Time several kernels in interleaved rounds.
+def time_kernels(kernels: Sequence[FusedKernel | None], config: MeasureConfig) -> np.ndarray:
+    """Time several kernels against each other in ``config.rounds`` interleaved rounds
+    (:func:`~torchrec_dreamshard.measure.rounds.measure_in_rounds`, each kernel a key).
 
-    Each round visits every kernel once (starting one further along each round), running
-    ``config.warmup`` untimed iterations on the first visit and one afterwards (to bring
-    the kernel's own data back to cache, as a real training loop would have it), then
-    ``config.iters`` timed ones.
+    A kernel runs ``config.warmup`` untimed iterations on its first visit and one on each
+    later visit (to bring its own data back to cache, as a real training loop would have
+    it), then ``config.iters`` timed ones.
 
     Returns:
         ``[rounds, len(kernels), 2]`` medians of ``(fwd_ms, bwd_ms)``; zeros for ``None``.
     """
+    visited: set[int] = set()
+
+    def run(_: int, k: int) -> tuple[float, float]:
+        kernel = kernels[k]
+        if kernel is None:
+            return (0.0, 0.0)
+        warmup = min(1, config.warmup) if k in visited else config.warmup
+        visited.add(k)
+        return kernel.run_round(warmup, config.iters)
+
+    rounds = measure_in_rounds([list(range(len(kernels)))], run, config.rounds)[0]
     out = np.zeros((config.rounds, len(kernels), 2))
-    n = len(kernels)
-    for r in range(config.rounds):
-        for j in range(n):
-            k = (j + r) % n
-            kernel = kernels[k]
-            if kernel is None:
-                continue
-            warmup = config.warmup if r == 0 else min(1, config.warmup)
-            out[r, k] = kernel.run_round(warmup, config.iters)
+    for r, times in enumerate(rounds):
+        for k, fwd_bwd in times.items():
+            out[r, k] = fwd_bwd
     return out
 
 
@@ -330,6 +336,6 @@ def time_fused_kernel(
     config = config or MeasureConfig()
     with single_thread(config.device == "cpu"):
         kernel = FusedKernel(tables, batch_size, config)
-        rounds = interleaved_rounds([kernel], config)
+        rounds = time_kernels([kernel], config)
     fwd, bwd = rounds[:, 0, 0].min(), rounds[:, 0, 1].min()
     return float(fwd), float(bwd)

@@ -18,10 +18,10 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.kernels import (
     ARENA,
     FusedKernel,
-    interleaved_rounds,
     reference_kernel,
     reference_numel,
     state_numel,
+    time_kernels,
 )
 from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.measure.types import PlacementMeasurement
@@ -85,6 +85,6 @@ def _time_devices(
         kernels = [FusedKernel(g, batch_size, config, ARENA) if g else None for g in groups]
         kernels.append(reference_kernel(config, ARENA))
         try:
-            return interleaved_rounds(kernels, config)
+            return time_kernels(kernels, config)
         finally:
             del kernels

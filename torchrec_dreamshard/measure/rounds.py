@@ -12,7 +12,8 @@ order, and each task's plans in rotated order, so a task's rounds lie apart in t
 
 * :func:`measure_in_rounds`: the one loop; any ``measure(group, key)`` callable, resumable
   from the rounds already measured, with hooks after every group's round and every round
-  (to save);
+  (to save), in :func:`round_order` or another order (:func:`balanced_order`, the step
+  timer's); the kernel timer and the step timer run through it too;
 * :func:`measure_plans`: one task's named placements measured with
   :func:`~torchrec_dreamshard.measure.measure_placement`.
 """
@@ -36,6 +37,15 @@ def round_order(n: int, r: int) -> list[int]:
     return [*range(k, n), *range(k)]
 
 
+def balanced_order(n: int, r: int) -> list[int]:
+    """The order of ``n`` items in round ``r``: rotated left by ``r // 2``, reversed on odd
+    rounds. Two items alternate ``AB, BA, BA, AB`` (each is first and second equally often
+    in every four rounds, and follows itself equally often); three run in all six orders
+    every six rounds."""
+    rotated = round_order(n, r // 2)
+    return rotated[::-1] if r % 2 else rotated
+
+
 def measure_in_rounds(
     groups: Sequence[Sequence[K]],
     measure: Callable[[int, K], R],
@@ -44,11 +54,13 @@ def measure_in_rounds(
     done: Sequence[Sequence[Mapping[K, R]]] | None = None,
     on_group: Callable[[int, int, dict[K, R]], None] | None = None,
     on_round: Callable[[int], None] | None = None,
+    order: Callable[[int, int], list[int]] = round_order,
 ) -> list[list[dict[K, R]]]:
     """Measure every key of every group once per round, in interleaved rounds.
 
-    Round ``r`` visits the groups in :func:`round_order` and, within a group, its keys in
-    :func:`round_order`. A group that already holds ``r + 1`` rounds in ``done`` is skipped
+    Round ``r`` visits the groups in ``order`` and, within a group, its keys in ``order``
+    (:func:`round_order` unless given). A group that already holds ``r + 1`` rounds in
+    ``done`` is skipped
     in round ``r`` (a resumed run measures only what is missing).
 
     Args:
@@ -60,6 +72,8 @@ def measure_in_rounds(
         on_group: called as ``on_group(group index, round, results)`` after every
             group's round, e.g. to save the results so far.
         on_round: called as ``on_round(round)`` after every round that measured something.
+        order: ``order(n, r)``, the order of ``n`` items in round ``r`` (a permutation of
+            ``range(n)``).
 
     Returns:
         Per group, its rounds (``done``'s first), each ``{key: measurement}``.
@@ -74,10 +88,10 @@ def measure_in_rounds(
         raise ValueError(f"done holds {len(done)} groups' rounds for {len(groups)} groups")
     out = [[dict(res) for res in rs] for rs in done]
     for r in range(rounds):
-        todo = [g for g in round_order(len(groups), r) if len(out[g]) <= r]
+        todo = [g for g in order(len(groups), r) if len(out[g]) <= r]
         for g in todo:
             keys = groups[g]
-            results = {keys[i]: measure(g, keys[i]) for i in round_order(len(keys), r)}
+            results = {keys[i]: measure(g, keys[i]) for i in order(len(keys), r)}
             out[g].append(results)
             if on_group is not None:
                 on_group(g, r, results)
