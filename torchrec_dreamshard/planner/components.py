@@ -50,9 +50,19 @@ def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
     return load_checkpoint(checkpoint)
 
 
-def check_components(enumerator, proposer, partitioner, performance_model, plan_loader) -> list:
-    """The user's proposers as a list, after checking each component is of TorchRec's type
-    for its argument (a ``TypeError`` names the argument and what it got)."""
+def check_arguments(
+    mode: str, batch_size: int | None, enumerator, proposer, partitioner, performance_model,
+    plan_loader,
+) -> list:  # fmt: skip
+    """The user's proposers as a list, after checking the mode and batch size (a
+    ``ValueError``) and that each component is of TorchRec's type for its argument (a
+    ``TypeError`` naming the argument and what it got)."""
+    from torchrec_dreamshard.planner.types import PLACEMENT_MODES
+
+    if mode not in PLACEMENT_MODES:
+        raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
     users = [] if proposer is None else list(proposer) if isinstance(proposer, list) else [proposer]
     expected = [
         ("enumerator", enumerator, Enumerator),

@@ -70,7 +70,7 @@ from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.components import (
     Unloaded,
-    check_components,
+    check_arguments,
     default_collectives,
     default_dense_kernel,
     default_reference,
@@ -83,10 +83,10 @@ from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
-from torchrec_dreamshard.planner.rivals import ProposalLog, TrackedProposer
+from torchrec_dreamshard.planner.rivals import tracked
 from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
-from torchrec_dreamshard.planner.types import PLACEMENT_MODES, PlanPrediction
+from torchrec_dreamshard.planner.types import PlanPrediction
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 logger = logging.getLogger(__name__)
@@ -192,57 +192,20 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
     ) -> None:
-        if mode not in PLACEMENT_MODES:
-            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
-        users = check_components(enumerator, proposer, partitioner, performance_model, plan_loader)
+        users = check_arguments(
+            mode, batch_size, enumerator, proposer, partitioner, performance_model, plan_loader
+        )
         topology = topology if topology is not None else default_topology()
         batch_size = batch_size or BATCH_SIZE
         self._load_error: str | None = None
-        if agent is None:
-            agent = self._load_agent(checkpoint)
+        agent = agent if agent is not None else self._load_agent(checkpoint)
         self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
         self._settings = [mode, num_samples, seed, repr(calibrate), verify]
         reservation = storage_reservation or HeuristicalStorageReservation(
             percentage=heuristical_storage_reservation_percentage
         )
         self.table_specs = TableSpecs(sample_batches, topology.world_size)
-        self.proposer, proposers = self._proposers_for(
-            users, topology, batch_size, reservation, partitioner, constraints,
-            mode, num_samples, seed, collectives, dense_kernel,
-        )  # fmt: skip
-        self.perf_model = CostNetPerfModel(
-            self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
-        )
-        self.cost_stats = CostNetStats(self.perf_model, self.proposer, self.proposal_log)
-        stats = [EmbeddingStats()] if stats is None else stats
-        super().__init__(
-            topology=topology,
-            batch_size=batch_size,
-            enumerator=enumerator
-            or DreamShardEnumerator(
-                topology, batch_size, constraints, self.agent, reservation, self.table_specs
-            ),
-            storage_reservation=reservation,
-            proposer=proposers,
-            partitioner=DreamShardPartitioner(self.proposer.fallback, self.proposer),
-            performance_model=performance_model or self.perf_model,
-            stats=[*(stats if isinstance(stats, list) else [stats]), self.cost_stats],
-            constraints=constraints,
-            debug=debug,
-            callbacks=callbacks,
-            timeout_seconds=timeout_seconds,
-            plan_loader=plan_loader,
-        )
-        self.last_plan: ShardingPlan | None = None
-
-    def _proposers_for(
-        self, users, topology, batch_size, reservation, partitioner, constraints, *settings
-    ) -> tuple[DreamShardProposer, list[Proposer]]:
-        """DreamShard's proposer, and every proposer wrapped to be tracked (ours first)."""
-        mode, num_samples, seed, collectives, dense_kernel = settings
-        ours = DreamShardProposer(
+        self.proposer = DreamShardProposer(
             self.agent, topology, batch_size * topology.world_size, reservation, mode,
             num_samples, seed, fallback_partitioner=partitioner or GreedyPerfPartitioner(),
             constraints=constraints, spec_fn=self.table_specs,
@@ -251,13 +214,36 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             dense_kernel=default_dense_kernel(topology) if dense_kernel is None
             else lambda: dense_kernel, reference_ms=default_reference(topology),
         )  # fmt: skip
-        self.proposal_log = ProposalLog()
-        labels = ["DreamShardProposer"] + [f"{type(p).__name__}#{i}" for i, p in enumerate(users)]
-        tracked = [
-            TrackedProposer(p, label, self.proposal_log)
-            for p, label in zip([ours, *users], labels, strict=True)
-        ]
-        return ours, tracked
+        proposers, self.proposal_log = tracked([self.proposer, *users])
+        super().__init__(
+            topology=topology, batch_size=batch_size, storage_reservation=reservation,
+            proposer=proposers, constraints=constraints, debug=debug, callbacks=callbacks,
+            timeout_seconds=timeout_seconds, plan_loader=plan_loader,
+            **self._models(topology, batch_size, reservation, constraints, enumerator,
+                           performance_model, stats),
+        )  # fmt: skip
+        self.last_plan: ShardingPlan | None = None
+
+    def _models(
+        self, topology, batch_size, reservation, constraints, enumerator, performance_model, stats
+    ) -> dict:
+        """TorchRec's enumerator, partitioner, performance model and stats arguments: a
+        user's enumerator or performance model replaces ours, a user's stats run beside
+        ours, and ours (``perf_model``) still gives the stats' ``last_prediction``."""
+        self.perf_model = CostNetPerfModel(
+            self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
+        )
+        self.cost_stats = CostNetStats(self.perf_model, self.proposer, self.proposal_log)
+        stats = [EmbeddingStats()] if stats is None else stats
+        return {
+            "enumerator": enumerator
+            or DreamShardEnumerator(
+                topology, batch_size, constraints, self.agent, reservation, self.table_specs
+            ),
+            "partitioner": DreamShardPartitioner(self.proposer.fallback, self.proposer),
+            "performance_model": performance_model or self.perf_model,
+            "stats": [*(stats if isinstance(stats, list) else [stats]), self.cost_stats],
+        }
 
     def _load_agent(self, checkpoint: str | Path | None) -> PlacementAgent:
         """Load the checkpoint. Under a process group of several ranks a failure is kept

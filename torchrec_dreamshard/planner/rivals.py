@@ -92,3 +92,12 @@ class TrackedProposer(Proposer):
             perf_rating=perf_rating,
             storage_constraint=storage_constraint,
         )
+
+
+def tracked(proposers: list[Proposer]) -> tuple[list[TrackedProposer], ProposalLog]:
+    """Every proposer wrapped to be recorded in one new log, labelled ``DreamShardProposer``
+    (the first, ours) and ``<class name>#<i>`` (the user's i-th)."""
+    log = ProposalLog()
+    users = [f"{type(p).__name__}#{i}" for i, p in enumerate(proposers[1:])]
+    labels = ["DreamShardProposer", *users]
+    return [TrackedProposer(p, label, log) for p, label in zip(proposers, labels, strict=True)], log
