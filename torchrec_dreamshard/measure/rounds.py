@@ -60,8 +60,7 @@ def measure_in_rounds(
 
     Round ``r`` visits the groups in ``order`` and, within a group, its keys in ``order``
     (:func:`round_order` unless given). A group that already holds ``r + 1`` rounds in
-    ``done`` is skipped
-    in round ``r`` (a resumed run measures only what is missing).
+    ``done`` is skipped in round ``r`` (a resumed run measures only what is missing).
 
     Args:
         groups: per group (a task), the keys of its plans (distinct; measured in this

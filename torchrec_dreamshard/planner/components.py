@@ -26,6 +26,7 @@ from torchrec_dreamshard.measure.collectives import CollectiveModels, load_colle
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
+from torchrec_dreamshard.planner.types import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
@@ -57,8 +58,6 @@ def check_arguments(
     """The user's proposers as a list, after checking the mode and batch size (a
     ``ValueError``) and that each component is of TorchRec's type for its argument (a
     ``TypeError`` naming the argument and what it got)."""
-    from torchrec_dreamshard.planner.types import PLACEMENT_MODES
-
     if mode not in PLACEMENT_MODES:
         raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
     if batch_size is not None and batch_size < 1:
