@@ -227,9 +227,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     def _models(
         self, topology, batch_size, reservation, constraints, enumerator, performance_model, stats
     ) -> dict:
-        """TorchRec's enumerator, partitioner, performance model and stats arguments: a
-        user's enumerator or performance model replaces ours, a user's stats run beside
-        ours, and ours (``perf_model``) still gives the stats' ``last_prediction``."""
+        """TorchRec's enumerator, partitioner, performance model and stats arguments, after
+        setting ``perf_model`` (ours) and ``cost_stats``: a user's enumerator or
+        performance model replaces ours, a user's stats run beside ours, and ``perf_model``
+        still gives the stats' ``last_prediction``."""
         self.perf_model = CostNetPerfModel(
             self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
         )
