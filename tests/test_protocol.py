@@ -212,17 +212,65 @@ def test_the_policy_imports_nothing_of_torchrecs_planner():
 # -- the planner side's TorchRec source ---------------------------------------------------
 
 
-def test_torchrecs_candidate_is_the_baselines_torchrec_ours():
+def _torchrecs_own_placement(task: Task) -> list[int]:
+    """The rank TorchRec's own ``EmbeddingShardingPlanner`` gives each table of ``task``
+    (table-wise on the fused kernel, its default topology, storage and reservation),
+    built here from TorchRec's public API alone."""
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[f"f_{t.name}"]
+        )
+        for t in task.tables
+    ]
+    constraints = {
+        t.name: ParameterConstraints(
+            sharding_types=["table_wise"],
+            compute_kernels=["fused"],
+            pooling_factors=[t.pooling_factor],
+        )
+        for t in task.tables
+    }
+    planner = EmbeddingShardingPlanner(
+        topology=Topology(world_size=task.num_devices, compute_device="cpu"),
+        batch_size=task.batch_size // task.num_devices,
+        constraints=constraints,
+        debug=False,
+    )
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()]).plan[""]
+    return [plan[t.name].ranks[0] for t in task.tables]
+
+
+@pytest.mark.usefixtures("quiet")
+def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
+    """The safety net's TorchRec candidate is the plan TorchRec's own planner makes where
+    memory is ample, and still a plan, within every device's memory by our accounting
+    (weights only), on a task TorchRec's default accounting finds no plan for."""
+    from torchrec_dreamshard.data.tasks import check_placement
     from torchrec_dreamshard.planner import baselines
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
 
-    task = _task(8, 2)
-    source = TorchRecCandidate()
     assert [s.name for s in default_sources()] == ["torchrec_ours"]
-    assert source.propose(task) == baselines.place("torchrec_ours", task)
-    agent = DreamShard.untrained(seed=0, sources=default_sources())
-    named, _ = agent.candidates(task)
-    np.testing.assert_array_equal(named["torchrec_ours"], baselines.place("torchrec_ours", task))
+    tables = _task(8, 2).tables
+    loose = Task(tables=tables, num_devices=2, memory_bytes=10**10, batch_size=1024)
+    torchrec = _torchrecs_own_placement(loose)
+    assert torchrec != baselines.place("size_greedy", loose)  # the check tells them apart
+    assert TorchRecCandidate().propose(loose) == torchrec
+    named, _ = DreamShard.untrained(seed=0, sources=default_sources()).candidates(loose)
+    np.testing.assert_array_equal(named["torchrec_ours"], torchrec)
+
+    weights = sum(t.size_bytes for t in tables)  # the devices hold 1.2x the weights in all
+    tight = Task(tables=tables, num_devices=2, memory_bytes=int(0.6 * weights), batch_size=1024)
+    with pytest.raises(NoPlanError, match="TorchRec"):
+        baselines.place("torchrec", tight)
+    check_placement(tight, TorchRecCandidate().propose(tight))
 
 
 def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypatch):
