@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -279,10 +285,43 @@ def test_planner_uses_the_bundled_checkpoint_by_default():
     assert len(plan.plan["sparse_arch.embedding_bag_collection"]) == 4
 
 
-def test_lazy_export():
-    import torchrec_dreamshard
+_LAZY_PROBE = """
+import json, sys
+import torchrec_dreamshard
+planners = ("torchrec.distributed.planner", "torchrec_dreamshard.planner")
+loaded = sorted(m for m in sys.modules if m.startswith(planners))
+exported = torchrec_dreamshard.DreamShardPlanner
+from torchrec.distributed.planner import EmbeddingShardingPlanner
+from torchrec_dreamshard.planner.planners import DreamShardPlanner
+try:
+    torchrec_dreamshard.NoSuchPlanner
+    missing = ""
+except AttributeError as exc:
+    missing = str(exc)
+print(json.dumps({
+    "loaded": loaded,
+    "same": exported is DreamShardPlanner,
+    "torchrecs": issubclass(exported, EmbeddingShardingPlanner),
+    "all": torchrec_dreamshard.__all__,
+    "missing": missing,
+}))
+"""
 
-    assert torchrec_dreamshard.DreamShardPlanner is DreamShardPlanner
+
+def test_the_package_exports_the_planner_without_importing_it():
+    """``import torchrec_dreamshard`` (the data and CLI side) loads neither TorchRec's
+    planner nor ours; ``torchrec_dreamshard.DreamShardPlanner`` then is the planner, a
+    TorchRec ``EmbeddingShardingPlanner``; any other name is an ``AttributeError``. Run in
+    a fresh interpreter: this module has imported both planners already."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    out = subprocess.run(
+        [sys.executable, "-c", _LAZY_PROBE], capture_output=True, text=True, env=env, check=True
+    )
+    probe = json.loads(out.stdout.strip().splitlines()[-1])
+    assert probe["loaded"] == []
+    assert probe["same"] and probe["torchrecs"]
+    assert "DreamShardPlanner" in probe["all"]
+    assert "NoSuchPlanner" in probe["missing"]
 
 
 class _ScriptedAgent:
