@@ -10,6 +10,8 @@ is TorchRec's (an error type), TorchRec's planner is run on the same input besid
 from __future__ import annotations
 
 import inspect
+import logging
+import warnings
 
 import pytest
 import torch
@@ -36,6 +38,7 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.planner import DreamShardPlanner
+from torchrec_dreamshard.planner.torchrec_adapter import heuristical_reservation, torchrec_topology
 from torchrec_dreamshard.policy import DreamShard
 
 META = torch.device("meta")
@@ -412,3 +415,66 @@ def test_extract_plan_from_the_stored_search_space(agent):
     extracted = extract_plan(p._enumerator.last_stored_search_space, loader.options)
     ranks = {o.name: [s.rank for s in o.shards] for o in extracted}
     assert ranks == {name: ps.ranks for name, ps in params(plan).items()}
+
+
+# -- TorchRec's dry-run warnings ----------------------------------------------------------
+
+DRY_RUN_WARNINGS = (
+    "The topology was constructed directly",  # torchrec.distributed.planner.types
+    "known issue with TorchRec's dense tensor size",  # ...planner.storage_reservations
+)
+
+
+class DenseModel(Model):
+    """``Model`` with a dense part, all on the meta device."""
+
+    def __init__(self, tables: list[EmbeddingBagConfig]) -> None:
+        super().__init__(tables)
+        self.dense = torch.nn.Linear(13, 32, device=META)
+
+
+def dry_run_warnings(caplog, recorded) -> list[str]:
+    """TorchRec's dry-run warnings among the records logged (TorchRec 1.8 logs both
+    through ``logging``) and the ``warnings`` recorded."""
+    texts = [r.getMessage() for r in caplog.records] + [str(w.message) for w in recorded]
+    return [t for t in texts if any(s in t for s in DRY_RUN_WARNINGS)]
+
+
+def test_our_topology_and_reservation_plan_a_meta_model_without_dry_run_warnings(agent, caplog):
+    model = DenseModel(tables())
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as recorded:
+        warnings.simplefilter("always")
+        mine = [
+            cls(torchrec_topology(2, "cpu"), 64, debug=False,
+                storage_reservation=heuristical_reservation(model, SHARDERS), **kw)
+            for cls, kw in ((DreamShardPlanner, {"agent": agent}), (EmbeddingShardingPlanner, {}))
+        ]  # fmt: skip
+        plans = [p.plan(model, SHARDERS) for p in mine]
+        assert dry_run_warnings(caplog, recorded) == []
+        assert not [w for w in recorded if "HeuristicalStorageReservation" in str(w.message)]
+        # Built TorchRec's default way, both warnings are seen by the same check.
+        default = EmbeddingShardingPlanner(Topology(world_size=2, compute_device="cpu"), 64)
+        default_plan = default.plan(model, SHARDERS)
+        assert len(dry_run_warnings(caplog, recorded)) == 2
+    # Ours mean what TorchRec's default ones do: the same topology, dense storage (6 x the
+    # Linear's fp32 bytes), reserved topology and plan.
+    ours, theirs = mine[1]._storage_reservation, default._storage_reservation
+    assert repr(mine[1]._topology) == repr(default._topology)
+    assert ours._dense_storage == theirs._dense_storage
+    assert ours._dense_storage.ddr == 6 * (13 * 32 + 32) * 4
+    assert repr(ours.last_reserved_topology) == repr(theirs.last_reserved_topology)
+    assert params(plans[1]) == params(default_plan)
+    assert params(plans[0]).keys() == params(default_plan).keys()
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"world_size": 4, "compute_device": "cpu", "ddr_cap": 10**9},
+        {"world_size": 16, "compute_device": "cuda", "local_world_size": 8, "hbm_cap": 2**34},
+    ],
+)
+def test_torchrec_topology_is_the_topology_torchrec_builds_directly(kw):
+    ours, theirs = torchrec_topology(**kw), Topology(**kw)
+    assert repr(ours) == repr(theirs) and ours.devices == theirs.devices
+    assert ours.intra_group_size == theirs.intra_group_size

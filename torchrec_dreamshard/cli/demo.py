@@ -115,27 +115,27 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
-    from torchrec.distributed.planner.types import Topology
 
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
+        heuristical_reservation,
         planner_reserved_topology,
         table_wise_constraints,
+        torchrec_topology,
     )
 
     local_batch = max(1, task.batch_size // task.num_devices)
     # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
     # optimizer state and input/output buffers.
-    topology = Topology(
-        world_size=task.num_devices, compute_device="cpu", ddr_cap=int(task.memory[0] * 1.5)
-    )
+    topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=int(task.memory[0] * 1.5))
     model = DemoDLRM(task.tables, torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     samples = [sample_kjt(task.tables, local_batch, s) for s in range(task.num_devices)]
     ours_planner = DreamShardPlanner(
         topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables),
+        storage_reservation=heuristical_reservation(model, sharders),
         checkpoint=args.checkpoint, mode=args.mode, seed=args.seed,
         sample_batches=samples, debug=False,
     )  # fmt: skip
@@ -144,8 +144,9 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
         ours = plan_summary(ours_planner, model, sharders, task)
     ours["predicted_step_ms"] = ours_planner.last_prediction.step_ms
     theirs_planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables)
-    )
+        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables),
+        storage_reservation=heuristical_reservation(model, sharders),
+    )  # fmt: skip
     theirs = plan_summary(theirs_planner, model, sharders, task)
     reserved = planner_reserved_topology(ours_planner)
     memory = [int(d.storage.ddr) for d in reserved.devices]
@@ -310,22 +311,26 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
     from torchrec.optim import RowWiseAdagrad
 
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure.demo_model import DENSE_IN, DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
+    from torchrec_dreamshard.planner.torchrec_adapter import (
+        heuristical_reservation,
+        table_wise_constraints,
+        torchrec_topology,
+    )
 
     task = Task.from_dict(task_dict)
     model = DemoDLRM(task.tables, torch.device("meta"))
     _apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
     sharders = [EmbeddingBagCollectionSharder()]
     planner = DreamShardPlanner(
-        topology=Topology(world_size=world, compute_device="cpu"),
+        topology=torchrec_topology(world, "cpu"),
         batch_size=TRAIN_LOCAL_BATCH,
         constraints=table_wise_constraints(task.tables),
+        storage_reservation=heuristical_reservation(model, sharders),
         checkpoint=checkpoint,
     )
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)

@@ -1,7 +1,9 @@
 """The demo's DLRM-style model and its ``KeyedJaggedTensor`` batches, built from table
-specs (used by ``dreamshard demo``, the step-time model and the tests), and the
+specs (used by ``dreamshard demo``, the step-time model and the tests), the
 ``EmbeddingBagConfig`` of each table with the feature that feeds it in every model we
-build (public TorchRec API only: TorchRec's internals are read by the planner's adapter).
+build, and the way we build the TorchRec ``Topology`` a model is planned on
+(:func:`torchrec_topology`, re-exported by the planner's adapter). Public TorchRec API
+only: TorchRec's internals are read by the planner's adapter.
 
 The model concatenates the pooled embeddings with the dense arch's output (torchrec's
 ``DLRM`` needs one embedding dim for every table; the pool's tables have dims 4 to 256).
@@ -13,6 +15,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -38,6 +46,38 @@ def embedding_bag_configs(
         )
         for t in tables
     ]
+
+
+def torchrec_topology(
+    world_size: int,
+    compute_device: str,
+    *,
+    local_world_size: int | None = None,
+    hbm_cap: int | None = None,
+    ddr_cap: int | None = None,
+) -> Topology:
+    """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
+    ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
+    "the job will fail"). It is the topology ``Topology(...)`` builds from the same
+    arguments: TorchRec's default bandwidths and multipliers, and every device with
+    ``hbm_cap`` / ``ddr_cap`` bytes (TorchRec's defaults when ``None``).
+
+    Args:
+        world_size: ranks.
+        compute_device: ``"cpu"``, ``"cuda"`` or ``"mtia"``.
+        local_world_size: ranks per host (``None``: all of them).
+        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
+        ddr_cap: DDR bytes of each device.
+    """
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=local_world_size,
+            hbm_cap_bytes=hbm_cap,
+            ddr_cap_bytes=ddr_cap,
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )
 
 
 class DemoDLRM(nn.Module):

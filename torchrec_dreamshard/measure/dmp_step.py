@@ -127,14 +127,15 @@ class StepTimerError(RuntimeError):
 def make_plan(spec: StepModelSpec, source: PlanSource, world: int, batch_size: int):
     """``source`` itself if it is a ``ShardingPlan``, else its planner's plan of the model
     (on a ``world``-rank CPU topology); checked by :func:`check_plan`."""
-    from torchrec.distributed.planner.types import Topology
     from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.types import ShardingPlan
+
+    from torchrec_dreamshard.measure.demo_model import torchrec_topology
 
     if isinstance(source, ShardingPlan):
         plan = source
     elif callable(source):
-        topology = Topology(world_size=world, compute_device="cpu")
+        topology = torchrec_topology(world, "cpu")
         planner = source(topology, batch_size, spec.planner_constraints())
         plan = planner.plan(StepDLRM(spec, torch.device("meta")), get_default_sharders())
     else:

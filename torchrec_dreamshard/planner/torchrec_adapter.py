@@ -3,7 +3,8 @@
 Every TorchRec member that is not public API is read here (and by the planner's
 enumerator, which overrides ``EmbeddingEnumerator``'s filter hooks), against the version
 below; a TorchRec upgrade starts by checking this module. The ``EmbeddingBagConfig`` of
-each table (public API, shared with the measured models) comes from
+each table (public API, shared with the measured models) and the topology a model is
+planned on (:func:`torchrec_topology`) come from
 :mod:`torchrec_dreamshard.measure.demo_model`.
 """
 
@@ -18,7 +19,12 @@ import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.storage_reservations import (
+    FixedPercentageStorageReservation,
+    HeuristicalStorageReservation,
+    _get_batch_inputs_and_shardable_parameters,
+    _get_dense_tensor_size,
+)
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
@@ -27,12 +33,12 @@ from torchrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.demo_model import embedding_bag_configs
+from torchrec_dreamshard.measure.demo_model import embedding_bag_configs, torchrec_topology
 
 TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
 
@@ -48,6 +54,35 @@ def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterCo
         )
         for t in tables
     }
+
+
+def heuristical_reservation(
+    model: torch.nn.Module,
+    sharders: Sequence[ModuleSharder[torch.nn.Module]],
+    percentage: float = 0.15,
+) -> HeuristicalStorageReservation:
+    """The storage reservation a TorchRec planner builds when given none
+    (``HeuristicalStorageReservation(percentage)``), with its ``dense_tensor_estimate``
+    set to the bytes it would reserve for ``model``'s dense part anyway: 6 x the bytes of
+    the parameters outside the modules ``sharders`` shard, plus their buffers. TorchRec
+    1.8 computes that from shapes and dtypes only, so it is exact on the meta device too,
+    but without an estimate it logs a "known issue ... in dry run scenarios" warning on
+    every plan. The reservation means the same with it, and TorchRec does not warn (it
+    still does when the estimate is 0, a model with no dense part; nothing is wrong then
+    either).
+
+    Args:
+        model: the model the planner will plan (on any device, ``meta`` included).
+        sharders: the sharders the planner will be given.
+        percentage: TorchRec's ``heuristical_storage_reservation_percentage``.
+    """
+    _, shardable = _get_batch_inputs_and_shardable_parameters(model, list(sharders), 1)
+    # 6.0: HeuristicalStorageReservation's parameter_multiplier (parameter, optimizer, DDP)
+    estimate = _get_dense_tensor_size(model, shardable, multiplier=6.0)
+    with warnings.catch_warnings():
+        # Its constructor recommends passing a dense_tensor_estimate, which we do.
+        warnings.filterwarnings("ignore", "HeuristicalStorageReservation", FutureWarning)
+        return HeuristicalStorageReservation(percentage, dense_tensor_estimate=estimate)
 
 
 def reserved_topology(reservation: StorageReservation | None, topology: Topology) -> Topology:
@@ -130,10 +165,7 @@ def plan_with_torchrec(task: Task, weights_only: bool = False) -> dict[str, int]
         tables=embedding_bag_configs(task.tables), device=torch.device("meta")
     )
     constraints = table_wise_constraints(task.tables)
-    with quiet_torchrec():
-        topology = Topology(
-            world_size=task.num_devices, compute_device="cpu", ddr_cap=max(task.memory)
-        )
+    topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=max(task.memory))
     for dev, cap in zip(topology.devices, task.memory, strict=True):
         dev.storage.ddr = int(cap)
     kwargs = {}
