@@ -1,14 +1,20 @@
 """The package's shape, checked by parsing its source (nothing is imported): the folders
-read as the flow (README, "Architecture"), modules and functions stay small, the policy
-never reaches TorchRec's planner, and agents are used through their declared protocol."""
+read as the flow (docs/architecture.md), modules and functions stay small, the policy
+never reaches TorchRec's planner, and agents are used through their declared protocol.
+And the documentation's shape: a short README whose links, and the docs' links, resolve."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "torchrec_dreamshard"
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "torchrec_dreamshard"
+README = REPO / "README.md"
+DOCS = REPO / "docs"
+MAX_README_LINES = 300  # the README is a front page; the rest lives in docs/
 MAX_ROOT_MODULES = 6  # counting __init__.py
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 60  # lines of code: no blank lines, comments or docstring
@@ -177,3 +183,60 @@ def test_no_agent_is_typed_any():
                 if named and (arg.annotation is None or ast.unparse(arg.annotation) == "Any"):
                     offenders.append(f"{_name(path)}:{node.lineno} {node.name}({arg.arg})")
     assert not offenders, offenders
+
+
+# --- the documentation --------------------------------------------------------------------
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+
+
+def _markdown_files() -> list[Path]:
+    return [README, *sorted(DOCS.glob("*.md"))]
+
+
+def _links(text: str) -> list[str]:
+    """Every markdown link target outside code blocks and code spans."""
+    return LINK.findall(CODE_SPAN.sub("", FENCE.sub("", text)))
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text())
+    return {_anchor(m) for m in re.findall(r"^#+\s+(.*)$", text, re.M)}
+
+
+def test_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines; move detail to docs/"
+
+
+def test_every_relative_link_resolves():
+    """Every relative link in README.md and docs/*.md names a file of the repository (and,
+    with a #fragment, one of that file's headings)."""
+    broken = []
+    for page in _markdown_files():
+        for target in _links(page.read_text()):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                continue
+            path, _, fragment = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(REPO)} -> {target}"
+            if not dest.is_relative_to(REPO) or not dest.exists():
+                broken.append(f"{where}: no such file")
+            elif fragment and dest.suffix == ".md" and fragment not in _anchors(dest):
+                broken.append(f"{where}: no such heading")
+    assert not broken, broken
+
+
+def test_every_benchmark_script_is_documented():
+    """docs/benchmarks.md names every benchmark script (helpers start with an underscore)."""
+    text = (DOCS / "benchmarks.md").read_text()
+    scripts = sorted(p.name for p in (REPO / "benchmarks").glob("[!_]*.py"))
+    missing = [name for name in scripts if f"`{name}`" not in text]
+    assert not missing, f"benchmarks not described in docs/benchmarks.md: {missing}"
