@@ -6,6 +6,7 @@ docstring for the loss), and the model's accuracy on those kernels.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import time
@@ -201,6 +202,26 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
     return {"cost/mape": mape, "cost/log_std": float(np.mean(spread))}
 
 
+def _all_to_all_model(config: MeasureConfig) -> Any:
+    """The machine's all-to-all model for the comm head: ``config``'s file, else the one
+    measured on the job's group (while rank 0 drives it), else this machine's cached or
+    spawned fit. ``None`` inside a distributed job planning without its group and with no
+    cached fit: nothing may be spawned there, so the prior's all-to-all head is kept."""
+    from torchrec_dreamshard.measure.comm import default_model_path, load_comm_model
+    from torchrec_dreamshard.measure.job_group import active_group
+    from torchrec_dreamshard.measure.spawn import in_distributed_job
+
+    path = config.comm_model_path
+    if path is None and active_group() is None and in_distributed_job():
+        if not default_model_path().exists():
+            logging.getLogger(__name__).info(
+                "calibration keeps the checkpoint's all-to-all head: this rank plans without "
+                "its job's group (use collective_plan to measure it on the job's ranks)"
+            )
+            return None
+    return load_comm_model(path)
+
+
 def calibrate(
     agent: DreamShard,
     task: Task,
@@ -250,10 +271,9 @@ def calibrate(
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
         samples = load_kernel_samples(store, set(kernels), mcfg, B)
     net = fine_tune(agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed)
-    if task.num_devices > 1:
-        from torchrec_dreamshard.measure.comm import load_comm_model
-
-        net = with_comm_model(net, load_comm_model(mcfg.comm_model_path), B)
+    comm = _all_to_all_model(mcfg) if task.num_devices > 1 else None
+    if comm is not None:
+        net = with_comm_model(net, comm, B)
     meta = dict(agent.meta)
     meta["calibrated"] = {"kernels": len(samples), "budget_s": float(config.budget_s)}
     tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)

@@ -19,6 +19,7 @@ from torchrec_dreamshard.cost.fit import CostSample, sample_from_measurement
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -93,10 +94,11 @@ def measure_kernels(
     """Time ``kernels`` (job key, tables) in batches of :data:`KERNELS_PER_CALL`, each
     batch in interleaved rounds with the reference kernel, appending one store row per
     kernel, until the ``deadline`` (``time.perf_counter()``) would be passed (the first
-    batch always runs). Returns the kernels measured and the seconds it took."""
-    from torchrec_dreamshard.measure.local import time_groups
-    from torchrec_dreamshard.measure.summary import relative_spread
-
+    batch always runs). While rank 0 of a job drives measurements on its group, each rank
+    times one batch of a wave on its own device, and rank 0 stores the wave's rows before
+    the next. Returns the kernels measured and the seconds it took."""
+    group = active_group()
+    wave = KERNELS_PER_CALL * (group.world if group is not None else 1)
     start = time.perf_counter()
     done = 0
     bar = None
@@ -105,15 +107,20 @@ def measure_kernels(
 
         bar = tqdm(total=len(kernels), desc="calibrate: measuring kernels", leave=False)
     try:
-        for lo in range(0, len(kernels), KERNELS_PER_CALL):
-            chunk = kernels[lo : lo + KERNELS_PER_CALL]
+        for lo in range(0, len(kernels), wave):
+            chunk = kernels[lo : lo + wave]
             if done and time.perf_counter() + _chunk_estimate(start, done, chunk) > deadline:
                 break
-            rounds = time_groups([t for _, t in chunk], batch_size, config)
-            ref = float(rounds[:, -1].sum(axis=1).min())
-            for k, (job, tables) in enumerate(chunk):
-                fb = rounds[:, k].min(axis=0)
-                spread = relative_spread(rounds[:, k].sum(axis=1))
+            tables = [t for _, t in chunk]
+            if group is not None:
+                timed = [
+                    k
+                    for share in run_on_group(_group_kernel_times, tables, batch_size, config)
+                    for k in share
+                ]
+            else:
+                timed = _time_kernels(tables, batch_size, config)
+            for (job, tables), (fb, spread, ref) in zip(chunk, timed, strict=True):
                 _store_kernel(store, tables, batch_size, fb, ref, spread, config, job)
             done += len(chunk)
             if bar is not None:
@@ -122,6 +129,34 @@ def measure_kernels(
         if bar is not None:
             bar.close()
     return done, time.perf_counter() - start
+
+
+def _time_kernels(
+    kernels: Sequence[list[TableSpec]], batch_size: int, config: MeasureConfig
+) -> list[tuple[Any, float, float]]:
+    """``(fwd/bwd minima, spread, reference ms)`` of each kernel, timed here in batches of
+    :data:`KERNELS_PER_CALL` in interleaved rounds with the reference kernel."""
+    from torchrec_dreamshard.measure.local import time_groups
+    from torchrec_dreamshard.measure.summary import relative_spread
+
+    out = []
+    for lo in range(0, len(kernels), KERNELS_PER_CALL):
+        rounds = time_groups(list(kernels[lo : lo + KERNELS_PER_CALL]), batch_size, config)
+        ref = float(rounds[:, -1].sum(axis=1).min())
+        for k in range(rounds.shape[1] - 1):
+            fb = rounds[:, k].min(axis=0)
+            out.append((fb, relative_spread(rounds[:, k].sum(axis=1)), ref))
+    return out
+
+
+@group_task
+def _group_kernel_times(
+    group: JobGroup, kernels: list[list[TableSpec]], batch_size: int, config: MeasureConfig
+) -> list[tuple[Any, float, float]]:
+    """This rank's share of a wave of ``kernels``: rank ``r`` times the ``r``-th batch of
+    :data:`KERNELS_PER_CALL` kernels."""
+    mine = kernels[group.rank * KERNELS_PER_CALL : (group.rank + 1) * KERNELS_PER_CALL]
+    return _time_kernels(mine, batch_size, config) if mine else []
 
 
 def _chunk_estimate(start: float, done: int, chunk: Sequence) -> float:

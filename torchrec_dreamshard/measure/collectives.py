@@ -18,12 +18,19 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
 * all-gather into an ``S``-byte output (``S / D`` in): ``2 (D - 1) / D * S``;
 * all-reduce of ``S`` bytes (a reduce-scatter then an all-gather): ``4 (D - 1) / D * S``.
 
-``a, b, c`` are least squares over timings on 2..``max_devices`` spawned ranks, clipped at
-0, and are cached per machine and backend in a JSON file of their own (the all-to-all
-model's file is left as it was, so old caches still load). The backend is gloo on CPU
-and NCCL where at least two GPUs are present; the NCCL path (one GPU per rank, timings
-synchronised on the device) is written to be right but is unmeasured here, where there is
-no GPU.
+``a, b, c`` are least squares over timings, clipped at 0. Where they are timed:
+
+* inside a distributed job planning with ``collective_plan`` (:func:`load_group_collectives`):
+  on the job's own process group, every rank taking part, with its real backend and hosts;
+  the group has one size ``D = W``, so ``b`` is 0 and ``a`` holds the whole fixed cost at
+  that size. Cached per machine and topology (world size and hosts).
+* elsewhere (:func:`load_collective_models`): on 2..``max_devices`` spawned ranks, never more
+  than the machine's cores, with a clean environment (no launcher's rendezvous), and never
+  from inside a distributed job. Cached per machine and backend.
+
+The backend is gloo on CPU and NCCL where at least two GPUs are present; the NCCL path
+(one GPU per rank, timings synchronised on the device) is written to be right but is
+unmeasured here, where there is no GPU.
 """
 
 from __future__ import annotations
@@ -40,9 +47,17 @@ from typing import Any
 import torch
 
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
+from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import JobGroup, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
-from torchrec_dreamshard.measure.spawn import free_port, local_process_group
+from torchrec_dreamshard.measure.spawn import (
+    check_may_spawn,
+    free_port,
+    launcher_free_env,
+    local_process_group,
+    measuring_ranks,
+)
 
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -196,16 +211,41 @@ def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend
             group = dist.new_group(list(range(d)))
             if rank >= d:
                 continue
-            for kind in COLLECTIVES:
-                for size in _CALIBRATION_BYTES:
-                    t = time_collective(
-                        kind, size, _CALIBRATION_REPEATS, group=group, device=device
-                    )
-                    samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
+            samples += _time_every_collective(group, d, device)
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(samples, gathered, dst=0)
         if rank == 0:
             Path(out_path).write_text(json.dumps([s for part in gathered for s in part]))
+
+
+def _time_every_collective(group, d: int, device: torch.device) -> list[tuple]:
+    """``(kind, D, MB, median ms)`` of every collective and calibration size, on this
+    rank of ``group`` (``d`` ranks; every rank calls it)."""
+    samples = []
+    for kind in COLLECTIVES:
+        for size in _CALIBRATION_BYTES:
+            t = time_collective(kind, size, _CALIBRATION_REPEATS, group=group, device=device)
+            samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
+    return samples
+
+
+@group_task
+def _group_collective_samples(group: JobGroup) -> list[tuple]:
+    return _time_every_collective(group.pg, group.world, group.device)
+
+
+def measure_group_collectives(group: JobGroup) -> CollectiveModels:
+    """Time every collective on the driven job group (every rank taking part) and fit
+    the models; a collective's time is its slowest rank's."""
+    per_rank = run_on_group(_group_collective_samples)
+    samples = [
+        (kind, d, mb, max(rank[i][3] for rank in per_rank))
+        for i, (kind, d, mb, _) in enumerate(per_rank[0])
+    ]
+    device = "cuda" if group.device.type == "cuda" else "cpu"
+    name = torch.cuda.get_device_name(group.device) if device == "cuda" else cpu_name()
+    source = f"{group.backend} collectives on the job's {group.world} ranks ({name})"
+    return fit_collective_models(samples, group.backend, source)
 
 
 def fit_collective_models(
@@ -222,20 +262,28 @@ def fit_collective_models(
 def calibrate_collective_models(
     max_devices: int = 4, backend: str | None = None
 ) -> CollectiveModels:
-    """Time every collective on 2..``max_devices`` spawned ranks and fit their models.
+    """Time every collective on 2..``max_devices`` spawned ranks (at most the machine's
+    cores, or its GPUs under NCCL) and fit their models.
 
     The timings take a few seconds; starting the processes takes most of the rest.
+
+    Raises:
+        ValueError: called from inside a distributed job (nothing is spawned there), or
+            ``max_devices < 2``.
     """
     import tempfile
 
     import torch.multiprocessing as mp
 
+    check_may_spawn("timing the collectives")
+    if max_devices < 2:
+        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
     backend = backend or default_backend()
     if backend == "nccl":
         max_devices = min(max_devices, torch.cuda.device_count())
-    if max_devices < 2:
-        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
-    with tempfile.TemporaryDirectory() as tmp:
+    else:
+        max_devices = measuring_ranks(max_devices)
+    with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
         out = os.path.join(tmp, "samples.json")
         args = (max_devices, free_port(), out, backend)
         mp.spawn(_calibration_worker, args=args, nprocs=max_devices)
@@ -266,6 +314,33 @@ def load_collective_models(
     backend = backend or default_backend()
     path = Path(path) if path is not None else default_collectives_path(backend)
     return load_cached(
-        path, "collective models file", CollectiveModels.from_dict,
-        lambda: calibrate_collective_models(backend=backend), CollectiveModels.to_dict, _LOADED,
-    )  # fmt: skip
+        path,
+        "collective models file",
+        CollectiveModels.from_dict,
+        lambda: calibrate_collective_models(backend=backend),
+        CollectiveModels.to_dict,
+        _LOADED,
+    )
+
+
+def group_collectives_path(backend: str, hosts: Sequence[str]) -> Path:
+    """Cache file of the models measured on a job group of ``len(hosts)`` ranks on
+    ``hosts`` (rank order) with ``backend``: per machine and topology."""
+    topology = stable_key([len(hosts), list(hosts)])
+    kind = f"collectives_{backend}_{len(hosts)}ranks_{topology}"
+    return machine_cache_path(kind, _device_name(backend))
+
+
+def load_group_collectives(group: JobGroup) -> CollectiveModels:
+    """The models measured on the driven job ``group`` (cached per machine and topology:
+    :func:`group_collectives_path`), measuring them on the group first when there is no
+    cache file. Every rank's call is the same group request, so rank 0 decides."""
+    path = group_collectives_path(group.backend, group.hosts)
+    return load_cached(
+        path,
+        "collective models file",
+        CollectiveModels.from_dict,
+        lambda: measure_group_collectives(group),
+        CollectiveModels.to_dict,
+        _LOADED,
+    )

@@ -31,8 +31,15 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
-from torchrec_dreamshard.measure.spawn import free_port, local_process_group
+from torchrec_dreamshard.measure.spawn import (
+    check_may_spawn,
+    free_port,
+    launcher_free_env,
+    local_process_group,
+    measuring_ranks,
+)
 
 _CALIBRATION_BATCHES = (512, 2048, 8192)
 _CALIBRATION_REPEATS = 5
@@ -161,11 +168,17 @@ class CommModel:
 def fit_comm_model(
     samples: Sequence[tuple[int, float, float]], source: str, what: str = "all-to-all"
 ) -> CommModel:
-    """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each)."""
+    """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each).
+
+    Where every sample has the same ``num_devices`` (a job's own group, or a 2-core
+    machine's two ranks) the per-peer term cannot be told from the latency: it is 0, and
+    the model holds at that size."""
     arr = np.asarray(samples, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] < 3:
         raise ValueError(f"fitting the {what} model needs at least 3 samples")
     design = np.stack([np.ones(len(arr)), arr[:, 0] - 1, arr[:, 1]], axis=1)
+    if np.all(arr[:, 0] == arr[0, 0]):
+        design[:, 1] = 0.0
     coef, *_ = np.linalg.lstsq(design, arr[:, 2], rcond=None)
     coef = np.maximum(coef, 0.0)
     rmse = float(np.sqrt(np.mean((design @ coef - arr[:, 2]) ** 2)))
@@ -196,17 +209,23 @@ def _calibration_worker(rank: int, world: int, port: int, out_path: str) -> None
 
 
 def calibrate_comm_model(max_devices: int = 4) -> CommModel:
-    """Time real gloo all-to-alls on 2..``max_devices`` spawned ranks and fit the model.
+    """Time real gloo all-to-alls on 2..``max_devices`` spawned ranks (at most the
+    machine's cores; a clean environment) and fit the model.
 
     Takes a few seconds (most of it starting the processes).
+
+    Raises:
+        ValueError: called from inside a distributed job, or ``max_devices < 2``.
     """
     import tempfile
 
     import torch.multiprocessing as mp
 
+    check_may_spawn("timing the all-to-all")
     if max_devices < 2:
         raise ValueError(f"max_devices must be >= 2, got {max_devices}")
-    with tempfile.TemporaryDirectory() as tmp:
+    max_devices = measuring_ranks(max_devices)
+    with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
         out = os.path.join(tmp, "samples.json")
         mp.spawn(_calibration_worker, args=(max_devices, free_port(), out), nprocs=max_devices)
         samples = json.loads(Path(out).read_text())
@@ -232,7 +251,15 @@ def _parse(data: Any) -> CommModel:
 
 def load_comm_model(path: str | os.PathLike | None = None) -> CommModel:
     """The fitted model from ``path`` (default :func:`default_model_path`), calibrating and
-    saving it first when the file does not exist."""
+    saving it first when the file does not exist. Without ``path``, while rank 0 of a job
+    drives measurements on the job's group, the all-to-all measured on that group
+    (:func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`)."""
+    if path is None:
+        group = active_group()
+        if group is not None:
+            from torchrec_dreamshard.measure.collectives import load_group_collectives
+
+            return load_group_collectives(group).models["all_to_all"]
     path = Path(path) if path is not None else default_model_path()
     return load_cached(
         path, "comm model file", _parse, lambda: calibrate_comm_model(), asdict, _LOADED

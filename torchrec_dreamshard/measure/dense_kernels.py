@@ -35,6 +35,13 @@ import torch
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import (
+    JobGroup,
+    active_group,
+    group_task,
+    my_share,
+    run_on_group,
+)
 from torchrec_dreamshard.measure.kernels import fused_ring
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.threads import single_thread
@@ -218,12 +225,24 @@ def fit_dense_kernel_model(
     )
 
 
+@group_task
+def _group_dense_times(group: JobGroup) -> list[tuple[int, float, float]]:
+    """``(set index, fwd_ms, bwd_ms)`` of this rank's share of :func:`random_dense_sets`."""
+    device = "cuda" if group.device.type == "cuda" else "cpu"
+    sets = list(enumerate(random_dense_sets()))
+    return [(i, *time_dense_kernel(t, b, device)) for i, (t, b) in my_share(sets, group)]
+
+
 def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
-    """Time :func:`random_dense_sets` on this machine and fit the model (a few seconds)."""
-    samples = []
-    for tables, batch in random_dense_sets():
-        fwd, bwd = time_dense_kernel(tables, batch, device)
-        samples.append((tables, batch, fwd, bwd))
+    """Time :func:`random_dense_sets` on this machine and fit the model (a few seconds);
+    while rank 0 of a job drives measurements on its group, every rank times its share."""
+    sets = random_dense_sets()
+    group = active_group()
+    if group is not None:
+        timed = sorted(t for share in run_on_group(_group_dense_times) for t in share)
+        samples = [(*sets[i], fwd, bwd) for i, fwd, bwd in timed]
+    else:
+        samples = [(t, b, *time_dense_kernel(t, b, device)) for t, b in sets]
     name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
     return fit_dense_kernel_model(samples, device, f"FBGEMM dense kernel + Adagrad on {name}")
 
@@ -250,6 +269,10 @@ def load_dense_kernel_model(
     timing and saving it first when the file does not exist."""
     path = Path(path) if path is not None else default_dense_kernel_path(device)
     return load_cached(
-        path, "dense kernel model file", DenseKernelModel.from_dict,
-        lambda: calibrate_dense_kernel_model(device), DenseKernelModel.to_dict, _LOADED,
-    )  # fmt: skip
+        path,
+        "dense kernel model file",
+        DenseKernelModel.from_dict,
+        lambda: calibrate_dense_kernel_model(device),
+        DenseKernelModel.to_dict,
+        _LOADED,
+    )

@@ -16,6 +16,7 @@ fix where it is affordable.
 from __future__ import annotations
 
 import os
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import torch
 
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
@@ -34,9 +36,23 @@ FORMAT_VERSION = 1
 
 
 def measure_reference_ms(device: str = "cpu") -> tuple[float, float]:
-    """``(fwd_ms, bwd_ms)`` of the reference kernel on this machine (a second or two)."""
+    """``(fwd_ms, bwd_ms)`` of the reference kernel on this machine (a second or two);
+    while rank 0 of a job drives measurements on its group, the median over its ranks,
+    each timing it on its own device."""
+    if active_group() is not None:
+        times = run_on_group(_group_reference_ms)
+        return statistics.median(f for f, _ in times), statistics.median(b for _, b in times)
+    return _time_reference(device)
+
+
+def _time_reference(device: str) -> tuple[float, float]:
     config = MeasureConfig(device=device, rounds=3, iters=5)
     return time_fused_kernel(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE, config)
+
+
+@group_task
+def _group_reference_ms(group: JobGroup) -> tuple[float, float]:
+    return _time_reference("cuda" if group.device.type == "cuda" else "cpu")
 
 
 def default_reference_path(device: str = "cpu") -> Path:

@@ -52,3 +52,67 @@ def exit_spawned_rank() -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+# What a launcher (torchrun, torchelastic, SLURM wrappers of them) sets for its ranks. A
+# process spawned with them inherits the launcher's rendezvous: under torchrun
+# (TORCHELASTIC_USE_AGENT_STORE=True) every spawned rank waited forever for the agent's
+# store, so our own spawned groups run without them.
+_LAUNCHER_VARS = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "NCCL_ASYNC_ERROR_HANDLING",
+)
+_LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
+
+
+@contextlib.contextmanager
+def launcher_free_env() -> Iterator[None]:
+    """Within the block, ``os.environ`` holds none of a launcher's rendezvous variables
+    (processes spawned in it start clean); restored after."""
+    saved = {
+        k: v
+        for k, v in os.environ.items()
+        if k in _LAUNCHER_VARS or k.startswith(_LAUNCHER_PREFIXES)
+    }
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def in_distributed_job() -> bool:
+    """Whether this process is a rank of an initialised ``torch.distributed`` job, where
+    nothing may be spawned to measure (see :mod:`torchrec_dreamshard.measure.job_group`)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def measuring_ranks(wanted: int) -> int:
+    """Ranks to spawn for a measurement: ``wanted``, but never more than the machine's
+    cores (ranks sharing a core time contention, not the link), and at least 2."""
+    return max(2, min(wanted, os.cpu_count() or 2))
+
+
+def check_may_spawn(what: str) -> None:
+    """Raise a ``ValueError`` when ``what`` would spawn processes from inside a
+    distributed job."""
+    if in_distributed_job():
+        raise ValueError(
+            f"{what} would spawn processes from inside a distributed job; plan with "
+            "DreamShardPlanner.collective_plan(model, sharders, pg), which measures it on "
+            "the job's own process group, or measure it once outside the job"
+        )
