@@ -17,6 +17,20 @@ from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def cold_cache(tmp_path_factory) -> Iterator[None]:
+    """Every test session starts as a new user's machine does: an empty cache directory
+    (``XDG_CACHE_HOME``, inherited by spawned and launched ranks) and no calibration store
+    named in the environment, so what is tested is the cold path, and no test reads or
+    writes the user's cache."""
+    from torchrec_dreamshard.calibration.store import STORE_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))
+        patch.delenv(STORE_ENV, raising=False)
+        yield
+
+
 @pytest.fixture
 def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
     """A known all-to-all model (:data:`TEST_COMM_MODEL`) in a private cache dir
@@ -117,12 +131,17 @@ CPU_DENSE_LIKE = DenseKernelModel(
 @pytest.fixture(autouse=True, scope="session")
 def fixed_collectives() -> Iterator[CollectiveModels]:
     """The planner's CPU collective models are :data:`GLOO_LIKE`, its dense-kernel model
-    :data:`CPU_DENSE_LIKE` and its reference kernel unmeasured in every test: none
-    calibrates gloo's collectives (20 s) or times a kernel for the planner, and no plan
-    depends on the machine or its load."""
+    :data:`CPU_DENSE_LIKE` and its reference kernel unmeasured in every test (so the
+    default, automatic calibration plans with the checkpoint as it is): none calibrates
+    gloo's collectives (20 s) or times a kernel for the planner, and no plan depends on
+    the machine or its load. Ranks a test spawns or launches do not inherit this; they
+    pass what they pin, or measure what they assert."""
+    from torchrec_dreamshard.calibration import auto
     from torchrec_dreamshard.planner import components
 
     with pytest.MonkeyPatch.context() as patch:
+        # `dreamshard plan`'s automatic calibration plans with the checkpoint as it is
+        patch.setattr(auto, "measured_reference_ms", lambda device="cpu": None)
         patch.setattr(components, "load_collective_models", lambda **kw: GLOO_LIKE)
         patch.setattr(components, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
         # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)

@@ -359,18 +359,56 @@ def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
 def test_planner_calibrate_and_verify_arguments():
     from torchrec.distributed.planner.types import Topology
 
+    from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
     from torchrec_dreamshard.planner import DreamShardPlanner
 
     topo = Topology(world_size=2, compute_device="cpu")
     agent = DreamShard.untrained(seed=0)
-    assert DreamShardPlanner(topology=topo, agent=agent).agent is agent
+    assert DreamShardPlanner(topology=topo, agent=agent, calibrate=False).agent is agent
+    default = DreamShardPlanner(topology=topo, agent=agent).agent
+    assert isinstance(default, cal.CalibratingAgent) and default.prior is agent
+    assert default.calibration.budget_s == AUTO_BUDGET_S
+    assert default.adaptation()["mode"] == "auto"
     planner = DreamShardPlanner(topology=topo, agent=agent, calibrate=5, verify=2)
     assert isinstance(planner.agent, cal.CalibratingAgent)
     assert planner.agent.calibration.budget_s == 5.0 and planner.agent.verify_k == 2
+    assert planner.agent.adaptation()["mode"] == "on" and planner.agent.calibration_enabled
     with pytest.raises(ValueError, match="verify must be an integer >= 0"):
         DreamShardPlanner(topology=topo, agent=agent, verify=-1)
-    with pytest.raises(ValueError, match="calibrate must be None, True"):
+    with pytest.raises(ValueError, match="calibrate must be None \\(automatic\\), False, True"):
         DreamShardPlanner(topology=topo, agent=agent, calibrate="yes")
+
+
+@pytest.mark.parametrize(
+    ("factor", "calibrates"),
+    [(1.0, False), (1.2, False), (1 / 1.2, False), (10.0, True), (0.5, True)],
+)
+def test_the_default_calibrates_where_the_checkpoint_misprices_the_reference_kernel(
+    factor, calibrates
+):
+    """Automatic mode: the reference kernel measured at ``factor`` times the checkpoint's
+    prediction; beyond 25% either way the planner calibrates, and the stats say why."""
+    from torchrec_dreamshard.calibration.auto import check_machine
+
+    agent = DreamShard.untrained(seed=0)
+    fwd, bwd = check_machine(agent, None).predicted_ms
+    measured = (fwd * factor, bwd * factor)
+    wrapped = cal.CalibratingAgent(agent, config(), auto=lambda: measured)
+    assert wrapped.calibration_enabled is calibrates
+    report = wrapped.adaptation()
+    assert report["reference_error"] == pytest.approx(1 / factor - 1)
+    assert ("calibrating on this machine" in report["why"]) is calibrates
+    assert report["calibrated"] is False  # nothing placed yet
+
+
+def test_the_default_plans_with_the_checkpoint_when_the_reference_is_not_measured():
+    agent = DreamShard.untrained(seed=0)
+    wrapped = cal.CalibratingAgent(agent, config(), auto=lambda: None)
+    task = tiny_task(6, 2)
+    placement = wrapped.place(task, mode="greedy")
+    assert placement == list(agent.place(task, mode="greedy"))
+    assert wrapped.last_calibration is None
+    assert "not measured" in wrapped.adaptation()["why"]
 
 
 def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batch():
@@ -399,7 +437,7 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     table-wise tables reuses that calibration instead of measuring again."""
     from test_planner_distributed import LOCAL_BATCH, build_model
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.types import Topology
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.calibration import fit, plan
     from torchrec_dreamshard.planner import DreamShardPlanner, proposers
@@ -411,11 +449,15 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
         return fit.calibrate(*args, **kwargs)
 
     monkeypatch.setattr(plan, "calibrate", counted)
+    # three tables may only be table-wise, so the policy places them whatever this
+    # machine's calibrated kernels make the type choice do with the other three
+    table_wise = ParameterConstraints(sharding_types=["table_wise"])
     planner = DreamShardPlanner(
         topology=Topology(world_size=2, compute_device="cpu"),
         batch_size=LOCAL_BATCH,
         agent=DreamShard.untrained(seed=0),
         calibrate=config(budget_s=10.0),
+        constraints={f"t{i}": table_wise for i in range(3)},
     )
     priced = []
     real = proposers.TypeChooser

@@ -32,7 +32,14 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
     assert "placed 6 tables on 3 devices" in printed
     assert "predicted step cost" in printed
     plan = json.loads(out.read_text())
-    assert set(plan) == {"placement", "predicted_cost_ms", "per_device", "candidates"}
+    assert set(plan) == {
+        "placement",
+        "predicted_cost_ms",
+        "per_device",
+        "candidates",
+        "adaptation",
+    }
+    assert plan["adaptation"]["mode"] == "auto" and not plan["adaptation"]["calibrated"]
     names = [c["name"] for c in plan["candidates"]["candidates"]]
     assert plan["candidates"]["winner"] == names[0]  # the winner is listed first
     assert plan["candidates"]["candidates"][0]["vs_winner"] == 1.0
@@ -44,6 +51,32 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
         assert dev["bytes"] <= dev["memory_bytes"]
         assert {"fwd_ms", "bwd_ms", "comm_ms", "total_ms", "tables"} <= set(dev)
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", [None, "--no-calibrate", "--calibrate"])
+def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
+    files, monkeypatch, capsys, run_cli, flag
+):
+    """Here this machine runs the reference kernel 10x slower than the checkpoint predicts:
+    by default `dreamshard plan` calibrates (and says why); --no-calibrate never does."""
+    from torchrec_dreamshard.calibration import auto
+
+    agent = DreamShard.untrained(seed=0)
+    fwd, bwd = auto.check_machine(agent, None).predicted_ms
+    monkeypatch.setattr(auto, "measured_reference_ms", lambda device="cpu": (10 * fwd, 10 * bwd))
+    out = files / "plan.json"
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    argv += ["--out", str(out), "--budget-s", "5", "--store", str(files / "cal.sqlite")]
+    assert run_cli([*argv, *([flag] if flag else [])]) == 0
+    adaptation = json.loads(out.read_text())["adaptation"]
+    assert adaptation["mode"] == {None: "auto", "--no-calibrate": "off"}.get(flag, "on")
+    assert adaptation["calibrated"] is (flag != "--no-calibrate")
+    if flag is None:
+        assert adaptation["reference_error"] == pytest.approx(-0.9)
+        assert "calibrating on this machine" in capsys.readouterr().out
+    if adaptation["calibrated"]:
+        assert adaptation["kernel_mape_after"] < adaptation["kernel_mape_before"]
 
 
 def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):

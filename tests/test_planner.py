@@ -377,8 +377,9 @@ def test_proposer_gives_up_after_its_memory_rounds(monkeypatch):
 
 
 def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog):
-    """Planning for CPU ranks with a cost network trained on another CPU model warns
-    (and says to calibrate); the same CPU, GPU ranks or calibrating say nothing."""
+    """Planning for CPU ranks with calibration off and a cost network trained on another
+    CPU model warns (and says to calibrate); the same CPU, GPU ranks or calibrating, by
+    request or by default, say nothing."""
     import logging
 
     from torchrec_dreamshard.measure.hardware import cpu_name
@@ -395,8 +396,11 @@ def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog
     gpu = Topology(world_size=2, compute_device="cuda")
     assert other_hardware(Agent("Some Other CPU 9000"), gpu) is None
     with caplog.at_level(logging.WARNING, logger="torchrec_dreamshard.planner"):
-        with_calibration(Agent("Some Other CPU 9000"), cpu, None, 0)
+        with_calibration(Agent("Some Other CPU 9000"), cpu, False, 0)  # calibration off
         assert "Some Other CPU 9000" in caplog.text
         caplog.clear()
         with_calibration(Agent("Some Other CPU 9000"), cpu, 5.0, 0)
+        assert caplog.text == ""
+        # the default checks the machine itself (and calibrates where it must)
+        with_calibration(DreamShard.untrained(seed=0), cpu, None, 0)
         assert caplog.text == ""

@@ -85,15 +85,26 @@ def test_protocol_declares_what_the_planner_split_search_and_calibration_touch()
     } <= _members(PlacementAgent)
 
 
-@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("wrap", [None, "verify", "calibrate", "auto"])
 def test_dreamshard_and_the_calibrating_agent_satisfy_the_protocol(wrap):
+    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.calibration.auto import check_machine
+
     agent = DreamShard.untrained(seed=0)
-    agent = CalibratingAgent(agent, calibration=None) if wrap else agent
+    predicted = check_machine(agent, None).predicted_ms
+    if wrap == "verify":
+        agent = CalibratingAgent(agent, calibration=None, verify_k=2)
+    elif wrap == "calibrate":
+        agent = CalibratingAgent(agent, calibration=CalibrationConfig())
+    elif wrap == "auto":  # this machine measures the reference kernel as predicted
+        agent = CalibratingAgent(agent, calibration=CalibrationConfig(), auto=lambda: predicted)
     assert isinstance(agent, PlacementAgent)
     for member in _members(PlacementAgent):
         assert hasattr(agent, member), member
     assert isinstance(agent.placer, PlacementAgent)
-    assert agent.calibration_enabled is wrap
+    # whether place calibrates the kernels on this machine: verifying alone does not, and
+    # the automatic mode does not where the checkpoint prices the reference kernel right
+    assert agent.calibration_enabled is (wrap == "calibrate")
 
 
 def test_the_calibrating_agent_forwards_nothing_implicitly():

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
 from torchrec_dreamshard.calibration.fit import CalibrationConfig, CalibrationResult, calibrate
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
 from torchrec_dreamshard.data.tasks import Task
@@ -108,9 +109,11 @@ class CalibratingAgent:
         verify_k: candidates to verify by measuring (0: none).
         verify_rounds: interleaved rounds of the verification.
         progress: tqdm bars.
+        auto: calibrate only where the checkpoint misprices this machine: ``auto()``
+            gives this machine's reference kernel ``(fwd, bwd)`` ms (or ``None``), and
+            :func:`~.auto.check_machine` decides, once, at the first ``prepare`` or
+            ``place`` (``None``: calibrate whenever ``calibration`` is given).
     """
-
-    calibration_enabled: bool = True  # place measures on this machine
 
     def __init__(
         self,
@@ -119,22 +122,68 @@ class CalibratingAgent:
         verify_k: int = 0,
         verify_rounds: int = 3,
         progress: bool = True,
+        auto: Callable[[], tuple[float, float] | None] | None = None,
     ) -> None:
         self.prior = agent
         self.current = agent
         self.calibration = calibration
         self.verify_k, self.verify_rounds, self.progress = verify_k, verify_rounds, progress
         self.last_outcome: PlanOutcome | None = None
+        self.last_calibration: CalibrationResult | None = None
+        self.check: MachineCheck | None = None
+        self._auto = auto
         self._prepared: CalibrationResult | None = None
+
+    @property
+    def calibration_enabled(self) -> bool:
+        """Whether ``place`` calibrates on this machine (under ``auto``, what the machine
+        check decided; the check runs on first use)."""
+        if self.calibration is None:
+            return False
+        if self._auto is None:
+            return True
+        if self.check is None:
+            self.check = check_machine(self.prior, self._auto())
+        return self.check.mispriced
+
+    def _settings(self) -> CalibrationConfig | None:
+        return self.calibration if self.calibration_enabled else None
+
+    def adaptation(self) -> dict[str, Any]:
+        """How planning adapted to this machine: whether it calibrated, why, and the
+        cost network's error before and after (JSON-able; logged with the plan)."""
+        out: dict[str, Any] = {"mode": "auto" if self._auto is not None else "on"}
+        if self.calibration is None:
+            return {"mode": "off", "calibrated": False, "why": "verification only"}
+        if self._auto is not None and self.check is not None:
+            out.update(self.check.to_dict(), why=self.check.why())
+        elif self._auto is None:
+            out["why"] = "calibrate was asked for"
+        cal = self.last_calibration
+        out["calibrated"] = cal is not None
+        if cal is not None:
+            out.update(
+                seconds=cal.seconds,
+                kernels_measured=cal.measured,
+                kernels_reused=cal.reused,
+                kernel_mape_before=cal.before.get("cost/mape"),
+                kernel_mape_after=cal.after.get("cost/mape"),
+            )
+            reference = check_machine(cal.agent, self.check.measured_ms) if self.check else None
+            if reference is not None:
+                out["reference_error_after"] = reference.error
+        return out
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
         """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
         and ``table_costs`` then price with the calibrated agent, and the next ``place``
         (of these tables or some of them) plans with it instead of calibrating again."""
-        if self.calibration is None:
+        settings = self._settings()
+        if settings is None:
             return
-        self._prepared = calibrate(self.prior, task, self.calibration, sources)
+        self._prepared = calibrate(self.prior, task, settings, sources)
         self.current = self._prepared.agent
+        self.last_calibration = self._prepared
 
     def place(
         self,
@@ -154,7 +203,7 @@ class CalibratingAgent:
             num_samples=num_samples,
             seed=seed,
             sources=sources,
-            calibration=self.calibration,
+            calibration=self._settings(),
             verify_k=self.verify_k,
             verify_rounds=self.verify_rounds,
             progress=self.progress,
@@ -162,6 +211,7 @@ class CalibratingAgent:
         )
         self._prepared = None  # one preparation serves one placement
         self.current, self.last_outcome = out.agent, out
+        self.last_calibration = out.calibration or self.last_calibration
         log = logging.getLogger("torchrec_dreamshard.calibration")
         for line in out.lines():
             log.info(line)
@@ -170,7 +220,7 @@ class CalibratingAgent:
     def fingerprint(self) -> str:
         """The prior's fingerprint and the calibration and verification settings (the
         calibrated weights follow from them on a given machine)."""
-        settings = [self.calibration, self.verify_k, self.verify_rounds]
+        settings = [self.calibration, self.verify_k, self.verify_rounds, self._auto is not None]
         return hashlib.sha256(f"{self.prior.fingerprint()}|{settings!r}".encode()).hexdigest()
 
     @property

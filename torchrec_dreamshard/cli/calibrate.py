@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.planner.candidates import default_sources
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint, save_checkpoint
 
-    config = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
+    budget = 60.0 if args.budget_s is None else args.budget_s
+    config = CalibrationConfig(budget_s=budget, store=args.store, seed=args.seed)
     if args.export:
         check_writable(args.export, "--export file")
     task = Task.load(args.task)

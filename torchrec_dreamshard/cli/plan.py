@@ -20,11 +20,15 @@ EXAMPLES = """examples:
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
   dreamshard plan task.json --no-splits      # whole tables only (table-wise)
   dreamshard plan task.json --calibrate --budget-s 60 --verify 4
+  dreamshard plan task.json --no-calibrate   # the checkpoint as it is, measuring nothing
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
 (batch_size is the global batch; memory_bytes one number or one per device).
-Without --checkpoint the checkpoint bundled with the package is used.
+Without --checkpoint the checkpoint bundled with the package is used. By default the
+checkpoint's prediction of a reference kernel is checked against this machine (measured
+once, cached) and, where it is more than 25% off, the cost network is calibrated on the
+task's tables first (20 s; measurements are kept, so re-planning them measures nothing).
 Tables may be split column-wise (a table bigger than every device always is; others when
 the cost network predicts a faster step); PLAN.json then also holds
 "shards": {"t0": [{"device": 0, "columns": [0, 64]}, {"device": 3, "columns": [64, 128]}]}.
@@ -72,15 +76,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
-    """``--calibrate`` (when ``flag``), ``--budget-s`` and ``--store``."""
+    """``--calibrate/--no-calibrate`` (when ``flag``), ``--budget-s`` and ``--store``."""
     if flag:
         p.add_argument(
             "--calibrate",
-            action="store_true",
+            action=argparse.BooleanOptionalAction,
+            default=None,
             help="first measure the task's tables on this machine and fine-tune the cost "
-            "network on them (re-uses earlier measurements in the store)",
+            "network on them (re-uses earlier measurements in the store); default: only "
+            "where the checkpoint misprices this machine's reference kernel by over 25%%",
         )
-    p.add_argument("--budget-s", type=float, default=60.0, help="calibration time budget (seconds)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="calibration time budget in seconds (default 60; 20 when calibrating automatically)",
+    )
     p.add_argument(
         "--store",
         metavar="PATH",
@@ -104,11 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_format(args.plot)
     task = Task.load(args.task, allow_oversized=not args.no_splits)
-    from torchrec_dreamshard.calibration import CalibrationConfig, PlanOutcome, calibrate
+    from torchrec_dreamshard.calibration import PlanOutcome, calibrate
 
-    calibration = None
-    if getattr(args, "calibrate", False):
-        calibration = CalibrationConfig(budget_s=args.budget_s, store=args.store, seed=args.seed)
     if args.verify < 0 or args.verify_rounds < 1:
         raise ValueError(
             f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
@@ -116,7 +124,14 @@ def run(args: argparse.Namespace) -> int:
         )
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
     start = time.perf_counter()
+    calibration, adaptation = calibration_settings(agent, args)
     cal = calibrate(agent, task, calibration) if calibration is not None else None
+    if cal is not None:
+        adaptation.update(
+            calibrated=True,
+            kernel_mape_before=cal.before.get("cost/mape"),
+            kernel_mape_after=cal.after.get("cost/mape"),
+        )
     agent = cal.agent if cal is not None else agent
     if args.no_splits:
         placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
@@ -134,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
     outcome = PlanOutcome([], agent, cal, ver)
     if report is not None:
         plan["candidates"] = report.to_dict()
+    plan["adaptation"] = adaptation
     if outcome.calibration is not None:
         plan["calibration"] = outcome.calibration.to_dict()
     if outcome.verification is not None:
@@ -144,6 +160,31 @@ def run(args: argparse.Namespace) -> int:
     )
     show_plan(args, plan, report, outcome)
     return 0
+
+
+def calibration_settings(
+    agent: PlacementAgent, args: argparse.Namespace
+) -> tuple[Any, dict[str, Any]]:
+    """The calibration to run (``None``: none) and what decided it: ``--calibrate``
+    always, ``--no-calibrate`` never, neither where the checkpoint misprices this
+    machine's reference kernel (measured once, cached)."""
+    from torchrec_dreamshard.calibration import CalibrationConfig, auto
+
+    if args.calibrate is False:
+        return None, {"mode": "off", "calibrated": False, "why": "--no-calibrate"}
+    budget = args.budget_s
+    if args.calibrate:
+        adaptation = {"mode": "on", "calibrated": False, "why": "--calibrate"}
+        budget = 60.0 if budget is None else budget
+    else:
+        check = auto.check_machine(agent, auto.measured_reference_ms())
+        adaptation = {"mode": "auto", "calibrated": False, **check.to_dict(), "why": check.why()}
+        print(check.why())
+        if not check.mispriced:
+            return None, adaptation
+        budget = auto.AUTO_BUDGET_S if budget is None else budget
+    config = CalibrationConfig(budget_s=budget, store=args.store, seed=args.seed)
+    return config, adaptation
 
 
 def show_plan(args: argparse.Namespace, plan: dict[str, Any], report: Any, outcome: Any) -> None:

@@ -22,10 +22,18 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.utils import get_device_type
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
-from torchrec_dreamshard.measure.collectives import CollectiveModels, load_collective_models
+from torchrec_dreamshard.measure.collectives import (
+    CollectiveModels,
+    default_collectives_path,
+    load_collective_models,
+    load_group_collectives,
+)
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
+from torchrec_dreamshard.measure.spawn import in_distributed_job
+from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 from torchrec_dreamshard.planner.types import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -34,13 +42,12 @@ def default_topology() -> Topology:
     """The current process group's topology, as TorchRec's planner builds it."""
     if not dist.is_initialized():
         raise ValueError(
-            "topology=None needs an initialised process group; pass "
-            "topology=Topology(world_size=..., compute_device=...)"
+            "topology=None needs an initialised process group; pass a TorchRec Topology "
+            "(TopologyFactory.create_topology, or torchrec_dreamshard.planner."
+            "torchrec_adapter.torchrec_topology(world_size, compute_device))"
         )
-    return Topology(
-        world_size=dist.get_world_size(),
-        compute_device=get_device_type(),
-        local_world_size=get_local_size(),
+    return torchrec_topology(
+        dist.get_world_size(), get_device_type(), local_world_size=get_local_size()
     )
 
 
@@ -82,32 +89,45 @@ def check_arguments(
 def with_calibration(
     agent: PlacementAgent, topology: Topology, calibrate: Any, verify: int
 ) -> PlacementAgent:
-    """``agent`` wrapped to calibrate and/or verify in ``place`` (unchanged without)."""
+    """``agent`` wrapped to calibrate and/or verify in ``place``.
+
+    ``calibrate``: ``None`` (the default) calibrates where the checkpoint misprices this
+    machine (:mod:`torchrec_dreamshard.calibration.auto`: the reference kernel, within
+    :data:`~torchrec_dreamshard.calibration.auto.AUTO_BUDGET_S`); ``False`` never does;
+    ``True`` (60 s), a budget in seconds or a ``CalibrationConfig`` always do."""
     if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
         raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
-    if calibrate is None or calibrate is False:
-        note = other_hardware(agent, topology)
+    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
+    from torchrec_dreamshard.measure.config import MeasureConfig
+    from torchrec_dreamshard.policy import DreamShard
+
+    device = "cuda" if topology.compute_device == "cuda" else "cpu"
+    auto = None
+    if calibrate is None and isinstance(agent, DreamShard):
+        auto = default_reference(topology)
+        calibrate = CalibrationConfig(
+            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=False
+        )
+    elif calibrate is None or calibrate is False:
+        note = other_hardware(agent, topology) if calibrate is False else None
         if note:
             logging.getLogger("torchrec_dreamshard.planner").warning(note)
         if not verify:
             return agent
         calibrate = None
-    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
-    from torchrec_dreamshard.measure.config import MeasureConfig
-
-    device = "cuda" if topology.compute_device == "cuda" else "cpu"
-    if calibrate is True:
+    elif calibrate is True:
         calibrate = CalibrationConfig(measure=MeasureConfig(device=device))
     elif isinstance(calibrate, int | float):
         calibrate = CalibrationConfig(
             budget_s=float(calibrate), measure=MeasureConfig(device=device)
         )
-    elif calibrate is not None and not isinstance(calibrate, CalibrationConfig):
+    elif not isinstance(calibrate, CalibrationConfig):
         raise ValueError(
-            "calibrate must be None, True, a budget in seconds or a CalibrationConfig, "
-            f"got {calibrate!r}"
+            "calibrate must be None (automatic), False, True, a budget in seconds or a "
+            f"CalibrationConfig, got {calibrate!r}"
         )
-    return CalibratingAgent(agent, calibrate, verify_k=verify)
+    return CalibratingAgent(agent, calibrate, verify_k=verify, auto=auto)
 
 
 def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
@@ -123,7 +143,8 @@ def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
         f"the cost network was trained on {trained['device_name']} CPUs and this machine is "
         f"{here}: its kernel times may be far off here (the CPU kernels' speeds differ "
         "between CPU models); pass calibrate=True (or a budget in seconds) to measure this "
-        "machine's kernels before planning"
+        "machine's kernels before planning (calibrate=None, the default, does so where "
+        "the checkpoint misprices the reference kernel)"
     )
 
 
@@ -153,14 +174,37 @@ class Unloaded:
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
-    """Where the type choice's collective models come from: on CPU ranks, the gloo models
-    fitted on this machine (measured once, ~20 s, then cached:
-    :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`); on
-    accelerators, analytic models from the topology's intra-host bandwidth (NCCL cannot be
-    measured here: unmeasured)."""
-    if topology.compute_device == "cpu":
-        return lambda: load_collective_models(backend="gloo")
-    return lambda: analytic_models(CommTopology.from_torchrec(topology))
+    """Where the type choice's collective models come from:
+
+    * while rank 0 of a job drives measurements on the job's group (``collective_plan``)
+      of the topology's size: timed on that group, every rank taking part, on its real
+      backend and hosts (a second or two, then cached per machine and topology:
+      :func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`);
+    * else, on accelerators: analytic models from the topology's intra-host bandwidth
+      (unmeasured);
+    * else, on CPU ranks outside a distributed job: the gloo models fitted on spawned
+      ranks on this machine (once, ~10 s, then cached:
+      :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
+    * else (``plan()`` on one rank of a running job): that cached fit where there is
+      one, the analytic models where not, since nothing is spawned inside a job.
+    """
+
+    def load() -> CollectiveModels:
+        group = active_group()
+        if group is not None and group.world == topology.world_size:
+            return load_group_collectives(group)
+        analytic = analytic_models(CommTopology.from_torchrec(topology))
+        if topology.compute_device != "cpu":
+            return analytic
+        if in_distributed_job() and not default_collectives_path("gloo").exists():
+            logging.getLogger("torchrec_dreamshard.planner").info(
+                "pricing collectives analytically: plan() on one rank of a running job "
+                "cannot measure them; collective_plan measures them on the job's group"
+            )
+            return analytic
+        return load_collective_models(backend="gloo")
+
+    return load
 
 
 def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | None]:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,6 @@ from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.stats import EmbeddingStats
-from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
@@ -55,7 +53,6 @@ from torchrec.distributed.planner.types import (
     PerfModel,
     PlanLoader,
     PlannerError,
-    PlannerErrorType,
     Proposer,
     ShardingOption,
     Stats,
@@ -68,6 +65,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
+from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.components import (
     Unloaded,
     check_arguments,
@@ -82,10 +80,15 @@ from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.rivals import tracked
 from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
+from torchrec_dreamshard.planner.torchrec_adapter import (
+    fill_dense_estimate,
+    heuristical_reservation,
+)
 from torchrec_dreamshard.planner.types import PlanPrediction
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -201,9 +204,13 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         agent = agent if agent is not None else self._load_agent(checkpoint)
         self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
         self._settings = [mode, num_samples, seed, repr(calibrate), verify]
-        reservation = storage_reservation or HeuristicalStorageReservation(
-            percentage=heuristical_storage_reservation_percentage
-        )
+        # TorchRec's default reservation, its dense estimate filled in from each model
+        self._own_reservation = None
+        if storage_reservation is None:
+            self._own_reservation = heuristical_reservation(
+                None, [], heuristical_storage_reservation_percentage
+            )
+        reservation = storage_reservation or self._own_reservation
         self.table_specs = TableSpecs(sample_batches, topology.world_size)
         self.proposer = DreamShardProposer(
             self.agent, topology, batch_size * topology.world_size, reservation, mode,
@@ -223,6 +230,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
                            performance_model, stats),
         )  # fmt: skip
         self.last_plan: ShardingPlan | None = None
+        self._adaptation: dict[str, Any] | None = None
 
     def _models(
         self, topology, batch_size, reservation, constraints, enumerator, performance_model, stats
@@ -264,6 +272,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self.table_specs.observe(module)
+        if self._own_reservation is not None:
+            fill_dense_estimate(self._own_reservation, module, sharders)
+        self._adaptation = None
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
@@ -283,9 +294,15 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         ``all_gather_object``): if any failed, every rank raises the same ``ValueError``
         naming the ranks and the reasons. Then rank 0 plans and broadcasts a
         :class:`PlanBroadcast`: the plan and the cost network's prediction of it (so
-        :attr:`last_placement`, :attr:`last_shards` and :attr:`last_prediction` are set on
-        every rank), or its error, which every other rank raises as well (a
-        ``PlannerError`` with the same ``error_type``).
+        :attr:`last_placement`, :attr:`last_shards`, :attr:`last_prediction` and
+        :attr:`adaptation` are set on every rank), or its error, which every other rank
+        raises as well (a ``PlannerError`` with the same ``error_type``).
+
+        While rank 0 plans, the other ranks serve its measurements
+        (:mod:`torchrec_dreamshard.measure.job_group`): whatever the plan needs measured on
+        this machine and not yet cached (the collectives, the dense and reference kernels,
+        calibration kernels) is measured on ``pg`` itself, every rank taking part, and no
+        process is spawned.
         """
         from torchrec.distributed.sharding_plan import get_default_sharders
 
@@ -301,16 +318,16 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         failures = [s for s in statuses if s]
         if failures:
             raise ValueError("; ".join(failures))
-        if dist.get_rank(pg) != 0 and self.agent.calibration_enabled:
-            logger.info(
-                "rank %d: waiting for rank 0 to calibrate/verify and plan", dist.get_rank(pg)
-            )
-        box: list[PlanBroadcast | None] = [None]
-        if dist.get_rank(pg) == 0:
-            box[0] = self._plan_for_broadcast(module, sharders)
-        dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
-        sent = box[0]
-        assert sent is not None
+        group = JobGroup.of(pg)
+        if group.rank == 0:
+            with driving(group):
+                sent = self._plan_for_broadcast(module, sharders)
+            broadcast(group, sent)
+        else:
+            logger.info("rank %d: measuring for rank 0 until it has planned", group.rank)
+            sent = serve(group)
+        assert isinstance(sent, PlanBroadcast)
+        self._adaptation = sent.adaptation
         if sent.plan is None:
             raise sent.error()
         self.last_plan = sent.plan
@@ -322,8 +339,23 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             plan = self.plan(module, sharders)
         except Exception as exc:  # every rank raises it after the broadcast
             kind = exc.error_type.name if isinstance(exc, PlannerError) else None
-            return PlanBroadcast(None, None, type(exc).__name__, str(exc), kind)
-        return PlanBroadcast(plan, self.last_prediction)
+            return PlanBroadcast(
+                None, None, type(exc).__name__, str(exc), kind, adaptation=self.adaptation
+            )
+        return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
+
+    @property
+    def adaptation(self) -> dict[str, Any]:
+        """How the last plan adapted to this machine (JSON-able): whether the planner
+        calibrated, why (the reference kernel predicted against measured), and the cost
+        network's error before and after; on every rank after ``collective_plan``."""
+        if self._adaptation is not None:
+            return self._adaptation
+        from torchrec_dreamshard.calibration import CalibratingAgent
+
+        if not isinstance(self.agent, CalibratingAgent):
+            return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
+        return self.agent.adaptation()
 
     # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
 
@@ -364,23 +396,3 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         """The column-wise shards on the fused kernel of every table the last plan splits,
         by fully qualified name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
         return plan_layout(self.last_plan)[1] if self.last_plan is not None else {}
-
-
-@dataclass
-class PlanBroadcast:
-    """What rank 0 sends every rank from :meth:`DreamShardPlanner.collective_plan`: the plan
-    and its prediction, or the error (exception class name, message, ``PlannerErrorType``
-    name for a ``PlannerError``)."""
-
-    plan: ShardingPlan | None
-    prediction: PlanPrediction | None
-    error_class: str = ""
-    message: str = ""
-    planner_error_type: str | None = None
-
-    def error(self) -> Exception:
-        """The error to raise on a rank that did not plan."""
-        text = f"rank 0 could not plan: {self.error_class}: {self.message}"
-        if self.planner_error_type is not None:
-            return PlannerError(text, PlannerErrorType[self.planner_error_type])
-        return (ValueError if self.error_class == "ValueError" else RuntimeError)(text)

@@ -57,32 +57,45 @@ def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterCo
 
 
 def heuristical_reservation(
-    model: torch.nn.Module,
+    model: torch.nn.Module | None,
     sharders: Sequence[ModuleSharder[torch.nn.Module]],
     percentage: float = 0.15,
 ) -> HeuristicalStorageReservation:
     """The storage reservation a TorchRec planner builds when given none
     (``HeuristicalStorageReservation(percentage)``), with its ``dense_tensor_estimate``
-    set to the bytes it would reserve for ``model``'s dense part anyway: 6 x the bytes of
-    the parameters outside the modules ``sharders`` shard, plus their buffers. TorchRec
-    1.8 computes that from shapes and dtypes only, so it is exact on the meta device too,
-    but without an estimate it logs a "known issue ... in dry run scenarios" warning on
-    every plan. The reservation means the same with it, and TorchRec does not warn (it
-    still does when the estimate is 0, a model with no dense part; nothing is wrong then
-    either).
+    set to the bytes it would reserve for ``model``'s dense part anyway
+    (:func:`fill_dense_estimate`; ``model=None``: set later, when the model is known).
 
     Args:
         model: the model the planner will plan (on any device, ``meta`` included).
         sharders: the sharders the planner will be given.
         percentage: TorchRec's ``heuristical_storage_reservation_percentage``.
     """
-    _, shardable = _get_batch_inputs_and_shardable_parameters(model, list(sharders), 1)
-    # 6.0: HeuristicalStorageReservation's parameter_multiplier (parameter, optimizer, DDP)
-    estimate = _get_dense_tensor_size(model, shardable, multiplier=6.0)
     with warnings.catch_warnings():
         # Its constructor recommends passing a dense_tensor_estimate, which we do.
         warnings.filterwarnings("ignore", "HeuristicalStorageReservation", FutureWarning)
-        return HeuristicalStorageReservation(percentage, dense_tensor_estimate=estimate)
+        reservation = HeuristicalStorageReservation(percentage)
+    if model is not None:
+        fill_dense_estimate(reservation, model, sharders)
+    return reservation
+
+
+def fill_dense_estimate(
+    reservation: HeuristicalStorageReservation,
+    model: torch.nn.Module,
+    sharders: Sequence[ModuleSharder[torch.nn.Module]],
+) -> None:
+    """Set ``reservation``'s ``dense_tensor_estimate`` to what it reserves for ``model``'s
+    dense part anyway: 6 x the bytes of the parameters outside the modules ``sharders``
+    shard, plus their buffers. TorchRec 1.8 computes that from shapes and dtypes only, so
+    it is exact on the meta device too, but without an estimate it logs a "known issue
+    ... in dry run scenarios" warning on every plan. The reservation means the same with
+    it, and TorchRec does not warn (it still does when the estimate is 0, a model with no
+    dense part; nothing is wrong then either)."""
+    _, shardable = _get_batch_inputs_and_shardable_parameters(model, list(sharders), 1)
+    # 6.0: HeuristicalStorageReservation's parameter_multiplier (parameter, optimizer, DDP)
+    estimate = _get_dense_tensor_size(model, shardable, multiplier=6.0)
+    reservation._dense_tensor_estimate = estimate  # TorchRec's constructor argument
 
 
 def reserved_topology(reservation: StorageReservation | None, topology: Topology) -> Topology:

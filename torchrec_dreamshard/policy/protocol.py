@@ -91,8 +91,8 @@ class PlacementAgent(Protocol):
 
     @property
     def calibration_enabled(self) -> bool:
-        """Whether ``place`` measures on this machine (calibration or verification), so
-        that other ranks know to wait."""
+        """Whether ``place`` calibrates the cost network on this machine (its kernel
+        prices are then this machine's, and need no scaling to it)."""
         ...
 
     @property

@@ -1,0 +1,63 @@
+"""A new user's first run: a TorchRec DLRM job launched by ``torchrun`` on 2 gloo ranks,
+on an empty cache, planned by the default ``DreamShardPlanner`` through
+``collective_plan`` (tests/torchrun_job.py).
+
+On a cold cache the planner measures what it needs on the job's own process group (the
+collectives, the dense and reference kernels, and calibration kernels where the checkpoint
+misprices this machine). Before, rank 0 spawned processes that inherited torchrun's
+rendezvous and the job hung; the time bound here catches a hang, and the stats say what the
+planner did.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+JOB = Path(__file__).with_name("torchrun_job.py")
+WORLD = 2
+JOB_TIMEOUT_S = 300  # the whole launch; a hang ends here instead of in CI's limit
+COLD_PLAN_BOUND_S = 90  # planning on a cold cache (measured about 10 s on 2 busy cores)
+
+
+def launch(out: Path, cache: Path, world: int = WORLD) -> list[dict]:
+    """Run the job under torchrun with ``cache`` as XDG_CACHE_HOME; every rank's result."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd = [*launcher, f"--nproc_per_node={world}", str(JOB), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.mark.slow
+def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path):
+    cache = tmp_path / "cache"
+    assert not cache.exists()
+    results = launch(tmp_path / "cold", cache)
+    first = results[0]
+    assert [r["rank"] for r in results] == list(range(WORLD))
+    assert all(r["plan"] == first["plan"] for r in results), "ranks got different plans"
+    assert all(r["adaptation"] == first["adaptation"] for r in results)
+    assert len(first["types"]) == 8
+    for r in results:
+        assert len(r["losses"]) == 4 and all(math.isfinite(x) for x in r["losses"])
+        assert r["plan_s"] < COLD_PLAN_BOUND_S, r["plan_s"]
+    adaptation = first["adaptation"]
+    assert adaptation["mode"] == "auto" and adaptation["reference_measured_ms"] > 0
+    # what was measured on the job's group is cached for the next run of this topology
+    cached = sorted(p.name.split("_")[0] for p in (cache / "torchrec_dreamshard").glob("*.json"))
+    assert cached == ["collectives", "dense", "reference"], cached
+    if adaptation["calibrated"]:
+        assert adaptation["kernels_measured"] > 0
+        again = launch(tmp_path / "warm", cache)[0]
+        assert again["plan"] == first["plan"]  # the same calibration, from the store
+        assert again["adaptation"]["kernels_measured"] == 0
+        assert again["adaptation"]["kernels_reused"] == adaptation["kernels_measured"]

@@ -1,0 +1,104 @@
+"""Whether the checkpoint prices this machine right, and so whether to calibrate by default.
+
+A cost network is a model of the machine it was trained on. The check takes seconds: the
+reference kernel (:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_TABLES` at
+:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad),
+timed on this machine (cached per machine), against the network's prediction of it. When
+the predicted forward plus backward is off by more than :data:`AUTO_TOLERANCE` either way,
+the planner calibrates on the user's tables (:func:`~.fit.calibrate`) within
+:data:`AUTO_BUDGET_S`. Every kernel calibration measures is kept in the calibration store,
+so the next plan of these tables on this machine measures nothing and only fine-tunes.
+
+Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
+predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off
+by other factors (3.4x on another EPYC VM); one ratio cannot say how every table's time
+moves between two machines, while calibration fits the user's own tables (on one such VM
+it took held-out workloads from 1.069 to 0.951 of the best heuristic's measured step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import PlacementAgent
+
+AUTO_TOLERANCE = 0.25  # calibrate when the reference kernel is mispriced by more than 25%
+AUTO_BUDGET_S = 20.0  # seconds of automatic calibration (measuring and fine-tuning)
+
+
+@dataclass(frozen=True)
+class MachineCheck:
+    """The reference kernel, predicted against measured on this machine.
+
+    Args:
+        predicted_ms: the cost network's ``(fwd, bwd)`` of the reference kernel.
+        measured_ms: this machine's, or ``None`` where it was not measured (a device
+            this process cannot run, or a caller that pins the machine's models).
+        tolerance: relative error of ``fwd + bwd`` above which calibration pays.
+    """
+
+    predicted_ms: tuple[float, float]
+    measured_ms: tuple[float, float] | None
+    tolerance: float = AUTO_TOLERANCE
+
+    @property
+    def error(self) -> float | None:
+        """``predicted / measured - 1`` of fwd + bwd (-0.9: predicted 10x short)."""
+        if self.measured_ms is None or sum(self.measured_ms) <= 0:
+            return None
+        return sum(self.predicted_ms) / sum(self.measured_ms) - 1.0
+
+    @property
+    def mispriced(self) -> bool:
+        """Whether the prediction is off by more than the tolerance, either way."""
+        error = self.error
+        if error is None:
+            return False
+        ratio = error + 1.0
+        return max(ratio, 1.0 / max(ratio, 1e-9)) > 1.0 + self.tolerance
+
+    def why(self) -> str:
+        """One line: what was found, and so what the planner does."""
+        if self.measured_ms is None:
+            return "the reference kernel was not measured here: planning with the checkpoint"
+        verdict = (
+            "calibrating on this machine"
+            if self.mispriced
+            else f"within {self.tolerance:.0%}: planning with the checkpoint"
+        )
+        return (
+            f"the checkpoint predicts the reference kernel at {sum(self.predicted_ms):.2f} ms, "
+            f"measured {sum(self.measured_ms):.2f} ms here ({self.error:+.0%}): {verdict}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "reference_predicted_ms": sum(self.predicted_ms),
+            "reference_measured_ms": None if self.measured_ms is None else sum(self.measured_ms),
+            "reference_error": self.error,
+            "tolerance": self.tolerance,
+        }
+
+
+def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:
+    """This machine's reference kernel ``(fwd, bwd)`` ms, measured once and cached
+    (:func:`~torchrec_dreamshard.measure.reference_speed.load_reference_ms`)."""
+    from torchrec_dreamshard.measure.reference_speed import load_reference_ms
+
+    return load_reference_ms(device=device)
+
+
+def check_machine(
+    agent: PlacementAgent, measured_ms: Sequence[float] | None, tolerance: float = AUTO_TOLERANCE
+) -> MachineCheck:
+    """``agent``'s cost network on the reference kernel against ``measured_ms`` (this
+    machine's ``(fwd, bwd)``, ``None`` when not measured)."""
+    from torchrec_dreamshard.cost.plans import cost_network_kernel
+    from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+
+    predicted = cost_network_kernel(agent)(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE)
+    measured = None if measured_ms is None else (float(measured_ms[0]), float(measured_ms[1]))
+    return MachineCheck(predicted, measured, tolerance)
