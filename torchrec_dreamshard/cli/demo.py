@@ -2,16 +2,16 @@
 
 1. Builds a DLRM-style model over ~60 synthetic DLRM-shaped tables (the synthetic pool at
    CPU scale, test split: tables the bundled checkpoint never saw).
-2. Plans it with :class:`DreamShardPlanner` and with TorchRec's ``EmbeddingShardingPlanner``
+2. Plans it with the default :class:`DreamShardPlanner` (which checks whether the
+   checkpoint prices this machine right and calibrates on the model's tables where it does
+   not; ``--no-calibrate`` turns that off) and with TorchRec's ``EmbeddingShardingPlanner``
    on the same topology, batch and constraints (pooling factors; table-wise on the fused
-   kernel for both, the placements the measurement harness runs).
+   kernel for both, the placements the measurement harness runs), and says what the
+   planner measured and whether it calibrated.
 3. Measures both plans on real FBGEMM kernels (``measure_placement``) and prints them side
-   by side.
-4. Calibrates the cost network on the model's tables on this machine (``--calibrate-budget``
-   seconds; 0 skips it) and prints, for both plans and the calibrated agent's own plan,
-   the predicted step cost before and after calibration beside the measured one.
-5. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
-   CPU, planned by ``DreamShardPlanner.collective_plan``.
+   by side, with the checkpoint's and the calibrated cost network's predictions.
+4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
+   CPU, planned by the default ``DreamShardPlanner.collective_plan`` on those ranks.
 
 The model and its batches are in :mod:`torchrec_dreamshard.measure.demo_model`.
 """
@@ -32,6 +32,7 @@ EXAMPLES = """examples:
   dreamshard demo
   dreamshard demo --out benchmarks/results/demo.json
   dreamshard demo --tables 40 --devices 4 --train-ranks 2 --checkpoint my_gpus.pt
+  dreamshard demo --no-calibrate      # the checkpoint as it is, whatever this machine is
 """
 
 TRAIN_LOCAL_BATCH = 256
@@ -54,11 +55,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--train-ranks", type=int, default=2, help="gloo ranks for training")
     p.add_argument("--train-steps", type=int, default=3)
     p.add_argument(
-        "--calibrate-budget",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="seconds of calibration on this machine (0: none)",
+        "--calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="calibrate on this machine always (--calibrate, 60 s) or never "
+        "(--no-calibrate); default: where the checkpoint misprices its reference kernel",
     )
     p.add_argument("--out", metavar="DEMO.json", help="write the side-by-side as JSON")
     p.set_defaults(func=run)
@@ -82,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
     measure_both(mtask, ours, theirs)
     print(format_side_by_side(ours, theirs))
     result["measure_task"] = {"memory_bytes": mtask.memory, "batch_size": mtask.batch_size}
-    if args.calibrate_budget > 0:
-        result["calibration"] = calibrate_demo(mtask, ours, theirs, args)
     result["training"] = train_demo(task, args)
     if args.out:
         atomic_write(args.out, dumps_strict(result), "--out file")
@@ -116,6 +115,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
+    from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -134,28 +134,58 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     sharders = [EmbeddingBagCollectionSharder()]
     samples = [sample_kjt(task.tables, local_batch, s) for s in range(task.num_devices)]
     ours_planner = DreamShardPlanner(
-        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables),
+        topology=topology,
+        batch_size=local_batch,
+        constraints=table_wise_constraints(task.tables),
         storage_reservation=heuristical_reservation(model, sharders),
-        checkpoint=args.checkpoint, mode=args.mode, seed=args.seed,
-        sample_batches=samples, debug=False,
-    )  # fmt: skip
+        checkpoint=args.checkpoint,
+        mode=args.mode,
+        seed=args.seed,
+        sample_batches=samples,
+        debug=False,
+        calibrate=args.calibrate,
+    )
     print("\n== DreamShardPlanner (TorchRec's plan stats, then the cost network's) ==")
     with planner_logs():
         ours = plan_summary(ours_planner, model, sharders, task)
-    ours["predicted_step_ms"] = ours_planner.last_prediction.step_ms
+    ours["adaptation"] = ours_planner.adaptation
+    print("\n".join(adaptation_lines(ours["adaptation"])))
     theirs_planner = EmbeddingShardingPlanner(
-        topology=topology, batch_size=local_batch, constraints=table_wise_constraints(task.tables),
+        topology=topology,
+        batch_size=local_batch,
+        constraints=table_wise_constraints(task.tables),
         storage_reservation=heuristical_reservation(model, sharders),
-    )  # fmt: skip
+    )
     theirs = plan_summary(theirs_planner, model, sharders, task)
     reserved = planner_reserved_topology(ours_planner)
     memory = [int(d.storage.ddr) for d in reserved.devices]
     mtask = Task(
-        tables=task.tables, num_devices=task.num_devices, memory_bytes=memory,
+        tables=task.tables,
+        num_devices=task.num_devices,
+        memory_bytes=memory,
         batch_size=task.batch_size,
-    )  # fmt: skip
-    theirs["predicted_step_ms"] = ours_planner.agent.predict(mtask, theirs["placement"]).step_ms
+    )
+    agent = ours_planner.agent
+    prior = agent.prior if isinstance(agent, CalibratingAgent) else agent
+    for summary in (ours, theirs):
+        summary["predicted_step_ms"] = agent.predict(mtask, summary["placement"]).step_ms
+        summary["checkpoint_step_ms"] = prior.predict(mtask, summary["placement"]).step_ms
     return ours, theirs, mtask
+
+
+def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
+    """What the planner measured on this machine and whether it calibrated."""
+    lines = ["", "== adapting to this machine ==", adaptation.get("why", "")]
+    if adaptation.get("calibrated"):
+        lines.append(
+            f"calibrated in {adaptation['seconds']:.1f} s: {adaptation['kernels_measured']} "
+            f"kernels measured, {adaptation['kernels_reused']} reused; kernel time error "
+            f"{adaptation['kernel_mape_before']:.0f}% before, "
+            f"{adaptation['kernel_mape_after']:.0f}% after"
+        )
+    else:
+        lines.append("planned with the checkpoint as it is (no calibration)")
+    return lines
 
 
 def plan_summary(planner, model, sharders, task) -> dict[str, Any]:
@@ -221,48 +251,15 @@ def format_side_by_side(ours: dict, theirs: dict) -> str:
     for name, x, y in (
         ("step", a["step_ms"], b["step_ms"]),
         ("pred.", ours["predicted_step_ms"], theirs["predicted_step_ms"]),
+        ("ckpt", ours["checkpoint_step_ms"], theirs["checkpoint_step_ms"]),
         ("plan s", ours["planning_s"], theirs["planning_s"]),
     ):
         rows.append(f"{name:>6} {x:>{w - 7}.3f} | {name:>6} {y:>{w - 7}.3f}")
     rows.append(
-        f"DreamShard's measured step cost is {verdict} than TorchRec's "
-        "('pred.': the cost network's prediction)"
+        f"DreamShard's measured step cost is {verdict} than TorchRec's ('pred.': the "
+        "planner's cost network, calibrated where it calibrated; 'ckpt': the checkpoint's)"
     )
     return "\n".join(rows)
-
-
-def calibrate_demo(mtask, ours: dict, theirs: dict, args: argparse.Namespace) -> dict:
-    """Calibrate on the model's tables, plan again with the calibrated agent, measure that
-    plan, and print predicted (before, after) vs measured step costs of all three plans."""
-    from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
-    from torchrec_dreamshard.measure import measure_placement
-    from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
-
-    print(f"\n== calibrating on this machine ({args.calibrate_budget:g} s budget) ==", flush=True)
-    prior = load_checkpoint(args.checkpoint, sources=default_sources())
-    res = calibrate(prior, mtask, CalibrationConfig(budget_s=args.calibrate_budget))
-    print("\n".join(res.lines()))
-    placement = res.agent.place(mtask, mode=args.mode, seed=args.seed)
-    m = measure_placement(mtask, placement)
-    if not m.ok:
-        raise RuntimeError(f"measuring the calibrated plan failed: {m.error}")
-    rows = {}
-    plans = (
-        ("DreamShardPlanner", ours["placement"], ours["measured"]["step_ms"]),
-        ("TorchRec default", theirs["placement"], theirs["measured"]["step_ms"]),
-        ("calibrated DreamShard", placement, m.step_ms),
-    )
-    print(f"{'plan':24s} {'measured':>9s} {'predicted before':>17s} {'after':>9s}  (ms)")
-    for name, p, measured in plans:
-        before = prior.predict(mtask, p).step_ms
-        after = res.agent.predict(mtask, p).step_ms
-        rows[name] = {"measured_ms": measured, "before_ms": before, "after_ms": after}
-        print(
-            f"{name:24s} {measured:9.3f} {before:9.3f} ({before / measured - 1:+5.0%})"
-            f" {after:9.3f} ({after / measured - 1:+5.0%})"
-        )
-    return {"result": res.to_dict(), "plans": rows, "calibrated_placement": placement}
 
 
 # ----------------------------------------------------------------------------------------
@@ -281,9 +278,11 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
     print(f"{world} gloo ranks on CPU, plan from DreamShardPlanner.collective_plan")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "train.json"
-        job = (task.to_dict(), args.checkpoint, args.train_steps, str(out))
+        job = (task.to_dict(), args.checkpoint, args.train_steps, args.calibrate, str(out))
         mp.spawn(_train_worker, args=(world, free_port(), job), nprocs=world, join=True)
         report = json.loads(out.read_text())
+    print(f"  planned in {report['planning_s']:.1f} s on the training ranks")
+    print("\n".join("  " + line for line in adaptation_lines(report["adaptation"])[2:]))
     for rank, n in enumerate(report["tables_per_rank"]):
         print(f"  rank {rank}: {n} tables")
     losses = ", ".join(f"{x:.4f}" for x in report["losses"])
@@ -299,13 +298,15 @@ def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     with local_process_group(rank, world, port):
-        report = _train(rank, world, *job[:3])
+        report = _train(rank, world, *job[:4])
         if rank == 0:
-            Path(job[3]).write_text(json.dumps(report))
+            Path(job[4]).write_text(json.dumps(report))
     exit_spawned_rank()
 
 
-def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps: int) -> dict:
+def _train(
+    rank: int, world: int, task_dict: dict, checkpoint: str | None, steps: int, calibrate: Any
+) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed.optim import _apply_optimizer_in_backward
@@ -332,8 +333,11 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
         constraints=table_wise_constraints(task.tables),
         storage_reservation=heuristical_reservation(model, sharders),
         checkpoint=checkpoint,
+        calibrate=calibrate,
     )
+    start = time.perf_counter()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    planning_s = time.perf_counter() - start
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     dense = [p for n, p in dmp.named_parameters() if ".sparse." not in n]
     opt = torch.optim.Adagrad(dense, lr=LR)
@@ -354,4 +358,6 @@ def _train(rank: int, world: int, task_dict: dict, checkpoint: str | None, steps
         "steps": steps,
         "losses": losses,
         "tables_per_rank": [ranks.count(r) for r in range(world)],
+        "planning_s": planning_s,
+        "adaptation": planner.adaptation,
     }
