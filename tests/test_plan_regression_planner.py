@@ -282,6 +282,24 @@ def _hosts_cuda_many():
     return {"topology": topo, "constraints": cons}, Model(tables), EBC
 
 
+def _hosts_mixed(world: int, local: int, collectives: CollectiveModels | None) -> Case:
+    """Two hot tables, eight tiny and two big on GPUs over hosts: with dear collectives
+    the type choice replicates the tiny tables and spreads the hot ones (the best of each
+    type together)."""
+
+    def case():
+        hot = [table(f"hot{i}", 2_000_000, 128) for i in range(2)]
+        topo = Topology(
+            world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=32 * 2**30
+        )
+        kw = {"topology": topo, "constraints": pooling(["hot0", "hot1"], 200.0), "batch_size": 512}
+        if collectives is not None:
+            kw["collectives"] = collectives
+        return kw, Model(hot + tiny_and_big(8, 2)), get_default_sharders()
+
+    return case
+
+
 def _world_16():
     return {"topology": cpu(16)}, Model(bags(30, rows=3000, dim=32, step=1)), EBC
 
@@ -356,6 +374,9 @@ CASES: dict[str, Case] = {
     "hosts_cpu_hot": _hosts_cpu_hot,
     "hosts_cuda_hot": _hosts_cuda_hot,
     "hosts_cuda_many": _hosts_cuda_many,
+    "hosts_mixed_w8_l4": _hosts_mixed(8, 4, comm(0.0, 10.0)),
+    "hosts_mixed_w16_l8": _hosts_mixed(16, 8, comm(0.0, 10.0)),
+    "hosts_mixed_w16_l2_gloo_like": _hosts_mixed(16, 2, None),
     "world_16": _world_16,
     "greedy_mode": _greedy_mode,
     "search_mode": _search_mode,
@@ -463,6 +484,8 @@ def test_the_cases_exercise_what_they_are_for(recorded):
         recorded, "forbid_table_wise_hosts"
     )
     assert "table_row_wise" in _types(recorded, "hosts_cuda_hot")
+    for name in ("hosts_mixed_w8_l4", "hosts_mixed_w16_l8"):
+        assert {"table_wise", "table_row_wise", "data_parallel"} <= _types(recorded, name)
     assert recorded["sequences_dear"]["tables"]["ec.hist"]["type"] == "data_parallel"
     assert recorded["user_proposer_with_types"]["winner"] == "GreedyProposer#0"
     assert recorded["error_table_wise_only_too_big"]["error"][1] == "STRICT_CONSTRAINTS"
