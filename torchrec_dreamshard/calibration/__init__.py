@@ -45,6 +45,7 @@ from torchrec_dreamshard.calibration.fit import (
     calibrate,
     fine_tune,
     kernel_accuracy,
+    scale_comm,
     with_comm_model,
 )
 from torchrec_dreamshard.calibration.kernels import (
@@ -93,6 +94,7 @@ __all__ = [
     "measure_kernels",
     "plan_task",
     "rank_measured",
+    "scale_comm",
     "table_signature",
     "verify",
     "verify_candidates",

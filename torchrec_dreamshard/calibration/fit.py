@@ -19,9 +19,11 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.calibration.kernels import (
+    OBSERVED,
     informative_groups,
     load_kernel_samples,
     measure_kernels,
+    observed_jobs,
 )
 from torchrec_dreamshard.calibration.store import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.cost.fit import (
@@ -140,9 +142,11 @@ def fine_tune(
     lr: float = 0.05,
     prior: float = 1e-3,
     seed: int = 0,
+    weights: Sequence[float] | None = None,
 ) -> CostNet:
     """A copy of ``net`` whose device heads are fitted to ``samples`` with an L2 pull
     towards ``net``'s own head weights (see the package docstring); the encoder is frozen.
+    ``weights`` (one per sample, default 1) scale each sample's bootstrap weights.
     """
     tuned = copy.deepcopy(net)
     if not samples or epochs == 0:
@@ -154,6 +158,8 @@ def fine_tune(
     rng = np.random.default_rng(seed)
     boot = bootstrap_weights(rng, len(samples), net.members)
     boot[:, 0] = 1.0  # one member sees every sample once
+    if weights is not None:
+        boot = boot * torch.tensor(list(weights), dtype=boot.dtype)[:, None]
     batch = pack(samples)
     log_dev = log_targets(samples)
     opt = torch.optim.Adam(heads, lr=lr)
@@ -170,6 +176,27 @@ def fine_tune(
     for p in tuned.parameters():
         p.requires_grad_(True)
     return tuned.eval()
+
+
+def observation_weights(groups: Sequence[str]) -> list[float]:
+    """Per sample (by its store job key), its weight in the fine-tuning: kernels observed
+    in a running job (:data:`~.kernels.OBSERVED`) weigh together as much as every other
+    kernel together, at least 1 each: they are the job's own kernels, measured under its
+    real load, and few."""
+    observed = sum(OBSERVED in g for g in groups)
+    if not observed:
+        return [1.0] * len(groups)
+    heavy = max(1.0, (len(groups) - observed) / observed)
+    return [heavy if OBSERVED in g else 1.0 for g in groups]
+
+
+def scale_comm(net: CostNet, factor: float) -> CostNet:
+    """``net`` with its all-to-all head's prediction scaled by ``factor`` (in place)."""
+    with torch.no_grad():
+        value = torch.nn.functional.softplus(net.comm_raw) * float(factor)
+        value = value.clamp(min=1e-6)
+        net.comm_raw.copy_(value + torch.log(-torch.expm1(-value)))
+    return net
 
 
 def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
@@ -222,6 +249,19 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
     return load_comm_model(path)
 
 
+def stored_observations(config: CalibrationConfig, task: Task) -> int:
+    """How many kernels observed in running jobs over ``task``'s tables the store holds
+    (this machine, ``config``'s workload at the task's batch)."""
+    from torchrec_dreamshard.measure.store import CostStore
+
+    path = config.store_path()
+    if not path.exists():
+        return 0
+    with CostStore(path) as store:
+        prefix = job_prefix(store, config.measure, task.batch_size)
+        return len(observed_jobs(store, prefix, task.tables, config.measure, task.batch_size))
+
+
 def calibrate(
     agent: DreamShard,
     task: Task,
@@ -232,7 +272,9 @@ def calibrate(
     within ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
 
     Kernels already in the store (same machine, workload and table contents) are reused,
-    not measured again.
+    not measured again, and so are the kernels observed in running jobs over these tables
+    (:func:`~.kernels.observed_jobs`: each rank's fused kernel in a DMP job the planner
+    observed), the best data there is.
 
     Args:
         agent: a :class:`~torchrec_dreamshard.policy.DreamShard` (the prior; unchanged).
@@ -269,8 +311,12 @@ def calibrate(
         todo = [(j, t) for j, t in kernels.items() if j not in done]
         todo = todo if config.measure_missing else []
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
-        samples = load_kernel_samples(store, set(kernels), mcfg, B)
-    net = fine_tune(agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed)
+        observed = observed_jobs(store, prefix, task.tables, mcfg, B)
+        samples = load_kernel_samples(store, set(kernels) | observed, mcfg, B)
+    weights = observation_weights([s.group for s in samples])
+    net = fine_tune(
+        agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed, weights
+    )
     comm = _all_to_all_model(mcfg) if task.num_devices > 1 else None
     if comm is not None:
         net = with_comm_model(net, comm, B)
@@ -280,7 +326,7 @@ def calibrate(
     return CalibrationResult(
         agent=tuned,
         measured=measured,
-        reused=len(kernels) - len(todo),
+        reused=len(kernels) - len(todo) + len(observed),
         skipped=len(todo) - measured,
         seconds=time.perf_counter() - start,
         measure_s=measure_s,

@@ -66,7 +66,34 @@ def informative_groups(
     return [list(keys[i]) for i in order]
 
 
-def _store_kernel(store, tables, batch_size, fb, reference_ms, spread, config, job) -> None:
+OBSERVED = "obs-"  # job keys of kernels observed in a running job start with prefix + this
+
+
+def observed_jobs(
+    store: Any, prefix: str, tables: Sequence[TableSpec], config: MeasureConfig, batch_size: int
+) -> set[str]:
+    """The store's kernels observed in running jobs (:data:`OBSERVED`, under ``prefix``:
+    this machine and workload) over tables all of which are among ``tables`` (by content
+    signature): what a re-plan of these tables, or of a restarted job, learns from."""
+    from torchrec_dreamshard.calibration.store import table_signature
+    from torchrec_dreamshard.measure.hardware import fingerprint_key
+
+    wanted = prefix + OBSERVED
+    jobs = {j for j in store.done_jobs(prefix) if j.startswith(wanted)}
+    if not jobs:
+        return set()
+    mine = {table_signature(t) for t in tables}
+    fp = fingerprint_key(store.fingerprint(config, "local"))
+    out = set()
+    for ex in store.placement_examples(fp, config.workload_key(batch_size)):
+        job = ex.meta.get("job")
+        if job in jobs and all(table_signature(t) in mine for t in ex.task.tables):
+            out.add(job)
+    return out
+
+
+def store_kernel(store, tables, batch_size, fb, reference_ms, spread, config, job) -> None:
+    """One measured fused kernel over ``tables`` as a one-device store row under ``job``."""
     from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 
     room = max(1, sum(t.size_bytes for t in tables))
@@ -121,7 +148,7 @@ def measure_kernels(
             else:
                 timed = _time_kernels(tables, batch_size, config)
             for (job, tables), (fb, spread, ref) in zip(chunk, timed, strict=True):
-                _store_kernel(store, tables, batch_size, fb, ref, spread, config, job)
+                store_kernel(store, tables, batch_size, fb, ref, spread, config, job)
             done += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))

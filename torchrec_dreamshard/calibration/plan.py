@@ -4,6 +4,7 @@ does it on every ``place`` (:class:`CalibratingAgent`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -13,7 +14,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
-from torchrec_dreamshard.calibration.fit import CalibrationConfig, CalibrationResult, calibrate
+from torchrec_dreamshard.calibration.fit import (
+    CalibrationConfig,
+    CalibrationResult,
+    calibrate,
+    stored_observations,
+)
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
@@ -131,6 +137,7 @@ class CalibratingAgent:
         self.last_outcome: PlanOutcome | None = None
         self.last_calibration: CalibrationResult | None = None
         self.check: MachineCheck | None = None
+        self.learns_from_job = False  # calibrated on a running job's observations only
         self._auto = auto
         self._prepared: CalibrationResult | None = None
 
@@ -146,8 +153,20 @@ class CalibratingAgent:
             self.check = check_machine(self.prior, self._auto())
         return self.check.mispriced
 
-    def _settings(self) -> CalibrationConfig | None:
-        return self.calibration if self.calibration_enabled else None
+    def _settings(self, task: Task) -> CalibrationConfig | None:
+        """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
+        machine check (or the user) asks for it; else, under ``auto``, on what the store
+        holds (measuring nothing) where it holds kernels observed in a running job of
+        these tables (:meth:`~torchrec_dreamshard.planner.DreamShardPlanner.observe`);
+        else not at all."""
+        if self.calibration is None:
+            return None
+        if self.calibration_enabled:
+            return self.calibration
+        if self._auto is not None and stored_observations(self.calibration, task):
+            self.learns_from_job = True
+            return dataclasses.replace(self.calibration, measure_missing=False)
+        return None
 
     def adaptation(self) -> dict[str, Any]:
         """How planning adapted to this machine: whether it calibrated, why, and the
@@ -157,6 +176,8 @@ class CalibratingAgent:
             return {"mode": "off", "calibrated": False, "why": "verification only"}
         if self._auto is not None and self.check is not None:
             out.update(self.check.to_dict(), why=self.check.why())
+            if self.learns_from_job:
+                out["why"] += "; learning from the kernels observed in a running job"
         elif self._auto is None:
             out["why"] = "calibrate was asked for"
         cal = self.last_calibration
@@ -178,7 +199,7 @@ class CalibratingAgent:
         """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
         and ``table_costs`` then price with the calibrated agent, and the next ``place``
         (of these tables or some of them) plans with it instead of calibrating again."""
-        settings = self._settings()
+        settings = self._settings(task)
         if settings is None:
             return
         self._prepared = calibrate(self.prior, task, settings, sources)
@@ -203,7 +224,7 @@ class CalibratingAgent:
             num_samples=num_samples,
             seed=seed,
             sources=sources,
-            calibration=self._settings(),
+            calibration=self._settings(task),
             verify_k=self.verify_k,
             verify_rounds=self.verify_rounds,
             progress=self.progress,

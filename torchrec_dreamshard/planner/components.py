@@ -135,6 +135,8 @@ def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
     the one planning for CPU ranks (``None`` when they match, or cannot be told)."""
     if isinstance(agent, Unloaded) or topology.compute_device != "cpu":
         return None
+    if "calibrated" in agent.meta:  # its kernels were fitted on this machine
+        return None
     trained = agent.meta.get("hardware", {})
     here = cpu_name()
     if trained.get("device") != "cpu" or trained.get("device_name") in (None, here):

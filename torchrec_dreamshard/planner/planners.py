@@ -82,6 +82,7 @@ from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
 from torchrec_dreamshard.planner.rivals import tracked
 from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
@@ -95,7 +96,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 logger = logging.getLogger(__name__)
 
 
-class DreamShardPlanner(EmbeddingShardingPlanner):
+class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
     """A TorchRec sharding planner driven by a trained DreamShard policy.
 
     Every argument of TorchRec's ``EmbeddingShardingPlanner`` comes first, in TorchRec's
@@ -195,6 +196,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
     ) -> None:
+        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         users = check_arguments(
             mode, batch_size, enumerator, proposer, partitioner, performance_model, plan_loader
         )
@@ -279,7 +281,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self.cost_stats.last_prediction = None
         self.last_plan = None
         plan = super().plan(module, sharders)
-        self.last_plan = plan
+        self.last_plan, self._planned = plan, (meta_copy(module), list(sharders))
         return plan
 
     def collective_plan(

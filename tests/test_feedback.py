@@ -1,0 +1,187 @@
+"""The job as the measurement: a 2-rank DMP job observes its steps, reports each rank's
+predicted against measured embedding cost, learns from them and re-plans; the returned
+plan trains (the restart path). And a restarted job's plan learns from what was observed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
+from torchrec_dreamshard.feedback.report import build_report
+from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+
+STEPS = 45  # 8 sampled steps: the first after 5, then one in 5
+
+
+def test_event_names_fall_in_their_categories():
+    assert category("fbgemm::split_embedding_codegen_lookup_adagrad_function_pt2") == "fwd"
+    assert category("fbgemm::split_embedding_codegen_forward_cpu") == "fwd"
+    assert category("torch::autograd::CppNode<SplitLookupFunction_adagrad_Op_pt2>") == "bwd"
+    assert category("fbgemm::split_embedding_backward_codegen_adagrad_cpu") == "bwd"
+    assert category("gloo:all_to_all") == "a2a" and category("nccl:all_to_all") == "a2a"
+    assert category("gloo:all_reduce") is None and category("aten::addmm") is None
+
+
+def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waiting():
+    # rank 0 starts at t=0 and ends at 10 ms; rank 1 starts at 6 ms and ends at 10 ms
+    split = a2a_split([[(0.0, 10.0)], [(0.006, 4.0)]])
+    assert split[0] == pytest.approx((4.0, 6.0)) and split[1] == pytest.approx((4.0, 0.0))
+    # sequences that differ: no pairing, every ms is the rank's own
+    assert a2a_split([[(0.0, 1.0)], []]) == [(1.0, 0.0), (0.0, 0.0)]
+
+
+def test_the_report_sets_each_rank_beside_its_prediction():
+    from torchrec_dreamshard.planner.types import PlanPrediction
+
+    prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
+    steps = [
+        [StepProfile(20.0, 1.0, 2.0, [(0.0, 1.0)]), StepProfile(22.0, 1.2, 2.2, [(1.0, 1.0)])],
+        [StepProfile(21.0, 2.0, 5.0, [(0.0, 1.0)]), StepProfile(23.0, 2.2, 5.4, [(1.0, 1.0)])],
+    ]
+    report = build_report(steps, prediction, [["t0"], ["t1", "t2"]], "checkpoint")
+    json.dumps(report)  # plain JSON
+    r0, r1 = report["ranks"]
+    assert r0["measured"]["fwd_ms"] == pytest.approx(1.1) and r1["measured"]["bwd_ms"] == 5.2
+    assert r0["measured_ms"] == pytest.approx(1.1 + 2.1 + 1.0)
+    assert r1["predicted_ms"] == 7.0 and r1["error"] == pytest.approx(7.0 / (2.1 + 5.2 + 1) - 1)
+    assert report["bound_rank"] == 1 and report["predicted_bound_rank"] == 1
+    assert report["steps_observed"] == 2 and r1["tables"] == ["t1", "t2"]
+
+
+def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    with local_process_group(rank, world, port):
+        result = observe_and_replan(rank, world)
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    exit_spawned_rank()
+
+
+def observe_and_replan(rank: int, world: int) -> dict:
+    from conftest import CPU_DENSE_LIKE, GLOO_LIKE
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrun_job import LOCAL_BATCH, build_model, make_batch
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+
+    sharders = [EmbeddingBagCollectionSharder()]
+
+    def train(plan, steps, observer=None):
+        model = build_model()
+        ebc = model.model.sparse_arch.embedding_bag_collection
+        _apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
+        cpu = torch.device("cpu")
+        dmp = DistributedModelParallel(model, device=cpu, plan=plan, sharders=sharders)
+        dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
+        opt = torch.optim.SGD(dense, lr=0.05)
+        losses = []
+        observer = observer(dmp) if observer else None
+        for step in range(steps):
+            loss, _ = dmp(make_batch(rank, step))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+            if observer is not None:
+                observer.step()
+        return losses, observer
+
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(world, "cpu"),
+        batch_size=LOCAL_BATCH,
+        calibrate=False,  # the bundled checkpoint as it is: the job teaches it this machine
+        collectives=GLOO_LIKE,
+        dense_kernel=CPU_DENSE_LIKE,
+    )
+    plan = planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
+    _, observer = train(plan, STEPS, lambda dmp: planner.observe(dmp, every=5, warmup=5))
+    before = observer.report()
+    new_plan = observer.replan()
+    after = observer.report()
+    losses, _ = train(new_plan, 3)  # the restart path: a new job with the returned plan
+    return {
+        "before": before,
+        "after": after,
+        "plan": str(plan),
+        "new_plan": str(new_plan),
+        "losses": losses,
+    }
+
+
+@pytest.mark.slow
+def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
+    world = 2
+    mp.spawn(worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    first = results[0]
+    assert all(r["before"] == first["before"] and r["after"] == first["after"] for r in results)
+    assert all(r["new_plan"] == first["new_plan"] for r in results)
+    before, after = first["before"], first["after"]
+    assert before["model"] == "checkpoint" and after["model"] == "updated"
+    assert before["steps_observed"] == after["steps_observed"] == 8
+    for report in (before, after):
+        assert [r["rank"] for r in report["ranks"]] == [0, 1]
+        for r in report["ranks"]:
+            assert r["measured_ms"] > 0 and r["predicted_ms"] > 0
+            assert r["measured"]["fwd_ms"] > 0 and r["measured"]["bwd_ms"] > 0
+            assert r["measured"]["comm_ms"] > 0  # the all-to-alls were seen
+    assert sorted(t for r in after["ranks"] for t in r["tables"] if "t" in t)  # tables named
+    decision = after["replan"]
+    assert decision["kernels_observed"] == 2  # each rank's fused kernel joined the store
+    # learning from the job brings the prediction of the observed plan to what was measured
+    worst_before = max(abs(r["error"]) for r in before["ranks"])
+    worst_after = max(abs(r["error"]) for r in after["ranks"])
+    assert worst_after < worst_before and worst_after < 0.5, (worst_before, worst_after)
+    assert (first["new_plan"] != first["plan"]) is decision["changed"]
+    assert all(math.isfinite(x) for r in results for x in r["losses"])
+
+
+def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
+    """Automatic mode on a machine the checkpoint prices right: no calibration, until the
+    store holds kernels observed in a running job of these tables; then the plan
+    fine-tunes on them, measuring nothing."""
+    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    from torchrec_dreamshard.calibration.auto import check_machine
+    from torchrec_dreamshard.calibration.kernels import OBSERVED, store_kernel
+    from torchrec_dreamshard.calibration.store import job_prefix
+    from torchrec_dreamshard.data.tables import TableSpec
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.policy import DreamShard
+
+    agent = DreamShard.untrained(seed=0)
+    reference = check_machine(agent, None).predicted_ms
+    config = CalibrationConfig(budget_s=5.0, store=tmp_path / "store.sqlite", epochs=20)
+    tables = [
+        TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=16, pooling_factor=2.0) for i in range(4)
+    ]
+    task = Task(tables=tables, num_devices=2, memory_bytes=10**8, batch_size=256)
+
+    def planner_agent():
+        return CalibratingAgent(agent, config, auto=lambda: reference)
+
+    first = planner_agent()
+    first.place(task, mode="greedy")
+    assert first.last_calibration is None and not first.learns_from_job
+    with CostStore(config.store_path()) as store:
+        prefix = job_prefix(store, config.measure, task.batch_size)
+        store_kernel(
+            store, tables[:2], 256, (3.0, 9.0), 0.0, 0.0, config.measure, prefix + OBSERVED + "a"
+        )
+    again = planner_agent()
+    again.place(task, mode="greedy")
+    assert again.learns_from_job and again.last_calibration is not None
+    assert again.last_calibration.measured == 0  # nothing measured: the job's kernels
+    assert "observed in a running job" in again.adaptation()["why"]

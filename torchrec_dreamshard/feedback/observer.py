@@ -1,0 +1,170 @@
+"""``JobObserver``: the running DMP job as the planner's measurement.
+
+    plan = planner.collective_plan(model, sharders, pg)
+    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
+    observer = planner.observe(dmp)      # every rank, after the DMP is built
+    for batch in loader:
+        ...train step...
+        observer.step()                  # cheap; samples one step in ``every``
+    report = observer.report()           # collective; a plain JSON-able dict
+    new_plan = observer.replan()         # collective; the same plan when no change pays
+
+A sampled step is the time from one ``step()`` call to the next, run under
+``torch.profiler`` (:mod:`.profiling`); the other steps cost one counter increment.
+``report()`` gathers every rank's samples (:mod:`.report`); ``replan()`` learns from them
+and plans again on rank 0 (:mod:`.replan`) while the other ranks serve its measurements,
+as ``collective_plan`` does, then every rank gets the plan. The report logs like TorchRec's
+planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
+from torchrec_dreamshard.feedback.report import build_report, report_lines
+from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec.distributed.types import ShardingPlan
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+
+logger = logging.getLogger("torchrec_dreamshard.feedback")
+
+EVERY = 10  # sample one step in this many
+WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)
+
+
+class JobObserver:
+    """Observes a DMP job planned by ``planner`` (see the module docstring).
+
+    Args:
+        planner: the planner whose ``collective_plan`` made the job's plan.
+        dmp: the job's ``DistributedModelParallel`` module.
+        pg: the job's process group (default: the world).
+        every: sample one step in ``every``.
+        warmup: steps before the first sample.
+    """
+
+    def __init__(
+        self,
+        planner: DreamShardPlanner,
+        dmp: Any,
+        pg: Any = None,
+        every: int = EVERY,
+        warmup: int = WARMUP,
+    ) -> None:
+        if every < 1 or warmup < 0:
+            raise ValueError(f"every must be >= 1 and warmup >= 0, got {every}, {warmup}")
+        if planner.last_plan is None or planner.last_prediction is None:
+            raise ValueError("observe() needs the planner's plan: call collective_plan first")
+        self._planner = planner
+        self._dmp = dmp
+        self._group = JobGroup.of(pg if pg is not None else dist.GroupMember.WORLD)
+        self.every, self.warmup = every, warmup
+        self.steps = 0
+        self.profiles: list[StepProfile] = []
+        self._profiler: Any = None
+        self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
+        self.prediction = planner.last_prediction  # the observed plan, as planned
+        self.model = "checkpoint"
+        self.last_replan: dict[str, Any] | None = None
+
+    def step(self) -> None:
+        """Call once per training step, after it: ends a sampled step, and starts the
+        profiler when the next step is to be sampled."""
+        if self._profiler is not None:
+            self._finish_sample()
+        self.steps += 1
+        due = self.steps >= self.warmup and (self.steps - self.warmup) % self.every == 0
+        if due:
+            self._start_sample()
+
+    def _start_sample(self) -> None:
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        activities = [ProfilerActivity.CPU]
+        if self._group.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+        self._profiler = profile(activities=activities)
+        self._profiler.__enter__()
+        with record_function(MARK):
+            self._started = (time.perf_counter(), time.time())
+
+    def _finish_sample(self) -> None:
+        if self._group.device.type == "cuda":
+            torch.cuda.synchronize(self._group.device)
+        step_ms = (time.perf_counter() - self._started[0]) * 1e3
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        self.profiles.append(step_profile(profiler.events(), step_ms, self._started[1]))
+
+    def _gather(self) -> list[list[StepProfile]]:
+        if self._profiler is not None:  # a sample still open is dropped, not half-counted
+            self._profiler.__exit__(None, None, None)
+            self._profiler = None
+        out: list[Any] = [None] * self._group.world
+        dist.all_gather_object(out, self.profiles, group=self._group.pg)
+        return out
+
+    def report(self) -> dict[str, Any]:
+        """Every rank's predicted and measured embedding cost (collective; the same dict
+        on every rank; see :mod:`.report`)."""
+        report = build_report(self._gather(), self.prediction, self._tables(), self.model)
+        if self.last_replan is not None:
+            report["replan"] = self.last_replan
+        for line in report_lines(report):
+            logger.info(line)
+        return report
+
+    def _tables(self) -> list[list[str]]:
+        """The tables (``module.table``) each rank holds in the observed plan."""
+        world = self._group.world
+        out: list[list[str]] = [[] for _ in range(world)]
+        for module, shardings in self._planner.last_plan.plan.items():
+            for name, ps in shardings.items():
+                for rank in sorted(set(ps.ranks or range(world))):
+                    out[rank].append(f"{module}.{name}")
+        return out
+
+    def replan(self) -> ShardingPlan:
+        """Learn from the observed steps and plan again (collective): the updated cost
+        network prices the observed plan from now on (:meth:`report`), and the returned
+        plan is a new one only where it is predicted to pay beyond the model's
+        uncertainty (else the observed plan). Restart the job with it, or apply it in
+        place where ``DistributedModelParallel.reshard`` can."""
+        from torchrec_dreamshard.feedback.replan import learn_and_replan
+        from torchrec_dreamshard.feedback.report import measured_by_rank
+
+        profiles = self._gather()
+        if min(len(p) for p in profiles) == 0:
+            raise ValueError(
+                f"replan() needs sampled steps: {self.steps} steps observed, the first "
+                f"sample after {self.warmup} and then one in {self.every}"
+            )
+        if self._group.rank == 0:
+            with driving(self._group):
+                sent = self._replan_rank0(learn_and_replan, measured_by_rank(profiles))
+            broadcast(self._group, sent)
+        else:
+            sent = serve(self._group)
+        if isinstance(sent, str):
+            raise RuntimeError(f"rank 0 could not re-plan: {sent}")
+        plan, self.prediction, self.last_replan = sent
+        self.model = "updated"
+        return plan
+
+    def _replan_rank0(self, learn_and_replan: Any, measured: list[dict]) -> Any:
+        try:
+            out = learn_and_replan(self._planner, measured, self._planner.calibration_config())
+        except Exception as exc:  # every rank raises it after the broadcast
+            logger.exception("re-planning failed")
+            return f"{type(exc).__name__}: {exc}"
+        logger.info("re-plan: %s", out.decision["why"])
+        return out.plan, out.observed, out.decision

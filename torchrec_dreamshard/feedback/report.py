@@ -1,0 +1,149 @@
+"""The observer's report: each rank's predicted embedding cost beside the measured one.
+
+Per rank, over the sampled steps (medians):
+
+* ``measured``: the fused embedding kernels' forward and backward, the all-to-alls' own time
+  (``comm_ms``: from each one's last start to its first end, :func:`~.profiling.a2a_split`),
+  the rank's wait for slower peers in them (``comm_wait_ms``), the rest of the step and the
+  step itself;
+* ``measured_ms = fwd + bwd + comm``: the embedding part of the step, what the planner
+  predicts;
+* ``predicted_ms``: the planner's per-rank prediction (fused forward, backward, all-to-all,
+  and TorchRec's estimate of the shards TorchRec placed), by the cost network as it was
+  when the plan was made, or as updated by :meth:`JobObserver.replan`;
+* ``error``: ``predicted / measured - 1``.
+
+The report also names the rank that bounds the step, measured and predicted, and the
+tables each rank holds. It is a plain JSON-able dict.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split
+
+
+def measured_by_rank(profiles: Sequence[Sequence[StepProfile]]) -> list[dict[str, float]]:
+    """Per rank, the medians over the sampled steps every rank observed."""
+    world = len(profiles)
+    steps = min((len(p) for p in profiles), default=0)
+    rows: list[dict[str, list[float]]] = [{} for _ in range(world)]
+    for i in range(steps):
+        step = [profiles[r][i] for r in range(world)]
+        split = a2a_split([p.a2a for p in step])
+        for r, p in enumerate(step):
+            comm, wait = split[r]
+            figures = {
+                "fwd_ms": p.fwd_ms,
+                "bwd_ms": p.bwd_ms,
+                "comm_ms": comm,
+                "comm_wait_ms": wait,
+                "rest_ms": max(0.0, p.step_ms - p.fwd_ms - p.bwd_ms - p.a2a_ms),
+                "step_ms": p.step_ms,
+                "embedding_ms": p.fwd_ms + p.bwd_ms + comm,
+            }
+            for key, value in figures.items():
+                rows[r].setdefault(key, []).append(value)
+    return [{k: statistics.median(v) for k, v in row.items()} for row in rows]
+
+
+def build_report(
+    profiles: Sequence[Sequence[StepProfile]],
+    prediction: Any,
+    tables: Sequence[Sequence[str]],
+    model: str,
+) -> dict[str, Any]:
+    """The report (see the module docstring).
+
+    Args:
+        profiles: every rank's sampled steps.
+        prediction: the planner's ``PlanPrediction`` of the observed plan.
+        tables: the tables (shards) each rank holds.
+        model: which cost network predicted (``"checkpoint"``: as planned; ``"updated"``:
+            after learning from the observations).
+    """
+    measured = measured_by_rank(profiles)
+    ranks = []
+    for r, m in enumerate(measured):
+        predicted = {
+            "fwd_ms": prediction.fwd_ms[r],
+            "bwd_ms": prediction.bwd_ms[r],
+            "comm_ms": prediction.comm_ms[r],
+            "other_ms": prediction.other_ms[r],
+        }
+        total = prediction.total_ms(r)
+        measured_ms = m.get("embedding_ms", float("nan"))
+        ranks.append(
+            {
+                "rank": r,
+                "predicted_ms": total,
+                "measured_ms": measured_ms,
+                "error": total / measured_ms - 1 if measured_ms > 0 else None,
+                "predicted": predicted,
+                "measured": m,
+                "tables": list(tables[r]),
+            }
+        )
+    steps = min((len(p) for p in profiles), default=0)
+    return {
+        "ranks": ranks,
+        "bound_rank": _argmax([r["measured_ms"] for r in ranks]) if steps else None,
+        "predicted_bound_rank": _argmax([r["predicted_ms"] for r in ranks]),
+        "steps_observed": steps,
+        "model": model,
+    }
+
+
+def _argmax(values: Sequence[float]) -> int:
+    return max(range(len(values)), key=lambda i: values[i])
+
+
+def report_lines(report: dict[str, Any]) -> list[str]:
+    """The report as a table, like TorchRec's planner stats."""
+    head = (
+        f"DreamShard: predicted ({report['model']}) against measured per rank, "
+        f"{report['steps_observed']} sampled steps (ms; embedding = fwd + bwd + comm)"
+    )
+    lines = [head, "rank  tables  predicted  measured   error    fwd    bwd   comm   wait   rest"]
+    for r in report["ranks"]:
+        m = r["measured"]
+        error = "-" if r["error"] is None else f"{r['error']:+.0%}"
+        lines.append(
+            f"{r['rank']:>4}  {len(r['tables']):>6}  {r['predicted_ms']:>9.2f}  "
+            f"{r['measured_ms']:>8.2f}  {error:>6}  {m.get('fwd_ms', 0):>5.2f}  "
+            f"{m.get('bwd_ms', 0):>5.2f}  {m.get('comm_ms', 0):>5.2f}  "
+            f"{m.get('comm_wait_ms', 0):>5.2f}  {m.get('rest_ms', 0):>5.2f}"
+        )
+    lines.append(
+        f"bounds the step: rank {report['bound_rank']} measured, "
+        f"rank {report['predicted_bound_rank']} predicted"
+    )
+    return lines
+
+
+def plot_report(report: dict[str, Any], path: str) -> None:
+    """Per-rank bars: predicted against measured, the measured split stacked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = report["ranks"]
+    x = range(len(ranks))
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(ranks) + 2), 3.5))
+    bottom = [0.0] * len(ranks)
+    for key, label in (("fwd_ms", "fwd"), ("bwd_ms", "bwd"), ("comm_ms", "comm")):
+        heights = [r["measured"].get(key, 0.0) for r in ranks]
+        ax.bar([i - 0.2 for i in x], heights, 0.4, bottom=bottom, label=f"measured {label}")
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    predicted = [r["predicted_ms"] for r in ranks]
+    ax.bar([i + 0.2 for i in x], predicted, 0.4, label=f"predicted ({report['model']})")
+    ax.set_xticks(list(x), [f"rank {r['rank']}" for r in ranks])
+    ax.set_ylabel("embedding ms per step")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,110 @@
+"""What :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` offers the job it
+planned: :meth:`Replanning.observe` (a
+:class:`~torchrec_dreamshard.feedback.observer.JobObserver` on the DMP module), and what
+the observer's re-plan reads of the planner: the plan's options and batch, the agent before
+calibration, the model as planned, and a planner of the same arguments with another agent.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torchrec.distributed.planner.types import ShardingOption, Topology
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.feedback.observer import JobObserver
+    from torchrec_dreamshard.policy import DreamShard
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A copy of ``module`` whose parameters and buffers are on the meta device (a plan
+    needs shapes only): what a re-plan plans after ``DistributedModelParallel`` has
+    sharded the original in place."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
+    for b in module.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    return copy.deepcopy(module, memo)
+
+
+class Replanning:
+    """Mixed into ``DreamShardPlanner`` (which sets ``_arguments``, its constructor's
+    arguments, and ``_planned``, the model and sharders of the last ``plan``, as a meta
+    copy)."""
+
+    _arguments: dict[str, Any]
+    _planned: tuple[nn.Module, list] | None = None
+
+    def observe(self, dmp: Any, pg: Any = None, every: int = 10, warmup: int = 5) -> JobObserver:
+        """A :class:`~torchrec_dreamshard.feedback.observer.JobObserver` of the job this
+        planner planned (call it on every rank, after ``DistributedModelParallel``):
+        ``observer.step()`` after each training step, then ``observer.report()`` and
+        ``observer.replan()`` (both collective).
+
+        Args:
+            dmp: the job's ``DistributedModelParallel`` module.
+            pg: the job's process group (default: the world).
+            every: sample one step in ``every`` (the others cost a counter increment).
+            warmup: steps before the first sample.
+        """
+        from torchrec_dreamshard.feedback.observer import JobObserver
+
+        return JobObserver(self, dmp, pg=pg, every=every, warmup=warmup)
+
+    @property
+    def topology(self) -> Topology:
+        return self._topology
+
+    @property
+    def global_batch(self) -> int:
+        """The batch each table-wise kernel processes: per-rank batch x world size."""
+        return self._batch_size * self._topology.world_size
+
+    @property
+    def best_options(self) -> list[ShardingOption]:
+        """The sharding options of the last plan (on the rank that planned)."""
+        if self._best_plan is None:
+            raise ValueError("the planner has no plan on this rank (rank 0 plans)")
+        return self._best_plan
+
+    @property
+    def prior_agent(self) -> DreamShard:
+        """The agent before calibration (the checkpoint's)."""
+        from torchrec_dreamshard.calibration import CalibratingAgent
+
+        agent = self.agent
+        return agent.prior if isinstance(agent, CalibratingAgent) else agent
+
+    @property
+    def planned_inputs(self) -> tuple[nn.Module, list]:
+        """The model (a meta copy) and sharders of the last ``plan``."""
+        if self._planned is None:
+            raise ValueError("the planner has no plan on this rank (rank 0 plans)")
+        return self._planned
+
+    def calibration_config(self) -> CalibrationConfig:
+        """The calibration settings the planner calibrates with (or would), measuring
+        nothing: the store the job's observations join."""
+        import dataclasses
+
+        from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+        from torchrec_dreamshard.measure.config import MeasureConfig
+
+        agent = self.agent
+        if isinstance(agent, CalibratingAgent) and agent.calibration is not None:
+            base = agent.calibration
+        else:
+            device = "cuda" if self._topology.compute_device == "cuda" else "cpu"
+            base = CalibrationConfig(measure=MeasureConfig(device=device))
+        return dataclasses.replace(base, measure_missing=False, progress=False)
+
+    def replanner(self, agent: DreamShard) -> Any:
+        """A planner of this one's arguments that plans with ``agent`` as it is."""
+        arguments = {k: v for k, v in self._arguments.items() if k not in ("checkpoint",)}
+        arguments.update(agent=agent, calibrate=False, verify=0)
+        return type(self)(**arguments)
