@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine, write  # noqa: E402
-from step_time import WORLD, family_spec  # noqa: E402
+from step_time import WORLD  # noqa: E402
 
 from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_models  # noqa: E402
 from torchrec_dreamshard.measure.dmp_step import (  # noqa: E402
@@ -41,6 +41,7 @@ from torchrec_dreamshard.measure.dmp_step import (  # noqa: E402
     plan_summary,
     time_plans,
 )
+from torchrec_dreamshard.measure.step_families import family_spec  # noqa: E402
 from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval  # noqa: E402
 
 BATCH = 512  # per rank, as the step-time benchmark

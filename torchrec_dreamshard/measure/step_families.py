@@ -1,0 +1,75 @@
+"""The step-time families: DLRM-shaped models whose tables pull the sharding-type choice
+each its own way, for judging plans by the training step (``benchmarks/step_time.py``,
+``benchmarks/feedback.py``). Each is deterministic.
+
+* ``tiny``: 100 small tables (replication pays);
+* ``huge_hot``: three huge, hot tables and four small ones;
+* ``wide``: 8 tables of dim 256 or 512;
+* ``sequence``: 6 sequence (``EmbeddingCollection``) tables beside 10 bags;
+* ``mixed``: 80 tiny tables, 2 huge hot ones, 8 medium ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from torchrec_dreamshard.data.families import zipf_reuse_hist
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.step_model import StepModelSpec
+
+FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed")
+
+
+def draw_tables(prefix, n, rng, batch, rows, dims, pooling, zipf=(0.0, 0.0)) -> list[TableSpec]:
+    """``n`` tables: rows and pooling log-uniform in their ranges, a dim from ``dims``,
+    the reuse of a Zipf exponent drawn in ``zipf`` at the per-rank batch ``batch``."""
+    out = []
+    for i in range(n):
+        r = rows if isinstance(rows, int) else int(math.exp(rng.uniform(*np.log(rows))))
+        p = round(float(math.exp(rng.uniform(*np.log(pooling)))), 3)
+        s = float(rng.uniform(*zipf))
+        hist = zipf_reuse_hist(r, int(round(batch * p)), s, rng)
+        dim = int(rng.choice(dims))
+        out.append(
+            TableSpec(name=f"{prefix}{i}", rows=r, dim=dim, pooling_factor=p, reuse_hist=hist)
+        )
+    return out
+
+
+def huge_hot(prefix, rows, rng, batch) -> list[TableSpec]:
+    return [
+        t
+        for i, r in enumerate(rows)
+        for t in draw_tables(f"{prefix}{i}_", 1, rng, batch, r, (64,), (20, 50), (1.0, 1.2))
+    ]
+
+
+def family_spec(name: str, batch: int) -> StepModelSpec:
+    """The model of family ``name`` (deterministic)."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown family {name!r}; known: {list(FAMILIES)}")
+    rng = np.random.default_rng(FAMILIES.index(name))
+    tiny = dict(rows=(20, 2000), dims=(8, 16), pooling=(1, 4), zipf=(0.0, 0.5))
+    if name == "tiny":
+        return StepModelSpec(bags=draw_tables("tiny", 100, rng, batch, **tiny))
+    if name == "huge_hot":
+        small = draw_tables("small", 4, rng, batch, (1000, 10_000), (16,), (1, 3))
+        return StepModelSpec(
+            bags=huge_hot("huge", (1_000_000, 600_000, 400_000), rng, batch) + small
+        )
+    if name == "wide":
+        return StepModelSpec(
+            bags=draw_tables("wide", 8, rng, batch, (5000, 40_000), (256, 512), (2, 8), (0.5, 1.0))
+        )
+    if name == "sequence":
+        seqs = draw_tables("seq", 6, rng, batch, (10_000, 100_000), (32,), (10, 30), (0.6, 1.0))
+        bags = draw_tables(
+            "bag", 10, rng, batch, (1000, 100_000), (16, 32, 64), (1, 10), (0.3, 1.0)
+        )
+        return StepModelSpec(bags=bags, sequences=seqs)
+    bags = draw_tables("tiny", 80, rng, batch, **tiny)  # mixed
+    bags += huge_hot("huge", (800_000, 500_000), rng, batch)
+    bags += draw_tables("med", 8, rng, batch, (20_000, 200_000), (32, 64, 128), (2, 20), (0.5, 1.0))
+    return StepModelSpec(bags=bags)
