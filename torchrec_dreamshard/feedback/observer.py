@@ -10,7 +10,8 @@
     new_plan = observer.replan()         # collective; the same plan when no change pays
 
 A sampled step is the time from one ``step()`` call to the next, run under
-``torch.profiler`` (:mod:`.profiling`); the other steps cost one counter increment.
+``torch.profiler`` (:mod:`.profiling`); the other steps cost one counter increment. The
+profiler's events are read when the samples are gathered, not in the training loop.
 ``report()`` gathers every rank's samples (:mod:`.report`); ``replan()`` learns from them
 and plans again on rank 0 (:mod:`.replan`) while the other ranks serve its measurements,
 as ``collective_plan`` does, then every rank gets the plan. The report logs like TorchRec's
@@ -19,8 +20,13 @@ planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
 import time
+from collections import deque
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -37,8 +43,24 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 logger = logging.getLogger("torchrec_dreamshard.feedback")
 
-EVERY = 10  # sample one step in this many
+EVERY = 20  # sample one step in this many
 WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)
+MAX_SAMPLES = 64  # sampled steps kept (the newest); their events are read at report()
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 on /dev/null for the block (C++ prints that Python cannot
+    silence); restored after."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 class JobObserver:
@@ -69,12 +91,15 @@ class JobObserver:
         self._group = JobGroup.of(pg if pg is not None else dist.GroupMember.WORLD)
         self.every, self.warmup = every, warmup
         self.steps = 0
-        self.profiles: list[StepProfile] = []
+        self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
         self.prediction = planner.last_prediction  # the observed plan, as planned
         self.model = "checkpoint"
         self.last_replan: dict[str, Any] | None = None
+        self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
+        self._profiler.__exit__(None, None, None)
+        self._profiler = None
 
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
@@ -93,7 +118,8 @@ class JobObserver:
         if self._group.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
         self._profiler = profile(activities=activities)
-        self._profiler.__enter__()
+        with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
+            self._profiler.__enter__()
         with record_function(MARK):
             self._started = (time.perf_counter(), time.time())
 
@@ -102,12 +128,26 @@ class JobObserver:
             torch.cuda.synchronize(self._group.device)
         step_ms = (time.perf_counter() - self._started[0]) * 1e3
         profiler, self._profiler = self._profiler, None
-        profiler.__exit__(None, None, None)
-        self.profiles.append(step_profile(profiler.events(), step_ms, self._started[1]))
+        with quiet_stderr():
+            profiler.__exit__(None, None, None)
+        self._samples.append((profiler, step_ms, self._started[1]))
+
+    @property
+    def profiles(self) -> list[StepProfile]:
+        """This rank's sampled steps (the newest :data:`MAX_SAMPLES`), read from their
+        profiler events now (not in the training step that was sampled)."""
+        out = []
+        for i, sample in enumerate(self._samples):
+            if not isinstance(sample, StepProfile):
+                profiler, step_ms, wall = sample
+                self._samples[i] = sample = step_profile(profiler.events(), step_ms, wall)
+            out.append(sample)
+        return out
 
     def _gather(self) -> list[list[StepProfile]]:
         if self._profiler is not None:  # a sample still open is dropped, not half-counted
-            self._profiler.__exit__(None, None, None)
+            with quiet_stderr():
+                self._profiler.__exit__(None, None, None)
             self._profiler = None
         out: list[Any] = [None] * self._group.world
         dist.all_gather_object(out, self.profiles, group=self._group.pg)

@@ -137,6 +137,10 @@ def learn_and_replan(
     stored = store_observations(planner, measured, config)
     groups, _ = rank_kernels(planner)
     specs = list(itertools.chain.from_iterable(groups))
+    if not specs:
+        return _kept(
+            planner, "the plan has no table-wise or column-wise table the cost network prices"
+        )
     task = prediction_task(specs, planner.topology.world_size, planner.global_batch)
     result = calibrate(planner.prior_agent, task, config)
     tuned = result.agent
@@ -167,3 +171,10 @@ def learn_and_replan(
         ),
     }
     return Replan(plan if changed else planner.last_plan, changed, observed, proposed, decision)
+
+
+def _kept(planner: DreamShardPlanner, why: str) -> Replan:
+    """The observed plan, unchanged, for ``why``."""
+    prediction = planner.last_prediction
+    decision = {"kernels_observed": 0, "changed": False, "why": f"nothing to learn: {why}"}
+    return Replan(planner.last_plan, False, prediction, prediction, decision)

@@ -40,7 +40,7 @@ class Replanning:
     _arguments: dict[str, Any]
     _planned: tuple[nn.Module, list] | None = None
 
-    def observe(self, dmp: Any, pg: Any = None, every: int = 10, warmup: int = 5) -> JobObserver:
+    def observe(self, dmp: Any, pg: Any = None, every: int = 20, warmup: int = 5) -> JobObserver:
         """A :class:`~torchrec_dreamshard.feedback.observer.JobObserver` of the job this
         planner planned (call it on every rank, after ``DistributedModelParallel``):
         ``observer.step()`` after each training step, then ``observer.report()`` and

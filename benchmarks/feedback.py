@@ -1,0 +1,223 @@
+"""The job as the measurement: what observing costs, how far the prediction moves toward
+what the job measures, and whether the re-plan's training step beats the first plan's.
+
+For each step-time family (``torchrec_dreamshard.measure.step_families``), on 2 gloo ranks
+spawned on this machine, one thread each:
+
+1. ``DreamShardPlanner.collective_plan`` plans the model (the default planner, which
+   calibrates where the checkpoint misprices this machine; ``--no-calibrate`` plans with
+   the checkpoint as it is, the case where the prior misprices most);
+2. the model trains under ``TrainPipelineSparseDist`` in alternating rounds of ``--steps``
+   steps with ``observer.step()`` after each step and without it, the order alternating
+   round by round: the per-round ratio of the step time with to without is the observer's
+   overhead (every step of the "with" runs counts, the sampled ones included);
+3. ``observer.report()`` (the per-rank error of the prediction as planned),
+   ``observer.replan()`` and ``observer.report()`` again (the error of the updated model
+   on the observed plan);
+4. where the re-plan returned a new plan, both plans' DMP steps in ``--rounds`` rounds
+   (``measure.dmp_step.run_rounds``, orders balanced), per-round ratio re-plan / first.
+
+    .venv/bin/python benchmarks/feedback.py                      # tiny, wide, sequence
+    .venv/bin/python benchmarks/feedback.py --families tiny --no-calibrate --name feedback_prior
+
+Writes ``benchmarks/results/<name>.json`` (raw) and ``<name>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec
+from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORLD = 2
+BATCH = 512  # per rank
+EVERY = 20  # the observer's default sampling
+
+
+def timed_steps(pipeline: Any, batches: list, steps: int, observer: Any = None) -> float:
+    """Mean step ms over ``steps`` steps (the slowest rank's), calling ``observer.step()``
+    after each when given."""
+    stream = iter([batches[i % len(batches)] for i in range(steps + 4)])
+    for _ in range(2):  # warm-up
+        pipeline.progress(stream)
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(steps):
+        pipeline.progress(stream)
+        if observer is not None:
+            observer.step()
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    for _ in range(2):  # drain the pipeline
+        pipeline.progress(stream)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    return float(elapsed.item()) * 1e3 / steps
+
+
+def run_family(spec: Any, args: dict) -> dict:
+    """Steps 1 to 4 on this rank (every rank calls it; rank 0's result is kept)."""
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    from torchrec_dreamshard.measure.demo_model import torchrec_topology
+    from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, build_pipeline, run_rounds
+    from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch
+    from torchrec_dreamshard.planner import DreamShardPlanner
+
+    torch.set_num_threads(1)
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(WORLD, "cpu"),
+        batch_size=BATCH,
+        constraints=spec.planner_constraints(),
+        calibrate=None if args["calibrate"] else False,
+    )
+    model = StepDLRM(spec, torch.device("meta"))
+    plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+    pipeline = build_pipeline(spec, plan, 0.01)
+    batches = [make_batch(spec, BATCH, 1000 * dist.get_rank() + i) for i in range(8)]
+    observer = planner.observe(pipeline._model, every=EVERY, warmup=0)
+    on, off = [], []
+    for r in range(args["rounds"]):
+        for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
+            watcher = observer if mode == "on" else None
+            (on if mode == "on" else off).append(
+                timed_steps(pipeline, batches, args["steps"], watcher)
+            )
+    before = observer.report()
+    new_plan = observer.replan()
+    after = observer.report()
+    out = {"adaptation": planner.adaptation, "before": before, "after": after}
+    out.update(observed_steps=observer.steps, on_ms=on, off_ms=off)
+    del pipeline
+    if str(new_plan) != str(plan):
+        config = StepTimerConfig(batch_size=BATCH, rounds=args["rounds"], steps=args["steps"])
+        times = run_rounds(spec, {"first": plan, "replan": new_plan}, config)
+        out["step_ms"] = {
+            name: [r["step_ms"][name] for r in times.rounds] for name in ("first", "replan")
+        }
+    return out
+
+
+def _rank(rank: int, world: int, port: int, job: tuple) -> None:
+    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
+
+    spec, args, out = job
+    warnings.filterwarnings("ignore")
+    with local_process_group(rank, world, port):
+        result = run_family(spec, args)
+        if rank == 0:
+            Path(out).write_text(json.dumps(result))
+    exit_spawned_rank()
+
+
+def measure_family(name: str, args: dict) -> dict:
+    import torch.multiprocessing as mp
+
+    from torchrec_dreamshard.measure.spawn import free_port
+
+    spec = family_spec(name, BATCH)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "out.json"
+        job = (spec, args, str(out))
+        mp.spawn(_rank, args=(WORLD, free_port(), job), nprocs=WORLD, join=True)
+        return json.loads(out.read_text())
+
+
+def summary(result: dict) -> dict:
+    """The family's figures: overhead, errors, decision, re-plan / first."""
+    overhead = ratio_interval(result["on_ms"], result["off_ms"])
+    worst = {k: max(abs(r["error"]) for r in result[k]["ranks"]) for k in ("before", "after")}
+    row = {"overhead": overhead.to_dict(), "worst_error": worst}
+    row["decision"] = result["after"].get("replan", {})
+    if "step_ms" in result:
+        row["replan_over_first"] = ratio_interval(
+            result["step_ms"]["replan"], result["step_ms"]["first"]
+        ).to_dict()
+        row["first_ms"] = median_interval(result["step_ms"]["first"]).to_dict()
+    return row
+
+
+def markdown(report: dict) -> str:
+    planner = (
+        "default (automatic calibration)"
+        if report["args"]["calibrate"]
+        else "the checkpoint as it is (--no-calibrate)"
+    )
+    lines = [
+        "# Learning from the job: observer overhead, per-rank error, re-plan "
+        "(`benchmarks/feedback.py`)",
+        "",
+        f"{report['cpu']}, {report['cores']} cores, 2 gloo ranks, per-rank batch {BATCH}, "
+        f"{report['args']['rounds']} alternating rounds of {report['args']['steps']} steps; "
+        f"planner: {planner}. "
+        "Ratios: median over rounds of the per-round ratio [order-statistic interval, its "
+        "coverage]. Error: predicted / measured - 1 of each rank's embedding part "
+        "(fused fwd + bwd + the all-to-alls' own time), the worst rank.",
+        "",
+        "| family | observer on / off | worst error, as planned | after replan() | "
+        "re-plan | re-plan / first step |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, row in report["families"].items():
+        o, d = row["overhead"], row["decision"]
+        change = f"new plan ({d.get('why', '')})" if d.get("changed") else "kept the plan"
+        ratio = row.get("replan_over_first")
+        ratio_text = _interval(ratio) if ratio else "- (same plan)"
+        lines.append(
+            f"| {name} | {_interval(o)} | {row['worst_error']['before']:+.0%} | "
+            f"{row['worst_error']['after']:+.0%} | {change} | {ratio_text} |"
+        )
+    lines += ["", f"Wall time {report['wall_s']:.0f} s. Raw: `{report['name']}.json`."]
+    return "\n".join(lines) + "\n"
+
+
+def _interval(i: dict) -> str:
+    return f"{i['median']:.3f} [{i['low']:.3f}, {i['high']:.3f}; {i['coverage']:.0%}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", nargs="+", default=["tiny", "wide", "sequence"])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--name", default="feedback")
+    args = parser.parse_args()
+    unknown = [f for f in args.families if f not in FAMILIES]
+    if unknown:
+        parser.error(f"unknown families {unknown}; known: {list(FAMILIES)}")
+    settings = {"rounds": args.rounds, "steps": args.steps, "calibrate": args.calibrate}
+    start = time.perf_counter()
+    raw, families = {}, {}
+    for name in args.families:
+        raw[name] = measure_family(name, settings)
+        families[name] = summary(raw[name])
+        print(name, json.dumps(families[name]), flush=True)
+        report = {
+            "cpu": cpu_name(),
+            "cores": os.cpu_count(),
+            "args": settings,
+            "name": args.name,
+            "families": families,
+            "raw": raw,
+            "wall_s": time.perf_counter() - start,
+        }
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        (RESULTS / f"{args.name}.json").write_text(json.dumps(report, indent=1))
+        (RESULTS / f"{args.name}.md").write_text(markdown(report))
+    print((RESULTS / f"{args.name}.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
