@@ -11,7 +11,8 @@ rank 0's wall time of constructing the planner and ``collective_plan``.
     .venv/bin/python benchmarks/first_run.py                 # 2 and 4 ranks, 3 rounds
     .venv/bin/python benchmarks/first_run.py --ranks 2 --rounds 1
 
-Writes ``benchmarks/results/first_run.json`` (raw rows) and ``first_run.md`` (medians).
+Writes ``benchmarks/results/first_run.json`` (raw rows, after every cold/warm pair; a
+re-run on the same CPU model resumes) and ``first_run.md`` (medians).
 """
 
 from __future__ import annotations
@@ -63,18 +64,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(RESULTS / "first_run"))
     args = parser.parse_args()
-    rows = []
+    raw = Path(args.out + ".json")
+    report = {"cpu": cpu_name(), "cores": os.cpu_count(), "rows": []}
+    if raw.exists():  # an interrupted run resumes: its finished (cold, warm) pairs are kept
+        kept = json.loads(raw.read_text())
+        if kept.get("cpu") == report["cpu"]:
+            report["rows"] = kept["rows"]
+    rows = report["rows"]
     for round_ in range(args.rounds):
         for world in args.ranks:
+            if any(r["round"] == round_ and r["ranks"] == world for r in rows):
+                continue
             with tempfile.TemporaryDirectory() as tmp:
                 cache = Path(tmp) / "cache"
+                pair = []
                 for state in ("cold", "warm"):
                     row = launch(world, cache, Path(tmp) / state)
                     row.update(round=round_, ranks=world, cache=state)
-                    rows.append(row)
+                    pair.append(row)
                     print(f"round {round_} {world} ranks {state}: plan {row['plan_s']:.1f} s")
-    report = {"cpu": cpu_name(), "cores": os.cpu_count(), "rows": rows}
-    Path(args.out + ".json").write_text(json.dumps(report, indent=1))
+            rows += pair
+            raw.write_text(json.dumps(report, indent=1))
     Path(args.out + ".md").write_text(markdown(report, args.ranks))
     print(Path(args.out + ".md").read_text())
 
