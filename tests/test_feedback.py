@@ -110,8 +110,13 @@ def observe_and_replan(rank: int, world: int) -> dict:
     before = observer.report()
     new_plan = observer.replan()
     after = observer.report()
+    try:  # in place where the re-plan only moves table-wise tables (tests/test_reshard.py)
+        moved = observer.apply_in_place(new_plan)
+    except ValueError as exc:
+        moved = str(exc)
     losses, _ = train(new_plan, 3)  # the restart path: a new job with the returned plan
     return {
+        "moved": moved,
         "before": before,
         "after": after,
         "plan": str(plan),
@@ -145,6 +150,8 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     worst_after = max(abs(r["error"]) for r in after["ranks"])
     assert worst_after < worst_before and worst_after < 0.5, (worst_before, worst_after)
     assert (first["new_plan"] != first["plan"]) is decision["changed"]
+    if not decision["changed"]:
+        assert first["moved"] == []  # the same plan: nothing to move
     assert all(math.isfinite(x) for r in results for x in r["losses"])
 
 

@@ -8,6 +8,7 @@
         observer.step()                  # cheap; samples one step in ``every``
     report = observer.report()           # collective; a plain JSON-able dict
     new_plan = observer.replan()         # collective; the same plan when no change pays
+    observer.apply_in_place(new_plan)    # collective; table-wise moves, no restart
 
 A sampled step is the time from one ``step()`` call to the next, run under
 ``torch.profiler`` (:mod:`.profiling`); the other steps cost one counter increment. The
@@ -94,7 +95,9 @@ class JobObserver:
         self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
-        self.prediction = planner.last_prediction  # the observed plan, as planned
+        self.plan = planner.last_plan  # the observed plan
+        self.prediction = planner.last_prediction  # as planned
+        self.proposed: Any = None  # the last replan()'s plan, as the updated model predicts it
         self.model = "checkpoint"
         self.last_replan: dict[str, Any] | None = None
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
@@ -167,7 +170,7 @@ class JobObserver:
         """The tables (``module.table``) each rank holds in the observed plan."""
         world = self._group.world
         out: list[list[str]] = [[] for _ in range(world)]
-        for module, shardings in self._planner.last_plan.plan.items():
+        for module, shardings in self.plan.plan.items():
             for name, ps in shardings.items():
                 for rank in sorted(set(ps.ranks or range(world))):
                     out[rank].append(f"{module}.{name}")
@@ -196,9 +199,25 @@ class JobObserver:
             sent = serve(self._group)
         if isinstance(sent, str):
             raise RuntimeError(f"rank 0 could not re-plan: {sent}")
-        plan, self.prediction, self.last_replan = sent
+        plan, self.prediction, self.proposed, self.last_replan = sent
         self.model = "updated"
         return plan
+
+    def apply_in_place(self, plan: ShardingPlan) -> list[str]:
+        """Apply ``plan`` (from :meth:`replan`) to the running job without a restart
+        (collective: every rank, the same plan): its table-wise tables that only change
+        rank move, with their weights and fused optimizer state
+        (:func:`~torchrec_dreamshard.feedback.reshard.apply_in_place`, through
+        ``DistributedModelParallel.reshard``). Raises a ``ValueError`` before moving
+        anything where the plan changes more than that: restart the job with it then.
+        Observing goes on, of the new plan; returns the moved tables."""
+        from torchrec_dreamshard.feedback.reshard import apply_in_place
+
+        moved = apply_in_place(self._dmp, plan)
+        if moved:
+            self.plan, self.prediction = plan, self.proposed
+            self._samples.clear()
+        return moved
 
     def _replan_rank0(self, learn_and_replan: Any, measured: list[dict]) -> Any:
         try:
@@ -207,4 +226,4 @@ class JobObserver:
             logger.exception("re-planning failed")
             return f"{type(exc).__name__}: {exc}"
         logger.info("re-plan: %s", out.decision["why"])
-        return out.plan, out.observed, out.decision
+        return out.plan, out.observed, out.proposed, out.decision
