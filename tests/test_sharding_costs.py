@@ -6,13 +6,15 @@ physical kernel stub (time linear in elements gathered and bags), never hard-cod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.plans import cost_network_kernel, plan_cost, table_cost
-from torchrec_dreamshard.cost.sharding import CostContext, TableChoice, routed_share
+from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
+from torchrec_dreamshard.cost.sharding_types.row_wise import routed_share
 from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
@@ -247,3 +249,86 @@ def test_cost_network_kernel_prices_fused_tables():
     f2, b2 = kernel([MID, TableSpec(name="m2", rows=100_000, dim=64, pooling_factor=4.0)], 2048)
     assert 0 < f1 <= f2 and 0 < b1 <= b2
     assert all(math.isfinite(x) for x in (f1, b1, f2, b2))
+
+
+# -- the registry: a sharding type's cost is one strategy and its registration -------------
+
+
+@pytest.fixture
+def registry():
+    """The cost strategies' registry, restored after the test."""
+    from torchrec_dreamshard.cost import sharding_types
+
+    live = (sharding_types.STRATEGIES, sharding_types.BY_TORCHREC_TYPE)
+    saved = [dict(d) for d in live]
+    yield sharding_types
+    for d, old in zip(live, saved, strict=True):
+        d.clear()
+        d.update(old)
+
+
+def test_every_type_has_one_registered_strategy(registry):
+    assert registry.sharding_types() == (
+        "data_parallel",
+        "table_wise",
+        "column_wise",
+        "row_wise",
+        "table_row_wise",
+    )
+    assert "table_row_wise" not in registry.sequence_types()
+    assert registry.BY_TORCHREC_TYPE["table_column_wise"] is registry.STRATEGIES["column_wise"]
+    assert registry.alternative_kernels() == {
+        "data_parallel": "dense",
+        "row_wise": "fused",
+        "table_row_wise": "fused",
+    }
+    with pytest.raises(ValueError, match="already have a cost strategy"):
+        registry.register(registry.STRATEGIES["row_wise"])
+
+
+def test_a_new_type_is_one_strategy_and_its_registration(registry):
+    """TorchRec's grid sharding (column shards, each row-wise within one host) priced by a
+    strategy of a few lines: once registered, choices of it are checked by its rank rule
+    and priced by the plan costing, placed options of it are read by the type choice's
+    ``typed_choices``, and the type choice offers it on its kernel."""
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.cost.sharding import ShardingCost, Terms
+    from torchrec_dreamshard.cost.sharding_types.column_wise import column_dims
+    from torchrec_dreamshard.cost.sharding_types.table_row_wise import TableRowWise
+    from torchrec_dreamshard.planner.type_choice import alternatives, typed_choices
+
+    class GridShard(ShardingCost):
+        name = "grid_shard"
+        alternative_kernel = "fused"
+
+        def terms(self, choice, ctx):
+            terms, host = Terms(), TableRowWise()
+            for k, d in enumerate(column_dims(choice.table.dim, 2)):
+                shard = dataclasses.replace(choice.table, name=f"{choice.table.name}/g{k}", dim=d)
+                terms += host.terms(dataclasses.replace(choice, table=shard), ctx)
+            return terms
+
+        def check_ranks(self, choice, topo):
+            return TableRowWise().check_ranks(choice, topo)
+
+        def candidate_key(self, table, single_ms):
+            return (-single_ms,)
+
+    ctx = ctx_for(8, 4)
+    grid = TableChoice(table=HUGE_HOT, sharding_type="grid_shard", ranks=(4, 5, 6, 7))
+    with pytest.raises(ValueError, match="unknown sharding type 'grid_shard'"):
+        table_cost(grid, ctx)
+    registry.register(GridShard())
+    cost = table_cost(grid, ctx)
+    assert [r.fwd_ms for r in cost.ranks[:4]] == [0.0] * 4 and cost.ranks[4].fwd_ms > 0
+    with pytest.raises(ValueError, match="one host's ranks"):
+        table_cost(dataclasses.replace(grid, ranks=(3, 4)), ctx)
+    shards = [SimpleNamespace(rank=r) for r in (4, 5, 6, 7)]
+    option = SimpleNamespace(
+        fqn="ebc.t", sharding_type="grid_shard", compute_kernel="fused", is_pooled=True
+    )
+    option.shards = shards
+    (typed,) = typed_choices([option], lambda o: HUGE_HOT)
+    assert typed == grid
+    assert alternatives([option], {"ebc.t"}) == {"ebc.t": {"grid_shard": option}}

@@ -23,7 +23,8 @@ table (:mod:`torchrec_dreamshard.cost.comm_topology` prices one collective).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -38,8 +39,8 @@ from torchrec_dreamshard.cost.sharding import (
     TableChoice,
     Terms,
     job_terms,
-    table_terms,
 )
+from torchrec_dreamshard.cost.sharding_types import table_terms
 from torchrec_dreamshard.data.tables import TableSpec
 
 
@@ -136,19 +137,28 @@ def table_cost(choice: TableChoice, ctx: CostContext) -> PlanCost:
     return terms_cost(job_terms(ctx) + table_terms(choice, ctx), ctx)
 
 
-def plan_cost(choices: Sequence[TableChoice], ctx: CostContext) -> PlanCost:
+def plan_cost(
+    choices: Sequence[TableChoice],
+    ctx: CostContext,
+    terms_of: Callable[[TableChoice, CostContext], Terms] = table_terms,
+) -> PlanCost:
     """What a whole typed plan costs every rank, collectives batched (see the module
-    docstring); ``plan_cost(...).step_ms`` rates the plan."""
-    names = [c.table.name for c in choices]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    docstring); ``plan_cost(...).step_ms`` rates the plan. ``terms_of`` builds each
+    choice's terms (a :class:`~torchrec_dreamshard.cost.sharding_types.TermsCache` reuses
+    them from one candidate plan to the next)."""
+    counts = Counter(c.table.name for c in choices)
+    dupes = sorted(n for n, k in counts.items() if k > 1)
     if dupes:
         raise ValueError(f"tables {dupes} are chosen more than once; give each one choice")
     if not choices:
         raise ValueError("a plan needs at least one table choice")
-    terms = job_terms(ctx)
-    for c in choices:
-        terms += table_terms(c, ctx)
-    return terms_cost(terms, ctx)
+    kernels, exchanges, dense = [], [], []
+    for c in choices:  # gathered in lists: adding Terms one by one copies them each time
+        terms = terms_of(c, ctx)
+        kernels += terms.kernels
+        exchanges += terms.exchanges
+        dense += terms.dense_bytes
+    return terms_cost(job_terms(ctx) + Terms(tuple(kernels), tuple(exchanges), tuple(dense)), ctx)
 
 
 KERNELS_PER_PREDICTION = 1024  # kernels (devices of one task) priced in one prediction

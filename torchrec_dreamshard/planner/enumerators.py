@@ -55,6 +55,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.data.splits import column_shards, split_counts
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
@@ -63,7 +64,6 @@ from torchrec_dreamshard.planner.torchrec_adapter import (
     enumerate_without_stored_copy,
     reserved_topology,
 )
-from torchrec_dreamshard.planner.type_choice import ALTERNATIVE_KERNELS
 from torchrec_dreamshard.planner.types import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -198,13 +198,18 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self._ours: set[str] = set()  # the tables the policy places
         self._offer_types = True  # offer them other types (see offers_types)
         if estimator is None:
+            perf = CostNetShardEstimator(
+                topology,
+                constraints,
+                agent,
+                batch_size * topology.world_size,
+                spec_fn=self.table_spec,
+                policy_table=self._ours.__contains__,
+            )
             estimator = [
-                CostNetShardEstimator(
-                    topology, constraints, agent, batch_size * topology.world_size,
-                    spec_fn=self.table_spec, policy_table=self._ours.__contains__,
-                ),
+                perf,
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints),
-            ]  # fmt: skip
+            ]
         super().__init__(topology, batch_size, constraints, estimator)
 
     def enumerate(
@@ -257,7 +262,8 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             self._ours.add(name)
             if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
                 self._cw_widths[name] = min_shard_width(self._constraints_by_name, name)
-            others = [t for t in types if t in ALTERNATIVE_KERNELS and self._offer_types]
+            offered = alternative_kernels() if self._offer_types else {}
+            others = [t for t in types if t in offered]
             return [DREAMSHARD_SHARDING_TYPE, *others]
         return types
 
@@ -269,7 +275,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             return kernels
         if sharding_type == DREAMSHARD_SHARDING_TYPE and DREAMSHARD_COMPUTE_KERNEL in kernels:
             return [DREAMSHARD_COMPUTE_KERNEL]
-        wanted = ALTERNATIVE_KERNELS.get(sharding_type)  # the type choice's kernel
+        wanted = alternative_kernels().get(sharding_type)  # the type choice's kernel
         return [wanted] if wanted in kernels else kernels
 
     # -- helpers --------------------------------------------------------------------------
@@ -374,10 +380,17 @@ def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
                 setattr(new, key, list(value))
             elif dataclasses.is_dataclass(value) and key != "_module":
                 setattr(new, key, copy.copy(value))
-        new.shards = [
-            Shard(size=list(s.size), offset=list(s.offset), storage=s.storage, perf=s.perf,
-                  rank=s.rank)
-            for s in option.shards
-        ]  # fmt: skip
+        new.shards = [_copy_shard(s) for s in option.shards]
         out.append(new)
     return out
+
+
+def _copy_shard(shard: Shard) -> Shard:
+    """A new shard of the same size, offset and rank, sharing ``Storage`` and ``Perf``."""
+    return Shard(
+        size=list(shard.size),
+        offset=list(shard.offset),
+        storage=shard.storage,
+        perf=shard.perf,
+        rank=shard.rank,
+    )

@@ -1,21 +1,22 @@
-"""Which sharding type each table gets, chosen by predicted step cost: a stage before the
-policy places the table-wise tables.
+"""Which sharding type each table gets, chosen by predicted step cost: the proposer's stage
+before the policy's tables are placed.
 
 The policy places tables table-wise (and splits some column-wise). Where the search space
-also offers a table data-parallel, row-wise or table-row-wise, :class:`TypeChooser`
-decides which tables leave table-wise, by the typed cost model
-(:func:`torchrec_dreamshard.cost.plans.plan_cost`: the cost network's fused kernels per
-rank, and every collective from the machine's fitted models, across hosts from the
-topology's bandwidths):
+also offers a table another type the cost strategies let the type choice offer (those with
+an ``alternative_kernel``, :mod:`torchrec_dreamshard.cost.sharding_types`: today
+data-parallel, row-wise and table-row-wise), :class:`TypeChooser` decides which tables leave
+table-wise, by the typed cost model (:func:`torchrec_dreamshard.cost.plans.plan_cost`: the
+cost network's fused kernels per rank, and every collective from the machine's fitted
+models, across hosts from the topology's bandwidths). Everything type-specific comes from
+the type's strategy:
 
-* candidates are prefixes of two orders: for data-parallel, the tables by bytes ascending
-  (replicating a table costs an all-reduce of its bytes and a pass over them on every rank;
-  it saves its all-to-all and its kernel at the global batch), for row-wise and
-  table-row-wise, by the cost network's single-table cost descending (the hottest table
-  is the one that sets a device's load); prefixes of 1, 4, 16, ... tables and all of them,
-  then halving the gaps beside the best, and the best of each type together;
-* each candidate's table-wise tables are balanced greedily by their single-table cost in
-  the memory its replicated and row-wise shards leave, and the whole plan is rated;
+* candidates are prefixes of one order per type (its ``candidate_key``: data-parallel the
+  smallest tables first, row-wise and table-row-wise the hottest first, by the cost
+  network's single-table cost); prefixes of 1, 4, 16, ... tables and all of them, then
+  halving the gaps beside the best, and the best of each type together;
+* each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
+  memory (``reserve``); its table-wise tables are balanced greedily by their single-table
+  cost in the memory left, and the whole plan is rated;
 * the candidate rated lowest wins only if it beats all-table-wise by more than
   :data:`TYPE_MARGIN` (the model's uncertainty): type choice must not cost a step.
 
@@ -32,7 +33,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from torchrec.distributed.planner.types import ShardingOption, Topology
-from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.plans import (
@@ -42,28 +42,29 @@ from torchrec_dreamshard.cost.plans import (
     plan_cost,
     scaled_kernel,
     scaled_kernels,
-    terms_cost,
 )
-from torchrec_dreamshard.cost.sharding import (
-    CostContext,
-    TableChoice,
-    Terms,
-    job_terms,
-    table_terms,
+from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
+from torchrec_dreamshard.cost.sharding_types import (
+    BY_TORCHREC_TYPE,
+    STRATEGIES,
+    TermsCache,
+    alternative_kernels,
+    alternative_types,
 )
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
-from torchrec_dreamshard.planner.types import option_bytes, prediction_task
+from torchrec_dreamshard.planner.types import (
+    DREAMSHARD_COMPUTE_KERNEL,
+    DREAMSHARD_SHARDING_TYPE,
+    option_bytes,
+    prediction_task,
+    storage_bytes,
+)
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
-DP = ShardingType.DATA_PARALLEL.value
-TW = ShardingType.TABLE_WISE.value
-RW = ShardingType.ROW_WISE.value
-TWRW = ShardingType.TABLE_ROW_WISE.value
-ALTERNATIVE_KERNELS: dict[str, str] = {DP: "dense", RW: "fused", TWRW: "fused"}
 TYPE_MARGIN = 0.02  # a typed plan must be rated this much below all-table-wise to win
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
 
@@ -73,11 +74,13 @@ SpecFn = Callable[[ShardingOption], TableSpec]
 def alternatives(
     search_space: Sequence[ShardingOption], fqns: set[str]
 ) -> dict[str, dict[str, ShardingOption]]:
-    """The data-parallel (dense), row-wise and table-row-wise (fused) options the search
-    space offers each of ``fqns``, by table and type."""
+    """The options of another type than table-wise the search space offers each of
+    ``fqns`` on that type's kernel (its strategy's ``alternative_kernel``), by table and
+    type."""
+    kernels = alternative_kernels()
     out: dict[str, dict[str, ShardingOption]] = {}
     for o in search_space:
-        if o.fqn in fqns and ALTERNATIVE_KERNELS.get(o.sharding_type) == o.compute_kernel:
+        if o.fqn in fqns and kernels.get(o.sharding_type) == o.compute_kernel:
             out.setdefault(o.fqn, {}).setdefault(o.sharding_type, o)
     return out
 
@@ -91,8 +94,8 @@ def sequence_options(
         if (
             o.fqn in fqns
             and not o.is_pooled
-            and o.sharding_type == TW
-            and o.compute_kernel == "fused"
+            and o.sharding_type == DREAMSHARD_SHARDING_TYPE
+            and o.compute_kernel == DREAMSHARD_COMPUTE_KERNEL
         ):
             out.setdefault(o.fqn, o)
     return list(out.values())
@@ -193,7 +196,8 @@ class TypeChooser:
         costs = self._single_costs(specs)
         screen = ScreeningKernels(self.ctx.kernels_ms)
         exact = _Rater(self.ctx, ours, specs, costs, capacity, tier)
-        rate = _Rater(dataclasses.replace(self.ctx, kernels_ms=screen), *exact.args, exact.terms)
+        screening = dataclasses.replace(self.ctx, kernels_ms=screen)
+        rate = _Rater(screening, ours, specs, costs, capacity, tier, exact.terms)
         base_exact = exact({})
         rate({})  # the all-table-wise plan's kernels set the screening's fusion ratios
         screen.calibrate(screen.last_calls)
@@ -221,14 +225,13 @@ class TypeChooser:
 
     @staticmethod
     def _orders(ours, alts, specs, costs) -> list[tuple[str, list[str]]]:
-        """Per alternative type, the tables that may take it in the order tried."""
+        """Per alternative type, the tables that may take it in the order tried (its
+        strategy's ``candidate_key``, ties by position)."""
         out = []
-        for kind in (DP, RW, TWRW):
+        for strategy in alternative_types():
+            kind = strategy.name
             idx = [i for i, o in enumerate(ours) if kind in alts.get(o.fqn, {})]
-            if kind == DP:
-                idx.sort(key=lambda i: (specs[i].size_bytes, i))
-            else:
-                idx.sort(key=lambda i: (-costs[i], i))
+            idx.sort(key=lambda i: (*strategy.candidate_key(specs[i], float(costs[i])), i))
             if idx:
                 out.append((kind, [ours[i].fqn for i in idx]))
         return out
@@ -258,62 +261,45 @@ def _prefix_sizes(n: int) -> list[int]:
 
 
 class _Rater:
-    """Rates a candidate (which tables move to which option): the table-wise tables
-    balanced greedily in the memory left, the whole plan priced by the typed cost model
-    with the kernels of ``ctx``; ``inf`` when the table-wise tables do not fit."""
+    """Rates a candidate (which tables move to which option): the moved tables' memory
+    and ranks as their strategies say, the table-wise tables balanced greedily in the
+    memory left, the whole plan priced by :func:`plan_cost` with the kernels of ``ctx``;
+    ``inf`` when the table-wise tables do not fit."""
 
     def __init__(self, ctx, ours, specs, costs, capacity, tier, terms=None) -> None:
-        self.args = (ours, specs, costs, capacity, tier)
         self.ctx, self.ours, self.specs, self.costs = ctx, ours, specs, costs
         self.capacity = np.asarray(capacity, dtype=np.float64)
         self.tier = tier
         self.need = np.array([option_bytes(o, tier) for o in ours], dtype=np.float64)
         self.pooled = [bool(o.is_pooled) for o in ours]  # a sequence table is not
-        self.terms: dict[TableChoice, Terms] = {} if terms is None else terms
+        self.terms = TermsCache() if terms is None else terms
         self.count = 0
 
     def __call__(self, moved: dict[str, ShardingOption]) -> float:
         self.count += 1
         free = self.capacity.copy()
         for option in moved.values():
-            for k, shard in enumerate(option.shards):
-                bytes_ = 0 if shard.storage is None else getattr(shard.storage, self.tier)
-                if option.sharding_type == DP or len(option.shards) == len(free):
-                    free[k % len(free)] -= bytes_
-                else:
-                    free -= bytes_ / len(free)  # a host's shards: charged evenly here
+            shard_bytes = [storage_bytes(s.storage, self.tier) for s in option.shards]
+            STRATEGIES[option.sharding_type].reserve(shard_bytes, free)
         if (free < 0).any():
             return math.inf
         ranks = self._balance([i for i, o in enumerate(self.ours) if o.fqn not in moved], free)
         if ranks is None:
             return math.inf
-        choices = [TableChoice(table=self.specs[i], sharding_type=TW, ranks=(r,)) for i, r in ranks]
-        topo, hosts = self.ctx.topology, 0
+        tw = DREAMSHARD_SHARDING_TYPE
+        choices = [TableChoice(table=self.specs[i], sharding_type=tw, ranks=(r,)) for i, r in ranks]
+        topo, turns = self.ctx.topology, dict.fromkeys(STRATEGIES, 0)
         for i, o in enumerate(self.ours):
             if o.fqn in moved:
-                kind, r = moved[o.fqn].sharding_type, ()
-                if kind == TWRW:  # hosts in turn
-                    r, hosts = topo.host_ranks(hosts % topo.num_hosts), hosts + 1
+                kind = moved[o.fqn].sharding_type
+                r = STRATEGIES[kind].candidate_ranks(turns[kind], topo)
+                turns[kind] += 1
                 choices.append(
                     TableChoice(
                         table=self.specs[i], sharding_type=kind, ranks=r, pooled=self.pooled[i]
                     )
                 )
-        return self.step_ms(choices)
-
-    def step_ms(self, choices: list[TableChoice]) -> float:
-        """``plan_cost(choices).step_ms``, each choice's terms built once per choice."""
-        ctx = self.ctx
-        kernels, exchanges, dense = [], [], []
-        for c in choices:
-            terms = self.terms.get(c)
-            if terms is None:
-                terms = self.terms[c] = table_terms(c, ctx)
-            kernels += terms.kernels
-            exchanges += terms.exchanges
-            dense += terms.dense_bytes
-        total = job_terms(ctx) + Terms(tuple(kernels), tuple(exchanges), tuple(dense))
-        return terms_cost(total, ctx).step_ms
+        return plan_cost(choices, self.ctx, self.terms).step_ms
 
     def _balance(self, idx: list[int], free: np.ndarray) -> list[tuple[int, int]] | None:
         load = np.zeros(len(free))
@@ -329,30 +315,24 @@ class _Rater:
         return out
 
 
-TYPED = {DP, TW, RW, TWRW, ShardingType.COLUMN_WISE.value}
-
-
 def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[TableChoice]:
-    """The tables of a partitioned plan as the typed cost model sees them (TorchRec's
-    table-column-wise counts as column-wise; a sequence table is unpooled).
+    """The tables of a partitioned plan as the typed cost model sees them: each option's
+    type by the strategy that prices it (TorchRec's table-column-wise as column-wise), its
+    ranks as the strategy takes them; a sequence table is unpooled.
 
     Raises:
-        ValueError: a sharding type the typed cost model does not price (named).
+        ValueError: a sharding type no strategy prices (named).
     """
     out = []
     for o in plan:
-        kind = (
-            ShardingType.COLUMN_WISE.value
-            if o.sharding_type == "table_column_wise"
-            else o.sharding_type
-        )
-        if kind not in TYPED:
+        strategy = BY_TORCHREC_TYPE.get(o.sharding_type)
+        if strategy is None:
             raise ValueError(f"{o.fqn}: sharding type {o.sharding_type!r} is not priced")
-        ranks = tuple(int(s.rank) for s in o.shards)
-        if kind in (DP, RW):
-            ranks = ()
+        ranks = strategy.option_ranks([int(s.rank) for s in o.shards])
         out.append(
-            TableChoice(table=spec_fn(o), sharding_type=kind, ranks=ranks, pooled=o.is_pooled)
+            TableChoice(
+                table=spec_fn(o), sharding_type=strategy.name, ranks=ranks, pooled=o.is_pooled
+            )
         )
     return out
 

@@ -1,0 +1,96 @@
+"""Row-wise: the rows are split over every rank and ids are routed to their owner.
+
+Each of the ``W`` ranks holds ``ceil(R / W)`` rows and looks up the ids routed to it,
+``B p s`` over ``B`` bags (every sample's partial sum); ``s`` is the busiest rank's share
+(:func:`routed_share`), charged to every rank. Pooled: the reduce-scatter of the partial
+sums, ``S = B d o``, forward, and the all-gather of their gradients, backward. Sequence (as
+TorchRec does it): an all-to-all of the looked-up rows to the samples' ranks,
+``F[j, i] = b p d o / W``, and back.
+
+The type choice offers it on the fused kernel and tries the hottest tables first (by
+predicted single-table cost): the hottest table is the one that sets a device's load.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from torchrec_dreamshard.cost.physics import mean_access_count
+from torchrec_dreamshard.cost.sharding import (
+    OUTPUT_BYTES,
+    CostContext,
+    Exchange,
+    KernelCall,
+    SpansEveryRank,
+    TableChoice,
+    Terms,
+    both_ways,
+    input_flows,
+    kernel_group,
+    kernel_view,
+    output_width_bytes,
+)
+from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, TableSpec
+
+
+class RowWise(SpansEveryRank):
+    name = "row_wise"
+    alternative_kernel = "fused"
+
+    def terms(self, choice: TableChoice, ctx: CostContext) -> Terms:
+        t, every = choice.table, ctx.every_rank
+        terms = row_shard_terms(choice, ctx, every)
+        if choice.pooled:
+            partial = ctx.batch_size * t.dim * OUTPUT_BYTES
+            return terms + Terms(
+                exchanges=(
+                    Exchange("row_wise/out/fwd", "reduce_scatter", every, buffer_bytes=partial),
+                    Exchange("row_wise/out/bwd", "all_gather", every, buffer_bytes=partial),
+                )
+            )
+        rows_back = ctx.local_batch * output_width_bytes(t, t.dim, False) / len(every)
+        flows = np.full((len(every),) * 2, rows_back)
+        return terms + Terms(exchanges=both_ways("row_wise/out", every, flows))
+
+    def candidate_key(self, table: TableSpec, single_ms: float) -> tuple[float, ...]:
+        return (-single_ms,)
+
+
+def routed_share(table: TableSpec, batch_size: int, num_shards: int) -> float:
+    """The busiest of ``num_shards`` row shards' expected share of the table's ids.
+
+    Rows are assumed hashed to shards independently of how hot they are. With ``U = L / m``
+    accessed rows (``L = B p`` ids, ``m`` the mean access count) whose counts ``c`` follow
+    the reuse histogram, a shard's share has mean ``1 / n`` and standard deviation
+    ``sigma = sqrt((n - 1) U E[c^2]) / (n L)``; the busiest of ``n`` is about
+    ``1 / n + sigma sqrt(2 ln n)`` (at most 1). Uniform access gives nearly ``1 / n``; a few
+    very hot rows give more.
+    """
+    n = num_shards
+    if n <= 1:
+        return 1.0
+    lookups = batch_size * table.pooling_factor
+    hist = table.hist(batch_size)
+    mean_sq = float(np.dot(hist, (BIN_LOW**2 + BIN_LOW * BIN_HIGH + BIN_HIGH**2) / 3.0))
+    sigma = math.sqrt((n - 1) * lookups / mean_access_count(hist) * mean_sq) / (n * lookups)
+    return min(1.0, 1.0 / n + sigma * math.sqrt(2.0 * math.log(n)))
+
+
+def row_shard_terms(choice: TableChoice, ctx: CostContext, ranks: tuple[int, ...]) -> Terms:
+    """The shard kernels and the input all-to-all of a table split by rows over ``ranks``."""
+    t, n = choice.table, len(ranks)
+    share = routed_share(t, ctx.batch_size, n) if ctx.skew else 1.0 / n
+    shard = replace(t, rows=-(-t.rows // n), pooling_factor=t.pooling_factor * share)
+    kernels = []
+    for r in ranks:
+        named = replace(shard, name=f"{t.name}/rw{r}")
+        spec, bags = kernel_view(named, choice.pooled, ctx.batch_size)
+        kernels.append(KernelCall(r, kernel_group(choice), bags, spec))
+    exchanges: tuple[Exchange, ...] = ()
+    if ctx.input_dist:
+        flows = input_flows(ctx, t, dict.fromkeys(ranks, 1.0 / n))
+        exchanges = (Exchange(f"{choice.sharding_type}/in", "all_to_all", ctx.every_rank, flows),)
+    return Terms(tuple(kernels), exchanges)
