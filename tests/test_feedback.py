@@ -192,3 +192,23 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
     assert again.learns_from_job and again.last_calibration is not None
     assert again.last_calibration.measured == 0  # nothing measured: the job's kernels
     assert "observed in a running job" in again.adaptation()["why"]
+
+
+def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run_cli):
+    from torchrec_dreamshard.planner.types import PlanPrediction
+
+    prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
+    steps = [
+        [StepProfile(20.0, 1.0, 2.0, [(0.0, 1.0)])],
+        [StepProfile(21.0, 2.0, 5.0, [(0.0, 1.0)])],
+    ]
+    path, png = tmp_path / "report.json", tmp_path / "report.png"
+    path.write_text(json.dumps(build_report(steps, prediction, [["a"], ["b"]], "updated")))
+    assert run_cli(["report", str(path), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "predicted (updated) against measured per rank" in printed
+    assert "bounds the step: rank 1 measured, rank 1 predicted" in printed
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    path.write_text(json.dumps({"ranks": []}))
+    assert run_cli(["report", str(path)]) == 2
+    assert "not an observer report" in capsys.readouterr().err

@@ -101,6 +101,20 @@ def _argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: values[i])
 
 
+def check_report(data: Any, where: str) -> dict[str, Any]:
+    """``data`` if it has the report's shape, else a ``ValueError`` naming ``where`` and
+    what is missing."""
+    need = {"ranks", "bound_rank", "predicted_bound_rank", "steps_observed", "model"}
+    if not isinstance(data, dict) or not need <= set(data):
+        found = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{where}: not an observer report (needs {sorted(need)}, got {found})")
+    rank_keys = {"rank", "predicted_ms", "measured_ms", "error", "measured", "tables"}
+    for i, r in enumerate(data["ranks"]):
+        if not isinstance(r, dict) or not rank_keys <= set(r):
+            raise ValueError(f"{where}: ranks[{i}] needs {sorted(rank_keys)}")
+    return data
+
+
 def report_lines(report: dict[str, Any]) -> list[str]:
     """The report as a table, like TorchRec's planner stats."""
     head = (
