@@ -298,14 +298,31 @@ class CountingPartitioner(GreedyPerfPartitioner):
         return super().partition(proposal, storage_constraint)
 
 
-def test_a_user_partitioner_places_what_carries_no_ranks(agent):
+def test_a_user_partitioner_places_what_carries_no_ranks(agent, monkeypatch):
+    """The user's partitioner places the tables of DreamShard's proposal the policy does
+    not (the data-parallel one, first) and every proposal of GreedyProposer's that
+    TorchRec's planner partitions (it partitions each distinct set of options once: a
+    proposal of the options DreamShard proposed is DreamShard's)."""
+    from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
+    from torchrec_dreamshard.planner.types import DreamShardProposal
+
     cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
     partitioner = CountingPartitioner()
     p = ours(agent, constraints=cons, partitioner=partitioner, proposer=GreedyProposer())
+    seen = []
+    partition = DreamShardPartitioner.partition
+
+    def counted(self, proposal, storage_constraint):
+        seen.append(type(proposal))
+        return partition(self, proposal, storage_constraint)
+
+    monkeypatch.setattr(DreamShardPartitioner, "partition", counted)
     CountingPartitioner.calls = 0
     p.plan(Model(tables(5)), SHARDERS)
-    # ours: the data-parallel table placed first; GreedyProposer's: every proposal
-    assert CountingPartitioner.calls >= 1 + p.proposal_log.proposals["GreedyProposer#0"]
+    theirs = seen.count(list)
+    assert seen.count(DreamShardProposal) == 1 and theirs >= 1
+    assert CountingPartitioner.calls == 1 + theirs
+    assert theirs >= p.proposal_log.proposals["GreedyProposer#0"] - 1
 
 
 def test_a_user_perf_model_judges_the_proposals(agent):

@@ -336,41 +336,46 @@ class _ScriptedAgent:
         return self.placements[min(len(self.memory), len(self.placements)) - 1]
 
 
-def _proposer_with(monkeypatch, agent, need: int):
+def _partitioner_with(monkeypatch, agent, need: int):
     from types import SimpleNamespace
 
     from torchrec_dreamshard.data.tables import TableSpec
-    from torchrec_dreamshard.planner import proposers
+    from torchrec_dreamshard.planner import partitioners
+    from torchrec_dreamshard.planner.placement import PolicyPlacer
 
     specs = {
         f"t{i}": TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(4)
     }
-    monkeypatch.setattr(proposers, "option_bytes", lambda option, tier: need)
-    proposer = proposers.DreamShardProposer(agent, Topology(world_size=2, compute_device="cpu"), 64)
-    monkeypatch.setattr(proposer, "_spec", lambda option: specs[option.fqn])
-    return proposer, [SimpleNamespace(fqn=name) for name in specs]
+    monkeypatch.setattr(partitioners, "option_bytes", lambda option, tier: need)
+    partitioner = partitioners.DreamShardPartitioner(
+        placer=PolicyPlacer(agent, 64), spec_fn=lambda option: specs[option.fqn]
+    )
+    ours = [SimpleNamespace(fqn=name, shards=[SimpleNamespace(rank=None)]) for name in specs]
+    return partitioner, ours
 
 
-def test_proposer_shrinks_an_overfull_device_and_retries(monkeypatch):
-    """TorchRec's estimate (100 kB a table) exceeds device 0's 250 kB after the first run:
-    device 0's share shrinks in proportion, the others' stay, and the policy runs again."""
-    from torchrec_dreamshard.planner.proposers import MEMORY_SHRINK
+def test_partitioner_shrinks_an_overfull_device_and_places_again(monkeypatch):
+    """TorchRec's estimate (100 kB a table) exceeds device 0's 250 kB after the first
+    placement: device 0's share shrinks in proportion, the others' stay, and the policy
+    places again."""
+    from torchrec_dreamshard.planner.partitioners import MEMORY_SHRINK
 
     agent = _ScriptedAgent([[0, 0, 0, 1], [0, 0, 1, 1]])
-    proposer, ours = _proposer_with(monkeypatch, agent, need=100_000)
-    assert proposer._place_ours(ours, [250_000, 250_000], "ddr").placement == [0, 0, 1, 1]
+    partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
+    placed = partitioner._place_policy(ours, [250_000, 250_000], "ddr", {})
+    assert [o.shards[0].rank for o in placed] == [0, 0, 1, 1]
     first, second = agent.memory
     assert first == [160_000, 160_000]  # weights (256 kB) / estimate (400 kB) of what is left
     assert second == [int(160_000 * 250_000 / 300_000 * MEMORY_SHRINK), 160_000]
 
 
-def test_proposer_gives_up_after_its_memory_rounds(monkeypatch):
-    from torchrec_dreamshard.planner.proposers import MAX_MEMORY_ROUNDS
+def test_partitioner_gives_up_after_its_memory_rounds(monkeypatch):
+    from torchrec_dreamshard.planner.partitioners import MAX_MEMORY_ROUNDS
 
     agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
-    proposer, ours = _proposer_with(monkeypatch, agent, need=100_000)
+    partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
     with pytest.raises(PlannerError, match=r"tables \['t0', 't1', 't2'\] on devices \[0\]"):
-        proposer._place_ours(ours, [250_000, 1_000_000], "ddr")
+        partitioner._place_policy(ours, [250_000, 1_000_000], "ddr", {})
     assert len(agent.memory) == MAX_MEMORY_ROUNDS
     caps0 = [m[0] for m in agent.memory]
     assert caps0 == sorted(caps0, reverse=True) and len(set(caps0)) == MAX_MEMORY_ROUNDS

@@ -59,9 +59,14 @@ def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
 
 
 def check_arguments(
-    mode: str, batch_size: int | None, enumerator, proposer, partitioner, performance_model,
-    plan_loader,
-) -> list:  # fmt: skip
+    mode: str,
+    batch_size: int | None,
+    enumerator: Enumerator | None,
+    proposer: Proposer | list[Proposer] | None,
+    partitioner: Partitioner | None,
+    performance_model: PerfModel | None,
+    plan_loader: PlanLoader | None,
+) -> list:
     """The user's proposers as a list, after checking the mode and batch size (a
     ``ValueError``) and that each component is of TorchRec's type for its argument (a
     ``TypeError`` naming the argument and what it got)."""
@@ -173,6 +178,26 @@ class Unloaded:
     @property
     def placer(self) -> Unloaded:
         return self._fail()
+
+
+def machine_models(
+    topology: Topology,
+    collectives: CollectiveModels | None,
+    dense_kernel: DenseKernelModel | None,
+) -> dict[str, Callable[[], Any]]:
+    """Where the type choice's models of this machine come from, as the proposer takes
+    them: the collectives and the dense kernel given (or their defaults), and the
+    reference kernel's time (:func:`default_collectives`, :func:`default_dense_kernel`,
+    :func:`default_reference`)."""
+    return {
+        "collectives": default_collectives(topology)
+        if collectives is None
+        else lambda: collectives,
+        "dense_kernel": default_dense_kernel(topology)
+        if dense_kernel is None
+        else lambda: dense_kernel,
+        "reference_ms": default_reference(topology),
+    }
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:

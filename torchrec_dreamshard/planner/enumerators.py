@@ -3,21 +3,25 @@
 Every table the policy can place (an ``EmbeddingBagCollection`` table whose constraints
 allow table-wise sharding on the fused kernel, and whose table-wise storage fits at least
 one device after TorchRec's storage reservation, or which may be split column-wise small
-enough to fit) gets exactly one option: table-wise, fused. Every other table gets the
-options TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it
-fits no device), and TorchRec's machinery plans it.
+enough to fit) gets its table-wise fused option, the column-wise options of its splits
+(below) and, on models of at most ``LARGE_TASK`` tables x devices, one option of every
+other type its constraints allow that the type choice may offer, on that type's kernel
+(the cost strategies' ``alternative_kernel``). Every other table gets the options
+TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
+device), and TorchRec's machinery plans it.
 
 Splits. A DreamShard table whose constraints also allow ``column_wise`` on the fused kernel
 may be split; its shards are at least ``ParameterConstraints.min_partition`` columns wide,
 TorchRec's ``MIN_CW_DIM`` (128) when that is unset, as in TorchRec's own column-wise rule.
 The search space offers such a table column-wise once per shard count allowed (equal
 shards), so that a plan that splits it can be hashed, stored and loaded
-(``extract_plan``) like any TorchRec plan. The proposer decides the splits.
+(``extract_plan``) like any TorchRec plan. The partitioner's placement (the split search)
+decides the splits.
 
 A table whose constraints allow only table-wise sharding keeps its table-wise option even
-when it fits no device: the proposer then proposes a plan the partitioner rejects with a
-message naming the table, and TorchRec's planner classifies the failure as it classifies
-its own (``STRICT_CONSTRAINTS`` when the model fits the devices' memory in all,
+when it fits no device: the partitioner then rejects the proposal with a message naming
+the table, and TorchRec's planner classifies the failure as it classifies its own
+(``STRICT_CONSTRAINTS`` when the model fits the devices' memory in all,
 ``INSUFFICIENT_STORAGE`` when it does not).
 
 The enumerator keeps TorchRec's search-space cache (``last_stored_search_space``): the

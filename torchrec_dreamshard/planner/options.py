@@ -1,5 +1,6 @@
-"""What the proposer reads off a search space: which options the policy places, which tables
-may be split column-wise, the column-wise option of a split, and the layout of a plan.
+"""What the planner reads off a search space: which options the policy places and which
+tables may be split column-wise (the proposer), the column-wise option of a split (the
+partitioner and the enumerator), and the layout of a plan.
 
 These work on any search space, DreamShard's enumerator's or a user's: the policy places a
 table's table-wise option on the fused kernel when its module is an

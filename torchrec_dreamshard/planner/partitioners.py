@@ -1,19 +1,39 @@
-"""``DreamShardPartitioner``: keeps the devices the proposer chose and checks memory.
+"""``DreamShardPartitioner``: places a proposal and checks memory.
 
-TorchRec's ``GreedyPerfPartitioner`` assigns every shard a rank of its own choosing; the
-DreamShard policy has already chosen them (``DreamShardProposer`` writes ``shard.rank``).
-This partitioner keeps those ranks, checks that every shard has one, and that the shards on
-each device fit the storage it has left after TorchRec's storage reservation.
+A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
+:class:`~torchrec_dreamshard.planner.types.DreamShardProposal` in two steps:
 
-Proposals that carry no ranks (those of a user's proposers, such as TorchRec's
-``GreedyProposer``) go to the fallback partitioner (TorchRec's ``GreedyPerfPartitioner``, or
-the user's ``partitioner``), as they would in TorchRec's planner. A proposal the DreamShard
-proposer could not place is rejected with the proposer's error, which names the tables.
+1. the tables the policy does not place (those DreamShard leaves to TorchRec, and those the
+   type choice moved to another type), by TorchRec's partitioner (``GreedyPerfPartitioner``,
+   or the user's ``partitioner``), first, in all the memory, as TorchRec would place them;
+2. the policy's tables, by the policy (:class:`~torchrec_dreamshard.planner.placement.PolicyPlacer`:
+   the agent's placement, or the column-wise split search where tables may be split), in
+   the memory each device has left. A table the placer splits gets a column-wise fused
+   option (estimated by the planner's enumerator: TorchRec's storage estimate of each
+   shard) whose shards carry the devices chosen.
+
+Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
+optimizer state and input/output buffers. The policy is given each device's memory scaled
+by its tables' weight-to-storage ratio; if TorchRec's estimate still overflows a device,
+that device's share is shrunk and the policy places again (a few times at most).
+
+Then every device's shards must fit the storage it has after TorchRec's storage
+reservation. When they do not, or the tables cannot be placed, it raises TorchRec's
+``PlannerError`` naming the tables and what to change, and TorchRec's planner treats the
+proposal as it treats any that does not partition.
+
+Other proposals (a user's proposers', such as TorchRec's ``GreedyProposer``) carry no ranks
+and go to the fallback partitioner, as they would in TorchRec's planner; a proposal whose
+shards all have ranks keeps them and is checked.
 """
 
 from __future__ import annotations
 
+import copy
+
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.types import (
+    Enumerator,
     Partitioner,
     PlannerError,
     PlannerErrorType,
@@ -22,71 +42,245 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
-from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.data.splits import plan_entries
+from torchrec_dreamshard.planner.options import SpecFn, column_wise_option
+from torchrec_dreamshard.planner.placement import PolicyPlacer
+from torchrec_dreamshard.planner.types import (
+    DreamShardProposal,
+    device_capacity,
+    memory_tier,
+    option_bytes,
+    spec_for_option,
+    storage_bytes,
+)
+from torchrec_dreamshard.policy.safety_net import SafetyReport
+from torchrec_dreamshard.policy.split_search import SplitPlan
+
+MAX_MEMORY_ROUNDS = 6  # policy placements before giving up on a device's memory
+MEMORY_SHRINK = 0.97  # extra margin when a device's share is shrunk
 
 
 class DreamShardPartitioner(Partitioner):
-    """Honours the proposer's ranks; raises ``PlannerError`` naming what does not fit.
+    """Places DreamShard's proposals (TorchRec's partitioner, then the policy), keeps the
+    ranks of ranked ones, hands the others to the fallback; raises ``PlannerError`` naming
+    what does not fit.
 
     Args:
-        fallback: partitions proposals without ranks (``None``: they are an error).
-        proposer: the DreamShard proposer whose failed proposals are rejected with its
-            error.
+        fallback: TorchRec's partitioner: places proposals without ranks (``None``: they
+            are an error) and the tables of DreamShard's proposals the policy does not place
+            (``None``: TorchRec's ``GreedyPerfPartitioner``).
+        placer: the policy's placement of its tables (``None``: a proposal with policy
+            tables is an error).
+        enumerator: estimates the column-wise options of the tables the placer splits (the
+            planner's enumerator).
+        spec_fn: the planner's table specs (default: shapes and pooling only).
     """
 
     def __init__(
-        self, fallback: Partitioner | None = None, proposer: DreamShardProposer | None = None
+        self,
+        fallback: Partitioner | None = None,
+        placer: PolicyPlacer | None = None,
+        enumerator: Enumerator | None = None,
+        spec_fn: SpecFn | None = None,
     ) -> None:
         self.fallback = fallback
-        self.proposer = proposer
+        self.placer = placer
+        self._enumerator = enumerator
+        self._spec: SpecFn = spec_fn or spec_for_option
+
+    @property
+    def last_report(self) -> SafetyReport | None:
+        """The safety net's report of the policy's last placement of whole tables."""
+        return self.placer.last_report if self.placer is not None else None
 
     def partition(
         self, proposal: list[ShardingOption], storage_constraint: Topology
     ) -> list[ShardingOption]:
-        """Check ``proposal``'s ranks against ``storage_constraint`` and return it.
+        """``proposal`` with a rank in every shard (see the module docstring).
 
         Raises:
-            PlannerError: the proposer could not place the proposal (its error), a shard
-                has no rank (and there is no fallback) or a rank out of range, or a
-                device's shards need more storage than it has (the device and its tables
-                are named).
+            PlannerError: the tables cannot be placed (named, with what to change), a
+                shard has a rank out of range, or a device's shards need more storage than
+                it has (the device and its tables are named).
         """
-        failure = self.proposer.failure(proposal) if self.proposer is not None else None
-        if failure is not None:
-            raise failure
-        unranked = sorted({o.fqn for o in proposal for s in o.shards if s.rank is None})
-        if unranked and self.fallback is not None:
+        if isinstance(proposal, DreamShardProposal):
+            plan = self._place(proposal, storage_constraint)
+        elif self.fallback is not None and any(s.rank is None for o in proposal for s in o.shards):
             return self.fallback.partition(proposal, storage_constraint)
-        if unranked:
-            raise PlannerError(
-                f"tables {unranked} have no rank: DreamShardPartitioner keeps the ranks "
-                "its proposer wrote, use it with DreamShardProposer or give it a fallback "
-                "partitioner",
-                PlannerErrorType.PARTITION,
-            )
-        world = storage_constraint.world_size
-        bad = sorted({o.fqn for o in proposal for s in o.shards if not 0 <= s.rank < world})
-        if bad:
-            raise PlannerError(
-                f"tables {bad} have a rank outside 0..{world - 1}", PlannerErrorType.PARTITION
-            )
-        self._check_storage(proposal, storage_constraint)
-        return proposal
+        else:
+            plan = proposal
+        check_ranks(plan, storage_constraint)
+        return plan
 
-    @staticmethod
-    def _check_storage(proposal: list[ShardingOption], storage_constraint: Topology) -> None:
-        used = [Storage(hbm=0, ddr=0, ssd=0) for _ in storage_constraint.devices]
-        tables: list[set[str]] = [set() for _ in storage_constraint.devices]
-        for option in proposal:
+    def _place(self, proposal: DreamShardProposal, constraint: Topology) -> list[ShardingOption]:
+        if self.placer is not None:
+            self.placer.last_report = None
+        others, ours = proposal.other_options(), proposal.policy_options()
+        used = self._place_others(others, constraint)
+        left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
+        if ours:
+            ours = self._place_policy(ours, left, memory_tier(constraint), proposal.split_widths)
+        return others + ours
+
+    def _place_others(self, others: list[ShardingOption], constraint: Topology) -> list[int]:
+        """Place the tables the policy does not place with TorchRec's partitioner; the
+        bytes they use on each device."""
+        tier = memory_tier(constraint)
+        used = [0] * constraint.world_size
+        if not others:
+            return used
+        try:
+            (self.fallback or GreedyPerfPartitioner()).partition(others, copy.deepcopy(constraint))
+        except PlannerError as exc:
+            raise PlannerError(
+                "TorchRec's partitioner could not place the tables DreamShard leaves to it "
+                f"({sorted(o.fqn for o in others)}): {exc}",
+                exc.error_type,
+            ) from exc
+        for option in others:
             for shard in option.shards:
-                if shard.storage is not None:
-                    used[shard.rank] += shard.storage
-                tables[shard.rank].add(option.fqn)
-        for rank, device in enumerate(storage_constraint.devices):
-            if not used[rank].fits_in(device.storage):
-                raise PlannerError(
-                    f"rank {rank} is over its memory: its tables {sorted(tables[rank])} need "
-                    f"{used[rank]}, it has {device.storage} after TorchRec's storage "
-                    "reservation",
-                    PlannerErrorType.INSUFFICIENT_STORAGE,
-                )
+                used[shard.rank] += storage_bytes(shard.storage, tier)
+        return used
+
+    def _place_policy(
+        self, ours: list[ShardingOption], left: list[int], tier: str, widths: dict[str, int]
+    ) -> list[ShardingOption]:
+        """The policy's options with ranks: placed until TorchRec's storage estimate fits
+        every device (see the module docstring)."""
+        if self.placer is None:
+            raise PlannerError(
+                "DreamShardPartitioner was given a proposal with policy tables and no "
+                "placer to place them; give it a PolicyPlacer",
+                PlannerErrorType.OTHER,
+            )
+        specs = [self._spec(o) for o in ours]
+        need = [option_bytes(o, tier) for o in ours]
+        check_fits(ours, need, left, widths)
+        ratio = sum(t.size_bytes for t in specs) / max(1, sum(need))
+        caps = [max(1, int(x * min(1.0, ratio))) for x in left]
+        by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
+        for _ in range(MAX_MEMORY_ROUNDS):
+            found = self.placer.place(specs, caps, widths)
+            used, holders = self._storage_used(found, by_fqn, tier, len(left))
+            over = [d for d, (u, cap) in enumerate(zip(used, left, strict=True)) if u > cap]
+            if not over:
+                return self._ranked_options(ours, found)
+            for d in over:
+                caps[d] = max(1, int(caps[d] * max(left[d], 0) / used[d] * MEMORY_SHRINK))
+        names = sorted({name for d in over for name in holders[d]})
+        raise PlannerError(
+            f"DreamShard could not fit the tables {names} on devices {over}: TorchRec's "
+            f"storage estimate exceeds the memory left there after {MAX_MEMORY_ROUNDS} "
+            "attempts; give the devices more memory or add devices",
+            PlannerErrorType.INSUFFICIENT_STORAGE,
+        )
+
+    def _storage_used(
+        self, found: SplitPlan, by_fqn: dict, tier: str, world: int
+    ) -> tuple[list[int], list[set[str]]]:
+        """TorchRec's storage estimate on each device of a plan, and the tables there."""
+        used = [0] * world
+        holders: list[set[str]] = [set() for _ in range(world)]
+        whole, shards = plan_entries(found.sharded, found.placement)
+        for fqn, d in whole.items():
+            used[d] += by_fqn[fqn][1]
+            holders[d].add(fqn)
+        for fqn, entries in shards.items():
+            option = by_fqn[fqn][0]
+            split = self._column_wise(option, [tuple(e["columns"]) for e in entries])
+            for shard, entry in zip(split.shards, entries, strict=True):
+                used[entry["device"]] += storage_bytes(shard.storage, tier)
+                holders[entry["device"]].add(fqn)
+        return used, holders
+
+    def _ranked_options(self, ours: list[ShardingOption], found: SplitPlan) -> list[ShardingOption]:
+        """The options with the plan's devices in their shards' ranks: table-wise for the
+        whole tables, a column-wise option for each split one."""
+        whole, shards = plan_entries(found.sharded, found.placement)
+        out = []
+        for option in ours:
+            if option.fqn in whole:
+                for shard in option.shards:
+                    shard.rank = whole[option.fqn]
+                out.append(option)
+                continue
+            entries = shards[option.fqn]
+            split = self._column_wise(option, [tuple(e["columns"]) for e in entries])
+            for shard, entry in zip(split.shards, entries, strict=True):
+                shard.rank = entry["device"]
+            out.append(split)
+        return out
+
+    def _column_wise(self, option: ShardingOption, columns: list[tuple]) -> ShardingOption:
+        if self._enumerator is None:
+            raise PlannerError(
+                "DreamShard split a table but its partitioner was given no enumerator to "
+                "estimate the column-wise shards; give DreamShardPartitioner(enumerator=...)",
+                PlannerErrorType.OTHER,
+            )
+        return column_wise_option(self._enumerator, option, columns)
+
+
+def check_fits(
+    ours: list[ShardingOption], need: list[int], left: list[int], widths: dict[str, int]
+) -> None:
+    """Raise ``PlannerError`` when the policy's tables cannot fit: more bytes than all the
+    devices have left, or a table bigger than every device that may not be split."""
+    if sum(need) > sum(max(x, 0) for x in left):
+        raise PlannerError(
+            f"the {len(ours)} table-wise tables need {sum(need)} bytes (TorchRec's storage "
+            f"estimate: weights, optimizer state, input/output buffers) but the "
+            f"{len(left)} devices have {sum(max(x, 0) for x in left)} bytes left after "
+            "TorchRec's storage reservation and the tables TorchRec placed; add devices "
+            "or memory, or allow row_wise/column_wise sharding for the largest tables",
+            PlannerErrorType.INSUFFICIENT_STORAGE,
+        )
+    biggest = max(left)
+    misfits = [
+        f"{o.fqn} ({n} bytes)"
+        for o, n in zip(ours, need, strict=True)
+        if n > biggest and o.fqn not in widths
+    ]
+    if misfits:
+        raise PlannerError(
+            f"tables {misfits} fit on no device: the most memory any device has left "
+            f"after TorchRec's storage reservation and the tables TorchRec placed is "
+            f"{biggest} bytes, and no other sharding type their ParameterConstraints "
+            "allow fits either: allow row_wise or column_wise for them, add devices or "
+            "memory, or make them smaller",
+            PlannerErrorType.INSUFFICIENT_STORAGE,
+        )
+
+
+def check_ranks(plan: list[ShardingOption], storage_constraint: Topology) -> None:
+    """Raise ``PlannerError`` when a shard has no rank or one out of range, or a device's
+    shards need more storage than it has."""
+    unranked = sorted({o.fqn for o in plan for s in o.shards if s.rank is None})
+    if unranked:
+        raise PlannerError(
+            f"tables {unranked} have no rank: DreamShardPartitioner places DreamShardProposer's "
+            "proposals and keeps the ranks other proposals carry; give it a fallback "
+            "partitioner for proposals without ranks",
+            PlannerErrorType.PARTITION,
+        )
+    world = storage_constraint.world_size
+    bad = sorted({o.fqn for o in plan for s in o.shards if not 0 <= s.rank < world})
+    if bad:
+        raise PlannerError(
+            f"tables {bad} have a rank outside 0..{world - 1}", PlannerErrorType.PARTITION
+        )
+    used = [Storage(hbm=0, ddr=0, ssd=0) for _ in storage_constraint.devices]
+    tables: list[set[str]] = [set() for _ in storage_constraint.devices]
+    for option in plan:
+        for shard in option.shards:
+            if shard.storage is not None:
+                used[shard.rank] += shard.storage
+            tables[shard.rank].add(option.fqn)
+    for rank, device in enumerate(storage_constraint.devices):
+        if not used[rank].fits_in(device.storage):
+            raise PlannerError(
+                f"rank {rank} is over its memory: its tables {sorted(tables[rank])} need "
+                f"{used[rank]}, it has {device.storage} after TorchRec's storage "
+                "reservation",
+                PlannerErrorType.INSUFFICIENT_STORAGE,
+            )

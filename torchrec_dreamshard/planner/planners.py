@@ -7,27 +7,18 @@ Usage, in an existing TorchRec training job::
     plan = planner.collective_plan(model, sharders, pg)
     model = DistributedModelParallel(model, device=device, plan=plan)
 
-It is TorchRec's planner, with TorchRec's planning loop, wired from TorchRec's own
-extension points: :class:`DreamShardEnumerator` (with :class:`CostNetShardEstimator` and
-TorchRec's storage estimator), :class:`DreamShardProposer` (runs the policy),
-:class:`DreamShardPartitioner` (keeps the policy's ranks, checks memory),
-:class:`CostNetPerfModel` (rates every proposal) and :class:`CostNetStats` (logs the
-predicted per-rank times and which proposer won). It takes every argument of TorchRec's
-planner with TorchRec's meaning; a user's enumerator, proposers, partitioner, performance
-model, stats, callbacks and plan loader add to ours or replace them (see
-:class:`DreamShardPlanner`). Nothing here trains.
-
-Which tables the policy places: every ``EmbeddingBagCollection`` table (nested anywhere in
-the model, in any number of collections) whose constraints allow table-wise sharding on the
-fused kernel and whose table-wise storage fits a device after TorchRec's storage
-reservation, or whose constraints also allow column-wise sharding and whose column-wise
-shards would fit. Such a table may be split column-wise (:mod:`torchrec_dreamshard.data.splits`:
-when it fits no device whole, or when the cost network predicts a faster step); its shards
-are at least ``min_partition`` columns wide (TorchRec's 128 when unset). The others
-(constraints forbidding table-wise or the fused kernel, tables too big for any single
-device that may not be split, other module types) are planned by TorchRec's machinery
-alongside: the best-rated option that fits is taken and TorchRec's partitioner places it
-first; the policy then places its tables in the memory left. When the tables cannot be
+It is TorchRec's planner, with TorchRec's planning loop and each step where TorchRec has
+it: :class:`DreamShardEnumerator` offers the options (sharding types included), rated by
+:class:`CostNetShardEstimator` and TorchRec's storage estimator; :class:`DreamShardProposer`
+proposes one option per table, the sharding-type choice included;
+:class:`DreamShardPartitioner` places the proposal (TorchRec's partitioner the tables the
+policy does not place; the policy, splitting some column-wise, its own tables in the memory
+left) and checks memory; :class:`CostNetPerfModel` rates every proposal;
+:class:`CostNetStats` logs the predicted per-rank times and which proposer won. Which
+tables the policy places: :mod:`torchrec_dreamshard.planner.enumerators`. It takes every
+argument of TorchRec's planner with TorchRec's meaning; a user's enumerator, proposers,
+partitioner, performance model, stats, callbacks and plan loader add to ours or replace
+them (see :class:`DreamShardPlanner`). Nothing here trains. When the tables cannot be
 placed, TorchRec's planner raises its ``PlannerError`` (``INSUFFICIENT_STORAGE`` when the
 model does not fit the devices' memory in all, else ``STRICT_CONSTRAINTS``) with
 DreamShard's message, naming the tables and what to change, as its last error.
@@ -66,20 +57,20 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.components import (
     Unloaded,
     check_arguments,
-    default_collectives,
-    default_dense_kernel,
-    default_reference,
     default_topology,
     load_agent,
+    machine_models,
     with_calibration,
 )
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
@@ -114,14 +105,13 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             column-wise), TorchRec's machinery plans the rest from its options.
         storage_reservation: TorchRec storage reservation (default
             ``HeuristicalStorageReservation(heuristical_storage_reservation_percentage)``).
-        proposer: one or a list of TorchRec proposers. They add to DreamShard's: the
-            policy's proposal comes first, then theirs; every proposal that partitions is
+        proposer: one or a list of TorchRec proposers. They add to DreamShard's:
+            DreamShard's proposal comes first, then theirs; every proposal that partitions is
             rated by ``performance_model`` and the best kept, as in TorchRec. What a user's
             proposal sets on an option (kernel, cache parameters) is in the plan when it
             wins. :class:`CostNetStats` logs which proposer won.
-        partitioner: places proposals that carry no ranks (the user proposers', and the
-            tables DreamShard leaves to TorchRec), in place of TorchRec's
-            ``GreedyPerfPartitioner``; the policy's ranks are kept.
+        partitioner: places what the policy does not (the user proposers' proposals,
+            and the other tables of ours) in place of TorchRec's ``GreedyPerfPartitioner``.
         performance_model: rates every proposal (default :class:`CostNetPerfModel`: the
             cost network, penalised by its uncertainty). A user's replaces ours as the
             judge between proposals; the policy still places with the cost network.
@@ -149,9 +139,10 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         seed: sampling seed.
         sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
             features; each table's reuse histogram is measured from them.
-        calibrate: calibrate the cost network on this machine and these tables before
-            placing (:mod:`torchrec_dreamshard.calibration`): ``True`` (60 s budget), a
-            budget in seconds, or a ``CalibrationConfig``; ``None`` (default) does not.
+        calibrate: calibrate the cost network here on these tables before placing
+            (:mod:`torchrec_dreamshard.calibration`): ``True`` (60 s), a budget in seconds,
+            a ``CalibrationConfig``; ``None`` (default) where the checkpoint misprices
+            this machine's reference kernel; ``False`` never.
             Under ``collective_plan`` it runs on rank 0's device(s) only.
         verify: measure this many best-rated candidate plans and the heuristics' plans on
             real kernels and keep the fastest heuristic plan unless another beat it in every
@@ -214,44 +205,53 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             )
         reservation = storage_reservation or self._own_reservation
         self.table_specs = TableSpecs(sample_batches, topology.world_size)
+        global_batch, sources = batch_size * topology.world_size, default_sources()
         self.proposer = DreamShardProposer(
-            self.agent, topology, batch_size * topology.world_size, reservation, mode,
-            num_samples, seed, fallback_partitioner=partitioner or GreedyPerfPartitioner(),
-            constraints=constraints, spec_fn=self.table_specs,
-            collectives=default_collectives(topology) if collectives is None
-            else lambda: collectives,
-            dense_kernel=default_dense_kernel(topology) if dense_kernel is None
-            else lambda: dense_kernel, reference_ms=default_reference(topology),
-        )  # fmt: skip
+            self.agent,
+            topology,
+            global_batch,
+            reservation,
+            constraints=constraints,
+            spec_fn=self.table_specs,
+            sources=sources,
+            **machine_models(topology, collectives, dense_kernel),
+        )
         proposers, self.proposal_log = tracked([self.proposer, *users])
+        placer = PolicyPlacer(self.agent, global_batch, mode, num_samples, seed, sources)
+        given = (enumerator, partitioner, performance_model, stats)  # the user's, or None
         super().__init__(
-            topology=topology, batch_size=batch_size, storage_reservation=reservation,
-            proposer=proposers, constraints=constraints, debug=debug, callbacks=callbacks,
-            timeout_seconds=timeout_seconds, plan_loader=plan_loader,
-            **self._models(topology, batch_size, reservation, constraints, enumerator,
-                           performance_model, stats),
-        )  # fmt: skip
+            topology=topology,
+            batch_size=batch_size,
+            storage_reservation=reservation,
+            proposer=proposers,
+            constraints=constraints,
+            debug=debug,
+            callbacks=callbacks,
+            timeout_seconds=timeout_seconds,
+            plan_loader=plan_loader,
+            **self._components(topology, batch_size, reservation, constraints, placer, given),
+        )
         self.last_plan: ShardingPlan | None = None
         self._adaptation: dict[str, Any] | None = None
 
-    def _models(
-        self, topology, batch_size, reservation, constraints, enumerator, performance_model, stats
-    ) -> dict:
-        """TorchRec's enumerator, partitioner, performance model and stats arguments, after
-        setting ``perf_model`` (ours) and ``cost_stats``: a user's enumerator or
-        performance model replaces ours, a user's stats run beside ours, and ``perf_model``
-        still gives the stats' ``last_prediction``."""
-        self.perf_model = CostNetPerfModel(
-            self.agent, topology, batch_size * topology.world_size, spec_fn=self.table_specs
+    def _components(self, topology, batch_size, reservation, constraints, placer, given) -> dict:
+        """TorchRec's enumerator, partitioner, performance model and stats arguments (ours,
+        set as ``partitioner``, ``perf_model``, ``cost_stats``, with the user's ``given``:
+        see the class docstring)."""
+        enumerator, partitioner, performance_model, stats = given
+        enumerator = enumerator or DreamShardEnumerator(
+            topology, batch_size, constraints, self.agent, reservation, self.table_specs
         )
-        self.cost_stats = CostNetStats(self.perf_model, self.proposer, self.proposal_log)
+        self.partitioner = DreamShardPartitioner(
+            partitioner or GreedyPerfPartitioner(), placer, enumerator, self.table_specs
+        )
+        global_batch = batch_size * topology.world_size
+        self.perf_model = CostNetPerfModel(self.agent, topology, global_batch, self.table_specs)
+        self.cost_stats = CostNetStats(self.perf_model, self.partitioner, self.proposal_log)
         stats = [EmbeddingStats()] if stats is None else stats
         return {
-            "enumerator": enumerator
-            or DreamShardEnumerator(
-                topology, batch_size, constraints, self.agent, reservation, self.table_specs
-            ),
-            "partitioner": DreamShardPartitioner(self.proposer.fallback, self.proposer),
+            "enumerator": enumerator,
+            "partitioner": self.partitioner,
             "performance_model": performance_model or self.perf_model,
             "stats": [*(stats if isinstance(stats, list) else [stats]), self.cost_stats],
         }

@@ -1,7 +1,8 @@
 """``TableSpecs``: the :class:`~torchrec_dreamshard.data.tables.TableSpec` of every sharding option,
 shared by the planner's components.
 
-The enumerator, the proposer, the perf model and the stats all see a table the same way:
+The enumerator, the proposer, the partitioner, the perf model and the stats all see a table
+the same way:
 its shape and element size from the option's tensor, its pooling factor from the option's
 ``input_lengths`` (``ParameterConstraints.pooling_factors``), and, when the planner was
 given sample batches, the reuse histogram measured from them. The planner calls

@@ -9,8 +9,8 @@ from typing import Any
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import ShardingPlan
 
+from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.rivals import ProposalLog
 from torchrec_dreamshard.planner.types import PlanPrediction
 
@@ -25,19 +25,20 @@ class CostNetStats(Stats):
 
     Args:
         perf_model: the cost-network perf model that predicts the chosen plan.
-        proposer: the DreamShard proposer whose ``last_report`` (the safety net's
-            candidates: which won and by how much) is logged too, when it has one.
+        partitioner: the DreamShard partitioner whose ``last_report`` (the safety net's
+            candidates for the policy's placement: which won and by how much) is logged
+            too, when it has one.
         log: the planner's proposal log (every proposer's best rating, which won).
     """
 
     def __init__(
         self,
         perf_model: CostNetPerfModel,
-        proposer: DreamShardProposer | None = None,
+        partitioner: DreamShardPartitioner | None = None,
         log: ProposalLog | None = None,
     ) -> None:
         self._perf_model = perf_model
-        self._proposer = proposer
+        self._partitioner = partitioner
         self._log = log
         self.last_prediction: PlanPrediction | None = None
         self.last_table: list[str] = []
@@ -68,7 +69,7 @@ class CostNetStats(Stats):
         if self._log is not None and self._log.proposals:
             rows += ["Proposers (rated by the planner's performance model):"]
             rows += ["  " + line for line in self._log.lines()]
-        report = self._proposer.last_report if self._proposer is not None else None
+        report = self._partitioner.last_report if self._partitioner is not None else None
         if report is not None:
             rows += report.lines()
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]

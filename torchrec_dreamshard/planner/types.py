@@ -2,8 +2,9 @@
 
 The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM kernel, and
 the column-wise shards of the tables it splits (:mod:`torchrec_dreamshard.data.splits`); every
-other sharding option (row-wise, data-parallel, UVM caching, ...) is left to TorchRec's own
-machinery. The helpers here turn TorchRec ``ShardingOption``s into the
+other sharding option (row-wise, data-parallel, UVM caching, ...) is placed by TorchRec's own
+partitioner. :class:`DreamShardProposal` is what the proposer hands the partitioner. The
+helpers turn TorchRec ``ShardingOption``s into the
 :class:`~torchrec_dreamshard.data.tables.TableSpec` / :class:`~torchrec_dreamshard.data.tasks.Task`
 the policy and cost network understand, and read device memory off a ``Topology``.
 """
@@ -11,9 +12,8 @@ the policy and cost network understand, and read device memory off a ``Topology`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
@@ -25,13 +25,43 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.report import device_table
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    pass
-
 DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value
 SPLIT_SHARDING_TYPE: str = ShardingType.COLUMN_WISE.value
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")  # see policy.agent
+
+
+class DreamShardProposal(list[ShardingOption]):
+    """A proposal of :class:`~torchrec_dreamshard.planner.proposers.DreamShardProposer`:
+    one option per table, as every TorchRec proposal, and which of them the policy places.
+    :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places the
+    others with TorchRec's partitioner, then the policy's in the memory left.
+
+    Args:
+        options: one sharding option per table (no ranks).
+        policy: the fully qualified names of the options the policy places (table-wise,
+            fused, of ``EmbeddingBagCollection`` tables).
+        split_widths: the narrowest column-wise shard of each policy table that may be
+            split, by fully qualified name.
+    """
+
+    def __init__(
+        self,
+        options: Iterable[ShardingOption] = (),
+        policy: Iterable[str] = (),
+        split_widths: dict[str, int] | None = None,
+    ) -> None:
+        super().__init__(options)
+        self.policy: frozenset[str] = frozenset(policy)
+        self.split_widths: dict[str, int] = dict(split_widths or {})
+
+    def policy_options(self) -> list[ShardingOption]:
+        """The options the policy places, in proposal order."""
+        return [o for o in self if o.fqn in self.policy]
+
+    def other_options(self) -> list[ShardingOption]:
+        """The options TorchRec's partitioner places, in proposal order."""
+        return [o for o in self if o.fqn not in self.policy]
 
 
 def is_dreamshard_option(option: ShardingOption) -> bool:

@@ -1,0 +1,113 @@
+"""``PolicyPlacer``: the policy's placement of the tables it places, the seam the
+partitioner calls (:class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner`).
+
+Given the tables' specs and each device's memory, it returns a
+:class:`~torchrec_dreamshard.policy.split_search.SplitPlan`: where nothing may be split, the
+agent's placement as it is (``PlacementAgent.place``: the mode's roll-outs, the safety net,
+and, for a calibrating agent, its calibration); where tables may be split column-wise, the
+split search (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`), which cuts
+a table too big for every device to fit and others when the cost network predicts a faster
+step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
+
+from torchrec_dreamshard.data.splits import shard_task
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.types import PLACEMENT_MODES
+from torchrec_dreamshard.policy import CandidateSource
+from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.policy.safety_net import SafetyReport
+from torchrec_dreamshard.policy.split_search import SplitPlan, plan_with_splits
+
+
+class PolicyPlacer:
+    """Places tables with the policy, splitting those it may.
+
+    Args:
+        agent: the DreamShard agent.
+        batch_size: the *global* batch the table-wise kernels process.
+        mode: ``"safe"``, ``"greedy"`` or ``"search"`` (see ``DreamShardPlanner``).
+        num_samples: sampled policy roll-outs (safe and search modes).
+        seed: sampling seed.
+        sources: candidate sources from the planner side (default
+            :func:`~torchrec_dreamshard.planner.candidates.default_sources`: TorchRec's
+            plan).
+    """
+
+    def __init__(
+        self,
+        agent: PlacementAgent,
+        batch_size: int,
+        mode: str = "safe",
+        num_samples: int = 4,
+        seed: int = 0,
+        sources: tuple[CandidateSource, ...] | None = None,
+    ) -> None:
+        if mode not in PLACEMENT_MODES:
+            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+        self._agent = agent
+        self._batch_size = batch_size
+        self._mode = mode
+        self._num_samples = num_samples
+        self._seed = seed
+        self.sources: tuple[CandidateSource, ...] = sources or default_sources()
+        self.last_report: SafetyReport | None = None  # the safety net's, unsplit plans
+
+    def place(
+        self, specs: Sequence[TableSpec], memory: list[int], widths: dict[str, int]
+    ) -> SplitPlan:
+        """A plan of ``specs`` on devices of ``memory`` bytes, splitting the tables in
+        ``widths`` (shards at least that many columns wide) where it pays.
+
+        Raises:
+            PlannerError: the policy found no placement (``INSUFFICIENT_STORAGE``).
+        """
+        try:
+            task = Task(
+                tables=list(specs),
+                num_devices=len(memory),
+                memory_bytes=memory,
+                batch_size=self._batch_size,
+                allow_oversized=bool(widths),
+            )
+            return self._split(task, widths) if widths else self._whole(task)
+        except ValueError as exc:  # PlacementError is a ValueError
+            raise PlannerError(
+                f"DreamShard could not place the tables: {exc}",
+                PlannerErrorType.INSUFFICIENT_STORAGE,
+            ) from exc
+
+    def _whole(self, task: Task) -> SplitPlan:
+        """The agent's placement as it is (nothing may be split)."""
+        placement = self._agent.place(
+            task,
+            mode=self._mode,
+            num_samples=self._num_samples,
+            seed=self._seed,
+            sources=self.sources,
+        )
+        self.last_report = self._agent.last_report
+        return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
+
+    def _split(self, task: Task, widths: dict[str, int]) -> SplitPlan:
+        """The split search's plan."""
+        found = plan_with_splits(
+            self._agent,
+            task,
+            mode=self._mode,
+            num_samples=self._num_samples,
+            seed=self._seed,
+            splittable=widths,
+            sources=self.sources,
+        )
+        # the report describes the whole-table placement; a split plan is re-placed
+        self.last_report = None if found.sharded.columns else self._agent.last_report
+        return found
