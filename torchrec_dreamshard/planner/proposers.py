@@ -26,7 +26,6 @@ reuses that calibration.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 
 from torchrec.distributed.planner.types import (
@@ -59,8 +58,6 @@ from torchrec_dreamshard.planner.types import (
 )
 from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.protocol import PlacementAgent
-
-logger: logging.Logger = logging.getLogger(__name__)
 
 
 class DreamShardProposer(Proposer):

@@ -26,7 +26,6 @@ from torchrec.distributed.planner.storage_reservations import (
     _get_dense_tensor_size,
 )
 from torchrec.distributed.planner.types import (
-    Enumerator,
     ParameterConstraints,
     ShardingOption,
     Storage,
@@ -113,11 +112,6 @@ def planner_reserved_topology(planner: EmbeddingShardingPlanner) -> Topology:
 def planner_best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption]:
     """The sharding options of the plan a planner chose last (with their ranks)."""
     return planner._best_plan
-
-
-def planner_enumerator(planner: EmbeddingShardingPlanner) -> Enumerator:
-    """The planner's enumerator."""
-    return planner._enumerator
 
 
 def plan_ranks(plan: ShardingPlan) -> dict[str, int]:
