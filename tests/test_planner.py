@@ -180,6 +180,41 @@ def test_constraints_forbidding_table_wise_go_to_torchrec(agent):
     assert sum(p.last_prediction.tables) == 4 + len(shards)
 
 
+def test_the_proposer_proposes_and_the_partitioner_places(agent):
+    """Each step where TorchRec has it: the proposer proposes one option per table and
+    places nothing (a table the policy may not place keeps TorchRec's option); the
+    partitioner places the proposal, TorchRec's partitioner the other table and the policy
+    its own, and raises its own error when they do not fit."""
+    import copy
+
+    from torchrec_dreamshard.planner.enumerators import copy_options
+    from torchrec_dreamshard.planner.types import DreamShardProposal
+
+    cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
+    p = planner(agent, world=2, constraints=cons)
+    p.plan(dlrm(configs(4)), SHARDERS)
+    p.proposer.load(copy_options(p._enumerator.last_stored_search_space), p._enumerator)
+    proposal = p.proposer.propose()
+    assert isinstance(proposal, DreamShardProposal) and p.proposer.propose() is None
+    fqn = "sparse_arch.embedding_bag_collection.t{}".format
+    assert [o.fqn for o in proposal.other_options()] == [fqn(1)]
+    assert sorted(proposal.policy) == [fqn(i) for i in (0, 2, 3)]
+    assert all(s.rank is None for o in proposal for s in o.shards)
+    constraint = planner_reserved_topology(p)
+    plan = p.partitioner.partition(proposal, constraint)
+    assert {o.fqn: [s.rank for s in o.shards] for o in plan} == {
+        o.fqn: [s.rank for s in o.shards] for o in planner_best_plan(p)
+    }
+    for option in proposal:
+        for shard in option.shards:
+            shard.rank = None
+    small = copy.deepcopy(constraint)
+    for device in small.devices:
+        device.storage.ddr = 100_000  # bytes: less than the tables need in all
+    with pytest.raises(PlannerError):
+        p.partitioner.partition(proposal, small)
+
+
 def test_model_too_big_for_all_devices_is_a_clear_error(agent):
     tables = configs(6, rows=50_000, dim=64)  # 12.8 .. 76.8 MB each, 269 MB in all
     topo = Topology(world_size=2, compute_device="cpu", ddr_cap=100 * 2**20)
