@@ -147,8 +147,9 @@ class TableWiseOnlySharder(EmbeddingBagCollectionSharder):
 def _one_big_table() -> tuple[Model, Topology]:
     """A 5.1 MB table and five small ones, on two devices of 4 MB: the table fits no
     device whole, the model fits the two together."""
-    big = EmbeddingBagConfig(name="big", embedding_dim=128, num_embeddings=10_000,
-                             feature_names=["fb"])  # fmt: skip
+    big = EmbeddingBagConfig(
+        name="big", embedding_dim=128, num_embeddings=10_000, feature_names=["fb"]
+    )
     return Model([*tables(5), big]), topology(2, ddr=4 * 2**20)
 
 
@@ -462,10 +463,15 @@ def test_our_topology_and_reservation_plan_a_meta_model_without_dry_run_warnings
     with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
         mine = [
-            cls(torchrec_topology(2, "cpu"), 64, debug=False,
-                storage_reservation=heuristical_reservation(model, SHARDERS), **kw)
+            cls(
+                torchrec_topology(2, "cpu"),
+                64,
+                debug=False,
+                storage_reservation=heuristical_reservation(model, SHARDERS),
+                **kw,
+            )
             for cls, kw in ((DreamShardPlanner, {"agent": agent}), (EmbeddingShardingPlanner, {}))
-        ]  # fmt: skip
+        ]
         plans = [p.plan(model, SHARDERS) for p in mine]
         assert dry_run_warnings(caplog, recorded) == []
         assert not [w for w in recorded if "HeuristicalStorageReservation" in str(w.message)]

@@ -124,9 +124,10 @@ def test_memory_caps_hold_after_storage_reservation(agent):
 
 def _huge_model(agent, constraints):
     tables = configs(4, rows=1000, dim=64) + [
-        EmbeddingBagConfig(name="huge", embedding_dim=64, num_embeddings=400_000,
-                           feature_names=["fh"])
-    ]  # fmt: skip
+        EmbeddingBagConfig(
+            name="huge", embedding_dim=64, num_embeddings=400_000, feature_names=["fh"]
+        )
+    ]
     topo = Topology(world_size=4, compute_device="cpu", ddr_cap=80 * 2**20)  # 102 MB table
     p = planner(agent, topology=topo, constraints=constraints)
     plan = p.plan(dlrm(tables), SHARDERS)
@@ -154,9 +155,10 @@ def test_table_that_fits_no_device_is_split_column_wise(agent):
 
 def test_table_too_big_with_only_table_wise_is_a_clear_error(agent):
     tables = configs(2) + [
-        EmbeddingBagConfig(name="huge", embedding_dim=16, num_embeddings=1_600_000,
-                           feature_names=["fh"])
-    ]  # fmt: skip
+        EmbeddingBagConfig(
+            name="huge", embedding_dim=16, num_embeddings=1_600_000, feature_names=["fh"]
+        )
+    ]
     topo = Topology(world_size=2, compute_device="cpu", ddr_cap=80 * 2**20)
     cons = {"huge": ParameterConstraints(sharding_types=["table_wise"])}
     with pytest.raises(
@@ -227,10 +229,16 @@ def test_partitioner_keeps_ranks_and_rejects_unranked():
     t = torch.empty(10, 4, device=META)
     ebc = EmbeddingBagCollection(configs(1), device=META)
     option = ShardingOption(
-        name="t0", tensor=t, module=("ebc", ebc), input_lengths=[1.0], batch_size=8,
-        sharding_type="table_wise", partition_by="device", compute_kernel="fused",
+        name="t0",
+        tensor=t,
+        module=("ebc", ebc),
+        input_lengths=[1.0],
+        batch_size=8,
+        sharding_type="table_wise",
+        partition_by="device",
+        compute_kernel="fused",
         shards=[Shard(size=[10, 4], offset=[0, 0], storage=Storage(hbm=0, ddr=100))],
-    )  # fmt: skip
+    )
     topo = Topology(world_size=2, compute_device="cpu", ddr_cap=1000)
     with pytest.raises(PlannerError, match="no rank"):
         DreamShardPartitioner().partition([option], topo)
@@ -268,9 +276,12 @@ def test_demo_model_planned_from_its_sample_batches(agent):
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
     batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]
     p = planner(
-        agent, world=2, batch_size=32, sample_batches=batches,
+        agent,
+        world=2,
+        batch_size=32,
+        sample_batches=batches,
         constraints=table_wise_constraints(tables),
-    )  # fmt: skip
+    )
     plan = p.plan(DemoDLRM(tables, META), SHARDERS)
     assert sorted(plan.plan["sparse"]) == sorted(t.name for t in tables)
     specs = p.table_specs.specs
