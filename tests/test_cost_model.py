@@ -207,3 +207,34 @@ def test_log_comm_is_the_latency_bandwidth_form():
         assert got == pytest.approx(want, rel=1e-5)
     one = net.log_comm(torch.tensor(64.0), device_context(1, 64)).item()
     assert one == pytest.approx(NO_COMM_LOG)
+
+
+@pytest.mark.parametrize("members,hidden", [(5, 16), (1, 8), (3, 4)])
+def test_frozen_heads_give_the_networks_values_bit_for_bit(members, hidden):
+    """Planning evaluates the heads through ``FrozenHeads`` (weights transformed once, one
+    bmm per ensemble product): the same values as the network's own methods, exactly, on
+    every shape the planner uses (one state, a roll-out's, a refinement's batch)."""
+    torch.manual_seed(members)
+    net = CostNet(hidden, members)
+    with torch.no_grad():
+        for D, width in [(1, 30), (2, 100), (8, 900), (64, 5000)]:
+            ctx = M.device_context(D, width)
+            heads = M.FrozenHeads(net, ctx)
+            for lead in [(), (D,), (1, D), (4, D), (50, D), (3, 2, D), (0, D)]:
+                S = torch.rand(*lead, net.enc_dim) * 40
+                assert torch.equal(
+                    heads.member_device_log_costs(S), net.member_device_log_costs(S, ctx)
+                )
+                assert torch.equal(heads.device_log_costs(S), net.device_log_costs(S, ctx))
+
+
+def test_cost_inputs_rows_are_each_tables_own_inputs():
+    """Rows are cached per table: a task's inputs are each table's alone, in order."""
+    tables = _tables(6)
+    B = 2048
+    together = M.cost_inputs(tables, B)
+    for i, t in enumerate(tables):
+        np.testing.assert_array_equal(together[i], M.cost_inputs([t], B)[0])
+    np.testing.assert_array_equal(M.cost_inputs(tables[::-1], B), together[::-1])
+    assert M.cost_inputs([], B).shape == (0, M.INPUT_DIM)
+    assert not np.array_equal(M.cost_inputs(tables, 4 * B), together)

@@ -11,6 +11,7 @@ from torchrec_dreamshard.data.sampler import TaskSampler, make_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement, device_bytes
 from torchrec_dreamshard.policy import DreamShard, PlacementError
+from torchrec_dreamshard.policy.mdp import _Devices
 from torchrec_dreamshard.threads import single_thread
 
 
@@ -158,10 +159,12 @@ def test_cand_step_shortcut_matches_a_full_recompute(sampler, agent, devices):
         S, occupied = _mdp_state(mdp, agent, i, K=4, seed=i)
         with torch.no_grad():
             log_dev = net.device_log_costs(S, mdp.ctx)
-            now_tot = torch.logsumexp(log_dev, -1).masked_fill(~occupied, float(np.log(1e-3)))
+            log_tot = torch.logsumexp(log_dev, -1).numpy()
+            free = np.tile(mdp.capacity, (4, 1))
+            state = _Devices(S, S.numpy(), log_dev.numpy(), log_tot, occupied.numpy(), free)
             cand_S = S + mdp.enc[i]
             cand_tot = torch.logsumexp(net.device_log_costs(cand_S, mdp.ctx), -1)
-            fast = mdp._cand_step(S, now_tot, occupied, cand_S, cand_tot)
+            fast = torch.from_numpy(mdp._cand_step(state, cand_tot.numpy()))
             for d in range(devices):
                 S_d, occ_d = S.clone(), occupied.clone()
                 S_d[:, d], occ_d[:, d] = cand_S[:, d], True
@@ -237,3 +240,109 @@ def test_can_pack_never_claims_a_packing_that_does_not_exist():
         assert fits, (rest, free, d, size)
 
     check()
+
+
+def test_packing_check_chooses_as_can_pack_does():
+    """``PackingCheck`` (the any-fit bound for every device at once, then ``can_pack``)
+    picks the device the plain loop of ``can_pack`` over the devices picks."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from torchrec_dreamshard.policy.mdp import PackingCheck, can_pack
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.lists(st.integers(1, 30), min_size=1, max_size=7),
+        st.lists(st.integers(0, 60), min_size=1, max_size=4),
+        st.integers(0, 6),
+        st.randoms(use_true_random=False),
+    )
+    def check(sizes, free, n, rnd):
+        sizes = np.array(sizes, dtype=np.float64)
+        free = np.array(free, dtype=np.float64)
+        n = n % len(sizes)
+        devices = np.array(rnd.sample(range(len(free)), len(free)))
+        rest = np.sort(sizes[n + 1 :])[::-1]
+        packs = [d for d in devices if can_pack(rest, free, int(d), sizes[n])]
+        want = int(packs[0]) if packs else int(devices[0])
+        assert PackingCheck(sizes, free).first_packable(n, free, devices) == want
+
+    check()
+
+
+def test_frozen_policy_gives_the_policys_logits(agent):
+    from torchrec_dreamshard.policy.network import FrozenPolicy
+
+    u = torch.rand(4, 9, agent.policy.in_dim + 12) * 3
+    with torch.no_grad():
+        assert torch.equal(FrozenPolicy(agent.policy)(u), agent.policy(u))
+
+
+@pytest.mark.parametrize("devices,memory_factor", [(1, 4.0), (3, 1.05), (8, 2.0)])
+def test_rollout_inputs_are_the_cost_networks_view_of_each_step(
+    sampler, agent, devices, memory_factor
+):
+    """Every recorded policy input is what the cost network says of that step's state,
+    recomputed from scratch (the roll-out keeps its state incrementally), bit for bit,
+    and the actions are the greedy choices among the recorded legal devices."""
+    task = sampler.sample("test", 14, devices, memory_factor=memory_factor)
+    mdp, net = agent.mdp(task), agent.cost_net
+    roll = mdp.rollout(agent.policy, 1, greedy=True, record=True)
+    S = torch.zeros(1, devices, net.enc_dim)
+    occupied = torch.zeros(1, devices, dtype=torch.bool)
+    free = mdp.capacity.copy()
+    with torch.no_grad():
+        for i, a in enumerate(roll.actions[:, 0].tolist()):
+            assert torch.equal(roll.inputs[i], _reference_inputs(mdp, i, S, occupied, free))
+            logits = agent.policy(roll.inputs[i]).masked_fill(~roll.legal[i], float("-inf"))
+            assert a == int(logits.argmax(-1)[0])
+            S[0, a] += mdp.enc[i]
+            occupied[0, a] = True
+            free[a] -= mdp.sizes[i]
+
+
+def _reference_inputs(mdp, i, S, occupied, free) -> torch.Tensor:
+    """The policy inputs of step ``i`` as the module docstring of the policy defines
+    them, from the network's own methods (the roll-out's pre-incremental arithmetic)."""
+    net, log_eps = mdp.net, float(np.log(1e-3))
+    log_dev = net.device_log_costs(S, mdp.ctx).masked_fill(~occupied.unsqueeze(-1), log_eps)
+    cand_S = S + mdp.enc[i]
+    cand_dev = net.device_log_costs(cand_S, mdp.ctx)
+    now_tot = torch.logsumexp(log_dev, -1).masked_fill(~occupied, log_eps)
+    cand_tot = torch.logsumexp(cand_dev, -1)
+    any_occ = bool(occupied.any())
+    step = net.overall_log_cost(S, log_dev, occupied) if any_occ else torch.tensor([log_eps])
+    ref = step.unsqueeze(-1)
+    cand_step = torch.stack(
+        [
+            net.overall_log_cost(S_d, net.device_log_costs(S_d, mdp.ctx), occ_d)
+            for S_d, occ_d in _with_table(S, cand_S, occupied)
+        ],
+        dim=-1,
+    )
+    cap = torch.from_numpy(mdp.capacity).float()
+    used = 1.0 - torch.from_numpy(free[None]).float() / cap
+    after = used + float(mdp.sizes[i]) / cap
+    scalars = [
+        cand_step - ref,
+        cand_tot - ref,
+        (now_tot - ref).clamp(min=-10.0),
+        torch.maximum(cand_tot, ref) - ref,
+        occupied.float(),
+        used,
+        after.clamp(max=2.0),
+        cand_dev[..., 0] - ref,
+        cand_dev[..., 1] - ref,
+        cand_dev[..., 2] - ref,
+        torch.full_like(used, (i + 1) / len(mdp.order)),
+        torch.full_like(used, float(mdp.ctx[0])),
+    ]
+    return torch.cat([torch.log1p(cand_S), torch.stack(scalars, dim=-1)], dim=-1)
+
+
+def _with_table(S, cand_S, occupied):
+    """Each device's state with table ``i`` added there, the others as they are."""
+    for d in range(S.shape[1]):
+        S_d, occ_d = S.clone(), occupied.clone()
+        S_d[:, d], occ_d[:, d] = cand_S[:, d], True
+        yield S_d, occ_d

@@ -43,6 +43,7 @@ Fitting is in :mod:`torchrec_dreamshard.cost.fit`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -66,9 +67,23 @@ INPUT_DIM = NUM_SHAPE + NUM_QUANTITIES
 
 
 def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """``[T, INPUT_DIM]`` network inputs ``[s_i, q_i]`` at ``batch_size`` (float32)."""
-    shape = table_features(tables, batch_size)[:, SHAPE_COLUMNS]
-    return np.concatenate([shape, table_quantities(tables, batch_size)], axis=1).astype(np.float32)
+    """``[T, INPUT_DIM]`` network inputs ``[s_i, q_i]`` at ``batch_size`` (float32).
+
+    Each row depends on its table and the batch alone, so rows are cached per table
+    (:func:`table_inputs`): a planner prices the same tables many times."""
+    if not tables:
+        return np.zeros((0, INPUT_DIM), dtype=np.float32)
+    return np.stack([table_inputs(t, batch_size) for t in tables])
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def table_inputs(table: TableSpec, batch_size: int) -> np.ndarray:
+    """One table's row of :func:`cost_inputs` (read-only; cached)."""
+    shape = table_features([table], batch_size)[:, SHAPE_COLUMNS]
+    row = np.concatenate([shape, table_quantities([table], batch_size)], axis=1)[0]
+    row = row.astype(np.float32)
+    row.flags.writeable = False
+    return row
 
 
 def context_values(num_devices: int, total_dim: int) -> list[float]:
@@ -206,3 +221,76 @@ class CostNet(nn.Module):
         log_total = torch.logsumexp(self.member_device_log_costs(S, ctx), dim=-1)  # [..., D, K]
         neg = torch.finfo(log_total.dtype).min
         return log_total.masked_fill(~occupied.unsqueeze(-1), neg).amax(-2)
+
+
+class FrozenHeads:
+    """A :class:`CostNet`'s device heads as planning evaluates them: many times over, with
+    weights that do not change. The softplus of every weight and the task context's
+    all-to-all terms are computed once, and each ensemble product is the one batched matrix
+    product ``torch.einsum`` makes of it (same operands, same layout), so the values are
+    the network's own, bit for bit (``tests/test_cost_model.py`` checks it). No gradient
+    flows through them: build a new one whenever the weights change.
+
+    Args:
+        net: the cost network.
+        ctx: the task context (:func:`device_context`).
+    """
+
+    def __init__(self, net: CostNet, ctx: torch.Tensor):
+        K, Q = net.members, NUM_QUANTITIES
+        with torch.no_grad():
+            # [1, Q, 2K]: the right operand einsum builds for "...q,kqo->...ko"
+            self.W = F.softplus(net.W_raw).permute(1, 0, 2).reshape(1, Q, 2 * K)
+            self.U, self.V = F.softplus(net.U_raw), F.softplus(net.V_raw)
+            self.c, self.u = F.softplus(net.c_raw), net.u.squeeze(1).clone()
+            self.pqr = F.softplus(net.comm_raw)
+        self.members, self.hidden, self.ctx = K, net.hidden, ctx
+        self._comm_terms: dict[tuple[int, ...], tuple] = {}
+
+    def member_compute(self, S: torch.Tensor) -> torch.Tensor:
+        """:meth:`CostNet.member_compute`."""
+        K, h, Q = self.members, self.hidden, NUM_QUANTITIES
+        lead = S.shape[:-1]
+        phys = torch.bmm(S[..., :Q].reshape(1, -1, Q), self.W).view(*lead, K, 2)
+        log_h = torch.log1p(S[..., Q : Q + K * h].reshape(*lead, K, h))
+        z = torch.relu(_per_member(log_h, self.U) + self.u)
+        return self.c + phys + _per_member(z, self.V)
+
+    def log_comm(self, width: torch.Tensor) -> torch.Tensor:
+        """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context."""
+        W, D_less_2, scale, peers, q, r, several = self._comm(tuple(width.shape))
+        load = (W + D_less_2 * width).clamp(min=0.0) / scale
+        log_m = torch.log(peers + q * load + r)
+        return log_m if several is None else torch.where(several, log_m, NO_COMM_LOG)
+
+    def _comm(self, lead: tuple[int, ...]) -> tuple:
+        """The all-to-all terms that depend on the context alone, for states of shape
+        ``[*lead, enc_dim]``, built as :meth:`CostNet.member_device_log_costs` builds them
+        (once per shape)."""
+        if lead not in self._comm_terms:
+            c = self.ctx.expand(*lead, self.ctx.shape[-1])
+            D = torch.exp2(c[..., 0] * CTX_SCALE)
+            W = torch.exp2(c[..., 1] * WIDTH_SCALE) - 1.0
+            p, q, r = self.pqr
+            several = D > 1.5
+            mask = None if bool(several.all()) else several
+            self._comm_terms[lead] = (W, D - 2.0, 1000.0 * D, p * (D - 1.0), q, r, mask)
+        return self._comm_terms[lead]
+
+    def member_device_log_costs(self, S: torch.Tensor) -> torch.Tensor:
+        """:meth:`CostNet.member_device_log_costs`, in this context."""
+        log_fb = torch.log(self.member_compute(S))
+        comm = self.log_comm(S[..., -1] * 256.0).unsqueeze(-1).unsqueeze(-1)
+        return torch.cat([log_fb, comm.expand(*log_fb.shape[:-1], 1)], dim=-1)
+
+    def device_log_costs(self, S: torch.Tensor) -> torch.Tensor:
+        """:meth:`CostNet.device_log_costs`, in this context."""
+        return self.member_device_log_costs(S).mean(dim=-2)
+
+
+def _per_member(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """``einsum("...ka,kab->...kb", x, M)`` as einsum computes it: one ``bmm`` over the
+    members ``k``."""
+    *lead, K, a = x.shape
+    out = torch.bmm(x.reshape(-1, K, a).transpose(0, 1), M)
+    return out.transpose(0, 1).reshape(*lead, K, M.shape[-1])

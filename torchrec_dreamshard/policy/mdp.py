@@ -18,11 +18,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.network import EPS_MS, CostNet, device_context
+from torchrec_dreamshard.cost.network import EPS_MS, CostNet, FrozenHeads, device_context
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.policy.network import PolicyNet
+from torchrec_dreamshard.policy.network import NUM_SCALARS, FrozenPolicy, PolicyNet
 
 LOG_EPS = math.log(EPS_MS)
+LOG_EPS_32 = np.float32(LOG_EPS)  # what float32 state holds of it
+F32_MIN = np.finfo(np.float32).min
+NO_DEVICE_32 = np.float32(-1e30)  # an empty device's log total, below any real one
 
 
 class PlacementError(ValueError):
@@ -46,6 +49,40 @@ class Rollout:
     inputs: torch.Tensor | None = None
     legal: torch.Tensor | None = None
     actions: torch.Tensor | None = None
+
+
+@dataclass
+class _Candidates:
+    """Every device of K roll-outs as it would be with the next table: ``S [K, D, H]``
+    sums of encodings, ``dev [K, D, 3]`` log fwd/bwd/comm, ``tot [K, D]`` log totals."""
+
+    S: np.ndarray
+    dev: np.ndarray
+    tot: np.ndarray
+
+
+@dataclass
+class _Devices:
+    """The devices of K roll-outs part-way through: sums of their tables' encodings ``S``
+    (shared with the tensor ``S_t``), log fwd/bwd/comm ``log_dev``, log totals ``log_tot``
+    (each kept from the step that last changed the device, where ``logsumexp`` computed it
+    on the same positions), which hold a table, and free bytes."""
+
+    S_t: torch.Tensor
+    S: np.ndarray
+    log_dev: np.ndarray
+    log_tot: np.ndarray
+    occupied: np.ndarray
+    free: np.ndarray
+
+    def add(self, a: np.ndarray, size: float, cand: _Candidates) -> None:
+        """Put the next table (``size`` bytes) on device ``a[k]`` in roll-out ``k``."""
+        rows = np.arange(len(a))
+        self.S[rows, a] = cand.S[rows, a]
+        self.log_dev[rows, a] = cand.dev[rows, a]
+        self.log_tot[rows, a] = cand.tot[rows, a]
+        self.occupied[rows, a] = True
+        self.free[rows, a] -= size
 
 
 def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
@@ -76,6 +113,52 @@ def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
     if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
         return True
     return ffd_fits(rest, trial)
+
+
+class PackingCheck:
+    """:func:`can_pack` along one placement order, for each step ``n`` (the tables after
+    ``n`` still to place): the any-fit bound from the remaining tables' largest size and
+    total, kept for every step, decided for every device at once; their sorted sizes only
+    where the bound fails. Exact where its byte sums are (below 2^53 bytes; else every
+    check is :func:`can_pack`'s own).
+
+    Args:
+        sizes: table sizes in placement order.
+        capacity: every device's memory (bytes).
+    """
+
+    def __init__(self, sizes: np.ndarray, capacity: np.ndarray):
+        self.sizes = np.asarray(sizes, dtype=np.float64)
+        rev = self.sizes[::-1]
+        self.rest_max = np.concatenate([np.maximum.accumulate(rev)[::-1][1:], [0.0]])
+        self.rest_sum = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
+        self.exact = max(self.sizes.sum(), float(np.sum(capacity))) < 2.0**53
+
+    def first_packable(self, n: int, free: np.ndarray, devices: np.ndarray) -> int:
+        """The first of ``devices`` from which the tables after step ``n`` can still be
+        packed once table ``n`` goes there (``free``: each device's free bytes); the first
+        device when none can."""
+        if n + 1 >= len(self.sizes):
+            return int(devices[0])
+        size = self.sizes[n]
+        bound = self._bound(n, free, size) if self.exact else np.zeros(len(free), dtype=bool)
+        rest = None
+        for d in devices:
+            if bound[d]:
+                return int(d)
+            if rest is None:
+                rest = np.sort(self.sizes[n + 1 :])[::-1]
+            if can_pack(rest, free, int(d), size):
+                return int(d)
+        return int(devices[0])
+
+    def _bound(self, n: int, free: np.ndarray, size: float) -> np.ndarray:
+        """``[D]``: can_pack's first bound for each device taking table ``n``:
+        ``sum_j max(free_j - s_max, 0) > remaining bytes`` with ``free_d`` less ``size``
+        (integers in floats: the sums are exact, in any order)."""
+        room = np.maximum(free - self.rest_max[n], 0.0)
+        after = np.maximum(free - size - self.rest_max[n], 0.0)
+        return room.sum() - room + after > self.rest_sum[n]
 
 
 def _choose(
@@ -119,6 +202,8 @@ class EstimatedMDP:
         self.rem_sum = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
         self.rem_max = np.concatenate([np.maximum.accumulate(rev)[::-1][1:], [0.0]])
         self.capacity = np.asarray(task.memory, dtype=np.float64)
+        self._capacity32 = self.capacity.astype(np.float32)
+        self._inv_capacity32 = np.float32(1.0) / self._capacity32
 
     # -- legality -------------------------------------------------------------------------
 
@@ -177,35 +262,38 @@ class EstimatedMDP:
             generator: torch RNG for sampling.
             record: keep the policy inputs, legal masks and actions for REINFORCE.
         """
-        K, D, T, H = num, self.D, len(self.order), self.net.enc_dim
-        S = torch.zeros(K, D, H)
-        log_dev = torch.full((K, D, 3), LOG_EPS)
-        occupied = torch.zeros(K, D, dtype=torch.bool)
-        free = np.tile(self.capacity, (K, 1))
+        K, T = num, len(self.order)
+        heads, logits_of = FrozenHeads(self.net, self.ctx), FrozenPolicy.of(policy)
+        dev = self._empty_devices(K)
         actions = torch.zeros(T, K, dtype=torch.int64)
         rec_u, rec_legal = [], []
         for i in range(T):
-            legal = torch.from_numpy(self.room(i, free))
-            u, cand_S, cand_dev = self._step_inputs(i, S, log_dev, occupied, free)
-            logits = policy(u)
+            legal = torch.from_numpy(self.room(i, dev.free))
+            u, cand = self._step_inputs(i, dev, heads)
+            logits = logits_of(u)
             a = _choose(logits, legal, greedy, generator)
-            for k in np.flatnonzero(~self.quick_feasible(i, free, a.numpy())):
-                a[k] = self._feasible_choice(i, k, free, logits, legal, greedy, generator)
-            rows = torch.arange(K)
-            S[rows, a] = cand_S[rows, a]
-            log_dev[rows, a] = cand_dev[rows, a]
-            occupied[rows, a] = True
-            free[np.arange(K), a.numpy()] -= self.sizes[i]
+            for k in np.flatnonzero(~self.quick_feasible(i, dev.free, a.numpy())):
+                a[k] = self._feasible_choice(i, k, dev.free, logits, legal, greedy, generator)
+            dev.add(a.numpy(), self.sizes[i], cand)
             actions[i] = a
             if record:
                 rec_u.append(u)
                 rec_legal.append(legal)
-        log_step = self.net.overall_log_cost(S, log_dev, occupied)
+        log_dev, occupied = torch.from_numpy(dev.log_dev), torch.from_numpy(dev.occupied)
+        log_step = self.net.overall_log_cost(dev.S_t, log_dev, occupied)
         placements = np.zeros((K, T), dtype=np.int64)
         placements[:, self.order] = actions.T.numpy()
         if not record:
             return Rollout(placements, log_step)
         return Rollout(placements, log_step, torch.stack(rec_u), torch.stack(rec_legal), actions)
+
+    def _empty_devices(self, K: int) -> _Devices:
+        """``K`` roll-outs' devices before the first table."""
+        S = torch.zeros(K, self.D, self.net.enc_dim)
+        log_dev = np.full((K, self.D, 3), LOG_EPS, dtype=np.float32)
+        log_tot = torch.logsumexp(torch.from_numpy(log_dev), -1).numpy()
+        occupied = np.zeros((K, self.D), dtype=bool)
+        return _Devices(S, S.numpy(), log_dev, log_tot, occupied, np.tile(self.capacity, (K, 1)))
 
     def _feasible_choice(
         self,
@@ -231,64 +319,54 @@ class EstimatedMDP:
         return int(first)
 
     def _step_inputs(
-        self,
-        i: int,
-        S: torch.Tensor,
-        log_dev: torch.Tensor,
-        occupied: torch.Tensor,
-        free: np.ndarray,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Policy inputs ``[K, D, H + NUM_SCALARS]`` for placing table ``i``, and the
-        candidate device sums and log costs (``[K, D, H]``, ``[K, D, 3]``)."""
-        net = self.net
-        cand_S = S + self.enc[i]
-        cand_dev = net.device_log_costs(cand_S, self.ctx)
-        now_tot = torch.logsumexp(log_dev, -1).masked_fill(~occupied, LOG_EPS)
+        self, i: int, dev: _Devices, heads: FrozenHeads
+    ) -> tuple[torch.Tensor, _Candidates]:
+        """Policy inputs ``[K, D, H + NUM_SCALARS]`` for placing table ``i``
+        (``[log(1 + h'_d), scalars]``), and every device as it would be with table ``i``."""
+        cand_S = dev.S_t + self.enc[i]
+        cand_dev = heads.device_log_costs(cand_S)
         cand_tot = torch.logsumexp(cand_dev, -1)
-        now_step = self._now_step(S, log_dev, occupied)  # [K]
-        cand_step = self._cand_step(S, now_tot, occupied, cand_S, cand_tot)  # [K, D]
-        ref = now_step.unsqueeze(-1)
-        cap = torch.from_numpy(self.capacity).float()
-        used = 1.0 - torch.from_numpy(free).float() / cap
-        after = used + float(self.sizes[i]) / cap
-        n_frac = torch.full_like(used, (i + 1) / len(self.order))
-        scalars = torch.stack(
-            [
-                cand_step - ref,
-                cand_tot - ref,
-                (now_tot - ref).clamp(min=-10.0),
-                torch.maximum(cand_tot, ref) - ref,
-                occupied.float(),
-                used,
-                after.clamp(max=2.0),
-                cand_dev[..., 0] - ref,
-                cand_dev[..., 1] - ref,
-                cand_dev[..., 2] - ref,
-                n_frac,
-                torch.full_like(used, float(self.ctx[0])),
-            ],
-            dim=-1,
-        )
-        u = torch.cat([torch.log1p(cand_S), scalars], dim=-1)
-        return u, cand_S, cand_dev
+        cand = _Candidates(cand_S.numpy(), cand_dev.numpy(), cand_tot.numpy())
+        scalars = torch.from_numpy(self._scalars(i, dev, cand))
+        return torch.cat([torch.log1p(cand_S), scalars], dim=-1), cand
 
-    def _now_step(self, S: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor):
-        """Current predicted log step ``[K]`` (``LOG_EPS`` before any table is placed)."""
-        any_occ = occupied.any(-1)
-        step = self.net.overall_log_cost(S, log_dev, occupied | ~any_occ.unsqueeze(-1))
-        return torch.where(any_occ, step, torch.full_like(step, LOG_EPS))
+    def _scalars(self, i: int, dev: _Devices, cand: _Candidates) -> np.ndarray:
+        """``[K, D, NUM_SCALARS]``: the predicted step, device total, current total,
+        device-total excess and fwd/bwd/comm if table ``i`` went to each device, as
+        log-ratios to the current step (the current total floored at -10); whether the
+        device holds a table; its memory used before and after (capped at 2); the fraction
+        of tables placed with this one; ``log2(D) / 6``."""
+        occupied = dev.occupied
+        ref = self._now_step(dev)[:, None]
+        used = 1.0 - dev.free.astype(np.float32) / self._capacity32
+        # float32 arithmetic throughout, as torch did it: size / cap is reciprocal * size
+        after = used + self._inv_capacity32 * np.float32(self.sizes[i])
+        out = np.empty((*occupied.shape, NUM_SCALARS), dtype=np.float32)
+        out[..., 0] = self._cand_step(dev, cand.tot) - ref
+        out[..., 1] = cand.tot - ref
+        out[..., 2] = np.maximum(np.where(occupied, dev.log_tot, LOG_EPS_32) - ref, -10.0)
+        out[..., 3] = np.maximum(cand.tot, ref) - ref
+        out[..., 4] = occupied
+        out[..., 5] = used
+        out[..., 6] = np.minimum(after, 2.0)
+        out[..., 7:10] = cand.dev - ref[..., None]
+        out[..., 10] = (i + 1) / len(self.order)
+        out[..., 11] = float(self.ctx[0])
+        return out
 
-    def _cand_step(self, S, now_tot, occupied, cand_S, cand_tot) -> torch.Tensor:
+    def _now_step(self, dev: _Devices) -> np.ndarray:
+        """Current predicted log step ``[K]``: the largest log total of an occupied device
+        (``LOG_EPS`` before any table is placed)."""
+        occupied = dev.occupied
+        step = np.where(occupied, dev.log_tot, F32_MIN).max(-1)
+        return np.where(occupied.any(-1), step, LOG_EPS_32)
+
+    def _cand_step(self, dev: _Devices, cand_tot: np.ndarray) -> np.ndarray:
         """Predicted log step ``[K, D]`` if table ``i`` went to each device: the max over
-        devices with device ``d`` replaced, from each channel's top two."""
-        neg = -1e30
-        z_now = self.net.device_z(S, now_tot).masked_fill(~occupied.unsqueeze(-1), neg)
-        z_cand = self.net.device_z(cand_S, cand_tot)
+        devices with device ``d`` replaced, from the top two of the others."""
         if self.D == 1:
-            zmax = z_cand
-        else:
-            top = z_now.topk(2, dim=-2)
-            is_top = z_now == top.values[:, :1]
-            others = torch.where(is_top, top.values[:, 1:2], top.values[:, :1])
-            zmax = torch.maximum(others, z_cand)
-        return self.net.overall_from_max(zmax)
+            return cand_tot
+        z = np.where(dev.occupied, dev.log_tot, NO_DEVICE_32)
+        top = np.sort(z, axis=-1)
+        first, second = top[:, -1:], top[:, -2:-1]
+        return np.maximum(np.where(z == first, second, first), cand_tot)

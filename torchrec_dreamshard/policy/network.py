@@ -18,6 +18,7 @@ costs a few small matrix products whatever the number of devices.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -52,3 +53,28 @@ class PolicyNet(nn.Module):
         a, b = F.softplus(self.prior_raw)
         scal = u[..., self.in_dim :]
         return self.body(u).squeeze(-1) - a * scal[..., 0] - b * scal[..., 1]
+
+
+class FrozenPolicy:
+    """:meth:`PolicyNet.forward` as a roll-out calls it, once per table with weights that do
+    not change: the prior weights' softplus taken once and the layers applied directly.
+    The same operations on the same tensors, so the same logits; no gradient flows
+    through them. :meth:`of` gives a policy with its own ``forward`` as it is."""
+
+    @staticmethod
+    def of(policy: PolicyNet) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``policy``'s logits: frozen where ``forward`` is :class:`PolicyNet`'s."""
+        return FrozenPolicy(policy) if type(policy).forward is PolicyNet.forward else policy
+
+    def __init__(self, policy: PolicyNet):
+        with torch.no_grad():
+            self.a, self.b = F.softplus(policy.prior_raw)
+        self.layers = [(m.weight, m.bias) for m in policy.body if isinstance(m, nn.Linear)]
+        self.in_dim = policy.in_dim
+
+    def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        x = u
+        for k, (weight, bias) in enumerate(self.layers):
+            x = F.linear(torch.relu(x) if k else x, weight, bias)
+        scal = u[..., self.in_dim :]
+        return x.squeeze(-1) - self.a * scal[..., 0] - self.b * scal[..., 1]

@@ -34,7 +34,7 @@ import torch
 
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.heuristics import PROXIES
-from torchrec_dreamshard.policy.mdp import can_pack
+from torchrec_dreamshard.policy.mdp import PackingCheck
 
 DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
 DEFAULT_SAMPLES = 4  # sampled policy roll-outs
@@ -57,15 +57,14 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     order = sorted(range(len(sizes)), key=lambda i: (-costs[i], i))
     free = np.asarray(task.memory, dtype=np.float64).copy()
+    packing = PackingCheck(sizes[order], free)
     load = np.zeros(task.num_devices)
     out = [0] * len(sizes)
     for n, i in enumerate(order):
-        rest = np.sort(sizes[order[n + 1 :]])[::-1]
         room = np.flatnonzero(free >= sizes[i])
         if room.size == 0:
             return None
-        by_load = room[np.argsort(load[room], kind="stable")]
-        d = next((int(d) for d in by_load if can_pack(rest, free, d, sizes[i])), int(by_load[0]))
+        d = packing.first_packable(n, free, room[np.argsort(load[room], kind="stable")])
         out[i] = d
         free[d] -= sizes[i]
         load[d] += costs[i]
