@@ -69,3 +69,30 @@ def test_analytic_models_follow_the_intra_host_bandwidth():
     models = analytic_models(topo)
     assert models.ms("all_to_all", 8, 2.0) == pytest.approx(1e6 / 1e5)  # 1 MB each way
     assert models.backend == "analytic" and "unmeasured" in models.source
+
+
+def test_a_fit_timed_over_several_hosts_holds_the_cross_host_links():
+    """Collectives timed on a job's own group that spans hosts carry the cross-host cost
+    in their fit; the analytic cross-host term is added only to a fit timed on one host."""
+    import dataclasses
+
+    from torchrec_dreamshard.cost.comm_topology import CommTopology, all_to_all_ms, ring_ms
+    from torchrec_dreamshard.measure.collectives import (
+        COLLECTIVES,
+        CollectiveModels,
+        wire_megabytes,
+    )
+    from torchrec_dreamshard.measure.comm import CommModel
+
+    model = CommModel(latency_ms=0.1, per_peer_ms=0.0, ms_per_mb=1.0)
+    one_host = CollectiveModels("gloo", dict.fromkeys(COLLECTIVES, model))
+    two_hosts = dataclasses.replace(one_host, hosts=2)
+    assert CollectiveModels.from_dict(two_hosts.to_dict()).hosts == 2
+    topo = CommTopology(world_size=4, local_world_size=2)
+    flows = np.full((4, 4), 1e6)
+    local = all_to_all_ms(topo, one_host, range(4), flows)
+    measured = all_to_all_ms(topo, two_hosts, range(4), flows)
+    assert np.all(measured < local)  # the analytic term is not added twice
+    assert np.allclose(measured, [model.collective_ms(4, 6.0)] * 4)
+    ring = ring_ms(topo, two_hosts, "all_reduce", range(4), 1e6)
+    assert np.allclose(ring, model.collective_ms(4, wire_megabytes("all_reduce", 4, 1e6)))

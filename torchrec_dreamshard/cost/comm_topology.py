@@ -13,7 +13,9 @@ each rank
   (here 2..4 ranks) it extrapolates linearly in ``D``.
 * ``X_r`` (bytes) is what the rank moves *across hosts*, one way: links are full duplex,
   so it is the larger of what it sends to and receives from other hosts. This term is
-  **analytic**: this machine has one host and cannot measure it. With one NIC per rank
+  **analytic** (this machine has one host and cannot measure it), except where the fit was
+  timed on a job's own group spanning several hosts (``CollectiveModels.hosts``): that fit
+  holds the cross-host links, and the term is not added. With one NIC per rank
   (TorchRec's assumption, whose all-reduce bandwidth is ``inter_host_bw * L``):
 
   - all-to-all: exactly the flows to and from ranks of other hosts;
@@ -145,8 +147,14 @@ def all_to_all_ms(
     for r in idx:
         mb = (f[r].sum() + f[:, r].sum()) / 1e6
         cross = max(remote[r].sum(), remote[:, r].sum())
-        out[r] = models.ms("all_to_all", len(idx), mb) + cross / topo.inter_host_bw
+        out[r] = models.ms("all_to_all", len(idx), mb) + cross_host_ms(topo, models, cross)
     return out
+
+
+def cross_host_ms(topo: CommTopology, models: CollectiveModels, cross_bytes: float) -> float:
+    """The analytic cross-host term, unless ``models`` were timed over several hosts (a
+    job's own group), whose fit holds the cross-host links already."""
+    return 0.0 if models.hosts > 1 else cross_bytes / topo.inter_host_bw
 
 
 def ring_ms(
@@ -163,7 +171,7 @@ def ring_ms(
     mb = wire_megabytes(kind, len(group), buffer_bytes)
     cross = topo.ring_cross_bytes(kind, group, buffer_bytes)
     for r in group:
-        out[r] = models.ms(kind, len(group), mb) + cross / topo.inter_host_bw
+        out[r] = models.ms(kind, len(group), mb) + cross_host_ms(topo, models, cross)
     return out
 
 

@@ -91,12 +91,16 @@ class CollectiveModels:
             bandwidths rather than timings).
         models: collective name -> its ``t(D, MB)`` model.
         source: how the models were obtained.
+        hosts: hosts the timed ranks spanned: above 1 (a job's own group over several
+            hosts), the fit holds the cross-host links too, and the topology's analytic
+            cross-host term is not added to it.
     """
 
     backend: str
     models: dict[str, CommModel]
     source: str = ""
     version: int = field(default=FORMAT_VERSION)
+    hosts: int = 1
 
     def __post_init__(self) -> None:
         missing = [k for k in COLLECTIVES if k not in self.models]
@@ -114,6 +118,7 @@ class CollectiveModels:
             "version": self.version,
             "backend": self.backend,
             "source": self.source,
+            "hosts": self.hosts,
             "models": models,
         }
 
@@ -124,7 +129,12 @@ class CollectiveModels:
             raise ValueError(f"collective models need format version {FORMAT_VERSION}, got {found}")
         try:
             models = {k: CommModel(**v) for k, v in data["models"].items()}
-            return cls(backend=data["backend"], models=models, source=data.get("source", ""))
+            return cls(
+                backend=data["backend"],
+                models=models,
+                source=data.get("source", ""),
+                hosts=int(data.get("hosts", 1)),
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"collective models are malformed ({exc!r})") from None
 
@@ -244,8 +254,13 @@ def measure_group_collectives(group: JobGroup) -> CollectiveModels:
     ]
     device = "cuda" if group.device.type == "cuda" else "cpu"
     name = torch.cuda.get_device_name(group.device) if device == "cuda" else cpu_name()
-    source = f"{group.backend} collectives on the job's {group.world} ranks ({name})"
-    return fit_collective_models(samples, group.backend, source)
+    hosts = len(set(group.hosts))
+    source = (
+        f"{group.backend} collectives on the job's {group.world} ranks, {hosts} host(s) ({name})"
+    )
+    models = fit_collective_models(samples, group.backend, source)
+    models.hosts = hosts
+    return models
 
 
 def fit_collective_models(
