@@ -18,15 +18,16 @@ options, which of them the policy places, and which of those may be split column
 them column-wise on the fused kernel).
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places it.
 
-Calibration hangs off the agent: before the type choice prices the tables it asks the
-agent to get ready to price them (``PlacementAgent.prepare``); a calibrating agent
-calibrates there, so the choice prices calibrated kernels and the partitioner's placement
-reuses that calibration.
+Calibration hangs off the agent and TorchRec's ``load``: loading the search space, the
+proposer asks the agent to get ready to price the tables the type choice will price
+(``PlacementAgent.prepare``); a calibrating agent calibrates there, so the choice prices
+calibrated kernels and the partitioner's placement reuses that calibration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from torchrec.distributed.planner.types import (
     Enumerator,
@@ -108,6 +109,9 @@ class DreamShardProposer(Proposer):
         self._search_space: list[ShardingOption] = []
         self._widths: dict[str, int] = {}
         self._done = False
+        self._constraint = topology
+        self._options: tuple[list[ShardingOption], list[ShardingOption]] = ([], [])
+        self._priced: _Priced | None = None
         self._collectives = collectives
         self._machine = (dense_kernel or (lambda: None), reference_ms or (lambda: None))
         self.sources: tuple[CandidateSource, ...] = sources or default_sources()
@@ -115,13 +119,24 @@ class DreamShardProposer(Proposer):
         self.type_chooser: TypeChooser | None = None  # and the chooser that made it
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
-        """Take the enumerated options; the next :meth:`propose` proposes."""
+        """Take the enumerated options and pick each table's (the policy's, or TorchRec's
+        best-rated); when the type choice will price tables, the agent gets ready to price
+        them here (``PlacementAgent.prepare``: a calibrating agent calibrates on them, so
+        the choice prices calibrated kernels and the policy's placement reuses that
+        calibration). The next :meth:`propose` proposes."""
         self._search_space = search_space
         self._widths = split_widths(
             search_space, self._constraints, self._topology.world_size, self._spec
         )
         self._done = False
         self.last_types = None
+        self._constraint = reserved_topology(self._reservation, self._topology)
+        self._options = choose_options(search_space, self._constraint, self._widths)
+        self._priced = self._priced_tables(*self._options)
+        if self._priced is not None:
+            specs = [self._spec(o) for o in self._priced.tables]
+            task = prediction_task(specs, self._topology.world_size, self._batch_size)
+            self._agent.prepare(task, self.sources)
 
     def feedback(
         self,
@@ -137,44 +152,52 @@ class DreamShardProposer(Proposer):
         if self._done or not self._search_space:
             return None
         self._done = True
-        constraint = reserved_topology(self._reservation, self._topology)
-        ours, others = choose_options(self._search_space, constraint, self._widths)
-        ours, others = self._choose_types(ours, others, constraint)
+        ours, others = self._options
+        if self._priced is not None:
+            ours, others = self._choose_types(ours, others, self._priced)
         widths = {o.fqn: self._widths[o.fqn] for o in ours if o.fqn in self._widths}
         return DreamShardProposal(others + ours, [o.fqn for o in ours], widths)
 
-    def _choose_types(
-        self, ours: list[ShardingOption], others: list[ShardingOption], constraint: Topology
-    ) -> tuple[list[ShardingOption], list[ShardingOption]]:
-        """The policy's options and the others, after the type choice: the tables it takes
-        off table-wise join the others with their chosen option. Tables that fit no device
-        whole (to be split) stay with the policy. Sequence tables (TorchRec's to place)
-        join the choice as sequence lookups: table-wise unless another type rates better."""
-        tier = memory_tier(constraint)
-        capacity = device_capacity(constraint)
+    def _priced_tables(
+        self, ours: list[ShardingOption], others: list[ShardingOption]
+    ) -> _Priced | None:
+        """What the type choice prices: the policy's tables and the sequence tables that
+        fit a device whole (tables to be split stay with the policy), and the other types
+        the search space offers them; ``None`` when it offers none (or there are no
+        collective models to price them with)."""
+        tier = memory_tier(self._constraint)
+        biggest = max(device_capacity(self._constraint))
         seq = sequence_options(self._search_space, {o.fqn for o in others})
-        fits = [o for o in ours + seq if option_bytes(o, tier) <= max(capacity)]
+        fits = [o for o in ours + seq if option_bytes(o, tier) <= biggest]
         alts = alternatives(self._search_space, {o.fqn for o in fits})
         if not alts or self._collectives is None:
-            return ours, others
-        self.type_chooser = chooser = self._chooser(fits)
-        seq_fqns = {o.fqn for o in seq}
+            return None
+        return _Priced(fits, alts, seq)
+
+    def _choose_types(
+        self, ours: list[ShardingOption], others: list[ShardingOption], priced: _Priced
+    ) -> tuple[list[ShardingOption], list[ShardingOption]]:
+        """The policy's options and the others, after the type choice: the tables it takes
+        off table-wise join the others with their chosen option. Sequence tables
+        (TorchRec's to place) join the choice as sequence lookups: table-wise unless
+        another type rates better."""
+        tier = memory_tier(self._constraint)
+        capacity = device_capacity(self._constraint)
+        alts, seq_fqns = priced.alternatives, {o.fqn for o in priced.sequences}
+        self.type_chooser = chooser = self._chooser()
         rest = [o for o in others if o.fqn not in seq_fqns or o.fqn not in alts]
         taken = sum(option_bytes(o, tier) for o in rest) / len(capacity)
-        self.last_types = chooser.choose(fits, alts, [c - taken for c in capacity], tier)
-        moved = self.last_types.moved
-        chosen = [moved.get(o.fqn, o) for o in seq if o.fqn in alts]
+        plan = chooser.choose(priced.tables, alts, [c - taken for c in capacity], tier)
+        self.last_types, moved = plan, plan.moved
+        chosen = [moved.get(o.fqn, o) for o in priced.sequences if o.fqn in alts]
         return [o for o in ours if o.fqn not in moved], rest + chosen + [
             option for fqn, option in moved.items() if fqn not in seq_fqns
         ]
 
-    def _chooser(self, tables: Sequence[ShardingOption]) -> TypeChooser:
-        """The type chooser for ``tables``, after the agent got ready to price them (a
-        calibrating agent calibrates here, so the choice prices calibrated kernels)."""
-        specs = [self._spec(o) for o in tables]
-        task = prediction_task(specs, self._topology.world_size, self._batch_size)
-        self._agent.prepare(task, self.sources)
-        dense, reference = self._machine  # a calibrating agent's kernels need no scale
+    def _chooser(self) -> TypeChooser:
+        """The type chooser, with this machine's models (a calibrating agent's kernels are
+        this machine's already: they are not scaled by the reference kernel)."""
+        dense, reference = self._machine
         return TypeChooser(
             self._agent,
             self._topology,
@@ -184,3 +207,13 @@ class DreamShardProposer(Proposer):
             dense(),
             None if self._agent.calibration_enabled else reference(),
         )
+
+
+@dataclass(frozen=True)
+class _Priced:
+    """The tables the type choice prices, the other types offered them (by table and
+    type) and the sequence tables among them."""
+
+    tables: list[ShardingOption]
+    alternatives: dict[str, dict[str, ShardingOption]]
+    sequences: list[ShardingOption]
