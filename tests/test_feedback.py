@@ -212,3 +212,24 @@ def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run
     path.write_text(json.dumps({"ranks": []}))
     assert run_cli(["report", str(path)]) == 2
     assert "not an observer report" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU topology planned without a GPU")
+def test_a_gpu_topology_planned_without_a_gpu_looks_for_no_observations(tmp_path):
+    """Planning for CUDA ranks on a machine without one (meta models) with a calibration
+    store present: the automatic mode cannot fingerprint the GPU and must not try."""
+    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    from torchrec_dreamshard.data.tables import TableSpec
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.measure.config import MeasureConfig
+    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.policy import DreamShard
+
+    store = tmp_path / "store.sqlite"
+    CostStore(store).close()
+    config = CalibrationConfig(store=store, measure=MeasureConfig(device="cuda"))
+    agent = CalibratingAgent(DreamShard.untrained(seed=0), config, auto=lambda: None)
+    tables = [TableSpec(name=f"t{i}", rows=100, dim=8, pooling_factor=1.0) for i in range(3)]
+    task = Task(tables=tables, num_devices=2, memory_bytes=10**8, batch_size=64)
+    assert len(agent.place(task, mode="greedy")) == 3
+    assert agent.last_calibration is None

@@ -255,8 +255,8 @@ def stored_observations(config: CalibrationConfig, task: Task) -> int:
     from torchrec_dreamshard.measure.store import CostStore
 
     path = config.store_path()
-    if not path.exists():
-        return 0
+    if not path.exists() or (config.measure.device == "cuda" and not torch.cuda.is_available()):
+        return 0  # nothing stored, or a GPU topology planned where there is no GPU
     with CostStore(path) as store:
         prefix = job_prefix(store, config.measure, task.batch_size)
         return len(observed_jobs(store, prefix, task.tables, config.measure, task.batch_size))
