@@ -161,7 +161,7 @@ def test_cand_step_shortcut_matches_a_full_recompute(sampler, agent, devices):
             log_dev = net.device_log_costs(S, mdp.ctx)
             log_tot = torch.logsumexp(log_dev, -1).numpy()
             free = np.tile(mdp.capacity, (4, 1))
-            state = _Devices(S, S.numpy(), log_dev.numpy(), log_tot, occupied.numpy(), free)
+            state = _Devices(S.numpy(), log_dev.numpy(), log_tot, occupied.numpy(), free)
             cand_S = S + mdp.enc[i]
             cand_tot = torch.logsumexp(net.device_log_costs(cand_S, mdp.ctx), -1)
             fast = torch.from_numpy(mdp._cand_step(state, cand_tot.numpy()))

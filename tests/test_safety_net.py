@@ -167,3 +167,44 @@ def test_agent_candidates_are_what_the_safe_mode_chooses_among():
     assert sources <= set(safe)  # every rated plan came from a candidate (refined or not)
     with pytest.raises(ValueError, match="safe or search"):
         agent.candidates(task, "greedy")
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_score_changes_scores_the_changed_placements_as_score_states_does(fast, monkeypatch):
+    """Refinement rates its moves from the two devices each changes (``score_changes``):
+    the same scores, bit for bit, as rating the whole batch of changed device states,
+    both where the unchanged devices' totals are reused and where every device is
+    reduced again."""
+    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.policy import DreamShard
+
+    sampler = TaskSampler(synthetic_pool(60, scale=CPU_POOL_SCALE), seed=2)
+    task = sampler.sample("test", 24, 5, memory_factor=1.4)
+    agent = DreamShard.untrained(seed=1)
+    scorer = agent.scorer(task)
+    placement = np.asarray(agent.place(task, "greedy"))
+    state, occ = scorer.device_states(placement[None])
+    sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
+    b = int(np.bincount(placement, minlength=5).argmax())
+    rng = np.random.default_rng(0)
+    moves = S._moves(placement, b, sizes, np.asarray(task.memory, dtype=np.float64), rng)
+    alone = int((placement == b).sum()) == 1
+    changes = S.Changes.of_moves(moves, b, state, scorer.enc, alone)
+    want = scorer.score_states(*_moved_states(state, occ, changes))
+    equal = torch.equal
+    if not fast:
+        monkeypatch.setattr(S.torch, "equal", lambda x, y: False)
+    got = scorer.score_changes(state, occ, changes)
+    assert all(equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+def _moved_states(state, occ, changes):
+    """Every device's state and occupancy after each change, as one batch."""
+    C = len(changes.devices)
+    rows = torch.arange(C).unsqueeze(-1)
+    states = state.expand(C, -1, -1).clone()
+    states[rows, changes.devices] = changes.states
+    occupied = occ.expand(C, -1).clone()
+    occupied[rows, changes.devices] = changes.occupied
+    return states, occupied

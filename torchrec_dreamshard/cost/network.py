@@ -257,16 +257,17 @@ class FrozenHeads:
         return self.c + phys + _per_member(z, self.V)
 
     def log_comm(self, width: torch.Tensor) -> torch.Tensor:
-        """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context."""
+        """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context
+        (its float32 arithmetic in numpy, the logarithm in torch)."""
         W, D_less_2, scale, peers, q, r, several = self._comm(tuple(width.shape))
-        load = (W + D_less_2 * width).clamp(min=0.0) / scale
-        log_m = torch.log(peers + q * load + r)
+        load = np.maximum(W + D_less_2 * width.numpy(), 0.0) / scale
+        log_m = torch.log(torch.from_numpy(np.asarray(peers + q * load + r)))
         return log_m if several is None else torch.where(several, log_m, NO_COMM_LOG)
 
     def _comm(self, lead: tuple[int, ...]) -> tuple:
         """The all-to-all terms that depend on the context alone, for states of shape
         ``[*lead, enc_dim]``, built as :meth:`CostNet.member_device_log_costs` builds them
-        (once per shape)."""
+        (once per shape; as float32 numpy arrays and scalars)."""
         if lead not in self._comm_terms:
             c = self.ctx.expand(*lead, self.ctx.shape[-1])
             D = torch.exp2(c[..., 0] * CTX_SCALE)
@@ -274,7 +275,8 @@ class FrozenHeads:
             p, q, r = self.pqr
             several = D > 1.5
             mask = None if bool(several.all()) else several
-            self._comm_terms[lead] = (W, D - 2.0, 1000.0 * D, p * (D - 1.0), q, r, mask)
+            terms = (W, D - 2.0, 1000.0 * D, p * (D - 1.0), q, r)
+            self._comm_terms[lead] = (*(t.numpy() for t in terms), mask)
         return self._comm_terms[lead]
 
     def member_device_log_costs(self, S: torch.Tensor) -> torch.Tensor:

@@ -63,12 +63,11 @@ class _Candidates:
 
 @dataclass
 class _Devices:
-    """The devices of K roll-outs part-way through: sums of their tables' encodings ``S``
-    (shared with the tensor ``S_t``), log fwd/bwd/comm ``log_dev``, log totals ``log_tot``
-    (each kept from the step that last changed the device, where ``logsumexp`` computed it
-    on the same positions), which hold a table, and free bytes."""
+    """The devices of K roll-outs part-way through: sums of their tables' encodings ``S``,
+    log fwd/bwd/comm ``log_dev``, log totals ``log_tot`` (each kept from the step that last
+    changed the device, where ``logsumexp`` computed it on the same positions), which hold
+    a table, and free bytes."""
 
-    S_t: torch.Tensor
     S: np.ndarray
     log_dev: np.ndarray
     log_tot: np.ndarray
@@ -195,6 +194,7 @@ class EstimatedMDP:
         self.single_compute_ms = single[:, :2].sum(-1).numpy().astype(np.float64)
         self.order = np.argsort(-self.single_ms, kind="stable")
         self.enc = enc[torch.from_numpy(self.order)]  # in placement order
+        self._enc = self.enc.numpy()
         sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)[self.order]
         self.sizes = sizes
         rev = sizes[::-1]
@@ -265,35 +265,62 @@ class EstimatedMDP:
         K, T = num, len(self.order)
         heads, logits_of = FrozenHeads(self.net, self.ctx), FrozenPolicy.of(policy)
         dev = self._empty_devices(K)
-        actions = torch.zeros(T, K, dtype=torch.int64)
+        scalars = self._scalar_buffer(K)
+        actions = np.zeros((T, K), dtype=np.int64)
         rec_u, rec_legal = [], []
         for i in range(T):
-            legal = torch.from_numpy(self.room(i, dev.free))
-            u, cand = self._step_inputs(i, dev, heads)
+            room = self.room(i, dev.free)
+            u, cand = self._step_inputs(i, dev, heads, scalars)
             logits = logits_of(u)
-            a = _choose(logits, legal, greedy, generator)
-            for k in np.flatnonzero(~self.quick_feasible(i, dev.free, a.numpy())):
+            a = self._choose(logits, room, greedy, generator)
+            legal = torch.from_numpy(room)
+            for k in np.flatnonzero(~self.quick_feasible(i, dev.free, a)):
                 a[k] = self._feasible_choice(i, k, dev.free, logits, legal, greedy, generator)
-            dev.add(a.numpy(), self.sizes[i], cand)
+            dev.add(a, self.sizes[i], cand)
             actions[i] = a
             if record:
                 rec_u.append(u)
                 rec_legal.append(legal)
         log_dev, occupied = torch.from_numpy(dev.log_dev), torch.from_numpy(dev.occupied)
-        log_step = self.net.overall_log_cost(dev.S_t, log_dev, occupied)
+        log_step = self.net.overall_log_cost(torch.from_numpy(dev.S), log_dev, occupied)
         placements = np.zeros((K, T), dtype=np.int64)
-        placements[:, self.order] = actions.T.numpy()
+        placements[:, self.order] = actions.T
         if not record:
             return Rollout(placements, log_step)
-        return Rollout(placements, log_step, torch.stack(rec_u), torch.stack(rec_legal), actions)
+        return Rollout(
+            placements,
+            log_step,
+            torch.stack(rec_u),
+            torch.stack(rec_legal),
+            torch.from_numpy(actions),
+        )
+
+    @staticmethod
+    def _choose(
+        logits: torch.Tensor,
+        room: np.ndarray,
+        greedy: bool,
+        generator: torch.Generator | None,
+    ) -> np.ndarray:
+        """:func:`_choose` over the devices with ``room`` (``[K]``, writable): the argmax in
+        numpy when greedy (the first of equal maxima, as torch's)."""
+        if greedy:
+            return np.where(room, logits.numpy(), -np.inf).argmax(-1)
+        return _choose(logits, torch.from_numpy(room), greedy, generator).numpy()
 
     def _empty_devices(self, K: int) -> _Devices:
         """``K`` roll-outs' devices before the first table."""
-        S = torch.zeros(K, self.D, self.net.enc_dim)
+        S = np.zeros((K, self.D, self.net.enc_dim), dtype=np.float32)
         log_dev = np.full((K, self.D, 3), LOG_EPS, dtype=np.float32)
         log_tot = torch.logsumexp(torch.from_numpy(log_dev), -1).numpy()
         occupied = np.zeros((K, self.D), dtype=bool)
-        return _Devices(S, S.numpy(), log_dev, log_tot, occupied, np.tile(self.capacity, (K, 1)))
+        return _Devices(S, log_dev, log_tot, occupied, np.tile(self.capacity, (K, 1)))
+
+    def _scalar_buffer(self, K: int) -> np.ndarray:
+        """Where :meth:`_scalars` writes (``log2(D) / 6`` filled in: it never changes)."""
+        out = np.empty((K, self.D, NUM_SCALARS), dtype=np.float32)
+        out[..., 11] = float(self.ctx[0])
+        return out
 
     def _feasible_choice(
         self,
@@ -319,39 +346,37 @@ class EstimatedMDP:
         return int(first)
 
     def _step_inputs(
-        self, i: int, dev: _Devices, heads: FrozenHeads
+        self, i: int, dev: _Devices, heads: FrozenHeads, scalars: np.ndarray
     ) -> tuple[torch.Tensor, _Candidates]:
         """Policy inputs ``[K, D, H + NUM_SCALARS]`` for placing table ``i``
         (``[log(1 + h'_d), scalars]``), and every device as it would be with table ``i``."""
-        cand_S = dev.S_t + self.enc[i]
+        cand_S = torch.from_numpy(dev.S + self._enc[i])
         cand_dev = heads.device_log_costs(cand_S)
         cand_tot = torch.logsumexp(cand_dev, -1)
         cand = _Candidates(cand_S.numpy(), cand_dev.numpy(), cand_tot.numpy())
-        scalars = torch.from_numpy(self._scalars(i, dev, cand))
+        scalars = torch.from_numpy(self._scalars(i, dev, cand, scalars))
         return torch.cat([torch.log1p(cand_S), scalars], dim=-1), cand
 
-    def _scalars(self, i: int, dev: _Devices, cand: _Candidates) -> np.ndarray:
-        """``[K, D, NUM_SCALARS]``: the predicted step, device total, current total,
+    def _scalars(self, i: int, dev: _Devices, cand: _Candidates, out: np.ndarray) -> np.ndarray:
+        """``out [K, D, NUM_SCALARS]``: the predicted step, device total, current total,
         device-total excess and fwd/bwd/comm if table ``i`` went to each device, as
         log-ratios to the current step (the current total floored at -10); whether the
         device holds a table; its memory used before and after (capped at 2); the fraction
-        of tables placed with this one; ``log2(D) / 6``."""
+        of tables placed with this one; ``log2(D) / 6`` (float32 arithmetic throughout,
+        as torch did it: ``size / cap`` is ``reciprocal(cap) * size``)."""
         occupied = dev.occupied
         ref = self._now_step(dev)[:, None]
-        used = 1.0 - dev.free.astype(np.float32) / self._capacity32
-        # float32 arithmetic throughout, as torch did it: size / cap is reciprocal * size
-        after = used + self._inv_capacity32 * np.float32(self.sizes[i])
-        out = np.empty((*occupied.shape, NUM_SCALARS), dtype=np.float32)
-        out[..., 0] = self._cand_step(dev, cand.tot) - ref
-        out[..., 1] = cand.tot - ref
-        out[..., 2] = np.maximum(np.where(occupied, dev.log_tot, LOG_EPS_32) - ref, -10.0)
-        out[..., 3] = np.maximum(cand.tot, ref) - ref
+        np.subtract(self._cand_step(dev, cand.tot), ref, out=out[..., 0])
+        np.subtract(cand.tot, ref, out=out[..., 1])
+        now = np.where(occupied, dev.log_tot, LOG_EPS_32) - ref
+        np.maximum(now, -10.0, out=out[..., 2])
+        np.subtract(np.maximum(cand.tot, ref), ref, out=out[..., 3])
         out[..., 4] = occupied
-        out[..., 5] = used
-        out[..., 6] = np.minimum(after, 2.0)
-        out[..., 7:10] = cand.dev - ref[..., None]
+        used = np.subtract(1.0, dev.free.astype(np.float32) / self._capacity32, out=out[..., 5])
+        after = used + self._inv_capacity32 * np.float32(self.sizes[i])
+        np.minimum(after, 2.0, out=out[..., 6])
+        np.subtract(cand.dev, ref[..., None], out=out[..., 7:10])
         out[..., 10] = (i + 1) / len(self.order)
-        out[..., 11] = float(self.ctx[0])
         return out
 
     def _now_step(self, dev: _Devices) -> np.ndarray:

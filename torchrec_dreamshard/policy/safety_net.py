@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
+from torchrec_dreamshard.cost.network import FrozenHeads
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.heuristics import PROXIES
 from torchrec_dreamshard.policy.mdp import PackingCheck
@@ -166,6 +167,7 @@ class Scorer:
 
     def __init__(self, net, task: Task, enc: torch.Tensor, ctx: torch.Tensor, penalty: float):
         self.net, self.task, self.enc, self.ctx = net, task, enc, ctx
+        self.heads = FrozenHeads(net, ctx)
         self.penalty = penalty
         self.D = task.num_devices
 
@@ -186,19 +188,55 @@ class Scorer:
         mean log fwd/bwd/comm per device, the ensemble's log step (the slowest occupied
         device by those means) and the members' standard deviation of their own log
         step."""
-        member = self.net.member_device_log_costs(S, self.ctx)  # [C, D, K, 3]
-        neg = torch.finfo(member.dtype).min
-        log_dev = member.mean(-2)
-        log_step = torch.logsumexp(log_dev, -1).masked_fill(~occ, neg).amax(-1)
-        steps = torch.logsumexp(member, -1).masked_fill(~occ.unsqueeze(-1), neg).amax(-2)
-        std = steps.std(-1) if steps.shape[-1] > 1 else torch.zeros_like(log_step)
-        return log_dev, log_step, std
+        return self.member_stats(self.heads.member_device_log_costs(S), occ)
+
+    @torch.no_grad()
+    def member_stats(self, member: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """:meth:`device_stats` from the members' log fwd/bwd/comm ``[C, D, K, 3]``."""
+        log_dev, log_tot, member_tot = _device_totals(member)
+        return (log_dev, *_step_stats(log_tot, member_tot, occ))
 
     @torch.no_grad()
     def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(score, log_step, std)`` ``[C]`` of device states (see :meth:`device_stats`),
         ``score = log_step + penalty * std``."""
         _, log_step, std = self.device_stats(S, occ)
+        return log_step + self.penalty * std, log_step, std
+
+    @torch.no_grad()
+    def score_changes(
+        self, S: torch.Tensor, occ: torch.Tensor, changes: Changes
+    ) -> tuple[torch.Tensor, ...]:
+        """:meth:`score_states` of C placements that differ from one (device states
+        ``S [1, D, enc]``, ``occ [1, D]``) on two devices each. The kernels of those two
+        alone are evaluated, the others' are ``S``'s (the heads give a state the same
+        values in any batch); the all-to-all, whose context terms can depend on their
+        place in the batch, is evaluated on every device as :meth:`score_states` would,
+        and where it gives every unchanged device ``S``'s value, the devices' totals are
+        ``S``'s too and only the changed ones' are reduced."""
+        C, rows = len(changes.devices), torch.arange(len(changes.devices)).unsqueeze(-1)
+        width = S[..., -1].expand(C, -1).clone()
+        width[rows, changes.devices] = changes.states[..., -1]
+        comm = self.heads.log_comm(width * 256.0)
+        base_comm = self.heads.log_comm(S[..., -1] * 256.0)
+        moved = torch.zeros(C, self.D, dtype=torch.bool)
+        moved[rows, changes.devices] = True
+        occupied = occ.expand(C, -1).clone()
+        occupied[rows, changes.devices] = changes.occupied
+        base_fb = torch.log(self.heads.member_compute(S))
+        fb = torch.log(self.heads.member_compute(changes.states))
+        if torch.equal(torch.where(moved, base_comm, comm), base_comm.expand(C, -1)):
+            _, base_tot, base_member_tot = _device_totals(_with_comm(base_fb, base_comm))
+            _, tot, member_tot = _device_totals(_with_comm(fb, comm[rows, changes.devices]))
+            log_tot = base_tot.expand(C, -1).clone()
+            log_tot[rows, changes.devices] = tot
+            all_member_tot = base_member_tot.expand(C, -1, -1).clone()
+            all_member_tot[rows, changes.devices] = member_tot
+            log_step, std = _step_stats(log_tot, all_member_tot, occupied)
+        else:
+            log_fb = base_fb.expand(C, -1, -1, -1).clone()
+            log_fb[rows, changes.devices] = fb
+            _, log_step, std = self.member_stats(_with_comm(log_fb, comm), occupied)
         return log_step + self.penalty * std, log_step, std
 
     def candidates(self, named: Mapping[str, np.ndarray]) -> list[Candidate]:
@@ -211,9 +249,66 @@ class Scorer:
         ]
 
 
+def _with_comm(log_fb: torch.Tensor, comm: torch.Tensor) -> torch.Tensor:
+    """``[..., D, K, 3]`` members' log fwd/bwd/comm from ``log_fb [..., D, K, 2]`` and the
+    all-to-all ``comm [..., D]`` (the same for every member)."""
+    comm = comm.unsqueeze(-1).unsqueeze(-1)
+    return torch.cat([log_fb, comm.expand(*log_fb.shape[:-1], 1)], dim=-1)
+
+
+def _device_totals(member: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Per device, from the members' log fwd/bwd/comm ``[..., D, K, 3]``: their mean
+    ``[..., D, 3]``, its log total ``[..., D]`` and each member's log total ``[..., D, K]``."""
+    log_dev = member.mean(-2)
+    return log_dev, torch.logsumexp(log_dev, -1), torch.logsumexp(member, -1)
+
+
+def _step_stats(
+    log_tot: torch.Tensor, member_tot: torch.Tensor, occ: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log_step, std)``: the largest log total of an occupied device, and the members'
+    standard deviation of their own largest (0 for one member)."""
+    neg = torch.finfo(log_tot.dtype).min
+    log_step = log_tot.masked_fill(~occ, neg).amax(-1)
+    steps = member_tot.masked_fill(~occ.unsqueeze(-1), neg).amax(-2)
+    std = steps.std(-1) if steps.shape[-1] > 1 else torch.zeros_like(log_step)
+    return log_step, std
+
+
 # ----------------------------------------------------------------------------------------
 # Refinement
 # ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Changes:
+    """C placements, each one move or swap away from a placement: the two devices each
+    changes ``[C, 2]`` (the bottleneck, then the other), their new device states
+    ``[C, 2, enc]`` and whether they then hold a table ``[C, 2]``."""
+
+    devices: torch.Tensor
+    states: torch.Tensor
+    occupied: torch.Tensor
+
+    @staticmethod
+    def of_moves(
+        moves: Sequence[tuple[int, int, int, int]],
+        b: int,
+        S: torch.Tensor,
+        enc: torch.Tensor,
+        alone: bool,
+    ) -> Changes:
+        """The changes of ``moves`` (:func:`_moves`) off device ``b`` of states ``S [1, D,
+        enc]`` (``alone``: ``b`` holds one table), each state the sum a batch of every
+        device would hold: ``S_b + (e_j - e_i)`` and ``S_d + (e_i - e_j)``."""
+        m = torch.tensor(moves, dtype=torch.int64)
+        ei = enc[m[:, 0]]
+        ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
+        ej = ej + torch.where((m[:, 2] >= 0).unsqueeze(-1), enc[m[:, 2].clamp(min=0)], 0.0)
+        states = torch.stack([S[0, b] + (ej - ei), S[0, m[:, 3]] + (ei - ej)], dim=1)
+        stays = m[:, 1] >= 0 if alone else torch.ones(len(m), dtype=torch.bool)
+        occupied = torch.stack([stays, torch.ones_like(stays)], dim=1)
+        return Changes(torch.stack([torch.full_like(m[:, 3], b), m[:, 3]], dim=1), states, occupied)
 
 
 def _moves(
@@ -249,12 +344,35 @@ def _moves(
     both = np.concatenate([moves, swaps]).astype(np.int64)
     if len(both) > limit:
         both = both[np.sort(rng.choice(len(both), limit, replace=False))]
-    out = [tuple(int(x) for x in row) for row in both]
-    for _ in range(pair_swaps if others.size >= 2 else 0):
-        i, j = int(rng.choice(on_b)), int(rng.choice(others))
+    out = [tuple(row) for row in both.tolist()]
+    count = pair_swaps if others.size >= 2 else 0
+    return out + _pair_swaps(placement, b, on_b, others, sizes, free, rng, count)
+
+
+def _pair_swaps(
+    placement: np.ndarray,
+    b: int,
+    on_b: np.ndarray,
+    others: np.ndarray,
+    sizes: np.ndarray,
+    free: np.ndarray,
+    rng: np.random.Generator,
+    count: int,
+) -> list[tuple[int, int, int, int]]:
+    """Of ``count`` random draws of a table ``i`` on ``b``, a table ``j`` elsewhere (on
+    device ``d``) and a table ``k`` of ``d``, the swaps of ``i`` for ``j`` and ``k`` that
+    keep both devices within memory (each draw ``rng.choice(a)``, taken as the
+    ``a[rng.integers(0, len(a))]`` it is)."""
+    on_device: dict[int, np.ndarray] = {}
+    out = []
+    for _ in range(count):
+        i = int(on_b[rng.integers(0, len(on_b))])
+        j = int(others[rng.integers(0, len(others))])
         d = int(placement[j])
-        same = np.flatnonzero(placement == d)
-        k = int(rng.choice(same))
+        if d not in on_device:
+            on_device[d] = np.flatnonzero(placement == d)
+        same = on_device[d]
+        k = int(same[rng.integers(0, len(same))])
         if k == j:
             continue
         pair = sizes[j] + sizes[k]
@@ -271,7 +389,7 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
     within memory (a random ``REFINE_CANDIDATES`` of them when there are more), and
     applies the best if it lowers the score; stops at a local optimum or after
     ``max_steps``."""
-    task, enc, D = scorer.task, scorer.enc, scorer.D
+    task, enc = scorer.task, scorer.enc
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     capacity = np.asarray(task.memory, dtype=np.float64)
     placement, now = cand.placement.copy(), cand.score
@@ -279,7 +397,7 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
     improved = False
     for _ in range(max_steps):
         S, occ = scorer.device_states(placement[None])
-        log_tot = torch.logsumexp(scorer.net.device_log_costs(S[0], scorer.ctx), -1)
+        log_tot = torch.logsumexp(scorer.heads.device_log_costs(S[0]), -1)
         b = int(log_tot.masked_fill(~occ[0], -1e30).argmax())
         moves = _moves(placement, b, sizes, capacity, rng)
         if not moves:
@@ -287,19 +405,8 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
         if len(moves) > REFINE_CANDIDATES:
             keep = rng.choice(len(moves), REFINE_CANDIDATES, replace=False)
             moves = [moves[k] for k in sorted(keep)]
-        m = torch.tensor(moves, dtype=torch.int64)
-        C, rows = len(moves), torch.arange(len(moves))
-        ei = enc[m[:, 0]]
-        ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
-        ej = ej + torch.where((m[:, 2] >= 0).unsqueeze(-1), enc[m[:, 2].clamp(min=0)], 0.0)
-        S_c = S.expand(C, D, -1).clone()
-        S_c[rows, b] += ej - ei
-        S_c[rows, m[:, 3]] += ei - ej
-        occ_c = occ.expand(C, D).clone()
-        occ_c[rows, m[:, 3]] = True
-        if int((placement == b).sum()) == 1:
-            occ_c[rows, b] = m[:, 1] >= 0
-        score, _, _ = scorer.score_states(S_c, occ_c)
+        changes = Changes.of_moves(moves, b, S, enc, alone=int((placement == b).sum()) == 1)
+        score, _, _ = scorer.score_changes(S, occ, changes)
         k = int(torch.argmin(score))
         if float(score[k]) >= now - 1e-6:
             break
