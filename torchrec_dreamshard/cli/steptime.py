@@ -70,14 +70,19 @@ class NamedPlanner:
             constraints = table_wise_only(constraints)
         if self.kind.startswith("torchrec"):
             return EmbeddingShardingPlanner(
-                topology=topology, batch_size=batch_size, constraints=dict(constraints),
+                topology=topology,
+                batch_size=batch_size,
+                constraints=dict(constraints),
                 debug=False,
-            )  # fmt: skip
+            )
         return DreamShardPlanner(
-            topology=topology, batch_size=batch_size, constraints=dict(constraints),
-            checkpoint=self.checkpoint, debug=False,
+            topology=topology,
+            batch_size=batch_size,
+            constraints=dict(constraints),
+            checkpoint=self.checkpoint,
+            debug=False,
             calibrate=True if self.kind.endswith("-cal") else None,
-        )  # fmt: skip
+        )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -89,9 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", metavar="MODEL.json", help="the tables (a task file)")
     p.add_argument(
-        "--planners", default="torchrec,dreamshard,dreamshard-tw",
+        "--planners",
+        default="torchrec,dreamshard,dreamshard-tw",
         help="comma-separated planners; ratios are to the first",
-    )  # fmt: skip
+    )
     p.add_argument("--checkpoint", metavar="PATH", help="DreamShard checkpoint (default: bundled)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (without torchrun)")
     p.add_argument("--batch-size", type=int, default=512, help="samples per rank per step")
@@ -117,9 +123,11 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--planners must name distinct planners, got {args.planners!r}")
     plans = {n: NamedPlanner(n, args.checkpoint) for n in names}
     config = StepTimerConfig(
-        batch_size=args.batch_size, rounds=args.rounds, warmup_steps=args.warmup,
+        batch_size=args.batch_size,
+        rounds=args.rounds,
+        warmup_steps=args.warmup,
         steps=args.steps,
-    )  # fmt: skip
+    )
     if args.out:
         check_writable(args.out, "--out file")
     times = _time(spec, plans, config, args)

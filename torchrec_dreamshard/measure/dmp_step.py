@@ -293,9 +293,12 @@ def run_rounds(
                 f.write(json.dumps(times.rounds[-1]) + "\n")
 
     measure_in_rounds(
-        [list(resolved)], step, config.rounds, on_group=kept,
+        [list(resolved)],
+        step,
+        config.rounds,
+        on_group=kept,
         order=lambda n, r: balanced_order(n, first + r),
-    )  # fmt: skip
+    )
     for name, pipeline in pipelines.items():
         times.plans[name]["pipelined"] = len(pipeline._pipelined_modules)
     return times

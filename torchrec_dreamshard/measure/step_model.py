@@ -149,8 +149,9 @@ class StepBatch(Pipelineable):
     def _map(self, fn) -> StepBatch:
         kjts = (self.bag_features, self.sequence_features)
         bags, seqs = (None if k is None else fn(k) for k in kjts)
-        return StepBatch(dense=fn(self.dense), bag_features=bags, sequence_features=seqs,
-                         labels=fn(self.labels))  # fmt: skip
+        return StepBatch(
+            dense=fn(self.dense), bag_features=bags, sequence_features=seqs, labels=fn(self.labels)
+        )
 
     def to(self, device: torch.device, non_blocking: bool = False) -> StepBatch:
         return self._map(lambda x: x.to(device=device, non_blocking=non_blocking))

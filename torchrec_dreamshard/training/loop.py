@@ -168,9 +168,13 @@ def train(cfg: TrainConfig) -> DreamShard:
                 torch.manual_seed(cfg.seed + it)
                 agent.cost_net = CostNet(cfg.hidden, cfg.members)
                 hist = fit_cost_model(
-                    agent.cost_net, fit_set, cfg.cost_epochs, lr=cfg.cost_lr,
-                    seed=cfg.seed + it, progress=cfg.progress,
-                )  # fmt: skip
+                    agent.cost_net,
+                    fit_set,
+                    cfg.cost_epochs,
+                    lr=cfg.cost_lr,
+                    seed=cfg.seed + it,
+                    progress=cfg.progress,
+                )
                 row["losses/cost"] = hist[-1]
                 row.update(evaluate_cost_model(agent.cost_net, held))
             # -- 3. train the policy on the estimated MDP -------------------------------------
