@@ -14,9 +14,9 @@ from torchrec_dreamshard.data.tables import BIN_MID, NUM_REUSE_BINS, TableSpec
 # Share of index accesses by reuse factor published with Meta's open DLRM embedding dataset
 # (bins (0,1], (1,2], (2,4], ..., (8192,16384], beyond).
 DLRM_PUBLISHED_ACCESS_SHARE: tuple[float, ...] = (
-    0.069, 0.044, 0.068, 0.101, 0.121, 0.104, 0.073, 0.058, 0.052,
-    0.050, 0.049, 0.048, 0.048, 0.042, 0.031, 0.042,
-)  # fmt: skip
+    (0.069, 0.044, 0.068, 0.101, 0.121, 0.104, 0.073, 0.058)  # bins (0,1] to (64,128]
+    + (0.052, 0.050, 0.049, 0.048, 0.048, 0.042, 0.031, 0.042)  # bins (128,256] and up
+)
 DLRM_PUBLISHED_ROWS_ACCESSED_ONCE = 0.47
 DLRM_NUM_TABLES = 856
 DLRM_BATCH_SIZE = 65536
