@@ -247,7 +247,9 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         )
         global_batch = batch_size * topology.world_size
         self.perf_model = CostNetPerfModel(self.agent, topology, global_batch, self.table_specs)
-        self.cost_stats = CostNetStats(self.perf_model, self.partitioner, self.proposal_log)
+        self.cost_stats = CostNetStats(
+            self.perf_model, self.partitioner, self.proposal_log, lambda: self.adaptation
+        )
         stats = [EmbeddingStats()] if stats is None else stats
         return {
             "enumerator": enumerator,
@@ -345,19 +347,6 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
                 None, None, type(exc).__name__, str(exc), kind, adaptation=self.adaptation
             )
         return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
-
-    @property
-    def adaptation(self) -> dict[str, Any]:
-        """How the last plan adapted to this machine (JSON-able): whether the planner
-        calibrated, why (the reference kernel predicted against measured), and the cost
-        network's error before and after; on every rank after ``collective_plan``."""
-        if self._adaptation is not None:
-            return self._adaptation
-        from torchrec_dreamshard.calibration import CalibratingAgent
-
-        if not isinstance(self.agent, CalibratingAgent):
-            return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
-        return self.agent.adaptation()
 
     # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
 

@@ -1,5 +1,6 @@
 """What :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` offers the job it
-planned: :meth:`Replanning.observe` (a
+planned: how it adapted to the machine (:attr:`Replanning.adaptation`),
+:meth:`Replanning.observe` (a
 :class:`~torchrec_dreamshard.feedback.observer.JobObserver` on the DMP module), and what
 the observer's re-plan reads of the planner: the plan's options and batch, the agent before
 calibration, the model as planned, and a planner of the same arguments with another agent.
@@ -38,6 +39,7 @@ class Replanning:
     copy)."""
 
     _arguments: dict[str, Any]
+    _adaptation: dict[str, Any] | None
     _planned: tuple[nn.Module, list] | None = None
 
     def observe(self, dmp: Any, pg: Any = None, every: int = 20, warmup: int = 5) -> JobObserver:
@@ -55,6 +57,19 @@ class Replanning:
         from torchrec_dreamshard.feedback.observer import JobObserver
 
         return JobObserver(self, dmp, pg=pg, every=every, warmup=warmup)
+
+    @property
+    def adaptation(self) -> dict[str, Any]:
+        """How the last plan adapted to this machine (JSON-able): whether the planner
+        calibrated, why (the reference kernel predicted against measured), and the cost
+        network's error before and after; on every rank after ``collective_plan``."""
+        if self._adaptation is not None:
+            return self._adaptation
+        from torchrec_dreamshard.calibration import CalibratingAgent
+
+        if not isinstance(self.agent, CalibratingAgent):
+            return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
+        return self.agent.adaptation()
 
     @property
     def topology(self) -> Topology:

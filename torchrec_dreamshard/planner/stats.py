@@ -4,6 +4,7 @@ next to TorchRec's own ``EmbeddingStats`` table."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from torchrec.distributed.planner.types import ShardingOption, Stats
@@ -19,6 +20,19 @@ logger: logging.Logger = logging.getLogger(__name__)
 WIDTH = 80
 
 
+def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
+    """How planning adapted to this machine, as stats rows."""
+    rows = [f"This machine: {adaptation.get('why', '')}"]
+    if adaptation.get("calibrated"):
+        rows.append(
+            f"  calibrated: {adaptation.get('kernels_measured', 0)} kernels measured, "
+            f"{adaptation.get('kernels_reused', 0)} reused; kernel time error "
+            f"{adaptation.get('kernel_mape_before', float('nan')):.0f}% before, "
+            f"{adaptation.get('kernel_mape_after', float('nan')):.0f}% after"
+        )
+    return rows
+
+
 class CostNetStats(Stats):
     """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of predicted
     forward, backward and communication times, and keeps it as :attr:`last_prediction`.
@@ -29,6 +43,8 @@ class CostNetStats(Stats):
             candidates for the policy's placement: which won and by how much) is logged
             too, when it has one.
         log: the planner's proposal log (every proposer's best rating, which won).
+        adaptation: gives how planning adapted to this machine (whether it calibrated,
+            why, the error before and after), logged under the table.
     """
 
     def __init__(
@@ -36,10 +52,12 @@ class CostNetStats(Stats):
         perf_model: CostNetPerfModel,
         partitioner: DreamShardPartitioner | None = None,
         log: ProposalLog | None = None,
+        adaptation: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self._perf_model = perf_model
         self._partitioner = partitioner
         self._log = log
+        self._adaptation = adaptation
         self.last_prediction: PlanPrediction | None = None
         self.last_table: list[str] = []
 
@@ -72,6 +90,8 @@ class CostNetStats(Stats):
         report = self._partitioner.last_report if self._partitioner is not None else None
         if report is not None:
             rows += report.lines()
+        if self._adaptation is not None:
+            rows += adaptation_lines(self._adaptation())
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]
         self.last_table += [f"# {row: <{WIDTH - 3}}#" for row in rows]
         self.last_table.append("#" * WIDTH)
