@@ -101,7 +101,8 @@ class JobObserver:
         self.model = "checkpoint"
         self.last_replan: dict[str, Any] | None = None
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
-        self._profiler.__exit__(None, None, None)
+        with quiet_stderr():
+            self._profiler.__exit__(None, None, None)
         self._profiler = None
 
     def step(self) -> None:
