@@ -179,9 +179,14 @@ class TableSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"a table must be a JSON object, got {type(data).__name__}")
         known = {
-            "name", "rows", "dim", "pooling_factor", "reuse_hist", "bytes_per_element",
+            "name",
+            "rows",
+            "dim",
+            "pooling_factor",
+            "reuse_hist",
+            "bytes_per_element",
             "bag_length_cv",
-        }  # fmt: skip
+        }
         unknown = set(data) - known
         name = data.get("name", "<unnamed>")
         name = name if isinstance(name, str) else _short(name)
