@@ -161,7 +161,10 @@ def test_cand_step_shortcut_matches_a_full_recompute(sampler, agent, devices):
             log_dev = net.device_log_costs(S, mdp.ctx)
             log_tot = torch.logsumexp(log_dev, -1).numpy()
             free = np.tile(mdp.capacity, (4, 1))
-            state = _Devices(S.numpy(), log_dev.numpy(), log_tot, occupied.numpy(), free)
+            z = np.where(occupied.numpy(), log_tot, np.float32(-1e30))
+            state = _Devices(
+                S.numpy(), log_dev.numpy(), log_tot, z, occupied.numpy(), free, free.sum(1), True
+            )
             cand_S = S + mdp.enc[i]
             cand_tot = torch.logsumexp(net.device_log_costs(cand_S, mdp.ctx), -1)
             fast = torch.from_numpy(mdp._cand_step(state, cand_tot.numpy()))
@@ -274,8 +277,12 @@ def test_frozen_policy_gives_the_policys_logits(agent):
     from torchrec_dreamshard.policy.network import FrozenPolicy
 
     u = torch.rand(4, 9, agent.policy.in_dim + 12) * 3
+    frozen = FrozenPolicy(agent.policy)
     with torch.no_grad():
-        assert torch.equal(FrozenPolicy(agent.policy)(u), agent.policy(u))
+        want = agent.policy(u)
+        assert torch.equal(frozen(u), want)
+        scalars = u[..., agent.policy.in_dim :].numpy()
+        assert np.array_equal(frozen.numpy_logits(u, scalars), want.numpy())
 
 
 @pytest.mark.parametrize("devices,memory_factor", [(1, 4.0), (3, 1.05), (8, 2.0)])

@@ -256,11 +256,12 @@ class FrozenHeads:
         z = torch.relu(_per_member(log_h, self.U) + self.u)
         return self.c + phys + _per_member(z, self.V)
 
-    def log_comm(self, width: torch.Tensor) -> torch.Tensor:
+    def log_comm(self, width: torch.Tensor | np.ndarray) -> torch.Tensor:
         """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context
         (its float32 arithmetic in numpy, the logarithm in torch)."""
         W, D_less_2, scale, peers, q, r, several = self._comm(tuple(width.shape))
-        load = np.maximum(W + D_less_2 * width.numpy(), 0.0) / scale
+        width = width.numpy() if isinstance(width, torch.Tensor) else np.asarray(width)
+        load = np.maximum(W + D_less_2 * width, 0.0) / scale
         log_m = torch.log(torch.from_numpy(np.asarray(peers + q * load + r)))
         return log_m if several is None else torch.where(several, log_m, NO_COMM_LOG)
 
@@ -282,7 +283,7 @@ class FrozenHeads:
     def member_device_log_costs(self, S: torch.Tensor) -> torch.Tensor:
         """:meth:`CostNet.member_device_log_costs`, in this context."""
         log_fb = torch.log(self.member_compute(S))
-        comm = self.log_comm(S[..., -1] * 256.0).unsqueeze(-1).unsqueeze(-1)
+        comm = self.log_comm(S.numpy()[..., -1] * np.float32(256.0)).unsqueeze(-1).unsqueeze(-1)
         return torch.cat([log_fb, comm.expand(*log_fb.shape[:-1], 1)], dim=-1)
 
     def device_log_costs(self, S: torch.Tensor) -> torch.Tensor:

@@ -263,12 +263,23 @@ def _uniform_reuse_hist(rows: int, accesses: float) -> tuple[float, ...]:
     # Sum the Poisson pmf over each bin's integer range, in log space for large lambda.
     upper = int(max(lam + 12 * math.sqrt(lam) + 20, 2))
     ks = np.arange(1, min(upper, 2**16) + 1)
-    logpmf = ks * math.log(lam) - lam - np.array([math.lgamma(k + 1) for k in ks])
+    logpmf = ks * math.log(lam) - lam - _log_factorials(len(ks))
     pmf = np.exp(logpmf)
     np.add.at(hist, reuse_bin(ks), pmf)
     if hist.sum() <= 0:  # every row read far more (or far less) often than the pmf reaches
         hist[NUM_REUSE_BINS - 1 if lam > 1 else 0] = 1.0
     return tuple((hist / hist.sum()).tolist())
+
+
+_LOG_FACTORIALS: list[float] = [0.0]  # math.lgamma(k + 1) = log k!, for k = 0, 1, ...
+
+
+def _log_factorials(n: int) -> np.ndarray:
+    """``[log 1!, ..., log n!]`` (``math.lgamma(k + 1)``, each computed once per process:
+    a planner builds the histograms of a thousand tables at once)."""
+    while len(_LOG_FACTORIALS) <= n:
+        _LOG_FACTORIALS.append(math.lgamma(len(_LOG_FACTORIALS) + 1))
+    return np.array(_LOG_FACTORIALS[1 : n + 1])
 
 
 def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.ndarray:

@@ -64,24 +64,30 @@ class _Candidates:
 @dataclass
 class _Devices:
     """The devices of K roll-outs part-way through: sums of their tables' encodings ``S``,
-    log fwd/bwd/comm ``log_dev``, log totals ``log_tot`` (each kept from the step that last
-    changed the device, where ``logsumexp`` computed it on the same positions), which hold
-    a table, and free bytes."""
+    log fwd/bwd/comm ``log_dev``, log totals ``log_tot`` (each kept from the step that
+    last changed the device, where ``logsumexp`` computed it on the same positions), the
+    same with ``NO_DEVICE_32`` for an empty device ``z``, which hold a table, free bytes
+    and their total per roll-out."""
 
     S: np.ndarray
     log_dev: np.ndarray
     log_tot: np.ndarray
+    z: np.ndarray
     occupied: np.ndarray
     free: np.ndarray
+    free_total: np.ndarray
+    placed: bool = False
 
     def add(self, a: np.ndarray, size: float, cand: _Candidates) -> None:
         """Put the next table (``size`` bytes) on device ``a[k]`` in roll-out ``k``."""
-        rows = np.arange(len(a))
-        self.S[rows, a] = cand.S[rows, a]
-        self.log_dev[rows, a] = cand.dev[rows, a]
-        self.log_tot[rows, a] = cand.tot[rows, a]
-        self.occupied[rows, a] = True
-        self.free[rows, a] -= size
+        for k, d in enumerate(a.tolist()):
+            self.S[k, d] = cand.S[k, d]
+            self.log_dev[k, d] = cand.dev[k, d]
+            self.log_tot[k, d] = self.z[k, d] = cand.tot[k, d]
+            self.occupied[k, d] = True
+            self.free[k, d] -= size
+            self.free_total[k] -= size
+        self.placed = True
 
 
 def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
@@ -204,6 +210,7 @@ class EstimatedMDP:
         self.capacity = np.asarray(task.memory, dtype=np.float64)
         self._capacity32 = self.capacity.astype(np.float32)
         self._inv_capacity32 = np.float32(1.0) / self._capacity32
+        self._exact_bytes = self.D * float(self.capacity.max()) < 2.0**53
 
     # -- legality -------------------------------------------------------------------------
 
@@ -271,11 +278,16 @@ class EstimatedMDP:
         for i in range(T):
             room = self.room(i, dev.free)
             u, cand = self._step_inputs(i, dev, heads, scalars)
-            logits = logits_of(u)
+            if isinstance(logits_of, FrozenPolicy):
+                logits = logits_of.numpy_logits(u, scalars)
+            else:
+                logits = logits_of(u).numpy()
             a = self._choose(logits, room, greedy, generator)
             legal = torch.from_numpy(room)
-            for k in np.flatnonzero(~self.quick_feasible(i, dev.free, a)):
-                a[k] = self._feasible_choice(i, k, dev.free, logits, legal, greedy, generator)
+            if not self._surely_feasible(i, dev):
+                for k in np.flatnonzero(~self.quick_feasible(i, dev.free, a)):
+                    scores = torch.from_numpy(logits)
+                    a[k] = self._feasible_choice(i, k, dev.free, scores, legal, greedy, generator)
             dev.add(a, self.sizes[i], cand)
             actions[i] = a
             if record:
@@ -297,7 +309,7 @@ class EstimatedMDP:
 
     @staticmethod
     def _choose(
-        logits: torch.Tensor,
+        logits: np.ndarray,
         room: np.ndarray,
         greedy: bool,
         generator: torch.Generator | None,
@@ -305,16 +317,28 @@ class EstimatedMDP:
         """:func:`_choose` over the devices with ``room`` (``[K]``, writable): the argmax in
         numpy when greedy (the first of equal maxima, as torch's)."""
         if greedy:
-            return np.where(room, logits.numpy(), -np.inf).argmax(-1)
-        return _choose(logits, torch.from_numpy(room), greedy, generator).numpy()
+            return np.where(room, logits, -np.inf).argmax(-1)
+        return _choose(torch.from_numpy(logits), torch.from_numpy(room), False, generator).numpy()
+
+    def _surely_feasible(self, i: int, dev: _Devices) -> bool:
+        """Whether :meth:`quick_feasible` holds wherever table ``i`` goes, in every
+        roll-out: the free bytes it leaves above the largest remaining table on every
+        device, ``sum_d (free_d - s_max) - size``, already cover the rest (integers in
+        floats: exact below 2^53)."""
+        if not self._exact_bytes:
+            return False
+        left = dev.free_total - self.sizes[i] - self.D * self.rem_max[i]
+        return bool((left >= self.rem_sum[i]).all())
 
     def _empty_devices(self, K: int) -> _Devices:
         """``K`` roll-outs' devices before the first table."""
         S = np.zeros((K, self.D, self.net.enc_dim), dtype=np.float32)
         log_dev = np.full((K, self.D, 3), LOG_EPS, dtype=np.float32)
         log_tot = torch.logsumexp(torch.from_numpy(log_dev), -1).numpy()
+        z = np.full((K, self.D), NO_DEVICE_32)
         occupied = np.zeros((K, self.D), dtype=bool)
-        return _Devices(S, log_dev, log_tot, occupied, np.tile(self.capacity, (K, 1)))
+        free = np.tile(self.capacity, (K, 1))
+        return _Devices(S, log_dev, log_tot, z, occupied, free, free.sum(1))
 
     def _scalar_buffer(self, K: int) -> np.ndarray:
         """Where :meth:`_scalars` writes (``log2(D) / 6`` filled in: it never changes)."""
@@ -382,16 +406,15 @@ class EstimatedMDP:
     def _now_step(self, dev: _Devices) -> np.ndarray:
         """Current predicted log step ``[K]``: the largest log total of an occupied device
         (``LOG_EPS`` before any table is placed)."""
-        occupied = dev.occupied
-        step = np.where(occupied, dev.log_tot, F32_MIN).max(-1)
-        return np.where(occupied.any(-1), step, LOG_EPS_32)
+        if not dev.placed:
+            return np.full(len(dev.z), LOG_EPS_32)
+        return dev.z.max(-1)
 
     def _cand_step(self, dev: _Devices, cand_tot: np.ndarray) -> np.ndarray:
         """Predicted log step ``[K, D]`` if table ``i`` went to each device: the max over
         devices with device ``d`` replaced, from the top two of the others."""
         if self.D == 1:
             return cand_tot
-        z = np.where(dev.occupied, dev.log_tot, NO_DEVICE_32)
-        top = np.sort(z, axis=-1)
+        top = np.sort(dev.z, axis=-1)
         first, second = top[:, -1:], top[:, -2:-1]
-        return np.maximum(np.where(z == first, second, first), cand_tot)
+        return np.maximum(np.where(dev.z == first, second, first), cand_tot)

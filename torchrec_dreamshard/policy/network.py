@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -73,8 +74,17 @@ class FrozenPolicy:
         self.in_dim = policy.in_dim
 
     def __call__(self, u: torch.Tensor) -> torch.Tensor:
+        scal = u[..., self.in_dim :]
+        return self._body(u).squeeze(-1) - self.a * scal[..., 0] - self.b * scal[..., 1]
+
+    def numpy_logits(self, u: torch.Tensor, scalars: np.ndarray) -> np.ndarray:
+        """The logits as a float32 array, the prior terms taken from ``scalars`` (the
+        float32 array ``u[..., in_dim:]`` was made of) in numpy: the same arithmetic."""
+        body = self._body(u).numpy()[..., 0]
+        return body - self.a.numpy() * scalars[..., 0] - self.b.numpy() * scalars[..., 1]
+
+    def _body(self, u: torch.Tensor) -> torch.Tensor:
         x = u
         for k, (weight, bias) in enumerate(self.layers):
             x = F.linear(torch.relu(x) if k else x, weight, bias)
-        scal = u[..., self.in_dim :]
-        return x.squeeze(-1) - self.a * scal[..., 0] - self.b * scal[..., 1]
+        return x
