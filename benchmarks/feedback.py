@@ -200,6 +200,11 @@ def main() -> None:
     settings = {"rounds": args.rounds, "steps": args.steps, "calibrate": args.calibrate}
     start = time.perf_counter()
     raw, families = {}, {}
+    path = RESULTS / f"{args.name}.json"
+    if path.exists():  # families measured by an earlier run with the same settings are kept
+        kept = json.loads(path.read_text())
+        if kept.get("args") == settings and kept.get("cpu") == cpu_name():
+            raw, families = kept["raw"], kept["families"]
     for name in args.families:
         raw[name] = measure_family(name, settings)
         families[name] = summary(raw[name])
