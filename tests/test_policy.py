@@ -247,7 +247,8 @@ def test_can_pack_never_claims_a_packing_that_does_not_exist():
 
 def test_packing_check_chooses_as_can_pack_does():
     """``PackingCheck`` (the any-fit bound for every device at once, then ``can_pack``)
-    picks the device the plain loop of ``can_pack`` over the devices picks."""
+    picks the device the plain loop of ``can_pack`` over the devices picks, and where it
+    says the rest surely packs, ``can_pack`` agrees for every device with room."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -268,7 +269,11 @@ def test_packing_check_chooses_as_can_pack_does():
         rest = np.sort(sizes[n + 1 :])[::-1]
         packs = [d for d in devices if can_pack(rest, free, int(d), sizes[n])]
         want = int(packs[0]) if packs else int(devices[0])
-        assert PackingCheck(sizes, free).first_packable(n, free, devices) == want
+        check = PackingCheck(sizes, free)
+        assert check.first_packable(n, free, devices) == want
+        if check.surely_packable(n, float(free.sum())):
+            roomy = [d for d in devices if free[d] >= sizes[n]]
+            assert all(can_pack(rest, free, int(d), sizes[n]) for d in roomy)
 
     check()
 

@@ -137,7 +137,18 @@ class PackingCheck:
         rev = self.sizes[::-1]
         self.rest_max = np.concatenate([np.maximum.accumulate(rev)[::-1][1:], [0.0]])
         self.rest_sum = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
-        self.exact = max(self.sizes.sum(), float(np.sum(capacity))) < 2.0**53
+        self.D = len(capacity)
+        self.exact = max(self.sizes.sum(), self.D * float(np.max(capacity))) < 2.0**53
+
+    def surely_packable(self, n: int, free_total: float) -> bool:
+        """Whether the tables after step ``n`` can surely be packed wherever table ``n``
+        goes, by the bound :meth:`first_packable` tries first, for every device at once:
+        ``sum_j (free_j - s_max) - size`` exceeds the bytes left (``free_total``: all
+        devices' free bytes)."""
+        if n + 1 >= len(self.sizes):
+            return True
+        left = free_total - self.D * self.rest_max[n] - self.sizes[n]
+        return self.exact and left > self.rest_sum[n]
 
     def first_packable(self, n: int, free: np.ndarray, devices: np.ndarray) -> int:
         """The first of ``devices`` from which the tables after step ``n`` can still be

@@ -59,15 +59,21 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
     order = sorted(range(len(sizes)), key=lambda i: (-costs[i], i))
     free = np.asarray(task.memory, dtype=np.float64).copy()
     packing = PackingCheck(sizes[order], free)
+    free_total = float(free.sum())
+    finite = bool(np.isfinite(np.asarray(costs, dtype=np.float64)).all())
     load = np.zeros(task.num_devices)
     out = [0] * len(sizes)
     for n, i in enumerate(order):
         room = np.flatnonzero(free >= sizes[i])
         if room.size == 0:
             return None
-        d = packing.first_packable(n, free, room[np.argsort(load[room], kind="stable")])
+        if finite and packing.surely_packable(n, free_total):
+            d = int(room[np.argmin(load[room])])  # the first by load, as the sort below
+        else:
+            d = packing.first_packable(n, free, room[np.argsort(load[room], kind="stable")])
         out[i] = d
         free[d] -= sizes[i]
+        free_total -= sizes[i]
         load[d] += costs[i]
     return out
 
