@@ -43,7 +43,6 @@ Fitting is in :mod:`torchrec_dreamshard.cost.fit`.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -70,20 +69,29 @@ def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
     """``[T, INPUT_DIM]`` network inputs ``[s_i, q_i]`` at ``batch_size`` (float32).
 
     Each row depends on its table and the batch alone, so rows are cached per table
-    (:func:`table_inputs`): a planner prices the same tables many times."""
+    (:data:`_ROWS`): a planner prices the same tables many times."""
     if not tables:
         return np.zeros((0, INPUT_DIM), dtype=np.float32)
-    return np.stack([table_inputs(t, batch_size) for t in tables])
+    missing = [t for t in dict.fromkeys(tables) if (t, batch_size) not in _ROWS]
+    if missing:
+        if len(_ROWS) + len(missing) > MAX_CACHED_ROWS:
+            _ROWS.clear()
+        keys = [(t, batch_size) for t in missing]
+        _ROWS.update(zip(keys, _rows(missing, batch_size), strict=True))
+    return np.stack([_ROWS[(t, batch_size)] for t in tables])
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def table_inputs(table: TableSpec, batch_size: int) -> np.ndarray:
-    """One table's row of :func:`cost_inputs` (read-only; cached)."""
-    shape = table_features([table], batch_size)[:, SHAPE_COLUMNS]
-    row = np.concatenate([shape, table_quantities([table], batch_size)], axis=1)[0]
-    row = row.astype(np.float32)
-    row.flags.writeable = False
-    return row
+MAX_CACHED_ROWS = 1 << 16  # tables x batch sizes whose cost inputs are kept
+_ROWS: dict[tuple[TableSpec, int], np.ndarray] = {}
+
+
+def _rows(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
+    """:func:`cost_inputs` computed (each row from its own table: the same in any batch)."""
+    shape = table_features(tables, batch_size)[:, SHAPE_COLUMNS]
+    rows = np.concatenate([shape, table_quantities(tables, batch_size)], axis=1)
+    rows = rows.astype(np.float32)
+    rows.flags.writeable = False
+    return rows
 
 
 def context_values(num_devices: int, total_dim: int) -> list[float]:

@@ -51,6 +51,18 @@ class Rollout:
     actions: torch.Tensor | None = None
 
 
+@torch.no_grad()
+def alone_on_a_device(
+    net: CostNet, task: Task, inputs: np.ndarray
+) -> tuple[torch.Tensor, FrozenHeads, torch.Tensor]:
+    """The tables' encodings ``[T, enc_dim]`` (from their ``inputs``), the heads in the
+    task's context, and each table's predicted fwd/bwd/comm ms alone on a device
+    ``[T, 3]``."""
+    heads = FrozenHeads(net, device_context(task.num_devices, sum(t.dim for t in task.tables)))
+    enc = net.encode(torch.from_numpy(inputs))
+    return enc, heads, torch.exp(heads.device_log_costs(enc))
+
+
 @dataclass
 class _Candidates:
     """Every device of K roll-outs as it would be with the next table: ``S [K, D, H]``
@@ -200,10 +212,8 @@ class EstimatedMDP:
         self.net = cost_net
         self.task = task
         self.D = task.num_devices
-        self.ctx = device_context(self.D, sum(t.dim for t in task.tables))
-        with torch.no_grad():
-            enc = cost_net.encode(torch.from_numpy(inputs))
-            single = torch.exp(cost_net.device_log_costs(enc, self.ctx))
+        enc, self.heads, single = alone_on_a_device(cost_net, task, inputs)
+        self.ctx = self.heads.ctx
         # per table, in the task's order: its encoding, its predicted fwd + bwd + comm and
         # fwd + bwd alone on a device
         self.table_enc = enc
@@ -281,7 +291,7 @@ class EstimatedMDP:
             record: keep the policy inputs, legal masks and actions for REINFORCE.
         """
         K, T = num, len(self.order)
-        heads, logits_of = FrozenHeads(self.net, self.ctx), FrozenPolicy.of(policy)
+        heads, logits_of = self.heads, FrozenPolicy.of(policy)
         dev = self._empty_devices(K)
         scalars = self._scalar_buffer(K)
         actions = np.zeros((T, K), dtype=np.int64)
