@@ -72,13 +72,15 @@ def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
     (:data:`_ROWS`): a planner prices the same tables many times."""
     if not tables:
         return np.zeros((0, INPUT_DIM), dtype=np.float32)
-    missing = [t for t in dict.fromkeys(tables) if (t, batch_size) not in _ROWS]
+    rows = [_ROWS.get((t, batch_size)) for t in tables]
+    missing = list(dict.fromkeys(t for t, row in zip(tables, rows, strict=True) if row is None))
     if missing:
         if len(_ROWS) + len(missing) > MAX_CACHED_ROWS:
             _ROWS.clear()
-        keys = [(t, batch_size) for t in missing]
-        _ROWS.update(zip(keys, _rows(missing, batch_size), strict=True))
-    return np.stack([_ROWS[(t, batch_size)] for t in tables])
+        computed = dict(zip(missing, _rows(missing, batch_size), strict=True))
+        _ROWS.update({(t, batch_size): row for t, row in computed.items()})
+        rows = [computed[t] if row is None else row for t, row in zip(tables, rows, strict=True)]
+    return np.stack(rows)
 
 
 MAX_CACHED_ROWS = 1 << 16  # tables x batch sizes whose cost inputs are kept
@@ -250,19 +252,21 @@ class FrozenHeads:
             # [1, Q, 2K]: the right operand einsum builds for "...q,kqo->...ko"
             self.W = F.softplus(net.W_raw).permute(1, 0, 2).reshape(1, Q, 2 * K)
             self.U, self.V = F.softplus(net.U_raw), F.softplus(net.V_raw)
-            self.c, self.u = F.softplus(net.c_raw), net.u.squeeze(1).clone()
+            self.c, self.u = F.softplus(net.c_raw), net.u.clone()  # u: [K, 1, h]
             self.pqr = F.softplus(net.comm_raw)
         self.members, self.hidden, self.ctx = K, net.hidden, ctx
         self._comm_terms: dict[tuple[int, ...], tuple] = {}
 
     def member_compute(self, S: torch.Tensor) -> torch.Tensor:
-        """:meth:`CostNet.member_compute`."""
+        """:meth:`CostNet.member_compute`, its per-member products kept member-major
+        (``[K, n, h]``) between the two ``bmm``."""
         K, h, Q = self.members, self.hidden, NUM_QUANTITIES
         lead = S.shape[:-1]
         phys = torch.bmm(S[..., :Q].reshape(1, -1, Q), self.W).view(*lead, K, 2)
-        log_h = torch.log1p(S[..., Q : Q + K * h].reshape(*lead, K, h))
-        z = torch.relu(_per_member(log_h, self.U) + self.u)
-        return self.c + phys + _per_member(z, self.V)
+        log_h = torch.log1p(S[..., Q : Q + K * h].reshape(-1, K, h))
+        z = torch.relu(torch.bmm(log_h.transpose(0, 1), self.U) + self.u)
+        fusion = torch.bmm(z, self.V).transpose(0, 1).reshape(*lead, K, 2)
+        return self.c + phys + fusion
 
     def log_comm(self, width: torch.Tensor | np.ndarray) -> torch.Tensor:
         """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context
@@ -297,11 +301,3 @@ class FrozenHeads:
     def device_log_costs(self, S: torch.Tensor) -> torch.Tensor:
         """:meth:`CostNet.device_log_costs`, in this context."""
         return self.member_device_log_costs(S).mean(dim=-2)
-
-
-def _per_member(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
-    """``einsum("...ka,kab->...kb", x, M)`` as einsum computes it: one ``bmm`` over the
-    members ``k``."""
-    *lead, K, a = x.shape
-    out = torch.bmm(x.reshape(-1, K, a).transpose(0, 1), M)
-    return out.transpose(0, 1).reshape(*lead, K, M.shape[-1])
