@@ -1,18 +1,44 @@
-"""Planning time: DreamShardPlanner (safe, the default; greedy; search) against TorchRec's
-default planner.
+"""Planning time: DreamShardPlanner against TorchRec's planners, in two questions.
 
 Every run plans the same meta-device model: an ``EmbeddingBagCollection`` of T tables drawn
 from the synthetic DLRM-shaped pool (full scale, ``synthetic_pool(num_tables=T)``) with
 their pooling factors as ``ParameterConstraints``, on D CUDA devices of 80 GB (planning
 needs no GPU), per-rank batch 512. Each run is a fresh process; the figure is the wall time
-of ``planner.plan(model, sharders)`` alone (imports and checkpoint loading excluded).
-TorchRec's planner is given ``timeout_seconds=CAP`` and its process is killed at
-``CAP + HARD_MARGIN`` seconds (its enumeration is not covered by its own timeout).
+of ``planner.plan(model, sharders)`` alone (imports, model building and the planner's
+constructor, which loads the checkpoint, excluded).
 
+``--compare`` (the question of the planning-time issue): DreamShardPlanner beside TorchRec's
+planner restricted to table-wise sharding, in alternating rounds (the order rotates each
+round), ``--repeats`` runs of each, medians and spread:
+
+- ``dreamshard``: ``DreamShardPlanner(topology, batch_size, constraints)``, every default:
+  the safe mode and ``calibrate=None``, which checks this machine and calibrates where the
+  checkpoint misprices it. That first-run measuring happens inside ``plan`` and would be
+  timed; here it measures nothing: the topology is CUDA and this process has no GPU, so
+  the reference kernel is not timed, no calibration runs, the collectives are analytic
+  and the dense kernel unmeasured (each row keeps ``planner.adaptation``, which says so);
+- ``dreamshard-nocal``: the same with ``calibrate=False``: the placement alone;
+- ``torchrec-table-wise``: ``EmbeddingShardingPlanner`` with
+  ``ParameterConstraints(sharding_types=["table_wise"], pooling_factors=...)`` for every
+  table (TorchRec then walks its proposers over each table's compute kernels);
+- ``torchrec-table-wise-fused``: the same with ``compute_kernels=["fused"]``: table-wise on
+  the fused kernel, the search space DreamShard's policy places.
+
+``--baseline-tree DIR`` adds ``dreamshard@baseline`` (and ``-nocal``) planned by the
+``torchrec_dreamshard`` package in another checkout (``git worktree`` or ``git archive``
+of an earlier commit), so a change can be timed beside the code before it.
+
+The grid (the default): DreamShard's three modes against TorchRec's default planner, 50 to
+2000 tables on 8 to 128 devices. TorchRec's planner is given ``timeout_seconds=CAP`` and
+its process is killed at ``CAP + HARD_MARGIN`` seconds (its enumeration is not covered by
+its own timeout).
+
+    .venv/bin/python benchmarks/planning_time.py --compare --tables 1000 --devices 64
     .venv/bin/python benchmarks/planning_time.py            # the full grid
     .venv/bin/python benchmarks/planning_time.py --tables 50 200 --devices 8 --cap 30
 
-Writes ``benchmarks/results/planning_time.json`` (raw rows) and ``.md`` (a table).
+Writes ``benchmarks/results/planning_time.json`` (raw rows: ``rows`` for the grid,
+``comparison`` for ``--compare``; a run of one keeps the other's) and ``.md`` (both tables).
 """
 
 from __future__ import annotations
@@ -20,10 +46,15 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import platform
 import queue
+import statistics
+import subprocess
+import sys
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 from _paths import RESULTS
@@ -35,6 +66,11 @@ HBM_CAP = 80 * 2**30  # bytes per device
 CAP_S = 120  # TorchRec planner timeout, seconds
 HARD_MARGIN = 60  # seconds past the cap before the process is killed
 PLANNERS = ("dreamshard-safe", "dreamshard-greedy", "dreamshard-search", "torchrec")
+COMPARED = ("dreamshard", "dreamshard-nocal", "torchrec-table-wise", "torchrec-table-wise-fused")
+BASELINE = "@baseline"  # suffix of the planners run from --baseline-tree
+REFERENCE = "torchrec-table-wise-fused"  # the ratio's denominator: the issue's 0.95 s planner
+COMPARE_LIMIT_S = 900  # seconds before a comparison run's process is killed
+TARGET_S, TARGET_RATIO = 2.0, 1.5  # the issue's bar: under 2 s, at most 1.5x TorchRec's
 
 
 def build(num_tables: int):
@@ -57,24 +93,32 @@ def build(num_tables: int):
     return EmbeddingBagCollection(tables=configs, device=torch.device("meta")), constraints
 
 
-def make_planner(name: str, devices: int, constraints: dict, checkpoint: str | None, cap: int):
-    from torchrec.distributed.planner import EmbeddingShardingPlanner
+def topology(devices: int):
     from torchrec.distributed.planner.types import Topology
 
-    topology = Topology(world_size=devices, compute_device="cuda", hbm_cap=HBM_CAP)
+    return Topology(world_size=devices, compute_device="cuda", hbm_cap=HBM_CAP)
+
+
+def make_planner(name: str, devices: int, constraints: dict, checkpoint: str | None, cap: int):
+    """A planner of the grid."""
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
     if name == "torchrec":
         return EmbeddingShardingPlanner(
-            topology=topology, batch_size=LOCAL_BATCH, constraints=constraints,
+            topology=topology(devices),
+            batch_size=LOCAL_BATCH,
+            constraints=constraints,
             timeout_seconds=cap,
-        )  # fmt: skip
+        )
     from torchrec_dreamshard.planner import DreamShardPlanner
 
-    agent = load_agent(checkpoint)
-    mode = name.split("-")[1]
     return DreamShardPlanner(
-        topology=topology, batch_size=LOCAL_BATCH, constraints=constraints, agent=agent,
-        mode=mode,
-    )  # fmt: skip
+        topology=topology(devices),
+        batch_size=LOCAL_BATCH,
+        constraints=constraints,
+        agent=load_agent(checkpoint),
+        mode=name.split("-")[1],
+    )
 
 
 def load_agent(checkpoint: str | None):
@@ -110,26 +154,193 @@ def one_run(name: str, tables: int, devices: int, checkpoint: str | None, cap: i
     out.put({"seconds": seconds, "status": status})
 
 
-def timed_run(name: str, tables: int, devices: int, checkpoint: str | None, cap: int) -> dict:
-    """Run one configuration in a fresh process with a hard wall-clock limit."""
+def in_child(target, args: tuple, limit: float) -> dict | None:
+    """Run ``target(*args, queue)`` in a fresh spawned process; its row, or ``None`` when
+    it gave none within ``limit`` seconds (the process is then killed)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=one_run, args=(name, tables, devices, checkpoint, cap, out))
+    proc = ctx.Process(target=target, args=(*args, out))
     proc.start()
-    limit = cap + HARD_MARGIN + 60  # the child's imports and model build come first
     try:
         row = out.get(timeout=limit)
     except queue.Empty:
-        row = {"seconds": None, "status": f"killed after {limit}s wall (cap {cap}s)"}
+        row = None
     proc.join(timeout=5)
     if proc.is_alive():
         proc.kill()
         proc.join()
+    return row
+
+
+def timed_run(name: str, tables: int, devices: int, checkpoint: str | None, cap: int) -> dict:
+    """Run one configuration of the grid in a fresh process with a hard wall-clock limit."""
+    limit = cap + HARD_MARGIN + 60  # the child's imports and model build come first
+    row = in_child(one_run, (name, tables, devices, checkpoint, cap), limit)
+    if row is None:
+        row = {"seconds": None, "status": f"killed after {limit}s wall (cap {cap}s)"}
     return {"planner": name, "tables": tables, "devices": devices, **row}
 
 
-def write(rows: list[dict], args: argparse.Namespace) -> None:
-    meta = {
+# ----------------------------------------------------------------------------------------
+# --compare: DreamShardPlanner beside TorchRec's table-wise planner
+# ----------------------------------------------------------------------------------------
+
+
+def compared_planner(name: str, devices: int, constraints: dict):
+    """A planner of the comparison (see the module docstring), built as a user would."""
+    import dataclasses
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    if name.startswith("dreamshard"):
+        from torchrec_dreamshard.planner import DreamShardPlanner
+
+        calibrate = {"calibrate": False} if name.endswith("-nocal") else {}
+        return DreamShardPlanner(
+            topology=topology(devices), batch_size=LOCAL_BATCH, constraints=constraints, **calibrate
+        )
+    kernels = {"compute_kernels": ["fused"]} if name.endswith("-fused") else {}
+    table_wise = {
+        table: dataclasses.replace(c, sharding_types=["table_wise"], **kernels)
+        for table, c in constraints.items()
+    }
+    return EmbeddingShardingPlanner(
+        topology=topology(devices), batch_size=LOCAL_BATCH, constraints=table_wise
+    )
+
+
+def compare_run(name: str, tables: int, devices: int, tree: str | None, out) -> None:
+    """Child process: one comparison run (``tree``: the checkout whose package plans)."""
+    if tree is not None:
+        sys.path.insert(0, tree)
+    import torch
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(1)
+    model, constraints = build(tables)
+    planner = compared_planner(name.removesuffix(BASELINE), devices, constraints)
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+        status = _planned(plan, tables)
+    except Exception as exc:  # noqa: BLE001 - record any failure as data
+        status = f"error: {type(exc).__name__}: {exc}"
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    row = {"wall_s": wall, "cpu_s": cpu, "status": status}
+    if hasattr(planner, "adaptation"):
+        row["adaptation"] = planner.adaptation
+    out.put(row)
+
+
+def _planned(plan, tables: int) -> str:
+    n = sum(len(m) for m in plan.plan.values())
+    return "ok" if n == tables else f"planned {n} of {tables} tables"
+
+
+def compare(args: argparse.Namespace) -> list[dict]:
+    """Every compared planner ``args.repeats`` times on each size, in rounds whose order
+    rotates, each run in a fresh process; the raw rows."""
+    names = list(args.compared)
+    if args.baseline_tree:
+        names += [f"{n}{BASELINE}" for n in names if n.startswith("dreamshard")]
+    rows = []
+    for tables in args.tables:
+        for devices in args.devices:
+            for r in range(args.repeats):
+                order = names[r % len(names) :] + names[: r % len(names)]
+                for name in order:
+                    tree = args.baseline_tree if name.endswith(BASELINE) else None
+                    row = in_child(compare_run, (name, tables, devices, tree), COMPARE_LIMIT_S)
+                    row = row or {"wall_s": None, "cpu_s": None, "status": "killed"}
+                    rows.append(
+                        {"planner": name, "tables": tables, "devices": devices, "round": r, **row}
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per size and planner: the median wall and CPU seconds of the runs that planned, with
+    their min and max, and the median wall over TorchRec's table-wise fused planner's."""
+    out = []
+    for tables, devices in sorted({(r["tables"], r["devices"]) for r in rows}):
+        here = [r for r in rows if (r["tables"], r["devices"]) == (tables, devices)]
+        medians = {}
+        for name in dict.fromkeys(r["planner"] for r in here):
+            ok = [r for r in here if r["planner"] == name and r["status"] == "ok"]
+            walls, cpus = [r["wall_s"] for r in ok], [r["cpu_s"] for r in ok]
+            entry = {"planner": name, "tables": tables, "devices": devices, "runs": len(ok)}
+            entry["failed"] = sum(r["planner"] == name for r in here) - len(ok)
+            if ok:
+                entry.update(_spread("wall", walls) | _spread("cpu", cpus))
+                medians[name] = entry["wall_median_s"]
+            out.append(entry)
+        for entry in out[-len(medians) :]:
+            if REFERENCE in medians and "wall_median_s" in entry:
+                entry["vs_table_wise_fused"] = entry["wall_median_s"] / medians[REFERENCE]
+    return out
+
+
+def _spread(kind: str, values: list[float]) -> dict:
+    return {
+        f"{kind}_median_s": statistics.median(values),
+        f"{kind}_min_s": min(values),
+        f"{kind}_max_s": max(values),
+    }
+
+
+def host() -> dict[str, Any]:
+    """What the figures were taken on and with."""
+    import torch
+    import torchrec
+
+    return {
+        "cpu": cpu_model(),
+        "cpus": mp.cpu_count(),
+        "load_average": os.getloadavg(),
+        "torch": torch.__version__,
+        "torchrec": torchrec.__version__,
+        "commit": _git("rev-parse", "HEAD"),
+        "uncommitted": bool(_git("status", "--porcelain", "--untracked-files=no")),
+    }
+
+
+def _git(*args: str) -> str:
+    here = Path(__file__).resolve().parent
+    done = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=False)
+    return done.stdout.strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+# ----------------------------------------------------------------------------------------
+# Results
+# ----------------------------------------------------------------------------------------
+
+
+def previous() -> dict:
+    path = RESULTS / "planning_time.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write(results: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "planning_time.json").write_text(json.dumps(results, indent=1) + "\n")
+    lines = comparison_markdown(results["comparison"]) if "comparison" in results else []
+    if results.get("rows"):
+        lines += grid_markdown(results["rows"], results["meta"])
+    (RESULTS / "planning_time.md").write_text("\n".join(lines) + "\n")
+
+
+def grid_meta(args: argparse.Namespace) -> dict:
+    return {
         "machine": platform.processor() or platform.machine(),
         "cpus": mp.cpu_count(),
         "local_batch": LOCAL_BATCH,
@@ -138,9 +349,6 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
         "checkpoint": args.checkpoint or "bundled (untrained if absent)",
         "target": "DreamShardPlanner default (safe) < 2 s for 1000 tables on 64 devices",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "planning_time.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    (RESULTS / "planning_time.md").write_text(markdown(rows, meta))
 
 
 def cell(row: dict) -> str:
@@ -154,7 +362,7 @@ def cell(row: dict) -> str:
     return f"{row['seconds']:.2f} ({row['status'][:40]})"
 
 
-def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
+def grid_markdown(rows: list[dict], meta: dict[str, Any]) -> list[str]:
     lines = [
         "# Planning time (seconds of `planner.plan`)",
         "",
@@ -176,34 +384,125 @@ def markdown(rows: list[dict], meta: dict[str, Any]) -> str:
         lines.append(
             f"| {t} | {d} | " + " | ".join(cells.get((t, d, p), "-") for p in PLANNERS) + " |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
-def previous_rows() -> list[dict]:
-    path = RESULTS / "planning_time.json"
-    return json.loads(path.read_text())["rows"] if path.is_file() else []
+def comparison_markdown(comparison: dict) -> list[str]:
+    meta = comparison["meta"]
+    lines = [
+        "# Planning time: DreamShardPlanner beside TorchRec's table-wise planner",
+        "",
+        f"{meta['host']['cpu']}, {meta['host']['cpus']} cores (shared; load average "
+        f"{_loads(meta)}); torch {meta['host']['torch']}, torchrec {meta['host']['torchrec']}; "
+        f"commit {meta['host']['commit'][:10]}"
+        + (" with uncommitted changes" if meta["host"]["uncommitted"] else "")
+        + (f"; `@baseline`: {meta['baseline']}" if meta.get("baseline") else "")
+        + f". {meta['repeats']} runs of each planner in alternating rounds, each in a fresh "
+        "process; seconds of `planner.plan` (wall, and the process's CPU time), median "
+        "[min, max]. Produced by `benchmarks/planning_time.py --compare`; the planners are "
+        "described in its docstring.",
+        "",
+        "| tables | devices | planner | wall s | CPU s | runs | wall vs table-wise fused |",
+        "|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    for e in comparison["summary"]:
+        lines.append(_summary_row(e))
+    return lines + ["", *_verdicts(comparison["summary"]), "", *_adaptations(comparison), ""]
+
+
+def _summary_row(e: dict) -> str:
+    head = f"| {e['tables']} | {e['devices']} | {e['planner']} |"
+    if "wall_median_s" not in e:
+        return f"{head} - | - | 0 ({e['failed']} failed) | - |"
+    wall = f"{e['wall_median_s']:.2f} [{e['wall_min_s']:.2f}, {e['wall_max_s']:.2f}]"
+    cpu = f"{e['cpu_median_s']:.2f} [{e['cpu_min_s']:.2f}, {e['cpu_max_s']:.2f}]"
+    runs = f"{e['runs']}" + (f" ({e['failed']} failed)" if e["failed"] else "")
+    ratio = f"{e['vs_table_wise_fused']:.2f}x" if "vs_table_wise_fused" in e else "-"
+    return f"{head} {wall} | {cpu} | {runs} | {ratio} |"
+
+
+def _verdicts(summary: list[dict]) -> list[str]:
+    """The issue's bar for the default planner: under 2 s, at most 1.5x TorchRec's
+    table-wise planner (the fused one, the issue's 0.95 s planner) measured beside it."""
+    out = []
+    for e in summary:
+        if e["planner"] != "dreamshard" or "vs_table_wise_fused" not in e:
+            continue
+        fast, close = e["wall_median_s"] < TARGET_S, e["vs_table_wise_fused"] <= TARGET_RATIO
+        out.append(
+            f"- {e['tables']} tables on {e['devices']} devices: the default DreamShardPlanner "
+            f"{'meets' if fast and close else 'misses'} the bar (median wall under "
+            f"{TARGET_S:g} s: {'yes' if fast else 'no'}, {e['wall_median_s']:.2f} s; at most "
+            f"{TARGET_RATIO}x TorchRec's table-wise fused planner: "
+            f"{'yes' if close else 'no'}, {e['vs_table_wise_fused']:.2f}x)."
+        )
+    return out
+
+
+def _adaptations(comparison: dict) -> list[str]:
+    """What the default planner's first-run check found, once per distinct answer."""
+    seen = {
+        json.dumps(r["adaptation"], sort_keys=True)
+        for r in comparison["runs"]
+        if r["planner"] == "dreamshard" and "adaptation" in r
+    }
+    return [f"`dreamshard`'s `planner.adaptation`: `{a}`" for a in sorted(seen)]
+
+
+def _loads(meta: dict) -> str:
+    before, after = meta["host"]["load_average"][0], meta["load_average_after"][0]
+    return f"{before:.1f} before, {after:.1f} after"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--tables", type=int, nargs="+", default=list(TABLES))
-    p.add_argument("--devices", type=int, nargs="+", default=list(DEVICES))
+    p.add_argument("--compare", action="store_true", help="the table-wise comparison")
+    p.add_argument("--tables", type=int, nargs="+", default=None)
+    p.add_argument("--devices", type=int, nargs="+", default=None)
     p.add_argument("--planners", nargs="+", default=list(PLANNERS), choices=PLANNERS)
+    p.add_argument("--compared", nargs="+", default=list(COMPARED), choices=COMPARED)
+    p.add_argument("--repeats", type=int, default=7, help="runs of each compared planner")
+    p.add_argument("--baseline-tree", default=None, help="a checkout to time beside this one")
     p.add_argument("--cap", type=int, default=CAP_S, help="TorchRec planner timeout (s)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument(
-        "--merge", action="store_true", help="keep the rows of other runs in the results file"
+        "--merge", action="store_true", help="keep the grid rows of other runs in the file"
     )
     args = p.parse_args()
-    rows = previous_rows() if args.merge else []
+    results = previous()
+    if args.compare:
+        run_comparison(args, results)
+    else:
+        run_grid(args, results)
+
+
+def run_comparison(args: argparse.Namespace, results: dict) -> None:
+    args.tables, args.devices = args.tables or [1000], args.devices or [64]
+    meta = {"host": host(), "repeats": args.repeats, "local_batch": LOCAL_BATCH}
+    if args.baseline_tree:
+        tree = Path(args.baseline_tree).resolve()
+        meta["baseline"] = f"{tree} ({_git('-C', str(tree), 'rev-parse', 'HEAD') or 'no git'})"
+    rows = compare(args)
+    meta["load_average_after"] = os.getloadavg()
+    results["comparison"] = {"meta": meta, "runs": rows, "summary": summarize(rows)}
+    write(results)
+    print("\n".join(comparison_markdown(results["comparison"])))
+
+
+def run_grid(args: argparse.Namespace, results: dict) -> None:
+    args.tables, args.devices = args.tables or list(TABLES), args.devices or list(DEVICES)
+    rows = results.get("rows", []) if args.merge else []
+    results["meta"] = grid_meta(args)
     for t in args.tables:
         for d in args.devices:
             for name in args.planners:
                 row = timed_run(name, t, d, args.checkpoint, args.cap)
-                rows = [r for r in rows if (r["planner"], r["tables"], r["devices"]) != (
-                    name, t, d)] + [row]  # fmt: skip
+                key = (name, t, d)
+                rows = [r for r in rows if (r["planner"], r["tables"], r["devices"]) != key]
+                rows.append(row)
                 print(json.dumps(row), flush=True)
-                write(rows, args)
+                results["rows"] = rows
+                write(results)
 
 
 if __name__ == "__main__":
