@@ -176,7 +176,7 @@ def test_cand_step_shortcut_matches_a_full_recompute(sampler, agent, devices):
 
 
 def test_ffd_fits():
-    from torchrec_dreamshard.policy.mdp import ffd_fits
+    from torchrec_dreamshard.policy.packing import ffd_fits
 
     assert ffd_fits(np.array([5.0, 5.0]), np.array([5.0, 5.0]))
     assert ffd_fits(np.array([2.0, 6.0, 3.0]), np.array([6.0, 5.0]))  # 6 | 3 + 2
@@ -188,7 +188,7 @@ def test_ffd_fits():
 def test_quick_feasible_is_a_sound_bound(sampler, agent):
     """Where the quick bound says the rest can be packed, first-fit decreasing packs it;
     on a tight task it must refuse some choices that really are infeasible."""
-    from torchrec_dreamshard.policy.mdp import ffd_fits
+    from torchrec_dreamshard.policy.packing import ffd_fits
 
     rng = np.random.default_rng(0)
     refused = 0
@@ -218,7 +218,7 @@ def test_can_pack_never_claims_a_packing_that_does_not_exist():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from torchrec_dreamshard.policy.mdp import can_pack
+    from torchrec_dreamshard.policy.packing import can_pack
 
     sizes = st.lists(st.integers(1, 20), min_size=0, max_size=5)
     frees = st.lists(st.integers(0, 40), min_size=1, max_size=3)
@@ -252,7 +252,7 @@ def test_packing_check_chooses_as_can_pack_does():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from torchrec_dreamshard.policy.mdp import PackingCheck, can_pack
+    from torchrec_dreamshard.policy.packing import PackingCheck, can_pack
 
     @settings(max_examples=300, deadline=None)
     @given(

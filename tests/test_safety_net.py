@@ -9,6 +9,7 @@ import torch
 from torchrec_dreamshard.cost import network as M
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.policy import moves as neighbourhood
 from torchrec_dreamshard.policy import safety_net as S
 from torchrec_dreamshard.policy.heuristics import NoPlanError, greedy_by_costs
 
@@ -188,9 +189,9 @@ def test_score_changes_scores_the_changed_placements_as_score_states_does(fast, 
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     b = int(np.bincount(placement, minlength=5).argmax())
     rng = np.random.default_rng(0)
-    moves = S._moves(placement, b, sizes, np.asarray(task.memory, dtype=np.float64), rng)
+    moves = neighbourhood.moves(placement, b, sizes, np.asarray(task.memory, dtype=np.float64), rng)
     alone = int((placement == b).sum()) == 1
-    changes = S.Changes.of_moves(moves, b, state, scorer.enc, alone)
+    changes = neighbourhood.Changes.of_moves(moves, b, state, scorer.enc, alone)
     want = scorer.score_states(*_moved_states(state, occ, changes))
     equal = torch.equal
     if not fast:

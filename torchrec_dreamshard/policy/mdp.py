@@ -21,6 +21,7 @@ import torch
 from torchrec_dreamshard.cost.network import EPS_MS, CostNet, FrozenHeads, device_context
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.network import NUM_SCALARS, FrozenPolicy, PolicyNet
+from torchrec_dreamshard.policy.packing import can_pack
 
 LOG_EPS = math.log(EPS_MS)
 LOG_EPS_32 = np.float32(LOG_EPS)  # what float32 state holds of it
@@ -100,93 +101,6 @@ class _Devices:
             self.free[k, d] -= size
             self.free_total[k] -= size
         self.placed = True
-
-
-def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
-    """Whether first-fit-decreasing packs ``sizes`` into capacities ``free``."""
-    free = free.astype(np.float64).copy()
-    for s in np.sort(sizes)[::-1]:
-        ok = np.flatnonzero(free >= s)
-        if ok.size == 0:
-            return False
-        free[ok[0]] -= s
-    return True
-
-
-def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
-    """Whether the tables ``rest`` (sizes sorted descending) can still be packed after a
-    table of ``size`` goes to device ``d`` (``free``: each device's free bytes): the k-th
-    largest surely finds room if the devices' room above it exceeds what the larger ones
-    can have taken; else first-fit decreasing decides."""
-    if rest.size == 0:
-        return True
-    trial = free.astype(np.float64)  # a copy
-    trial[d] -= size
-    # the room above the largest exceeds all that is left: every table surely finds room
-    # (the bound below then holds for every k), decided in O(D)
-    if np.maximum(trial - rest[0], 0.0).sum() > rest.sum():
-        return True
-    before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
-    if (np.maximum(trial[None, :] - rest[:, None], 0.0).sum(1) > before).all():
-        return True
-    return ffd_fits(rest, trial)
-
-
-class PackingCheck:
-    """:func:`can_pack` along one placement order, for each step ``n`` (the tables after
-    ``n`` still to place): the any-fit bound from the remaining tables' largest size and
-    total, kept for every step, decided for every device at once; their sorted sizes only
-    where the bound fails. Exact where its byte sums are (below 2^53 bytes; else every
-    check is :func:`can_pack`'s own).
-
-    Args:
-        sizes: table sizes in placement order.
-        capacity: every device's memory (bytes).
-    """
-
-    def __init__(self, sizes: np.ndarray, capacity: np.ndarray):
-        self.sizes = np.asarray(sizes, dtype=np.float64)
-        rev = self.sizes[::-1]
-        self.rest_max = np.concatenate([np.maximum.accumulate(rev)[::-1][1:], [0.0]])
-        self.rest_sum = np.concatenate([np.cumsum(rev)[::-1][1:], [0.0]])
-        self.D = len(capacity)
-        self.exact = max(self.sizes.sum(), self.D * float(np.max(capacity))) < 2.0**53
-
-    def surely_packable(self, n: int, free_total: float) -> bool:
-        """Whether the tables after step ``n`` can surely be packed wherever table ``n``
-        goes, by the bound :meth:`first_packable` tries first, for every device at once:
-        ``sum_j (free_j - s_max) - size`` exceeds the bytes left (``free_total``: all
-        devices' free bytes)."""
-        if n + 1 >= len(self.sizes):
-            return True
-        left = free_total - self.D * self.rest_max[n] - self.sizes[n]
-        return self.exact and left > self.rest_sum[n]
-
-    def first_packable(self, n: int, free: np.ndarray, devices: np.ndarray) -> int:
-        """The first of ``devices`` from which the tables after step ``n`` can still be
-        packed once table ``n`` goes there (``free``: each device's free bytes); the first
-        device when none can."""
-        if n + 1 >= len(self.sizes):
-            return int(devices[0])
-        size = self.sizes[n]
-        bound = self._bound(n, free, size) if self.exact else np.zeros(len(free), dtype=bool)
-        rest = None
-        for d in devices:
-            if bound[d]:
-                return int(d)
-            if rest is None:
-                rest = np.sort(self.sizes[n + 1 :])[::-1]
-            if can_pack(rest, free, int(d), size):
-                return int(d)
-        return int(devices[0])
-
-    def _bound(self, n: int, free: np.ndarray, size: float) -> np.ndarray:
-        """``[D]``: can_pack's first bound for each device taking table ``n``:
-        ``sum_j max(free_j - s_max, 0) > remaining bytes`` with ``free_d`` less ``size``
-        (integers in floats: the sums are exact, in any order)."""
-        room = np.maximum(free - self.rest_max[n], 0.0)
-        after = np.maximum(free - size - self.rest_max[n], 0.0)
-        return room.sum() - room + after > self.rest_sum[n]
 
 
 def _choose(

@@ -35,14 +35,14 @@ import torch
 from torchrec_dreamshard.cost.network import FrozenHeads
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.heuristics import PROXIES
-from torchrec_dreamshard.policy.mdp import PackingCheck
+from torchrec_dreamshard.policy.moves import REFINE_CANDIDATES, Changes
+from torchrec_dreamshard.policy.moves import moves as neighbour_moves
+from torchrec_dreamshard.policy.packing import PackingCheck
 
 DEFAULT_PENALTY = 1.0  # std of the members' log step added to their mean
 DEFAULT_SAMPLES = 4  # sampled policy roll-outs
 REFINE_TOP = 3  # candidates refined
 REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
-REFINE_CANDIDATES = 256  # moves/swaps rated per refinement step, at most
-PAIR_SWAPS = 64  # random one-for-two swaps offered per refinement step
 
 
 # ----------------------------------------------------------------------------------------
@@ -286,107 +286,6 @@ def _step_stats(
 # ----------------------------------------------------------------------------------------
 
 
-@dataclass
-class Changes:
-    """C placements, each one move or swap away from a placement: the two devices each
-    changes ``[C, 2]`` (the bottleneck, then the other), their new device states
-    ``[C, 2, enc]`` and whether they then hold a table ``[C, 2]``."""
-
-    devices: torch.Tensor
-    states: torch.Tensor
-    occupied: torch.Tensor
-
-    @staticmethod
-    def of_moves(
-        moves: Sequence[tuple[int, int, int, int]],
-        b: int,
-        S: torch.Tensor,
-        enc: torch.Tensor,
-        alone: bool,
-    ) -> Changes:
-        """The changes of ``moves`` (:func:`_moves`) off device ``b`` of states ``S [1, D,
-        enc]`` (``alone``: ``b`` holds one table), each state the sum a batch of every
-        device would hold: ``S_b + (e_j - e_i)`` and ``S_d + (e_i - e_j)``."""
-        m = torch.tensor(moves, dtype=torch.int64)
-        ei = enc[m[:, 0]]
-        ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
-        ej = ej + torch.where((m[:, 2] >= 0).unsqueeze(-1), enc[m[:, 2].clamp(min=0)], 0.0)
-        states = torch.stack([S[0, b] + (ej - ei), S[0, m[:, 3]] + (ei - ej)], dim=1)
-        stays = m[:, 1] >= 0 if alone else torch.ones(len(m), dtype=torch.bool)
-        occupied = torch.stack([stays, torch.ones_like(stays)], dim=1)
-        return Changes(torch.stack([torch.full_like(m[:, 3], b), m[:, 3]], dim=1), states, occupied)
-
-
-def _moves(
-    placement: np.ndarray,
-    b: int,
-    sizes: np.ndarray,
-    capacity: np.ndarray,
-    rng: np.random.Generator,
-    pair_swaps: int = PAIR_SWAPS,
-    limit: int = REFINE_CANDIDATES,
-) -> list[tuple[int, int, int, int]]:
-    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``: a move to
-    device ``d`` (``j = k = -1``), a swap with table ``j`` of ``d`` (``k = -1``), and up to
-    ``pair_swaps`` random swaps with two tables ``j, k`` of ``d`` (one big table for two
-    smaller ones: what tight memory often needs); at most ``limit`` moves and swaps (a
-    random subset) besides the pair swaps."""
-    used = np.bincount(placement, weights=sizes, minlength=len(capacity))
-    free = capacity - used
-    on_b = np.flatnonzero(placement == b)
-    others = np.flatnonzero(placement != b)
-    # moves: (table on b, device with room); swaps: (table on b, table elsewhere) pairs
-    # that keep both devices within memory, sampled before any tuple is built
-    mi, md = np.nonzero(free[None, :] >= sizes[on_b][:, None])
-    keep = md != b
-    moves = np.stack(
-        [on_b[mi[keep]], np.full(keep.sum(), -1), np.full(keep.sum(), -1), md[keep]], 1
-    )
-    si, sj = np.nonzero(
-        (free[placement[others]][None, :] + sizes[others][None, :] >= sizes[on_b][:, None])
-        & (free[b] + sizes[on_b][:, None] >= sizes[others][None, :])
-    )
-    swaps = np.stack([on_b[si], others[sj], np.full(si.size, -1), placement[others[sj]]], 1)
-    both = np.concatenate([moves, swaps]).astype(np.int64)
-    if len(both) > limit:
-        both = both[np.sort(rng.choice(len(both), limit, replace=False))]
-    out = [tuple(row) for row in both.tolist()]
-    count = pair_swaps if others.size >= 2 else 0
-    return out + _pair_swaps(placement, b, on_b, others, sizes, free, rng, count)
-
-
-def _pair_swaps(
-    placement: np.ndarray,
-    b: int,
-    on_b: np.ndarray,
-    others: np.ndarray,
-    sizes: np.ndarray,
-    free: np.ndarray,
-    rng: np.random.Generator,
-    count: int,
-) -> list[tuple[int, int, int, int]]:
-    """Of ``count`` random draws of a table ``i`` on ``b``, a table ``j`` elsewhere (on
-    device ``d``) and a table ``k`` of ``d``, the swaps of ``i`` for ``j`` and ``k`` that
-    keep both devices within memory (each draw ``rng.choice(a)``, taken as the
-    ``a[rng.integers(0, len(a))]`` it is)."""
-    on_device: dict[int, np.ndarray] = {}
-    out = []
-    for _ in range(count):
-        i = int(on_b[rng.integers(0, len(on_b))])
-        j = int(others[rng.integers(0, len(others))])
-        d = int(placement[j])
-        if d not in on_device:
-            on_device[d] = np.flatnonzero(placement == d)
-        same = on_device[d]
-        k = int(same[rng.integers(0, len(same))])
-        if k == j:
-            continue
-        pair = sizes[j] + sizes[k]
-        if free[d] + pair >= sizes[i] and free[b] + sizes[i] >= pair:
-            out.append((i, j, k, d))
-    return out
-
-
 @torch.no_grad()
 def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Candidate:
     """Hill-climb ``cand`` on the penalised score: each step rates (in one batch) the
@@ -405,7 +304,7 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
         S, occ = scorer.device_states(placement[None])
         log_tot = torch.logsumexp(scorer.heads.device_log_costs(S[0]), -1)
         b = int(log_tot.masked_fill(~occ[0], -1e30).argmax())
-        moves = _moves(placement, b, sizes, capacity, rng)
+        moves = neighbour_moves(placement, b, sizes, capacity, rng)
         if not moves:
             break
         if len(moves) > REFINE_CANDIDATES:

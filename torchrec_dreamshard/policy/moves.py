@@ -1,0 +1,115 @@
+"""The refinement's neighbourhood: the moves and swaps that take a table off the
+bottleneck device while keeping every device within memory (:func:`moves`), and the new
+device states of each as one batch for the cost network (:class:`Changes`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+REFINE_CANDIDATES = 256  # moves/swaps rated per refinement step, at most
+PAIR_SWAPS = 64  # random one-for-two swaps offered per refinement step
+
+
+@dataclass
+class Changes:
+    """C placements, each one move or swap away from a placement: the two devices each
+    changes ``[C, 2]`` (the bottleneck, then the other), their new device states
+    ``[C, 2, enc]`` and whether they then hold a table ``[C, 2]``."""
+
+    devices: torch.Tensor
+    states: torch.Tensor
+    occupied: torch.Tensor
+
+    @staticmethod
+    def of_moves(
+        moves: Sequence[tuple[int, int, int, int]],
+        b: int,
+        S: torch.Tensor,
+        enc: torch.Tensor,
+        alone: bool,
+    ) -> Changes:
+        """The changes of ``moves`` (:func:`moves`) off device ``b`` of states ``S [1, D,
+        enc]`` (``alone``: ``b`` holds one table), each state the sum a batch of every
+        device would hold: ``S_b + (e_j - e_i)`` and ``S_d + (e_i - e_j)``."""
+        m = torch.tensor(moves, dtype=torch.int64)
+        ei = enc[m[:, 0]]
+        ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
+        ej = ej + torch.where((m[:, 2] >= 0).unsqueeze(-1), enc[m[:, 2].clamp(min=0)], 0.0)
+        states = torch.stack([S[0, b] + (ej - ei), S[0, m[:, 3]] + (ei - ej)], dim=1)
+        stays = m[:, 1] >= 0 if alone else torch.ones(len(m), dtype=torch.bool)
+        occupied = torch.stack([stays, torch.ones_like(stays)], dim=1)
+        return Changes(torch.stack([torch.full_like(m[:, 3], b), m[:, 3]], dim=1), states, occupied)
+
+
+def moves(
+    placement: np.ndarray,
+    b: int,
+    sizes: np.ndarray,
+    capacity: np.ndarray,
+    rng: np.random.Generator,
+    pair_swaps: int = PAIR_SWAPS,
+    limit: int = REFINE_CANDIDATES,
+) -> list[tuple[int, int, int, int]]:
+    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``: a move to
+    device ``d`` (``j = k = -1``), a swap with table ``j`` of ``d`` (``k = -1``), and up to
+    ``pair_swaps`` random swaps with two tables ``j, k`` of ``d`` (one big table for two
+    smaller ones: what tight memory often needs); at most ``limit`` moves and swaps (a
+    random subset) besides the pair swaps."""
+    used = np.bincount(placement, weights=sizes, minlength=len(capacity))
+    free = capacity - used
+    on_b = np.flatnonzero(placement == b)
+    others = np.flatnonzero(placement != b)
+    # moves: (table on b, device with room); swaps: (table on b, table elsewhere) pairs
+    # that keep both devices within memory, sampled before any tuple is built
+    mi, md = np.nonzero(free[None, :] >= sizes[on_b][:, None])
+    keep = md != b
+    moves = np.stack(
+        [on_b[mi[keep]], np.full(keep.sum(), -1), np.full(keep.sum(), -1), md[keep]], 1
+    )
+    si, sj = np.nonzero(
+        (free[placement[others]][None, :] + sizes[others][None, :] >= sizes[on_b][:, None])
+        & (free[b] + sizes[on_b][:, None] >= sizes[others][None, :])
+    )
+    swaps = np.stack([on_b[si], others[sj], np.full(si.size, -1), placement[others[sj]]], 1)
+    both = np.concatenate([moves, swaps]).astype(np.int64)
+    if len(both) > limit:
+        both = both[np.sort(rng.choice(len(both), limit, replace=False))]
+    out = [tuple(row) for row in both.tolist()]
+    count = pair_swaps if others.size >= 2 else 0
+    return out + _pair_swaps(placement, b, on_b, others, sizes, free, rng, count)
+
+
+def _pair_swaps(
+    placement: np.ndarray,
+    b: int,
+    on_b: np.ndarray,
+    others: np.ndarray,
+    sizes: np.ndarray,
+    free: np.ndarray,
+    rng: np.random.Generator,
+    count: int,
+) -> list[tuple[int, int, int, int]]:
+    """Of ``count`` random draws of a table ``i`` on ``b``, a table ``j`` elsewhere (on
+    device ``d``) and a table ``k`` of ``d``, the swaps of ``i`` for ``j`` and ``k`` that
+    keep both devices within memory (each draw ``rng.choice(a)``, taken as the
+    ``a[rng.integers(0, len(a))]`` it is)."""
+    on_device: dict[int, np.ndarray] = {}
+    out = []
+    for _ in range(count):
+        i = int(on_b[rng.integers(0, len(on_b))])
+        j = int(others[rng.integers(0, len(others))])
+        d = int(placement[j])
+        if d not in on_device:
+            on_device[d] = np.flatnonzero(placement == d)
+        same = on_device[d]
+        k = int(same[rng.integers(0, len(same))])
+        if k == j:
+            continue
+        pair = sizes[j] + sizes[k]
+        if free[d] + pair >= sizes[i] and free[b] + sizes[i] >= pair:
+            out.append((i, j, k, d))
+    return out
