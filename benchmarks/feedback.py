@@ -162,7 +162,7 @@ def markdown(report: dict) -> str:
         f"{report['args']['rounds']} alternating rounds of {report['args']['steps']} steps; "
         f"planner: {planner}. "
         "Ratios: median over rounds of the per-round ratio [order-statistic interval, its "
-        "coverage]. Error: predicted / measured - 1 of each rank's embedding part "
+        "coverage]. Error: |predicted / measured - 1| of each rank's embedding part "
         "(fused fwd + bwd + the all-to-alls' own time), the worst rank.",
         "",
         "| family | observer on / off | worst error, as planned | after replan() | "
@@ -175,8 +175,8 @@ def markdown(report: dict) -> str:
         ratio = row.get("replan_over_first")
         ratio_text = _interval(ratio) if ratio else "- (same plan)"
         lines.append(
-            f"| {name} | {_interval(o)} | {row['worst_error']['before']:+.0%} | "
-            f"{row['worst_error']['after']:+.0%} | {change} | {ratio_text} |"
+            f"| {name} | {_interval(o)} | {row['worst_error']['before']:.0%} | "
+            f"{row['worst_error']['after']:.0%} | {change} | {ratio_text} |"
         )
     lines += ["", f"Wall time {report['wall_s']:.0f} s. Raw: `{report['name']}.json`."]
     return "\n".join(lines) + "\n"
