@@ -32,6 +32,7 @@ from test_planner_distributed import (
     NUM_TABLES,
     STEPS,
     build_model,
+    dlrm_train,
     make_batch,
     train_steps,
 )
@@ -72,21 +73,8 @@ def constraints() -> dict:
 def weighted_model():
     """The DLRM of :func:`test_planner_distributed.build_model` over a weighted
     EmbeddingBagCollection (its lookups are weighted sums)."""
-    from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
     plain = build_model().model.sparse_arch.embedding_bag_collection
-    ebc = EmbeddingBagCollection(
-        tables=plain.embedding_bag_configs(), is_weighted=True, device=torch.device("meta")
-    )
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=4,
-        dense_arch_layer_sizes=[8, DIM],
-        over_arch_layer_sizes=[8, 1],
-        dense_device=torch.device("cpu"),
-    )
-    return DLRMTrain(dlrm)
+    return dlrm_train(plain.embedding_bag_configs(), is_weighted=True)
 
 
 def make_weighted_batch(rank: int, step: int):

@@ -38,12 +38,14 @@ def build_model():
     return dlrm_train(tables)
 
 
-def dlrm_train(tables):
-    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables``."""
+def dlrm_train(tables, is_weighted: bool = False):
+    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables`` (a weighted
+    EmbeddingBagCollection with ``is_weighted``)."""
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    meta = torch.device("meta")
+    ebc = EmbeddingBagCollection(tables=tables, is_weighted=is_weighted, device=meta)
     dlrm = DLRM(
         embedding_bag_collection=ebc,
         dense_in_features=4,
