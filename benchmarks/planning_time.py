@@ -463,6 +463,7 @@ def main() -> None:
     p.add_argument("--compared", nargs="+", default=list(COMPARED), choices=COMPARED)
     p.add_argument("--repeats", type=int, default=7, help="runs of each compared planner")
     p.add_argument("--baseline-tree", default=None, help="a checkout to time beside this one")
+    p.add_argument("--baseline-note", default="", help="what the baseline checkout holds")
     p.add_argument("--cap", type=int, default=CAP_S, help="TorchRec planner timeout (s)")
     p.add_argument("--checkpoint", default=None)
     p.add_argument(
@@ -481,7 +482,9 @@ def run_comparison(args: argparse.Namespace, results: dict) -> None:
     meta = {"host": host(), "repeats": args.repeats, "local_batch": LOCAL_BATCH}
     if args.baseline_tree:
         tree = Path(args.baseline_tree).resolve()
-        meta["baseline"] = f"{tree} ({_git('-C', str(tree), 'rev-parse', 'HEAD') or 'no git'})"
+        commit = _git("-C", str(tree), "rev-parse", "HEAD") or "no git"
+        note = f": {args.baseline_note}" if args.baseline_note else ""
+        meta["baseline"] = f"{tree} ({commit[:10]}{note})"
     rows = compare(args)
     meta["load_average_after"] = os.getloadavg()
     results["comparison"] = {"meta": meta, "runs": rows, "summary": summarize(rows)}
