@@ -67,17 +67,26 @@ def moves(
     # that keep both devices within memory, sampled before any tuple is built
     mi, md = np.nonzero(free[None, :] >= sizes[on_b][:, None])
     keep = md != b
-    moves = np.stack(
-        [on_b[mi[keep]], np.full(keep.sum(), -1), np.full(keep.sum(), -1), md[keep]], 1
-    )
+    mi, md = mi[keep], md[keep]
     si, sj = np.nonzero(
         (free[placement[others]][None, :] + sizes[others][None, :] >= sizes[on_b][:, None])
         & (free[b] + sizes[on_b][:, None] >= sizes[others][None, :])
     )
-    swaps = np.stack([on_b[si], others[sj], np.full(si.size, -1), placement[others[sj]]], 1)
-    both = np.concatenate([moves, swaps]).astype(np.int64)
-    if len(both) > limit:
-        both = both[np.sort(rng.choice(len(both), limit, replace=False))]
+    # the moves, then the swaps, numbered in that order: a random ``limit`` of them
+    pick = np.arange(len(mi) + len(si))
+    if len(pick) > limit:
+        pick = np.sort(rng.choice(len(pick), limit, replace=False))
+    m, s = pick[pick < len(mi)], pick[pick >= len(mi)] - len(mi)
+    j = others[sj[s]]
+    both = np.stack(
+        [
+            np.concatenate([on_b[mi[m]], on_b[si[s]]]),
+            np.concatenate([np.full(len(m), -1), j]),
+            np.full(len(pick), -1),
+            np.concatenate([md[m], placement[j]]),
+        ],
+        1,
+    )
     out = [tuple(row) for row in both.tolist()]
     count = pair_swaps if others.size >= 2 else 0
     return out + _pair_swaps(placement, b, on_b, others, sizes, free, rng, count)
