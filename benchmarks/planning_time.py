@@ -71,6 +71,7 @@ BASELINE = "@baseline"  # suffix of the planners run from --baseline-tree
 REFERENCE = "torchrec-table-wise-fused"  # the ratio's denominator: the 0.95 s planner
 COMPARE_LIMIT_S = 900  # seconds before a comparison run's process is killed
 TARGET_S, TARGET_RATIO = 2.0, 1.5  # the bar: under 2 s, at most 1.5x TorchRec's
+CODE = (":/torchrec_dreamshard", ":/benchmarks/*.py")  # what the figures depend on (git paths)
 
 
 def build(num_tables: int):
@@ -302,7 +303,8 @@ def host() -> dict[str, Any]:
         "torch": torch.__version__,
         "torchrec": torchrec.__version__,
         "commit": _git("rev-parse", "HEAD"),
-        "uncommitted": bool(_git("status", "--porcelain", "--untracked-files=no")),
+        # code only: a run rewrites its own results files
+        "uncommitted": bool(_git("status", "--porcelain", "--", *CODE)),
     }
 
 
@@ -395,7 +397,7 @@ def comparison_markdown(comparison: dict) -> list[str]:
         f"{meta['host']['cpu']}, {meta['host']['cpus']} cores (shared; load average "
         f"{_loads(meta)}); torch {meta['host']['torch']}, torchrec {meta['host']['torchrec']}; "
         f"commit {meta['host']['commit'][:10]}"
-        + (" with uncommitted changes" if meta["host"]["uncommitted"] else "")
+        + (" with uncommitted changes to the code" if meta["host"]["uncommitted"] else "")
         + (f"; `@baseline`: {meta['baseline']}" if meta.get("baseline") else "")
         + f". {meta['repeats']} runs of each planner in alternating rounds, each in a fresh "
         "process; seconds of `planner.plan` (wall, and the process's CPU time), median "
