@@ -283,7 +283,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         self.cost_stats.last_prediction = None
         self.last_plan = None
         plan = super().plan(module, sharders)
-        self.last_plan, self._planned = plan, (meta_copy(module), list(sharders))
+        self.last_plan = plan
         return plan
 
     def collective_plan(
@@ -346,6 +346,8 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             return PlanBroadcast(
                 None, None, type(exc).__name__, str(exc), kind, adaptation=self.adaptation
             )
+        # what a re-plan of this job plans again, once DMP has sharded the model in place
+        self._planned = (meta_copy(module), list(sharders))
         return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
 
     # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------

@@ -35,8 +35,8 @@ def meta_copy(module: nn.Module) -> nn.Module:
 
 class Replanning:
     """Mixed into ``DreamShardPlanner`` (which sets ``_arguments``, its constructor's
-    arguments, and ``_planned``, the model and sharders of the last ``plan``, as a meta
-    copy)."""
+    arguments, and ``_planned``, the model and sharders of the last ``collective_plan`` on
+    rank 0, as a meta copy)."""
 
     _arguments: dict[str, Any]
     _adaptation: dict[str, Any] | None
@@ -99,7 +99,10 @@ class Replanning:
     def planned_inputs(self) -> tuple[nn.Module, list]:
         """The model (a meta copy) and sharders of the last ``plan``."""
         if self._planned is None:
-            raise ValueError("the planner has no plan on this rank (rank 0 plans)")
+            raise ValueError(
+                "the planner has no model to plan again on this rank: rank 0 keeps it "
+                "when it plans through collective_plan"
+            )
         return self._planned
 
     def calibration_config(self) -> CalibrationConfig:
