@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import numpy as np
 from _common import RESULTS, machine, write  # noqa: F401 (re-exported)
 
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tasks import Task
 
 

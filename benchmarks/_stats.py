@@ -9,7 +9,7 @@ from _agent_common import geomean
 from _roster import HEURISTICS, METHODS
 from _runner import distinct_plans, plan_key, plan_target
 
-from torchrec_dreamshard.cost.fit import kendall_tau
+from torchrec_dreamshard.cost.fitting import kendall_tau
 from torchrec_dreamshard.data import families
 
 

@@ -41,7 +41,7 @@ def build(tables: int):
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.data.pool import synthetic_pool
+    from torchrec_dreamshard.data.table_pool import synthetic_pool
     from torchrec_dreamshard.measure.demo_model import embedding_bag_configs
 
     class Model(torch.nn.Module):

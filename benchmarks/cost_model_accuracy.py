@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E402
 
-from torchrec_dreamshard.cost.fit import kendall_tau, mape  # noqa: E402
+from torchrec_dreamshard.cost.fitting import kendall_tau, mape  # noqa: E402
 from torchrec_dreamshard.measure import measure_in_rounds  # noqa: E402
 from torchrec_dreamshard.planner import baselines  # noqa: E402
 from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _measure_common import machine, write  # noqa: E402
 
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool  # noqa: E402
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool  # noqa: E402
 from torchrec_dreamshard.measure import MeasureConfig, time_fused_kernel  # noqa: E402
 
 SHARDS = 12

@@ -81,7 +81,7 @@ def build(num_tables: int):
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.data.pool import synthetic_pool
+    from torchrec_dreamshard.data.table_pool import synthetic_pool
 
     pool = synthetic_pool(num_tables=num_tables, seed=0)
     configs = [

@@ -20,7 +20,7 @@ import time
 import numpy as np
 from _paths import RESULTS
 
-from torchrec_dreamshard.data.pool import (
+from torchrec_dreamshard.data.table_pool import (
     DLRM_BATCH_SIZE,
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,

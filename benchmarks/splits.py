@@ -230,7 +230,7 @@ def measure_rounds(tasks, raw, config, rounds: int, path: Path) -> None:
 def planning_seconds(agent, tables: int = 1000, devices: int = 64) -> float:
     """Seconds of ``plan_with_splits`` on ``tables`` DLRM-shaped pool tables (CPU scale) on
     ``devices`` devices at 1.2x memory (one run, as ``benchmarks/planning_time.py`` does)."""
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 
     pool = synthetic_pool(num_tables=tables, scale=CPU_POOL_SCALE, seed=0)
     task = make_task(pool, devices, 2048, 1.2)

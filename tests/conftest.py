@@ -23,7 +23,7 @@ def cold_cache(tmp_path_factory) -> Iterator[None]:
     (``XDG_CACHE_HOME``, inherited by spawned and launched ranks) and no calibration store
     named in the environment, so what is tested is the cold path, and no test reads or
     writes the user's cache."""
-    from torchrec_dreamshard.calibration.store import STORE_ENV
+    from torchrec_dreamshard.calibration.store_keys import STORE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))
@@ -63,7 +63,10 @@ def bundled_reference_ms() -> tuple[float, float]:
     planner scales its kernels by 1), computed once."""
     if not _BUNDLED_REFERENCE:
         from torchrec_dreamshard.cost.plans import cost_network_kernel
-        from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+        from torchrec_dreamshard.measure.embedding_kernels import (
+            REFERENCE_BATCH_SIZE,
+            REFERENCE_TABLES,
+        )
         from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
         kernel = cost_network_kernel(load_checkpoint(None))
@@ -137,13 +140,13 @@ def fixed_collectives() -> Iterator[CollectiveModels]:
     the machine or its load. Ranks a test spawns or launches do not inherit this; they
     pass what they pin, or measure what they assert."""
     from torchrec_dreamshard.calibration import auto
-    from torchrec_dreamshard.planner import components
+    from torchrec_dreamshard.planner import defaults
 
     with pytest.MonkeyPatch.context() as patch:
         # `dreamshard plan`'s automatic calibration plans with the checkpoint as it is
         patch.setattr(auto, "measured_reference_ms", lambda device="cpu": None)
-        patch.setattr(components, "load_collective_models", lambda **kw: GLOO_LIKE)
-        patch.setattr(components, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
+        patch.setattr(defaults, "load_collective_models", lambda **kw: GLOO_LIKE)
+        patch.setattr(defaults, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
         # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)
-        patch.setattr(components, "load_reference_ms", lambda **kw: None)
+        patch.setattr(defaults, "load_reference_ms", lambda **kw: None)
         yield GLOO_LIKE

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.planner import baselines

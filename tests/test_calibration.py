@@ -135,7 +135,7 @@ def test_fine_tune_learns_a_faster_machine_from_few_kernels():
     the prior's error from 40% to a few percent, on kernels it did not see too."""
     import numpy as np
 
-    from torchrec_dreamshard.cost.fit import predict_samples, sample_from_measurement
+    from torchrec_dreamshard.cost.fitting import predict_samples, sample_from_measurement
 
     agent = DreamShard.untrained(seed=0)
     rng = np.random.default_rng(0)
@@ -439,16 +439,16 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
-    from torchrec_dreamshard.calibration import fit, plan
+    from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning
     from torchrec_dreamshard.planner import DreamShardPlanner, proposers
 
     runs = []
 
     def counted(*args, **kwargs):
         runs.append(args[1])
-        return fit.calibrate(*args, **kwargs)
+        return fine_tuning.calibrate(*args, **kwargs)
 
-    monkeypatch.setattr(plan, "calibrate", counted)
+    monkeypatch.setattr(calibrating_agent, "calibrate", counted)
     # three tables may only be table-wise, so the policy places them whatever this
     # machine's calibrated kernels make the type choice do with the other three
     table_wise = ParameterConstraints(sharding_types=["table_wise"])

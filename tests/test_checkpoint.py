@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from torchrec_dreamshard.data.families import TRAIN_FAMILIES
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.checkpoint import (
     BUNDLED_CHECKPOINT,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from torchrec_dreamshard.cli import main
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tasks import Task
 
 

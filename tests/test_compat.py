@@ -305,7 +305,7 @@ def test_a_user_partitioner_places_what_carries_no_ranks(agent, monkeypatch):
     TorchRec's planner partitions (it partitions each distinct set of options once: a
     proposal of the options DreamShard proposed is DreamShard's)."""
     from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
-    from torchrec_dreamshard.planner.types import DreamShardProposal
+    from torchrec_dreamshard.planner.proposal import DreamShardProposal
 
     cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
     partitioner = CountingPartitioner()

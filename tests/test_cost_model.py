@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.cost import fit as P
-from torchrec_dreamshard.cost import network as M
-from torchrec_dreamshard.cost.fit import kendall_tau, mape
-from torchrec_dreamshard.cost.network import CostNet
+from torchrec_dreamshard.cost import cost_net as M
+from torchrec_dreamshard.cost import fitting as P
+from torchrec_dreamshard.cost.cost_net import CostNet
+from torchrec_dreamshard.cost.fitting import kendall_tau, mape
 from torchrec_dreamshard.cost.physics import NUM_QUANTITIES, table_quantities
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.policy import DreamShard
 
@@ -197,7 +197,7 @@ def test_log_comm_is_the_latency_bandwidth_form():
 
     from torch.nn import functional as F
 
-    from torchrec_dreamshard.cost.network import NO_COMM_LOG, device_context
+    from torchrec_dreamshard.cost.cost_net import NO_COMM_LOG, device_context
 
     net = CostNet(8, 2)
     p, q, r = F.softplus(net.comm_raw).detach().tolist()

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchrec_dreamshard.feedback.job_report import build_report
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
-from torchrec_dreamshard.feedback.report import build_report
 from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 
 STEPS = 45  # 8 sampled steps: the first after 5, then one in 5
@@ -40,7 +40,7 @@ def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waitin
 
 
 def test_the_report_sets_each_rank_beside_its_prediction():
-    from torchrec_dreamshard.planner.types import PlanPrediction
+    from torchrec_dreamshard.planner.proposal import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [
@@ -161,8 +161,8 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
     fine-tunes on them, measuring nothing."""
     from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
     from torchrec_dreamshard.calibration.auto import check_machine
-    from torchrec_dreamshard.calibration.kernels import OBSERVED, store_kernel
-    from torchrec_dreamshard.calibration.store import job_prefix
+    from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
+    from torchrec_dreamshard.calibration.store_keys import job_prefix
     from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure.store import CostStore
@@ -195,7 +195,7 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
 
 
 def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run_cli):
-    from torchrec_dreamshard.planner.types import PlanPrediction
+    from torchrec_dreamshard.planner.proposal import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [

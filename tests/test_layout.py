@@ -119,6 +119,16 @@ def test_few_modules_at_the_root():
     assert len(root) <= MAX_ROOT_MODULES, root
 
 
+def test_no_two_modules_share_a_file_name():
+    """A file name says what its module holds: ``store.py`` in two folders says neither."""
+    names: dict[str, list[str]] = {}
+    for path in _modules():
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(_name(path))
+    shared = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not shared, shared
+
+
 def test_no_module_is_long():
     sizes = {_name(p): len(p.read_text().splitlines()) for p in _modules()}
     long = {name: n for name, n in sizes.items() if n > MAX_MODULE_LINES}

@@ -14,12 +14,12 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure import (
     MeasureConfig,
+    embedding_kernels,
     measure_placement,
     random_placement,
     time_fused_kernel,
 )
 from torchrec_dreamshard.measure import comm as comm_mod
-from torchrec_dreamshard.measure import kernels as kernels_mod
 
 FAST = MeasureConfig(warmup=1, iters=2, rounds=2)
 pytestmark = pytest.mark.usefixtures("comm_model")  # a known all-to-all model, privately
@@ -46,16 +46,16 @@ def test_config_rejects_bad_values_with_actionable_messages():
 
 def test_fused_ring_gives_distinct_batches_in_fbgemm_layout():
     tables = small_task().tables[:3]
-    ring = kernels_mod.fused_ring(tables, 64, seed=0, size=3)
+    ring = embedding_kernels.fused_ring(tables, 64, seed=0, size=3)
     for ids, offsets in ring:
         assert offsets.numel() == 3 * 64 + 1 and offsets[-1] == ids.numel()
     assert not torch.equal(ring[0][0], ring[1][0])
-    again = kernels_mod.fused_ring(tables, 64, seed=0, size=3)
+    again = embedding_kernels.fused_ring(tables, 64, seed=0, size=3)
     assert torch.equal(ring[2][0], again[2][0])
 
 
 def test_kernel_memory_is_written_not_zero_pages():
-    kernel = kernels_mod.FusedKernel(small_task().tables[:2], 64, FAST)
+    kernel = embedding_kernels.FusedKernel(small_task().tables[:2], 64, FAST)
     for weights in kernel.emb.split_embedding_weights():
         assert float(weights.abs().min()) > 0
     assert float(kernel.emb.momentum1_host.detach().min()) > 0
@@ -63,7 +63,7 @@ def test_kernel_memory_is_written_not_zero_pages():
 
 @pytest.mark.parametrize("optimizer", ["rowwise_adagrad", "sgd", "adagrad"])
 def test_time_fused_kernel_is_positive_and_updates_weights(optimizer):
-    from torchrec_dreamshard.measure.kernels import FusedKernel
+    from torchrec_dreamshard.measure.embedding_kernels import FusedKernel
 
     config = MeasureConfig(optimizer=optimizer, warmup=1, iters=2, rounds=1)
     tables = small_task().tables[:3]
@@ -102,7 +102,7 @@ def test_bad_placement_is_refused_before_any_kernel_runs(monkeypatch):
     def boom(*args, **kwargs):
         raise AssertionError("a kernel was built for a refused placement")
 
-    monkeypatch.setattr(kernels_mod.FusedKernel, "__init__", boom)
+    monkeypatch.setattr(embedding_kernels.FusedKernel, "__init__", boom)
     task = small_task(num_devices=2)
     with pytest.raises(ValueError, match=r"device 0 is over its memory: its tables \['t0'"):
         measure_placement(task, [0] * 6, FAST)
@@ -116,7 +116,7 @@ def test_kernel_error_is_a_failed_measurement_not_a_crash(monkeypatch):
     def oom(self, warmup, iters):
         raise RuntimeError("out of memory (simulated)")
 
-    monkeypatch.setattr(kernels_mod.FusedKernel, "run_round", oom)
+    monkeypatch.setattr(embedding_kernels.FusedKernel, "run_round", oom)
     m = measure_placement(small_task(), [0, 1] * 3, FAST)
     assert not m.ok and "out of memory" in m.error and math.isnan(m.step_ms)
 

@@ -313,7 +313,7 @@ def _search_mode():
 
 
 def _sample_batches():
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 

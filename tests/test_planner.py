@@ -196,7 +196,7 @@ def test_the_proposer_proposes_and_the_partitioner_places(agent):
     import copy
 
     from torchrec_dreamshard.planner.enumerators import copy_options
-    from torchrec_dreamshard.planner.types import DreamShardProposal
+    from torchrec_dreamshard.planner.proposal import DreamShardProposal
 
     cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
     p = planner(agent, world=2, constraints=cons)
@@ -275,7 +275,7 @@ def test_reuse_statistics_from_sample_batches(agent):
 def test_demo_model_planned_from_its_sample_batches(agent):
     """The demo's model and batches: every table placed, its pooling factor from the
     constraints and its reuse histogram measured from the KJT batches."""
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
     from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 
@@ -440,7 +440,7 @@ def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog
     import logging
 
     from torchrec_dreamshard.measure.hardware import cpu_name
-    from torchrec_dreamshard.planner.components import other_hardware, with_calibration
+    from torchrec_dreamshard.planner.defaults import other_hardware, with_calibration
 
     class Agent:
         def __init__(self, name):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.sampler import TaskSampler, make_task
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement, device_bytes
 from torchrec_dreamshard.policy import DreamShard, PlacementError
@@ -279,7 +279,7 @@ def test_packing_check_chooses_as_can_pack_does():
 
 
 def test_frozen_policy_gives_the_policys_logits(agent):
-    from torchrec_dreamshard.policy.network import FrozenPolicy
+    from torchrec_dreamshard.policy.policy_net import FrozenPolicy
 
     u = torch.rand(4, 9, agent.policy.in_dim + 12) * 3
     frozen = FrozenPolicy(agent.policy)

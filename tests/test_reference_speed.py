@@ -12,7 +12,7 @@ from torchrec.distributed.planner.types import Topology
 from torchrec_dreamshard.cost.plans import cost_network_kernel
 from torchrec_dreamshard.measure import reference_speed as rs
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
-from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.planner.type_choice import TypeChooser
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
@@ -59,7 +59,7 @@ def test_a_slower_backward_here_replicates_what_the_prediction_keeps_table_wise(
     replicated (their dense kernel was measured here, the fused one was not)."""
     from test_type_choice import models, plan_types
 
-    from torchrec_dreamshard.planner import components
+    from torchrec_dreamshard.planner import defaults
 
     dense = DenseKernelModel(fwd=(0.0, 0.04, 0, 0, 0), bwd=(0.0, 0.04, 0, 0, 1.0))
     f, b = predicted_reference(agent)
@@ -67,7 +67,7 @@ def test_a_slower_backward_here_replicates_what_the_prediction_keeps_table_wise(
         warnings.simplefilter("ignore")
         # calibrate=False: the prediction scaled to this machine's time, not calibrated
         _, as_predicted = plan_types(agent, models(0.0, 0.5), dense_kernel=dense, calibrate=False)
-        monkeypatch.setattr(components, "load_reference_ms", lambda **kw: (f, 30 * b))
+        monkeypatch.setattr(defaults, "load_reference_ms", lambda **kw: (f, 30 * b))
         _, here = plan_types(agent, models(0.0, 0.5), dense_kernel=dense, calibrate=False)
     tiny = [f"tiny{i}" for i in range(12)]
     assert {as_predicted[t] for t in tiny} == {"table_wise"}

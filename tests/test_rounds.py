@@ -12,10 +12,10 @@ from torchrec_dreamshard.measure import (
     balanced_order,
     measure_in_rounds,
     measure_plans,
+    placement_timing,
     round_order,
 )
-from torchrec_dreamshard.measure import placement as placement_mod
-from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 
 
 def recorder():
@@ -130,7 +130,7 @@ def test_measure_plans_measures_each_named_placement_and_names_a_failure(monkeyp
             return PlacementMeasurement.failed("out of memory", backend)
         return PlacementMeasurement([], float(sum(placement)), 0.0, 1.0, backend=backend)
 
-    monkeypatch.setattr(placement_mod, "measure_placement", fake)
+    monkeypatch.setattr(placement_timing, "measure_placement", fake)
     plans = {"left": [0, 0, 1], "right": [1, 0, 1]}
     out = measure_plans(task, plans, rounds=2, backend="distributed")
     assert [[(n, m.step_ms) for n, m in r.items()] for r in out] == [

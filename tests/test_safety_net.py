@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.cost import network as M
+from torchrec_dreamshard.cost import cost_net as M
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy import moves as neighbourhood
@@ -176,8 +176,8 @@ def test_score_changes_scores_the_changed_placements_as_score_states_does(fast, 
     the same scores, bit for bit, as rating the whole batch of changed device states,
     both where the unchanged devices' totals are reused and where every device is
     reduced again."""
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.policy import DreamShard
 
     sampler = TaskSampler(synthetic_pool(60, scale=CPU_POOL_SCALE), seed=2)

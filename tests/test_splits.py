@@ -309,8 +309,7 @@ def test_the_search_splits_a_dominant_table_when_communication_sets_the_step():
 def test_trial_splits_leave_the_whole_plan_report_and_do_not_recalibrate(monkeypatch):
     """The split search re-places trial shard tasks; a plan that stays whole keeps the
     safety-net report of its own placement, and a calibrating agent calibrates once."""
-    from torchrec_dreamshard.calibration import CalibratingAgent
-    from torchrec_dreamshard.calibration import plan as plan_mod
+    from torchrec_dreamshard.calibration import CalibratingAgent, calibrating_agent
 
     tables = [_table(f"t{i}", rows=800 * (i + 1), dim=64, pf=2.0 + i) for i in range(8)]
     task = _task(tables, devices=4, factor=2.0)
@@ -328,7 +327,9 @@ def test_trial_splits_leave_the_whole_plan_report_and_do_not_recalibrate(monkeyp
     assert any(n > len(tables) for n in calls)  # but it tried tasks of shards
     assert all(len(c.placement) == len(tables) for c in agent.last_report.candidates)
 
-    runs, real = [], plan_mod.plan_task
-    monkeypatch.setattr(plan_mod, "plan_task", lambda *a, **k: runs.append(1) or real(*a, **k))
+    runs, real = [], calibrating_agent.plan_task
+    monkeypatch.setattr(
+        calibrating_agent, "plan_task", lambda *a, **k: runs.append(1) or real(*a, **k)
+    )
     plan_with_splits(CalibratingAgent(agent, calibration=None), task)
     assert len(runs) == 1  # the trial placements went to the calibrated agent directly

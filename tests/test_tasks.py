@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.data import pool as pool_module
+from torchrec_dreamshard.data import table_pool as pool_module
 from torchrec_dreamshard.data.datasets import load_dlrm_dataset
-from torchrec_dreamshard.data.pool import (
+from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import (
     DLRM_PUBLISHED_ACCESS_SHARE,
     DLRM_PUBLISHED_ROWS_ACCESSED_ONCE,
     access_share_to_row_hist,
@@ -17,7 +18,6 @@ from torchrec_dreamshard.data.pool import (
     synthetic_pool,
     to_published_bins,
 )
-from torchrec_dreamshard.data.sampler import TaskSampler
 from torchrec_dreamshard.data.tables import BIN_MID, TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement, placement_from_dict
 

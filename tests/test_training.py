@@ -7,10 +7,10 @@ import csv
 import pytest
 import torch
 
-from torchrec_dreamshard.cost.fit import CostSample
-from torchrec_dreamshard.cost.network import context_values
-from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.cost.cost_net import context_values
+from torchrec_dreamshard.cost.fitting import CostSample
 from torchrec_dreamshard.data.sampler import TaskSampler
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.training import (
     TrainConfig,

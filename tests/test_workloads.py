@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from torchrec_dreamshard.data.pool import synthetic_pool
+from torchrec_dreamshard.data.table_pool import synthetic_pool
 from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, access_stats
 from torchrec_dreamshard.data.workloads import (
     HIST_L1_TOLERANCE,

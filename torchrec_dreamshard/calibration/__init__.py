@@ -37,7 +37,12 @@ The package, one concept per module: :mod:`.store` (the store's path and job key
 (:func:`verify`) and :mod:`.plan` (:func:`plan_task`, :class:`CalibratingAgent`).
 """
 
-from torchrec_dreamshard.calibration.fit import (
+from torchrec_dreamshard.calibration.calibrating_agent import (
+    CalibratingAgent,
+    PlanOutcome,
+    plan_task,
+)
+from torchrec_dreamshard.calibration.fine_tuning import (
     FIT_RESERVE_S,
     HEAD_PARAMETERS,
     CalibrationConfig,
@@ -48,14 +53,13 @@ from torchrec_dreamshard.calibration.fit import (
     scale_comm,
     with_comm_model,
 )
-from torchrec_dreamshard.calibration.kernels import (
+from torchrec_dreamshard.calibration.kernel_samples import (
     KERNELS_PER_CALL,
     informative_groups,
     load_kernel_samples,
     measure_kernels,
 )
-from torchrec_dreamshard.calibration.plan import CalibratingAgent, PlanOutcome, plan_task
-from torchrec_dreamshard.calibration.store import (
+from torchrec_dreamshard.calibration.store_keys import (
     JOB_ROOT,
     STORE_ENV,
     default_store_path,

@@ -1,8 +1,8 @@
 """Whether the checkpoint prices this machine right, and so whether to calibrate by default.
 
 A cost network is a model of the machine it was trained on. The check takes seconds: the
-reference kernel (:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_TABLES` at
-:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad),
+reference kernel (:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_TABLES` at
+:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad),
 timed on this machine (cached per machine), against the network's prediction of it. When
 the predicted forward plus backward is off by more than :data:`AUTO_TOLERANCE` either way,
 the planner calibrates on the user's tables (:func:`~.fit.calibrate`) within
@@ -97,7 +97,7 @@ def check_machine(
     """``agent``'s cost network on the reference kernel against ``measured_ms`` (this
     machine's ``(fwd, bwd)``, ``None`` when not measured)."""
     from torchrec_dreamshard.cost.plans import cost_network_kernel
-    from torchrec_dreamshard.measure.kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
+    from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 
     predicted = cost_network_kernel(agent)(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE)
     measured = None if measured_ms is None else (float(measured_ms[0]), float(measured_ms[1]))

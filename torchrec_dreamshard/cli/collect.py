@@ -41,8 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _tasks(args: argparse.Namespace, count: int) -> list:
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import read_json
 

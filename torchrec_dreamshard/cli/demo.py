@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
 
 def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
     """Tables from the synthetic pool's test split (CPU scale)."""
-    from torchrec_dreamshard.data.pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 
     pool = synthetic_pool(scale=CPU_POOL_SCALE, seed=seed)
     return TaskSampler(pool, seed=seed).sample("test", num_tables, num_devices, batch_size)
@@ -235,7 +235,7 @@ def measure_both(mtask, ours: dict, theirs: dict) -> None:
 
 def format_side_by_side(ours: dict, theirs: dict) -> str:
     """Per-device measured times of both plans, then the step costs and planning times."""
-    from torchrec_dreamshard.report import device_table
+    from torchrec_dreamshard.device_report import device_table
 
     a, b = ours["measured"], theirs["measured"]
     left, right = (

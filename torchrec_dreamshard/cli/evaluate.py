@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_table(task, placement, m) -> None:
     from torchrec_dreamshard.data.tasks import device_tables
-    from torchrec_dreamshard.report import device_table
+    from torchrec_dreamshard.device_report import device_table
 
     if not m.ok:
         return

@@ -307,7 +307,7 @@ def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any
 
 def format_plan(plan: dict[str, Any]) -> str:
     """A per-device table of a PLAN.json dict."""
-    from torchrec_dreamshard.report import device_table
+    from torchrec_dreamshard.device_report import device_table
 
     rows = [{**dev, "tables": len(dev["tables"])} for dev in plan["per_device"]]
     lines = device_table(rows, memory=True)

@@ -30,14 +30,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchrec_dreamshard.data.pool import (
+    from torchrec_dreamshard.data.sampler import TaskSampler
+    from torchrec_dreamshard.data.table_pool import (
         CPU_POOL_SCALE,
         DLRM_BATCH_SIZE,
         pool_access_share,
         pool_rows_accessed_once,
         synthetic_pool,
     )
-    from torchrec_dreamshard.data.sampler import TaskSampler
 
     scale = CPU_POOL_SCALE if args.scale is None else args.scale
     pool = synthetic_pool(scale=scale, seed=args.seed)

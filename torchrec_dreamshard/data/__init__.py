@@ -5,7 +5,7 @@
   specs from TorchRec's configs;
 * :mod:`~torchrec_dreamshard.data.workloads`: id batches drawn to a table's statistics;
 * :mod:`~torchrec_dreamshard.data.tasks`: ``Task``, placements and the task file;
-* :mod:`~torchrec_dreamshard.data.pool`: the synthetic DLRM-shaped table pool;
+* :mod:`~torchrec_dreamshard.data.table_pool`: the synthetic DLRM-shaped table pool;
 * :mod:`~torchrec_dreamshard.data.sampler`: tasks drawn from a pool;
 * :mod:`~torchrec_dreamshard.data.families`: task families for training and judging;
 * :mod:`~torchrec_dreamshard.data.datasets`: Meta's DLRM dataset files;

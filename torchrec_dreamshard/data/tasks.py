@@ -1,6 +1,6 @@
 """Tasks (tables + devices + memory + batch) and placements (a device per table).
 
-The synthetic table pool is in :mod:`torchrec_dreamshard.data.pool`, the task sampler in
+The synthetic table pool is in :mod:`torchrec_dreamshard.data.table_pool`, the task sampler in
 :mod:`torchrec_dreamshard.data.sampler` and the dataset loader in
 :mod:`torchrec_dreamshard.data.datasets`."""
 

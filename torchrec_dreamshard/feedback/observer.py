@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from torchrec_dreamshard.feedback.job_report import build_report, report_lines
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
-from torchrec_dreamshard.feedback.report import build_report, report_lines
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -183,8 +183,8 @@ class JobObserver:
         plan is a new one only where it is predicted to pay beyond the model's
         uncertainty (else the observed plan). Restart the job with it, or apply it in
         place where ``DistributedModelParallel.reshard`` can."""
+        from torchrec_dreamshard.feedback.job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import learn_and_replan
-        from torchrec_dreamshard.feedback.report import measured_by_rank
 
         profiles = self._gather()
         if min(len(p) for p in profiles) == 0:

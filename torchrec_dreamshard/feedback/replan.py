@@ -3,7 +3,7 @@
 1. **Store.** Each rank's fused embedding kernel, as measured in the job (forward and
    backward medians over the sampled steps), becomes a kernel row of the calibration store
    over the tables that rank holds, under the machine's and workload's key and an
-   ``obs-`` job key (:data:`~torchrec_dreamshard.calibration.kernels.OBSERVED`). A rank that
+   ``obs-`` job key (:data:`~torchrec_dreamshard.calibration.kernel_samples.OBSERVED`). A rank that
    also runs fused shards the cost network does not price (TorchRec placed them) is left
    out: its measured kernel is not the predicted one's.
 2. **Learn.** The cost network is calibrated as at plan time (:func:`~torchrec_dreamshard.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-    from torchrec_dreamshard.planner.types import PlanPrediction
+    from torchrec_dreamshard.planner.proposal import PlanPrediction
     from torchrec_dreamshard.policy import PlacementAgent
 
 MIN_GAIN = 0.01  # a re-plan must be predicted at least this much faster, whatever the spread
@@ -42,7 +42,7 @@ MIN_GAIN = 0.01  # a re-plan must be predicted at least this much faster, whatev
 def rank_kernels(planner: DreamShardPlanner) -> tuple[list[list[TableSpec]], list[bool]]:
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
     cost network prices, and whether that is all the rank runs on the fused kernel."""
-    from torchrec_dreamshard.planner.types import is_policy_option, is_split_option, option_specs
+    from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option, option_specs
 
     world = planner.topology.world_size
     groups: list[list[TableSpec]] = [[] for _ in range(world)]
@@ -62,8 +62,8 @@ def store_observations(
     planner: DreamShardPlanner, measured: list[dict[str, float]], config: Any
 ) -> int:
     """Step 1: every clean rank's observed fused kernel as a store row; how many."""
-    from torchrec_dreamshard.calibration.kernels import OBSERVED, store_kernel
-    from torchrec_dreamshard.calibration.store import job_prefix, table_signature
+    from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
+    from torchrec_dreamshard.calibration.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.measure.config import stable_key
     from torchrec_dreamshard.measure.store import CostStore
 
@@ -132,7 +132,7 @@ def learn_and_replan(
 ) -> Replan:
     """Steps 1 to 3 (see the module docstring), on rank 0."""
     from torchrec_dreamshard.calibration import calibrate, scale_comm
-    from torchrec_dreamshard.planner.types import prediction_task
+    from torchrec_dreamshard.planner.proposal import prediction_task
 
     stored = store_observations(planner, measured, config)
     groups, _ = rank_kernels(planner)

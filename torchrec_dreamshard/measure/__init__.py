@@ -12,9 +12,10 @@
 from torchrec_dreamshard.data.tasks import random_placement
 from torchrec_dreamshard.measure.comm import CommModel, calibrate_comm_model, load_comm_model
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
-from torchrec_dreamshard.measure.kernels import REFERENCE_TABLES, time_fused_kernel
-from torchrec_dreamshard.measure.placement import BACKENDS, measure_placement
+from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
+from torchrec_dreamshard.measure.placement_timing import BACKENDS, measure_placement
 from torchrec_dreamshard.measure.rounds import (
     balanced_order,
     measure_in_rounds,
@@ -22,7 +23,6 @@ from torchrec_dreamshard.measure.rounds import (
     round_order,
 )
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
-from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 
 __all__ = [
     "BACKENDS",

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.embedding_kernels import fused_ring
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.job_group import (
     JobGroup,
@@ -42,7 +43,6 @@ from torchrec_dreamshard.measure.job_group import (
     my_share,
     run_on_group,
 )
-from torchrec_dreamshard.measure.kernels import fused_ring
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.threads import single_thread
 

@@ -34,16 +34,16 @@ import torch
 from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import time_all_to_all
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.kernels import (
+from torchrec_dreamshard.measure.embedding_kernels import (
     Arena,
     FusedKernel,
     reference_kernel,
     reference_numel,
     state_numel,
 )
+from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 from torchrec_dreamshard.measure.spawn import free_port, local_process_group
 from torchrec_dreamshard.measure.summary import summarise
-from torchrec_dreamshard.measure.types import PlacementMeasurement
 from torchrec_dreamshard.threads import single_thread
 
 _RESULT_TIMEOUT_S = 1800.0

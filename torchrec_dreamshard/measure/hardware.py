@@ -32,7 +32,7 @@ def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[
     protocol (warm-up, iterations, rounds, ranks timing in turn) changes what a figure
     means, so both are part of it (the protocol's seed is not).
     """
-    from torchrec_dreamshard.measure.kernels import fbgemm_version
+    from torchrec_dreamshard.measure.embedding_kernels import fbgemm_version
 
     if config.device == "cuda":
         device_name = torch.cuda.get_device_name()

@@ -15,7 +15,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import CommModel, load_comm_model
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.kernels import (
+from torchrec_dreamshard.measure.embedding_kernels import (
     ARENA,
     FusedKernel,
     reference_kernel,
@@ -23,8 +23,8 @@ from torchrec_dreamshard.measure.kernels import (
     state_numel,
     time_kernels,
 )
+from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 from torchrec_dreamshard.measure.summary import summarise
-from torchrec_dreamshard.measure.types import PlacementMeasurement
 from torchrec_dreamshard.threads import single_thread
 
 

@@ -5,8 +5,8 @@ the bundled one was trained on an AMD EPYC, and on an Intel Xeon its prediction 
 reference kernel's backward is 16 times too short. Where the planner sets such prices
 beside costs measured here (the dense kernel of data-parallel tables, the collectives),
 it brings them to this machine's time by the ratio of the reference kernel
-(:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_TABLES` at batch
-:data:`~torchrec_dreamshard.measure.kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad) as
+(:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_TABLES` at batch
+:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad) as
 measured here to the network's prediction of it, forward and backward apart
 (:func:`speed_ratio`). One kernel cannot say how every table's time moves between two
 machines; calibration (``calibrate=``) measures the user's own tables and is the better
@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
-from torchrec_dreamshard.measure.kernels import (
+from torchrec_dreamshard.measure.embedding_kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
     time_fused_kernel,
 )
+from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 
 FORMAT_VERSION = 1

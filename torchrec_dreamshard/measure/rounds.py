@@ -25,7 +25,7 @@ from typing import TypeVar
 
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
@@ -125,7 +125,7 @@ def measure_plans(
     Raises:
         RuntimeError: a measurement failed (the plan and its error are named).
     """
-    from torchrec_dreamshard.measure.placement import measure_placement
+    from torchrec_dreamshard.measure.placement_timing import measure_placement
 
     def measure(_: int, name: K) -> PlacementMeasurement:
         m = measure_placement(task, list(plans[name]), config, backend)

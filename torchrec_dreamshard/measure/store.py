@@ -25,9 +25,9 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
+from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.measure.store_lock import collector_lock
 from torchrec_dreamshard.measure.summary import reference_scales
-from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
 
 __all__ = [
     "CostStore",

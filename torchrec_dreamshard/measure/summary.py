@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
 
 
 def relative_spread(values: np.ndarray) -> float:

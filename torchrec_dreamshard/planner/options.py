@@ -25,7 +25,7 @@ from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.data.splits import split_counts
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.types import (
+from torchrec_dreamshard.planner.proposal import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,

@@ -1,7 +1,7 @@
 """``DreamShardPartitioner``: places a proposal and checks memory.
 
 A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
-:class:`~torchrec_dreamshard.planner.types.DreamShardProposal` in two steps:
+:class:`~torchrec_dreamshard.planner.proposal.DreamShardProposal` in two steps:
 
 1. the tables the policy does not place (those DreamShard leaves to TorchRec, and those the
    type choice moved to another type), by TorchRec's partitioner (``GreedyPerfPartitioner``,
@@ -45,7 +45,7 @@ from torchrec.distributed.planner.types import (
 from torchrec_dreamshard.data.splits import plan_entries
 from torchrec_dreamshard.planner.options import SpecFn, column_wise_option
 from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.types import (
+from torchrec_dreamshard.planner.proposal import (
     DreamShardProposal,
     device_capacity,
     memory_tier,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.types import (
+from torchrec_dreamshard.planner.proposal import (
     PlanPrediction,
     is_policy_option,
     is_split_option,

@@ -21,7 +21,7 @@ from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.types import PLACEMENT_MODES
+from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
 from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import SafetyReport

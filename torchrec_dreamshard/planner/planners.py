@@ -58,7 +58,7 @@ from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.components import (
+from torchrec_dreamshard.planner.defaults import (
     Unloaded,
     check_arguments,
     default_topology,
@@ -67,21 +67,21 @@ from torchrec_dreamshard.planner.components import (
     with_calibration,
 )
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
+from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
+from torchrec_dreamshard.planner.proposal import PlanPrediction
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
 from torchrec_dreamshard.planner.rivals import tracked
-from torchrec_dreamshard.planner.specs import TableSpecs
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
 )
-from torchrec_dreamshard.planner.types import PlanPrediction
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 logger = logging.getLogger(__name__)
@@ -148,10 +148,10 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             real kernels and keep the fastest heuristic plan unless another beat it in every
             round (0: no verification).
         collectives: the collective models the sharding-type choice rates plans with
-            (default :func:`~torchrec_dreamshard.planner.components.default_collectives`).
+            (default :func:`~torchrec_dreamshard.planner.defaults.default_collectives`).
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
-            :func:`~torchrec_dreamshard.planner.components.default_dense_kernel`).
+            :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -204,7 +204,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
                 None, [], heuristical_storage_reservation_percentage
             )
         reservation = storage_reservation or self._own_reservation
-        self.table_specs = TableSpecs(sample_batches, topology.world_size)
+        self.table_specs = OptionSpecs(sample_batches, topology.world_size)
         global_batch, sources = batch_size * topology.world_size, default_sources()
         self.proposer = DreamShardProposer(
             self.agent,

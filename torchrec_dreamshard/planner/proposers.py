@@ -12,7 +12,7 @@ given (DreamShard's enumerator's or a user's) and leaves the ranks to the partit
   model which tables take it instead (sequence tables, which TorchRec's partitioner
   places, join the choice as sequence lookups).
 
-The proposal is a :class:`~torchrec_dreamshard.planner.types.DreamShardProposal`: the
+The proposal is a :class:`~torchrec_dreamshard.planner.proposal.DreamShardProposal`: the
 options, which of them the policy places, and which of those may be split column-wise
 (:func:`~torchrec_dreamshard.planner.options.split_widths`: the search space also offers
 them column-wise on the fused kernel).
@@ -42,20 +42,20 @@ from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.options import SpecFn, choose_options, split_widths
-from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
-from torchrec_dreamshard.planner.type_choice import (
-    TypeChooser,
-    TypePlan,
-    alternatives,
-    sequence_options,
-)
-from torchrec_dreamshard.planner.types import (
+from torchrec_dreamshard.planner.proposal import (
     DreamShardProposal,
     device_capacity,
     memory_tier,
     option_bytes,
     prediction_task,
     spec_for_option,
+)
+from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
+from torchrec_dreamshard.planner.type_choice import (
+    TypeChooser,
+    TypePlan,
+    alternatives,
+    sequence_options,
 )
 from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.protocol import PlacementAgent

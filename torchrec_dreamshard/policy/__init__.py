@@ -1,6 +1,6 @@
 """The policy side of DreamShard, one concept per module:
 
-* :mod:`~torchrec_dreamshard.policy.network`: the policy network ``PolicyNet``;
+* :mod:`~torchrec_dreamshard.policy.policy_net`: the policy network ``PolicyNet``;
 * :mod:`~torchrec_dreamshard.policy.mdp`: the estimated MDP and its roll-outs;
 * :mod:`~torchrec_dreamshard.policy.safety_net`: candidate plans, refined, chosen by the
   uncertainty-penalised cost;
@@ -25,7 +25,7 @@ from torchrec_dreamshard.policy.agent import (
     is_large,
 )
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, PlacementError, Rollout
-from torchrec_dreamshard.policy.network import PolicyNet
+from torchrec_dreamshard.policy.policy_net import PolicyNet
 from torchrec_dreamshard.policy.protocol import (
     CandidateSource,
     FixedPlan,

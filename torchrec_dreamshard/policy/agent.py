@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.network import CostNet, cost_inputs, device_context, single_thread
+from torchrec_dreamshard.cost.cost_net import CostNet, cost_inputs, device_context, single_thread
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, alone_on_a_device
-from torchrec_dreamshard.policy.network import PolicyNet
+from torchrec_dreamshard.policy.policy_net import PolicyNet
 from torchrec_dreamshard.policy.protocol import CandidateSource
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from torchrec_dreamshard.cost.network import CostNet
+from torchrec_dreamshard.cost.cost_net import CostNet
 from torchrec_dreamshard.data import tables as _tables
 from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet

@@ -1,5 +1,5 @@
 """The estimated MDP: a task seen through the cost network, and roll-outs of the policy
-on it (:mod:`torchrec_dreamshard.policy.network`).
+on it (:mod:`torchrec_dreamshard.policy.policy_net`).
 
 Estimated MDP. The tables of a task are sorted by their predicted single-table cost,
 descending, and placed one at a time. The state after step ``i`` is, per device ``d``, the
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.network import EPS_MS, CostNet, FrozenHeads, device_context
+from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet, FrozenHeads, device_context
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.policy.network import NUM_SCALARS, FrozenPolicy, PolicyNet
 from torchrec_dreamshard.policy.packing import can_pack
+from torchrec_dreamshard.policy.policy_net import NUM_SCALARS, FrozenPolicy, PolicyNet
 
 LOG_EPS = math.log(EPS_MS)
 LOG_EPS_32 = np.float32(LOG_EPS)  # what float32 state holds of it

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.network import FrozenHeads
+from torchrec_dreamshard.cost.cost_net import FrozenHeads
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.heuristics import PROXIES
 from torchrec_dreamshard.policy.moves import REFINE_CANDIDATES, Changes

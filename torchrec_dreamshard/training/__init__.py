@@ -1,6 +1,6 @@
 """The DreamShard training loop, one concept per module:
 
-* :mod:`~torchrec_dreamshard.training.config`: ``TrainConfig`` and seeding;
+* :mod:`~torchrec_dreamshard.training.train_config`: ``TrainConfig`` and seeding;
 * :mod:`~torchrec_dreamshard.training.jobs`: the placements a run measures (``Job``) and
   their collection into the cost store;
 * :mod:`~torchrec_dreamshard.training.samples`: the store's measurements as cost samples;
@@ -9,7 +9,6 @@
 * :mod:`~torchrec_dreamshard.training.loop`: checkpoints, resuming and the loop itself.
 """
 
-from torchrec_dreamshard.training.config import TrainConfig, seed_everything
 from torchrec_dreamshard.training.jobs import (
     Job,
     bootstrap_jobs,
@@ -28,6 +27,7 @@ from torchrec_dreamshard.training.reinforce import (
     train_policy,
 )
 from torchrec_dreamshard.training.samples import load_samples, split_holdout
+from torchrec_dreamshard.training.train_config import TrainConfig, seed_everything
 
 __all__ = [
     "CHECKPOINT_NAME",

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.network import single_thread
+from torchrec_dreamshard.cost.cost_net import single_thread
 from torchrec_dreamshard.data.families import draw_task
 from torchrec_dreamshard.data.tasks import Task, random_placement
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.training.config import TrainConfig
+from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.measure.store import CostStore

@@ -32,18 +32,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.fit import (
+from torchrec_dreamshard.cost.cost_net import CostNet, single_thread
+from torchrec_dreamshard.cost.fitting import (
     evaluate_cost_model,
     fit_cost_model,
 )
-from torchrec_dreamshard.cost.network import CostNet, single_thread
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
-from torchrec_dreamshard.training.config import TrainConfig, seed_everything
 from torchrec_dreamshard.training.jobs import bootstrap_jobs, collect, draw_tasks, iteration_jobs
 from torchrec_dreamshard.training.logs import write_metrics
 from torchrec_dreamshard.training.reinforce import greedy_predicted_ms, train_policy
 from torchrec_dreamshard.training.samples import load_samples, split_holdout
+from torchrec_dreamshard.training.train_config import TrainConfig, seed_everything
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.measure.store import CostStore

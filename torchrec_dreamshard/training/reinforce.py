@@ -9,11 +9,11 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from torchrec_dreamshard.cost.network import single_thread
+from torchrec_dreamshard.cost.cost_net import single_thread
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.training.config import TrainConfig
 from torchrec_dreamshard.training.jobs import progress_bar
+from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
     pass

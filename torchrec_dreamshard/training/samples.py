@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from torchrec_dreamshard.cost.fit import (
+from torchrec_dreamshard.cost.fitting import (
     CostSample,
     sample_from_measurement,
 )
-from torchrec_dreamshard.training.config import TrainConfig
 from torchrec_dreamshard.training.jobs import is_task_group, job_group
+from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.measure.store import CostStore

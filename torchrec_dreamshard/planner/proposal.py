@@ -23,7 +23,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.data.splits import shard_spec
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.report import device_table
+from torchrec_dreamshard.device_report import device_table
 
 DREAMSHARD_SHARDING_TYPE: str = ShardingType.TABLE_WISE.value
 DREAMSHARD_COMPUTE_KERNEL: str = EmbeddingComputeKernel.FUSED.value

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.cost.fit import CostSample, sample_from_measurement
+from torchrec_dreamshard.cost.fitting import CostSample, sample_from_measurement
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
@@ -75,7 +75,7 @@ def observed_jobs(
     """The store's kernels observed in running jobs (:data:`OBSERVED`, under ``prefix``:
     this machine and workload) over tables all of which are among ``tables`` (by content
     signature): what a re-plan of these tables, or of a restarted job, learns from."""
-    from torchrec_dreamshard.calibration.store import table_signature
+    from torchrec_dreamshard.calibration.store_keys import table_signature
     from torchrec_dreamshard.measure.hardware import fingerprint_key
 
     wanted = prefix + OBSERVED
@@ -94,7 +94,7 @@ def observed_jobs(
 
 def store_kernel(store, tables, batch_size, fb, reference_ms, spread, config, job) -> None:
     """One measured fused kernel over ``tables`` as a one-device store row under ``job``."""
-    from torchrec_dreamshard.measure.types import DeviceCost, PlacementMeasurement
+    from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
 
     room = max(1, sum(t.size_bytes for t in tables))
     one = Task(tables=list(tables), num_devices=1, memory_bytes=[room], batch_size=batch_size)

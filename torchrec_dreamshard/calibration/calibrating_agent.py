@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
-from torchrec_dreamshard.calibration.fit import (
+from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
     CalibrationResult,
     calibrate,

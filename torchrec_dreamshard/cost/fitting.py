@@ -1,4 +1,4 @@
-"""Fitting the cost network (:mod:`torchrec_dreamshard.cost.network`) to measurements,
+"""Fitting the cost network (:mod:`torchrec_dreamshard.cost.cost_net`) to measurements,
 and its accuracy metrics.
 
 Samples. A measured placement becomes a :class:`CostSample`: the tables' network inputs
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from torchrec_dreamshard.cost.network import EPS_MS, CostNet, context_values, cost_inputs
+from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet, context_values, cost_inputs
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.threads import single_thread
 

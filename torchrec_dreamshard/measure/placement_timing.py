@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.types import PlacementMeasurement
+from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 
 BACKENDS = ("local", "distributed")
 

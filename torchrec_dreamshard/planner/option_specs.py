@@ -1,12 +1,12 @@
-"""``TableSpecs``: the :class:`~torchrec_dreamshard.data.tables.TableSpec` of every sharding option,
-shared by the planner's components.
+"""``OptionSpecs``: the :class:`~torchrec_dreamshard.data.tables.TableSpec` of every sharding
+option, shared by the planner's components.
 
 The enumerator, the proposer, the partitioner, the perf model and the stats all see a table
 the same way:
 its shape and element size from the option's tensor, its pooling factor from the option's
 ``input_lengths`` (``ParameterConstraints.pooling_factors``), and, when the planner was
 given sample batches, the reuse histogram measured from them. The planner calls
-:meth:`TableSpecs.observe` with the module before it plans, so the statistics are there
+:meth:`OptionSpecs.observe` with the module before it plans, so the statistics are there
 whichever enumerator (ours or a user's) builds the search space.
 """
 
@@ -21,10 +21,10 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.table_stats import group_stats, merge_stats
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.types import spec_for_option
+from torchrec_dreamshard.planner.proposal import spec_for_option
 
 
-class TableSpecs:
+class OptionSpecs:
     """Table specs by fully qualified name, with reuse measured from sample batches.
 
     Args:

@@ -38,7 +38,7 @@ re-weighting of the samples. The prediction is the mean of the members' log cost
 standard deviation is the uncertainty a planner adds as a penalty, so that a search
 cannot profit from a placement only some members believe in.
 
-Fitting is in :mod:`torchrec_dreamshard.cost.fit`.
+Fitting is in :mod:`torchrec_dreamshard.cost.fitting`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from torchrec_dreamshard.cost.network import mlp
+from torchrec_dreamshard.cost.cost_net import mlp
 
 NUM_SCALARS = 12  # scalar inputs per device besides log(1 + h'_d)
 

@@ -18,15 +18,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.calibration.kernels import (
+from torchrec_dreamshard.calibration.kernel_samples import (
     OBSERVED,
     informative_groups,
     load_kernel_samples,
     measure_kernels,
     observed_jobs,
 )
-from torchrec_dreamshard.calibration.store import default_store_path, job_prefix, kernel_job
-from torchrec_dreamshard.cost.fit import (
+from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
+from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet
+from torchrec_dreamshard.cost.fitting import (
     CostSample,
     bootstrap_weights,
     log_targets,
@@ -34,7 +35,6 @@ from torchrec_dreamshard.cost.fit import (
     predict_samples,
     weighted_log_loss,
 )
-from torchrec_dreamshard.cost.network import EPS_MS, CostNet
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
