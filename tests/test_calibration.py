@@ -219,6 +219,68 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
 
 
+def test_verification_keeps_to_its_budget_after_the_first_round():
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(6, 2)
+    res = cal.verify(agent, task, 2, FAST, rounds=3, budget_s=1e-6)
+    assert {len(p.rounds_ms) for p in res.plans} == {1}  # one round, then out of budget
+    res = cal.verify(agent, task, 2, FAST, rounds=2, budget_s=1e6)
+    assert {len(p.rounds_ms) for p in res.plans} == {2}
+
+
+def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkeypatch):
+    from torchrec_dreamshard import measure
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    agent = DreamShard.untrained(seed=0)
+    task = tiny_task(6, 2)
+    first = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    assert not first.cached and list((tmp_path / "xdg").rglob("verification_*.json"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("measured again although this machine's cache holds the plans")
+
+    monkeypatch.setattr(measure, "measure_placement", refuse)
+    again = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    assert again.cached and "cache" in again.lines()[0]
+    assert [(p.name, p.rounds_ms) for p in again.plans] == [
+        (p.name, p.rounds_ms) for p in first.plans
+    ]
+    other = Task(tables=task.tables, num_devices=2, memory_bytes=10**7, batch_size=128)
+    with pytest.raises(AssertionError, match="measured again"):  # another batch: measured
+        cal.verify(agent, other, 2, FAST, rounds=2, cache=True)
+    with pytest.raises(AssertionError, match="measured again"):  # not asked to cache
+        cal.verify(agent, task, 2, FAST, rounds=2)
+
+
+@pytest.mark.parametrize(("factor", "verifies"), [(10.0, True), (1.0, False)])
+def test_the_default_verifies_where_it_calibrates(factor, verifies, tmp_path, monkeypatch):
+    """Automatic mode on a machine the checkpoint misprices: the recalibrated plan is
+    measured against the heuristics' before it is kept, and a second plan of the same
+    tables reads that measurement from the cache; where the checkpoint prices the machine
+    right, nothing is measured."""
+    from torchrec_dreamshard.calibration.auto import AUTO_VERIFY_K, check_machine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    agent = DreamShard.untrained(seed=0)
+    fwd, bwd = check_machine(agent, None).predicted_ms
+    task = tiny_task(6, 2)
+    reports = []
+    for _ in range(2):
+        wrapped = cal.CalibratingAgent(
+            agent, config(), verify_k=None, auto=lambda: (fwd * factor, bwd * factor)
+        )
+        placement = wrapped.place(task)
+        reports.append(wrapped.adaptation())
+        assert reports[-1]["verified"] is verifies
+        if verifies:
+            assert placement == wrapped.last_verification.winner.placement
+            assert reports[-1]["verify_plans"] >= AUTO_VERIFY_K
+    if verifies:
+        assert [r["verify_cached"] for r in reports] == [False, True]
+        assert reports[0]["verify_chosen"] == reports[1]["verify_chosen"]
+
+
 def plan(name, rounds, heuristic=False):
     return cal.VerifiedPlan(name, [0], 1.0, 0.0, rounds_ms=rounds, heuristic=heuristic)
 
@@ -373,7 +435,10 @@ def test_planner_calibrate_and_verify_arguments():
     assert isinstance(planner.agent, cal.CalibratingAgent)
     assert planner.agent.calibration.budget_s == 5.0 and planner.agent.verify_k == 2
     assert planner.agent.adaptation()["mode"] == "on" and planner.agent.calibration_enabled
-    with pytest.raises(ValueError, match="verify must be an integer >= 0"):
+    assert default.verify_k is None  # automatic: verifies where the automatic check calibrates
+    assert DreamShardPlanner(topology=topo, agent=agent, calibrate=5).agent.verify_k == 0
+    assert DreamShardPlanner(topology=topo, agent=agent, verify=0).agent.verify_k == 0
+    with pytest.raises(ValueError, match="verify must be None \\(automatic\\) or an integer >= 0"):
         DreamShardPlanner(topology=topo, agent=agent, verify=-1)
     with pytest.raises(ValueError, match="calibrate must be None \\(automatic\\), False, True"):
         DreamShardPlanner(topology=topo, agent=agent, calibrate="yes")

@@ -256,3 +256,15 @@ def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys, run_cli)
     assert all(d["bytes"] <= d["memory_bytes"] for d in plan["per_device"])
     assert run_cli([*argv, "--no-splits"]) == 2
     assert "bigger than every device" in capsys.readouterr().err
+
+
+def test_cli_plan_verifies_by_default_only_where_it_calibrates_automatically():
+    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.calibration.auto import AUTO_VERIFY_K, AUTO_VERIFY_S
+    from torchrec_dreamshard.cli.plan import verify_settings
+
+    config = CalibrationConfig()
+    assert verify_settings(None, {"mode": "auto"}, config) == (AUTO_VERIFY_K, AUTO_VERIFY_S, True)
+    assert verify_settings(None, {"mode": "auto"}, None) == (0, None, False)  # priced right
+    assert verify_settings(None, {"mode": "on"}, config) == (0, None, False)  # --calibrate
+    assert verify_settings(3, {"mode": "off"}, None) == (3, None, False)  # --verify 3

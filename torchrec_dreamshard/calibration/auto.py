@@ -9,6 +9,13 @@ the planner calibrates on the user's tables (:func:`~.fit.calibrate`) within
 :data:`AUTO_BUDGET_S`. Every kernel calibration measures is kept in the calibration store,
 so the next plan of these tables on this machine measures nothing and only fine-tunes.
 
+A recalibrated network still has errors, and a search against it finds them. So where the
+check calibrates, the plan it picks is also verified on real kernels: it and the next
+best-rated plan (:data:`AUTO_VERIFY_K`) are measured beside every heuristic's plan in
+interleaved rounds, within :data:`AUTO_VERIFY_S`, and the fastest heuristic's plan is kept
+unless another beat it in every round (:func:`~.verification.verify`). The rounds are
+cached per machine and plan set, so planning the same tables again measures nothing.
+
 Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
 predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off
 by other factors (3.4x on another EPYC VM); one ratio cannot say how every table's time
@@ -27,6 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 AUTO_TOLERANCE = 0.25  # calibrate when the reference kernel is mispriced by more than 25%
 AUTO_BUDGET_S = 20.0  # seconds of automatic calibration (measuring and fine-tuning)
+AUTO_VERIFY_K = 2  # the chosen plan and the next best-rated, measured beside the heuristics'
+AUTO_VERIFY_S = 25.0  # seconds of automatic verification (cached: measured once per plan set)
 
 
 @dataclass(frozen=True)

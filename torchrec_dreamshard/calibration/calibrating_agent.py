@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
+from torchrec_dreamshard.calibration.auto import (
+    AUTO_VERIFY_K,
+    AUTO_VERIFY_S,
+    MachineCheck,
+    check_machine,
+)
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
     CalibrationResult,
@@ -68,6 +73,8 @@ def plan_task(
     verify_config: MeasureConfig | None = None,
     progress: bool = False,
     calibrated: CalibrationResult | None = None,
+    verify_budget_s: float | None = None,
+    verify_cache: bool = False,
 ) -> PlanOutcome:
     """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``).
 
@@ -85,6 +92,8 @@ def plan_task(
         progress: tqdm bars.
         calibrated: a calibration of ``agent`` already made (on these tables or more) to
             plan with instead of calibrating again.
+        verify_budget_s, verify_cache: bound and cache the verification (see
+            :func:`~.verification.verify`).
     """
     if verify_k < 0:
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
@@ -97,10 +106,47 @@ def plan_task(
     if verify_k:
         mcfg = verify_config or (calibration.measure if calibration is not None else None)
         ver = verify(
-            planner, task, verify_k, mcfg, verify_rounds, seed, progress, {"chosen": placement}
+            planner,
+            task,
+            verify_k,
+            mcfg,
+            verify_rounds,
+            seed,
+            progress,
+            {"chosen": placement},
+            budget_s=verify_budget_s,
+            cache=verify_cache,
         )
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver)
+
+
+def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
+    """How planning adapted to this machine (:meth:`CalibratingAgent.adaptation`): what
+    was measured, whether it calibrated and verified, and the error before and after."""
+    lines = [adaptation.get("why", "")]
+    if adaptation.get("calibrated"):
+        lines.append(
+            f"calibrated in {adaptation.get('seconds', float('nan')):.1f} s: "
+            f"{adaptation.get('kernels_measured', 0)} kernels measured, "
+            f"{adaptation.get('kernels_reused', 0)} reused; kernel time error "
+            f"{adaptation.get('kernel_mape_before', float('nan')):.0f}% before, "
+            f"{adaptation.get('kernel_mape_after', float('nan')):.0f}% after"
+        )
+    else:
+        lines.append("planned with the checkpoint as it is (no calibration)")
+    if adaptation.get("verified"):
+        how = (
+            "read from this machine's cache"
+            if adaptation.get("verify_cached")
+            else f"in {adaptation.get('verify_seconds', float('nan')):.1f} s"
+        )
+        lines.append(
+            f"verified on real kernels: {adaptation.get('verify_plans', 0)} plans (the "
+            f"heuristics' among them), {adaptation.get('verify_rounds', 0)} rounds, {how}; "
+            f"kept: {adaptation.get('verify_chosen', '')}"
+        )
+    return lines
 
 
 class CalibratingAgent:
@@ -112,7 +158,9 @@ class CalibratingAgent:
     Args:
         agent: the prior agent.
         calibration: calibration settings (``None``: verification only).
-        verify_k: candidates to verify by measuring (0: none).
+        verify_k: candidates to verify by measuring (0: none; ``None``: automatic, i.e.
+            :data:`~.auto.AUTO_VERIFY_K` within :data:`~.auto.AUTO_VERIFY_S`, cached, where
+            the automatic check calibrates, and none elsewhere).
         verify_rounds: interleaved rounds of the verification.
         progress: tqdm bars.
         auto: calibrate only where the checkpoint misprices this machine: ``auto()``
@@ -125,7 +173,7 @@ class CalibratingAgent:
         self,
         agent: DreamShard,
         calibration: CalibrationConfig | None,
-        verify_k: int = 0,
+        verify_k: int | None = 0,
         verify_rounds: int = 3,
         progress: bool = True,
         auto: Callable[[], tuple[float, float] | None] | None = None,
@@ -136,6 +184,7 @@ class CalibratingAgent:
         self.verify_k, self.verify_rounds, self.progress = verify_k, verify_rounds, progress
         self.last_outcome: PlanOutcome | None = None
         self.last_calibration: CalibrationResult | None = None
+        self.last_verification: VerifyResult | None = None
         self.check: MachineCheck | None = None
         self.learns_from_job = False  # calibrated on a running job's observations only
         self._auto = auto
@@ -152,6 +201,18 @@ class CalibratingAgent:
         if self.check is None:
             self.check = check_machine(self.prior, self._auto())
         return self.check.mispriced
+
+    def _verification(self) -> tuple[int, float | None, bool]:
+        """``(k, budget_s, cache)`` of the verification ``place`` runs: as given, or, where
+        it is automatic, :data:`~.auto.AUTO_VERIFY_K` plans within
+        :data:`~.auto.AUTO_VERIFY_S`, cached, on a machine the checkpoint misprices (the
+        plan a recalibrated cost network picks is checked on real kernels against the
+        heuristics' before it is trusted), and none where the checkpoint prices it right."""
+        if self.verify_k is not None:
+            return self.verify_k, None, False
+        if self.calibration is not None and self._auto is not None and self.calibration_enabled:
+            return AUTO_VERIFY_K, AUTO_VERIFY_S, True
+        return 0, None, False
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
         """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
@@ -193,6 +254,16 @@ class CalibratingAgent:
             reference = check_machine(cal.agent, self.check.measured_ms) if self.check else None
             if reference is not None:
                 out["reference_error_after"] = reference.error
+        ver = self.last_verification
+        out["verified"] = ver is not None
+        if ver is not None:
+            out.update(
+                verify_plans=len(ver.plans),
+                verify_rounds=len(ver.winner.rounds_ms),
+                verify_seconds=ver.seconds,
+                verify_cached=ver.cached,
+                verify_chosen=ver.winner.name,
+            )
         return out
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
@@ -217,6 +288,7 @@ class CalibratingAgent:
         """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
         calibrated agent and verify (:func:`plan_task`); the outcome is kept in
         :attr:`last_outcome` and logged."""
+        verify_k, verify_budget_s, verify_cache = self._verification()
         out = plan_task(
             self.prior,
             task,
@@ -225,14 +297,17 @@ class CalibratingAgent:
             seed=seed,
             sources=sources,
             calibration=self._settings(task),
-            verify_k=self.verify_k,
+            verify_k=verify_k,
             verify_rounds=self.verify_rounds,
             progress=self.progress,
             calibrated=self._prepared,
+            verify_budget_s=verify_budget_s,
+            verify_cache=verify_cache,
         )
         self._prepared = None  # one preparation serves one placement
         self.current, self.last_outcome = out.agent, out
         self.last_calibration = out.calibration or self.last_calibration
+        self.last_verification = out.verification or self.last_verification
         log = logging.getLogger("torchrec_dreamshard.calibration")
         for line in out.lines():
             log.info(line)

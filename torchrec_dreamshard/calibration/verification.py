@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -42,6 +43,7 @@ class VerifyResult:
 
     plans: list[VerifiedPlan]
     seconds: float
+    cached: bool = False  # the rounds were read from this machine's cache
 
     @property
     def winner(self) -> VerifiedPlan:
@@ -51,6 +53,7 @@ class VerifyResult:
         return {
             "winner": self.winner.name,
             "seconds": self.seconds,
+            "cached": self.cached,
             "plans": [
                 {
                     "name": p.name,
@@ -64,9 +67,10 @@ class VerifyResult:
 
     def lines(self) -> list[str]:
         rounds = len(self.winner.rounds_ms)
+        how = "read from this machine's cache" if self.cached else f"({self.seconds:.1f}s)"
         out = [
             f"verification: {len(self.plans)} plans measured in {rounds} interleaved rounds "
-            f"({self.seconds:.1f}s); chosen: {self.winner.name}",
+            f"{how}; chosen: {self.winner.name}",
             f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
         ]
         for p in self.plans:
@@ -145,12 +149,21 @@ def verify(
     seed: int = 0,
     progress: bool = False,
     extra: Mapping[str, Sequence[int]] | None = None,
+    budget_s: float | None = None,
+    cache: bool = False,
 ) -> VerifyResult:
     """Measure the ``k`` best-rated candidates and the heuristics' plans (see
     :func:`verify_candidates`; ``extra`` adds named plans) in ``rounds`` interleaved
     rounds (:func:`~torchrec_dreamshard.measure.measure_in_rounds`: each round visits every
     plan once, the order rotated round by round); the plans winner first (see
     :func:`rank_measured`), then by median measured step cost.
+
+    Args:
+        budget_s: stop after the round that would leave too little time for another
+            (at least one round is measured); ``None``: all ``rounds``.
+        cache: read the rounds of these very plans of this task from this machine's
+            cache, or write them there once measured (:func:`verification_cache_path`),
+            so that planning the same tables again measures nothing.
 
     Raises:
         RuntimeError: a measurement failed (its error is named).
@@ -162,6 +175,9 @@ def verify(
     start = time.perf_counter()
     config = replace(config or MeasureConfig(), rounds=1)
     plans = verify_candidates(agent, task, k, seed, extra)
+    path = verification_cache_path(task, plans, config, rounds) if cache else None
+    if path is not None and _read_rounds(path, plans):
+        return VerifyResult(rank_measured(plans), time.perf_counter() - start, cached=True)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -176,12 +192,69 @@ def verify(
             bar.update(1)
         return float(m.step_ms)
 
+    done: list[dict[int, float]] = []
     try:
-        measured = measure_in_rounds([list(range(len(plans)))], measure, rounds)[0]
+        for r in range(rounds):
+            done = measure_in_rounds([list(range(len(plans)))], measure, r + 1, done=[done])[0]
+            spent = time.perf_counter() - start
+            if budget_s is not None and spent * (r + 2) / (r + 1) > budget_s:
+                break  # another round would overrun the budget
     finally:
         if bar is not None:
             bar.close()
-    for results in measured:
+    for results in done:
         for i, ms in results.items():
             plans[i].rounds_ms.append(ms)
+    if path is not None:
+        _write_rounds(path, plans)
     return VerifyResult(rank_measured(plans), time.perf_counter() - start)
+
+
+def verification_cache_path(
+    task: Task, plans: Sequence[VerifiedPlan], config: MeasureConfig, rounds: int
+) -> Path:
+    """This machine's cache file of the verification of ``plans`` of ``task`` (the tables,
+    devices, memory and batch, the plans' placements, the measurement's settings)."""
+    from torchrec_dreamshard.measure.config import stable_key
+    from torchrec_dreamshard.measure.hardware import cpu_name
+    from torchrec_dreamshard.measure.machine_cache import machine_cache_path
+
+    key = stable_key(
+        [task.to_dict(), [p.placement for p in plans], config.to_dict(), rounds], length=16
+    )
+    device = config.device
+    if device == "cuda":
+        import torch
+
+        name = torch.cuda.get_device_name(0)
+    else:
+        name = cpu_name()
+    return machine_cache_path(f"verification_{device}_{key}", name)
+
+
+def _read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> bool:
+    """Fill ``plans``' rounds from ``path``; ``False`` (and nothing filled) when the file
+    is missing or does not hold exactly these plans."""
+    from torchrec_dreamshard.io import read_json
+
+    if not path.exists():
+        return False
+    data = read_json(path, "verification cache")
+    stored = data.get("plans") if isinstance(data, dict) else None
+    if not isinstance(stored, list) or len(stored) != len(plans):
+        return False
+    for p, s in zip(plans, stored, strict=True):
+        rounds = s.get("rounds_ms") if isinstance(s, dict) else None
+        if s.get("placement") != p.placement or not isinstance(rounds, list) or not rounds:
+            return False
+    for p, s in zip(plans, stored, strict=True):
+        p.rounds_ms = [float(ms) for ms in s["rounds_ms"]]
+    return True
+
+
+def _write_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> None:
+    from torchrec_dreamshard.io import atomic_write, dumps_strict
+
+    data = {"plans": [{"placement": p.placement, "rounds_ms": p.rounds_ms} for p in plans]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, dumps_strict(data), "verification cache")

@@ -174,18 +174,10 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
-    """What the planner measured on this machine and whether it calibrated."""
-    lines = ["", "== adapting to this machine ==", adaptation.get("why", "")]
-    if adaptation.get("calibrated"):
-        lines.append(
-            f"calibrated in {adaptation['seconds']:.1f} s: {adaptation['kernels_measured']} "
-            f"kernels measured, {adaptation['kernels_reused']} reused; kernel time error "
-            f"{adaptation['kernel_mape_before']:.0f}% before, "
-            f"{adaptation['kernel_mape_after']:.0f}% after"
-        )
-    else:
-        lines.append("planned with the checkpoint as it is (no calibration)")
-    return lines
+    """What the planner measured on this machine, whether it calibrated and verified."""
+    from torchrec_dreamshard.calibration.calibrating_agent import adaptation_lines as lines
+
+    return ["", "== adapting to this machine ==", *lines(adaptation)]
 
 
 def plan_summary(planner, model, sharders, task) -> dict[str, Any]:

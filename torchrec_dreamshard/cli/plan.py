@@ -60,11 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--verify",
         type=int,
-        default=0,
+        default=None,
         metavar="K",
         help="measure the K best-rated candidate plans and the heuristics' plans on real "
         "kernels (interleaved rounds); keep the fastest heuristic plan unless a plan beat "
-        "it in every round",
+        "it in every round (default: 2 plans within 25 s, cached, where the automatic "
+        "check calibrates; 0: never)",
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     task = Task.load(args.task, allow_oversized=not args.no_splits)
     from torchrec_dreamshard.calibration import PlanOutcome, calibrate
 
-    if args.verify < 0 or args.verify_rounds < 1:
+    if (args.verify is not None and args.verify < 0) or args.verify_rounds < 1:
         raise ValueError(
             f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
             f"{args.verify_rounds}"
@@ -141,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     # the safety net's report describes the whole-table placement it chose; a split plan
     # is re-placed after the search, so only unsplit plans carry it
     report = None if plan.get("shards") else agent.last_report
-    ver = verify_plan(agent, task, plan, args, calibration) if args.verify else None
+    verification = verify_settings(args.verify, adaptation, calibration)
+    ver = verify_plan(agent, task, plan, args, calibration, verification)
     if ver is not None:
         placement = list(ver.winner.placement)
         plan = plan_dict(task, placement, agent.predict(task, placement))
@@ -237,20 +239,53 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
     }
 
 
+def verify_settings(
+    verify: int | None, adaptation: dict[str, Any], calibration: Any
+) -> tuple[int, float | None, bool]:
+    """``(k, budget_s, cache)`` of the verification: ``--verify K`` as given; without it,
+    the planner's default (``CalibratingAgent``): two plans within 25 s, cached, where the
+    automatic check calibrates, and none elsewhere."""
+    from torchrec_dreamshard.calibration import auto
+
+    if verify is not None:
+        return verify, None, False
+    if adaptation.get("mode") == "auto" and calibration is not None:
+        return auto.AUTO_VERIFY_K, auto.AUTO_VERIFY_S, True
+    return 0, None, False
+
+
 def verify_plan(
-    agent: PlacementAgent, task: Task, plan: dict, args: Any, calibration: Any
+    agent: PlacementAgent,
+    task: Task,
+    plan: dict,
+    args: Any,
+    calibration: Any,
+    verification: tuple[int, float | None, bool],
 ) -> VerifyResult | None:
     """Measure the chosen whole-table plan, the best-rated candidates and the heuristics'
-    plans (``--verify``); ``None`` for a plan that splits tables (said on stdout)."""
+    plans (``verification``: see :func:`verify_settings`); ``None`` when there is nothing
+    to verify or the plan splits tables (said on stdout)."""
     from torchrec_dreamshard.calibration import verify
 
+    k, budget_s, cache = verification
+    if not k:
+        return None
     if plan.get("shards"):
         print("--verify: skipped, it compares whole-table plans and this plan splits tables")
         return None
     chosen = [int(plan["placement"][t.name]) for t in task.tables]
     mcfg = calibration.measure if calibration is not None else None
     return verify(
-        agent, task, args.verify, mcfg, args.verify_rounds, args.seed, True, {"chosen": chosen}
+        agent,
+        task,
+        k,
+        mcfg,
+        args.verify_rounds,
+        args.seed,
+        True,
+        {"chosen": chosen},
+        budget_s=budget_s,
+        cache=cache,
     )
 
 

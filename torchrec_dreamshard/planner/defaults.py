@@ -92,16 +92,23 @@ def check_arguments(
 
 
 def with_calibration(
-    agent: PlacementAgent, topology: Topology, calibrate: Any, verify: int
+    agent: PlacementAgent, topology: Topology, calibrate: Any, verify: int | None
 ) -> PlacementAgent:
     """``agent`` wrapped to calibrate and/or verify in ``place``.
 
     ``calibrate``: ``None`` (the default) calibrates where the checkpoint misprices this
     machine (:mod:`torchrec_dreamshard.calibration.auto`: the reference kernel, within
     :data:`~torchrec_dreamshard.calibration.auto.AUTO_BUDGET_S`); ``False`` never does;
-    ``True`` (60 s), a budget in seconds or a ``CalibrationConfig`` always do."""
-    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
-        raise ValueError(f"verify must be an integer >= 0 candidate plans, got {verify!r}")
+    ``True`` (60 s), a budget in seconds or a ``CalibrationConfig`` always do.
+    ``verify``: ``None`` (the default) verifies where the automatic check calibrates
+    (:data:`~torchrec_dreamshard.calibration.auto.AUTO_VERIFY_K` plans, cached), and
+    nowhere else; a number of plans always does (0: never)."""
+    if verify is not None and (
+        isinstance(verify, bool) or not isinstance(verify, int) or verify < 0
+    ):
+        raise ValueError(
+            f"verify must be None (automatic) or an integer >= 0 candidate plans, got {verify!r}"
+        )
     from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
     from torchrec_dreamshard.measure.config import MeasureConfig
@@ -132,6 +139,8 @@ def with_calibration(
             "calibrate must be None (automatic), False, True, a budget in seconds or a "
             f"CalibrationConfig, got {calibrate!r}"
         )
+    if auto is None and verify is None:
+        verify = 0  # automatic verification goes with automatic calibration only
     return CalibratingAgent(agent, calibrate, verify_k=verify, auto=auto)
 
 

@@ -146,7 +146,8 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             Under ``collective_plan`` it runs on rank 0's device(s) only.
         verify: measure this many best-rated candidate plans and the heuristics' plans on
             real kernels and keep the fastest heuristic plan unless another beat it in every
-            round (0: no verification).
+            round (0: no verification); ``None`` (default): where ``calibrate=None``
+            calibrates, verify two plans within 25 s, cached per machine, and nowhere else.
         collectives: the collective models the sharding-type choice rates plans with
             (default :func:`~torchrec_dreamshard.planner.defaults.default_collectives`).
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
@@ -183,7 +184,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         seed: int = 0,
         sample_batches: Iterable[Any] | None = None,
         calibrate: Any = None,
-        verify: int = 0,
+        verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
     ) -> None:

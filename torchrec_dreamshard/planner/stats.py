@@ -22,15 +22,10 @@ WIDTH = 80
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     """How planning adapted to this machine, as stats rows."""
-    rows = [f"This machine: {adaptation.get('why', '')}"]
-    if adaptation.get("calibrated"):
-        rows.append(
-            f"  calibrated: {adaptation.get('kernels_measured', 0)} kernels measured, "
-            f"{adaptation.get('kernels_reused', 0)} reused; kernel time error "
-            f"{adaptation.get('kernel_mape_before', float('nan')):.0f}% before, "
-            f"{adaptation.get('kernel_mape_after', float('nan')):.0f}% after"
-        )
-    return rows
+    from torchrec_dreamshard.calibration.calibrating_agent import adaptation_lines as lines
+
+    why, *rest = lines(adaptation)
+    return [f"This machine: {why}", *(f"  {line}" for line in rest)]
 
 
 class CostNetStats(Stats):
