@@ -29,6 +29,28 @@ def test_event_names_fall_in_their_categories():
     assert category("fbgemm::split_embedding_backward_codegen_adagrad_cpu") == "bwd"
     assert category("gloo:all_to_all") == "a2a" and category("nccl:all_to_all") == "a2a"
     assert category("gloo:all_reduce") is None and category("aten::addmm") is None
+    # data-parallel tables' dense kernel: apart, though its backward node is a SplitLookup
+    assert category("fbgemm::dense_embedding_codegen_lookup_function") == "dp"
+    assert category("torch::autograd::CppNode<(anonymous)::SplitLookupFunction_Dense_Op>") == "dp"
+
+
+def test_a_data_parallel_tables_kernel_is_counted_apart_from_the_fused_kernel():
+    """The dense kernel of data-parallel tables, profiled for real, forward and backward:
+    none of it lands in the fused kernel's figures (what a re-plan learns from)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        DenseTableBatchedEmbeddingBagsCodegen,
+    )
+
+    from torchrec_dreamshard.feedback.profiling import MARK, step_profile
+
+    dense = DenseTableBatchedEmbeddingBagsCodegen([(1000, 16)], use_cpu=True)
+    indices, offsets = torch.randint(0, 1000, (512,)), torch.arange(0, 513, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function(MARK):
+            dense(indices, offsets).sum().backward()
+    only_dense = step_profile(prof.events(), 10.0, 0.0)
+    assert only_dense.dp_ms > 0
+    assert only_dense.fwd_ms == 0 and only_dense.bwd_ms == 0
 
 
 def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waiting():
@@ -47,12 +69,15 @@ def test_the_report_sets_each_rank_beside_its_prediction():
         [StepProfile(20.0, 1.0, 2.0, [(0.0, 1.0)]), StepProfile(22.0, 1.2, 2.2, [(1.0, 1.0)])],
         [StepProfile(21.0, 2.0, 5.0, [(0.0, 1.0)]), StepProfile(23.0, 2.2, 5.4, [(1.0, 1.0)])],
     ]
+    steps[1][1].dp_ms = 0.6  # a data-parallel table's dense kernel, counted in the embedding
     report = build_report(steps, prediction, [["t0"], ["t1", "t2"]], "checkpoint")
     json.dumps(report)  # plain JSON
     r0, r1 = report["ranks"]
     assert r0["measured"]["fwd_ms"] == pytest.approx(1.1) and r1["measured"]["bwd_ms"] == 5.2
     assert r0["measured_ms"] == pytest.approx(1.1 + 2.1 + 1.0)
-    assert r1["predicted_ms"] == 7.0 and r1["error"] == pytest.approx(7.0 / (2.1 + 5.2 + 1) - 1)
+    assert r1["measured"]["dp_ms"] == pytest.approx(0.3)  # median of 0 and 0.6
+    assert r1["predicted_ms"] == 7.0
+    assert r1["error"] == pytest.approx(7.0 / (2.1 + 5.2 + 1 + 0.3) - 1)
     assert report["bound_rank"] == 1 and report["predicted_bound_rank"] == 1
     assert report["steps_observed"] == 2 and r1["tables"] == ["t1", "t2"]
 

@@ -4,9 +4,9 @@ Per rank, over the sampled steps (medians):
 
 * ``measured``: the fused embedding kernels' forward and backward, the all-to-alls' own time
   (``comm_ms``: from each one's last start to its first end, :func:`~.profiling.a2a_split`),
-  the rank's wait for slower peers in them (``comm_wait_ms``), the rest of the step and the
-  step itself;
-* ``measured_ms = fwd + bwd + comm``: the embedding part of the step, what the planner
+  the rank's wait for slower peers in them (``comm_wait_ms``), the data-parallel tables'
+  dense kernel (``dp_ms``), the rest of the step and the step itself;
+* ``measured_ms = fwd + bwd + comm + dp``: the embedding part of the step, what the planner
   predicts;
 * ``predicted_ms``: the planner's per-rank prediction (fused forward, backward, all-to-all,
   and TorchRec's estimate of the shards TorchRec placed), by the cost network as it was
@@ -41,9 +41,10 @@ def measured_by_rank(profiles: Sequence[Sequence[StepProfile]]) -> list[dict[str
                 "bwd_ms": p.bwd_ms,
                 "comm_ms": comm,
                 "comm_wait_ms": wait,
-                "rest_ms": max(0.0, p.step_ms - p.fwd_ms - p.bwd_ms - p.a2a_ms),
+                "dp_ms": p.dp_ms,
+                "rest_ms": max(0.0, p.step_ms - p.fwd_ms - p.bwd_ms - p.a2a_ms - p.dp_ms),
                 "step_ms": p.step_ms,
-                "embedding_ms": p.fwd_ms + p.bwd_ms + comm,
+                "embedding_ms": p.fwd_ms + p.bwd_ms + comm + p.dp_ms,
             }
             for key, value in figures.items():
                 rows[r].setdefault(key, []).append(value)

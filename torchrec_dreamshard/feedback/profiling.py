@@ -11,11 +11,17 @@ wrapper op around the kernel, say) is not counted twice:
   node, ``SplitLookupFunction*``);
 * ``a2a``: every all-to-all (``gloo:all_to_all``, ``nccl:all_to_all``, or on a GPU the
   NCCL kernel), each with its start on the wall clock, so that the report can tell a rank's
-  wait for a slower peer from the collective itself (:func:`a2a_split`).
+  wait for a slower peer from the collective itself (:func:`a2a_split`);
+* ``dp``: the data-parallel tables' batched dense kernel, forward and backward
+  (``dense_embedding_codegen_lookup_function`` and its autograd node
+  ``SplitLookupFunction_Dense_Op``). It is matched first: its backward node's name also
+  holds ``SplitLookupFunction``, and the fused kernel's figures (which a re-plan learns
+  from) must not take it in.
 
-Everything else of the step (the input pipeline, the dense part, data-parallel tables,
-DDP's all-reduce, the optimizer) is ``rest``. Names are FBGEMM's and PyTorch's as of
-FBGEMM 1.8 and PyTorch 2.13; the CUDA names are written to match and unmeasured here.
+Everything else of the step (the input pipeline, the dense part, DDP's all-reduce of the
+data-parallel tables' and the dense part's gradients, the optimizer) is ``rest``. Names
+are FBGEMM's and PyTorch's as of FBGEMM 1.8 and PyTorch 2.13; the CUDA names are written
+to match and unmeasured here.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARK = "dreamshard::observed_step"  # a record_function at the start of a sampled step
-_CATEGORIES = {  # the outermost match counts: the lookup op, or else its kernel
+_CATEGORIES = {  # the first category that matches; the outermost event of it counts
+    "dp": ("dense_embedding_codegen_lookup", "SplitLookupFunction_Dense"),
     "fwd": ("split_embedding_codegen_lookup_", "split_embedding_codegen_forward"),
     "bwd": ("SplitLookupFunction", "split_embedding_backward_codegen"),
     "a2a": ("gloo:all_to_all", "nccl:all_to_all", "ncclDevKernel_AllToAll", "SendRecv"),
@@ -42,12 +49,14 @@ class StepProfile:
         bwd_ms: fused embedding backward (with the fused optimizer).
         a2a: every all-to-all as ``(start, ms)``: its start in seconds on this host's wall
             clock, and its duration.
+        dp_ms: the data-parallel tables' dense kernel, forward and backward.
     """
 
     step_ms: float
     fwd_ms: float = 0.0
     bwd_ms: float = 0.0
     a2a: list[tuple[float, float]] = field(default_factory=list)
+    dp_ms: float = 0.0
 
     @property
     def a2a_ms(self) -> float:
@@ -78,8 +87,10 @@ def step_profile(events: Iterable[Any], step_ms: float, mark_wall_s: float) -> S
             out.a2a.append((mark_wall_s + (e.time_range.start - origin_us) / 1e6, ms))
         elif kind == "fwd":
             out.fwd_ms += ms
-        else:
+        elif kind == "bwd":
             out.bwd_ms += ms
+        else:
+            out.dp_ms += ms
     out.a2a.sort()
     return out
 
