@@ -16,7 +16,7 @@ from _measure_common import bench_task, machine, write  # noqa: E402
 
 from torchrec_dreamshard.measure import (  # noqa: E402
     MeasureConfig,
-    load_comm_model,
+    load_all_to_all_model,
     measure_placement,
     random_placement,
 )
@@ -52,7 +52,7 @@ def _row(name: str, r: dict) -> str:
 def main() -> None:
     task = bench_task()
     config = MeasureConfig()
-    load_comm_model()  # calibrated once per machine, not part of a placement's cost
+    load_all_to_all_model()  # calibrated once per machine, not part of a placement's cost
     out = {
         "machine": machine(),
         "config": config.to_dict(),

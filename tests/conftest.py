@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict
 
 import pytest
 
-from torchrec_dreamshard.measure import comm as comm_mod
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
-
-TEST_COMM_MODEL = CommModel(latency_ms=0.5, per_peer_ms=0.1, ms_per_mb=1.0, source="test")
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -33,26 +29,24 @@ def cold_cache(tmp_path_factory) -> Iterator[None]:
 
 @pytest.fixture
 def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
-    """A known all-to-all model (:data:`TEST_COMM_MODEL`) in a private cache dir
-    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned processes), beside the
-    fixed collective and dense-kernel models of :func:`fixed_collectives` and the bundled
-    network's own reference-kernel time: no test calibrates gloo's collectives or times
+    """The fixed collective and dense-kernel models of :func:`fixed_collectives` and the
+    bundled network's own reference-kernel time in a private cache dir (``XDG_CACHE_HOME``
+    under ``tmp_path``, inherited by spawned processes); yields the all-to-all model every
+    caller charges (:data:`GLOO_LIKE`'s). No test calibrates gloo's collectives or times
     those kernels, in this process or in the ranks it spawns, nor reads or writes the
     user's cache."""
     from torchrec_dreamshard.measure import collectives, dense_kernels, reference_speed
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    comm_mod._LOADED.clear()
-    path = comm_mod.default_model_path()
+    monkeypatch.setattr(collectives, "_LOADED", {})
+    path = collectives.default_collectives_path("gloo")
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(asdict(TEST_COMM_MODEL)))
-    collectives.default_collectives_path("gloo").write_text(json.dumps(GLOO_LIKE.to_dict()))
+    path.write_text(json.dumps(GLOO_LIKE.to_dict()))
     dense_kernels.default_dense_kernel_path().write_text(json.dumps(CPU_DENSE_LIKE.to_dict()))
     fwd, bwd = bundled_reference_ms()
     record = {"version": reference_speed.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
     reference_speed.default_reference_path().write_text(json.dumps(record))
-    yield TEST_COMM_MODEL
-    comm_mod._LOADED.clear()
+    yield GLOO_LIKE.models["all_to_all"]
 
 
 _BUNDLED_REFERENCE: list[tuple[float, float]] = []

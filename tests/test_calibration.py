@@ -479,9 +479,9 @@ def test_the_default_plans_with_the_checkpoint_when_the_reference_is_not_measure
 def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batch():
     """The local backend charges the fitted all-to-all model; after calibration the cost
     network predicts exactly that, at any batch size (the prior's head has no batch)."""
-    from torchrec_dreamshard.measure.comm import load_comm_model
+    from torchrec_dreamshard.measure.collectives import load_all_to_all_model
 
-    model = load_comm_model()  # the private test model
+    model = load_all_to_all_model()  # the private test model
     agent = DreamShard.untrained(seed=0)
     for batch in (64, 1024):
         task = Task(

@@ -234,19 +234,22 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
     measured on the job's group (while rank 0 drives it), else this machine's cached or
     spawned fit. ``None`` inside a distributed job planning without its group and with no
     cached fit: nothing may be spawned there, so the prior's all-to-all head is kept."""
-    from torchrec_dreamshard.measure.comm import default_model_path, load_comm_model
+    from torchrec_dreamshard.measure.collectives import (
+        default_collectives_path,
+        load_all_to_all_model,
+    )
     from torchrec_dreamshard.measure.job_group import active_group
     from torchrec_dreamshard.measure.spawn import in_distributed_job
 
     path = config.comm_model_path
     if path is None and active_group() is None and in_distributed_job():
-        if not default_model_path().exists():
+        if not default_collectives_path("gloo").exists():
             logging.getLogger(__name__).info(
                 "calibration keeps the checkpoint's all-to-all head: this rank plans without "
                 "its job's group (use collective_plan to measure it on the job's ranks)"
             )
             return None
-    return load_comm_model(path)
+    return load_all_to_all_model(path)
 
 
 def stored_observations(config: CalibrationConfig, task: Task) -> int:

@@ -10,7 +10,8 @@
 """
 
 from torchrec_dreamshard.data.tasks import random_placement
-from torchrec_dreamshard.measure.comm import CommModel, calibrate_comm_model, load_comm_model
+from torchrec_dreamshard.measure.collectives import load_all_to_all_model
+from torchrec_dreamshard.measure.comm import CommModel
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
@@ -35,9 +36,8 @@ __all__ = [
     "PlacementMeasurement",
     "REFERENCE_TABLES",
     "balanced_order",
-    "calibrate_comm_model",
     "hardware_fingerprint",
-    "load_comm_model",
+    "load_all_to_all_model",
     "measure_in_rounds",
     "measure_placement",
     "measure_plans",

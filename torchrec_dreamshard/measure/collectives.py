@@ -2,9 +2,8 @@
 
 The four collectives are the all-to-all (table-wise and column-wise outputs, every input
 distribution), the reduce-scatter (row-wise pooled outputs, forward), the all-gather
-(their gradients, backward) and the all-reduce (data-parallel gradients). Each is fitted,
-as :mod:`torchrec_dreamshard.measure.comm` fits the all-to-all, to the latency-bandwidth
-form
+(their gradients, backward) and the all-reduce (data-parallel gradients). Each is fitted
+to the latency-bandwidth form of :class:`~torchrec_dreamshard.measure.comm.CommModel`
 
     t(D, MB) = a + b * (D - 1) + c * MB        (ms; one collective among D ranks)
 
@@ -28,6 +27,11 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
   than the machine's cores, with a clean environment (no launcher's rendezvous), and never
   from inside a distributed job. Cached per machine and backend.
 
+The all-to-all model fitted here is the package's one model of an all-to-all's time
+(:func:`load_all_to_all_model`): the local measurement backend charges it, the calibration
+sets the cost network's all-to-all head to it, and the planner prices every sharding
+type's all-to-alls with it.
+
 The backend is gloo on CPU and NCCL where at least two GPUs are present; the NCCL path
 (one GPU per rank, timings synchronised on the device) is written to be right but is
 unmeasured here, where there is no GPU.
@@ -49,7 +53,7 @@ import torch
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import JobGroup, group_task, run_on_group
+from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import (
     check_may_spawn,
@@ -359,3 +363,14 @@ def load_group_collectives(group: JobGroup) -> CollectiveModels:
         CollectiveModels.to_dict,
         _LOADED,
     )
+
+
+def load_all_to_all_model(path: str | os.PathLike | None = None) -> CommModel:
+    """The machine's all-to-all model: the all-to-all of the collective models in ``path``
+    (default: this machine's gloo fit, :func:`load_collective_models`, measured first where
+    it is not cached); without ``path``, while rank 0 of a job drives measurements on the
+    job's group, the one measured on that group (:func:`load_group_collectives`)."""
+    group = active_group() if path is None else None
+    if group is not None:
+        return load_group_collectives(group).models["all_to_all"]
+    return load_collective_models(path, backend="gloo").models["all_to_all"]

@@ -1,48 +1,32 @@
-"""The all-to-all of pooled embeddings under table-wise sharding, timed and modelled.
+"""The all-to-all of pooled embeddings under table-wise sharding, and the model of a
+collective's time.
 
 Forward: every device holds the pooled outputs ``[B, dims_d]`` of its tables for the whole
 batch and sends device ``j`` its slice of the batch (``B_j`` samples); it receives
 ``[B_d, dims_i]`` from every device ``i``. Backward: the gradients go back the same way.
 Both are one ``all_to_all_single`` over the flattened outputs, as TorchRec does.
 
-The local backend has a single process and cannot run a collective, so it uses a model
-fitted to real ``all_to_all_single`` timings taken on this machine (gloo over loopback):
+Every collective's time is modelled (:class:`CommModel`) as
 
-    t(D, v) = a + b * (D - 1) + c * v        (ms, one all-to-all; v = MB a device sends
+    t(D, v) = a + b * (D - 1) + c * v        (ms, one collective; v = MB a device sends
                                               plus receives, its own slice excluded)
 
-and a device's communication is ``t`` for the forward plus ``t`` for the backward (the
-backward moves the same volume). ``a, b, c`` are least squares over timings on 2..4 ranks
-and random widths, clipped at 0; they are cached in a JSON file per machine.
+with ``a, b, c`` least squares over timings, clipped at 0 (:func:`fit_comm_model`). A
+device's communication under table-wise sharding is ``t`` for the forward all-to-all plus
+``t`` for the backward (the same volume). Where the timings are taken and cached (this
+machine's spawned ranks, or a job's own group) is :mod:`torchrec_dreamshard.measure.collectives`:
+the local backend, the calibration and the planner all price the all-to-all with the one
+model fitted there (:func:`~torchrec_dreamshard.measure.collectives.load_all_to_all_model`).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 import torch
-
-from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import active_group
-from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
-from torchrec_dreamshard.measure.spawn import (
-    check_may_spawn,
-    free_port,
-    launcher_free_env,
-    local_process_group,
-    measuring_ranks,
-)
-
-_CALIBRATION_BATCHES = (512, 2048, 8192)
-_CALIBRATION_REPEATS = 5
 
 
 def local_batches(batch_size: int, num_devices: int) -> list[int]:
@@ -120,16 +104,16 @@ def _timed_a2a(out, inp, out_splits, in_splits, group, device) -> float:
 
 
 # ----------------------------------------------------------------------------------------
-# The fitted model
+# The model of a collective's time
 # ----------------------------------------------------------------------------------------
 
 
 @dataclass
 class CommModel:
-    """``t(D, MB) = latency_ms + per_peer_ms * (D - 1) + ms_per_mb * MB`` per all-to-all.
+    """``t(D, MB) = latency_ms + per_peer_ms * (D - 1) + ms_per_mb * MB`` per collective.
 
     Args:
-        latency_ms: fixed cost of one all-to-all.
+        latency_ms: fixed cost of one collective.
         per_peer_ms: extra cost per other device.
         ms_per_mb: cost per MB a device sends plus receives.
         source: how the constants were obtained.
@@ -146,27 +130,23 @@ class CommModel:
 
     def collective_ms(self, num_devices: int, megabytes: float) -> float:
         """One collective's ms for a device moving ``megabytes`` among ``num_devices``
-        (the same latency-bandwidth form fits every collective; see
-        :mod:`torchrec_dreamshard.measure.collectives`)."""
+        (0 for one device)."""
         if num_devices <= 1:
             return 0.0
         return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
 
-    def all_to_all_ms(self, num_devices: int, megabytes: float) -> float:
-        """One all-to-all's ms for a device moving ``megabytes`` among ``num_devices``."""
-        return self.collective_ms(num_devices, megabytes)
-
     def device_comm_ms(self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4) -> list:
-        """Forward + backward all-to-all ms of every device, given each device's width."""
+        """Forward + backward table-wise all-to-all ms of every device, given each
+        device's pooled width (this model being the all-to-all's)."""
         d = len(dims)
         return [
-            2 * self.all_to_all_ms(d, a2a_megabytes(dims, batch_size, r, elem_bytes))
+            2 * self.collective_ms(d, a2a_megabytes(dims, batch_size, r, elem_bytes))
             for r in range(d)
         ]
 
 
 def fit_comm_model(
-    samples: Sequence[tuple[int, float, float]], source: str, what: str = "all-to-all"
+    samples: Sequence[tuple[int, float, float]], source: str, what: str = "collective"
 ) -> CommModel:
     """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each).
 
@@ -183,84 +163,3 @@ def fit_comm_model(
     coef = np.maximum(coef, 0.0)
     rmse = float(np.sqrt(np.mean((design @ coef - arr[:, 2]) ** 2)))
     return CommModel(*(float(c) for c in coef), source=source, samples=len(arr), rmse_ms=rmse)
-
-
-def _calibration_worker(rank: int, world: int, port: int, out_path: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(0)
-    samples = []
-    with local_process_group(rank, world, port):
-        for d in range(2, world + 1):
-            group = dist.new_group(list(range(d)))
-            for batch in _CALIBRATION_BATCHES:
-                dims = [int(x) for x in rng.choice([0, 64, 256, 512, 1024], size=d)]
-                if rank >= d:
-                    continue
-                times = time_all_to_all(dims, batch, _CALIBRATION_REPEATS, group=group)
-                mb = a2a_megabytes(dims, batch, rank)
-                samples.append((d, mb, statistics.median(times) / 2))
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(samples, gathered, dst=0)
-        if rank == 0:
-            flat = [s for part in gathered for s in part]
-            Path(out_path).write_text(json.dumps(flat))
-
-
-def calibrate_comm_model(max_devices: int = 4) -> CommModel:
-    """Time real gloo all-to-alls on 2..``max_devices`` spawned ranks (at most the
-    machine's cores; a clean environment) and fit the model.
-
-    Takes a few seconds (most of it starting the processes).
-
-    Raises:
-        ValueError: called from inside a distributed job, or ``max_devices < 2``.
-    """
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    check_may_spawn("timing the all-to-all")
-    if max_devices < 2:
-        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
-    max_devices = measuring_ranks(max_devices)
-    with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
-        out = os.path.join(tmp, "samples.json")
-        mp.spawn(_calibration_worker, args=(max_devices, free_port(), out), nprocs=max_devices)
-        samples = json.loads(Path(out).read_text())
-    source = f"gloo all_to_all_single on {cpu_name()}, 2..{max_devices} ranks"
-    return fit_comm_model([tuple(s) for s in samples], source)
-
-
-def default_model_path() -> Path:
-    """Per-machine cache file of the fitted model
-    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
-    return machine_cache_path("comm_model", cpu_name())
-
-
-_LOADED: dict[str, CommModel] = {}
-
-
-def _parse(data: Any) -> CommModel:
-    try:
-        return CommModel(**data)
-    except TypeError as exc:
-        raise ValueError(f"unreadable ({exc})") from None
-
-
-def load_comm_model(path: str | os.PathLike | None = None) -> CommModel:
-    """The fitted model from ``path`` (default :func:`default_model_path`), calibrating and
-    saving it first when the file does not exist. Without ``path``, while rank 0 of a job
-    drives measurements on the job's group, the all-to-all measured on that group
-    (:func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`)."""
-    if path is None:
-        group = active_group()
-        if group is not None:
-            from torchrec_dreamshard.measure.collectives import load_group_collectives
-
-            return load_group_collectives(group).models["all_to_all"]
-    path = Path(path) if path is not None else default_model_path()
-    return load_cached(
-        path, "comm model file", _parse, lambda: calibrate_comm_model(), asdict, _LOADED
-    )

@@ -1,7 +1,8 @@
 """The local backend: one process times each device's fused kernel in turn.
 
 On CPU one thread stands for one device; on CUDA one GPU runs every device's kernel. The
-communication figure comes from the fitted all-to-all model (:mod:`.comm`).
+communication figure comes from the machine's all-to-all model
+(:func:`~.collectives.load_all_to_all_model`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import numpy as np
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
-from torchrec_dreamshard.measure.comm import CommModel, load_comm_model
+from torchrec_dreamshard.measure.collectives import load_all_to_all_model
+from torchrec_dreamshard.measure.comm import CommModel
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
     ARENA,
@@ -44,7 +46,7 @@ def measure_local(
     compute = _time_devices(groups, task.batch_size, config)
     dims = [sum(t.dim for t in g) for g in groups]
     if task.num_devices > 1:
-        model = comm_model or load_comm_model(config.comm_model_path)
+        model = comm_model or load_all_to_all_model(config.comm_model_path)
         comm_row = model.device_comm_ms(dims, task.batch_size)
         source = f"model: {model.source}"
     else:
