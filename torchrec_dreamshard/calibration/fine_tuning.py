@@ -6,7 +6,6 @@ docstring for the loss), and the model's accuracy on those kernels.
 from __future__ import annotations
 
 import copy
-import logging
 import math
 import os
 import time
@@ -239,15 +238,12 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
         load_all_to_all_model,
     )
     from torchrec_dreamshard.measure.job_group import active_group
-    from torchrec_dreamshard.measure.spawn import in_distributed_job
+    from torchrec_dreamshard.measure.spawn import skip_measuring
 
     path = config.comm_model_path
-    if path is None and active_group() is None and in_distributed_job():
-        if not default_collectives_path("gloo").exists():
-            logging.getLogger(__name__).info(
-                "calibration keeps the checkpoint's all-to-all head: this rank plans without "
-                "its job's group (use collective_plan to measure it on the job's ranks)"
-            )
+    keep = "calibration keeps the checkpoint's all-to-all head"
+    if path is None and active_group() is None:
+        if skip_measuring(default_collectives_path("gloo"), keep):
             return None
     return load_all_to_all_model(path)
 

@@ -1,13 +1,17 @@
 """Process groups of ranks spawned on this machine (gloo on CPU): the measurement backend,
-the all-to-all calibration, the demo and the tests all start ranks this way."""
+the collectives' calibration, the demo and the tests all start ranks this way. And the rule
+of where nothing is spawned: inside a distributed job (:func:`check_may_spawn`,
+:func:`skip_measuring`)."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -116,3 +120,22 @@ def check_may_spawn(what: str) -> None:
             "DreamShardPlanner.collective_plan(model, sharders, pg), which measures it on "
             "the job's own process group, or measure it once outside the job"
         )
+
+
+def skip_measuring(cache_file: Path, fallback: str) -> bool:
+    """Whether a fit that would be cached in ``cache_file`` must not be measured here: this
+    process is a rank of a running distributed job, where nothing is spawned, and no earlier
+    run cached the fit. Where so, logs that ``fallback`` stands in for it.
+
+    A caller that measures on the job's own group while rank 0 drives one
+    (:func:`~torchrec_dreamshard.measure.job_group.active_group`) takes that path first.
+    """
+    if not in_distributed_job() or cache_file.exists():
+        return False
+    logging.getLogger(__name__).info(
+        "%s: this rank of a running job has no cached fit (%s) and spawns nothing to measure "
+        "one; DreamShardPlanner.collective_plan measures it on the job's own group",
+        fallback,
+        cache_file.name,
+    )
+    return True

@@ -32,7 +32,7 @@ from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_den
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
-from torchrec_dreamshard.measure.spawn import in_distributed_job
+from torchrec_dreamshard.measure.spawn import skip_measuring
 from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 from torchrec_dreamshard.policy.protocol import PlacementAgent
@@ -232,11 +232,7 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
         analytic = analytic_models(CommTopology.from_torchrec(topology))
         if topology.compute_device != "cpu":
             return analytic
-        if in_distributed_job() and not default_collectives_path("gloo").exists():
-            logging.getLogger("torchrec_dreamshard.planner").info(
-                "pricing collectives analytically: plan() on one rank of a running job "
-                "cannot measure them; collective_plan measures them on the job's group"
-            )
+        if skip_measuring(default_collectives_path("gloo"), "pricing collectives analytically"):
             return analytic
         return load_collective_models(backend="gloo")
 
