@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import warnings
 from pathlib import Path
 
@@ -82,6 +83,40 @@ def test_the_report_sets_each_rank_beside_its_prediction():
     assert report["steps_observed"] == 2 and r1["tables"] == ["t1", "t2"]
 
 
+def test_sampling_keeps_its_cost_within_its_share_of_the_job():
+    from torchrec_dreamshard.feedback.observer import sampling_interval
+
+    assert sampling_interval(0.0, 10.0, 20, 0.01) == 20  # free: the floor
+    assert sampling_interval(1.0, 10.0, 20, 0.01) == 20  # 0.5% at one in 20
+    assert sampling_interval(30.0, 3.0, 20, 0.01) == 1000  # 30 ms on 3 ms steps at 1%
+    assert sampling_interval(30.0, 0.0, 20, 0.01) == 20  # no plain step yet
+
+
+def test_the_observer_samples_less_often_where_sampling_is_dear(tmp_path):
+    """A job of ~1 ms steps on a real one-rank group: the profiler's start and stop cost
+    far more than 1% of such a step, so the observer spaces its samples beyond ``every``
+    and says what observing cost; unbounded, it keeps to ``every``."""
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.feedback.observer import JobObserver
+
+    planner = SimpleNamespace(last_plan=object(), last_prediction=object())
+    intervals, overheads = [], []
+    with local_process_group(0, 1, free_port()):
+        for max_overhead in (0.01, None):
+            observer = JobObserver(planner, None, every=5, warmup=5, max_overhead=max_overhead)
+            x = torch.randn(64, 64)
+            for _ in range(120):
+                end = time.perf_counter() + 1e-3
+                while time.perf_counter() < end:
+                    x = torch.tanh(x @ x)  # a short step that the profiler records
+                observer.step()
+            intervals.append(observer.interval)
+            overheads.append(observer.overhead)
+    assert intervals[0] > 5 and intervals[1] == 5
+    assert overheads[0] > 0 and overheads[1] > overheads[0]
+
+
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -131,7 +166,9 @@ def observe_and_replan(rank: int, world: int) -> dict:
         dense_kernel=CPU_DENSE_LIKE,
     )
     plan = planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
-    _, observer = train(plan, STEPS, lambda dmp: planner.observe(dmp, every=5, warmup=5))
+    _, observer = train(  # one step in 5, whatever it costs: a fixed number of samples
+        plan, STEPS, lambda dmp: planner.observe(dmp, every=5, warmup=5, max_overhead=None)
+    )
     before = observer.report()
     new_plan = observer.replan()
     after = observer.report()

@@ -120,9 +120,12 @@ def report_lines(report: dict[str, Any]) -> list[str]:
     """The report as a table, like TorchRec's planner stats."""
     head = (
         f"DreamShard: predicted ({report['model']}) against measured per rank, "
-        f"{report['steps_observed']} sampled steps (ms; embedding = fwd + bwd + comm)"
+        f"{report['steps_observed']} sampled steps (ms; embedding = fwd + bwd + comm + dp)"
     )
-    lines = [head, "rank  tables  predicted  measured   error    fwd    bwd   comm   wait   rest"]
+    lines = [
+        head,
+        "rank  tables  predicted  measured   error    fwd    bwd   comm   wait     dp   rest",
+    ]
     for r in report["ranks"]:
         m = r["measured"]
         error = "-" if r["error"] is None else f"{r['error']:+.0%}"
@@ -130,12 +133,19 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             f"{r['rank']:>4}  {len(r['tables']):>6}  {r['predicted_ms']:>9.2f}  "
             f"{r['measured_ms']:>8.2f}  {error:>6}  {m.get('fwd_ms', 0):>5.2f}  "
             f"{m.get('bwd_ms', 0):>5.2f}  {m.get('comm_ms', 0):>5.2f}  "
-            f"{m.get('comm_wait_ms', 0):>5.2f}  {m.get('rest_ms', 0):>5.2f}"
+            f"{m.get('comm_wait_ms', 0):>5.2f}  {m.get('dp_ms', 0):>5.2f}  "
+            f"{m.get('rest_ms', 0):>5.2f}"
         )
     lines.append(
         f"bounds the step: rank {report['bound_rank']} measured, "
         f"rank {report['predicted_bound_rank']} predicted"
     )
+    observer = report.get("observer")
+    if observer:
+        lines.append(
+            f"observing: one step in {observer['interval']} sampled, costing "
+            f"{observer['overhead']:.2%} of the job's time (the worst rank)"
+        )
     return lines
 
 
@@ -150,7 +160,8 @@ def plot_report(report: dict[str, Any], path: str) -> None:
     x = range(len(ranks))
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(ranks) + 2), 3.5))
     bottom = [0.0] * len(ranks)
-    for key, label in (("fwd_ms", "fwd"), ("bwd_ms", "bwd"), ("comm_ms", "comm")):
+    parts = (("fwd_ms", "fwd"), ("bwd_ms", "bwd"), ("comm_ms", "comm"), ("dp_ms", "dp"))
+    for key, label in parts:
         heights = [r["measured"].get(key, 0.0) for r in ranks]
         ax.bar([i - 0.2 for i in x], heights, 0.4, bottom=bottom, label=f"measured {label}")
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]

@@ -11,8 +11,16 @@
     observer.apply_in_place(new_plan)    # collective; table-wise moves, no restart
 
 A sampled step is the time from one ``step()`` call to the next, run under
-``torch.profiler`` (:mod:`.profiling`); the other steps cost one counter increment. The
-profiler's events are read when the samples are gathered, not in the training loop.
+``torch.profiler`` (:mod:`.profiling`); the other steps cost a clock read and a counter
+increment. The profiler's events are read when the samples are gathered, not in the
+training loop.
+
+What observing costs is measured as it runs: a sampled step's wall time (the profiler's
+start and stop included) against the median of the plain steps around it. The observer
+samples at most one step in ``every``, and less often where that cost would exceed
+``max_overhead`` of the job's time (a job of 3 ms steps, whose profiled step costs 30 ms
+more, is sampled about one step in a thousand at 1%); :attr:`JobObserver.overhead` is the
+fraction it has cost so far, and the report carries it.
 ``report()`` gathers every rank's samples (:mod:`.report`); ``replan()`` learns from them
 and plans again on rank 0 (:mod:`.replan`) while the other ranks serve its measurements,
 as ``collective_plan`` does, then every rank gets the plan. The report logs like TorchRec's
@@ -23,7 +31,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
+import statistics
 import sys
 import time
 from collections import deque
@@ -44,9 +54,19 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 logger = logging.getLogger("torchrec_dreamshard.feedback")
 
-EVERY = 20  # sample one step in this many
+EVERY = 20  # sample at most one step in this many
 WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)
 MAX_SAMPLES = 64  # sampled steps kept (the newest); their events are read at report()
+MAX_OVERHEAD = 0.01  # the share of the job's time sampling may cost (the target is 2%)
+PLAIN_STEPS = 64  # plain (unsampled) step times kept, for the baseline of a sampled one
+
+
+def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
+    """Steps between samples: ``every`` at least, and enough that a sample costing
+    ``extra_ms`` beyond a plain step of ``step_ms`` stays within ``max_overhead``."""
+    if step_ms <= 0 or extra_ms <= 0:
+        return every
+    return max(every, math.ceil(extra_ms / (max_overhead * step_ms)))
 
 
 @contextlib.contextmanager
@@ -71,8 +91,10 @@ class JobObserver:
         planner: the planner whose ``collective_plan`` made the job's plan.
         dmp: the job's ``DistributedModelParallel`` module.
         pg: the job's process group (default: the world).
-        every: sample one step in ``every``.
+        every: sample at most one step in ``every``.
         warmup: steps before the first sample.
+        max_overhead: sample less often where a sample would cost more than this share
+            of the job's time (``None``: one step in ``every``, whatever it costs).
     """
 
     def __init__(
@@ -82,16 +104,26 @@ class JobObserver:
         pg: Any = None,
         every: int = EVERY,
         warmup: int = WARMUP,
+        max_overhead: float | None = MAX_OVERHEAD,
     ) -> None:
         if every < 1 or warmup < 0:
             raise ValueError(f"every must be >= 1 and warmup >= 0, got {every}, {warmup}")
+        if max_overhead is not None and not 0 < max_overhead < 1:
+            raise ValueError(f"max_overhead must be in (0, 1) or None, got {max_overhead!r}")
         if planner.last_plan is None or planner.last_prediction is None:
             raise ValueError("observe() needs the planner's plan: call collective_plan first")
         self._planner = planner
         self._dmp = dmp
         self._group = JobGroup.of(pg if pg is not None else dist.GroupMember.WORLD)
-        self.every, self.warmup = every, warmup
+        self.every, self.warmup, self.max_overhead = every, warmup, max_overhead
         self.steps = 0
+        self.interval = every  # steps between samples now (see sampling_interval)
+        self._next = warmup  # the step count at which the next sample starts
+        self._first: float | None = None  # perf_counter at the first step() call
+        self._last: float | None = None  # perf_counter at the end of the last step() call
+        self._entered = 0.0  # perf_counter before the open sample's profiler started
+        self._plain: deque[float] = deque(maxlen=PLAIN_STEPS)  # plain steps' ms
+        self._extra_ms = 0.0  # what sampling cost so far
         self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
@@ -108,12 +140,26 @@ class JobObserver:
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
         profiler when the next step is to be sampled."""
+        now = time.perf_counter()
+        if self._first is None:
+            self._first = now
         if self._profiler is not None:
             self._finish_sample()
+        elif self._last is not None:
+            self._plain.append((now - self._last) * 1e3)
         self.steps += 1
-        due = self.steps >= self.warmup and (self.steps - self.warmup) % self.every == 0
-        if due:
+        if self.steps >= self._next:
             self._start_sample()
+        self._last = time.perf_counter()
+
+    @property
+    def overhead(self) -> float:
+        """The share of the job's time that sampling cost so far (sampled steps beyond
+        the median plain step), on this rank."""
+        if self._first is None or self._last is None:
+            return 0.0
+        base = (self._last - self._first) * 1e3 - self._extra_ms
+        return self._extra_ms / base if base > 0 else 0.0
 
     def _start_sample(self) -> None:
         from torch.profiler import ProfilerActivity, profile, record_function
@@ -121,6 +167,7 @@ class JobObserver:
         activities = [ProfilerActivity.CPU]
         if self._group.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        self._entered = time.perf_counter()
         self._profiler = profile(activities=activities)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
@@ -135,6 +182,23 @@ class JobObserver:
         with quiet_stderr():
             profiler.__exit__(None, None, None)
         self._samples.append((profiler, step_ms, self._started[1]))
+        # the sampled step, the profiler's start and stop included, beyond a plain step:
+        # what sampling it cost
+        cost_ms = (time.perf_counter() - self._entered) * 1e3
+        plain = statistics.median(self._plain) if self._plain else cost_ms
+        extra = max(0.0, cost_ms - plain)
+        self._extra_ms += extra
+        if self.max_overhead is not None:
+            wanted = sampling_interval(extra, plain, self.every, self.max_overhead)
+            self.interval = self._agreed(wanted)
+        self._next = self.steps + self.interval
+
+    def _agreed(self, interval: int) -> int:
+        """The longest interval any rank wants (collective, once per sample): every rank
+        must sample the same steps, or their all-to-alls could not be paired."""
+        value = torch.tensor([interval], dtype=torch.int64, device=self._group.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group.pg)
+        return int(value.item())
 
     @property
     def profiles(self) -> list[StepProfile]:
@@ -161,6 +225,14 @@ class JobObserver:
         """Every rank's predicted and measured embedding cost (collective; the same dict
         on every rank; see :mod:`.report`)."""
         report = build_report(self._gather(), self.prediction, self._tables(), self.model)
+        overheads: list[Any] = [None] * self._group.world
+        dist.all_gather_object(overheads, self.overhead, group=self._group.pg)
+        report["observer"] = {
+            "interval": self.interval,
+            "steps": self.steps,
+            "overhead": max(overheads),
+            "overhead_by_rank": overheads,
+        }
         if self.last_replan is not None:
             report["replan"] = self.last_replan
         for line in report_lines(report):
@@ -190,7 +262,7 @@ class JobObserver:
         if min(len(p) for p in profiles) == 0:
             raise ValueError(
                 f"replan() needs sampled steps: {self.steps} steps observed, the first "
-                f"sample after {self.warmup} and then one in {self.every}"
+                f"sample after {self.warmup} and then one in {self.interval}"
             )
         if self._group.rank == 0:
             with driving(self._group):

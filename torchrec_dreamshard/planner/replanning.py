@@ -42,7 +42,14 @@ class Replanning:
     _adaptation: dict[str, Any] | None
     _planned: tuple[nn.Module, list] | None = None
 
-    def observe(self, dmp: Any, pg: Any = None, every: int = 20, warmup: int = 5) -> JobObserver:
+    def observe(
+        self,
+        dmp: Any,
+        pg: Any = None,
+        every: int = 20,
+        warmup: int = 5,
+        max_overhead: float | None = 0.01,
+    ) -> JobObserver:
         """A :class:`~torchrec_dreamshard.feedback.observer.JobObserver` of the job this
         planner planned (call it on every rank, after ``DistributedModelParallel``):
         ``observer.step()`` after each training step, then ``observer.report()`` and
@@ -51,12 +58,14 @@ class Replanning:
         Args:
             dmp: the job's ``DistributedModelParallel`` module.
             pg: the job's process group (default: the world).
-            every: sample one step in ``every`` (the others cost a counter increment).
+            every: sample at most one step in ``every`` (the others cost a clock read).
             warmup: steps before the first sample.
+            max_overhead: sample less often where sampling would cost more than this share
+                of the job's time (``None``: one step in ``every`` whatever it costs).
         """
         from torchrec_dreamshard.feedback.observer import JobObserver
 
-        return JobObserver(self, dmp, pg=pg, every=every, warmup=warmup)
+        return JobObserver(self, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead)
 
     @property
     def adaptation(self) -> dict[str, Any]:
