@@ -314,7 +314,7 @@ def _search_mode():
 
 def _sample_batches():
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
@@ -325,7 +325,7 @@ def _sample_batches():
         "sample_batches": batches,
         "constraints": table_wise_constraints(tables),
     }
-    return kw, DemoDLRM(tables, META), EBC
+    return kw, StepDLRM(StepModelSpec(bags=tables), META), EBC
 
 
 def _nested_collections():

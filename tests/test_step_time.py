@@ -124,10 +124,10 @@ def test_a_plan_is_checked_against_the_model_and_the_world():
     spec = tiny_spec()
     plan = make_plan(spec, NamedPlanner("torchrec-tw"), 2, 8)
     assert set(plan_summary(plan)) == {"b0", "b1", "b2", "s0"}
-    plan.plan["bags"]["b1"].ranks = [5]
+    plan.plan["sparse"]["b1"].ranks = [5]
     with pytest.raises(ValueError, match=r"table 'b1' is on ranks \[5\], outside 0..1"):
         check_plan(spec, plan, 2)
-    del plan.plan["bags"]["b1"]
+    del plan.plan["sparse"]["b1"]
     with pytest.raises(ValueError, match=r"leaves out tables \['b1'\]"):
         check_plan(spec, plan, 2)
     with pytest.raises(ValueError, match="ShardingPlan or a planner factory"):

@@ -13,7 +13,7 @@
 4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
    CPU, planned by the default ``DreamShardPlanner.collective_plan`` on those ranks.
 
-The model and its batches are in :mod:`torchrec_dreamshard.measure.demo_model`.
+The model and its batches are the step timer's (:mod:`torchrec_dreamshard.measure.step_model`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
 
     from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.demo_model import DemoDLRM, sample_kjt
+    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
         heuristical_reservation,
@@ -130,7 +130,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
     # optimizer state and input/output buffers.
     topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=int(task.memory[0] * 1.5))
-    model = DemoDLRM(task.tables, torch.device("meta"))
+    model = StepDLRM(StepModelSpec(bags=task.tables), torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
     samples = [sample_kjt(task.tables, local_batch, s) for s in range(task.num_devices)]
     ours_planner = DreamShardPlanner(
@@ -307,7 +307,13 @@ def _train(
     from torchrec.optim import RowWiseAdagrad
 
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.demo_model import DENSE_IN, DemoDLRM, sample_kjt
+    from torchrec_dreamshard.measure.step_model import (
+        DENSE_IN,
+        StepBatch,
+        StepDLRM,
+        StepModelSpec,
+        sample_kjt,
+    )
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
         heuristical_reservation,
@@ -316,7 +322,7 @@ def _train(
     )
 
     task = Task.from_dict(task_dict)
-    model = DemoDLRM(task.tables, torch.device("meta"))
+    model = StepDLRM(StepModelSpec(bags=task.tables), torch.device("meta"))
     _apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
     sharders = [EmbeddingBagCollectionSharder()]
     planner = DreamShardPlanner(
@@ -336,10 +342,13 @@ def _train(
     losses = []
     for step in range(steps):
         g = torch.Generator().manual_seed(10_000 * step + rank)
+        dense_features = torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g)
         kjt = sample_kjt(task.tables, TRAIN_LOCAL_BATCH, seed=1000 + step * world + rank)
-        logits = dmp(torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g), kjt)
         labels = torch.randint(0, 2, (TRAIN_LOCAL_BATCH,), generator=g).float()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        batch = StepBatch(
+            dense=dense_features, bag_features=kjt, sequence_features=None, labels=labels
+        )
+        loss, _ = dmp(batch)
         opt.zero_grad()
         loss.backward()
         opt.step()

@@ -39,7 +39,13 @@ import torch
 import torch.distributed as dist
 
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
-from torchrec_dreamshard.measure.step_model import StepBatch, StepDLRM, StepModelSpec, make_batch
+from torchrec_dreamshard.measure.step_model import (
+    StepBatch,
+    StepDLRM,
+    StepModelSpec,
+    make_batch,
+    torchrec_topology,
+)
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
 DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two batches ahead
@@ -130,8 +136,6 @@ def make_plan(spec: StepModelSpec, source: PlanSource, world: int, batch_size: i
     from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.types import ShardingPlan
 
-    from torchrec_dreamshard.measure.demo_model import torchrec_topology
-
     if isinstance(source, ShardingPlan):
         plan = source
     elif callable(source):
@@ -221,7 +225,7 @@ def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
     model = StepDLRM(spec, torch.device("meta"))
-    tables = [p for n, p in model.named_parameters() if n.startswith(("bags.", "sequences."))]
+    tables = [p for n, p in model.named_parameters() if n.startswith(("sparse.", "sequences."))]
     _apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
     dmp = DistributedModelParallel(
         model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()

@@ -1,10 +1,18 @@
-"""The model and batches the end-to-end step timer trains (:mod:`.dmp_step`).
+"""The package's one DLRM-like TorchRec model, built from table specs, with its batches,
+the ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of each table (the feature that feeds it
+in every model we build) and the way we build the TorchRec ``Topology`` a model is planned
+on (:func:`torchrec_topology`, re-exported by the planner's adapter). The end-to-end step
+timer (:mod:`.dmp_step`) trains it, ``dreamshard demo`` plans and trains it, and the tests
+plan it. Public TorchRec API only: TorchRec's internals are read by the planner's adapter.
 
-A DLRM-like model: a dense MLP over 13 dense features; pooled embeddings of the bag tables
-(an ``EmbeddingBagCollection``); the sequence tables (an ``EmbeddingCollection``, one
-embedding per id) each summed over its sample's ids; all concatenated into an over-arch
-MLP with one logit, trained on binary cross-entropy. Its ``forward`` takes a
-:class:`StepBatch` and returns ``(loss, logits)``, as ``TrainPipelineSparseDist`` expects.
+The model (:class:`StepDLRM`): a dense MLP over 13 dense features; pooled embeddings of the
+bag tables (an ``EmbeddingBagCollection``, ``sparse``); the sequence tables (an
+``EmbeddingCollection``, ``sequences``, one embedding per id) each summed over its
+sample's ids; all concatenated into an over-arch MLP with one logit, trained on binary
+cross-entropy (concatenated, not TorchRec's ``DLRM`` interaction, which needs one
+embedding dim for every table: the pool's tables have dims 4 to 256). Its ``forward``
+takes a :class:`StepBatch` and returns ``(loss, logits)``, as ``TrainPipelineSparseDist``
+expects.
 
 A table's ids come from :func:`torchrec_dreamshard.data.workloads.generate_batch`, so each batch
 has the table's pooling factor (for a sequence table: its mean sequence length) and reuse.
@@ -12,33 +20,108 @@ has the table's pooling factor (for a sequence table: its mean sequence length) 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.modules.embedding_configs import EmbeddingConfig
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    ParameterConstraints,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.demo_model import (
-    DENSE_IN,
-    embedding_bag_configs,
-    feature_name,
-    sample_kjt,
-)
+from torchrec_dreamshard.data.workloads import generate_batch
 
+DENSE_IN = 13  # dense features, as in Criteo
 DENSE_WIDTH = 32  # outputs of the dense MLP
 OVER_WIDTH = 64  # hidden units of the over-arch
 
 
+def feature_name(table: TableSpec) -> str:
+    """The feature that feeds ``table`` in the models we build: ``f_<table name>``."""
+    return f"f_{table.name}"
+
+
+def embedding_bag_configs(
+    tables: Sequence[TableSpec], feature: Callable[[TableSpec], str] = feature_name
+) -> list[EmbeddingBagConfig]:
+    """One ``EmbeddingBagConfig`` per table, fed by the feature ``feature(table)``."""
+    return [
+        EmbeddingBagConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature(t)]
+        )
+        for t in tables
+    ]
+
+
+def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingConfig]:
+    """One ``EmbeddingConfig`` (a sequence table) per table, fed by ``f_<name>``."""
+    return [
+        EmbeddingConfig(
+            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature_name(t)]
+        )
+        for t in tables
+    ]
+
+
+def torchrec_topology(
+    world_size: int,
+    compute_device: str,
+    *,
+    local_world_size: int | None = None,
+    hbm_cap: int | None = None,
+    ddr_cap: int | None = None,
+) -> Topology:
+    """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
+    ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
+    "the job will fail"). It is the topology ``Topology(...)`` builds from the same
+    arguments: TorchRec's default bandwidths and multipliers, and every device with
+    ``hbm_cap`` / ``ddr_cap`` bytes (TorchRec's defaults when ``None``).
+
+    Args:
+        world_size: ranks.
+        compute_device: ``"cpu"``, ``"cuda"`` or ``"mtia"``.
+        local_world_size: ranks per host (``None``: all of them).
+        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
+        ddr_cap: DDR bytes of each device.
+    """
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=local_world_size,
+            hbm_cap_bytes=hbm_cap,
+            ddr_cap_bytes=ddr_cap,
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )
+
+
+def sample_kjt(tables: Sequence[TableSpec], batch: int, seed: int) -> KeyedJaggedTensor:
+    """A batch with every table's ids drawn to its statistics (pooling, reuse)."""
+    values, lengths = [], []
+    for i, t in enumerate(tables):
+        ids, offsets = generate_batch(t, batch, seed=seed * 100_003 + i)
+        values.append(ids)
+        lengths.append(offsets[1:] - offsets[:-1])
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=[feature_name(t) for t in tables],
+        values=torch.cat(values),
+        lengths=torch.cat(lengths).to(torch.int32),
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class StepModelSpec:
-    """The tables of the model to time.
+    """The tables of the model (:class:`StepDLRM`).
 
     Args:
         bags: pooled tables (``EmbeddingBagCollection``); each fed by ``f_<name>``.
@@ -127,16 +210,6 @@ def spec_from_configs(
     )
 
 
-def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingConfig]:
-    """One ``EmbeddingConfig`` (a sequence table) per table, fed by ``f_<name>``."""
-    return [
-        EmbeddingConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature_name(t)]
-        )
-        for t in tables
-    ]
-
-
 @dataclass
 class StepBatch(Pipelineable):
     """One local batch: dense features, the bag and sequence tables' ids, labels."""
@@ -184,12 +257,13 @@ def _sum_ids(jt: JaggedTensor) -> torch.Tensor:
 
 
 class StepDLRM(nn.Module):
-    """The model of :class:`StepModelSpec`: embeddings on ``table_device`` (``meta`` for
-    planning and for ``DistributedModelParallel``), the dense part on the CPU."""
+    """The model of :class:`StepModelSpec` (see the module docstring): embeddings on
+    ``table_device`` (``meta`` for planning and for ``DistributedModelParallel``), the
+    dense part on the CPU."""
 
     def __init__(self, spec: StepModelSpec, table_device: torch.device) -> None:
         super().__init__()
-        self.bags = (
+        self.sparse = (
             EmbeddingBagCollection(tables=embedding_bag_configs(spec.bags), device=table_device)
             if spec.bags
             else None
@@ -206,8 +280,8 @@ class StepDLRM(nn.Module):
 
     def forward(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [self.dense(batch.dense)]
-        if self.bags is not None:
-            parts.append(self.bags(batch.bag_features).values())
+        if self.sparse is not None:
+            parts.append(self.sparse(batch.bag_features).values())
         if self.sequences is not None:
             out = self.sequences(batch.sequence_features)
             parts.extend(_sum_ids(out[name]) for name in self.sequence_features)

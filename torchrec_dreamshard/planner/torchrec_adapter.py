@@ -5,7 +5,7 @@ enumerator, which overrides ``EmbeddingEnumerator``'s filter hooks), against the
 below; a TorchRec upgrade starts by checking this module. The ``EmbeddingBagConfig`` of
 each table (public API, shared with the measured models) and the topology a model is
 planned on (:func:`torchrec_topology`) come from
-:mod:`torchrec_dreamshard.measure.demo_model`.
+:mod:`torchrec_dreamshard.measure.step_model`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.demo_model import embedding_bag_configs, torchrec_topology
+from torchrec_dreamshard.measure.step_model import embedding_bag_configs, torchrec_topology
 
 TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
 
