@@ -210,14 +210,6 @@ class CostNet(nn.Module):
 
     # -- placements -----------------------------------------------------------------------
 
-    def device_z(self, h: torch.Tensor, log_total: torch.Tensor) -> torch.Tensor:
-        """What the step max-reduces over devices: ``[log t_d]``."""
-        return log_total.unsqueeze(-1)
-
-    def overall_from_max(self, zmax: torch.Tensor) -> torch.Tensor:
-        """``log step = max_d log t_d``."""
-        return zmax[..., -1]
-
     def overall_log_cost(
         self, h: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor
     ) -> torch.Tensor:
@@ -225,12 +217,6 @@ class CostNet(nn.Module):
         ``log_dev`` ``[..., D, 3]`` (``h`` is unused, kept for the MDP's interface)."""
         log_total = torch.logsumexp(log_dev, dim=-1)
         return log_total.masked_fill(~occupied, torch.finfo(log_total.dtype).min).amax(-1)
-
-    def member_log_steps(self, S: torch.Tensor, ctx: torch.Tensor, occupied: torch.Tensor):
-        """``[..., K]`` each member's log step cost of device states ``S`` ``[..., D, enc]``."""
-        log_total = torch.logsumexp(self.member_device_log_costs(S, ctx), dim=-1)  # [..., D, K]
-        neg = torch.finfo(log_total.dtype).min
-        return log_total.masked_fill(~occupied.unsqueeze(-1), neg).amax(-2)
 
 
 class FrozenHeads:

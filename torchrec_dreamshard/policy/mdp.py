@@ -25,7 +25,6 @@ from torchrec_dreamshard.policy.policy_net import NUM_SCALARS, FrozenPolicy, Pol
 
 LOG_EPS = math.log(EPS_MS)
 LOG_EPS_32 = np.float32(LOG_EPS)  # what float32 state holds of it
-F32_MIN = np.finfo(np.float32).min
 NO_DEVICE_32 = np.float32(-1e30)  # an empty device's log total, below any real one
 
 
