@@ -4,14 +4,16 @@ import numpy as np
 import pytest
 import torch
 
+from torchrec_dreamshard.data.table_stats import (
+    access_stats,
+    spec_from_config,
+    specs_from_kjt_batches,
+)
 from torchrec_dreamshard.data.tables import (
     FEATURE_DIM,
     NUM_REUSE_BINS,
     TableSpec,
-    access_stats,
     reuse_bin,
-    spec_from_config,
-    specs_from_kjt_batches,
     table_features,
     uniform_reuse_hist,
 )

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from torchrec_dreamshard.data.table_pool import synthetic_pool
-from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, access_stats
+from torchrec_dreamshard.data.table_stats import access_stats
+from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec
 from torchrec_dreamshard.data.workloads import (
     HIST_L1_TOLERANCE,
     POOLING_TOLERANCE,

@@ -301,25 +301,3 @@ def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.nd
         out[i, 3] = math.log10(t.size_bytes) / BYTES_LOG10_SCALE
         out[i, 4:] = t.hist(batch_size)
     return out
-
-
-# The statistics and TorchRec constructors live in table_stats, which imports this module;
-# they stay importable from here (the documented place), resolved on first use.
-_IN_TABLE_STATS = frozenset(
-    {
-        "access_stats",
-        "group_stats",
-        "hist_from_ids",
-        "merge_stats",
-        "spec_from_config",
-        "specs_from_kjt_batches",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _IN_TABLE_STATS:
-        from torchrec_dreamshard.data import table_stats
-
-        return getattr(table_stats, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
