@@ -20,6 +20,13 @@ from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 Placement = list[int]
 """A device index per table, in the task's table order."""
 
+
+class NoPlanError(ValueError):
+    """A placer found no placement that fits (a random placement or a heuristic on tight
+    memory, TorchRec's planner with its default storage reservation, or any candidate
+    source of the safety net)."""
+
+
 # Upper bounds of a task's fields (see the README's "Limits and errors").
 MAX_DEVICES = 4096  # devices D
 MAX_BATCH_SIZE = 2**24  # global batch (samples)
@@ -239,7 +246,7 @@ def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator
         seed: a seed or a numpy generator.
 
     Raises:
-        ValueError: some table fits on no device.
+        NoPlanError: some table fits on no device.
     """
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     free = list(task.memory)
@@ -249,7 +256,7 @@ def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator
         size = task.tables[i].size_bytes
         legal = [d for d in range(task.num_devices) if free[d] >= size]
         if not legal:
-            raise ValueError(
+            raise NoPlanError(
                 f"table {task.tables[i].name!r} ({size} bytes) fits on no device: the devices "
                 f"have {free} bytes left"
             )

@@ -1,7 +1,8 @@
 """Baseline placers, all behind one interface: a task in, a device per table out, every
 device's memory respected.
 
-* ``random``: each table (largest first) on a uniformly random device with room;
+* ``random``: each table (largest first) on a uniformly random device with room
+  (:func:`torchrec_dreamshard.data.tasks.random_placement`);
 * ``size_greedy``, ``dim_greedy``, ``lookup_greedy``, ``size_lookup_greedy``: sort the
   tables by a proxy cost, descending, and put each on the device with the least proxy
   load that still has room. Proxies: bytes; dim; dim x pooling factor; dim x pooling
@@ -27,15 +28,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, random_placement
 from torchrec_dreamshard.planner.measured_search import MeasureFn, SearchResult, measured_search
-from torchrec_dreamshard.policy.heuristics import (
-    PROXIES,
-    NoPlanError,
-    greedy_by_costs,
-    proxy_greedy,
-    random_placement,
-)
+from torchrec_dreamshard.policy.heuristics import PROXIES, greedy_by_costs, proxy_greedy
 
 Placer = Callable[..., list[int]]
 

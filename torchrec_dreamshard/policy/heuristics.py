@@ -1,14 +1,13 @@
 """The classic placement heuristics, pure functions of a task: no cost model, no TorchRec.
 
-* :func:`random_placement`: each table (largest first) on a uniformly random device with
-  room;
-* :func:`proxy_greedy`: sort the tables by a proxy cost (:data:`PROXIES`: bytes; dim;
-  dim x pooling factor; dim x pooling factor x log10(rows)), descending, and put each on
-  the device with the least proxy load that still has room (:func:`greedy_by_costs`).
+:func:`proxy_greedy` sorts the tables by a proxy cost (:data:`PROXIES`: bytes; dim;
+dim x pooling factor; dim x pooling factor x log10(rows)), descending, and puts each on
+the device with the least proxy load that still has room (:func:`greedy_by_costs`).
 
 They raise :class:`NoPlanError` when they find no placement. The policy's safety net
 builds on them, and so does the baselines' registry (:mod:`torchrec_dreamshard.planner.baselines`),
-which adds TorchRec's planner.
+which adds a random placement (:func:`torchrec_dreamshard.data.tasks.random_placement`) and
+TorchRec's planner.
 """
 
 from __future__ import annotations
@@ -18,25 +17,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from torchrec_dreamshard.data import tasks
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import Task
-
-
-class NoPlanError(ValueError):
-    """A placer found no placement that fits (a heuristic on tight memory, TorchRec's
-    planner with its default storage reservation, or any candidate source of the safety
-    net)."""
-
-
-def random_placement(task: Task, seed: int = 0) -> list[int]:
-    """:func:`torchrec_dreamshard.data.tasks.random_placement`, raising :class:`NoPlanError`
-    when a table fits on no device."""
-    try:
-        return tasks.random_placement(task, seed)
-    except ValueError as exc:
-        raise NoPlanError(str(exc)) from None
-
+from torchrec_dreamshard.data.tasks import NoPlanError, Task
 
 PROXIES: dict[str, Callable[[TableSpec], float]] = {
     "size": lambda t: float(t.size_bytes),
