@@ -38,7 +38,7 @@ from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_model
 from torchrec_dreamshard.measure.dmp_step import (  # noqa: E402
     StepTimerConfig,
     make_plan,
-    plan_summary,
+    table_shardings,
     time_plans,
 )
 from torchrec_dreamshard.measure.step_families import family_spec  # noqa: E402
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plans = {name: make_plan(spec, p, WORLD, BATCH) for name, p in PLANS.items()}
-    summaries = {name: plan_summary(plan) for name, plan in plans.items()}
+    summaries = {name: table_shardings(plan) for name, plan in plans.items()}
     types = {n: dict(Counter(v["sharding_type"] for v in s.values())) for n, s in summaries.items()}
     times = time_plans(spec, plans, WORLD, StepTimerConfig(rounds=args.rounds, batch_size=BATCH))
     ms = {name: [float(x) for x in times.step_ms(name)] for name in plans}

@@ -91,7 +91,7 @@ def describe(spec: StepModelSpec) -> dict:
 def plan_family(spec: StepModelSpec, batch: int) -> tuple[dict, dict]:
     """Every planner's plan (by name) and its summary, or the error it raised."""
     from torchrec_dreamshard.cli.steptime import NamedPlanner
-    from torchrec_dreamshard.measure.dmp_step import make_plan, plan_summary
+    from torchrec_dreamshard.measure.dmp_step import make_plan, table_shardings
 
     plans, summaries = {}, {}
     for name in PLANNERS:
@@ -104,7 +104,7 @@ def plan_family(spec: StepModelSpec, batch: int) -> tuple[dict, dict]:
             summaries[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"  {name}: planning failed: {exc}", flush=True)
             continue
-        summaries[name] = {"tables": plan_summary(plans[name]),
+        summaries[name] = {"tables": table_shardings(plans[name]),
                            "planning_s": time.perf_counter() - start}  # fmt: skip
     return plans, summaries
 

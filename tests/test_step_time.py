@@ -18,7 +18,7 @@ from torchrec_dreamshard.measure.dmp_step import (
     StepTimerError,
     check_plan,
     make_plan,
-    plan_summary,
+    table_shardings,
     time_plans,
 )
 from torchrec_dreamshard.measure.step_model import StepModelSpec
@@ -123,7 +123,7 @@ def test_table_wise_only_keeps_the_other_constraints():
 def test_a_plan_is_checked_against_the_model_and_the_world():
     spec = tiny_spec()
     plan = make_plan(spec, NamedPlanner("torchrec-tw"), 2, 8)
-    assert set(plan_summary(plan)) == {"b0", "b1", "b2", "s0"}
+    assert set(table_shardings(plan)) == {"b0", "b1", "b2", "s0"}
     plan.plan["sparse"]["b1"].ranks = [5]
     with pytest.raises(ValueError, match=r"table 'b1' is on ranks \[5\], outside 0..1"):
         check_plan(spec, plan, 2)

@@ -147,7 +147,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     )
     print("\n== DreamShardPlanner (TorchRec's plan stats, then the cost network's) ==")
     with planner_logs():
-        ours = plan_summary(ours_planner, model, sharders, task)
+        ours = timed_placement(ours_planner, model, sharders, task)
     ours["adaptation"] = ours_planner.adaptation
     print("\n".join(adaptation_lines(ours["adaptation"])))
     theirs_planner = EmbeddingShardingPlanner(
@@ -156,7 +156,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
         constraints=table_wise_constraints(task.tables),
         storage_reservation=heuristical_reservation(model, sharders),
     )
-    theirs = plan_summary(theirs_planner, model, sharders, task)
+    theirs = timed_placement(theirs_planner, model, sharders, task)
     reserved = planner_reserved_topology(ours_planner)
     memory = [int(d.storage.ddr) for d in reserved.devices]
     mtask = Task(
@@ -180,13 +180,16 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     return ["", "== adapting to this machine ==", *lines(adaptation)]
 
 
-def plan_summary(planner, model, sharders, task) -> dict[str, Any]:
-    """Plan, time it, and read each table's rank off the plan (task order)."""
+def timed_placement(planner, model, sharders, task) -> dict[str, Any]:
+    """``planner``'s plan of ``model`` as a placement, timed: ``placement`` (each table's
+    rank, in task order) and ``planning_s``."""
+    from torchrec_dreamshard.measure.dmp_step import table_shardings
+
     start = time.perf_counter()
     plan = planner.plan(model, sharders)
     seconds = time.perf_counter() - start
-    module_plan = plan.plan["sparse"]
-    placement = [int(module_plan[t.name].ranks[0]) for t in task.tables]
+    tables = table_shardings(plan)
+    placement = [int(tables[t.name]["ranks"][0]) for t in task.tables]
     return {"planning_s": seconds, "placement": placement}
 
 
@@ -307,13 +310,8 @@ def _train(
     from torchrec.optim import RowWiseAdagrad
 
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.step_model import (
-        DENSE_IN,
-        StepBatch,
-        StepDLRM,
-        StepModelSpec,
-        sample_kjt,
-    )
+    from torchrec_dreamshard.measure.dmp_step import table_shardings
+    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
         heuristical_reservation,
@@ -341,19 +339,12 @@ def _train(
     opt = torch.optim.Adagrad(dense, lr=LR)
     losses = []
     for step in range(steps):
-        g = torch.Generator().manual_seed(10_000 * step + rank)
-        dense_features = torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g)
-        kjt = sample_kjt(task.tables, TRAIN_LOCAL_BATCH, seed=1000 + step * world + rank)
-        labels = torch.randint(0, 2, (TRAIN_LOCAL_BATCH,), generator=g).float()
-        batch = StepBatch(
-            dense=dense_features, bag_features=kjt, sequence_features=None, labels=labels
-        )
-        loss, _ = dmp(batch)
+        loss, _ = dmp(_train_batch(task.tables, step, world, rank))
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(float(loss.detach()))
-    ranks = [ps.ranks[0] for ps in plan.plan["sparse"].values()]
+    ranks = [table["ranks"][0] for table in table_shardings(plan).values()]
     return {
         "ranks": world,
         "steps": steps,
@@ -362,3 +353,17 @@ def _train(
         "planning_s": planning_s,
         "adaptation": planner.adaptation,
     }
+
+
+def _train_batch(tables: list, step: int, world: int, rank: int) -> Any:
+    """``rank``'s batch of training step ``step``: each table's ids drawn to its pooling
+    and reuse, random dense features and labels."""
+    import torch
+
+    from torchrec_dreamshard.measure.step_model import DENSE_IN, StepBatch, sample_kjt
+
+    g = torch.Generator().manual_seed(10_000 * step + rank)
+    dense = torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g)
+    kjt = sample_kjt(tables, TRAIN_LOCAL_BATCH, seed=1000 + step * world + rank)
+    labels = torch.randint(0, 2, (TRAIN_LOCAL_BATCH,), generator=g).float()
+    return StepBatch(dense=dense, bag_features=kjt, sequence_features=None, labels=labels)

@@ -153,7 +153,7 @@ def make_plan(spec: StepModelSpec, source: PlanSource, world: int, batch_size: i
 def check_plan(spec: StepModelSpec, plan: Any, world: int) -> None:
     """Raise ``ValueError`` unless ``plan`` places every table of ``spec``, and only those,
     on ranks ``0..world-1``."""
-    summary = plan_summary(plan)
+    summary = table_shardings(plan)
     missing = sorted({t.name for t in spec.tables} - set(summary))
     unknown = sorted(set(summary) - {t.name for t in spec.tables})
     if missing or unknown:
@@ -187,8 +187,9 @@ def resolve_plans(
     return resolved
 
 
-def plan_summary(plan: Any) -> dict[str, dict[str, Any]]:
-    """Each table's sharding type, compute kernel and ranks in a ``ShardingPlan``."""
+def table_shardings(plan: Any) -> dict[str, dict[str, Any]]:
+    """Each table's sharding type, compute kernel and ranks in a ``ShardingPlan``, by
+    table name (over every module of the plan)."""
     return {
         name: {
             "sharding_type": ps.sharding_type,
@@ -201,7 +202,7 @@ def plan_summary(plan: Any) -> dict[str, dict[str, Any]]:
 
 
 def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
-    """How many tables of a :func:`plan_summary` use each sharding type (sorted by type)."""
+    """How many tables of a :func:`table_shardings` use each sharding type (sorted by type)."""
     counts: dict[str, int] = {}
     for entry in tables.values():
         counts[entry["sharding_type"]] = counts.get(entry["sharding_type"], 0) + 1
@@ -283,7 +284,7 @@ def run_rounds(
     times = StepTimes(
         world_size=dist.get_world_size(),
         config=asdict(config),
-        plans={name: {"tables": plan_summary(plan)} for name, plan in resolved.items()},
+        plans={name: {"tables": table_shardings(plan)} for name, plan in resolved.items()},
     )
     first = config.first_round
 
