@@ -9,20 +9,26 @@ is TorchRec's (an error type), TorchRec's planner is run on the same input besid
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+import re
 import warnings
+from collections.abc import Iterator
 
 import pytest
 import torch
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, CacheAlgorithm
+from torchrec.distributed import logger as torchrec_logger
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.logging_handlers import EventLoggingHandler
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import extract_plan
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer, GreedyProposer
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
     PerfModel,
@@ -38,7 +44,12 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.torchrec_adapter import heuristical_reservation, torchrec_topology
+from torchrec_dreamshard.planner.torchrec_adapter import (
+    PLAN_WITHOUT_METHOD_LOG,
+    heuristical_reservation,
+    method_log_is_read,
+    torchrec_topology,
+)
 from torchrec_dreamshard.policy import DreamShard
 
 META = torch.device("meta")
@@ -103,9 +114,24 @@ def test_components_of_the_wrong_type_are_named(agent):
         ours(agent, enumerator=object())
 
 
-def test_storage_reservation_percentage_is_torchrec_s(agent):
-    p = ours(agent, heuristical_storage_reservation_percentage=0.5)
-    assert p._storage_reservation._percentage == 0.5
+def test_storage_reservation_percentage_reserves_what_torchrec_s_does(agent):
+    """Each device keeps what TorchRec's planner, given the same percentage, keeps; and a
+    larger percentage keeps less."""
+    model, topo = Model(tables(4)), topology(2, ddr=2**30, device="cuda")  # it reserves HBM
+    kept = []
+    for percentage in (0.15, 0.5):
+        mine = ours(agent, topology=topo, heuristical_storage_reservation_percentage=percentage)
+        reservation = HeuristicalStorageReservation(percentage=percentage)
+        reference = theirs(topology=topo, storage_reservation=reservation)
+        for planner in (mine, reference):
+            planner.plan(model, SHARDERS)
+        left = [
+            [d.storage for d in p._storage_reservation.last_reserved_topology.devices]
+            for p in (mine, reference)
+        ]
+        assert left[0] == left[1], percentage
+        kept.append(left[0][0].hbm)
+    assert kept[1] < kept[0]
 
 
 # -- plans --------------------------------------------------------------------------------
@@ -501,3 +527,124 @@ def test_torchrec_topology_is_the_topology_torchrec_builds_directly(kw):
     ours, theirs = torchrec_topology(**kw), Topology(**kw)
     assert repr(ours) == repr(theirs) and ours.devices == theirs.devices
     assert ours.intra_group_size == theirs.intra_group_size
+
+
+# -- TorchRec's method log of plan(), skipped where nothing reads it ------------------------
+
+
+@contextlib.contextmanager
+def unread_method_log() -> Iterator[None]:
+    """TorchRec's method logger as open-source TorchRec leaves it: one ``NullHandler``, no
+    propagation. (pytest adds its capturing handlers to every logger that does not
+    propagate, as each test phase starts: under pytest the log is read.)"""
+    logger = torchrec_logger.method_logger
+    before = logger.handlers
+    logger.handlers = [logging.NullHandler()]
+    try:
+        yield
+    finally:
+        logger.handlers = before
+
+
+class Records(logging.Handler):
+    """Keeps the records of ``plan`` it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, dict) and record.msg.get("func_name") == "plan":
+            self.records.append(record)
+
+
+@contextlib.contextmanager
+def method_log_read() -> Iterator[Records]:
+    """TorchRec's method logger with a handler that keeps its records of ``plan``."""
+    records = Records()
+    torchrec_logger.method_logger.addHandler(records)
+    try:
+        yield records
+    finally:
+        torchrec_logger.method_logger.removeHandler(records)
+
+
+def test_torchrec_s_plan_is_decorated_as_the_adapter_expects():
+    """What ``torchrec_plan`` skips, pinned: TorchRec's ``plan`` is its event logger
+    around its method logger around the planning loop, and the adapter's function is the
+    same event logger around the same loop. A TorchRec that decorates ``plan`` otherwise
+    fails here (and ``torchrec_plan`` then calls its ``plan`` as it is)."""
+    outer = EmbeddingShardingPlanner.plan
+    assert PLAN_WITHOUT_METHOD_LOG is not None, "TorchRec's plan() decorators changed"
+    loop = outer.__wrapped__.__wrapped__
+    assert PLAN_WITHOUT_METHOD_LOG.__wrapped__ is loop
+    assert PLAN_WITHOUT_METHOD_LOG.__code__ is outer.__code__
+    with unread_method_log():
+        assert not method_log_is_read()
+        with method_log_read():
+            assert method_log_is_read()
+
+
+def test_the_skipped_layer_is_the_method_log_and_the_event_log_stays(monkeypatch):
+    events = []
+
+    @contextlib.contextmanager
+    def record_event(*args, **kwargs):
+        events.append(kwargs)
+        yield
+
+    monkeypatch.setattr(EventLoggingHandler, "log_event_context", record_event)
+    model = Model(tables(3))
+    with method_log_read() as log:
+        EmbeddingShardingPlanner.plan(theirs(), model, SHARDERS)
+        assert len(log.records) == 1
+        PLAN_WITHOUT_METHOD_LOG(theirs(), model, SHARDERS)
+        assert len(log.records) == 1
+    plans = [e for e in events if e["event_name"].endswith(".plan")]
+    assert plans[0] == plans[1] and plans[0]["event_name"] == "EmbeddingShardingPlanner.plan"
+
+
+def _observed_plan(agent, model, topo, caplog) -> dict:
+    """What a user sees of one ``plan`` by ours: the plan or its error, TorchRec's stats
+    (their run time left out) and ours, the chosen options, the reservation, the hash."""
+    p = DreamShardPlanner(topo, 64, agent=agent, debug=True)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        try:
+            seen = {"plan": p.plan(model, SHARDERS), "hash": p.hash_planner_context_inputs_str()}
+            seen["best"] = [(o.fqn, [s.rank for s in o.shards]) for o in p._best_plan]
+        except PlannerError as exc:  # its options' reprs hold their addresses
+            seen = {"error": (exc.error_type, re.sub("0x[0-9a-f]+", "0x", str(exc)))}
+    stats = [r.getMessage() for r in caplog.records if r.name.endswith("planner.stats")]
+    seen["stats"] = [line for line in stats if "ran for" not in line]
+    seen["counts"] = (p._num_proposals, p._num_plans)
+    seen["reserved"] = repr(p._storage_reservation.last_reserved_topology)
+    return seen
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_skipping_the_method_log_loses_nothing_else(agent, caplog, monkeypatch, fits):
+    """The same plan (or error), stats, proposals, storage reservation and context hash
+    whether TorchRec's method log is read (TorchRec's whole ``plan`` runs) or not (the
+    adapter's, which never formats our planner's inputs), on a model that fits and one
+    that does not."""
+    model = Model(tables(6, rows=1000, dim=16) if fits else tables(6, rows=100_000, dim=5))
+    topo = topology(2, ddr=None if fits else 4 * 2**20)
+    formatted = []
+    inputs = torchrec_logger._get_input_from_func
+
+    def spy(func, msg_dict, *args, **kwargs):
+        formatted.append((func.__name__, type(args[0]).__name__ if args else None))
+        return inputs(func, msg_dict, *args, **kwargs)
+
+    monkeypatch.setattr(torchrec_logger, "_get_input_from_func", spy)
+    with unread_method_log():
+        skipped = _observed_plan(agent, model, topo, caplog)
+        assert ("plan", "DreamShardPlanner") not in formatted
+        with method_log_read() as log:
+            whole = _observed_plan(agent, model, topo, caplog)
+        assert ("plan", "DreamShardPlanner") in formatted
+    assert skipped == whole
+    assert len(whole["stats"]) > 10 and ("plan" in whole) == fits
+    ours_logged = [r for r in log.records if "DreamShardPlanner" in r.msg["input"]]
+    assert [r.levelno for r in ours_logged] == [logging.INFO if fits else logging.ERROR]
