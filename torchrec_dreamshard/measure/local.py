@@ -15,7 +15,6 @@ import numpy as np
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.collectives import load_all_to_all_model
-from torchrec_dreamshard.measure.comm import CommModel
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
     ARENA,
@@ -31,10 +30,7 @@ from torchrec_dreamshard.threads import single_thread
 
 
 def measure_local(
-    task: Task,
-    placement: Sequence[int],
-    config: MeasureConfig,
-    comm_model: CommModel | None = None,
+    task: Task, placement: Sequence[int], config: MeasureConfig
 ) -> PlacementMeasurement:
     """Measure a (checked) placement with one process.
 
@@ -46,7 +42,7 @@ def measure_local(
     compute = _time_devices(groups, task.batch_size, config)
     dims = [sum(t.dim for t in g) for g in groups]
     if task.num_devices > 1:
-        model = comm_model or load_all_to_all_model(config.comm_model_path)
+        model = load_all_to_all_model(config.comm_model_path)
         comm_row = model.device_comm_ms(dims, task.batch_size)
         source = f"model: {model.source}"
     else:
