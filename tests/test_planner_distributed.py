@@ -39,18 +39,21 @@ def build_model():
 
 
 def dlrm_train(tables, is_weighted: bool = False):
-    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables`` (a weighted
-    EmbeddingBagCollection with ``is_weighted``)."""
+    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables``, the tests' one
+    DLRM (``tests/torchrun_job.py`` builds it too): 4 dense features, dense and over arches
+    as wide as the tables' one embedding dim (TorchRec's DLRM needs one for all), a weighted
+    EmbeddingBagCollection with ``is_weighted``."""
     from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     meta = torch.device("meta")
+    dim = tables[0].embedding_dim
     ebc = EmbeddingBagCollection(tables=tables, is_weighted=is_weighted, device=meta)
     dlrm = DLRM(
         embedding_bag_collection=ebc,
         dense_in_features=4,
-        dense_arch_layer_sizes=[8, DIM],
-        over_arch_layer_sizes=[8, 1],
+        dense_arch_layer_sizes=[dim, dim],
+        over_arch_layer_sizes=[dim, 1],
         dense_device=torch.device("cpu"),
     )
     return DLRMTrain(dlrm)

@@ -34,14 +34,14 @@ TABLES = [  # (rows, mean ids per sample): tiny to medium, so every type is on o
     (80_000, 8.0),
 ]
 LOCAL_BATCH = 64
-DENSE_IN = 4
+DENSE_IN = 4  # dlrm_train's dense features
 STEPS = 4
 
 
 def build_model():
-    from torchrec.models.dlrm import DLRM, DLRMTrain
+    """The tests' DLRM (:func:`test_planner_distributed.dlrm_train`) over :data:`TABLES`."""
+    from test_planner_distributed import dlrm_train
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     configs = [
         EmbeddingBagConfig(
@@ -49,15 +49,7 @@ def build_model():
         )
         for i, (rows, _) in enumerate(TABLES)
     ]
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=DENSE_IN,
-        dense_arch_layer_sizes=[16, DIM],
-        over_arch_layer_sizes=[16, 1],
-        dense_device=torch.device("cpu"),
-    )
-    return DLRMTrain(dlrm)
+    return dlrm_train(configs)
 
 
 def make_batch(rank: int, step: int):
