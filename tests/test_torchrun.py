@@ -54,10 +54,14 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path):
     assert adaptation["mode"] == "auto" and adaptation["reference_measured_ms"] > 0
     # what was measured on the job's group is cached for the next run of this topology
     cached = sorted(p.name.split("_")[0] for p in (cache / "torchrec_dreamshard").glob("*.json"))
-    assert cached == ["collectives", "dense", "reference"], cached
+    # where it calibrated, it also verified its plan on real kernels (cached per plan set)
+    verified = ["verification"] if adaptation["calibrated"] else []
+    assert cached == ["collectives", "dense", "reference", *verified], cached
+    assert adaptation["verified"] is adaptation["calibrated"]
     if adaptation["calibrated"]:
-        assert adaptation["kernels_measured"] > 0
+        assert adaptation["kernels_measured"] > 0 and not adaptation["verify_cached"]
         again = launch(tmp_path / "warm", cache)[0]
         assert again["plan"] == first["plan"]  # the same calibration, from the store
         assert again["adaptation"]["kernels_measured"] == 0
         assert again["adaptation"]["kernels_reused"] == adaptation["kernels_measured"]
+        assert again["adaptation"]["verify_cached"]  # nothing measured again
