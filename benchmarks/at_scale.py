@@ -23,14 +23,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
 from collections import Counter
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, machine  # noqa: E402
+from torchrec_dreamshard.evaluation.results_files import RESULTS, machine
 
 LOCAL_BATCH = 512
 HBM_CAP = 80 * 2**30  # bytes per GPU
@@ -93,15 +90,16 @@ def main() -> None:
 
     def topology():
         return Topology(
-            world_size=args.devices, local_world_size=args.local, compute_device="cuda",
+            world_size=args.devices,
+            local_world_size=args.local,
+            compute_device="cuda",
             hbm_cap=HBM_CAP,
-        )  # fmt: skip
+        )
 
     ours = DreamShardPlanner(topology(), LOCAL_BATCH, constraints=constraints, debug=False)
     theirs = EmbeddingShardingPlanner(
-        topology(), LOCAL_BATCH, constraints=constraints, debug=False,
-        timeout_seconds=args.cap,
-    )  # fmt: skip
+        topology(), LOCAL_BATCH, constraints=constraints, debug=False, timeout_seconds=args.cap
+    )
     rows = {}
     for name, planner in (("dreamshard", ours), ("torchrec", theirs)):
         start = time.perf_counter()

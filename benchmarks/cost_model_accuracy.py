@@ -15,28 +15,27 @@ Usage: python benchmarks/cost_model_accuracy.py [--checkpoint PATH] [--quick]
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import heldout_tasks, machine, measure_fn, write  # noqa: E402
-
-from torchrec_dreamshard.cost.fitting import kendall_tau, mape  # noqa: E402
-from torchrec_dreamshard.measure import measure_in_rounds  # noqa: E402
-from torchrec_dreamshard.planner import baselines  # noqa: E402
-from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.cost.fitting import kendall_tau, mape
+from torchrec_dreamshard.evaluation.placers import place
+from torchrec_dreamshard.evaluation.plan_measuring import measure_fn
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
+from torchrec_dreamshard.measure import measure_in_rounds
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.heuristics import HEURISTICS
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 
 
 def placements_for(agent, task, n_random: int) -> dict[str, list[int]]:
-    out = {f"random{k}": baselines.place("random", task, seed=k) for k in range(n_random)}
-    for name in baselines.HEURISTICS:
-        out[name] = baselines.place(name, task)
+    out = {f"random{k}": place("random", task, seed=k) for k in range(n_random)}
+    for name in HEURISTICS:
+        out[name] = place(name, task)
     out["dreamshard"] = agent.place(task)
     unique: dict[str, list[int]] = {}
     for name, p in out.items():

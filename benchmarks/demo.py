@@ -10,9 +10,8 @@ import contextlib
 import io
 import sys
 
-from _paths import RESULTS
-
 from torchrec_dreamshard.cli import main as dreamshard
+from torchrec_dreamshard.evaluation.results_files import RESULTS
 
 
 def main() -> int:

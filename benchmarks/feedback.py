@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec
 from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
 
-RESULTS = Path(__file__).resolve().parent / "results"
 WORLD = 2
 BATCH = 512  # per rank
 EVERY = 20  # the observer's default sampling

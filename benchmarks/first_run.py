@@ -27,11 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
 
-ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "tests" / "torchrun_job.py"
-RESULTS = ROOT / "benchmarks" / "results"
+JOB = Path(__file__).resolve().parent.parent / "tests" / "torchrun_job.py"
 
 
 def launch(world: int, cache: Path, out: Path) -> dict:

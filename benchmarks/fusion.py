@@ -6,17 +6,11 @@ Run: .venv/bin/python benchmarks/fusion.py
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _measure_common import machine, write  # noqa: E402
-
-from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool  # noqa: E402
-from torchrec_dreamshard.measure import MeasureConfig, time_fused_kernel  # noqa: E402
+from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.measure import MeasureConfig, time_fused_kernel
 
 SHARDS = 12
 BATCH = 2048

@@ -45,32 +45,29 @@ Usage: python benchmarks/generalisation.py [--per-family 3] [--rounds 3] [--quic
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import RESULTS, machine, write  # noqa: E402
-from _reports import report  # noqa: E402
-from _roster import (  # noqa: E402
-    METHODS,
-    PER_FAMILY,
+from torchrec_dreamshard.data import families
+from torchrec_dreamshard.evaluation.family_report import report
+from torchrec_dreamshard.evaluation.family_statistics import family_rows, task_summary
+from torchrec_dreamshard.evaluation.method_roster import (
     calibrated_agents,
     calibration_store,
+    methods,
     plan_calibrated,
     plan_every_method,
-    roster,
 )
-from _runner import load_raw, measure_config, measure_rounds, save_raw  # noqa: E402
-from _stats import family_rows, task_summary  # noqa: E402
-
-from torchrec_dreamshard.data import families  # noqa: E402
-from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
+from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds
+from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw, write
+from torchrec_dreamshard.evaluation.task_draws import PER_FAMILY, roster
+from torchrec_dreamshard.measure import MeasureConfig
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line; ``--calibrate-budget`` adds its methods to ``METHODS``."""
+    """The command line."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--checkpoint", default=None, help="default: the bundled checkpoint")
     ap.add_argument("--per-family", type=int, default=PER_FAMILY)
@@ -91,10 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if args.quick:
         args.per_family, args.rounds = 1, 1
-    for budget in args.calibrate_budget:
-        METHODS.append(f"calibrated_{budget:g}")
-        if args.verify:
-            METHODS.append(f"calibrated_{budget:g}_verify{args.verify}")
     return args
 
 
@@ -105,7 +98,8 @@ def run_settings(args: argparse.Namespace) -> dict:
         "per_family": args.per_family,
         "families": args.families,
         "seed": args.seed,
-        "methods": METHODS,  # raw results of another method list are not resumed
+        # raw results of another method list are not resumed
+        "methods": methods(args.calibrate_budget, args.verify),
     }
     if args.calibrate_budget:
         settings["calibrate_budget"] = args.calibrate_budget
@@ -134,7 +128,7 @@ def plan_tasks(agent, tasks, raw: dict, config, args, path: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
-    config = measure_config()
+    config = MeasureConfig()
     tasks = roster(args.families, args.per_family, args.seed)
     settings = run_settings(args)
     path = RESULTS / f"{args.name}_raw.json"
@@ -142,17 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     raw = load_raw(path, settings)
     start, wall_before = time.perf_counter(), raw.get("wall_s", 0.0)
     plan_tasks(agent, tasks, raw, config, args, path)
-    measure_rounds(tasks, raw, config, args, path, start, wall_before)
+    measure_rounds(tasks, raw, config, args.rounds, path, start, wall_before)
+    names = settings["methods"]
     rows = [
-        task_summary(agent, t, e, calibrated_agents(agent, t[1], args, args.seed + i))
+        task_summary(agent, t, e, names, calibrated_agents(agent, t[1], args, args.seed + i))
         for i, (t, e) in enumerate(zip(tasks, raw["tasks"], strict=True))
     ]
-    fams = family_rows(rows)
+    fams = family_rows(rows, names)
     # wall time and machine state from the runs that planned and measured (a re-run that
     # finds everything measured only re-reports)
     wall = raw.get("wall_s", time.perf_counter() - start)
     at_end = raw.get("machine", machine())
-    text = report(fams, args, settings["checkpoint"], wall, at_end["note"])
+    text = report(fams, args, names, settings["checkpoint"], wall, at_end["note"])
     data = {"settings": settings, "families": fams, "tasks": rows, "machine": at_end}
     write(args.name, data, text)
 

@@ -7,15 +7,12 @@ Run: .venv/bin/python benchmarks/measure_repeatability.py
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _measure_common import bench_task, machine, write  # noqa: E402
-
-from torchrec_dreamshard.measure import MeasureConfig, measure_placement, random_placement  # noqa: E402,E501
-from torchrec_dreamshard.measure.distributed import close_pools  # noqa: E402
+from torchrec_dreamshard.data.tasks import random_placement
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.evaluation.task_draws import bench_task
+from torchrec_dreamshard.measure import MeasureConfig, measure_placement
+from torchrec_dreamshard.measure.distributed import close_pools
 
 REPEATS = 10
 

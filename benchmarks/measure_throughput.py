@@ -6,21 +6,13 @@ Run: .venv/bin/python benchmarks/measure_throughput.py
 from __future__ import annotations
 
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _measure_common import bench_task, machine, write  # noqa: E402
-
-from torchrec_dreamshard.measure import (  # noqa: E402
-    MeasureConfig,
-    load_all_to_all_model,
-    measure_placement,
-    random_placement,
-)
-from torchrec_dreamshard.measure.distributed import close_pools  # noqa: E402
+from torchrec_dreamshard.data.tasks import random_placement
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.evaluation.task_draws import bench_task
+from torchrec_dreamshard.measure import MeasureConfig, load_all_to_all_model, measure_placement
+from torchrec_dreamshard.measure.distributed import close_pools
 
 
 def run_backend(task, backend: str, n: int, config: MeasureConfig) -> dict:

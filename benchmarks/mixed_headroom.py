@@ -23,27 +23,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 import warnings
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine, write  # noqa: E402
-from step_time import WORLD  # noqa: E402
-
-from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_models  # noqa: E402
-from torchrec_dreamshard.measure.dmp_step import (  # noqa: E402
+from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_models
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.measure.dmp_step import (
     StepTimerConfig,
     make_plan,
     table_shardings,
     time_plans,
 )
-from torchrec_dreamshard.measure.step_families import family_spec  # noqa: E402
-from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval  # noqa: E402
+from torchrec_dreamshard.measure.step_families import family_spec
+from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
 
+WORLD = 2  # gloo ranks, as the step-time benchmark
 BATCH = 512  # per rank, as the step-time benchmark
 
 

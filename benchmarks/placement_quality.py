@@ -20,56 +20,33 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import (  # noqa: E402
-    RESULTS,
-    geomean,
-    heldout_tasks,
-    machine,
-    measure_fn,
-    write,
-)
+from torchrec_dreamshard.evaluation.family_statistics import geomean
+from torchrec_dreamshard.evaluation.placers import PlacingInputs, plan_each
+from torchrec_dreamshard.evaluation.plan_measuring import measure_fn
+from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
+from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.measured_search import measured_search
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.heuristics import HEURISTICS
 
-from torchrec_dreamshard.planner import baselines  # noqa: E402
-from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
-
-SHAPES = [
-    (20, 2), (40, 4), (60, 8), (80, 2), (100, 4), (100, 8),
-    (30, 8), (50, 2), (70, 4), (90, 8), (25, 4), (45, 8),
-]  # fmt: skip
-METHODS = [
-    "random", *baselines.HEURISTICS, "torchrec", "torchrec_ours",
-    "dreamshard_greedy", "dreamshard_search", "measured_search",
-]  # fmt: skip
+SHAPES = [(20, 2), (40, 4), (60, 8), (80, 2), (100, 4), (100, 8)]
+SHAPES += [(30, 8), (50, 2), (70, 4), (90, 8), (25, 4), (45, 8)]
+METHODS = ["random", *HEURISTICS, "torchrec", "torchrec_ours"]
+METHODS += ["dreamshard_greedy", "dreamshard_search", "measured_search"]
 
 
 def plan_all(agent, task, measure, budget: int, seed: int) -> tuple[dict, dict]:
     """Every method's placement (None where a method finds no plan) and planning times."""
-    plans, times = {}, {}
-    for name in METHODS[:-3]:
-        t0 = time.perf_counter()
-        try:
-            plans[name] = baselines.place(name, task, seed=seed)
-        except baselines.NoPlanError as exc:
-            plans[name] = None
-            times[f"{name}_error"] = str(exc)
-        times[name] = time.perf_counter() - t0
-    for name, mode in (("dreamshard_greedy", "greedy"), ("dreamshard_search", "search")):
-        t0 = time.perf_counter()
-        plans[name] = agent.place(task, mode=mode, num_samples=32, seed=seed)
-        times[name] = time.perf_counter() - t0
+    inputs = PlacingInputs(agent=agent, num_samples=32)
+    plans, times = plan_each(METHODS[:-1], task, seed, inputs)
     t0 = time.perf_counter()
-    starts = [plans[n] for n in (*baselines.HEURISTICS, "dreamshard_search") if plans[n]]
-    res = baselines.measured_search(
-        task, starts, lambda t, p: measure(t, p)[:2], budget=budget, seed=seed
-    )
+    starts = [plans[n] for n in (*HEURISTICS, "dreamshard_search") if plans[n]]
+    res = measured_search(task, starts, lambda t, p: measure(t, p)[:2], budget=budget, seed=seed)
     plans["measured_search"] = res.placement
     times["measured_search"] = time.perf_counter() - t0
     times["measured_search_measurements"] = res.measurements
@@ -89,7 +66,7 @@ def measure_rounds(tasks, plans, measure, rounds: int) -> list[dict]:
 def summarise_task(task, plans, costs) -> dict:
     """Per method: median and spread over rounds of cost / best heuristic's cost."""
     per_round = {n: np.array(costs[tuple(p)]) for n, p in plans.items() if p is not None}
-    found = [n for n in baselines.HEURISTICS if n in per_round]
+    found = [n for n in HEURISTICS if n in per_round]
     best_h = min(found, key=lambda n: np.median(per_round[n]))
     out = {"tables": len(task.tables), "devices": task.num_devices, "best_heuristic": best_h}
     for name in METHODS:

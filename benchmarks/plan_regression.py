@@ -1,9 +1,9 @@
 """Plan regression: what the bundled checkpoint plans on the generalisation benchmark's tasks,
 so that a refactor can show it changed no plan.
 
-Every task of the generalisation roster (``_roster.roster``: 3 test tasks of every
-family; task ``i`` planned with seed ``i``) is planned in four modes, planning only (nothing
-is measured):
+Every task of the generalisation roster (``evaluation.task_draws.roster``: 3 test tasks
+of every family; task ``i`` planned with seed ``i``) is planned in four modes, planning
+only (nothing is measured):
 
 - ``default``: what ``dreamshard plan`` does without options: the safe mode with
   column-wise splits allowed (``plan_with_splits``, mode ``safe``, the CLI's 4 samples);
@@ -32,9 +32,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _paths import RESULTS  # noqa: E402
-from _roster import roster  # noqa: E402
+from torchrec_dreamshard.evaluation.results_files import RESULTS
+from torchrec_dreamshard.evaluation.task_draws import roster
 
 PATH = RESULTS / "plan_regression.json"
 MODES = ("default", "safe", "greedy", "search")

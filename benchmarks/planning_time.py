@@ -44,6 +44,8 @@ Writes ``benchmarks/results/planning_time.json`` (raw rows: ``rows`` for the gri
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
+import importlib.util
 import json
 import multiprocessing as mp
 import os
@@ -57,7 +59,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from _paths import RESULTS
+# Nothing of torchrec_dreamshard is imported at the top: a run is a spawned process that
+# loads this module first, and a run of --baseline-tree must import the other checkout's
+# package (import_package_from), not this one's.
 
 TABLES = (50, 200, 1000, 2000)
 DEVICES = (8, 64, 128)
@@ -210,10 +214,21 @@ def compared_planner(name: str, devices: int, constraints: dict):
     )
 
 
+def import_package_from(tree: str) -> None:
+    """Import ``torchrec_dreamshard`` from the checkout ``tree`` before anything imports
+    it: every later import of its modules then resolves inside that package."""
+    spec = importlib.machinery.PathFinder.find_spec("torchrec_dreamshard", [tree])
+    if spec is None or spec.loader is None:
+        raise ValueError(f"--baseline-tree {tree!r} holds no torchrec_dreamshard package")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["torchrec_dreamshard"] = package
+    spec.loader.exec_module(package)
+
+
 def compare_run(name: str, tables: int, devices: int, tree: str | None, out) -> None:
     """Child process: one comparison run (``tree``: the checkout whose package plans)."""
     if tree is not None:
-        sys.path.insert(0, tree)
+        import_package_from(tree)
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
@@ -327,18 +342,24 @@ def cpu_model() -> str:
 # ----------------------------------------------------------------------------------------
 
 
+def results_dir() -> Path:
+    from torchrec_dreamshard.evaluation.results_files import RESULTS
+
+    return RESULTS
+
+
 def previous() -> dict:
-    path = RESULTS / "planning_time.json"
+    path = results_dir() / "planning_time.json"
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def write(results: dict) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "planning_time.json").write_text(json.dumps(results, indent=1) + "\n")
+    results_dir().mkdir(parents=True, exist_ok=True)
+    (results_dir() / "planning_time.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = comparison_markdown(results["comparison"]) if "comparison" in results else []
     if results.get("rows"):
         lines += grid_markdown(results["rows"], results["meta"])
-    (RESULTS / "planning_time.md").write_text("\n".join(lines) + "\n")
+    (results_dir() / "planning_time.md").write_text("\n".join(lines) + "\n")
 
 
 def grid_meta(args: argparse.Namespace) -> dict:

@@ -18,7 +18,6 @@ import json
 import time
 
 import numpy as np
-from _paths import RESULTS
 
 from torchrec_dreamshard.data.table_pool import (
     DLRM_BATCH_SIZE,
@@ -31,6 +30,7 @@ from torchrec_dreamshard.data.table_pool import (
 )
 from torchrec_dreamshard.data.tables import TableSpec, reuse_bin
 from torchrec_dreamshard.data.workloads import generate_batch
+from torchrec_dreamshard.evaluation.results_files import RESULTS
 
 BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 15)] + ["beyond 16384"]
 

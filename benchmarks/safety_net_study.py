@@ -25,7 +25,8 @@ so that selection rules can be compared on the same measurements:
 Tasks are the generalisation families' *test* draws with another seed than
 ``generalisation.py``'s (default 1 there 0), so that a rule tuned here is judged there on
 other tasks. Ratios are to the per-task best of the four proxy heuristics (as placed by
-``baselines.place``), medians over interleaved rounds, geometric means per family.
+the placers' registry, ``evaluation.placers``), medians over interleaved rounds,
+geometric means per family.
 
 Raw results go to ``results/safety_net_study_raw.json`` after every task and every round
 (a rerun with the same settings resumes).
@@ -36,27 +37,22 @@ Usage: python benchmarks/safety_net_study.py [--per-family 3] [--rounds 3] [--se
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import RESULTS, geomean, machine, write  # noqa: E402
-from _roster import HEURISTICS, roster  # noqa: E402
-from _runner import load_raw, measure_config, measure_rounds, plan_key, save_raw  # noqa: E402
-
-from torchrec_dreamshard.data import families  # noqa: E402
-from torchrec_dreamshard.planner import baselines  # noqa: E402
-from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.policy.safety_net import (  # noqa: E402
-    REFINE_STEPS,
-    REFINE_TOP,
-    distinct,
-    refine,
-)
+from torchrec_dreamshard.data import families
+from torchrec_dreamshard.data.tasks import NoPlanError
+from torchrec_dreamshard.evaluation.family_statistics import geomean
+from torchrec_dreamshard.evaluation.placers import place
+from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds, plan_key
+from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw, write
+from torchrec_dreamshard.evaluation.task_draws import roster
+from torchrec_dreamshard.measure import MeasureConfig
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.heuristics import HEURISTICS
+from torchrec_dreamshard.policy.safety_net import REFINE_STEPS, REFINE_TOP, distinct, refine
 
 SHORT_STEPS = 8
 HEURISTIC_SOURCES = (
@@ -88,8 +84,8 @@ def plan_candidates(agent, task, seed: int) -> tuple[dict, dict, str]:
     pred = {n: [c.log_step, c.log_std] for n, c in cands.items()}
     for h in HEURISTICS:
         try:
-            plans[f"heuristic:{h}"] = [int(d) for d in baselines.place(h, task, seed=seed)]
-        except baselines.NoPlanError:
+            plans[f"heuristic:{h}"] = [int(d) for d in place(h, task, seed=seed)]
+        except NoPlanError:
             plans[f"heuristic:{h}"] = None
     winner = [int(d) for d in agent.place(task, seed=seed)]
     return plans, pred, plan_key(winner)
@@ -203,7 +199,7 @@ def main() -> None:
     ap.add_argument("--name", default="safety_net_study", help="results file stem")
     args = ap.parse_args()
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
-    config = measure_config()
+    config = MeasureConfig()
     tasks = roster(args.families, args.per_family, args.seed)
     settings = {
         "checkpoint": args.checkpoint or "bundled",
@@ -223,7 +219,7 @@ def main() -> None:
         raw["tasks"].append(entry)
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)
-    measure_rounds(tasks, raw, config, args, path, start, wall_before)
+    measure_rounds(tasks, raw, config, args.rounds, path, start, wall_before)
     rows = [task_rows(e) for e in raw["tasks"]]
     at_end = raw.get("machine", machine())
     text, data = report(rows, args, raw.get("wall_s", 0.0), at_end["note"])

@@ -41,22 +41,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import RESULTS, geomean, machine, measure_costs, single_ms, write  # noqa: E402
-
-from torchrec_dreamshard.data import families  # noqa: E402
-from torchrec_dreamshard.data.sampler import make_task  # noqa: E402
-from torchrec_dreamshard.data.splits import plan_entries  # noqa: E402
-from torchrec_dreamshard.planner import baselines  # noqa: E402
-from torchrec_dreamshard.planner.candidates import default_sources  # noqa: E402
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint  # noqa: E402
-from torchrec_dreamshard.policy.split_search import plan_with_splits  # noqa: E402
+from torchrec_dreamshard.data import families
+from torchrec_dreamshard.data.sampler import make_task
+from torchrec_dreamshard.data.splits import plan_entries
+from torchrec_dreamshard.data.tasks import NoPlanError
+from torchrec_dreamshard.evaluation.family_statistics import geomean
+from torchrec_dreamshard.evaluation.placers import place
+from torchrec_dreamshard.evaluation.plan_measuring import measure_costs, single_ms
+from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
+from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.heuristics import HEURISTICS
+from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 TIGHT = 1.05  # the memory factor every tight task is also planned at
 PLANS = ("whole", "split", "forced")  # forced: tight tasks only (forced_split)
@@ -173,10 +174,10 @@ def plan_both(agent, label: str, task) -> dict:
 
 
 def _heuristic_misses(entry: dict, task) -> dict:
-    for name in baselines.HEURISTICS:
+    for name in HEURISTICS:
         try:
-            baselines.place(name, task)
-        except baselines.NoPlanError:
+            place(name, task)
+        except NoPlanError:
             entry["heuristics_without_plan"].append(name)
     return entry
 

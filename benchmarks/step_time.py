@@ -52,12 +52,10 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, load_note, machine  # noqa: E402
-
-from torchrec_dreamshard.cli.steptime import prepare_machine_models  # noqa: E402
-from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec  # noqa: E402
-from torchrec_dreamshard.measure.step_model import StepModelSpec  # noqa: E402
+from torchrec_dreamshard.cli.steptime import prepare_machine_models
+from torchrec_dreamshard.evaluation.results_files import RESULTS, load_note, machine
+from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec
+from torchrec_dreamshard.measure.step_model import StepModelSpec
 
 PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 RATIOS = (
@@ -104,8 +102,10 @@ def plan_family(spec: StepModelSpec, batch: int) -> tuple[dict, dict]:
             summaries[name] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"  {name}: planning failed: {exc}", flush=True)
             continue
-        summaries[name] = {"tables": table_shardings(plans[name]),
-                           "planning_s": time.perf_counter() - start}  # fmt: skip
+        summaries[name] = {
+            "tables": table_shardings(plans[name]),
+            "planning_s": time.perf_counter() - start,
+        }
     return plans, summaries
 
 
@@ -144,17 +144,25 @@ def run_family(name: str, raw: dict, settings: dict, raw_path: Path) -> None:
     elif old or log.exists():
         print(f"{name}: plans, settings or CPU changed; earlier rounds are dropped", flush=True)
     log.unlink(missing_ok=True)
-    entry = {"settings": settings, "cpu": cpu, "model": describe(spec), "plans": summaries,
-             "rounds": kept}  # fmt: skip
+    entry = {
+        "settings": settings,
+        "cpu": cpu,
+        "model": describe(spec),
+        "plans": summaries,
+        "rounds": kept,
+    }
     raw["families"][name] = entry
     todo = settings["rounds"] - len(kept)
     print(f"{name}: {len(kept)} rounds kept, {max(todo, 0)} to run", flush=True)
     if todo <= 0 or not plans:
         return
     config = StepTimerConfig(
-        batch_size=settings["batch_size"], rounds=todo, warmup_steps=settings["warmup"],
-        steps=settings["steps"], first_round=len(kept),
-    )  # fmt: skip
+        batch_size=settings["batch_size"],
+        rounds=todo,
+        warmup_steps=settings["warmup"],
+        steps=settings["steps"],
+        first_round=len(kept),
+    )
     try:
         times = time_plans(spec, plans, WORLD, config, round_log=log)
         entry["rounds"] = kept + times.rounds
@@ -262,8 +270,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [n for n in names if n not in FAMILIES]
     if unknown:
         ap.error(f"unknown families {unknown}; known: {','.join(FAMILIES)}")
-    settings = {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup,
-                "batch_size": args.batch_size, "world_size": WORLD}  # fmt: skip
+    settings = {
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "batch_size": args.batch_size,
+        "world_size": WORLD,
+    }
     stem = args.name or ("step_time_quick" if args.quick else "step_time")
     raw_path = RESULTS / f"{stem}_raw.json"
     RESULTS.mkdir(parents=True, exist_ok=True)

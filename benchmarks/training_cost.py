@@ -20,13 +20,11 @@ import json
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _agent_common import RESULTS, machine, write  # noqa: E402
+from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
 
 
 def measurement_seconds(db: Path) -> tuple[int, float]:

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "torchrec_dreamshard"
 README = REPO / "README.md"
 DOCS = REPO / "docs"
+BENCHMARKS = REPO / "benchmarks"
 MAX_README_LINES = 300  # the README is a front page; the rest lives in docs/
 MAX_ROOT_MODULES = 6  # counting __init__.py
 MAX_MODULE_LINES = 400
@@ -34,6 +35,7 @@ FLOW = (
     "planner",
     "feedback",
     "training",
+    "evaluation",
     "cli",
 )
 # imports against the flow, each made inside the one function that needs it
@@ -257,8 +259,37 @@ def test_every_relative_link_resolves():
 
 
 def test_every_benchmark_script_is_documented():
-    """docs/benchmarks.md names every benchmark script (helpers start with an underscore)."""
+    """docs/benchmarks.md names every benchmark script."""
     text = (DOCS / "benchmarks.md").read_text()
-    scripts = sorted(p.name for p in (REPO / "benchmarks").glob("[!_]*.py"))
+    scripts = sorted(p.name for p in BENCHMARKS.glob("*.py"))
     missing = [name for name in scripts if f"`{name}`" not in text]
     assert not missing, f"benchmarks not described in docs/benchmarks.md: {missing}"
+
+
+# --- the benchmarks -----------------------------------------------------------------------
+
+
+def _benchmark_offences(path: Path, scripts: set[str]) -> Iterator[str]:
+    """How the script at ``path`` reaches past the package: a ``sys.path`` edit (or any
+    use of it), an import of another script (named in ``scripts``), a relative import."""
+    tree = _tree(path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and ast.unparse(node) == "sys.path":
+            yield f"{path.name}:{node.lineno} uses sys.path"
+        if isinstance(node, ast.ImportFrom) and node.level:
+            yield f"{path.name}:{node.lineno} imports relatively"
+    for name in _imports(tree):
+        if name.split(".")[0] in scripts or name == "sys.path":
+            yield f"{path.name} imports {name}"
+
+
+def test_benchmarks_are_scripts_over_the_package():
+    """benchmarks/ holds scripts only: what they share lives in the package
+    (``torchrec_dreamshard.evaluation``), so no helper module sits beside them
+    (``_*.py``), no script edits ``sys.path`` and none imports another."""
+    paths = sorted(BENCHMARKS.glob("*.py"))
+    scripts = {p.stem for p in paths}
+    offenders = [f"{p.name} is a helper module" for p in paths if p.name.startswith("_")]
+    for path in paths:
+        offenders += _benchmark_offences(path, scripts)
+    assert not offenders, offenders

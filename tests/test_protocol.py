@@ -265,14 +265,14 @@ def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
     memory is ample, and still a plan, within every device's memory by our accounting
     (weights only), on a task TorchRec's default accounting finds no plan for."""
     from torchrec_dreamshard.data.tasks import check_placement
-    from torchrec_dreamshard.planner import baselines
+    from torchrec_dreamshard.evaluation.placers import place
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
 
     assert [s.name for s in default_sources()] == ["torchrec_ours"]
     tables = _task(8, 2).tables
     loose = Task(tables=tables, num_devices=2, memory_bytes=10**10, batch_size=1024)
     torchrec = _torchrecs_own_placement(loose)
-    assert torchrec != baselines.place("size_greedy", loose)  # the check tells them apart
+    assert torchrec != place("size_greedy", loose)  # the check tells them apart
     assert TorchRecCandidate().propose(loose) == torchrec
     named, _ = DreamShard.untrained(seed=0, sources=default_sources()).candidates(loose)
     np.testing.assert_array_equal(named["torchrec_ours"], torchrec)
@@ -280,7 +280,7 @@ def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
     weights = sum(t.size_bytes for t in tables)  # the devices hold 1.2x the weights in all
     tight = Task(tables=tables, num_devices=2, memory_bytes=int(0.6 * weights), batch_size=1024)
     with pytest.raises(NoPlanError, match="TorchRec"):
-        baselines.place("torchrec", tight)
+        place("torchrec", tight)
     check_placement(tight, TorchRecCandidate().propose(tight))
 
 

@@ -27,7 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--db", required=True, metavar="PATH", help="SQLite cost dataset")
     p.add_argument("-n", "--num", type=int, default=100, help="placements to measure")
     p.add_argument("--task-file", metavar="TASK.json", help="a task (or a JSON list of tasks)")
-    p.add_argument("--placer", default="random", help="'random' or a baseline's name")
+    p.add_argument(
+        "--placer",
+        default="random",
+        help="'random', a heuristic's name (size_greedy, ...) or 'torchrec' (the placers "
+        "of torchrec_dreamshard.evaluation.placers that need no agent)",
+    )
     p.add_argument("--per-task", type=int, default=4, help="placements per sampled task")
     p.add_argument("--num-tables", type=int, nargs=2, default=[20, 40], metavar=("LO", "HI"))
     p.add_argument("--num-devices", type=int, nargs="+", default=[2, 4])
@@ -67,14 +72,9 @@ def _placement(args: argparse.Namespace, task, job: int) -> list[int]:
         from torchrec_dreamshard.measure import random_placement
 
         return random_placement(task, [args.seed, job])
-    try:
-        from torchrec_dreamshard.planner import baselines
-    except ImportError:
-        raise ValueError(
-            f"--placer {args.placer!r} needs torchrec_dreamshard.planner.baselines, which is not "
-            "installed yet; use --placer random"
-        ) from None
-    return list(baselines.place(args.placer, task, seed=job))
+    from torchrec_dreamshard.evaluation.placers import place
+
+    return list(place(args.placer, task, seed=job))
 
 
 def _collection_key(args: argparse.Namespace, config, tasks: list) -> str:

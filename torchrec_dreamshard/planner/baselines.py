@@ -1,39 +1,25 @@
-"""Baseline placers, all behind one interface: a task in, a device per table out, every
-device's memory respected.
+"""TorchRec's planner as a placer (:func:`torchrec_placement`): the baseline DreamShard is
+compared with, and a candidate of its safety net (:mod:`torchrec_dreamshard.planner.candidates`).
 
-* ``random``: each table (largest first) on a uniformly random device with room
-  (:func:`torchrec_dreamshard.data.tasks.random_placement`);
-* ``size_greedy``, ``dim_greedy``, ``lookup_greedy``, ``size_lookup_greedy``: sort the
-  tables by a proxy cost, descending, and put each on the device with the least proxy
-  load that still has room. Proxies: bytes; dim; dim x pooling factor; dim x pooling
-  factor x log10(rows);
-* ``torchrec``: TorchRec's own ``EmbeddingShardingPlanner`` restricted to table-wise fused
-  sharding, given the pooling factors, the batch size and the memory in its ``Topology``,
-  with its default storage reservation (15% heuristic) and storage estimate (optimizer
-  state, I/O buffers): it finds no plan at all when memory is tight;
-* ``torchrec_ours``: the same planner with our memory accounting (a table costs its
-  weights' bytes, nothing is reserved), so it always competes;
-* :func:`measured_search`: the expensive headroom reference, a local search that moves
-  and swaps tables off the measured bottleneck device and keeps a change only when the
-  measured step cost drops.
+``torchrec``: TorchRec's own ``EmbeddingShardingPlanner`` restricted to table-wise fused
+sharding, given the pooling factors, the batch size and the memory in its ``Topology``,
+with its default storage reservation (15% heuristic) and storage estimate (optimizer
+state, I/O buffers): it finds no plan at all when memory is tight. ``torchrec_ours``
+(``ours=True``): the same planner with our memory accounting (a table costs its weights'
+bytes, nothing is reserved), so it always competes.
 
-Use :func:`place` (``place("size_lookup_greedy", task)``) or the functions directly. The
-heuristics live in :mod:`torchrec_dreamshard.policy.heuristics` (free of TorchRec, for the policy's
-safety net) and :func:`measured_search` in :mod:`torchrec_dreamshard.planner.measured_search`; both
-are re-exported here.
+Every placer by name, these two among them, is in
+:mod:`torchrec_dreamshard.evaluation.placers`; the heuristics are in
+:mod:`torchrec_dreamshard.policy.heuristics` and the measured search (the expensive
+headroom reference) in :mod:`torchrec_dreamshard.planner.measured_search`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
-from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, random_placement
-from torchrec_dreamshard.planner.measured_search import MeasureFn, SearchResult, measured_search
-from torchrec_dreamshard.policy.heuristics import PROXIES, greedy_by_costs, proxy_greedy
-
-Placer = Callable[..., list[int]]
-
+from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
+from torchrec_dreamshard.policy import heuristics
 
 # ----------------------------------------------------------------------------------------
 # TorchRec's planner
@@ -79,43 +65,20 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
 
 
 # ----------------------------------------------------------------------------------------
-# The registry
+# The heuristics by name, for calibration's verification until it reads them from
+# policy.heuristics (issue 26: one registry of placers, in evaluation.placers)
 # ----------------------------------------------------------------------------------------
 
-BASELINES: dict[str, Placer] = {
-    "random": random_placement,
-    "size_greedy": lambda task, seed=0: proxy_greedy(task, "size"),
-    "dim_greedy": lambda task, seed=0: proxy_greedy(task, "dim"),
-    "lookup_greedy": lambda task, seed=0: proxy_greedy(task, "lookup"),
-    "size_lookup_greedy": lambda task, seed=0: proxy_greedy(task, "size_lookup"),
-    "torchrec": lambda task, seed=0: torchrec_placement(task),
-    "torchrec_ours": lambda task, seed=0: torchrec_placement(task, ours=True),
-}
-HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+HEURISTICS = tuple(heuristics.HEURISTICS)
 
 
 def place(name: str, task: Task, seed: int = 0) -> list[int]:
-    """The placement of baseline ``name`` (one of :data:`BASELINES`).
+    """Heuristic ``name``'s placement (``seed`` is unused).
 
     Raises:
-        ValueError: an unknown name; :class:`NoPlanError` when the baseline finds no plan.
+        KeyError: not a heuristic's name; :class:`NoPlanError` when it finds no plan.
     """
-    if name not in BASELINES:
-        raise ValueError(f"unknown baseline {name!r}; choose from {sorted(BASELINES)}")
-    return check_placement(task, BASELINES[name](task, seed=seed))
+    return check_placement(task, heuristics.proxy_greedy(task, heuristics.HEURISTICS[name]))
 
 
-__all__ = [
-    "BASELINES",
-    "HEURISTICS",
-    "PROXIES",
-    "MeasureFn",
-    "NoPlanError",
-    "SearchResult",
-    "greedy_by_costs",
-    "measured_search",
-    "place",
-    "proxy_greedy",
-    "random_placement",
-    "torchrec_placement",
-]
+__all__ = ["HEURISTICS", "NoPlanError", "place", "torchrec_placement"]

@@ -2,12 +2,13 @@
 
 :func:`proxy_greedy` sorts the tables by a proxy cost (:data:`PROXIES`: bytes; dim;
 dim x pooling factor; dim x pooling factor x log10(rows)), descending, and puts each on
-the device with the least proxy load that still has room (:func:`greedy_by_costs`).
+the device with the least proxy load that still has room (:func:`greedy_by_costs`); the
+four heuristics are those greedies, by name (:data:`HEURISTICS`).
 
 They raise :class:`NoPlanError` when they find no placement. The policy's safety net
-builds on them, and so does the baselines' registry (:mod:`torchrec_dreamshard.planner.baselines`),
-which adds a random placement (:func:`torchrec_dreamshard.data.tasks.random_placement`) and
-TorchRec's planner.
+builds on them, and so does the registry of every placer by name
+(:mod:`torchrec_dreamshard.evaluation.placers`), which adds a random placement, TorchRec's
+planner and DreamShard's modes.
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ PROXIES: dict[str, Callable[[TableSpec], float]] = {
     "dim": lambda t: float(t.dim),
     "lookup": lambda t: t.dim * t.pooling_factor,
     "size_lookup": lambda t: t.dim * t.pooling_factor * math.log10(max(t.rows, 2)),
+}
+# the heuristics by name: each the greedy balancing of a proxy
+HEURISTICS: dict[str, str] = {
+    "size_greedy": "size",
+    "dim_greedy": "dim",
+    "lookup_greedy": "lookup",
+    "size_lookup_greedy": "size_lookup",
 }
 
 

@@ -1,19 +1,34 @@
 """The generalisation benchmark's Markdown report: one table of the families, and one of
-the calibrated methods when the run calibrated."""
+the calibrated methods when the run calibrated. ``fams`` is
+:func:`~torchrec_dreamshard.evaluation.family_statistics.family_rows`' output and ``run``
+the benchmark's command line (``per_family``, ``rounds``, ``name``, ``calibrate_budget``,
+``verify``).
+"""
 
 from __future__ import annotations
 
-from _roster import METHODS
+import argparse
+from collections.abc import Sequence
 
 from torchrec_dreamshard.data import families
 
+# the main table's methods (the heuristics are the denominator)
+COLUMNS = (
+    "dreamshard",
+    "dreamshard_split",
+    "dreamshard_greedy",
+    "dreamshard_search",
+    "measured_greedy",
+    "torchrec",
+)
 
-def calibration_report(fams: dict, args) -> list[str]:
+
+def calibration_report(fams: dict, args: argparse.Namespace, methods: Sequence[str]) -> list[str]:
     """The calibrated methods' table (compute / best heuristic) and the cost model's
     accuracy before and after calibration."""
     if not args.calibrate_budget:
         return []
-    cols = [m for m in METHODS if m.startswith("calibrated_")]
+    cols = [m for m in methods if m.startswith("calibrated_")]
     verified = [c for c in cols if "_verify" in c]  # verification ranks by measured step
     lines = [
         "",
@@ -61,7 +76,7 @@ def calibration_report(fams: dict, args) -> list[str]:
     return lines
 
 
-def family_line(fam: str, f: dict, cols: list[str]) -> str:
+def family_line(fam: str, f: dict, cols: Sequence[str]) -> str:
     """One family's row of the main table."""
     cells = [
         f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]"
@@ -78,11 +93,15 @@ def family_line(fam: str, f: dict, cols: list[str]) -> str:
     )
 
 
-def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
-    cols = [
-        "dreamshard", "dreamshard_split", "dreamshard_greedy", "dreamshard_search",
-        "measured_greedy", "torchrec",
-    ]  # fmt: skip
+def report(
+    fams: dict,
+    args: argparse.Namespace,
+    methods: Sequence[str],
+    checkpoint: str,
+    wall: float,
+    note: str,
+) -> str:
+    """The whole report (``methods``: every method the run planned with)."""
     lines = [
         "# Generalisation: placement quality and cost-model accuracy by task family",
         "",
@@ -96,12 +115,12 @@ def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
         + ".",
         "",
         "| family | held out | "
-        + " | ".join(f"compute: {c}" for c in cols)
+        + " | ".join(f"compute: {c}" for c in COLUMNS)
         + " | even spread (est.) | step: dreamshard | worst dreamshard / torchrec (compute) "
         "| tau (min) | MAPE % | tau: a round vs the others |",
-        "|---|---|" + "---|" * (len(cols) + 6),
+        "|---|---|" + "---|" * (len(COLUMNS) + 6),
     ]
-    lines += [family_line(fam, f, cols) for fam, f in fams.items()]
+    lines += [family_line(fam, f, COLUMNS) for fam, f in fams.items()]
     lines += [
         "",
         "Targets (issue 8): default plan geomean <= 0.93 in every family, no task above "
@@ -121,7 +140,7 @@ def report(fams: dict, args, checkpoint: str, wall: float, note: str) -> str:
         "the same medians, so where this is near 0.8 a tau target of 0.8 or more asks the "
         "model to rank plans better than the machine repeats them.",
         "",
-        *calibration_report(fams, args),
+        *calibration_report(fams, args, methods),
         "",
         f"Wall time {wall:.0f} s. {note}",
         f"Raw: {args.name}_raw.json, {args.name}.json. Script: benchmarks/generalisation.py.",

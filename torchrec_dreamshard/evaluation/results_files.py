@@ -1,5 +1,9 @@
-"""What every benchmark shares: where results go, the machine they were taken on, and how
-they are written (raw JSON beside a Markdown summary)."""
+"""Where the benchmarks' results go and how they are written: raw JSON beside a Markdown
+summary, the machine they were taken on, and the raw file a resumable run reads back.
+
+``RESULTS`` is ``benchmarks/results/`` of the source checkout this package is imported
+from (the benchmarks run from a checkout; nothing else writes there).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,9 @@ import json
 import os
 import platform
 import time
+from pathlib import Path
 
-import torch
-from _paths import RESULTS  # noqa: F401 (re-exported)
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 
 
 def load_note() -> str:
@@ -31,6 +35,8 @@ def load_note() -> str:
 
 def machine() -> dict:
     """The hardware fingerprint the measurements record, plus the platform and load."""
+    import torch
+
     from torchrec_dreamshard.measure import MeasureConfig, hardware_fingerprint
 
     return {
@@ -44,8 +50,28 @@ def machine() -> dict:
 
 
 def write(name: str, data: dict, summary: str) -> None:
-    """``results/NAME.json`` (raw) and ``results/NAME.md`` (the summary), and print it."""
+    """``RESULTS/NAME.json`` (raw) and ``RESULTS/NAME.md`` (the summary), and print it."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     (RESULTS / f"{name}.md").write_text(summary.rstrip() + "\n")
     print(summary)
+
+
+def load_raw(path: Path, settings: dict) -> dict:
+    """The raw results an earlier run with the same ``settings`` saved at ``path``, else
+    a fresh ``{"settings": settings, "tasks": []}`` (said on stdout when the file holds
+    other settings)."""
+    if path.exists():
+        raw = json.loads(path.read_text())
+        if raw.get("settings") == settings:
+            return raw
+        print(f"{path.name} holds other settings; starting afresh", flush=True)
+    return {"settings": settings, "tasks": []}
+
+
+def save_raw(path: Path, raw: dict) -> None:
+    """Write ``raw`` to ``path`` atomically (a temporary file, then a rename), so that an
+    interrupted run leaves the previous file whole."""
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps(raw) + "\n")
+    os.replace(tmp, path)

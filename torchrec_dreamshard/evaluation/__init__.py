@@ -1,0 +1,22 @@
+"""The evaluation harness the benchmarks (``benchmarks/``) and the ``dreamshard`` command
+share, one responsibility per module:
+
+* :mod:`~torchrec_dreamshard.evaluation.placers`: every placer by name (random, the
+  heuristics, TorchRec, DreamShard's modes, measured-greedy), planned alone or each in
+  turn and timed;
+* :mod:`~torchrec_dreamshard.evaluation.task_draws`: the held-out tasks the benchmarks
+  plan (every family's test draws, the pool's test split);
+* :mod:`~torchrec_dreamshard.evaluation.plan_measuring`: plans measured on real kernels,
+  every task's distinct plans in interleaved rounds, resumably;
+* :mod:`~torchrec_dreamshard.evaluation.method_roster`: the generalisation benchmark's
+  methods, calibrated ones included, and how each plans a task;
+* :mod:`~torchrec_dreamshard.evaluation.family_statistics`: ratios to the best heuristic,
+  geometric means per family, the cost network's rank agreement;
+* :mod:`~torchrec_dreamshard.evaluation.family_report`: the generalisation benchmark's
+  Markdown;
+* :mod:`~torchrec_dreamshard.evaluation.results_files`: where results go, the machine they
+  were taken on, and the raw files a resumable run reads back.
+
+It sits above the planner: it plans with every part of the package and measures the
+plans; nothing but the command line and the benchmarks imports it.
+"""
