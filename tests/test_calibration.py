@@ -296,6 +296,19 @@ def test_verification_keeps_the_best_heuristic_unless_a_plan_beat_it_every_round
     assert cal.rank_measured([lucky, steady])[0] is lucky  # no heuristic: lowest median
 
 
+def test_the_chosen_plan_stands_unless_a_plan_beat_it_every_round():
+    chosen = plan("chosen", [10.0, 14.0, 10.0])  # a noisy round; the median is 10
+    ref = plan("heuristic:size_greedy", [9.0, 9.5, 11.0], heuristic=True)  # lower median
+    assert cal.rank_measured([ref, chosen], incumbent="chosen")[0] is chosen
+    assert cal.rank_measured([ref, chosen])[0] is ref  # the heuristic as incumbent
+    steady = plan("heuristic:dim_greedy", [9.0, 9.0, 9.0], heuristic=True)
+    assert cal.rank_measured([ref, chosen, steady], incumbent="chosen")[0] is steady
+    same = plan("chosen=size_greedy", [10.0, 10.0, 10.0], heuristic=True)  # also a heuristic
+    assert cal.rank_measured([same, steady], incumbent="chosen")[0] is steady
+    with pytest.raises(ValueError, match="no measured plan is named 'chosen'"):
+        cal.rank_measured([ref, steady], incumbent="chosen")
+
+
 def test_plan_task_calibrates_then_verifies():
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)

@@ -264,7 +264,8 @@ def test_cli_plan_verifies_by_default_only_where_it_calibrates_automatically():
     from torchrec_dreamshard.cli.plan import verify_settings
 
     config = CalibrationConfig()
-    assert verify_settings(None, {"mode": "auto"}, config) == (AUTO_VERIFY_K, AUTO_VERIFY_S, True)
-    assert verify_settings(None, {"mode": "auto"}, None) == (0, None, False)  # priced right
-    assert verify_settings(None, {"mode": "on"}, config) == (0, None, False)  # --calibrate
-    assert verify_settings(3, {"mode": "off"}, None) == (3, None, False)  # --verify 3
+    default = (AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen")
+    assert verify_settings(None, {"mode": "auto"}, config) == default
+    assert verify_settings(None, {"mode": "auto"}, None) == (0, None, False, None)  # priced right
+    assert verify_settings(None, {"mode": "on"}, config) == (0, None, False, None)  # --calibrate
+    assert verify_settings(3, {"mode": "off"}, None) == (3, None, False, None)  # --verify 3

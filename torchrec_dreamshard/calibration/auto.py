@@ -10,11 +10,16 @@ the planner calibrates on the user's tables (:func:`~.fit.calibrate`) within
 so the next plan of these tables on this machine measures nothing and only fine-tunes.
 
 A recalibrated network still has errors, and a search against it finds them. So where the
-check calibrates, the plan it picks is also verified on real kernels: it and the next
-best-rated plan (:data:`AUTO_VERIFY_K`) are measured beside every heuristic's plan in
-interleaved rounds, within :data:`AUTO_VERIFY_S`, and the fastest heuristic's plan is kept
-unless another beat it in every round (:func:`~.verification.verify`). The rounds are
-cached per machine and plan set, so planning the same tables again measures nothing.
+check calibrates, the plan it picks is also verified on real kernels
+(:func:`auto_verification`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
+measured beside every heuristic's plan in interleaved rounds, within
+:data:`AUTO_VERIFY_S`, and the chosen plan stands unless another measured faster in every
+round (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
+incumbent because the check guards against the model's gross errors: on a machine whose
+timings move 5% or more from round to round, a rule that asks the model's plan to beat the
+heuristics every time hands back a heuristic's plan whenever the noise exceeds the gain.
+The rounds are cached per machine and plan set, so planning the same tables again
+measures nothing.
 
 Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
 predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off
@@ -90,6 +95,12 @@ class MachineCheck:
             "reference_error": self.error,
             "tolerance": self.tolerance,
         }
+
+
+def auto_verification() -> tuple[int, float, bool, str]:
+    """``(k, budget_s, cache, incumbent)`` of the default's verification (see the module
+    docstring): the planner's and ``dreamshard plan``'s alike."""
+    return AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen"
 
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:

@@ -13,12 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.auto import (
-    AUTO_VERIFY_K,
-    AUTO_VERIFY_S,
-    MachineCheck,
-    check_machine,
-)
+from torchrec_dreamshard.calibration.auto import MachineCheck, auto_verification, check_machine
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
     CalibrationResult,
@@ -75,6 +70,7 @@ def plan_task(
     calibrated: CalibrationResult | None = None,
     verify_budget_s: float | None = None,
     verify_cache: bool = False,
+    verify_incumbent: str | None = None,
 ) -> PlanOutcome:
     """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``).
 
@@ -94,6 +90,8 @@ def plan_task(
             plan with instead of calibrating again.
         verify_budget_s, verify_cache: bound and cache the verification (see
             :func:`~.verification.verify`).
+        verify_incumbent: ``"chosen"``: the placement stands unless a measured plan beat
+            it in every round (``None``: the fastest heuristic's plan stands unless ...).
     """
     if verify_k < 0:
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
@@ -116,6 +114,7 @@ def plan_task(
             {"chosen": placement},
             budget_s=verify_budget_s,
             cache=verify_cache,
+            incumbent=verify_incumbent,
         )
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver)
@@ -202,17 +201,16 @@ class CalibratingAgent:
             self.check = check_machine(self.prior, self._auto())
         return self.check.mispriced
 
-    def _verification(self) -> tuple[int, float | None, bool]:
-        """``(k, budget_s, cache)`` of the verification ``place`` runs: as given, or, where
-        it is automatic, :data:`~.auto.AUTO_VERIFY_K` plans within
-        :data:`~.auto.AUTO_VERIFY_S`, cached, on a machine the checkpoint misprices (the
-        plan a recalibrated cost network picks is checked on real kernels against the
-        heuristics' before it is trusted), and none where the checkpoint prices it right."""
+    def _verification(self) -> tuple[int, float | None, bool, str | None]:
+        """``(k, budget_s, cache, incumbent)`` of the verification ``place`` runs: as given
+        (the fastest heuristic's plan stands unless another beat it every round), or, where
+        it is automatic, :func:`~.auto.auto_verification` on a machine the checkpoint
+        misprices, and none where the checkpoint prices it right."""
         if self.verify_k is not None:
-            return self.verify_k, None, False
+            return self.verify_k, None, False, None
         if self.calibration is not None and self._auto is not None and self.calibration_enabled:
-            return AUTO_VERIFY_K, AUTO_VERIFY_S, True
-        return 0, None, False
+            return auto_verification()
+        return 0, None, False, None
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
         """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
@@ -288,7 +286,7 @@ class CalibratingAgent:
         """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
         calibrated agent and verify (:func:`plan_task`); the outcome is kept in
         :attr:`last_outcome` and logged."""
-        verify_k, verify_budget_s, verify_cache = self._verification()
+        verify_k, verify_budget_s, verify_cache, verify_incumbent = self._verification()
         out = plan_task(
             self.prior,
             task,
@@ -303,6 +301,7 @@ class CalibratingAgent:
             calibrated=self._prepared,
             verify_budget_s=verify_budget_s,
             verify_cache=verify_cache,
+            verify_incumbent=verify_incumbent,
         )
         self._prepared = None  # one preparation serves one placement
         self.current, self.last_outcome = out.agent, out

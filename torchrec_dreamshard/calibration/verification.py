@@ -120,18 +120,31 @@ def verify_candidates(
     return out
 
 
-def rank_measured(plans: Sequence[VerifiedPlan]) -> list[VerifiedPlan]:
+def rank_measured(
+    plans: Sequence[VerifiedPlan], incumbent: str | None = None
+) -> list[VerifiedPlan]:
     """``plans`` (measured: ``rounds_ms`` filled, one entry per round) winner first, then
-    by median measured step. The winner is the fastest heuristic plan by median unless
-    other plans measured faster than it in every round; then the fastest of those by
-    median. Without a heuristic plan, the fastest by median."""
+    by median measured step.
+
+    The winner is the incumbent unless other plans measured faster than it in every
+    round; then the fastest of those by median. The incumbent is the plan named
+    ``incumbent`` where given (the planner's own choice, which then stands unless the
+    measurement says otherwise every time), else the fastest heuristic plan by median (the
+    model's plans must then beat the heuristics every time). Without either, the fastest
+    by median."""
     for p in plans:
         p.measured_ms = float(np.median(p.rounds_ms))
     ordered = sorted(plans, key=lambda p: p.measured_ms)
-    heur = [p for p in ordered if p.heuristic]
-    if not heur:
-        return ordered
-    ref = heur[0]
+    if incumbent is not None:
+        named = [p for p in ordered if p.name == incumbent or p.name.startswith(f"{incumbent}=")]
+        if not named:
+            raise ValueError(f"no measured plan is named {incumbent!r}")
+        ref = named[0]
+    else:
+        heur = [p for p in ordered if p.heuristic]
+        if not heur:
+            return ordered
+        ref = heur[0]
 
     def beats(p: VerifiedPlan) -> bool:
         return all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
@@ -151,6 +164,7 @@ def verify(
     extra: Mapping[str, Sequence[int]] | None = None,
     budget_s: float | None = None,
     cache: bool = False,
+    incumbent: str | None = None,
 ) -> VerifyResult:
     """Measure the ``k`` best-rated candidates and the heuristics' plans (see
     :func:`verify_candidates`; ``extra`` adds named plans) in ``rounds`` interleaved
@@ -164,6 +178,9 @@ def verify(
         cache: read the rounds of these very plans of this task from this machine's
             cache, or write them there once measured (:func:`verification_cache_path`),
             so that planning the same tables again measures nothing.
+        incumbent: the name of the plan (an ``extra`` one) that stands unless another
+            measured faster in every round (``None``: the fastest heuristic's; see
+            :func:`rank_measured`).
 
     Raises:
         RuntimeError: a measurement failed (its error is named).
@@ -177,7 +194,9 @@ def verify(
     plans = verify_candidates(agent, task, k, seed, extra)
     path = verification_cache_path(task, plans, config, rounds) if cache else None
     if path is not None and _read_rounds(path, plans):
-        return VerifyResult(rank_measured(plans), time.perf_counter() - start, cached=True)
+        return VerifyResult(
+            rank_measured(plans, incumbent), time.perf_counter() - start, cached=True
+        )
     bar = None
     if progress:
         from tqdm import tqdm
@@ -207,7 +226,7 @@ def verify(
             plans[i].rounds_ms.append(ms)
     if path is not None:
         _write_rounds(path, plans)
-    return VerifyResult(rank_measured(plans), time.perf_counter() - start)
+    return VerifyResult(rank_measured(plans, incumbent), time.perf_counter() - start)
 
 
 def verification_cache_path(

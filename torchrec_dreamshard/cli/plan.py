@@ -241,17 +241,17 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
 
 def verify_settings(
     verify: int | None, adaptation: dict[str, Any], calibration: Any
-) -> tuple[int, float | None, bool]:
-    """``(k, budget_s, cache)`` of the verification: ``--verify K`` as given; without it,
-    the planner's default (``CalibratingAgent``): two plans within 25 s, cached, where the
+) -> tuple[int, float | None, bool, str | None]:
+    """``(k, budget_s, cache, incumbent)`` of the verification: ``--verify K`` as given;
+    without it, the planner's default (``calibration.auto.auto_verification``) where the
     automatic check calibrates, and none elsewhere."""
     from torchrec_dreamshard.calibration import auto
 
     if verify is not None:
-        return verify, None, False
+        return verify, None, False, None
     if adaptation.get("mode") == "auto" and calibration is not None:
-        return auto.AUTO_VERIFY_K, auto.AUTO_VERIFY_S, True
-    return 0, None, False
+        return auto.auto_verification()
+    return 0, None, False, None
 
 
 def verify_plan(
@@ -260,14 +260,14 @@ def verify_plan(
     plan: dict,
     args: Any,
     calibration: Any,
-    verification: tuple[int, float | None, bool],
+    verification: tuple[int, float | None, bool, str | None],
 ) -> VerifyResult | None:
     """Measure the chosen whole-table plan, the best-rated candidates and the heuristics'
     plans (``verification``: see :func:`verify_settings`); ``None`` when there is nothing
     to verify or the plan splits tables (said on stdout)."""
     from torchrec_dreamshard.calibration import verify
 
-    k, budget_s, cache = verification
+    k, budget_s, cache, incumbent = verification
     if not k:
         return None
     if plan.get("shards"):
@@ -286,6 +286,7 @@ def verify_plan(
         {"chosen": chosen},
         budget_s=budget_s,
         cache=cache,
+        incumbent=incumbent,
     )
 
 
