@@ -12,7 +12,7 @@ import torch
 from torchrec_dreamshard.data.families import TRAIN_FAMILIES
 from torchrec_dreamshard.data.sampler import TaskSampler
 from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy import DreamShard, PolicyNet, policy_net
 from torchrec_dreamshard.policy.checkpoint import (
     BUNDLED_CHECKPOINT,
     load_checkpoint,
@@ -133,3 +133,71 @@ def test_bundled_checkpoint_loads(task):
     assert "hardware" in agent.meta and "workload" in agent.meta and "version" in agent.meta
     placement = agent.place(task)
     assert agent.predict(task, placement).step_ms > 0
+
+
+# -- the networks a checkpoint names --------------------------------------------------------
+
+
+class UniformPolicy(torch.nn.Module):
+    """A policy network of another architecture: equal logits and one learnable bias."""
+
+    CONFIG_LIMITS = {"uniform_width": 8}
+
+    def __init__(self, in_dim: int, width: int) -> None:
+        super().__init__()
+        self.in_dim, self.width = in_dim, width
+        self.bias = torch.nn.Parameter(torch.zeros(width))
+
+    @classmethod
+    def from_config(cls, config, in_dim: int) -> UniformPolicy:
+        return cls(in_dim, config["uniform_width"])
+
+    def config(self) -> dict:
+        return {"uniform_width": self.width}
+
+    def forward(self, u: torch.Tensor) -> torch.Tensor:
+        return u[..., 0] * 0.0 + self.bias.sum()
+
+
+@pytest.fixture
+def uniform_registered(monkeypatch):
+    """``UniformPolicy`` registered as ``"uniform"`` for the test only."""
+    monkeypatch.setattr(policy_net, "POLICY_NETWORKS", dict(policy_net.POLICY_NETWORKS))
+    return policy_net.register_policy("uniform")(UniformPolicy)
+
+
+def test_a_policy_network_is_one_class_and_one_registration(uniform_registered, task, tmp_path):
+    net, _ = policy_net.build_networks({"hidden": 4, "members": 2, "policy_hidden": 8})
+    agent = DreamShard(net, uniform_registered(net.enc_dim, 3))
+    path = tmp_path / "uniform.pt"
+    save_checkpoint(agent, path)
+    meta = read_payload(path)["meta"]
+    assert (meta["policy_architecture"], meta["uniform_width"]) == ("uniform", 3)
+    loaded = load_checkpoint(path)
+    assert type(loaded.policy) is UniformPolicy and loaded.policy.width == 3
+    assert loaded.place(task, mode="greedy") == agent.place(task, mode="greedy")
+    _rewrite(path, lambda p: p["meta"].update(uniform_width=9))
+    with pytest.raises(ValueError, match="'uniform_width' must be an integer in 1..8"):
+        load_checkpoint(path)
+
+
+def test_an_unknown_policy_network_is_named_with_the_known_ones(saved):
+    _, path = saved
+    _rewrite(path, lambda p: p["meta"].update(policy_architecture="transformer"))
+    with pytest.raises(ValueError, match=r"'transformer' is not .*known: \['prior_mlp'\]"):
+        load_checkpoint(path)
+
+
+def test_a_name_is_registered_once(uniform_registered):
+    with pytest.raises(ValueError, match="already registered"):
+        policy_net.register_policy("uniform")(UniformPolicy)
+
+
+def test_a_checkpoint_naming_no_policy_network_holds_the_first_one():
+    """The bundled checkpoint predates the name: it loads as it did, the default network
+    with its recorded sizes, and new checkpoints name theirs."""
+    meta = read_payload()["meta"]
+    assert "policy_architecture" not in meta
+    agent = load_checkpoint()
+    assert type(agent.policy) is PolicyNet and agent.policy.hidden == meta["policy_hidden"]
+    assert agent.meta == meta

@@ -44,7 +44,8 @@ Fitting is in :mod:`torchrec_dreamshard.cost.fitting`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -63,6 +64,8 @@ NO_COMM_LOG = math.log(1e-6)  # log ms of the communication of a single device (
 SHAPE_COLUMNS = [0, 1, 3, *range(4, 4 + NUM_REUSE_BINS)]  # table_features minus pooling
 NUM_SHAPE = len(SHAPE_COLUMNS)
 INPUT_DIM = NUM_SHAPE + NUM_QUANTITIES
+MAX_HIDDEN = 4096  # widest encoding a checkpoint may ask for
+MAX_MEMBERS = 64  # largest ensemble a checkpoint may ask for
 
 
 def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
@@ -152,6 +155,18 @@ class CostNet(nn.Module):
         self.V_raw = nn.Parameter(torch.full((K, h, 2), -5.0) + 0.5 * torch.randn(K, h, 2))
         # all-to-all constants (ms per peer, ms per kilo-dim of load, ms), softplus^-1
         self.comm_raw = nn.Parameter(torch.tensor([1.0, 5.0, -2.0]))
+
+    # the integer config entries it is built from, each with its largest allowed value
+    CONFIG_LIMITS: ClassVar[dict[str, int]] = {"hidden": MAX_HIDDEN, "members": MAX_MEMBERS}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> CostNet:
+        """The network a config describes (:meth:`config`; a checkpoint's metadata)."""
+        return cls(config["hidden"], config["members"])
+
+    def config(self) -> dict[str, Any]:
+        """What :meth:`from_config` builds this network's shape from."""
+        return {"hidden": self.hidden, "members": self.members}
 
     @staticmethod
     def state_width(hidden: int, members: int) -> int:

@@ -35,7 +35,7 @@ from torchrec_dreamshard.cost.cost_net import CostNet, cost_inputs, device_conte
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, alone_on_a_device
-from torchrec_dreamshard.policy.policy_net import PolicyNet
+from torchrec_dreamshard.policy.policy_net import PolicyNet, build_networks
 from torchrec_dreamshard.policy.protocol import CandidateSource
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
@@ -163,9 +163,8 @@ class DreamShard:
         self.penalty = penalty
         self.sources = check_sources(sources)
         self.meta: dict[str, Any] = dict(meta or {})
-        self.meta.setdefault("hidden", cost_net.hidden)
-        self.meta.setdefault("members", cost_net.members)
-        self.meta.setdefault("policy_hidden", policy.hidden)
+        for key, value in {**cost_net.config(), **policy.config()}.items():
+            self.meta.setdefault(key, value)
         self.last_report: SafetyReport | None = None
 
     @classmethod
@@ -177,13 +176,15 @@ class DreamShard:
         policy_hidden: int = 64,
         sources: Sequence[CandidateSource] = (),
     ) -> DreamShard:
-        """Randomly initialised networks (deterministic in ``seed``)."""
+        """Randomly initialised networks (deterministic in ``seed``) of the default
+        architectures (:func:`~torchrec_dreamshard.policy.policy_net.build_networks`)."""
         torch.manual_seed(seed)
         from torchrec_dreamshard import __version__
 
-        net = CostNet(hidden, members)
+        sizes = {"hidden": hidden, "members": members, "policy_hidden": policy_hidden}
+        net, policy = build_networks(sizes)
         meta = {"trained": False, "seed": seed, "version": __version__}
-        return cls(net, PolicyNet(net.enc_dim, policy_hidden), meta, sources=sources)
+        return cls(net, policy, meta, sources=sources)
 
     @property
     def placer(self) -> DreamShard:

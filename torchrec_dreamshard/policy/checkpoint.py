@@ -8,7 +8,10 @@ A checkpoint is a ``torch.save`` file holding only tensors and plain Python valu
 
 ``meta`` carries the feature normalisation (its name, the feature size and the fixed
 scales), the hardware fingerprint of the training measurements, the workload, the batch
-size, the networks' width and the package version. It is read with
+size, the networks' config (the policy network's name, ``policy_architecture``, and each
+network's sizes: what :func:`~torchrec_dreamshard.policy.policy_net.build_networks` builds
+them from; a checkpoint without the name holds the package's first policy network) and the
+package version. It is read with
 ``torch.load(..., weights_only=True)``, so a checkpoint can never run code; every
 problem (missing, truncated, corrupt, another format, another feature normalisation,
 weights of the wrong shape) is a ``ValueError`` that names the file and what is wrong.
@@ -17,7 +20,7 @@ weights of the wrong shape) is a ``ValueError`` that names the file and what is 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +29,8 @@ import torch
 from torchrec_dreamshard.cost.cost_net import CostNet
 from torchrec_dreamshard.data import tables as _tables
 from torchrec_dreamshard.io import atomic_path
-from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
+from torchrec_dreamshard.policy import CandidateSource, DreamShard
+from torchrec_dreamshard.policy.policy_net import POLICY_KEY, build_networks, policy_class
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu_default.pt"
 FORMAT = "torchrec-dreamshard"
@@ -65,9 +69,9 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
     meta = dict(agent.meta)
     meta.setdefault("version", __version__)
     meta["features"] = feature_spec()
-    meta["hidden"] = agent.cost_net.hidden
-    meta["members"] = agent.cost_net.members
-    meta["policy_hidden"] = agent.policy.hidden
+    meta.update(agent.cost_net.config())
+    meta.update(agent.policy.config())
+    meta[POLICY_KEY] = agent.policy.architecture
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -125,59 +129,61 @@ def _check_payload(payload: Any, where: str) -> None:
         )
 
 
-MAX_HIDDEN = 4096  # widest network a checkpoint may ask for
-MAX_MEMBERS = 64  # largest ensemble a checkpoint may ask for
 _META_TYPES: dict[str, type | tuple[type, ...]] = {
     "version": str,
     "hardware": dict,
     "workload": dict,
     "workload_key": str,
     "trained": bool,
+    POLICY_KEY: str,
 }
 
 
 def check_meta(meta: dict[str, Any], where: str) -> None:
-    """Validate the metadata a network is built from, before building it.
+    """Validate the metadata the networks are built from, before building them.
 
-    ``hidden`` and ``policy_hidden`` (the widths) must be integers in 1..MAX_HIDDEN,
-    ``members`` (the ensemble size) in 1..MAX_MEMBERS and ``batch_size`` (informational)
-    in 1..MAX_BATCH_SIZE; the informational fields must have their types when present.
+    The policy network must be one the package registers; every integer entry the
+    networks are built from (their ``CONFIG_LIMITS``: the widths ``hidden`` and
+    ``policy_hidden`` up to ``MAX_HIDDEN``, the ensemble size ``members`` up to
+    ``MAX_MEMBERS``) must be an integer from 1 to its limit, and ``batch_size``
+    (informational) in 1..MAX_BATCH_SIZE when present; the informational fields must have
+    their types when present.
 
     Raises:
         ValueError: naming the file and the field.
     """
     from torchrec_dreamshard.data.tasks import MAX_BATCH_SIZE
 
-    for key, high, required in (
-        ("hidden", MAX_HIDDEN, True),
-        ("members", MAX_MEMBERS, True),
-        ("policy_hidden", MAX_HIDDEN, True),
-        ("batch_size", MAX_BATCH_SIZE, False),
-    ):
-        value = meta.get(key)
-        if value is None and not required:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-            got = _tables._short(value)
-            raise ValueError(f"{where}: meta {key!r} must be an integer in 1..{high}, got {got}")
     for key, kind in _META_TYPES.items():
         if key in meta and not isinstance(meta[key], kind):
             raise ValueError(
                 f"{where}: meta {key!r} must be a {getattr(kind, '__name__', kind)}, got "
                 f"{_tables._short(meta[key])}"
             )
+    try:
+        policy = policy_class(meta)
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}") from None
+    limits = {**CostNet.CONFIG_LIMITS, **policy.CONFIG_LIMITS}
+    checks = [(key, high, True) for key, high in limits.items()]
+    for key, high, required in [*checks, ("batch_size", MAX_BATCH_SIZE, False)]:
+        value = meta.get(key)
+        if value is None and not required:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            got = _tables._short(value)
+            raise ValueError(f"{where}: meta {key!r} must be an integer in 1..{high}, got {got}")
 
 
-def check_shapes(state: dict[str, Any], build: Callable[[], torch.nn.Module], where: str) -> None:
-    """Compare a state dict's tensors with the network's (built on the meta device, so no
+def check_shapes(state: dict[str, Any], network: torch.nn.Module, where: str) -> None:
+    """Compare a state dict's tensors with ``network``'s (built on the meta device, so no
     memory is allocated) before the real network is built.
 
     Raises:
         ValueError: a missing or unexpected key, a value that is not a floating tensor, or
             a shape that differs (the first one is named).
     """
-    with torch.device("meta"):
-        expected = {k: tuple(v.shape) for k, v in build().state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -215,17 +221,11 @@ def load_checkpoint(
     where = f"checkpoint {str(path if path is not None else BUNDLED_CHECKPOINT)!r}"
     meta = payload["meta"]
     check_meta(meta, where)
-    hidden, members, policy_hidden = meta["hidden"], meta["members"], meta["policy_hidden"]
-
-    def build_cost_net() -> CostNet:
-        return CostNet(hidden, members)
-
-    def build_policy() -> PolicyNet:
-        return PolicyNet(CostNet.state_width(hidden, members), policy_hidden)
-
-    for name, build in (("cost_net", build_cost_net), ("policy", build_policy)):
-        check_shapes(payload[name], build, f"{where}: {name}")
-    cost_net, policy = build_cost_net(), build_policy()
+    with torch.device("meta"):
+        shapes = build_networks(meta)
+    for name, network in zip(("cost_net", "policy"), shapes, strict=True):
+        check_shapes(payload[name], network, f"{where}: {name}")
+    cost_net, policy = build_networks(meta)
     try:
         cost_net.load_state_dict(payload["cost_net"])
         policy.load_state_dict(payload["policy"])
