@@ -48,6 +48,7 @@ import argparse
 import time
 from pathlib import Path
 
+from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
 from torchrec_dreamshard.data import families
 from torchrec_dreamshard.evaluation.family_report import report
 from torchrec_dreamshard.evaluation.family_statistics import family_rows, task_summary
@@ -56,6 +57,7 @@ from torchrec_dreamshard.evaluation.method_roster import (
     calibration_store,
     methods,
     plan_calibrated,
+    plan_default,
     plan_every_method,
 )
 from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds
@@ -85,6 +87,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also plan after calibrating with each budget (seconds)",
     )
     ap.add_argument("--verify", type=int, default=0, metavar="K", help="and verify K plans")
+    ap.add_argument(
+        "--default",
+        action="store_true",
+        help="also plan as DreamShardPlanner does with no flags (automatic calibration and "
+        "verification where the checkpoint misprices this machine)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.per_family, args.rounds = 1, 1
@@ -99,7 +107,7 @@ def run_settings(args: argparse.Namespace) -> dict:
         "families": args.families,
         "seed": args.seed,
         # raw results of another method list are not resumed
-        "methods": methods(args.calibrate_budget, args.verify),
+        "methods": methods(args.calibrate_budget, args.verify, args.default),
     }
     if args.calibrate_budget:
         settings["calibrate_budget"] = args.calibrate_budget
@@ -111,8 +119,10 @@ def plan_tasks(agent, tasks, raw: dict, config, args, path: Path) -> None:
     """Plan the tasks ``raw`` does not hold yet (every budget's calibration store started
     afresh with fresh raw results), saving after each."""
     if not raw["tasks"]:  # a fresh run: every budget's calibration starts from nothing
-        for budget in args.calibrate_budget:
-            store = calibration_store(args.name, budget)
+        stores = [(args.name, budget) for budget in args.calibrate_budget]
+        stores += [(f"{args.name}_default", AUTO_BUDGET_S)] if args.default else []
+        for name, budget in stores:
+            store = calibration_store(name, budget)
             for suffix in ("", "-wal", "-shm", ".lock"):
                 Path(str(store) + suffix).unlink(missing_ok=True)
     for i, (fam, task) in enumerate(tasks):
@@ -120,6 +130,8 @@ def plan_tasks(agent, tasks, raw: dict, config, args, path: Path) -> None:
             continue
         plans, secs = plan_every_method(agent, task, config, args.seed + i)
         plan_calibrated(agent, task, config, args, args.seed + i, plans, secs)
+        if args.default:
+            plan_default(agent, task, args.name, args.seed + i, plans, secs)
         raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+import numpy as np
+
 from torchrec_dreamshard.data import families
 
 # the main table's methods (the heuristics are the denominator)
@@ -93,6 +95,39 @@ def family_line(fam: str, f: dict, cols: Sequence[str]) -> str:
     )
 
 
+def default_report(fams: dict, methods: Sequence[str]) -> list[str]:
+    """The default planner's table (compute and step / the best heuristic's, before and
+    after its verification) and its geomean over every task, and over the held-out
+    families' tasks (none where the run did not plan as the default does)."""
+    if "default" not in methods:
+        return []
+    cols = [("compute", "default"), ("compute", "default_unverified"), ("step", "default")]
+    lines = [
+        "",
+        "## The default planner (no flags: automatic calibration and verification)",
+        "",
+        "| family | held out | " + " | ".join(f"{k}: {m}" for k, m in cols) + " |",
+        "|---|---|" + "---|" * len(cols),
+    ]
+    for fam, f in fams.items():
+        cells = [f"{f[f'{k}/{m}']:.3f} [{f[f'{k}/{m}/worst']:.2f}]" for k, m in cols]
+        lines.append(f"| {fam} | {'yes' if f['heldout'] else ''} | " + " | ".join(cells) + " |")
+
+    def geomean(key: str, held: bool | None = None) -> float:
+        picked = [f for f in fams.values() if held is None or bool(f["heldout"]) == held]
+        logs = [np.log(f[key]) * f["tasks"] for f in picked if np.isfinite(f[key])]
+        count = sum(f["tasks"] for f in picked if np.isfinite(f[key]))
+        return float(np.exp(sum(logs) / count)) if count else float("nan")
+
+    for k, m in cols:
+        key = f"{k}/{m}"
+        lines.append(
+            f"\nGeomean of {key} over every task: {geomean(key):.3f} (held-out families "
+            f"{geomean(key, True):.3f}, the others {geomean(key, False):.3f})."
+        )
+    return lines
+
+
 def report(
     fams: dict,
     args: argparse.Namespace,
@@ -141,6 +176,7 @@ def report(
         "model to rank plans better than the machine repeats them.",
         "",
         *calibration_report(fams, args, methods),
+        *default_report(fams, methods),
         "",
         f"Wall time {wall:.0f} s. {note}",
         f"Raw: {args.name}_raw.json, {args.name}.json. Script: benchmarks/generalisation.py.",

@@ -3,6 +3,11 @@ TorchRec, DreamShard's modes, measured-greedy and two random placements (all fro
 placers' registry), and, with calibration budgets, the agent calibrated on this machine
 (``calibrated_B``) and verified by measuring (``calibrated_B_verifyK``). Each budget has its
 own calibration store, so a budget's model knows only what it measured.
+
+``default`` is what ``DreamShardPlanner`` and ``dreamshard plan`` do with no flags: the
+machine check, and where the checkpoint misprices this machine the automatic calibration
+and verification (``default_unverified``: the plan the calibrated model chose, before the
+verification), in a store of its own.
 """
 
 from __future__ import annotations
@@ -32,15 +37,42 @@ METHODS = (
 RANDOM = ("random_0", "random_1")  # planned too, so the cost network ranks more plans
 
 
-def methods(calibrate_budget: Sequence[float] = (), verify: int = 0) -> list[str]:
+def methods(
+    calibrate_budget: Sequence[float] = (), verify: int = 0, default: bool = False
+) -> list[str]:
     """The methods a run reports: :data:`METHODS`, then per calibration budget B
-    ``calibrated_B`` and, with ``verify`` K, ``calibrated_B_verifyK``."""
+    ``calibrated_B`` and, with ``verify`` K, ``calibrated_B_verifyK``; with ``default``,
+    ``default`` and ``default_unverified``."""
     out = list(METHODS)
     for budget in calibrate_budget:
         out.append(f"calibrated_{budget:g}")
         if verify:
             out.append(f"calibrated_{budget:g}_verify{verify}")
+    if default:
+        out += ["default", "default_unverified"]
     return out
+
+
+def plan_default(
+    agent: DreamShard, task: Task, name: str, seed: int, plans: dict, secs: dict
+) -> None:
+    """The default planner's placement (``default``), the calibrated model's choice before
+    verification (``default_unverified``, the same where nothing was verified) and what
+    the default did (``secs["default_adaptation"]``)."""
+    from torchrec_dreamshard.calibration import CalibratingAgent
+    from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S, measured_reference_ms
+
+    config = calibration_config(f"{name}_default", AUTO_BUDGET_S, seed)
+    wrapped = CalibratingAgent(
+        agent, config, verify_k=None, progress=False, auto=measured_reference_ms
+    )
+    t0 = time.perf_counter()
+    plans["default"] = [int(d) for d in wrapped.place(task, mode="safe", seed=seed)]
+    secs["default"] = time.perf_counter() - t0
+    secs["default_adaptation"] = wrapped.adaptation()
+    ver = wrapped.last_outcome.verification if wrapped.last_outcome else None
+    chosen = [p for p in ver.plans if p.name.split("=")[0] == "chosen"] if ver else []
+    plans["default_unverified"] = list(chosen[0].placement) if chosen else plans["default"]
 
 
 def plan_every_method(
