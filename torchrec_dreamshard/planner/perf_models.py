@@ -7,6 +7,20 @@ forward, backward and communication time and the overall step cost. Shards Torch
 is the cost network's step cost, penalised by its uncertainty as the safety net penalises
 its candidates (``PlanPrediction.score_ms``), plus the largest per-rank TorchRec estimate:
 every proposal, DreamShard's or a user proposer's, is rated the same way.
+
+Why the other shards keep TorchRec's estimate, not their sharding type's cost strategy
+(:mod:`torchrec_dreamshard.cost.sharding_types`, which the type choice prices with).
+Tried on the planner regression cases (``tests/test_plan_regression_planner.py``): pricing
+every other option whose type has a strategy, on the kernel the strategy prices, with
+that strategy left all 34 plans and winners as they were but moved the predicted step of
+the 12 cases that hold such options by 0.62x to 10x, mostly the strategies' collectives,
+which TorchRec's estimates leave out. That is not one cost per sharding type either: the
+policy's table-wise tables would keep the cost network's all-to-all beside the strategies'
+collectives for the rest, each paying its own latency, and the two added as maxima over
+ranks. One cost per type means rating the whole plan with the typed cost model
+(:func:`~torchrec_dreamshard.cost.plans.plan_cost`, the cost network pricing its kernels),
+and that changed which proposal wins (the ``user_proposer_with_types`` case): a change of
+the planner's rating, and of its recorded predictions, to make on purpose, not here.
 """
 
 from __future__ import annotations
