@@ -278,7 +278,8 @@ def compare(args: argparse.Namespace) -> list[dict]:
 
 def summarize(rows: list[dict]) -> list[dict]:
     """Per size and planner: the median wall and CPU seconds of the runs that planned, with
-    their min and max, and the median wall over TorchRec's table-wise fused planner's."""
+    their min and max, the median wall over TorchRec's table-wise fused planner's, and the
+    ratio to it round by round (:func:`_paired`)."""
     out = []
     for tables, devices in sorted({(r["tables"], r["devices"]) for r in rows}):
         here = [r for r in rows if (r["tables"], r["devices"]) == (tables, devices)]
@@ -295,6 +296,21 @@ def summarize(rows: list[dict]) -> list[dict]:
         for entry in out[-len(medians) :]:
             if REFERENCE in medians and "wall_median_s" in entry:
                 entry["vs_table_wise_fused"] = entry["wall_median_s"] / medians[REFERENCE]
+                entry |= _paired(here, entry["planner"])
+    return out
+
+
+def _paired(runs: list[dict], name: str) -> dict:
+    """Planner ``name``'s wall and CPU seconds over TorchRec's table-wise fused planner's in
+    the same round, median [min, max] over the rounds both planned in."""
+    ok = [r for r in runs if r["status"] == "ok"]
+    by_round = {(r["round"], r["planner"]): r for r in ok}
+    pairs = [(r, by_round[(r["round"], REFERENCE)]) for r in ok if r["planner"] == name]
+    pairs = [(r, ref) for r, ref in pairs if (r["round"], REFERENCE) in by_round]
+    out = {}
+    for kind in ("wall", "cpu"):
+        ratios = [r[f"{kind}_s"] / ref[f"{kind}_s"] for r, ref in pairs]
+        out[f"paired_{kind}_ratio"] = [statistics.median(ratios), min(ratios), max(ratios)]
     return out
 
 
@@ -422,11 +438,14 @@ def comparison_markdown(comparison: dict) -> list[str]:
         + (f"; `@baseline`: {meta['baseline']}" if meta.get("baseline") else "")
         + f". {meta['repeats']} runs of each planner in alternating rounds, each in a fresh "
         "process; seconds of `planner.plan` (wall, and the process's CPU time), median "
-        "[min, max]. Produced by `benchmarks/planning_time.py --compare`; the planners are "
-        "described in its docstring.",
+        "[min, max]; 'vs table-wise fused': the ratio of the medians, and the ratio in each "
+        "round (both planners' runs of that round, one after the other), median [min, max] "
+        "over the rounds. Produced by `benchmarks/planning_time.py --compare`; the planners "
+        "are described in its docstring.",
         "",
-        "| tables | devices | planner | wall s | CPU s | runs | wall vs table-wise fused |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        "| tables | devices | planner | wall s | CPU s | runs | wall vs table-wise fused "
+        "| per round: wall | per round: CPU |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for e in comparison["summary"]:
         lines.append(_summary_row(e))
@@ -436,12 +455,16 @@ def comparison_markdown(comparison: dict) -> list[str]:
 def _summary_row(e: dict) -> str:
     head = f"| {e['tables']} | {e['devices']} | {e['planner']} |"
     if "wall_median_s" not in e:
-        return f"{head} - | - | 0 ({e['failed']} failed) | - |"
+        return f"{head} - | - | 0 ({e['failed']} failed) | - | - | - |"
     wall = f"{e['wall_median_s']:.2f} [{e['wall_min_s']:.2f}, {e['wall_max_s']:.2f}]"
     cpu = f"{e['cpu_median_s']:.2f} [{e['cpu_min_s']:.2f}, {e['cpu_max_s']:.2f}]"
     runs = f"{e['runs']}" + (f" ({e['failed']} failed)" if e["failed"] else "")
     ratio = f"{e['vs_table_wise_fused']:.2f}x" if "vs_table_wise_fused" in e else "-"
-    return f"{head} {wall} | {cpu} | {runs} | {ratio} |"
+    paired = " | ".join(
+        "{:.2f}x [{:.2f}, {:.2f}]".format(*e[key]) if key in e else "-"
+        for key in ("paired_wall_ratio", "paired_cpu_ratio")
+    )
+    return f"{head} {wall} | {cpu} | {runs} | {ratio} | {paired} |"
 
 
 def _verdicts(summary: list[dict]) -> list[str]:
@@ -457,7 +480,10 @@ def _verdicts(summary: list[dict]) -> list[str]:
             f"{'meets' if fast and close else 'misses'} the bar (median wall under "
             f"{TARGET_S:g} s: {'yes' if fast else 'no'}, {e['wall_median_s']:.2f} s; at most "
             f"{TARGET_RATIO}x TorchRec's table-wise fused planner: "
-            f"{'yes' if close else 'no'}, {e['vs_table_wise_fused']:.2f}x)."
+            f"{'yes' if close else 'no'}, {e['vs_table_wise_fused']:.2f}x; per round "
+            "{:.2f}x [{:.2f}, {:.2f}] wall, {:.2f}x [{:.2f}, {:.2f}] CPU).".format(
+                *e["paired_wall_ratio"], *e["paired_cpu_ratio"]
+            )
         )
     return out
 
