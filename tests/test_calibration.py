@@ -318,6 +318,41 @@ def test_plan_task_calibrates_then_verifies():
     assert out.agent is out.calibration.agent
 
 
+def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch):
+    """``chosen`` is the agent's placement before verification; with ``splits`` the split
+    search places (what ``dreamshard plan`` does), and a plan that splits tables is not
+    verified."""
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.calibration import calibrating_agent
+    from torchrec_dreamshard.policy.split_search import plan_with_splits
+
+    agent, task = DreamShard.untrained(seed=0), tiny_task(6, 2)
+    other = [1 - d for d in agent.place(task, seed=3)]
+    verified = []
+
+    def fake_verify(planner, task, k, *args, **kwargs):
+        verified.append(k)
+        return SimpleNamespace(winner=SimpleNamespace(placement=other))
+
+    monkeypatch.setattr(calibrating_agent, "verify", fake_verify)
+    for splits in (False, True):
+        out = cal.plan_task(agent, task, seed=3, verify_k=2, splits=splits)
+        assert out.chosen == agent.place(task, seed=3) and out.placement == other
+        assert (out.split is not None) is splits
+    big = TableSpec(name="big", rows=30_000, dim=64, pooling_factor=1.0)  # 7.7 MB
+    oversized = Task(
+        tables=[*task.tables, big],
+        num_devices=2,
+        memory_bytes=5 * 10**6,
+        batch_size=64,
+        allow_oversized=True,
+    )
+    out = cal.plan_task(agent, oversized, seed=3, verify_k=2, splits=True)
+    assert out.split.sharded.columns and out.verification is None and verified == [2, 2]
+    assert out.placement == out.chosen == plan_with_splits(agent, oversized, seed=3).placement
+
+
 # -- the CLI ------------------------------------------------------------------------------
 
 

@@ -53,6 +53,31 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.parametrize(
+    "flags, splits, verify_k",
+    [([], True, 0), (["--no-splits"], False, 0), (["--verify", "2"], True, 2)],
+)
+def test_plan_calibrates_places_and_verifies_through_plan_task(
+    files, monkeypatch, run_cli, flags, splits, verify_k
+):
+    """``dreamshard plan`` plans through ``calibration.plan_task``, the planner's path, with
+    splits unless ``--no-splits`` and the verification ``--verify`` asks for."""
+    from torchrec_dreamshard import calibration
+
+    calls, real = [], calibration.plan_task
+
+    def spy(agent, task, **kwargs):
+        calls.append(kwargs)
+        return real(agent, task, **{**kwargs, "verify_k": 0})  # nothing measured here
+
+    monkeypatch.setattr(calibration, "plan_task", spy)
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run_cli([*argv, "--no-calibrate", *flags]) == 0
+    assert [(c["splits"], c["verify_k"], c["calibration"]) for c in calls] == [
+        (splits, verify_k, None)
+    ]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("flag", [None, "--no-calibrate", "--calibrate"])
 def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(

@@ -40,9 +40,6 @@ FLOW = (
 )
 # imports against the flow, each made inside the one function that needs it
 UPSTREAM_ALLOWED = {
-    # verification measures the heuristic baselines' plans beside the candidates; the
-    # baselines' registry lives with TorchRec's planner, which two of them run
-    ("calibration/verification.py", "planner"),
     # the planner's observe() hands the job it planned to the observer, which reads it
     ("planner/replanning.py", "feedback"),
 }

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
         DreamShard,
         SafetyReport,
     )
+    from torchrec_dreamshard.policy.split_search import SplitPlan
 
 
 @dataclass
@@ -38,16 +39,23 @@ class PlanOutcome:
     """A plan made by :func:`plan_task`.
 
     Attributes:
-        placement: device per table.
+        placement: device per table (per shard of ``split.sharded.shards`` where the plan
+            splits tables).
         agent: the agent that planned (the calibrated one, or the prior).
         calibration: what calibration did (``None`` without it).
         verification: the measured candidates (``None`` without verification).
+        chosen: the placement the agent chose, before verification (``placement``
+            without it).
+        split: the split search's plan (``None`` without ``splits``); where it cut
+            tables column-wise, ``placement`` is per shard and nothing was verified.
     """
 
     placement: list[int]
     agent: DreamShard
     calibration: CalibrationResult | None = None
     verification: VerifyResult | None = None
+    chosen: list[int] = dataclasses.field(default_factory=list)
+    split: SplitPlan | None = None
 
     def lines(self) -> list[str]:
         out = self.calibration.lines() if self.calibration else []
@@ -71,8 +79,11 @@ def plan_task(
     verify_budget_s: float | None = None,
     verify_cache: bool = False,
     verify_incumbent: str | None = None,
+    splits: bool = False,
 ) -> PlanOutcome:
-    """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``).
+    """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``):
+    the one path of the planner (:class:`CalibratingAgent`), ``dreamshard plan`` and the
+    benchmarks.
 
     Args:
         agent: the prior agent (unchanged).
@@ -92,6 +103,9 @@ def plan_task(
             :func:`~.verification.verify`).
         verify_incumbent: ``"chosen"``: the placement stands unless a measured plan beat
             it in every round (``None``: the fastest heuristic's plan stands unless ...).
+        splits: place with column-wise splits allowed
+            (:func:`~torchrec_dreamshard.policy.split_search.plan_with_splits`); a plan that
+            splits tables is not verified (verification compares whole-table plans).
     """
     if verify_k < 0:
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
@@ -99,8 +113,18 @@ def plan_task(
     if cal is None and calibration is not None:
         cal = calibrate(agent, task, calibration, sources)
     planner = cal.agent if cal is not None else agent
-    placement = planner.place(task, mode=mode, num_samples=num_samples, seed=seed, sources=sources)
-    ver = None
+    how = {"mode": mode, "num_samples": num_samples, "seed": seed, "sources": sources}
+    found = None
+    if splits:
+        from torchrec_dreamshard.policy.split_search import plan_with_splits
+
+        found = plan_with_splits(planner, task, **how)
+        if found.sharded.columns:
+            return PlanOutcome(found.placement, planner, cal, None, found.placement, found)
+        placement = list(found.placement)  # whole tables, in the task's order
+    else:
+        placement = planner.place(task, **how)
+    chosen, ver = placement, None
     if verify_k:
         mcfg = verify_config or (calibration.measure if calibration is not None else None)
         ver = verify(
@@ -117,7 +141,7 @@ def plan_task(
             incumbent=verify_incumbent,
         )
         placement = list(ver.winner.placement)
-    return PlanOutcome(placement, planner, cal, ver)
+    return PlanOutcome(placement, planner, cal, ver, chosen, found)
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.data.tasks import NoPlanError, Task
 from torchrec_dreamshard.measure.config import MeasureConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -89,7 +89,7 @@ def verify_candidates(
     """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
     safety-net report (run ``agent.place`` first) and every heuristic's plan, named, with
     their predictions."""
-    from torchrec_dreamshard.planner import baselines
+    from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
 
     report = agent.last_report
     named: dict[tuple[int, ...], str] = {}
@@ -101,10 +101,10 @@ def verify_candidates(
                 break
             named.setdefault(tuple(int(d) for d in c.placement), c.label)
     heuristic: set[tuple[int, ...]] = set()
-    for h in baselines.HEURISTICS:
+    for h, proxy in HEURISTICS.items():
         try:
-            p = tuple(baselines.place(h, task, seed=seed))
-        except baselines.NoPlanError:
+            p = tuple(proxy_greedy(task, proxy))
+        except NoPlanError:
             continue
         heuristic.add(p)
         if p in named:

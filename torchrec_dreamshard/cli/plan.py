@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.calibration import VerifyResult
+    from torchrec_dreamshard.calibration import PlanOutcome
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.policy import PlacementAgent
+    from torchrec_dreamshard.policy import PlacementAgent, SafetyReport
+    from torchrec_dreamshard.policy.split_search import SplitPlan
 
 EXAMPLES = """examples:
   dreamshard plan task.json
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         check_plot_format(args.plot)
     task = Task.load(args.task, allow_oversized=not args.no_splits)
-    from torchrec_dreamshard.calibration import PlanOutcome, calibrate
+    from torchrec_dreamshard.calibration import plan_task
 
     if (args.verify is not None and args.verify < 0) or args.verify_rounds < 1:
         raise ValueError(
@@ -126,29 +127,55 @@ def run(args: argparse.Namespace) -> int:
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
     start = time.perf_counter()
     calibration, adaptation = calibration_settings(agent, args)
-    cal = calibrate(agent, task, calibration) if calibration is not None else None
-    if cal is not None:
+    k, budget_s, cache, incumbent = verify_settings(args.verify, adaptation, calibration)
+    outcome = plan_task(
+        agent,
+        task,
+        mode=args.mode,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        calibration=calibration,
+        verify_k=k,
+        verify_rounds=args.verify_rounds,
+        progress=True,
+        verify_budget_s=budget_s,
+        verify_cache=cache,
+        verify_incumbent=incumbent,
+        splits=not args.no_splits,
+    )
+    if outcome.calibration is not None:
         adaptation.update(
             calibrated=True,
-            kernel_mape_before=cal.before.get("cost/mape"),
-            kernel_mape_after=cal.after.get("cost/mape"),
+            kernel_mape_before=outcome.calibration.before.get("cost/mape"),
+            kernel_mape_after=outcome.calibration.after.get("cost/mape"),
         )
-    agent = cal.agent if cal is not None else agent
-    if args.no_splits:
-        placement = agent.place(task, mode=args.mode, num_samples=args.num_samples, seed=args.seed)
-        plan = plan_dict(task, placement, agent.predict(task, placement))
+    plan, report = plan_file(task, outcome, adaptation)
+    if k and plan.get("shards"):
+        print("--verify: skipped, it compares whole-table plans and this plan splits tables")
+    seconds = time.perf_counter() - start
+    print(
+        f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
+        f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
+    )
+    show_plan(args, plan, report, outcome)
+    return 0
+
+
+def plan_file(
+    task: Task, outcome: PlanOutcome, adaptation: dict[str, Any]
+) -> tuple[dict[str, Any], SafetyReport | None]:
+    """The PLAN.json contents of ``outcome`` (the split search's plan, whole tables in
+    ``placement`` and split ones in ``shards``, unless verification chose another), with
+    the safety net's report, the ``adaptation`` and what calibration and verification
+    did; and that report."""
+    agent = outcome.agent
+    if outcome.split is not None and outcome.verification is None:
+        plan = split_plan_dict(agent, outcome.split)
     else:
-        plan = split_plan_dict(agent, task, args.mode, args.num_samples, args.seed)
+        plan = plan_dict(task, outcome.placement, agent.predict(task, outcome.placement))
     # the safety net's report describes the whole-table placement it chose; a split plan
     # is re-placed after the search, so only unsplit plans carry it
     report = None if plan.get("shards") else agent.last_report
-    verification = verify_settings(args.verify, adaptation, calibration)
-    ver = verify_plan(agent, task, plan, args, calibration, verification)
-    if ver is not None:
-        placement = list(ver.winner.placement)
-        plan = plan_dict(task, placement, agent.predict(task, placement))
-    seconds = time.perf_counter() - start
-    outcome = PlanOutcome([], agent, cal, ver)
     if report is not None:
         plan["candidates"] = report.to_dict()
     plan["adaptation"] = adaptation
@@ -156,12 +183,7 @@ def run(args: argparse.Namespace) -> int:
         plan["calibration"] = outcome.calibration.to_dict()
     if outcome.verification is not None:
         plan["verification"] = outcome.verification.to_dict()
-    print(
-        f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
-        f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
-    )
-    show_plan(args, plan, report, outcome)
-    return 0
+    return plan, report
 
 
 def calibration_settings(
@@ -254,53 +276,13 @@ def verify_settings(
     return 0, None, False, None
 
 
-def verify_plan(
-    agent: PlacementAgent,
-    task: Task,
-    plan: dict,
-    args: Any,
-    calibration: Any,
-    verification: tuple[int, float | None, bool, str | None],
-) -> VerifyResult | None:
-    """Measure the chosen whole-table plan, the best-rated candidates and the heuristics'
-    plans (``verification``: see :func:`verify_settings`); ``None`` when there is nothing
-    to verify or the plan splits tables (said on stdout)."""
-    from torchrec_dreamshard.calibration import verify
-
-    k, budget_s, cache, incumbent = verification
-    if not k:
-        return None
-    if plan.get("shards"):
-        print("--verify: skipped, it compares whole-table plans and this plan splits tables")
-        return None
-    chosen = [int(plan["placement"][t.name]) for t in task.tables]
-    mcfg = calibration.measure if calibration is not None else None
-    return verify(
-        agent,
-        task,
-        k,
-        mcfg,
-        args.verify_rounds,
-        args.seed,
-        True,
-        {"chosen": chosen},
-        budget_s=budget_s,
-        cache=cache,
-        incumbent=incumbent,
-    )
-
-
-def split_plan_dict(
-    agent: PlacementAgent, task: Task, mode: str | None, num_samples: int, seed: int
-) -> dict[str, Any]:
-    """The PLAN.json contents of a plan that may split tables column-wise
+def split_plan_dict(agent: PlacementAgent, found: SplitPlan) -> dict[str, Any]:
+    """The PLAN.json contents of a plan the split search found
     (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`): whole tables in
     ``placement``, split ones in ``shards`` (only when some table is split); ``per_device``
     lists shards by their names (``t0@0:64``)."""
     from torchrec_dreamshard.data.splits import plan_entries
-    from torchrec_dreamshard.policy.split_search import plan_with_splits
 
-    found = plan_with_splits(agent, task, mode=mode, num_samples=num_samples, seed=seed)
     shards_task = found.sharded.shards
     plan = plan_dict(shards_task, found.placement, agent.predict(shards_task, found.placement))
     whole, shards = plan_entries(found.sharded, found.placement)

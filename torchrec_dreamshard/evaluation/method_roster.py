@@ -70,9 +70,8 @@ def plan_default(
     plans["default"] = [int(d) for d in wrapped.place(task, mode="safe", seed=seed)]
     secs["default"] = time.perf_counter() - t0
     secs["default_adaptation"] = wrapped.adaptation()
-    ver = wrapped.last_outcome.verification if wrapped.last_outcome else None
-    chosen = [p for p in ver.plans if p.name.split("=")[0] == "chosen"] if ver else []
-    plans["default_unverified"] = list(chosen[0].placement) if chosen else plans["default"]
+    outcome = wrapped.last_outcome
+    plans["default_unverified"] = [int(d) for d in outcome.chosen] if outcome else plans["default"]
 
 
 def plan_every_method(
@@ -118,21 +117,29 @@ def plan_calibrated(
     secs: dict,
 ) -> None:
     """Calibrate at every budget of ``run.calibrate_budget``, place (safe mode) and, with
-    ``run.verify``, verify; adds the plans and the seconds each step took."""
-    from torchrec_dreamshard.calibration import calibrate, verify
+    ``run.verify``, verify, as the planner does (:func:`~torchrec_dreamshard.calibration.
+    plan_task`); adds the plans (the calibrated model's choice, then the verification's)
+    and the seconds each step took (placing: what the rest took)."""
+    from torchrec_dreamshard.calibration import plan_task
 
     for budget in run.calibrate_budget:
         name = f"calibrated_{budget:g}"
-        res = calibrate(agent, task, calibration_config(run.name, budget, seed))
         t0 = time.perf_counter()
-        plans[name] = [int(d) for d in res.agent.place(task, mode="safe", seed=seed)]
-        secs[f"{name}_calibrate"], secs[name] = res.seconds, time.perf_counter() - t0
-        secs[f"{name}_kernels"] = res.samples
-        if run.verify:
-            ver = verify(
-                res.agent, task, run.verify, config, seed=seed, extra={"chosen": plans[name]}
-            )
-            plans[f"{name}_verify{run.verify}"] = [int(d) for d in ver.winner.placement]
+        out = plan_task(
+            agent,
+            task,
+            mode="safe",
+            seed=seed,
+            calibration=calibration_config(run.name, budget, seed),
+            verify_k=run.verify,
+            verify_config=config,
+        )
+        wall, res, ver = time.perf_counter() - t0, out.calibration, out.verification
+        plans[name] = [int(d) for d in out.chosen]
+        secs[f"{name}_calibrate"], secs[f"{name}_kernels"] = res.seconds, res.samples
+        secs[name] = wall - res.seconds - (ver.seconds if ver else 0.0)
+        if ver is not None:
+            plans[f"{name}_verify{run.verify}"] = [int(d) for d in out.placement]
             secs[f"{name}_verify{run.verify}"] = ver.seconds
 
 

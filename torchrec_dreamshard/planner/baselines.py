@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
-from torchrec_dreamshard.policy import heuristics
 
 # ----------------------------------------------------------------------------------------
 # TorchRec's planner
@@ -62,23 +61,3 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
     if missing:
         raise NoPlanError(f"TorchRec's plan has no rank for tables {missing}")
     return check_placement(task, [ranks[t.name] for t in renamed.tables])
-
-
-# ----------------------------------------------------------------------------------------
-# The heuristics by name, for calibration's verification until it reads them from
-# policy.heuristics (issue 26: one registry of placers, in evaluation.placers)
-# ----------------------------------------------------------------------------------------
-
-HEURISTICS = tuple(heuristics.HEURISTICS)
-
-
-def place(name: str, task: Task, seed: int = 0) -> list[int]:
-    """Heuristic ``name``'s placement (``seed`` is unused).
-
-    Raises:
-        KeyError: not a heuristic's name; :class:`NoPlanError` when it finds no plan.
-    """
-    return check_placement(task, heuristics.proxy_greedy(task, heuristics.HEURISTICS[name]))
-
-
-__all__ = ["HEURISTICS", "NoPlanError", "place", "torchrec_placement"]
