@@ -133,7 +133,6 @@ def plan_task(
             verify_k,
             mcfg,
             verify_rounds,
-            seed,
             progress,
             {"chosen": placement},
             budget_s=verify_budget_s,

@@ -83,7 +83,6 @@ def verify_candidates(
     agent: PlacementAgent,
     task: Task,
     k: int,
-    seed: int = 0,
     extra: Mapping[str, Sequence[int]] | None = None,
 ) -> list[VerifiedPlan]:
     """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
@@ -159,7 +158,6 @@ def verify(
     k: int = 4,
     config: MeasureConfig | None = None,
     rounds: int = 3,
-    seed: int = 0,
     progress: bool = False,
     extra: Mapping[str, Sequence[int]] | None = None,
     budget_s: float | None = None,
@@ -191,7 +189,7 @@ def verify(
         raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {rounds}")
     start = time.perf_counter()
     config = replace(config or MeasureConfig(), rounds=1)
-    plans = verify_candidates(agent, task, k, seed, extra)
+    plans = verify_candidates(agent, task, k, extra)
     path = verification_cache_path(task, plans, config, rounds) if cache else None
     if path is not None and _read_rounds(path, plans):
         return VerifyResult(
