@@ -219,13 +219,22 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
 
 
-def test_verification_keeps_to_its_budget_after_the_first_round():
+def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_stands():
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
-    res = cal.verify(agent, task, 2, FAST, rounds=3, budget_s=1e-6)
-    assert {len(p.rounds_ms) for p in res.plans} == {1}  # one round, then out of budget
-    res = cal.verify(agent, task, 2, FAST, rounds=2, budget_s=1e6)
+    chosen = {"chosen": agent.place(task)}
+    res = cal.verify(
+        agent, task, 2, FAST, rounds=3, extra=chosen, budget_s=1e-6, incumbent="chosen"
+    )
+    assert {len(p.rounds_ms) for p in res.plans} == {0}  # out of time before the first
+    assert res.winner.name.split("=")[0] == "chosen"
+    res = cal.verify(agent, task, 2, FAST, rounds=2, extra=chosen, budget_s=1e6, incumbent="chosen")
     assert {len(p.rounds_ms) for p in res.plans} == {2}
+    # a round cut short is dropped: every plan keeps the same number of whole rounds
+    start = time.perf_counter()
+    res = cal.verify(agent, task, 2, FAST, rounds=50, extra=chosen, budget_s=2.0)
+    assert time.perf_counter() - start < 2.0 + 1.0
+    assert len({len(p.rounds_ms) for p in res.plans}) == 1
 
 
 def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkeypatch):
@@ -307,6 +316,12 @@ def test_the_chosen_plan_stands_unless_a_plan_beat_it_every_round():
     assert cal.rank_measured([same, steady], incumbent="chosen")[0] is steady
     with pytest.raises(ValueError, match="no measured plan is named 'chosen'"):
         cal.rank_measured([ref, steady], incumbent="chosen")
+    # one round is one draw of the noise: it does not replace the chosen plan
+    once = [plan("chosen", [10.0]), plan("heuristic:dim_greedy", [5.0], heuristic=True)]
+    assert cal.rank_measured(once, incumbent="chosen")[0].name == "chosen"
+    assert cal.rank_measured(once)[0].name == "heuristic:dim_greedy"  # the heuristic rule
+    unmeasured = [plan("policy", []), plan("heuristic:size_greedy", [], heuristic=True)]
+    assert cal.rank_measured(unmeasured)[0].name == "heuristic:size_greedy"
 
 
 def test_plan_task_calibrates_then_verifies():

@@ -14,7 +14,7 @@ check calibrates, the plan it picks is also verified on real kernels
 (:func:`auto_verification`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
 measured beside every heuristic's plan in interleaved rounds, within
 :data:`AUTO_VERIFY_S`, and the chosen plan stands unless another measured faster in every
-round (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
+one of at least two whole rounds (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
 incumbent because the check guards against the model's gross errors: on a machine whose
 timings move 5% or more from round to round, a rule that asks the model's plan to beat the
 heuristics every time hands back a heuristic's plan whenever the noise exceeds the gain.

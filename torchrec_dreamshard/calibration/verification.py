@@ -119,31 +119,40 @@ def verify_candidates(
     return out
 
 
+MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
+
+
 def rank_measured(
     plans: Sequence[VerifiedPlan], incumbent: str | None = None
 ) -> list[VerifiedPlan]:
-    """``plans`` (measured: ``rounds_ms`` filled, one entry per round) winner first, then
-    by median measured step.
+    """``plans`` (measured: ``rounds_ms`` filled, one entry per round, the same number
+    for every plan) winner first, then by median measured step.
 
     The winner is the incumbent unless other plans measured faster than it in every
     round; then the fastest of those by median. The incumbent is the plan named
     ``incumbent`` where given (the planner's own choice, which then stands unless the
-    measurement says otherwise every time), else the fastest heuristic plan by median (the
-    model's plans must then beat the heuristics every time). Without either, the fastest
-    by median."""
+    measurement says otherwise every time, over at least :data:`MIN_ROUNDS_TO_REPLACE`
+    rounds: one round is one draw of the noise), else the fastest heuristic plan by
+    median (the model's plans must then beat the heuristics every time). Without either,
+    the fastest by median."""
+    rounds = min((len(p.rounds_ms) for p in plans), default=0)
     for p in plans:
-        p.measured_ms = float(np.median(p.rounds_ms))
-    ordered = sorted(plans, key=lambda p: p.measured_ms)
+        p.measured_ms = float(np.median(p.rounds_ms)) if p.rounds_ms else float("nan")
+    ordered = sorted(plans, key=lambda p: p.measured_ms) if rounds else list(plans)
     if incumbent is not None:
         named = [p for p in ordered if p.name == incumbent or p.name.startswith(f"{incumbent}=")]
         if not named:
             raise ValueError(f"no measured plan is named {incumbent!r}")
         ref = named[0]
+        if rounds < MIN_ROUNDS_TO_REPLACE:
+            return [ref, *(p for p in ordered if p is not ref)]
     else:
         heur = [p for p in ordered if p.heuristic]
         if not heur:
             return ordered
         ref = heur[0]
+        if not rounds:
+            return [ref, *(p for p in ordered if p is not ref)]
 
     def beats(p: VerifiedPlan) -> bool:
         return all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
@@ -171,8 +180,9 @@ def verify(
     :func:`rank_measured`), then by median measured step cost.
 
     Args:
-        budget_s: stop after the round that would leave too little time for another
-            (at least one round is measured); ``None``: all ``rounds``.
+        budget_s: measure no plan that would end past this many seconds (at the mean time
+            a measurement took so far); a round cut short is dropped, and where no round is
+            whole the incumbent stands (``None``: all ``rounds``).
         cache: read the rounds of these very plans of this task from this machine's
             cache, or write them there once measured (:func:`verification_cache_path`),
             so that planning the same tables again measures nothing.
@@ -201,10 +211,16 @@ def verify(
 
         bar = tqdm(total=rounds * len(plans), desc="verify: measuring plans", leave=False)
 
+    took: list[float] = []  # seconds of each measurement so far
+
     def measure(_: int, i: int) -> float:
+        now = time.perf_counter()
+        if budget_s is not None and now + float(np.mean(took or [0.0])) > start + budget_s:
+            raise _OutOfTime
         m = measure_placement(task, plans[i].placement, config)
         if not m.ok:
             raise RuntimeError(f"verification of plan {plans[i].name} failed: {m.error}")
+        took.append(time.perf_counter() - now)
         if bar is not None:
             bar.update(1)
         return float(m.step_ms)
@@ -213,9 +229,8 @@ def verify(
     try:
         for r in range(rounds):
             done = measure_in_rounds([list(range(len(plans)))], measure, r + 1, done=[done])[0]
-            spent = time.perf_counter() - start
-            if budget_s is not None and spent * (r + 2) / (r + 1) > budget_s:
-                break  # another round would overrun the budget
+    except _OutOfTime:
+        pass  # the round cut short is not in ``done``
     finally:
         if bar is not None:
             bar.close()
@@ -225,6 +240,10 @@ def verify(
     if path is not None:
         _write_rounds(path, plans)
     return VerifyResult(rank_measured(plans, incumbent), time.perf_counter() - start)
+
+
+class _OutOfTime(Exception):
+    """The verification's budget ends before the next measurement would."""
 
 
 def verification_cache_path(
@@ -261,9 +280,12 @@ def _read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> bool:
     if not isinstance(stored, list) or len(stored) != len(plans):
         return False
     for p, s in zip(plans, stored, strict=True):
-        rounds = s.get("rounds_ms") if isinstance(s, dict) else None
-        if s.get("placement") != p.placement or not isinstance(rounds, list) or not rounds:
+        if not isinstance(s, dict) or s.get("placement") != p.placement:
             return False
+        if not isinstance(s.get("rounds_ms"), list):
+            return False
+    if len({len(s["rounds_ms"]) for s in stored}) != 1:
+        return False
     for p, s in zip(plans, stored, strict=True):
         p.rounds_ms = [float(ms) for ms in s["rounds_ms"]]
     return True
