@@ -153,6 +153,12 @@ class JobObserver:
         self._last = time.perf_counter()
 
     @property
+    def sampling_ms(self) -> float:
+        """What sampling has cost so far on this rank, in ms: the sampled steps' time
+        beyond the median plain step."""
+        return self._extra_ms
+
+    @property
     def overhead(self) -> float:
         """The share of the job's time that sampling cost so far (sampled steps beyond
         the median plain step), on this rank."""
@@ -232,6 +238,7 @@ class JobObserver:
             "steps": self.steps,
             "overhead": max(overheads),
             "overhead_by_rank": overheads,
+            "sampled_steps": len(self._samples),
         }
         if self.last_replan is not None:
             report["replan"] = self.last_replan
