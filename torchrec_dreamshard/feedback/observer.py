@@ -29,6 +29,7 @@ planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import math
@@ -36,6 +37,7 @@ import os
 import statistics
 import sys
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -59,6 +61,16 @@ WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)
 MAX_SAMPLES = 64  # sampled steps kept (the newest); their events are read at report()
 MAX_OVERHEAD = 0.01  # the share of the job's time sampling may cost (the target is 2%)
 PLAIN_STEPS = 64  # plain (unsampled) step times kept, for the baseline of a sampled one
+
+
+_OPEN: weakref.WeakSet[JobObserver] = weakref.WeakSet()  # observers with a sample running
+
+
+@atexit.register
+def _close_open_samples() -> None:
+    """Stop every sample still running when the process exits (see ``close``)."""
+    for observer in list(_OPEN):
+        observer.close()
 
 
 def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
@@ -173,8 +185,11 @@ class JobObserver:
         activities = [ProfilerActivity.CPU]
         if self._group.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
+        for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
+            other.close()
         self._entered = time.perf_counter()
         self._profiler = profile(activities=activities)
+        _OPEN.add(self)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
         with record_function(MARK):
@@ -187,6 +202,7 @@ class JobObserver:
         profiler, self._profiler = self._profiler, None
         with quiet_stderr():
             profiler.__exit__(None, None, None)
+        _OPEN.discard(self)
         self._samples.append((profiler, step_ms, self._started[1]))
         # the sampled step, the profiler's start and stop included, beyond a plain step:
         # what sampling it cost
@@ -218,11 +234,18 @@ class JobObserver:
             out.append(sample)
         return out
 
-    def _gather(self) -> list[list[StepProfile]]:
-        if self._profiler is not None:  # a sample still open is dropped, not half-counted
+    def close(self) -> None:
+        """Stop a sample still open (dropped, not half-counted). Called by :meth:`report`
+        and :meth:`replan`, and at exit: a profiler left running when the process ends
+        crashes it in PyTorch's teardown."""
+        if self._profiler is not None:
             with quiet_stderr():
                 self._profiler.__exit__(None, None, None)
             self._profiler = None
+        _OPEN.discard(self)
+
+    def _gather(self) -> list[list[StepProfile]]:
+        self.close()
         out: list[Any] = [None] * self._group.world
         dist.all_gather_object(out, self.profiles, group=self._group.pg)
         return out
