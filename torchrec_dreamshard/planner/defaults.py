@@ -141,7 +141,8 @@ def with_calibration(
         )
     if auto is None and verify is None:
         verify = 0  # automatic verification goes with automatic calibration only
-    return CalibratingAgent(agent, calibrate, verify_k=verify, auto=auto)
+    # what the default does on its own prints no progress bars; what was asked for does
+    return CalibratingAgent(agent, calibrate, verify_k=verify, progress=auto is None, auto=auto)
 
 
 def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
