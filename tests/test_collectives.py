@@ -87,7 +87,7 @@ def _refuse(*args, **kwargs):
 
 
 @pytest.mark.slow
-def test_calibrated_collectives_are_positive_and_monotone(tmp_path, monkeypatch):
+def test_calibrated_collectives_cost_time_and_never_less_for_more_bytes(tmp_path, monkeypatch):
     from torchrec_dreamshard.measure.spawn import measuring_ranks
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -99,10 +99,14 @@ def test_calibrated_collectives_are_positive_and_monotone(tmp_path, monkeypatch)
         m = models.models[kind]
         # every rank of each group of 2..ranks
         assert m.samples == sum(range(2, ranks + 1)) * len(coll._CALIBRATION_BYTES)
-        assert m.latency_ms >= 0 and m.per_peer_ms >= 0 and m.ms_per_mb > 0, (kind, m)
+        # a non-negative fit: on 2 ranks sharing 2 busy cores a collective of 4 MB can
+        # time within the noise of one of 16 KB, and the fit then charges no bandwidth
+        # (seen once under load: all_gather 3.1 ms +- 1.3, ms_per_mb 0); it never charges less
+        assert m.latency_ms >= 0 and m.per_peer_ms >= 0 and m.ms_per_mb >= 0, (kind, m)
+        assert m.latency_ms + m.ms_per_mb > 0, (kind, m)  # a collective is never free
         for d in (2, 3, 4):
             small, large = models.ms(kind, d, 0.1), models.ms(kind, d, 10.0)
-            assert 0 < small < large, (kind, d, small, large)
+            assert 0 < small <= large, (kind, d, small, large)
     monkeypatch.setattr(coll, "_LOADED", {})
     monkeypatch.setattr(coll, "calibrate_collective_models", _refuse)
     assert coll.load_collective_models(backend="gloo").to_dict() == models.to_dict()
