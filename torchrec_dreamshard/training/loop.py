@@ -38,7 +38,7 @@ from torchrec_dreamshard.cost.fitting import (
     fit_cost_model,
 )
 from torchrec_dreamshard.io import atomic_write, dumps_strict
-from torchrec_dreamshard.policy import CandidateSource, DreamShard, PolicyNet
+from torchrec_dreamshard.policy import CandidateSource, DreamShard
 from torchrec_dreamshard.training.jobs import bootstrap_jobs, collect, draw_tasks, iteration_jobs
 from torchrec_dreamshard.training.logs import write_metrics
 from torchrec_dreamshard.training.reinforce import greedy_predicted_ms, train_policy
@@ -88,9 +88,12 @@ def candidate_sources() -> tuple[CandidateSource, ...]:
 
 def new_agent(cfg: TrainConfig) -> DreamShard:
     """A fresh agent of the configured sizes (seeded by ``cfg.seed``)."""
+    from torchrec_dreamshard.policy.policy_net import build_networks
+
     torch.manual_seed(cfg.seed)
-    net = CostNet(cfg.hidden, cfg.members)
-    return DreamShard(net, PolicyNet(net.enc_dim, cfg.policy_hidden), sources=candidate_sources())
+    sizes = {"hidden": cfg.hidden, "members": cfg.members, "policy_hidden": cfg.policy_hidden}
+    net, policy = build_networks(sizes)  # the one builder, as checkpoints are loaded
+    return DreamShard(net, policy, sources=candidate_sources())
 
 
 def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
