@@ -39,10 +39,9 @@ import torch.distributed as dist
 
 from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec
+from torchrec_dreamshard.measure.step_families import FAMILIES, WORLD, family_spec
 from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
 
-WORLD = 2
 BATCH = 512  # per rank
 EVERY = 20  # the observer's default sampling
 

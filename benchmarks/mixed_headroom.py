@@ -36,10 +36,9 @@ from torchrec_dreamshard.measure.dmp_step import (
     table_shardings,
     time_plans,
 )
-from torchrec_dreamshard.measure.step_families import family_spec
+from torchrec_dreamshard.measure.step_families import WORLD, family_spec
 from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
 
-WORLD = 2  # gloo ranks, as the step-time benchmark
 BATCH = 512  # per rank, as the step-time benchmark
 
 

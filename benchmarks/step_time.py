@@ -54,7 +54,7 @@ from pathlib import Path
 
 from torchrec_dreamshard.cli.steptime import prepare_machine_models
 from torchrec_dreamshard.evaluation.results_files import RESULTS, load_note, machine
-from torchrec_dreamshard.measure.step_families import FAMILIES, family_spec
+from torchrec_dreamshard.measure.step_families import FAMILIES, WORLD, family_spec
 from torchrec_dreamshard.measure.step_model import StepModelSpec
 
 PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw", "dreamshard-cal")
@@ -65,7 +65,6 @@ RATIOS = (
     ("dreamshard-cal", "torchrec"),
 )
 QUICK_FAMILIES = ("tiny", "sequence")
-WORLD = 2
 SMOKE_NOTE = (
     "**A smoke run, under load on a shared machine, with too few rounds for any interval "
     "to reach 95%: these numbers are not a result.**\n"

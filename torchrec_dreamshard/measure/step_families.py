@@ -20,6 +20,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.step_model import StepModelSpec
 
 FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed")
+WORLD = 2  # gloo ranks the families' DMP steps are timed on (one per core here)
 
 
 def draw_tables(prefix, n, rng, batch, rows, dims, pooling, zipf=(0.0, 0.0)) -> list[TableSpec]:
