@@ -11,7 +11,7 @@ so the next plan of these tables on this machine measures nothing and only fine-
 
 A recalibrated network still has errors, and a search against it finds them. So where the
 check calibrates, the plan it picks is also verified on real kernels
-(:func:`auto_verification`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
+(:func:`verification_settings`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
 measured beside every heuristic's plan in interleaved rounds, within :data:`AUTO_VERIFY_S`,
 and the chosen plan stands unless another measured faster in every one of at least two whole
 rounds (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
@@ -97,10 +97,18 @@ class MachineCheck:
         }
 
 
-def auto_verification() -> tuple[int, float, bool, str]:
-    """``(k, budget_s, cache, incumbent)`` of the default's verification (see the module
-    docstring): the planner's and ``dreamshard plan``'s alike."""
-    return AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen"
+def verification_settings(
+    verify_k: int | None, auto_calibrates: bool
+) -> tuple[int, float | None, bool, str | None]:
+    """``(k, budget_s, cache, incumbent)`` of a plan's verification, the planner's and
+    ``dreamshard plan``'s alike: ``verify_k`` plans as asked (the fastest heuristic's plan
+    the incumbent, no budget, no cache); where it is ``None`` (automatic), the default's
+    (see the module docstring) if the automatic check calibrates, else none."""
+    if verify_k is not None:
+        return verify_k, None, False, None
+    if auto_calibrates:
+        return AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen"
+    return 0, None, False, None
 
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:

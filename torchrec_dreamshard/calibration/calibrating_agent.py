@@ -13,7 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.auto import MachineCheck, auto_verification, check_machine
+from torchrec_dreamshard.calibration.auto import (
+    MachineCheck,
+    check_machine,
+    verification_settings,
+)
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
     CalibrationResult,
@@ -227,13 +231,12 @@ class CalibratingAgent:
     def _verification(self) -> tuple[int, float | None, bool, str | None]:
         """``(k, budget_s, cache, incumbent)`` of the verification ``place`` runs: as given
         (the fastest heuristic's plan stands unless another beat it every round), or, where
-        it is automatic, :func:`~.auto.auto_verification` on a machine the checkpoint
+        it is automatic, :func:`~.auto.verification_settings` on a machine the checkpoint
         misprices, and none where the checkpoint prices it right."""
         if self.verify_k is not None:
-            return self.verify_k, None, False, None
-        if self.calibration is not None and self._auto is not None and self.calibration_enabled:
-            return auto_verification()
-        return 0, None, False, None
+            return verification_settings(self.verify_k, auto_calibrates=False)
+        auto_calibrates = self._auto is not None and self.calibration_enabled
+        return verification_settings(None, auto_calibrates)
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
         """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the

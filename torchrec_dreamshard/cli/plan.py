@@ -264,16 +264,13 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
 def verify_settings(
     verify: int | None, adaptation: dict[str, Any], calibration: Any
 ) -> tuple[int, float | None, bool, str | None]:
-    """``(k, budget_s, cache, incumbent)`` of the verification: ``--verify K`` as given;
-    without it, the planner's default (``calibration.auto.auto_verification``) where the
-    automatic check calibrates, and none elsewhere."""
-    from torchrec_dreamshard.calibration import auto
+    """``(k, budget_s, cache, incumbent)`` of the verification
+    (:func:`~torchrec_dreamshard.calibration.auto.verification_settings`): ``--verify K``
+    as given, else automatic where the automatic check calibrates."""
+    from torchrec_dreamshard.calibration.auto import verification_settings
 
-    if verify is not None:
-        return verify, None, False, None
-    if adaptation.get("mode") == "auto" and calibration is not None:
-        return auto.auto_verification()
-    return 0, None, False, None
+    auto_calibrates = adaptation.get("mode") == "auto" and calibration is not None
+    return verification_settings(verify, auto_calibrates)
 
 
 def split_plan_dict(agent: PlacementAgent, found: SplitPlan) -> dict[str, Any]:
