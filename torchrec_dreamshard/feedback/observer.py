@@ -145,9 +145,7 @@ class JobObserver:
         self.model = "checkpoint"
         self.last_replan: dict[str, Any] | None = None
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
-        with quiet_stderr():
-            self._profiler.__exit__(None, None, None)
-        self._profiler = None
+        self.close()
 
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
@@ -199,10 +197,8 @@ class JobObserver:
         if self._group.device.type == "cuda":
             torch.cuda.synchronize(self._group.device)
         step_ms = (time.perf_counter() - self._started[0]) * 1e3
-        profiler, self._profiler = self._profiler, None
-        with quiet_stderr():
-            profiler.__exit__(None, None, None)
-        _OPEN.discard(self)
+        profiler = self._profiler
+        self.close()
         self._samples.append((profiler, step_ms, self._started[1]))
         # the sampled step, the profiler's start and stop included, beyond a plain step:
         # what sampling it cost
@@ -244,18 +240,18 @@ class JobObserver:
             self._profiler = None
         _OPEN.discard(self)
 
-    def _gather(self) -> list[list[StepProfile]]:
+    def _gather(self) -> tuple[list[list[StepProfile]], list[float]]:
+        """Every rank's sampled steps and what sampling cost it (one collective)."""
         self.close()
         out: list[Any] = [None] * self._group.world
-        dist.all_gather_object(out, self.profiles, group=self._group.pg)
-        return out
+        dist.all_gather_object(out, (self.profiles, self.overhead), group=self._group.pg)
+        return [p for p, _ in out], [o for _, o in out]
 
     def report(self) -> dict[str, Any]:
         """Every rank's predicted and measured embedding cost (collective; the same dict
         on every rank; see :mod:`.report`)."""
-        report = build_report(self._gather(), self.prediction, self._tables(), self.model)
-        overheads: list[Any] = [None] * self._group.world
-        dist.all_gather_object(overheads, self.overhead, group=self._group.pg)
+        profiles, overheads = self._gather()
+        report = build_report(profiles, self.prediction, self._tables(), self.model)
         report["observer"] = {
             "interval": self.interval,
             "steps": self.steps,
@@ -288,7 +284,7 @@ class JobObserver:
         from torchrec_dreamshard.feedback.job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import learn_and_replan
 
-        profiles = self._gather()
+        profiles, _ = self._gather()
         if min(len(p) for p in profiles) == 0:
             raise ValueError(
                 f"replan() needs sampled steps: {self.steps} steps observed, the first "
