@@ -252,20 +252,14 @@ def verification_cache_path(
     """This machine's cache file of the verification of ``plans`` of ``task`` (the tables,
     devices, memory and batch, the plans' placements, the measurement's settings)."""
     from torchrec_dreamshard.measure.config import stable_key
-    from torchrec_dreamshard.measure.hardware import cpu_name
+    from torchrec_dreamshard.measure.hardware import device_name
     from torchrec_dreamshard.measure.machine_cache import machine_cache_path
 
     key = stable_key(
         [task.to_dict(), [p.placement for p in plans], config.to_dict(), rounds], length=16
     )
     device = config.device
-    if device == "cuda":
-        import torch
-
-        name = torch.cuda.get_device_name(0)
-    else:
-        name = cpu_name()
-    return machine_cache_path(f"verification_{device}_{key}", name)
+    return machine_cache_path(f"verification_{device}_{key}", device_name(device))
 
 
 def _read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> bool:

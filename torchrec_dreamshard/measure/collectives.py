@@ -52,7 +52,7 @@ import torch
 
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.config import stable_key
-from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import (
@@ -256,8 +256,7 @@ def measure_group_collectives(group: JobGroup) -> CollectiveModels:
         (kind, d, mb, max(rank[i][3] for rank in per_rank))
         for i, (kind, d, mb, _) in enumerate(per_rank[0])
     ]
-    device = "cuda" if group.device.type == "cuda" else "cpu"
-    name = torch.cuda.get_device_name(group.device) if device == "cuda" else cpu_name()
+    name = device_name(group.device)
     hosts = len(set(group.hosts))
     source = (
         f"{group.backend} collectives on the job's {group.world} ranks, {hosts} host(s) ({name})"
@@ -312,7 +311,7 @@ def calibrate_collective_models(
 
 
 def _device_name(backend: str) -> str:
-    return torch.cuda.get_device_name(0) if backend == "nccl" else cpu_name()
+    return device_name("cuda" if backend == "nccl" else "cpu")
 
 
 def default_collectives_path(backend: str | None = None) -> Path:

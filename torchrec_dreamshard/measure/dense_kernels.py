@@ -35,7 +35,7 @@ import torch
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.embedding_kernels import fused_ring
-from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.job_group import (
     JobGroup,
     active_group,
@@ -243,7 +243,7 @@ def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
         samples = [(*sets[i], fwd, bwd) for i, fwd, bwd in timed]
     else:
         samples = [(t, b, *time_dense_kernel(t, b, device)) for t, b in sets]
-    name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
+    name = device_name(device)
     return fit_dense_kernel_model(samples, device, f"FBGEMM dense kernel + Adagrad on {name}")
 
 
@@ -255,8 +255,7 @@ def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
 def default_dense_kernel_path(device: str = "cpu") -> Path:
     """Per-machine cache file of the fitted model
     (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
-    name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
-    return machine_cache_path(f"dense_kernel_{device}", name)
+    return machine_cache_path(f"dense_kernel_{device}", device_name(device))
 
 
 _LOADED: dict[str, DenseKernelModel] = {}

@@ -23,6 +23,15 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_name(device: str | torch.device = "cpu") -> str:
+    """The model of ``device``: the GPU's (device 0 for a bare ``"cuda"``), else the
+    CPU's (:func:`cpu_name`). Per-machine caches and fits are named for it."""
+    d = torch.device(device)
+    if d.type != "cuda":
+        return cpu_name()
+    return torch.cuda.get_device_name(d if d.index is not None else 0)
+
+
 def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
     """Device name, torch and FBGEMM versions, threads per device, the measurement backend
     and the timing protocol.

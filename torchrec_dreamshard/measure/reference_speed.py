@@ -20,15 +20,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
     time_fused_kernel,
 )
-from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.hardware import cpu_name, device_name
 from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 
@@ -58,7 +56,7 @@ def _group_reference_ms(group: JobGroup) -> tuple[float, float]:
 def default_reference_path(device: str = "cpu") -> Path:
     """Per-machine cache file
     (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
-    name = torch.cuda.get_device_name(0) if device == "cuda" else cpu_name()
+    name = device_name(device)
     return machine_cache_path(f"reference_kernel_{device}", name)
 
 
