@@ -47,8 +47,8 @@ def calibration_report(fams: dict, args: argparse.Namespace, methods: Sequence[s
         "|---|" + "---|" * (len(cols) + len(verified) + 2 * len(args.calibrate_budget) + 3),
     ]
     for fam, f in fams.items():
-        cells = [f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]" for c in cols]
-        cells += [f"{f[f'step/{c}']:.3f} [{f[f'step/{c}/worst']:.2f}]" for c in verified]
+        cells = [ratio_cell(f, f"compute/{c}") for c in cols]
+        cells += [ratio_cell(f, f"step/{c}") for c in verified]
         taus = [f"{f.get(f'cost_tau_cal{b:g}', float('nan')):.2f}" for b in args.calibrate_budget]
         mapes = [f"{f.get(f'cost_mape_cal{b:g}', float('nan')):.1f}" for b in args.calibrate_budget]
         secs = [
@@ -78,17 +78,22 @@ def calibration_report(fams: dict, args: argparse.Namespace, methods: Sequence[s
     return lines
 
 
+def ratio_cell(f: dict, key: str) -> str:
+    """A family's figure ``key`` over the best heuristic: the geomean, [the worst task]."""
+    return f"{f[key]:.3f} [{f[f'{key}/worst']:.2f}]"
+
+
 def family_line(fam: str, f: dict, cols: Sequence[str]) -> str:
     """One family's row of the main table."""
     cells = [
-        f"{f[f'compute/{c}']:.3f} [{f[f'compute/{c}/worst']:.2f}]"
+        ratio_cell(f, f"compute/{c}")
         + (f" ({f[f'compute/{c}/no_plan']} no plan)" if f[f"compute/{c}/no_plan"] else "")
         for c in cols
     ]
     return (
         f"| {fam} | {'yes' if f['heldout'] else ''} | "
         + " | ".join(cells)
-        + f" | {f['even_spread']:.3f} [{f['even_spread/worst']:.2f}]"
+        + f" | {ratio_cell(f, 'even_spread')}"
         + f" | {f['step/dreamshard']:.3f} | {f['compute/dreamshard_vs_torchrec_worst']:.3f} | "
         f"{f['cost_tau']:.2f} ({f['cost_tau_min']:.2f}) | {f['cost_mape']:.1f} | "
         f"{f['noise_tau']:.2f} |"
@@ -110,7 +115,7 @@ def default_report(fams: dict, methods: Sequence[str]) -> list[str]:
         "|---|---|" + "---|" * len(cols),
     ]
     for fam, f in fams.items():
-        cells = [f"{f[f'{k}/{m}']:.3f} [{f[f'{k}/{m}/worst']:.2f}]" for k, m in cols]
+        cells = [ratio_cell(f, f"{k}/{m}") for k, m in cols]
         lines.append(f"| {fam} | {'yes' if f['heldout'] else ''} | " + " | ".join(cells) + " |")
 
     def geomean(key: str, held: bool | None = None) -> float:
