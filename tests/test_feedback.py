@@ -208,6 +208,20 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     assert sorted(t for r in after["ranks"] for t in r["tables"] if "t" in t)  # tables named
     decision = after["replan"]
     assert decision["kernels_observed"] == 2  # each rank's fused kernel joined the store
+    # the job fed the tables TABLES' pooling, the planner was told TorchRec's default 1.0:
+    # the report says so, and the re-plan planned and learnt with what the job fed
+    from torchrun_job import TABLES
+
+    fed = {t["table"].rsplit(".", 1)[1]: t for t in after["inputs"]["tables"]}
+    assert len(fed) == len(TABLES)
+    for i, (_, pooling) in enumerate(TABLES):
+        t = fed[f"t{i}"]
+        assert t["declared_pooling"] == 1.0
+        assert abs(t["observed_pooling"] - pooling) < 0.25 * pooling, (i, t)
+    assert sorted(after["inputs"]["mispriced"]) == sorted(decision["inputs_from_job"])
+    heavy = {f"t{i}" for i, (_, p) in enumerate(TABLES) if p >= 2}
+    assert heavy <= {fqn.rsplit(".", 1)[1] for fqn in decision["inputs_from_job"]}
+    assert decision["kernels_measured"] > 0  # these tables' kernels, as the job feeds them
     # learning from the job brings the prediction of the observed plan to what was measured
     worst_before = max(abs(r["error"]) for r in before["ranks"])
     worst_after = max(abs(r["error"]) for r in after["ranks"])

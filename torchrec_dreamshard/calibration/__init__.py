@@ -51,6 +51,7 @@ from torchrec_dreamshard.calibration.fine_tuning import (
     fine_tune,
     kernel_accuracy,
     scale_comm,
+    scale_compute,
     with_comm_model,
 )
 from torchrec_dreamshard.calibration.kernel_samples import (
@@ -99,6 +100,7 @@ __all__ = [
     "plan_task",
     "rank_measured",
     "scale_comm",
+    "scale_compute",
     "table_signature",
     "verify",
     "verify_candidates",

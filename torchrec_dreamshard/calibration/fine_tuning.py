@@ -248,6 +248,20 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
     return load_all_to_all_model(path)
 
 
+def scale_compute(net: CostNet, factors: Sequence[float]) -> CostNet:
+    """``net`` with its forward and backward predictions scaled by ``factors`` (in place):
+    the device heads' terms are each a softplus of a parameter, summed, so scaling every
+    term of an output scales the output."""
+    with torch.no_grad():
+        for raw in (net.c_raw, net.W_raw, net.V_raw):
+            for out, factor in enumerate(factors):
+                value = (torch.nn.functional.softplus(raw[..., out]) * float(factor)).clamp(
+                    min=1e-9
+                )
+                raw[..., out] = value + torch.log(-torch.expm1(-value))
+    return net
+
+
 def stored_observations(config: CalibrationConfig, task: Task) -> int:
     """How many kernels observed in running jobs over ``task``'s tables the store holds
     (this machine, ``config``'s workload at the task's batch)."""

@@ -45,6 +45,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from torchrec_dreamshard.feedback.inputs import (
+    InputRecorder,
+    ObservedInputs,
+    embedding_tables,
+    pooling_sums,
+)
 from torchrec_dreamshard.feedback.job_report import build_report, report_lines
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
@@ -144,6 +150,10 @@ class JobObserver:
         self.proposed: Any = None  # the last replan()'s plan, as the updated model predicts it
         self.model = "checkpoint"
         self.last_replan: dict[str, Any] | None = None
+        self._inputs = InputRecorder(dmp)  # what the sampled steps feed the tables
+        # the model's tables and their features, known where the model was planned (rank 0)
+        planned = getattr(planner, "_planned", None)
+        self._table_features = embedding_tables(planned[0]) if planned is not None else None
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
         self.close()
 
@@ -192,12 +202,14 @@ class JobObserver:
             self._profiler.__enter__()
         with record_function(MARK):
             self._started = (time.perf_counter(), time.time())
+        self._inputs.start()
 
     def _finish_sample(self) -> None:
         if self._group.device.type == "cuda":
             torch.cuda.synchronize(self._group.device)
         step_ms = (time.perf_counter() - self._started[0]) * 1e3
         profiler = self._profiler
+        self._inputs.stop(keep=True)
         self.close()
         self._samples.append((profiler, step_ms, self._started[1]))
         # the sampled step, the profiler's start and stop included, beyond a plain step:
@@ -234,23 +246,48 @@ class JobObserver:
         """Stop a sample still open (dropped, not half-counted). Called by :meth:`report`
         and :meth:`replan`, and at exit: a profiler left running when the process ends
         crashes it in PyTorch's teardown."""
+        self._inputs.stop(keep=False)
         if self._profiler is not None:
             with quiet_stderr():
                 self._profiler.__exit__(None, None, None)
             self._profiler = None
         _OPEN.discard(self)
 
-    def _gather(self) -> tuple[list[list[StepProfile]], list[float]]:
-        """Every rank's sampled steps and what sampling cost it (one collective)."""
+    def _gather(self, with_inputs: bool = False) -> dict[str, list[Any]]:
+        """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
+        were fed and the model's tables (rank 0's), in one collective; with each rank's
+        recorded inputs themselves where ``with_inputs``."""
         self.close()
+        mine = {
+            "profiles": self.profiles,
+            "overhead": self.overhead,
+            "sums": pooling_sums(self._inputs.steps),
+            "tables": self._table_features,
+            "inputs": list(self._inputs.steps) if with_inputs else [],
+        }
         out: list[Any] = [None] * self._group.world
-        dist.all_gather_object(out, (self.profiles, self.overhead), group=self._group.pg)
-        return [p for p, _ in out], [o for _, o in out]
+        dist.all_gather_object(out, mine, group=self._group.pg)
+        return {key: [o[key] for o in out] for key in mine}
+
+    def observed_inputs(self, gathered: dict[str, list[Any]]) -> ObservedInputs | None:
+        """What the job fed its tables, from :meth:`_gather`'s result (``None`` where the
+        model's tables are unknown: it was not planned through ``collective_plan``)."""
+        tables = gathered["tables"][0]
+        if tables is None:
+            return None
+        sums: dict[str, tuple[int, int]] = {}
+        for rank in gathered["sums"]:
+            for key, (ids, samples) in rank.items():
+                total = sums.get(key, (0, 0))
+                sums[key] = (total[0] + ids, total[1] + samples)
+        constraints = self._planner._arguments.get("constraints")
+        return ObservedInputs(tables, sums, constraints, gathered["inputs"])
 
     def report(self) -> dict[str, Any]:
         """Every rank's predicted and measured embedding cost (collective; the same dict
         on every rank; see :mod:`.report`)."""
-        profiles, overheads = self._gather()
+        gathered = self._gather()
+        profiles, overheads = gathered["profiles"], gathered["overhead"]
         report = build_report(profiles, self.prediction, self._tables(), self.model)
         report["observer"] = {
             "interval": self.interval,
@@ -259,6 +296,9 @@ class JobObserver:
             "overhead_by_rank": overheads,
             "sampled_steps": len(self._samples),
         }
+        inputs = self.observed_inputs(gathered)
+        if inputs is not None:
+            report["inputs"] = inputs.to_dict()
         if self.last_replan is not None:
             report["replan"] = self.last_replan
         for line in report_lines(report):
@@ -284,7 +324,8 @@ class JobObserver:
         from torchrec_dreamshard.feedback.job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import learn_and_replan
 
-        profiles, _ = self._gather()
+        gathered = self._gather(with_inputs=True)
+        profiles = gathered["profiles"]
         if min(len(p) for p in profiles) == 0:
             raise ValueError(
                 f"replan() needs sampled steps: {self.steps} steps observed, the first "
@@ -292,7 +333,9 @@ class JobObserver:
             )
         if self._group.rank == 0:
             with driving(self._group):
-                sent = self._replan_rank0(learn_and_replan, measured_by_rank(profiles))
+                measured = measured_by_rank(profiles)
+                inputs = self.observed_inputs(gathered)
+                sent = self._replan_rank0(learn_and_replan, measured, inputs)
             broadcast(self._group, sent)
         else:
             sent = serve(self._group)
@@ -313,14 +356,18 @@ class JobObserver:
         from torchrec_dreamshard.feedback.reshard import apply_in_place
 
         moved = apply_in_place(self._dmp, plan)
+        self._inputs.attach(self._dmp)  # modules a reshard rebuilt
         if moved:
             self.plan, self.prediction = plan, self.proposed
             self._samples.clear()
         return moved
 
-    def _replan_rank0(self, learn_and_replan: Any, measured: list[dict]) -> Any:
+    def _replan_rank0(
+        self, learn_and_replan: Any, measured: list[dict], inputs: ObservedInputs | None
+    ) -> Any:
         try:
-            out = learn_and_replan(self._planner, measured, self._planner.calibration_config())
+            config = self._planner.calibration_config()
+            out = learn_and_replan(self._planner, measured, config, inputs)
         except Exception as exc:  # every rank raises it after the broadcast
             logger.exception("re-planning failed")
             return f"{type(exc).__name__}: {exc}"

@@ -1,21 +1,30 @@
 """Learning from the observed job, and planning again with what was learnt (rank 0).
 
+0. **Inputs.** Where the job fed a table a pooling factor more than 10% off the one the
+   planner was given (its ``ParameterConstraints.pooling_factors``, TorchRec's default 1.0
+   where none was), the tables are taken as the job fed them from here on: pooling factors
+   and reuse from the inputs recorded on the sampled steps (:mod:`.inputs`,
+   :func:`job_inputs`).
 1. **Store.** Each rank's fused embedding kernel, as measured in the job (forward and
    backward medians over the sampled steps), becomes a kernel row of the calibration store
    over the tables that rank holds, under the machine's and workload's key and an
-   ``obs-`` job key (:data:`~torchrec_dreamshard.calibration.kernel_samples.OBSERVED`). A rank that
-   also runs fused shards the cost network does not price (TorchRec placed them) is left
-   out: its measured kernel is not the predicted one's.
+   ``obs-`` job key (:data:`~torchrec_dreamshard.calibration.kernel_samples.OBSERVED`). A
+   rank that also runs fused shards the cost network does not price (TorchRec placed them)
+   is left out: its measured kernel is not the predicted one's.
 2. **Learn.** The cost network is calibrated as at plan time (:func:`~torchrec_dreamshard.
-   calibration.calibrate`, measuring nothing), on the plan's tables: the isolated kernels
-   already in the store and every observed kernel over these tables. A restarted job's
-   plan of the same tables learns from them the same way.
-   The all-to-all head is scaled to what the job measured (:func:`comm_factor`).
-3. **Re-plan.** A planner built with the same arguments plans the model again with the
-   updated network; the updated network also prices the observed plan. The new plan is
-   taken only where its predicted gain is larger than the network's uncertainty about
-   either plan (the ensemble's spread of the log step cost); otherwise the observed plan
-   stays.
+   calibration.calibrate`), on the plan's tables: the isolated kernels already in the
+   store and every observed kernel over these tables; it measures nothing, but where the
+   job fed the tables other inputs than the planner was told (step 0: the store holds no
+   kernel of the tables as fed), which it measures within the automatic calibration's
+   budget, the other ranks serving. A restarted job's plan of the same tables learns from
+   the observed kernels the same way. Then the job sets the level: the all-to-all head is
+   scaled to the all-to-all time the job measured (:func:`comm_factor`) and the kernel
+   heads to its fused kernels' (:func:`compute_factors`).
+3. **Re-plan.** A planner built with the same arguments (the observed pooling factors and
+   inputs in, after step 0) plans the model again with the updated network; the updated
+   network also prices the observed plan. The new plan is taken only where its predicted
+   gain is larger than the network's uncertainty about either plan (the ensemble's spread
+   of the log step cost); otherwise the observed plan stays.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
 
+    from torchrec_dreamshard.feedback.inputs import ObservedInputs
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
     from torchrec_dreamshard.planner.proposal import PlanPrediction
@@ -39,17 +49,21 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MIN_GAIN = 0.01  # a re-plan must be predicted at least this much faster, whatever the spread
 
 
-def rank_kernels(planner: DreamShardPlanner) -> tuple[list[list[TableSpec]], list[bool]]:
+def rank_kernels(
+    planner: DreamShardPlanner, spec_fn: Any = None
+) -> tuple[list[list[TableSpec]], list[bool]]:
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
-    cost network prices, and whether that is all the rank runs on the fused kernel."""
+    cost network prices, and whether that is all the rank runs on the fused kernel.
+    ``spec_fn`` gives each option's table spec (default: the planner's)."""
     from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option, option_specs
 
+    spec_fn = spec_fn or planner.table_specs
     world = planner.topology.world_size
     groups: list[list[TableSpec]] = [[] for _ in range(world)]
     clean = [True] * world
     for option in planner.best_options:
         if is_policy_option(option) or is_split_option(option):
-            specs = option_specs(option, planner.table_specs(option))
+            specs = option_specs(option, spec_fn(option))
             for spec, shard in zip(specs, option.shards, strict=True):
                 groups[shard.rank].append(spec)
         elif option.compute_kernel == "fused":
@@ -59,15 +73,19 @@ def rank_kernels(planner: DreamShardPlanner) -> tuple[list[list[TableSpec]], lis
 
 
 def store_observations(
-    planner: DreamShardPlanner, measured: list[dict[str, float]], config: Any
+    planner: DreamShardPlanner,
+    measured: list[dict[str, float]],
+    config: Any,
+    kernels: tuple[list[list[TableSpec]], list[bool]],
 ) -> int:
-    """Step 1: every clean rank's observed fused kernel as a store row; how many."""
+    """Step 1: every clean rank's observed fused kernel (``kernels``: :func:`rank_kernels`)
+    as a store row; how many."""
     from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
     from torchrec_dreamshard.calibration.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.measure.config import stable_key
     from torchrec_dreamshard.measure.store import CostStore
 
-    groups, clean = rank_kernels(planner)
+    groups, clean = kernels
     batch = planner.global_batch
     path = config.store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -106,11 +124,15 @@ class Replan:
     decision: dict[str, Any]
 
 
-def perf_model(planner: DreamShardPlanner, agent: PlacementAgent) -> CostNetPerfModel:
-    """The planner's performance model, with ``agent``'s cost network."""
+def perf_model(
+    planner: DreamShardPlanner, agent: PlacementAgent, spec_fn: Any = None, other: float = 1.0
+) -> CostNetPerfModel:
+    """The planner's performance model, with ``agent``'s cost network (and ``spec_fn``'s
+    table specs, default the planner's; TorchRec's estimates scaled by ``other``)."""
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 
-    return CostNetPerfModel(agent, planner.topology, planner.global_batch, planner.table_specs)
+    spec_fn = spec_fn or planner.table_specs
+    return CostNetPerfModel(agent, planner.topology, planner.global_batch, spec_fn, other)
 
 
 def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -> float:
@@ -127,37 +149,117 @@ def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) ->
     return statistics.median(ratios) if ratios else 1.0
 
 
+def job_inputs(
+    planner: DreamShardPlanner, config: Any, inputs: ObservedInputs | None
+) -> tuple[Any, dict[str, Any], Any]:
+    """How the re-plan sees the tables: the observed plan's spec function, the planner
+    arguments the new plan is made with, and the calibration settings. Where the job fed a
+    table a pooling factor more than 10% off the one the planner was given
+    (``ParameterConstraints.pooling_factors``, or TorchRec's default 1.0 where none was),
+    the tables are what the job fed: pooling factors and reuse from the recorded inputs,
+    and the kernels of these tables are measured as at plan time (the store holds none of
+    them), within the automatic calibration's budget. Else the planner's own view."""
+    import dataclasses
+
+    from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
+    from torchrec_dreamshard.planner.option_specs import OptionSpecs
+
+    if inputs is None or not inputs.mispriced():
+        return planner.table_specs, {}, config
+    batches = inputs.batches()
+    spec_fn = OptionSpecs(batches, planner.topology.world_size, inputs.pooling_by_fqn())
+    spec_fn.observe(planner.planned_inputs[0])
+    arguments = {"constraints": inputs.constraints(), "sample_batches": batches}
+    config = dataclasses.replace(config, measure_missing=True, budget_s=AUTO_BUDGET_S)
+    return spec_fn, arguments, config
+
+
+def other_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -> float:
+    """How much more the shards TorchRec placed (data-parallel tables, row-wise shards and
+    the like, which the planner rates with TorchRec's estimate) cost in the job than
+    TorchRec estimates: the median over the ranks that hold some of measured / estimated,
+    what a rank measured being its embedding part less what the cost network prices on it
+    (1 without such ranks). TorchRec's estimates are built for GPUs: on a CPU they are off
+    by orders of magnitude, which no step of the job would otherwise teach."""
+    ratios = []
+    for r, m in enumerate(measured):
+        estimate = prediction.other_ms[r]
+        ours = prediction.fwd_ms[r] + prediction.bwd_ms[r] + prediction.comm_ms[r]
+        theirs = m.get("embedding_ms", 0.0) - ours
+        if estimate > 0 and theirs > 0:
+            ratios.append(theirs / estimate)
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def compute_factors(
+    prediction: PlanPrediction, measured: list[dict[str, float]], clean: list[bool]
+) -> tuple[float, float]:
+    """How much slower the job ran its fused kernels, forward and backward, than the
+    calibrated network predicts: the median over the clean ranks (whose fused kernel is
+    all the network's) of measured / predicted (1 without). Calibration fits the kernels
+    timed alone; in the job they share the cores with the rest of the step and the other
+    ranks, which slows every kernel alike: the job sets the level, the isolated kernels
+    the differences between tables."""
+    out = []
+    for key, predicted in (("fwd_ms", prediction.fwd_ms), ("bwd_ms", prediction.bwd_ms)):
+        ratios = [
+            m[key] / p
+            for m, p, ok in zip(measured, predicted, clean, strict=True)
+            if ok and p > 0 and m.get(key, 0) > 0
+        ]
+        out.append(statistics.median(ratios) if ratios else 1.0)
+    return out[0], out[1]
+
+
 def learn_and_replan(
-    planner: DreamShardPlanner, measured: list[dict[str, float]], config: Any
+    planner: DreamShardPlanner,
+    measured: list[dict[str, float]],
+    config: Any,
+    inputs: ObservedInputs | None = None,
 ) -> Replan:
-    """Steps 1 to 3 (see the module docstring), on rank 0."""
-    from torchrec_dreamshard.calibration import calibrate, scale_comm
+    """Steps 1 to 3 (see the module docstring), on rank 0. ``inputs``: what the job fed
+    its tables (:func:`job_inputs`)."""
+    from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
     from torchrec_dreamshard.planner.proposal import prediction_task
 
-    stored = store_observations(planner, measured, config)
-    groups, _ = rank_kernels(planner)
-    specs = list(itertools.chain.from_iterable(groups))
+    spec_fn, arguments, config = job_inputs(planner, config, inputs)
+    kernels = rank_kernels(planner, spec_fn)
+    stored = store_observations(planner, measured, config, kernels)
+    specs = list(itertools.chain.from_iterable(kernels[0]))
     if not specs:
         return _kept(
-            planner, "the plan has no table-wise or column-wise table the cost network prices"
+            planner,
+            measured,
+            "the plan has no table-wise or column-wise table the cost network prices",
         )
     task = prediction_task(specs, planner.topology.world_size, planner.global_batch)
     result = calibrate(planner.prior_agent, task, config)
     tuned = result.agent
-    factor = comm_factor(perf_model(planner, tuned).predict(planner.best_options), measured)
+    calibrated = perf_model(planner, tuned, spec_fn).predict(planner.best_options)
+    factor = comm_factor(calibrated, measured)
     scale_comm(tuned.cost_net, factor)
-    observed = perf_model(planner, tuned).predict(planner.best_options)
-    fresh = planner.replanner(tuned)
+    compute = compute_factors(calibrated, measured, kernels[1])
+    scale_compute(tuned.cost_net, compute)
+    other = other_factor(
+        perf_model(planner, tuned, spec_fn).predict(planner.best_options), measured
+    )
+    rating = perf_model(planner, tuned, spec_fn, other)
+    observed = rating.predict(planner.best_options)
+    fresh = planner.replanner(tuned, **arguments)
     model, sharders = planner.planned_inputs
     plan = fresh.plan(model, sharders)
-    proposed = fresh.last_prediction
+    proposed = rating.predict(fresh.best_options)  # priced as the observed plan is
     gain = 1.0 - proposed.step_ms / observed.step_ms
     spread = max(observed.step_log_std, proposed.step_log_std, MIN_GAIN)
     changed = str(plan) != str(planner.last_plan) and gain > spread
     decision = {
         "kernels_observed": stored,
         "comm_scale": factor,
+        "compute_scale": list(compute),
+        "other_scale": other,
         "kernels_learnt_from": result.samples,
+        "kernels_measured": result.measured,
+        "inputs_from_job": [t.fqn for t in inputs.mispriced()] if arguments else [],
         "observed_predicted_ms": observed.step_ms,
         "proposed_predicted_ms": proposed.step_ms,
         "predicted_gain": gain,
@@ -173,8 +275,15 @@ def learn_and_replan(
     return Replan(plan if changed else planner.last_plan, changed, observed, proposed, decision)
 
 
-def _kept(planner: DreamShardPlanner, why: str) -> Replan:
-    """The observed plan, unchanged, for ``why``."""
-    prediction = planner.last_prediction
-    decision = {"kernels_observed": 0, "changed": False, "why": f"nothing to learn: {why}"}
+def _kept(planner: DreamShardPlanner, measured: list[dict[str, float]], why: str) -> Replan:
+    """The observed plan, unchanged, for ``why``: only TorchRec's estimates learn the
+    job's level (:func:`other_factor`)."""
+    other = other_factor(planner.last_prediction, measured)
+    prediction = perf_model(planner, planner.agent, None, other).predict(planner.best_options)
+    decision = {
+        "kernels_observed": 0,
+        "other_scale": other,
+        "changed": False,
+        "why": f"nothing to learn for the cost network: {why}",
+    }
     return Replan(planner.last_plan, False, prediction, prediction, decision)

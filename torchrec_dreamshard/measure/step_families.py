@@ -6,7 +6,10 @@ each its own way, for judging plans by the training step (``benchmarks/step_time
 * ``huge_hot``: three huge, hot tables and four small ones;
 * ``wide``: 8 tables of dim 256 or 512;
 * ``sequence``: 6 sequence (``EmbeddingCollection``) tables beside 10 bags;
-* ``mixed``: 80 tiny tables, 2 huge hot ones, 8 medium ones.
+* ``mixed``: 80 tiny tables, 2 huge hot ones, 8 medium ones;
+* ``undeclared``: 3 small tables fed long id lists (pooling 40 to 100) beside 9 large ones
+  fed one to four ids, and planners told nothing of it (no ``pooling_factors``: TorchRec's
+  1.0 per feature), as where a user passes no constraints.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from torchrec_dreamshard.data.families import zipf_reuse_hist
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.step_model import StepModelSpec
 
-FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed")
+FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed", "undeclared")
 WORLD = 2  # gloo ranks the families' DMP steps are timed on (one per core here)
 
 
@@ -70,6 +73,10 @@ def family_spec(name: str, batch: int) -> StepModelSpec:
             "bag", 10, rng, batch, (1000, 100_000), (16, 32, 64), (1, 10), (0.3, 1.0)
         )
         return StepModelSpec(bags=bags, sequences=seqs)
+    if name == "undeclared":
+        lists = draw_tables("list", 3, rng, batch, (2000, 20_000), (64,), (40, 100), (0.5, 1.0))
+        ids = draw_tables("id", 9, rng, batch, (50_000, 300_000), (64,), (1, 4), (0.3, 1.0))
+        return StepModelSpec(bags=lists + ids, constraints={})
     bags = draw_tables("tiny", 80, rng, batch, **tiny)  # mixed
     bags += huge_hot("huge", (800_000, 500_000), rng, batch)
     bags += draw_tables("med", 8, rng, batch, (20_000, 200_000), (32, 64, 128), (2, 20), (0.5, 1.0))

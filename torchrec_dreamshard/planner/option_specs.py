@@ -12,7 +12,8 @@ whichever enumerator (ours or a user's) builds the search space.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
@@ -32,11 +33,19 @@ class OptionSpecs:
             model's sparse features; consecutive groups of ``world_size`` batches are taken
             together as the global batch a table-wise kernel sees.
         world_size: ranks in the topology.
+        pooling: pooling factors by fully qualified name that replace the options' own
+            (what a running job fed its tables; see ``feedback.inputs``).
     """
 
-    def __init__(self, sample_batches: Iterable[Any] | None = None, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        sample_batches: Iterable[Any] | None = None,
+        world_size: int = 1,
+        pooling: Mapping[str, float] | None = None,
+    ) -> None:
         self._samples = list(sample_batches) if sample_batches is not None else []
         self._world = world_size
+        self._pooling = dict(pooling or {})
         self._reuse: dict[str, tuple[float, ...]] = {}
         self.specs: dict[str, TableSpec] = {}
 
@@ -54,6 +63,8 @@ class OptionSpecs:
         spec = self.specs.get(option.fqn)
         if spec is None:
             spec = spec_for_option(option, self._reuse.get(option.fqn))
+            if option.fqn in self._pooling:
+                spec = dataclasses.replace(spec, pooling_factor=self._pooling[option.fqn])
             self.specs[option.fqn] = spec
         return spec
 

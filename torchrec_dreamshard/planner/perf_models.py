@@ -51,6 +51,9 @@ class CostNetPerfModel(PerfModel):
         batch_size: the *global* batch the table-wise kernels process.
         spec_fn: turns an option into a :class:`TableSpec` (the enumerator's
             ``table_spec``, which knows measured reuse statistics).
+        other_scale: what TorchRec's estimates of the shards TorchRec placed are multiplied
+            by (1: as TorchRec estimates; a running job's re-plan sets it to what the job
+            measured, :func:`~torchrec_dreamshard.feedback.replan.other_factor`).
     """
 
     def __init__(
@@ -59,8 +62,10 @@ class CostNetPerfModel(PerfModel):
         topology: Topology,
         batch_size: int,
         spec_fn: Callable[[ShardingOption], TableSpec] | None = None,
+        other_scale: float = 1.0,
     ) -> None:
         self._agent = agent
+        self._other_scale = other_scale
         self._topology = topology
         self._batch_size = batch_size
         self._spec_fn = spec_fn or spec_for_option
@@ -90,7 +95,8 @@ class CostNetPerfModel(PerfModel):
                 ours.append(option)
                 continue
             for shard in option.shards:
-                other[shard.rank] += shard.perf.total if shard.perf is not None else 0.0
+                if shard.perf is not None:
+                    other[shard.rank] += shard.perf.total * self._other_scale
         zeros = [0.0] * world
         if not ours:
             return PlanPrediction(zeros, zeros[:], zeros[:], other, max(other), tables)

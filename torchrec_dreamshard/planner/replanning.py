@@ -130,8 +130,11 @@ class Replanning:
             base = CalibrationConfig(measure=MeasureConfig(device=device))
         return dataclasses.replace(base, measure_missing=False, progress=False)
 
-    def replanner(self, agent: DreamShard) -> Any:
-        """A planner of this one's arguments that plans with ``agent`` as it is."""
+    def replanner(self, agent: DreamShard, **overrides: Any) -> Any:
+        """A planner of this one's arguments that plans with ``agent`` as it is;
+        ``overrides`` replace arguments (a re-plan's observed ``constraints`` and
+        ``sample_batches``)."""
         arguments = {k: v for k, v in self._arguments.items() if k not in ("checkpoint",)}
+        arguments.update(overrides)
         arguments.update(agent=agent, calibrate=False, verify=0)
         return type(self)(**arguments)

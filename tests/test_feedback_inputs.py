@@ -1,0 +1,119 @@
+"""What a running job feeds its tables (``feedback/inputs.py``), and the job's level of the
+kernels (``calibration.scale_compute``): the parts of a re-plan that learn what the user
+did not declare."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torchrec.distributed.planner.types import ParameterConstraints
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_dreamshard.feedback.inputs import InputRecorder, ObservedInputs, pooling_sums
+
+TABLES = [("sparse.a", "a", ["fa"]), ("sparse.b", "b", ["fb1", "fb2"]), ("sparse.c", "c", ["fc"])]
+
+
+def kjt(lengths: dict[str, list[int]]) -> KeyedJaggedTensor:
+    keys = list(lengths)
+    flat = [n for k in keys for n in lengths[k]]
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys,
+        values=torch.arange(sum(flat)) % 7,
+        lengths=torch.tensor(flat),
+    )
+
+
+class FakeSharded:
+    """Stands for a sharded module: only its ``input_dist`` is touched."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def input_dist(self, ctx, features):
+        self.seen += 1
+        return features
+
+
+def test_the_recorder_copies_a_modules_input_only_on_recorded_steps(monkeypatch):
+    import torchrec_dreamshard.feedback.inputs as inputs
+
+    module = FakeSharded()
+    monkeypatch.setattr(inputs, "sharded_modules", lambda dmp: [module])
+    recorder = InputRecorder(dmp=object())
+    recorder.attach(object())  # a second attach does not wrap twice
+    batch = kjt({"fa": [1, 3], "fb1": [2, 2], "fb2": [0, 1]})
+    assert module.input_dist(None, batch) is batch  # not recording: passed through
+    recorder.start()
+    module.input_dist(None, batch)
+    recorder.stop(keep=True)
+    recorder.start()
+    module.input_dist(None, batch)
+    recorder.stop(keep=False)  # a dropped sample keeps nothing
+    assert module.seen == 3 and len(recorder.steps) == 1
+    assert pooling_sums(recorder.steps) == {"fa": (4, 2), "fb1": (4, 2), "fb2": (1, 2)}
+
+
+def test_observed_pooling_replaces_the_declared_and_keeps_the_rest_of_the_constraints():
+    given_constraints = {"a": ParameterConstraints(sharding_types=["table_wise"])}
+    sums = {"fa": (400, 100), "fb1": (100, 100), "fb2": (50, 100)}  # fc: never fed
+    inputs = ObservedInputs(TABLES, sums, given_constraints)
+    by_fqn = {t.fqn: t for t in inputs.tables}
+    assert set(by_fqn) == {"sparse.a", "sparse.b"}  # c's feature was not fed: defaults
+    assert by_fqn["sparse.a"].declared == [1.0] and by_fqn["sparse.a"].observed == [4.0]
+    assert inputs.pooling_by_fqn() == {"sparse.a": 4.0, "sparse.b": 1.5}
+    constraints = inputs.constraints()
+    assert constraints["a"].pooling_factors == [4.0]
+    assert constraints["a"].sharding_types == ["table_wise"]  # the user's, kept
+    assert constraints["b"].pooling_factors == [1.0, 0.5]
+    assert "c" not in constraints
+    assert [t.fqn for t in inputs.mispriced()] == ["sparse.a", "sparse.b"]
+    exact = ObservedInputs(TABLES, sums, {"a": ParameterConstraints(pooling_factors=[4.1])})
+    assert "sparse.a" not in [t.fqn for t in exact.mispriced()]  # within 10%
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.integers(0, 6), min_size=1, max_size=5),  # one rank's lengths of fa
+        min_size=1,
+        max_size=3,
+    ),
+    st.integers(1, 3),
+)
+def test_recorded_steps_become_global_batches_rank_by_rank(lengths, steps):
+    """``batches()`` is step-major, rank-minor (what ``sample_batches`` groups by world),
+    each batch holding the rank's lengths as recorded; newest steps kept alike per rank."""
+    ranks = []
+    for r, ls in enumerate(lengths):
+        recorded = []
+        for s in range(steps + r):  # ranks hold unequal numbers: the newest are aligned
+            batch = kjt({"fa": ls, "fb1": [1] * len(ls), "fb2": [s] * len(ls)})
+            recorded.append({k: (jt.lengths(), jt.values()) for k, jt in batch.to_dict().items()})
+        ranks.append(recorded)
+    inputs = ObservedInputs(TABLES, pooling_sums(s for r in ranks for s in r), None, ranks)
+    batches = inputs.batches()
+    assert inputs.steps == steps and len(batches) == steps * len(lengths)
+    for i, batch in enumerate(batches):
+        step, rank = divmod(i, len(lengths))
+        by_key = batch.to_dict()
+        assert by_key["fa"].lengths().tolist() == lengths[rank]
+        assert set(by_key["fb2"].lengths().tolist()) == {step + rank}  # the newest steps
+
+
+def test_scaling_the_kernel_heads_scales_forward_and_backward_alone():
+    from torchrec_dreamshard.calibration import scale_compute
+    from torchrec_dreamshard.cost.cost_net import CostNet
+
+    torch.manual_seed(0)
+    net = CostNet(hidden=8, members=3)
+    states = torch.rand(4, net.enc_dim)
+    before = net.member_compute(states).detach()
+    comm = net.comm_raw.detach().clone()
+    scale_compute(net, (1.3, 0.7))
+    after = net.member_compute(states).detach()
+    assert after[..., 0] == pytest.approx(1.3 * before[..., 0], rel=1e-4)
+    assert after[..., 1] == pytest.approx(0.7 * before[..., 1], rel=1e-4)
+    assert torch.equal(net.comm_raw, comm)

@@ -1,0 +1,226 @@
+"""The job's real inputs: what the sharded embedding modules are fed on the sampled steps.
+
+A planner sees a table's input only through what the user declares
+(``ParameterConstraints.pooling_factors``, TorchRec's default 1.0 per feature where none is
+given) and, optionally, sample batches. The running job feeds the real ids. On a sampled
+step, :class:`InputRecorder` keeps a copy of the ``KeyedJaggedTensor`` each sharded
+embedding module's ``input_dist`` is called with (the rank's local batch of the module's
+features, before the ids are exchanged): that is how TorchRec's ``TrainPipelineSparseDist``
+and a plain ``DistributedModelParallel`` forward both hand a batch to a sharded module.
+Other steps cost one attribute read.
+
+:class:`ObservedInputs` (rank 0, after the ranks' copies are gathered) gives each table's
+observed pooling factor per feature, the constraints a re-plan plans with (the user's, with
+the observed pooling factors in), the batches it measures reuse from, and the declared
+against observed pooling the report shows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+MAX_INPUT_STEPS = 4  # sampled steps whose inputs are kept (the newest)
+
+# One rank's inputs on one sampled step: feature -> (lengths, values)
+StepInputs = dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+def sharded_modules(dmp: nn.Module | None) -> list[nn.Module]:
+    """The sharded embedding modules of a DMP model (those with an ``input_dist``)."""
+    from torchrec.distributed.types import ShardedModule
+
+    if dmp is None:
+        return []
+    return [m for m in dmp.modules() if isinstance(m, ShardedModule) and hasattr(m, "input_dist")]
+
+
+class InputRecorder:
+    """Copies each sharded module's input on the steps it is told to record.
+
+    Wraps the ``input_dist`` of every sharded embedding module of ``dmp`` (on the instance;
+    the class is untouched). :meth:`attach` again after the modules are replaced (a reshard).
+    """
+
+    def __init__(self, dmp: nn.Module | None) -> None:
+        self.recording = False
+        self.steps: deque[StepInputs] = deque(maxlen=MAX_INPUT_STEPS)
+        self._current: StepInputs = {}
+        self.attach(dmp)
+
+    def attach(self, dmp: nn.Module | None) -> None:
+        """Wrap the ``input_dist`` of ``dmp``'s sharded modules not wrapped yet."""
+        for module in sharded_modules(dmp):
+            if getattr(module.input_dist, "_dreamshard_recorder", None) is self:
+                continue
+            module.input_dist = self._wrap(module.input_dist)
+
+    def _wrap(self, input_dist: Any) -> Any:
+        def recorded(ctx: Any, features: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.recording:
+                self._record(features)
+            return input_dist(ctx, features, *args, **kwargs)
+
+        recorded._dreamshard_recorder = self  # type: ignore[attr-defined]
+        return recorded
+
+    def _record(self, features: Any) -> None:
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        if not isinstance(features, KeyedJaggedTensor) or features.variable_stride_per_key():
+            return  # a TensorDict or a variable batch per feature: not recorded
+        for key, jt in features.to_dict().items():
+            self._current[key] = (jt.lengths().detach().clone(), jt.values().detach().clone())
+
+    def start(self) -> None:
+        """Record the inputs of the step now starting."""
+        self._current = {}
+        self.recording = True
+
+    def stop(self, keep: bool = True) -> None:
+        """Stop recording; keep what the step fed (``keep``) or drop it."""
+        self.recording = False
+        if keep and self._current:
+            self.steps.append(self._current)
+        self._current = {}
+
+
+def pooling_sums(steps: Iterable[StepInputs]) -> dict[str, tuple[int, int]]:
+    """Per feature, ``(ids, samples)`` summed over ``steps``."""
+    out: dict[str, tuple[int, int]] = {}
+    for step in steps:
+        for key, (lengths, _) in step.items():
+            ids, samples = out.get(key, (0, 0))
+            out[key] = (ids + int(lengths.sum()), samples + int(lengths.numel()))
+    return out
+
+
+@dataclasses.dataclass
+class TableInput:
+    """One table's features, as the planner was told and as the job fed them."""
+
+    fqn: str
+    name: str
+    features: list[str]
+    declared: list[float]  # the constraints' pooling factor per feature (TorchRec's 1.0 default)
+    observed: list[float]  # ids per sample per feature, over the sampled steps
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.fqn,
+            "declared_pooling": sum(self.declared),
+            "observed_pooling": sum(self.observed),
+        }
+
+
+def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
+    """Every ``(fqn, table name, feature names)`` of ``model``'s EmbeddingBagCollection and
+    EmbeddingCollection tables."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    out = []
+    for path, child in model.named_modules():
+        if isinstance(child, EmbeddingBagCollection):
+            configs = child.embedding_bag_configs()
+        elif isinstance(child, EmbeddingCollection):
+            configs = child.embedding_configs()
+        else:
+            continue
+        prefix = f"{path}." if path else ""
+        out += [(f"{prefix}{c.name}", c.name, list(c.feature_names)) for c in configs]
+    return out
+
+
+class ObservedInputs:
+    """What the job fed its tables.
+
+    Args:
+        tables: ``(fqn, name, features)`` of the model's tables (:func:`embedding_tables`).
+        sums: per feature, ``(ids, samples)`` over every rank's sampled steps
+            (:func:`pooling_sums`).
+        constraints: the constraints the planner was given (by table name).
+        ranks: per rank, its recorded steps (the same sampled steps on every rank), for
+            :meth:`batches`; optional.
+    """
+
+    def __init__(
+        self,
+        tables: Sequence[tuple[str, str, list[str]]],
+        sums: Mapping[str, tuple[int, int]],
+        constraints: Mapping[str, Any] | None,
+        ranks: Sequence[Sequence[StepInputs]] = (),
+    ) -> None:
+        self.world = len(ranks)
+        self.steps = min((len(r) for r in ranks), default=0)
+        self._ranks = [list(r)[len(r) - self.steps :] for r in ranks]
+        self.constraints_given = dict(constraints or {})
+        self.tables: list[TableInput] = []
+        for fqn, name, features in tables:
+            if not all(sums.get(f, (0, 0))[1] > 0 for f in features):
+                continue  # a feature the sampled steps did not feed: TorchRec's defaults stay
+            given = self.constraints_given.get(name)
+            declared = list(getattr(given, "pooling_factors", None) or [1.0] * len(features))
+            observed = [sums[f][0] / sums[f][1] for f in features]
+            self.tables.append(TableInput(fqn, name, list(features), declared, observed))
+
+    def constraints(self) -> dict[str, Any]:
+        """The given constraints, with each observed table's pooling factors as observed
+        (a table without constraints gets TorchRec's defaults and the observed pooling)."""
+        from torchrec.distributed.planner.types import ParameterConstraints
+
+        out = dict(self.constraints_given)
+        for t in self.tables:
+            pooling = [max(p, 1e-3) for p in t.observed]  # TorchRec divides by it
+            given = out.get(t.name)
+            out[t.name] = (
+                dataclasses.replace(given, pooling_factors=pooling)
+                if given is not None
+                else ParameterConstraints(pooling_factors=pooling)
+            )
+        return out
+
+    def batches(self) -> list[Any]:
+        """The recorded inputs as ``KeyedJaggedTensor`` batches, step by step, rank by rank
+        within a step (what ``DreamShardPlanner(sample_batches=...)`` takes: consecutive
+        groups of ``world`` batches are one global batch)."""
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        out = []
+        for i in range(self.steps):
+            for r in range(self.world):
+                step = self._ranks[r][i]
+                keys = sorted(step)
+                if not keys:
+                    continue
+                out.append(
+                    KeyedJaggedTensor.from_lengths_sync(
+                        keys=keys,
+                        values=torch.cat([step[k][1] for k in keys]),
+                        lengths=torch.cat([step[k][0] for k in keys]),
+                    )
+                )
+        return out
+
+    def pooling_by_fqn(self) -> dict[str, float]:
+        """Each observed table's pooling factor (its features' together), by fqn."""
+        return {t.fqn: sum(t.observed) for t in self.tables}
+
+    def mispriced(self, tolerance: float = 0.1) -> list[TableInput]:
+        """The tables whose observed pooling differs from the declared by more than
+        ``tolerance`` (relative)."""
+        return [
+            t
+            for t in self.tables
+            if abs(sum(t.observed) - sum(t.declared)) > tolerance * max(sum(t.declared), 1e-9)
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tables": [t.to_dict() for t in self.tables],
+            "mispriced": [t.fqn for t in self.mispriced()],
+        }
