@@ -117,3 +117,52 @@ def test_scaling_the_kernel_heads_scales_forward_and_backward_alone():
     assert after[..., 0] == pytest.approx(1.3 * before[..., 0], rel=1e-4)
     assert after[..., 1] == pytest.approx(0.7 * before[..., 1], rel=1e-4)
     assert torch.equal(net.comm_raw, comm)
+
+
+def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
+    """What a re-plan keeps of the job's inputs (``remember_inputs``), the next plan of the
+    same model takes over the declared pooling factors, says so, and hashes apart; a
+    planner that does not learn (``calibrate=False``) plans as declared."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.feedback.inputs import embedding_tables, remember_inputs
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=16, num_embeddings=1000 * (i + 1), feature_names=[f"f{i}"]
+        )
+        for i in range(4)
+    ]
+    model = torch.nn.Module()
+    model.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    store = tmp_path / "store.sqlite"
+    config = CalibrationConfig(budget_s=5.0, store=store, measure_missing=False, epochs=5)
+
+    def planner(calibrate):
+        return DreamShardPlanner(
+            topology=torchrec_topology(2, "cpu"), batch_size=64, calibrate=calibrate, verify=0
+        )
+
+    def pooling(p):
+        return {fqn: s.pooling_factor for fqn, s in p.table_specs.specs.items()}
+
+    first = planner(config)
+    first.plan(model, [EmbeddingBagCollectionSharder()])
+    assert set(pooling(first).values()) == {1.0} and "inputs_from_job" not in first.adaptation
+    sums = {"f0": (5000, 100), "f1": (300, 100)}  # the job fed t0 50 ids, t1 3; t2, t3 none
+    fed = ObservedInputs(embedding_tables(model), sums, None)
+    assert remember_inputs(store, model, fed, {"ebc.t0": [1.0] + [0.0] * 16}) == 2
+    again = planner(config)
+    again.plan(model, [EmbeddingBagCollectionSharder()])
+    assert pooling(again) == {"ebc.t0": 50.0, "ebc.t1": 3.0, "ebc.t2": 1.0, "ebc.t3": 1.0}
+    assert again.table_specs.specs["ebc.t0"].reuse_hist[0] == 1.0
+    assert again.adaptation["inputs_from_job"] == ["ebc.t0", "ebc.t1"]
+    assert again.hash_planner_context_inputs_str() != first.hash_planner_context_inputs_str()
+    unlearning = planner(False)
+    unlearning.plan(model, [EmbeddingBagCollectionSharder()])
+    assert set(pooling(unlearning).values()) == {1.0}

@@ -152,12 +152,16 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     was measured, whether it calibrated and verified, and the error before and after."""
     lines = [adaptation.get("why", "")]
     if adaptation.get("calibrated"):
+        before, after = (adaptation.get(f"kernel_mape_{k}") for k in ("before", "after"))
+        error = (
+            f"kernel time error {before:.0f}% before, {after:.0f}% after"
+            if before is not None and after is not None
+            else "no kernel to fit (none stored, none measured)"
+        )
         lines.append(
             f"calibrated in {adaptation.get('seconds', float('nan')):.1f} s: "
             f"{adaptation.get('kernels_measured', 0)} kernels measured, "
-            f"{adaptation.get('kernels_reused', 0)} reused; kernel time error "
-            f"{adaptation.get('kernel_mape_before', float('nan')):.0f}% before, "
-            f"{adaptation.get('kernel_mape_after', float('nan')):.0f}% after"
+            f"{adaptation.get('kernels_reused', 0)} reused; {error}"
         )
     else:
         lines.append("planned with the checkpoint as it is (no calibration)")
@@ -171,6 +175,12 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
             f"verified on real kernels: {adaptation.get('verify_plans', 0)} plans (the "
             f"heuristics' among them), {adaptation.get('verify_rounds', 0)} rounds, {how}; "
             f"kept: {adaptation.get('verify_chosen', '')}"
+        )
+    recalled = adaptation.get("inputs_from_job")
+    if recalled:
+        lines.append(
+            f"{len(recalled)} tables planned as a running job of them fed them (pooling "
+            "factors and reuse observed), not as declared"
         )
     return lines
 

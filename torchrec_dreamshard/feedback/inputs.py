@@ -18,8 +18,10 @@ against observed pooling the report shows.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -121,6 +123,12 @@ class TableInput:
 def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     """Every ``(fqn, table name, feature names)`` of ``model``'s EmbeddingBagCollection and
     EmbeddingCollection tables."""
+    return [(fqn, c.name, list(c.feature_names)) for fqn, c in table_configs(model)]
+
+
+def table_configs(model: nn.Module) -> list[tuple[str, Any]]:
+    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
+    tables."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     out = []
@@ -132,8 +140,54 @@ def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
         else:
             continue
         prefix = f"{path}." if path else ""
-        out += [(f"{prefix}{c.name}", c.name, list(c.feature_names)) for c in configs]
+        out += [(f"{prefix}{c.name}", c) for c in configs]
     return out
+
+
+def table_keys(model: nn.Module) -> dict[str, str]:
+    """The store key of each table of ``model`` by fqn: its place, shape and features (what
+    a restarted job of the same model has alike)."""
+    return {
+        fqn: json.dumps([fqn, c.num_embeddings, c.embedding_dim, list(c.feature_names)])
+        for fqn, c in table_configs(model)
+    }
+
+
+def remember_inputs(
+    store_path: Path, model: nn.Module, inputs: ObservedInputs, reuse: Mapping[str, Any]
+) -> int:
+    """Keep in the store what the job fed each of ``inputs``' tables (pooling factor per
+    feature, and its reuse histogram from ``reuse`` by fqn), for the next plan of these
+    tables; how many."""
+    from torchrec_dreamshard.measure.store import CostStore
+
+    keys = table_keys(model)
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    with CostStore(store_path) as store:
+        for t in inputs.tables:
+            store.put_inputs(keys[t.fqn], t.observed, reuse.get(t.fqn))
+    return len(inputs.tables)
+
+
+def recalled_inputs(
+    store_path: Path, model: nn.Module
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """What running jobs fed ``model``'s tables, as the store keeps it: pooling factors
+    (features together) and reuse histograms, by fqn (empty without a store)."""
+    from torchrec_dreamshard.measure.store import CostStore
+
+    if not store_path.exists():
+        return {}, {}
+    keys = table_keys(model)
+    with CostStore(store_path) as store:
+        found = store.inputs(list(keys.values()))
+    pooling, reuse = {}, {}
+    for fqn, key in keys.items():
+        if key in found:
+            pooling[fqn] = sum(found[key][0])
+            if found[key][1] is not None:
+                reuse[fqn] = found[key][1]
+    return pooling, reuse
 
 
 class ObservedInputs:

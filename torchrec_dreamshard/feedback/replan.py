@@ -158,7 +158,8 @@ def job_inputs(
     (``ParameterConstraints.pooling_factors``, or TorchRec's default 1.0 where none was),
     the tables are what the job fed: pooling factors and reuse from the recorded inputs,
     and the kernels of these tables are measured as at plan time (the store holds none of
-    them), within the automatic calibration's budget. Else the planner's own view."""
+    them), within the automatic calibration's budget; the store keeps what the job fed for
+    the next plan of these tables (a restarted job's). Else the planner's own view."""
     import dataclasses
 
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
@@ -166,9 +167,13 @@ def job_inputs(
 
     if inputs is None or not inputs.mispriced():
         return planner.table_specs, {}, config
+    from torchrec_dreamshard.feedback.inputs import remember_inputs
+
     batches = inputs.batches()
+    model = planner.planned_inputs[0]
     spec_fn = OptionSpecs(batches, planner.topology.world_size, inputs.pooling_by_fqn())
-    spec_fn.observe(planner.planned_inputs[0])
+    spec_fn.observe(model)
+    remember_inputs(config.store_path(), model, inputs, spec_fn.reuse)
     arguments = {"constraints": inputs.constraints(), "sample_batches": batches}
     config = dataclasses.replace(config, measure_missing=True, budget_s=AUTO_BUDGET_S)
     return spec_fn, arguments, config

@@ -54,9 +54,22 @@ class OptionSpecs:
         self.specs = {}
         self._reuse = reuse_hists(module, self._samples, self._world)
 
-    def reuse_key(self) -> list[tuple[str, tuple[float, ...]]]:
-        """The measured reuse histograms, sorted by table (part of the planner's context)."""
-        return sorted(self._reuse.items())
+    @property
+    def reuse(self) -> dict[str, tuple[float, ...]]:
+        """The reuse histograms measured or taken, by fully qualified name."""
+        return dict(self._reuse)
+
+    def learn(self, pooling: Mapping[str, float], reuse: Mapping[str, Sequence[float]]) -> None:
+        """Take these pooling factors and reuse histograms (by fully qualified name; what a
+        running job fed its tables) over the options' own and the sample batches'."""
+        self.specs = {}
+        self._pooling = dict(pooling)
+        self._reuse.update({fqn: tuple(h) for fqn, h in reuse.items()})
+
+    def reuse_key(self) -> list[tuple[str, Any]]:
+        """The measured reuse histograms and the pooling factors taken over the options',
+        sorted by table (part of the planner's context)."""
+        return sorted(self._reuse.items()) + sorted(("pooling", *p) for p in self._pooling.items())
 
     def __call__(self, option: ShardingOption) -> TableSpec:
         """The spec of ``option``'s table (with measured reuse, if any)."""

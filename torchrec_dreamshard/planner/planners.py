@@ -280,6 +280,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self.table_specs.observe(module)
+        self._recall_inputs(module)
         if self._own_reservation is not None:
             fill_dense_estimate(self._own_reservation, module, sharders)
         self._adaptation = None
@@ -289,6 +290,21 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         plan = torchrec_plan(self, module, sharders)
         self.last_plan = plan
         return plan
+
+    def _recall_inputs(self, module: nn.Module) -> None:
+        """Where the planner learns (``calibrate`` is not ``False``), take what running jobs
+        of these tables fed them, as the store keeps it (``JobObserver.replan`` keeps it),
+        over the declared pooling factors and the sample batches' reuse: a restarted job
+        plans its tables as its last run fed them."""
+        from torchrec_dreamshard.calibration import CalibratingAgent
+        from torchrec_dreamshard.feedback.inputs import recalled_inputs
+
+        self._recalled = []
+        if not isinstance(self.agent, CalibratingAgent) or self.agent.calibration is None:
+            return
+        pooling, reuse = recalled_inputs(self.calibration_config().store_path(), module)
+        self.table_specs.learn(pooling, reuse)
+        self._recalled = sorted(pooling)
 
     def collective_plan(
         self,

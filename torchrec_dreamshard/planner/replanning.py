@@ -41,6 +41,7 @@ class Replanning:
     _arguments: dict[str, Any]
     _adaptation: dict[str, Any] | None
     _planned: tuple[nn.Module, list] | None = None
+    _recalled: list[str] = []  # tables whose inputs the last plan took from a running job
 
     def observe(
         self,
@@ -71,14 +72,19 @@ class Replanning:
     def adaptation(self) -> dict[str, Any]:
         """How the last plan adapted to this machine (JSON-able): whether the planner
         calibrated, why (the reference kernel predicted against measured), and the cost
-        network's error before and after; on every rank after ``collective_plan``."""
+        network's error before and after, and the tables whose inputs it took from what a
+        running job fed them (``inputs_from_job``); on every rank after
+        ``collective_plan``."""
         if self._adaptation is not None:
             return self._adaptation
         from torchrec_dreamshard.calibration import CalibratingAgent
 
         if not isinstance(self.agent, CalibratingAgent):
             return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
-        return self.agent.adaptation()
+        out = self.agent.adaptation()
+        if self._recalled:
+            out["inputs_from_job"] = list(self._recalled)
+        return out
 
     @property
     def topology(self) -> Topology:
