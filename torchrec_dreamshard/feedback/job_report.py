@@ -13,12 +13,15 @@ Per rank, over the sampled steps (medians):
   when the plan was made, or as updated by :meth:`JobObserver.replan`;
 * ``error``: ``predicted / measured - 1``.
 
-The report also names the rank that bounds the step, measured and predicted, and the
-tables each rank holds. It is a plain JSON-able dict.
+The report also names the rank that bounds the step, measured and predicted, the tables
+each rank holds, and (``inputs``) each table's pooling factor as the planner was told and
+as the job fed it, with the tables that differ by more than 10% (``mispriced``). It is a
+plain JSON-able dict.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -140,6 +143,11 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         f"bounds the step: rank {report['bound_rank']} measured, "
         f"rank {report['predicted_bound_rank']} predicted"
     )
+    inputs = report.get("inputs")
+    if inputs and inputs.get("mispriced"):
+        lines.append(input_line(inputs))
+    if report.get("replan"):
+        lines.append(f"re-plan: {report['replan']['why']}")
     observer = report.get("observer")
     if observer:
         lines.append(
@@ -147,6 +155,24 @@ def report_lines(report: dict[str, Any]) -> list[str]:
             f"{observer['overhead']:.2%} of the job's time (the worst rank)"
         )
     return lines
+
+
+def input_line(inputs: dict[str, Any], shown: int = 4) -> str:
+    """The tables the job fed other than the planner was told, the farthest first."""
+    tables = {t["table"]: t for t in inputs["tables"]}
+    off = sorted(
+        (tables[name] for name in inputs["mispriced"]),
+        key=lambda t: -abs(math.log(max(t["observed_pooling"], 1e-9) / t["declared_pooling"])),
+    )
+    listed = ", ".join(
+        f"{t['table']} {t['declared_pooling']:g} -> {t['observed_pooling']:.3g}"
+        for t in off[:shown]
+    )
+    more = f" and {len(off) - shown} more" if len(off) > shown else ""
+    return (
+        f"fed other than declared (ids per sample, declared -> fed): {listed}{more}; "
+        "replan() plans with what was fed"
+    )
 
 
 def plot_report(report: dict[str, Any], path: str) -> None:
