@@ -177,8 +177,12 @@ def observe_and_replan(rank: int, world: int) -> dict:
         moved = observer.apply_in_place(new_plan)
     except ValueError as exc:
         moved = str(exc)
-    losses, _ = train(new_plan, 3)  # the restart path: a new job with the returned plan
+    # the restart path: a new job with the returned plan, observed with the updated
+    # network's prediction of it (made before it ran)
+    losses, _ = train(new_plan, 12, lambda dmp: observer.follow(dmp, new_plan) or observer)
+    restarted = observer.report()
     return {
+        "restarted": restarted,
         "moved": moved,
         "before": before,
         "after": after,
@@ -230,6 +234,9 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     if not decision["changed"]:
         assert first["moved"] == []  # the same plan: nothing to move
     assert all(math.isfinite(x) for r in results for x in r["losses"])
+    restarted = first["restarted"]  # the restarted job, observed against its prediction
+    assert restarted["model"] == "updated" and restarted["steps_observed"] == 2
+    assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in restarted["ranks"])
 
 
 def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):

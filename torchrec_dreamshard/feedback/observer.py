@@ -362,6 +362,25 @@ class JobObserver:
             self._samples.clear()
         return moved
 
+    def follow(self, dmp: Any, plan: ShardingPlan) -> None:
+        """Observe ``dmp``, a job restarted in this process with ``plan`` (what
+        :meth:`replan` returned), from now on: its report prices it with the updated
+        network's prediction of that plan, made before any step of it ran (collective
+        only through the steps and reports that follow). Samples of the earlier job are
+        dropped."""
+        if self.last_replan is None:
+            raise ValueError("follow() needs a replan() first: it observes the plan it returned")
+        self.close()
+        if str(plan) != str(self.plan):
+            self.plan, self.prediction = plan, self.proposed
+        self._dmp = dmp
+        self._inputs.attach(dmp)
+        self._samples.clear()
+        self._inputs.steps.clear()
+        self._plain.clear()
+        self._last = None  # the restart is not a step
+        self._next = self.steps + self.warmup
+
     def _replan_rank0(
         self, learn_and_replan: Any, measured: list[dict], inputs: ObservedInputs | None
     ) -> Any:
