@@ -248,9 +248,12 @@ def _user_partitioner_and_perf_model():
 
 
 def _sequences_dear():
+    # on CUDA ranks: on CPU ranks a sequence table is never data-parallel (the enumerator's
+    # _runnable_types), and this case is here for the type choice replicating one
     seq = [sequence("hist", 200, 16)]
     cons = {"hist": ParameterConstraints(pooling_factors=[30.0])}
-    kw = {"topology": cpu(4), "constraints": cons, "collectives": comm(0.0, 100.0)}
+    topo = Topology(world_size=4, compute_device="cuda")
+    kw = {"topology": topo, "constraints": cons, "collectives": comm(0.0, 100.0)}
     return kw | {"batch_size": 512}, Model(tiny_and_big(2), seq), BOTH
 
 

@@ -118,23 +118,40 @@ class WithSequences(torch.nn.Module):
         self.ec = EmbeddingCollection(tables=sequences, device=META)
 
 
-def test_sequence_tables_join_the_choice_as_sequence_lookups(agent):
-    """A small sequence table of 30 ids per sample: its all-to-all carries 30 rows per
-    sample, so with dear bytes it is cheaper replicated; it is rated unpooled."""
+def plan_with_sequence(agent, device: str, sharding_types: list[str] | None = None):
+    """A planner and its plan of two tiny and four big bags beside ``ec.hist``, a small
+    sequence table of 30 ids per sample, with dear bytes (100 ms per MB)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.modules.embedding_configs import EmbeddingConfig
 
-    from torchrec_dreamshard.planner.type_choice import typed_choices
-
     seq = [EmbeddingConfig(name="hist", embedding_dim=16, num_embeddings=200, feature_names=["h"])]
-    cons = {"hist": ParameterConstraints(pooling_factors=[30.0])}
-    topo = Topology(world_size=4, compute_device="cpu")
+    cons = {"hist": ParameterConstraints(pooling_factors=[30.0], sharding_types=sharding_types)}
+    topo = Topology(world_size=4, compute_device=device)
     p = DreamShardPlanner(
         topo, 512, agent=agent, debug=False, constraints=cons, collectives=models(0.0, 100.0)
     )
     sharders = [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
-    plan = p.plan(WithSequences(tiny_and_big(2), seq), sharders)
+    return p, p.plan(WithSequences(tiny_and_big(2), seq), sharders)
+
+
+def test_sequence_tables_join_the_choice_as_sequence_lookups(agent):
+    """A small sequence table of 30 ids per sample: its all-to-all carries 30 rows per
+    sample, so with dear bytes it is cheaper replicated; it is rated unpooled."""
+    from torchrec_dreamshard.planner.type_choice import typed_choices
+
+    p, plan = plan_with_sequence(agent, "cuda")
     assert plan.plan["ec"]["hist"].sharding_type == "data_parallel"
     assert "ec.hist" in p.proposer.last_types.moved
     rated = {c.table.name: c for c in typed_choices(p._best_plan, p.table_specs)}
     assert rated["ec.hist"].pooled is False and rated["ebc.big0"].pooled is True
+
+
+def test_no_data_parallel_sequence_table_on_cpu(agent):
+    """On CPU ranks a data-parallel EmbeddingCollection does not run (FBGEMM's CPU dense
+    kernel pools its lookups, and the collection's forward cannot split them by the ids'
+    lengths): the same table, cheaper replicated, is not offered data-parallel there, and
+    a table constrained to it alone is refused, naming it."""
+    _, plan = plan_with_sequence(agent, "cpu")
+    assert plan.plan["ec"]["hist"].sharding_type != "data_parallel"
+    with pytest.raises(ValueError, match="'hist'.*data_parallel.*CPU"):
+        plan_with_sequence(agent, "cpu", ["data_parallel"])

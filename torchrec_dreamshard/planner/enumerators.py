@@ -9,6 +9,8 @@ other type its constraints allow that the type choice may offer, on that type's 
 (the cost strategies' ``alternative_kernel``). Every other table gets the options
 TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
 device), and TorchRec's machinery plans it.
+On CPU ranks no sequence table (``EmbeddingCollection``) is offered data-parallel: it
+does not run there (``DreamShardEnumerator._runnable_types``).
 
 Splits. A DreamShard table whose constraints also allow ``column_wise`` on the fused kernel
 may be split; its shards are at least ``ParameterConstraints.min_partition`` columns wide,
@@ -51,8 +53,8 @@ from torchrec.distributed.planner.types import (
     StorageReservation,
     Topology,
 )
-from torchrec.distributed.types import ModuleSharder
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.distributed.types import ModuleSharder, ShardingType
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.data.splits import column_shards, split_counts
@@ -176,6 +178,7 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
         types = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+        types = self._runnable_types(name, types, sharder_key)
         self._types[name] = types
         if name in self._too_big:
             return [t for t in types if t != DREAMSHARD_SHARDING_TYPE]
@@ -200,6 +203,31 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         return [wanted] if wanted in kernels else kernels
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _runnable_types(self, name: str, types: list[str], sharder_key: str) -> list[str]:
+        """``types`` without data-parallel for a sequence table (``EmbeddingCollection``)
+        on CPU ranks: there TorchRec's data-parallel lookup is FBGEMM's dense kernel, which
+        pools on CPU whatever pooling mode it is given (one row per sample and feature, not
+        one per id), and the collection's forward fails splitting its output by the ids'
+        lengths."""
+        sharder = self._sharder_map.get(sharder_key)
+        dp = ShardingType.DATA_PARALLEL.value
+        if (
+            self._compute_device != "cpu"
+            or dp not in types
+            or sharder is None
+            or not issubclass(sharder.module_type, EmbeddingCollection)
+        ):
+            return types
+        runnable = [t for t in types if t != dp]
+        if not runnable:
+            raise ValueError(
+                f"sequence table {name!r} (an EmbeddingCollection) is constrained to "
+                "data_parallel, which does not run on CPU ranks (FBGEMM's CPU dense kernel "
+                "pools its lookups); allow it table_wise or another type in its "
+                "ParameterConstraints.sharding_types"
+            )
+        return runnable
 
     def _enumerate_once(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
