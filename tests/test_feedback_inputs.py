@@ -128,7 +128,8 @@ def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from torchrec_dreamshard.calibration import CalibrationConfig
-    from torchrec_dreamshard.feedback.inputs import embedding_tables, remember_inputs
+    from torchrec_dreamshard.calibration.observed_inputs import remember_inputs
+    from torchrec_dreamshard.feedback.inputs import embedding_tables
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 
@@ -156,7 +157,9 @@ def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
     assert set(pooling(first).values()) == {1.0} and "inputs_from_job" not in first.adaptation
     sums = {"f0": (5000, 100), "f1": (300, 100)}  # the job fed t0 50 ids, t1 3; t2, t3 none
     fed = ObservedInputs(embedding_tables(model), sums, None)
-    assert remember_inputs(store, model, fed, {"ebc.t0": [1.0] + [0.0] * 16}) == 2
+    assert remember_inputs(store, model, fed.fed(), {"ebc.t0": [1.0] + [0.0] * 16}) == 2
+    with pytest.raises(ValueError, match="not tables of the model"):
+        remember_inputs(store, model, {"ebc.nope": [1.0]}, {})
     again = planner(config)
     again.plan(model, [EmbeddingBagCollectionSharder()])
     assert pooling(again) == {"ebc.t0": 50.0, "ebc.t1": 3.0, "ebc.t2": 1.0, "ebc.t3": 1.0}

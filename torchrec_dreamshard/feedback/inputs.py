@@ -18,10 +18,8 @@ against observed pooling the report shows.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -123,71 +121,9 @@ class TableInput:
 def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     """Every ``(fqn, table name, feature names)`` of ``model``'s EmbeddingBagCollection and
     EmbeddingCollection tables."""
+    from torchrec_dreamshard.calibration.observed_inputs import table_configs
+
     return [(fqn, c.name, list(c.feature_names)) for fqn, c in table_configs(model)]
-
-
-def table_configs(model: nn.Module) -> list[tuple[str, Any]]:
-    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
-    tables."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-    out = []
-    for path, child in model.named_modules():
-        if isinstance(child, EmbeddingBagCollection):
-            configs = child.embedding_bag_configs()
-        elif isinstance(child, EmbeddingCollection):
-            configs = child.embedding_configs()
-        else:
-            continue
-        prefix = f"{path}." if path else ""
-        out += [(f"{prefix}{c.name}", c) for c in configs]
-    return out
-
-
-def table_keys(model: nn.Module) -> dict[str, str]:
-    """The store key of each table of ``model`` by fqn: its place, shape and features (what
-    a restarted job of the same model has alike)."""
-    return {
-        fqn: json.dumps([fqn, c.num_embeddings, c.embedding_dim, list(c.feature_names)])
-        for fqn, c in table_configs(model)
-    }
-
-
-def remember_inputs(
-    store_path: Path, model: nn.Module, inputs: ObservedInputs, reuse: Mapping[str, Any]
-) -> int:
-    """Keep in the store what the job fed each of ``inputs``' tables (pooling factor per
-    feature, and its reuse histogram from ``reuse`` by fqn), for the next plan of these
-    tables; how many."""
-    from torchrec_dreamshard.measure.store import CostStore
-
-    keys = table_keys(model)
-    store_path.parent.mkdir(parents=True, exist_ok=True)
-    with CostStore(store_path) as store:
-        for t in inputs.tables:
-            store.put_inputs(keys[t.fqn], t.observed, reuse.get(t.fqn))
-    return len(inputs.tables)
-
-
-def recalled_inputs(
-    store_path: Path, model: nn.Module
-) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """What running jobs fed ``model``'s tables, as the store keeps it: pooling factors
-    (features together) and reuse histograms, by fqn (empty without a store)."""
-    from torchrec_dreamshard.measure.store import CostStore
-
-    if not store_path.exists():
-        return {}, {}
-    keys = table_keys(model)
-    with CostStore(store_path) as store:
-        found = store.inputs(list(keys.values()))
-    pooling, reuse = {}, {}
-    for fqn, key in keys.items():
-        if key in found:
-            pooling[fqn] = sum(found[key][0])
-            if found[key][1] is not None:
-                reuse[fqn] = found[key][1]
-    return pooling, reuse
 
 
 class ObservedInputs:
@@ -259,6 +195,10 @@ class ObservedInputs:
                     )
                 )
         return out
+
+    def fed(self) -> dict[str, list[float]]:
+        """Each observed table's ids per sample per feature, by fqn."""
+        return {t.fqn: list(t.observed) for t in self.tables}
 
     def pooling_by_fqn(self) -> dict[str, float]:
         """Each observed table's pooling factor (its features' together), by fqn."""

@@ -167,13 +167,13 @@ def job_inputs(
 
     if inputs is None or not inputs.mispriced():
         return planner.table_specs, {}, config
-    from torchrec_dreamshard.feedback.inputs import remember_inputs
+    from torchrec_dreamshard.calibration.observed_inputs import remember_inputs
 
     batches = inputs.batches()
     model = planner.planned_inputs[0]
     spec_fn = OptionSpecs(batches, planner.topology.world_size, inputs.pooling_by_fqn())
     spec_fn.observe(model)
-    remember_inputs(config.store_path(), model, inputs, spec_fn.reuse)
+    remember_inputs(config.store_path(), model, inputs.fed(), spec_fn.reuse)
     arguments = {"constraints": inputs.constraints(), "sample_batches": batches}
     config = dataclasses.replace(config, measure_missing=True, budget_s=AUTO_BUDGET_S)
     return spec_fn, arguments, config

@@ -60,12 +60,6 @@ CREATE TABLE IF NOT EXISTS measurements (
     extra TEXT
 );
 CREATE INDEX IF NOT EXISTS by_group ON measurements (fingerprint_key, workload_key, ok);
-CREATE TABLE IF NOT EXISTS observed_inputs (
-    table_key TEXT PRIMARY KEY,
-    updated_at REAL NOT NULL,
-    pooling TEXT NOT NULL,
-    reuse TEXT
-);
 """
 
 
@@ -194,44 +188,6 @@ class CostStore:
                 "wrote it (collect with one process per store)"
             ) from None
         return int(cur.lastrowid)
-
-    def put_inputs(
-        self, table_key: str, pooling: Sequence[float], reuse: Sequence[float] | None
-    ) -> None:
-        """Keep what a running job fed a table (``table_key``: its name, shape and features):
-        ids per sample of each feature, and the reuse histogram of its ids (the newest
-        observation replaces an older one)."""
-        row = (
-            table_key,
-            time.time(),
-            json.dumps([float(p) for p in pooling]),
-            None if reuse is None else json.dumps([float(x) for x in reuse]),
-        )
-        with self._conn:
-            self._conn.execute(
-                "INSERT OR REPLACE INTO observed_inputs (table_key, updated_at, pooling, reuse) "
-                "VALUES (?,?,?,?)",
-                row,
-            )
-
-    def inputs(
-        self, table_keys: Sequence[str]
-    ) -> dict[str, tuple[list[float], list[float] | None]]:
-        """What running jobs fed the tables of ``table_keys`` (:meth:`put_inputs`), for
-        those the store has."""
-        out: dict[str, tuple[list[float], list[float] | None]] = {}
-        keys = list(table_keys)
-        for i in range(0, len(keys), 500):  # SQLite's limit on bound parameters
-            chunk = keys[i : i + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = self._conn.execute(
-                f"SELECT table_key, pooling, reuse FROM observed_inputs "
-                f"WHERE table_key IN ({marks})",
-                chunk,
-            )
-            for key, pooling, reuse in rows:
-                out[key] = (json.loads(pooling), None if reuse is None else json.loads(reuse))
-        return out
 
     def fingerprint(self, config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
         """The fingerprint rows measured with ``config`` on ``backend`` are stored under

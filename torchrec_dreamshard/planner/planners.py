@@ -291,21 +291,6 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         self.last_plan = plan
         return plan
 
-    def _recall_inputs(self, module: nn.Module) -> None:
-        """Where the planner learns (``calibrate`` is not ``False``), take what running jobs
-        of these tables fed them, as the store keeps it (``JobObserver.replan`` keeps it),
-        over the declared pooling factors and the sample batches' reuse: a restarted job
-        plans its tables as its last run fed them."""
-        from torchrec_dreamshard.calibration import CalibratingAgent
-        from torchrec_dreamshard.feedback.inputs import recalled_inputs
-
-        self._recalled = []
-        if not isinstance(self.agent, CalibratingAgent) or self.agent.calibration is None:
-            return
-        pooling, reuse = recalled_inputs(self.calibration_config().store_path(), module)
-        self.table_specs.learn(pooling, reuse)
-        self._recalled = sorted(pooling)
-
     def collective_plan(
         self,
         module: nn.Module,

@@ -120,6 +120,21 @@ class Replanning:
             )
         return self._planned
 
+    def _recall_inputs(self, module: nn.Module) -> None:
+        """Where the planner learns (``calibrate`` is not ``False``), take what running jobs
+        of these tables fed them, as the store keeps it (``JobObserver.replan`` keeps it),
+        over the declared pooling factors and the sample batches' reuse: a restarted job
+        plans its tables as its last run fed them."""
+        from torchrec_dreamshard.calibration import CalibratingAgent
+        from torchrec_dreamshard.calibration.observed_inputs import recalled_inputs
+
+        self._recalled = []
+        if not isinstance(self.agent, CalibratingAgent) or self.agent.calibration is None:
+            return
+        pooling, reuse = recalled_inputs(self.calibration_config().store_path(), module)
+        self.table_specs.learn(pooling, reuse)
+        self._recalled = sorted(pooling)
+
     def calibration_config(self) -> CalibrationConfig:
         """The calibration settings the planner calibrates with (or would), measuring
         nothing: the store the job's observations join."""

@@ -1,0 +1,144 @@
+"""What running jobs fed their tables, kept for the next plan of the same tables.
+
+A re-plan (``JobObserver.replan``) that found the job feeding its tables other pooling
+factors than the planner was told keeps, per table, the ids per sample of each feature
+and the reuse histogram of its ids, in the calibration store's file (table
+``observed_inputs``, beside the measurements). A learning planner's next plan of the same
+model (a restarted job) takes them over the declared ones, so that the kernels observed in
+the job, stored under the tables as fed, are found again.
+
+A table is keyed by its place in the model, its shape and its features: what a restarted
+job of the same model has alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS observed_inputs (
+    table_key TEXT PRIMARY KEY,
+    updated_at REAL NOT NULL,
+    pooling TEXT NOT NULL,
+    reuse TEXT
+);
+"""
+
+
+def table_configs(model: nn.Module) -> list[tuple[str, Any]]:
+    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
+    tables."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    out = []
+    for path, child in model.named_modules():
+        if isinstance(child, EmbeddingBagCollection):
+            configs = child.embedding_bag_configs()
+        elif isinstance(child, EmbeddingCollection):
+            configs = child.embedding_configs()
+        else:
+            continue
+        prefix = f"{path}." if path else ""
+        out += [(f"{prefix}{c.name}", c) for c in configs]
+    return out
+
+
+def table_keys(model: nn.Module) -> dict[str, str]:
+    """The key of each table of ``model`` by fqn: its place, shape and features."""
+    return {
+        fqn: json.dumps([fqn, c.num_embeddings, c.embedding_dim, list(c.feature_names)])
+        for fqn, c in table_configs(model)
+    }
+
+
+@contextlib.contextmanager
+def _connect(path: Path) -> Iterator[sqlite3.Connection]:
+    """A connection to the store at ``path``; a file SQLite cannot read is a ``ValueError``
+    naming it."""
+    try:
+        conn = sqlite3.connect(str(path), timeout=30.0)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
+    try:
+        yield conn
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
+    finally:
+        conn.close()
+
+
+def _has_table(conn: sqlite3.Connection) -> bool:
+    query = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='observed_inputs'"
+    return conn.execute(query).fetchone() is not None
+
+
+def remember_inputs(
+    store_path: Path,
+    model: nn.Module,
+    fed: Mapping[str, Sequence[float]],
+    reuse: Mapping[str, Sequence[float]],
+) -> int:
+    """Keep what a job fed ``model``'s tables: ``fed`` (by fqn) the ids per sample of each
+    feature, ``reuse`` (by fqn, where known) the reuse histogram of the table's ids. The
+    newest observation of a table replaces an older one. Returns how many were kept."""
+    keys = table_keys(model)
+    unknown = sorted(set(fed) - set(keys))
+    if unknown:
+        raise ValueError(f"tables {unknown} are not tables of the model ({sorted(keys)})")
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [
+        (
+            keys[fqn],
+            time.time(),
+            json.dumps([float(p) for p in pooling]),
+            None if reuse.get(fqn) is None else json.dumps([float(x) for x in reuse[fqn]]),
+        )
+        for fqn, pooling in fed.items()
+    ]
+    with _connect(store_path) as conn, conn:
+        conn.executescript(_SCHEMA)
+        conn.executemany(
+            "INSERT OR REPLACE INTO observed_inputs (table_key, updated_at, pooling, reuse) "
+            "VALUES (?,?,?,?)",
+            rows,
+        )
+    return len(rows)
+
+
+def recalled_inputs(
+    store_path: Path, model: nn.Module
+) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """What running jobs fed ``model``'s tables, as kept: pooling factors (the features
+    together) and reuse histograms, by fqn (empty without a store)."""
+    if not store_path.exists():
+        return {}, {}
+    keys = table_keys(model)
+    found: dict[str, tuple[list[float], list[float] | None]] = {}
+    values = list(keys.values())
+    with _connect(store_path) as conn:
+        if not _has_table(conn):
+            return {}, {}
+        for i in range(0, len(values), 500):  # SQLite's limit on bound parameters
+            chunk = values[i : i + 500]
+            rows = conn.execute(
+                "SELECT table_key, pooling, reuse FROM observed_inputs "
+                f"WHERE table_key IN ({','.join('?' * len(chunk))})",
+                chunk,
+            )
+            for key, pooling, reuse in rows:
+                found[key] = (json.loads(pooling), None if reuse is None else json.loads(reuse))
+    pooling_by_fqn, reuse_by_fqn = {}, {}
+    for fqn, key in keys.items():
+        if key in found:
+            pooling_by_fqn[fqn] = sum(found[key][0])
+            if found[key][1] is not None:
+                reuse_by_fqn[fqn] = found[key][1]
+    return pooling_by_fqn, reuse_by_fqn
