@@ -11,13 +11,21 @@ spawned on this machine, one thread each:
    steps with ``observer.step()`` after each step and without it, the order alternating
    round by round: the per-round ratio of the step time with to without is the observer's
    overhead (every step of the "with" runs counts, the sampled ones included);
-3. ``observer.report()`` (the per-rank error of the prediction as planned),
+3. a new observer (the defaults, as a job has it) for ``--steps`` steps (40: two sampled
+   steps), then ``observer.report()`` (the per-rank error of the prediction as planned),
    ``observer.replan()`` and ``observer.report()`` again (the error of the updated model
    on the observed plan);
-4. where the re-plan returned a new plan, both plans' DMP steps in ``--rounds`` rounds
+4. where the re-plan returned a new plan: the job restarted with it, observed
+   (``observer.follow``) for ``--steps`` steps against the updated network's prediction of
+   it, made before it ran (the error out of sample); a fresh planner of the same arguments
+   plans the model again, as a restarted training script would (does it find the re-plan
+   from what the store kept?); and both plans' DMP steps in ``--rounds`` rounds
    (``measure.dmp_step.run_rounds``, orders balanced), per-round ratio re-plan / first.
 
-    .venv/bin/python benchmarks/feedback.py                      # tiny, wide, sequence
+The ``undeclared`` family is where the prior misprices most: its planners are told no
+pooling factor (TorchRec's 1.0), and its job feeds three tables 40 to 100 ids a sample.
+
+    .venv/bin/python benchmarks/feedback.py       # tiny, wide, sequence, undeclared
     .venv/bin/python benchmarks/feedback.py --families tiny --no-calibrate --name feedback_prior
 
 Writes ``benchmarks/results/<name>.json`` (raw) and ``<name>.md``.
@@ -69,19 +77,27 @@ def run_family(spec: Any, args: dict) -> dict:
     """Steps 1 to 4 on this rank (every rank calls it; rank 0's result is kept)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
+    from torchrec_dreamshard.feedback.observer import rank_tables
     from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, build_pipeline, run_rounds
     from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch, torchrec_topology
     from torchrec_dreamshard.planner import DreamShardPlanner
 
     torch.set_num_threads(1)
-    planner = DreamShardPlanner(
-        topology=torchrec_topology(WORLD, "cpu"),
-        batch_size=BATCH,
-        constraints=spec.planner_constraints(),
-        calibrate=None if args["calibrate"] else False,
-    )
-    model = StepDLRM(spec, torch.device("meta"))
-    plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+
+    def new_planner():
+        return DreamShardPlanner(
+            topology=torchrec_topology(WORLD, "cpu"),
+            batch_size=BATCH,
+            constraints=spec.planner_constraints(),
+            calibrate=None if args["calibrate"] else False,
+        )
+
+    def plan_model(planner):
+        model = StepDLRM(spec, torch.device("meta"))
+        return planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+
+    planner = new_planner()
+    plan = plan_model(planner)
     pipeline = build_pipeline(spec, plan, 0.01)
     batches = [make_batch(spec, BATCH, 1000 * dist.get_rank() + i) for i in range(8)]
     observer = planner.observe(pipeline._model, every=EVERY, warmup=0)
@@ -92,23 +108,39 @@ def run_family(spec: Any, args: dict) -> dict:
             (on if mode == "on" else off).append(
                 timed_steps(pipeline, batches, args["steps"], watcher)
             )
-    before = observer.report()
-    new_plan = observer.replan()
-    after = observer.report()
-    out = {"adaptation": planner.adaptation, "before": before, "after": after}
-    out.update(observed_steps=observer.steps, on_ms=on, off_ms=off)
+    out = {"adaptation": planner.adaptation, "on_ms": on, "off_ms": off}
     # what sampling cost by the observer's own measure, over the steps it observed (the
     # "off" rounds between are not the observer's: its overhead figure would count them)
     out["sampling_ms"] = observer.sampling_ms
     out["observed_ms"] = sum(on) * args["steps"]
     out["interval"] = observer.interval
+    observer.close()
+    # learning: a new observer, as a job has it, for --steps steps, then report and replan
+    observer = planner.observe(pipeline._model, every=EVERY)
+    timed_steps(pipeline, batches, args["steps"], observer)
+    out["before"] = observer.report()
+    new_plan = observer.replan()
+    out["after"] = observer.report()
+    out["observed_steps"] = observer.steps
+    out["first_tables"] = rank_tables(plan, WORLD)
     del pipeline
     if str(new_plan) != str(plan):
+        out["replan_tables"] = rank_tables(new_plan, WORLD)
+        restarted = build_pipeline(spec, new_plan, 0.01)
+        observer.follow(restarted._model, new_plan)
+        timed_steps(restarted, batches, args["steps"], observer)
+        out["restarted"] = observer.report()
+        del restarted
+        again = new_planner()
+        restart_plan = plan_model(again)
+        out["replanned_at_restart"] = rank_tables(restart_plan, WORLD)
+        out["restart_adaptation"] = again.adaptation
+        plans = {"first": plan, "replan": new_plan}
+        if str(restart_plan) != str(new_plan):  # timed too: what a restarted script runs
+            plans["restart"] = restart_plan
         config = StepTimerConfig(batch_size=BATCH, rounds=args["rounds"], steps=args["steps"])
-        times = run_rounds(spec, {"first": plan, "replan": new_plan}, config)
-        out["step_ms"] = {
-            name: [r["step_ms"][name] for r in times.rounds] for name in ("first", "replan")
-        }
+        times = run_rounds(spec, plans, config)
+        out["step_ms"] = {name: [r["step_ms"][name] for r in times.rounds] for name in plans}
     return out
 
 
@@ -140,7 +172,8 @@ def measure_family(name: str, args: dict) -> dict:
 def summary(result: dict) -> dict:
     """The family's figures: overhead, errors, decision, re-plan / first."""
     overhead = ratio_interval(result["on_ms"], result["off_ms"])
-    worst = {k: max(abs(r["error"]) for r in result[k]["ranks"]) for k in ("before", "after")}
+    runs = [k for k in ("before", "after", "restarted") if k in result]
+    worst = {k: max(abs(r["error"]) for r in result[k]["ranks"]) for k in runs}
     row = {"overhead": overhead.to_dict(), "worst_error": worst}
     if "sampling_ms" in result:
         row["self_overhead"] = result["sampling_ms"] / max(
@@ -153,6 +186,11 @@ def summary(result: dict) -> dict:
             result["step_ms"]["replan"], result["step_ms"]["first"]
         ).to_dict()
         row["first_ms"] = median_interval(result["step_ms"]["first"]).to_dict()
+        row["restart_plans_the_replan"] = result["replanned_at_restart"] == result["replan_tables"]
+        if "restart" in result["step_ms"]:
+            row["restart_over_first"] = ratio_interval(
+                result["step_ms"]["restart"], result["step_ms"]["first"]
+            ).to_dict()
     return row
 
 
@@ -174,12 +212,16 @@ def markdown(report: dict) -> str:
         "beyond the median plain step, summed, over the observed steps' time (rank 0), "
         "with the interval the observer settled on. Error: |predicted / measured - 1| of "
         "each rank's embedding part (fused fwd + bwd + the all-to-alls' own time + the "
-        "data-parallel tables' kernel), the worst rank.",
+        "data-parallel tables' kernel), the worst rank; 'restarted': the job restarted "
+        "with the re-plan, against the updated network's prediction of it made before it "
+        "ran. Restart: whether a fresh planner of the same arguments (a restarted script) "
+        "plans the re-plan's layout from what the store kept (else its plan's step over the "
+        "first plan's, timed in the same rounds).",
         "",
         "| family | observer on / off | sampling's cost, the observer's own measure "
-        "(one step in N) | worst error, as planned | after replan() | re-plan | "
-        "re-plan / first step |",
-        "|---|---|---|---|---|---|---|",
+        "(one step in N) | worst error, as planned | after replan() | restarted | re-plan | "
+        "re-plan / first step | restart |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in report["families"].items():
         o, d = row["overhead"], row["decision"]
@@ -189,9 +231,15 @@ def markdown(report: dict) -> str:
         own = (
             f"{row['self_overhead']:.2%} (N = {row['interval']})" if "self_overhead" in row else "-"
         )
+        worst = row["worst_error"]
+        restarted = f"{worst['restarted']:.0%}" if "restarted" in worst else "-"
+        restart = row.get("restart_plans_the_replan")
+        restart_text = "-" if restart is None else "the re-plan's"
+        if "restart_over_first" in row:
+            restart_text = f"another plan: {_interval(row['restart_over_first'])} of first"
         lines.append(
-            f"| {name} | {_interval(o)} | {own} | {row['worst_error']['before']:.0%} | "
-            f"{row['worst_error']['after']:.0%} | {change} | {ratio_text} |"
+            f"| {name} | {_interval(o)} | {own} | {worst['before']:.0%} | "
+            f"{worst['after']:.0%} | {restarted} | {change} | {ratio_text} | {restart_text} |"
         )
     lines += ["", f"Wall time {report['wall_s']:.0f} s. Raw: `{report['name']}.json`."]
     return "\n".join(lines) + "\n"
@@ -203,8 +251,8 @@ def _interval(i: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--families", nargs="+", default=["tiny", "wide", "sequence"])
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--families", nargs="+", default=["tiny", "wide", "sequence", "undeclared"])
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--name", default="feedback")

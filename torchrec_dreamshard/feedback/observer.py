@@ -102,6 +102,16 @@ def quiet_stderr() -> Iterator[None]:
         os.close(saved)
 
 
+def rank_tables(plan: ShardingPlan, world: int) -> list[list[str]]:
+    """The tables (``module.table``) each rank holds in ``plan``."""
+    out: list[list[str]] = [[] for _ in range(world)]
+    for module, shardings in plan.plan.items():
+        for name, ps in shardings.items():
+            for rank in sorted(set(ps.ranks or range(world))):
+                out[rank].append(f"{module}.{name}")
+    return out
+
+
 class JobObserver:
     """Observes a DMP job planned by ``planner`` (see the module docstring).
 
@@ -307,13 +317,7 @@ class JobObserver:
 
     def _tables(self) -> list[list[str]]:
         """The tables (``module.table``) each rank holds in the observed plan."""
-        world = self._group.world
-        out: list[list[str]] = [[] for _ in range(world)]
-        for module, shardings in self.plan.plan.items():
-            for name, ps in shardings.items():
-                for rank in sorted(set(ps.ranks or range(world))):
-                    out[rank].append(f"{module}.{name}")
-        return out
+        return rank_tables(self.plan, self._group.world)
 
     def replan(self) -> ShardingPlan:
         """Learn from the observed steps and plan again (collective): the updated cost

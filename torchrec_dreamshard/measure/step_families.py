@@ -7,7 +7,7 @@ each its own way, for judging plans by the training step (``benchmarks/step_time
 * ``wide``: 8 tables of dim 256 or 512;
 * ``sequence``: 6 sequence (``EmbeddingCollection``) tables beside 10 bags;
 * ``mixed``: 80 tiny tables, 2 huge hot ones, 8 medium ones;
-* ``undeclared``: 3 small tables fed long id lists (pooling 40 to 100) beside 9 large ones
+* ``undeclared``: 4 small tables fed long id lists (pooling 40 to 100) beside 8 large ones
   fed one to four ids, and planners told nothing of it (no ``pooling_factors``: TorchRec's
   1.0 per feature), as where a user passes no constraints.
 """
@@ -74,8 +74,8 @@ def family_spec(name: str, batch: int) -> StepModelSpec:
         )
         return StepModelSpec(bags=bags, sequences=seqs)
     if name == "undeclared":
-        lists = draw_tables("list", 3, rng, batch, (2000, 20_000), (64,), (40, 100), (0.5, 1.0))
-        ids = draw_tables("id", 9, rng, batch, (50_000, 300_000), (64,), (1, 4), (0.3, 1.0))
+        lists = draw_tables("list", 4, rng, batch, (2000, 20_000), (64,), (40, 100), (0.5, 1.0))
+        ids = draw_tables("id", 8, rng, batch, (50_000, 300_000), (64,), (1, 4), (0.3, 1.0))
         return StepModelSpec(bags=lists + ids, constraints={})
     bags = draw_tables("tiny", 80, rng, batch, **tiny)  # mixed
     bags += huge_hot("huge", (800_000, 500_000), rng, batch)
