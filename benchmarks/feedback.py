@@ -7,8 +7,8 @@ spawned on this machine, one thread each:
 1. ``DreamShardPlanner.collective_plan`` plans the model (the default planner, which
    calibrates where the checkpoint misprices this machine; ``--no-calibrate`` plans with
    the checkpoint as it is, the case where the prior misprices most);
-2. the model trains under ``TrainPipelineSparseDist`` in alternating rounds of ``--steps``
-   steps with ``observer.step()`` after each step and without it, the order alternating
+2. the model trains under ``TrainPipelineSparseDist`` in alternating rounds
+   (``--overhead-rounds``, default ``--rounds``) of ``--steps`` steps with ``observer.step()`` after each step and without it, the order alternating
    round by round: the per-round ratio of the step time with to without is the observer's
    overhead (every step of the "with" runs counts, the sampled ones included);
 3. a new observer (the defaults, as a job has it) for ``--steps`` steps (40: two sampled
@@ -102,7 +102,7 @@ def run_family(spec: Any, args: dict) -> dict:
     batches = [make_batch(spec, BATCH, 1000 * dist.get_rank() + i) for i in range(8)]
     observer = planner.observe(pipeline._model, every=EVERY, warmup=0)
     on, off = [], []
-    for r in range(args["rounds"]):
+    for r in range(args.get("overhead_rounds") or args["rounds"]):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
             watcher = observer if mode == "on" else None
             (on if mode == "on" else off).append(
@@ -205,8 +205,9 @@ def markdown(report: dict) -> str:
         "(`benchmarks/feedback.py`)",
         "",
         f"{report['cpu']}, {report['cores']} cores, 2 gloo ranks, per-rank batch {BATCH}, "
-        f"{report['args']['rounds']} alternating rounds of {report['args']['steps']} steps; "
-        f"planner: {planner}. "
+        f"{report['args'].get('overhead_rounds') or report['args']['rounds']} alternating "
+        f"rounds of {report['args']['steps']} steps with and without the observer, "
+        f"{report['args']['rounds']} of the plans' steps; planner: {planner}. "
         "Ratios: median over rounds of the per-round ratio [order-statistic interval, its "
         "coverage]. Sampling's cost, the observer's own measure: each sampled step's time "
         "beyond the median plain step, summed, over the observed steps' time (rank 0), "
@@ -254,6 +255,13 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=["tiny", "wide", "sequence", "undeclared"])
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument(
+        "--overhead-rounds",
+        type=int,
+        default=None,
+        help="rounds of the overhead's on/off comparison (default --rounds): its per-round "
+        "ratio moves 3-5%% here, and a 2%% bound needs about a hundred",
+    )
     parser.add_argument("--calibrate", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--name", default="feedback")
     args = parser.parse_args()
@@ -261,6 +269,8 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown families {unknown}; known: {list(FAMILIES)}")
     settings = {"rounds": args.rounds, "steps": args.steps, "calibrate": args.calibrate}
+    if args.overhead_rounds:
+        settings["overhead_rounds"] = args.overhead_rounds
     start = time.perf_counter()
     raw, families = {}, {}
     path = RESULTS / f"{args.name}.json"
