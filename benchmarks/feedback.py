@@ -8,8 +8,9 @@ spawned on this machine, one thread each:
    calibrates where the checkpoint misprices this machine; ``--no-calibrate`` plans with
    the checkpoint as it is, the case where the prior misprices most);
 2. the model trains under ``TrainPipelineSparseDist`` in alternating rounds
-   (``--overhead-rounds``, default ``--rounds``) of ``--steps`` steps with ``observer.step()`` after each step and without it, the order alternating
-   round by round: the per-round ratio of the step time with to without is the observer's
+   (``--overhead-rounds``, default ``--rounds``) of ``--steps`` steps with
+   ``observer.step()`` after each step and without it, the order alternating round by
+   round: the per-round ratio of the step time with to without is the observer's
    overhead (every step of the "with" runs counts, the sampled ones included);
 3. a new observer (the defaults, as a job has it) for ``--steps`` steps (40: two sampled
    steps), then ``observer.report()`` (the per-rank error of the prediction as planned),
