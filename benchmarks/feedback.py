@@ -68,6 +68,8 @@ def timed_steps(pipeline: Any, batches: list, steps: int, observer: Any = None) 
         pipeline.progress(stream)
         if observer is not None:
             observer.step()
+    if observer is not None:  # a sample the last step opened would span the next round
+        observer.close()
     elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
     for _ in range(2):  # drain the pipeline
         pipeline.progress(stream)

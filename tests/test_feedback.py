@@ -118,6 +118,32 @@ def test_the_observer_samples_less_often_where_sampling_is_dear(tmp_path):
     assert overheads[0] > 0 and overheads[1] > overheads[0]
 
 
+def test_a_sample_that_spans_a_pause_is_dropped_not_counted():
+    """A sample left open across a pause (an evaluation, a checkpoint) is not one step:
+    dropped, and its time is neither a sample's measure nor what sampling costs."""
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.feedback.observer import JobObserver
+
+    planner = SimpleNamespace(last_plan=object(), last_prediction=object())
+    with local_process_group(0, 1, free_port()):
+        observer = JobObserver(planner, None, every=5, warmup=5, max_overhead=None)
+        paused = False
+        for _ in range(40):
+            end = time.perf_counter() + 1e-3
+            while time.perf_counter() < end:
+                pass
+            if observer._profiler is not None and not paused and observer.steps > 10:
+                time.sleep(0.5)  # 500 plain steps' time inside an open sample
+                paused = True
+            observer.step()
+        observer.close()
+    assert paused and observer.dropped == 1
+    assert len(observer.profiles) >= 5  # one sample in about 6 steps, one dropped
+    assert all(p.step_ms < 100 for p in observer.profiles)
+    assert observer.sampling_ms < 400  # the pause is not counted as sampling's cost
+
+
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -173,6 +199,7 @@ def observe_and_replan(rank: int, world: int) -> dict:
     before = observer.report()
     new_plan = observer.replan()
     after = observer.report()
+    kept_itself = (new_plan is plan) is not observer.last_replan["changed"]
     try:  # in place where the re-plan only moves table-wise tables (tests/test_reshard.py)
         moved = observer.apply_in_place(new_plan)
     except ValueError as exc:
@@ -182,6 +209,7 @@ def observe_and_replan(rank: int, world: int) -> dict:
     losses, _ = train(new_plan, 12, lambda dmp: observer.follow(dmp, new_plan) or observer)
     restarted = observer.report()
     return {
+        "kept_itself": kept_itself,
         "restarted": restarted,
         "moved": moved,
         "before": before,
@@ -234,6 +262,9 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     if not decision["changed"]:
         assert first["moved"] == []  # the same plan: nothing to move
     assert all(math.isfinite(x) for r in results for x in r["losses"])
+    # a kept plan comes back as the very plan object on every rank (rank 1's plan came
+    # through a broadcast): `if new_plan is not plan` means the same on every rank
+    assert all(r["kept_itself"] for r in results)
     restarted = first["restarted"]  # the restarted job, observed against its prediction
     assert restarted["model"] == "updated" and restarted["steps_observed"] == 2
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in restarted["ranks"])

@@ -82,12 +82,22 @@ class InputRecorder:
         self._current = {}
         self.recording = True
 
+    def take(self) -> StepInputs:
+        """Stop recording and hand over what the step fed (kept only through :meth:`keep`)."""
+        self.recording = False
+        fed, self._current = self._current, {}
+        return fed
+
+    def keep(self, fed: StepInputs) -> None:
+        """Keep what a sampled step fed (from :meth:`take`)."""
+        if fed:
+            self.steps.append(fed)
+
     def stop(self, keep: bool = True) -> None:
         """Stop recording; keep what the step fed (``keep``) or drop it."""
-        self.recording = False
-        if keep and self._current:
-            self.steps.append(self._current)
-        self._current = {}
+        fed = self.take()
+        if keep:
+            self.keep(fed)
 
 
 def pooling_sums(steps: Iterable[StepInputs]) -> dict[str, tuple[int, int]]:

@@ -67,6 +67,8 @@ WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)
 MAX_SAMPLES = 64  # sampled steps kept (the newest); their events are read at report()
 MAX_OVERHEAD = 0.01  # the share of the job's time sampling may cost (the target is 2%)
 PLAIN_STEPS = 64  # plain (unsampled) step times kept, for the baseline of a sampled one
+EXTRAS = 5  # the last samples' costs whose median sets the interval (one outlier does not)
+LONG_STEP = 10.0  # a sampled "step" this many plain steps long spans a pause: dropped
 
 
 _OPEN: weakref.WeakSet[JobObserver] = weakref.WeakSet()  # observers with a sample running
@@ -152,6 +154,8 @@ class JobObserver:
         self._entered = 0.0  # perf_counter before the open sample's profiler started
         self._plain: deque[float] = deque(maxlen=PLAIN_STEPS)  # plain steps' ms
         self._extra_ms = 0.0  # what sampling cost so far
+        self._extras: deque[float] = deque(maxlen=EXTRAS)  # the last kept samples' costs
+        self.dropped = 0  # samples that spanned a pause, dropped
         self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
@@ -219,26 +223,40 @@ class JobObserver:
             torch.cuda.synchronize(self._group.device)
         step_ms = (time.perf_counter() - self._started[0]) * 1e3
         profiler = self._profiler
-        self._inputs.stop(keep=True)
+        plain = statistics.median(self._plain) if self._plain else None
+        # a "step" far longer than the job's steps spans a pause (an evaluation, a
+        # checkpoint, a gap between runs): not one training step, so neither a sample nor
+        # a measure of what sampling costs; every rank drops it if any rank would
+        long = plain is not None and len(self._plain) >= 5 and step_ms > LONG_STEP * plain
+        fed = self._inputs.take()
         self.close()
-        self._samples.append((profiler, step_ms, self._started[1]))
         # the sampled step, the profiler's start and stop included, beyond a plain step:
-        # what sampling it cost
+        # what sampling it cost (for a dropped one, what samples have cost so far)
         cost_ms = (time.perf_counter() - self._entered) * 1e3
-        plain = statistics.median(self._plain) if self._plain else cost_ms
-        extra = max(0.0, cost_ms - plain)
-        self._extra_ms += extra
-        if self.max_overhead is not None:
-            wanted = sampling_interval(extra, plain, self.every, self.max_overhead)
-            self.interval = self._agreed(wanted)
+        extra = max(0.0, cost_ms - (plain if plain is not None else cost_ms))
+        wanted = self.every
+        if not long:
+            self._extras.append(extra)
+        if self.max_overhead is not None and self._extras:
+            typical = statistics.median(self._extras)
+            wanted = sampling_interval(typical, plain or cost_ms, self.every, self.max_overhead)
+        self.interval, dropped = self._agreed(wanted, long)
+        if dropped:
+            self._extra_ms += statistics.median(self._extras) if self._extras else 0.0
+            self.dropped += 1
+        else:
+            self._samples.append((profiler, step_ms, self._started[1]))
+            self._inputs.keep(fed)
+            self._extra_ms += extra
         self._next = self.steps + self.interval
 
-    def _agreed(self, interval: int) -> int:
-        """The longest interval any rank wants (collective, once per sample): every rank
-        must sample the same steps, or their all-to-alls could not be paired."""
-        value = torch.tensor([interval], dtype=torch.int64, device=self._group.device)
+    def _agreed(self, interval: int, drop: bool) -> tuple[int, bool]:
+        """The longest interval any rank wants, and whether any rank drops the sample
+        (collective, once per sample): every rank must sample the same steps and keep the
+        same samples, or their all-to-alls could not be paired."""
+        value = torch.tensor([interval, int(drop)], dtype=torch.int64, device=self._group.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group.pg)
-        return int(value.item())
+        return int(value[0].item()), bool(value[1].item())
 
     @property
     def profiles(self) -> list[StepProfile]:
@@ -347,6 +365,8 @@ class JobObserver:
             raise RuntimeError(f"rank 0 could not re-plan: {sent}")
         plan, self.prediction, self.proposed, self.last_replan = sent
         self.model = "updated"
+        if not self.last_replan.get("changed"):
+            plan = self.plan  # the observed plan itself, on every rank: `new is not plan`
         return plan
 
     def apply_in_place(self, plan: ShardingPlan) -> list[str]:
