@@ -187,6 +187,11 @@ class JobObserver:
         self._last = time.perf_counter()
 
     @property
+    def sampling(self) -> bool:
+        """Whether a sample is open (the step now running is sampled)."""
+        return self._profiler is not None
+
+    @property
     def sampling_ms(self) -> float:
         """What sampling has cost so far on this rank, in ms: the sampled steps' time
         beyond the median plain step."""
