@@ -29,6 +29,7 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import statistics
 import time
@@ -265,6 +266,8 @@ def learn_and_replan(
         "kernels_learnt_from": result.samples,
         "kernels_measured": result.measured,
         "inputs_from_job": [t.fqn for t in inputs.mispriced()] if arguments else [],
+        "observed_types": sharding_types(planner.best_options),
+        "proposed_types": sharding_types(fresh.best_options),
         "observed_predicted_ms": observed.step_ms,
         "proposed_predicted_ms": proposed.step_ms,
         "predicted_gain": gain,
@@ -278,6 +281,11 @@ def learn_and_replan(
         ),
     }
     return Replan(plan if changed else planner.last_plan, changed, observed, proposed, decision)
+
+
+def sharding_types(options: list[Any]) -> dict[str, int]:
+    """How many tables of a plan's options take each sharding type."""
+    return dict(collections.Counter(o.sharding_type for o in options))
 
 
 def _kept(planner: DreamShardPlanner, measured: list[dict[str, float]], why: str) -> Replan:
