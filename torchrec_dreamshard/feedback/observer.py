@@ -313,7 +313,7 @@ class JobObserver:
             for key, (ids, samples) in rank.items():
                 total = sums.get(key, (0, 0))
                 sums[key] = (total[0] + ids, total[1] + samples)
-        constraints = self._planner._arguments.get("constraints")
+        constraints = self._planner.constraints_given
         return ObservedInputs(tables, sums, constraints, gathered["inputs"])
 
     def report(self) -> dict[str, Any]:

@@ -251,10 +251,17 @@ def learn_and_replan(
     )
     rating = perf_model(planner, tuned, spec_fn, other)
     observed = rating.predict(planner.best_options)
-    fresh = planner.replanner(tuned, **arguments)
     model, sharders = planner.planned_inputs
-    plan = fresh.plan(model, sharders)
-    proposed = rating.predict(fresh.best_options)  # priced as the observed plan is
+    # two new plans: with the planner's choice of sharding types, and with each table's
+    # type as observed (what the job measured; a type it did not run is priced by a model
+    # the job did not check); the better rated, both priced as the observed plan is
+    given = arguments.get("constraints", planner.constraints_given)
+    candidates = []
+    for constraints in (given, observed_types(given, planner.best_options)):
+        fresh = planner.replanner(tuned, **dict(arguments, constraints=constraints))
+        plan = fresh.plan(model, sharders)
+        candidates.append((rating.predict(fresh.best_options), plan, fresh))
+    proposed, plan, fresh = min(candidates, key=lambda c: c[0].step_ms)
     gain = 1.0 - proposed.step_ms / observed.step_ms
     spread = max(observed.step_log_std, proposed.step_log_std, MIN_GAIN)
     changed = str(plan) != str(planner.last_plan) and gain > spread
@@ -281,6 +288,26 @@ def learn_and_replan(
         ),
     }
     return Replan(plan if changed else planner.last_plan, changed, observed, proposed, decision)
+
+
+def observed_types(given: dict[str, Any] | None, options: list[Any]) -> dict[str, Any]:
+    """``given`` constraints with each planned table held to the sharding type and compute
+    kernel it ran with (the user's other constraint fields kept)."""
+    import dataclasses
+
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    out = dict(given or {})
+    for option in options:
+        held = {
+            "sharding_types": [option.sharding_type],
+            "compute_kernels": [option.compute_kernel],
+        }
+        mine = out.get(option.name)
+        out[option.name] = (
+            dataclasses.replace(mine, **held) if mine is not None else ParameterConstraints(**held)
+        )
+    return out
 
 
 def sharding_types(options: list[Any]) -> dict[str, int]:

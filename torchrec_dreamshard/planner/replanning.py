@@ -151,6 +151,11 @@ class Replanning:
             base = CalibrationConfig(measure=MeasureConfig(device=device))
         return dataclasses.replace(base, measure_missing=False, progress=False)
 
+    @property
+    def constraints_given(self) -> dict[str, Any] | None:
+        """The ``constraints`` the planner was built with."""
+        return self._arguments.get("constraints")
+
     def replanner(self, agent: DreamShard, **overrides: Any) -> Any:
         """A planner of this one's arguments that plans with ``agent`` as it is;
         ``overrides`` replace arguments (a re-plan's observed ``constraints`` and
