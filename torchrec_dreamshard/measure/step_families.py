@@ -9,7 +9,10 @@ each its own way, for judging plans by the training step (``benchmarks/step_time
 * ``mixed``: 80 tiny tables, 2 huge hot ones, 8 medium ones;
 * ``undeclared``: 4 small tables fed long id lists (pooling 40 to 100) beside 8 large ones
   fed one to four ids, and planners told nothing of it (no ``pooling_factors``: TorchRec's
-  1.0 per feature), as where a user passes no constraints.
+  1.0 per feature), as where a user passes no constraints;
+* ``stale``: the same tables, and planners told pooling factors that have gone stale: the
+  two long lists fed most are declared the longest and the shortest, the other two the
+  middle values (what balancing the declared lists pairs together is the two longest).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torchrec_dreamshard.data.families import zipf_reuse_hist
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.step_model import StepModelSpec
 
-FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed", "undeclared")
+FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed", "undeclared", "stale")
 WORLD = 2  # gloo ranks the families' DMP steps are timed on (one per core here)
 
 
@@ -50,6 +53,21 @@ def huge_hot(prefix, rows, rng, batch) -> list[TableSpec]:
     ]
 
 
+def stale_constraints(lists: list[TableSpec], ids: list[TableSpec]) -> dict:
+    """Pooling factors as declared for the ``stale`` family: the ids' as fed; the lists'
+    fed (a < b < c < d) declared so that the tables fed c and d are declared the extremes
+    (d and a) and those fed a and b the middle (b and c)."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    order = sorted(lists, key=lambda t: t.pooling_factor)  # fed a, b, c, d
+    fed = [t.pooling_factor for t in order]
+    declared = {order[0].name: fed[1], order[1].name: fed[2], order[2].name: fed[0]}
+    declared[order[3].name] = fed[3]
+    out = {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor]) for t in ids}
+    out.update({n: ParameterConstraints(pooling_factors=[p]) for n, p in declared.items()})
+    return out
+
+
 def family_spec(name: str, batch: int) -> StepModelSpec:
     """The model of family ``name`` (deterministic)."""
     if name not in FAMILIES:
@@ -73,10 +91,13 @@ def family_spec(name: str, batch: int) -> StepModelSpec:
             "bag", 10, rng, batch, (1000, 100_000), (16, 32, 64), (1, 10), (0.3, 1.0)
         )
         return StepModelSpec(bags=bags, sequences=seqs)
-    if name == "undeclared":
+    if name in ("undeclared", "stale"):
+        rng = np.random.default_rng(FAMILIES.index("undeclared"))
         lists = draw_tables("list", 4, rng, batch, (2000, 20_000), (64,), (40, 100), (0.5, 1.0))
         ids = draw_tables("id", 8, rng, batch, (50_000, 300_000), (64,), (1, 4), (0.3, 1.0))
-        return StepModelSpec(bags=lists + ids, constraints={})
+        if name == "undeclared":
+            return StepModelSpec(bags=lists + ids, constraints={})
+        return StepModelSpec(bags=lists + ids, constraints=stale_constraints(lists, ids))
     bags = draw_tables("tiny", 80, rng, batch, **tiny)  # mixed
     bags += huge_hot("huge", (800_000, 500_000), rng, batch)
     bags += draw_tables("med", 8, rng, batch, (20_000, 200_000), (32, 64, 128), (2, 20), (0.5, 1.0))
