@@ -321,7 +321,7 @@ def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run
     path.write_text(json.dumps(build_report(steps, prediction, [["a"], ["b"]], "updated")))
     assert run_cli(["report", str(path), "--plot", str(png)]) == 0
     printed = capsys.readouterr().out
-    assert "predicted (updated) against measured per rank" in printed
+    assert "predicted (after learning from the job) against measured per rank" in printed
     assert "bounds the step: rank 1 measured, rank 1 predicted" in printed
     assert png.read_bytes()[:4] == b"\x89PNG"
     path.write_text(json.dumps({"ranks": []}))

@@ -54,6 +54,9 @@ def measured_by_rank(profiles: Sequence[Sequence[StepProfile]]) -> list[dict[str
     return [{k: statistics.median(v) for k, v in row.items()} for row in rows]
 
 
+MODEL_NAMES = {"checkpoint": "as planned", "updated": "after learning from the job"}
+
+
 def build_report(
     profiles: Sequence[Sequence[StepProfile]],
     prediction: Any,
@@ -122,7 +125,8 @@ def check_report(data: Any, where: str) -> dict[str, Any]:
 def report_lines(report: dict[str, Any]) -> list[str]:
     """The report as a table, like TorchRec's planner stats."""
     head = (
-        f"DreamShard: predicted ({report['model']}) against measured per rank, "
+        f"DreamShard: predicted ({MODEL_NAMES.get(report['model'], report['model'])}) "
+        "against measured per rank, "
         f"{report['steps_observed']} sampled steps (ms; embedding = fwd + bwd + comm + dp)"
     )
     lines = [
