@@ -83,7 +83,7 @@ def run_family(spec: Any, args: dict) -> dict:
     """Steps 1 to 4 on this rank (every rank calls it; rank 0's result is kept)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
-    from torchrec_dreamshard.feedback.observer import rank_tables
+    from torchrec_dreamshard.feedback.job_report import rank_tables
     from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, build_pipeline, run_rounds
     from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch, torchrec_topology
     from torchrec_dreamshard.planner import DreamShardPlanner

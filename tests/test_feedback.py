@@ -84,7 +84,7 @@ def test_the_report_sets_each_rank_beside_its_prediction():
 
 
 def test_sampling_keeps_its_cost_within_its_share_of_the_job():
-    from torchrec_dreamshard.feedback.observer import sampling_interval
+    from torchrec_dreamshard.feedback.sampling import sampling_interval
 
     assert sampling_interval(0.0, 10.0, 20, 0.01) == 20  # free: the floor
     assert sampling_interval(1.0, 10.0, 20, 0.01) == 20  # 0.5% at one in 20

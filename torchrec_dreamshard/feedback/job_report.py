@@ -104,6 +104,16 @@ def build_report(
     }
 
 
+def rank_tables(plan: Any, world: int) -> list[list[str]]:
+    """The tables (``module.table``) each rank holds in ``plan``."""
+    out: list[list[str]] = [[] for _ in range(world)]
+    for module, shardings in plan.plan.items():
+        for name, ps in shardings.items():
+            for rank in sorted(set(ps.ranks or range(world))):
+                out[rank].append(f"{module}.{name}")
+    return out
+
+
 def _argmax(values: Sequence[float]) -> int:
     return max(range(len(values)), key=lambda i: values[i])
 

@@ -30,16 +30,11 @@ planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
-import math
-import os
 import statistics
-import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,8 +46,9 @@ from torchrec_dreamshard.feedback.inputs import (
     embedding_tables,
     pooling_sums,
 )
-from torchrec_dreamshard.feedback.job_report import build_report, report_lines
+from torchrec_dreamshard.feedback.job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
+from torchrec_dreamshard.feedback.sampling import quiet_stderr, sampling_interval
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -79,39 +75,6 @@ def _close_open_samples() -> None:
     """Stop every sample still running when the process exits (see ``close``)."""
     for observer in list(_OPEN):
         observer.close()
-
-
-def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
-    """Steps between samples: ``every`` at least, and enough that a sample costing
-    ``extra_ms`` beyond a plain step of ``step_ms`` stays within ``max_overhead``."""
-    if step_ms <= 0 or extra_ms <= 0:
-        return every
-    return max(every, math.ceil(extra_ms / (max_overhead * step_ms)))
-
-
-@contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 on /dev/null for the block (C++ prints that Python cannot
-    silence); restored after."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def rank_tables(plan: ShardingPlan, world: int) -> list[list[str]]:
-    """The tables (``module.table``) each rank holds in ``plan``."""
-    out: list[list[str]] = [[] for _ in range(world)]
-    for module, shardings in plan.plan.items():
-        for name, ps in shardings.items():
-            for rank in sorted(set(ps.ranks or range(world))):
-                out[rank].append(f"{module}.{name}")
-    return out
 
 
 class JobObserver:
