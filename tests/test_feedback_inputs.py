@@ -169,3 +169,23 @@ def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
     unlearning = planner(False)
     unlearning.plan(model, [EmbeddingBagCollectionSharder()])
     assert set(pooling(unlearning).values()) == {1.0}
+
+
+def test_a_step_that_feeds_more_ids_than_are_kept_keeps_its_lengths_only(monkeypatch):
+    """Past ``MAX_STEP_IDS`` a step's ids are not copied (a large job's batch would be
+    gathered to every rank): its pooling factors still count, reuse is not measured."""
+    import torchrec_dreamshard.feedback.inputs as inputs
+
+    module = FakeSharded()
+    monkeypatch.setattr(inputs, "sharded_modules", lambda dmp: [module])
+    monkeypatch.setattr(inputs, "MAX_STEP_IDS", 5)
+    recorder = InputRecorder(dmp=object())
+    recorder.start()
+    module.input_dist(None, kjt({"fa": [1, 3], "fb1": [2, 2], "fb2": [0, 1]}))
+    recorder.stop(keep=True)
+    step = recorder.steps[0]
+    assert step["fa"][1] is not None and step["fb1"][1] is None  # 4 kept, then 8 > 5
+    sums = pooling_sums(recorder.steps)
+    assert sums == {"fa": (4, 2), "fb1": (4, 2), "fb2": (1, 2)}
+    observed = ObservedInputs(TABLES, sums, None, [list(recorder.steps)])
+    assert observed.batches() == [] and observed.pooling_by_fqn()["sparse.b"] == 2.5

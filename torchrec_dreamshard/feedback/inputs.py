@@ -26,9 +26,11 @@ import torch
 from torch import nn
 
 MAX_INPUT_STEPS = 4  # sampled steps whose inputs are kept (the newest)
+MAX_STEP_IDS = 2_000_000  # ids kept per rank and step (16 MB); beyond, lengths only
 
-# One rank's inputs on one sampled step: feature -> (lengths, values)
-StepInputs = dict[str, tuple[torch.Tensor, torch.Tensor]]
+# One rank's inputs on one sampled step: feature -> (lengths, values; None where the step
+# fed more ids than are kept)
+StepInputs = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def sharded_modules(dmp: nn.Module | None) -> list[nn.Module]:
@@ -74,8 +76,15 @@ class InputRecorder:
 
         if not isinstance(features, KeyedJaggedTensor) or features.variable_stride_per_key():
             return  # a TensorDict or a variable batch per feature: not recorded
+        kept = sum(v.numel() for _, v in self._current.values() if v is not None)
         for key, jt in features.to_dict().items():
-            self._current[key] = (jt.lengths().detach().clone(), jt.values().detach().clone())
+            values = jt.values()
+            keep = kept + values.numel() <= MAX_STEP_IDS
+            kept += values.numel() if keep else 0
+            self._current[key] = (
+                jt.lengths().detach().clone(),
+                values.detach().clone() if keep else None,
+            )
 
     def start(self) -> None:
         """Record the inputs of the step now starting."""
@@ -187,9 +196,12 @@ class ObservedInputs:
     def batches(self) -> list[Any]:
         """The recorded inputs as ``KeyedJaggedTensor`` batches, step by step, rank by rank
         within a step (what ``DreamShardPlanner(sample_batches=...)`` takes: consecutive
-        groups of ``world`` batches are one global batch)."""
+        groups of ``world`` batches are one global batch). None where a step fed more ids
+        than are kept (:data:`MAX_STEP_IDS`): the pooling factors stand, reuse is unknown."""
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+        if any(v is None for r in self._ranks for step in r for _, v in step.values()):
+            return []
         out = []
         for i in range(self.steps):
             for r in range(self.world):

@@ -175,7 +175,7 @@ def job_inputs(
     spec_fn = OptionSpecs(batches, planner.topology.world_size, inputs.pooling_by_fqn())
     spec_fn.observe(model)
     remember_inputs(config.store_path(), model, inputs.fed(), spec_fn.reuse)
-    arguments = {"constraints": inputs.constraints(), "sample_batches": batches}
+    arguments = {"constraints": inputs.constraints(), "sample_batches": batches or None}
     config = dataclasses.replace(config, measure_missing=True, budget_s=AUTO_BUDGET_S)
     return spec_fn, arguments, config
 
