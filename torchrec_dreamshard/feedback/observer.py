@@ -65,6 +65,8 @@ MAX_OVERHEAD = 0.01  # the share of the job's time sampling may cost (the target
 PLAIN_STEPS = 64  # plain (unsampled) step times kept, for the baseline of a sampled one
 EXTRAS = 5  # the last samples' costs whose median sets the interval (one outlier does not)
 LONG_STEP = 10.0  # a sampled "step" this many plain steps long spans a pause: dropped
+BURST = 4  # the first samples of a job (or of a followed restart) come closer together,
+BURST_EVERY = 5  # one step in this many: a re-plan soon after the start has a few to learn from
 
 
 _OPEN: weakref.WeakSet[JobObserver] = weakref.WeakSet()  # observers with a sample running
@@ -119,6 +121,7 @@ class JobObserver:
         self._extra_ms = 0.0  # what sampling cost so far
         self._extras: deque[float] = deque(maxlen=EXTRAS)  # the last kept samples' costs
         self.dropped = 0  # samples that spanned a pause, dropped
+        self._burst = BURST  # samples still to take at the burst's spacing
         self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
@@ -216,7 +219,9 @@ class JobObserver:
             self._samples.append((profiler, step_ms, self._started[1]))
             self._inputs.keep(fed)
             self._extra_ms += extra
-        self._next = self.steps + self.interval
+            self._burst -= 1
+        burst = self._burst > 0  # the same on every rank: the kept samples are agreed
+        self._next = self.steps + (min(self.every, BURST_EVERY) if burst else self.interval)
 
     def _agreed(self, interval: int, drop: bool) -> tuple[int, bool]:
         """The longest interval any rank wants, and whether any rank drops the sample
@@ -372,6 +377,7 @@ class JobObserver:
         self._plain.clear()
         self._last = None  # the restart is not a step
         self._next = self.steps + self.warmup
+        self._burst = BURST
 
     def _replan_rank0(
         self, learn_and_replan: Any, measured: list[dict], inputs: ObservedInputs | None
