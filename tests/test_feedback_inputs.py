@@ -189,3 +189,30 @@ def test_a_step_that_feeds_more_ids_than_are_kept_keeps_its_lengths_only(monkeyp
     assert sums == {"fa": (4, 2), "fb1": (4, 2), "fb2": (1, 2)}
     observed = ObservedInputs(TABLES, sums, None, [list(recorder.steps)])
     assert observed.batches() == [] and observed.pooling_by_fqn()["sparse.b"] == 2.5
+
+
+def test_table_names_are_torchrecs_option_names_for_a_collection_at_the_top():
+    """What the job fed a table, and what the store keeps, is found by TorchRec's
+    ``ShardingOption.fqn``: ``".t0"`` for a collection that is the model itself."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard.data.table_stats import table_configs
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+
+    ebc = EmbeddingBagCollection(
+        tables=[
+            EmbeddingBagConfig(
+                name=f"t{i}", embedding_dim=8, num_embeddings=100, feature_names=[f"f{i}"]
+            )
+            for i in range(2)
+        ],
+        device=torch.device("meta"),
+    )
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(2, "cpu"), batch_size=32, calibrate=False, verify=0
+    )
+    planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+    assert {fqn for fqn, _ in table_configs(ebc)} == {o.fqn for o in planner.best_options}

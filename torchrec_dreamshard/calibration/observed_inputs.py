@@ -19,9 +19,10 @@ import sqlite3
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from torch import nn
+
+from torchrec_dreamshard.data.table_stats import table_configs
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS observed_inputs (
@@ -31,24 +32,6 @@ CREATE TABLE IF NOT EXISTS observed_inputs (
     reuse TEXT
 );
 """
-
-
-def table_configs(model: nn.Module) -> list[tuple[str, Any]]:
-    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
-    tables."""
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
-
-    out = []
-    for path, child in model.named_modules():
-        if isinstance(child, EmbeddingBagCollection):
-            configs = child.embedding_bag_configs()
-        elif isinstance(child, EmbeddingCollection):
-            configs = child.embedding_configs()
-        else:
-            continue
-        prefix = f"{path}." if path else ""
-        out += [(f"{prefix}{c.name}", c) for c in configs]
-    return out
 
 
 def table_keys(model: nn.Module) -> dict[str, str]:

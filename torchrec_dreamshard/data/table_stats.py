@@ -108,6 +108,24 @@ def group_stats(
 # ----------------------------------------------------------------------------------------
 
 
+def table_configs(model: Any) -> list[tuple[str, Any]]:
+    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
+    tables; the fqn as TorchRec's ``ShardingOption.fqn`` has it (``"<module path>.<table>"``,
+    ``".<table>"`` for a collection that is the model itself)."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    out = []
+    for path, child in model.named_modules():
+        if isinstance(child, EmbeddingBagCollection):
+            configs = child.embedding_bag_configs()
+        elif isinstance(child, EmbeddingCollection):
+            configs = child.embedding_configs()
+        else:
+            continue
+        out += [(f"{path}.{c.name}", c) for c in configs]
+    return out
+
+
 def spec_from_config(
     config: EmbeddingBagConfig,
     constraints: ParameterConstraints | None = None,

@@ -140,7 +140,7 @@ class TableInput:
 def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
     """Every ``(fqn, table name, feature names)`` of ``model``'s EmbeddingBagCollection and
     EmbeddingCollection tables."""
-    from torchrec_dreamshard.calibration.observed_inputs import table_configs
+    from torchrec_dreamshard.data.table_stats import table_configs
 
     return [(fqn, c.name, list(c.feature_names)) for fqn, c in table_configs(model)]
 

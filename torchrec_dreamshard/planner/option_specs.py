@@ -18,9 +18,9 @@ from typing import Any
 
 from torch import nn
 from torchrec.distributed.planner.types import ShardingOption
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
-from torchrec_dreamshard.data.table_stats import group_stats, merge_stats
+from torchrec_dreamshard.data.table_stats import group_stats, merge_stats, table_configs
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.proposal import spec_for_option
 
@@ -94,15 +94,14 @@ def reuse_hists(
     starts = range(0, len(dicts), world_size)
     groups = [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
     out: dict[str, tuple[float, ...]] = {}
-    for path, child in module.named_modules():
-        if not isinstance(child, EmbeddingBagCollection):
+    for fqn, config in table_configs(module):
+        if not isinstance(config, EmbeddingBagConfig):
             continue
-        for config in child.embedding_bag_configs():
-            try:
-                stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
-            except ValueError:  # a feature missing from the samples: TorchRec's defaults
-                continue
-            stats = [s for s in stats if s is not None]
-            if stats:
-                out[f"{path}.{config.name}"] = merge_stats(stats)[1]
+        try:
+            stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
+        except ValueError:  # a feature missing from the samples: TorchRec's defaults
+            continue
+        stats = [s for s in stats if s is not None]
+        if stats:
+            out[fqn] = merge_stats(stats)[1]
     return out
