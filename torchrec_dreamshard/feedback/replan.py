@@ -172,8 +172,9 @@ def job_inputs(
 
     batches = inputs.batches()
     model = planner.planned_inputs[0]
-    spec_fn = OptionSpecs(batches, planner.topology.world_size, inputs.pooling_by_fqn())
+    spec_fn = OptionSpecs(batches, planner.topology.world_size)
     spec_fn.observe(model)
+    spec_fn.learn(inputs.pooling_by_fqn(), {})
     remember_inputs(config.store_path(), model, inputs.fed(), spec_fn.reuse)
     arguments = {"constraints": inputs.constraints(), "sample_batches": batches or None}
     config = dataclasses.replace(config, measure_missing=True, budget_s=AUTO_BUDGET_S)

@@ -33,19 +33,15 @@ class OptionSpecs:
             model's sparse features; consecutive groups of ``world_size`` batches are taken
             together as the global batch a table-wise kernel sees.
         world_size: ranks in the topology.
-        pooling: pooling factors by fully qualified name that replace the options' own
-            (what a running job fed its tables; see ``feedback.inputs``).
+
+    :meth:`learn` takes pooling factors and reuse over the options' own (what a running job
+    fed its tables).
     """
 
-    def __init__(
-        self,
-        sample_batches: Iterable[Any] | None = None,
-        world_size: int = 1,
-        pooling: Mapping[str, float] | None = None,
-    ) -> None:
+    def __init__(self, sample_batches: Iterable[Any] | None = None, world_size: int = 1) -> None:
         self._samples = list(sample_batches) if sample_batches is not None else []
         self._world = world_size
-        self._pooling = dict(pooling or {})
+        self._pooling: dict[str, float] = {}
         self._reuse: dict[str, tuple[float, ...]] = {}
         self.specs: dict[str, TableSpec] = {}
 
