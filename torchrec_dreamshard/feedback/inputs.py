@@ -119,6 +119,16 @@ def pooling_sums(steps: Iterable[StepInputs]) -> dict[str, tuple[int, int]]:
     return out
 
 
+def with_fields(given: Any, **fields: Any) -> Any:
+    """``given`` (a table's ``ParameterConstraints``, or ``None``) with ``fields`` set, its
+    other fields kept (TorchRec's defaults where there was none)."""
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    if given is None:
+        return ParameterConstraints(**fields)
+    return dataclasses.replace(given, **fields)
+
+
 @dataclasses.dataclass
 class TableInput:
     """One table's features, as the planner was told and as the job fed them."""
@@ -180,17 +190,10 @@ class ObservedInputs:
     def constraints(self) -> dict[str, Any]:
         """The given constraints, with each observed table's pooling factors as observed
         (a table without constraints gets TorchRec's defaults and the observed pooling)."""
-        from torchrec.distributed.planner.types import ParameterConstraints
-
         out = dict(self.constraints_given)
         for t in self.tables:
             pooling = [max(p, 1e-3) for p in t.observed]  # TorchRec divides by it
-            given = out.get(t.name)
-            out[t.name] = (
-                dataclasses.replace(given, pooling_factors=pooling)
-                if given is not None
-                else ParameterConstraints(pooling_factors=pooling)
-            )
+            out[t.name] = with_fields(out.get(t.name), pooling_factors=pooling)
         return out
 
     def batches(self) -> list[Any]:

@@ -294,19 +294,14 @@ def learn_and_replan(
 def observed_types(given: dict[str, Any] | None, options: list[Any]) -> dict[str, Any]:
     """``given`` constraints with each planned table held to the sharding type and compute
     kernel it ran with (the user's other constraint fields kept)."""
-    import dataclasses
-
-    from torchrec.distributed.planner.types import ParameterConstraints
+    from torchrec_dreamshard.feedback.inputs import with_fields
 
     out = dict(given or {})
     for option in options:
-        held = {
-            "sharding_types": [option.sharding_type],
-            "compute_kernels": [option.compute_kernel],
-        }
-        mine = out.get(option.name)
-        out[option.name] = (
-            dataclasses.replace(mine, **held) if mine is not None else ParameterConstraints(**held)
+        out[option.name] = with_fields(
+            out.get(option.name),
+            sharding_types=[option.sharding_type],
+            compute_kernels=[option.compute_kernel],
         )
     return out
 
