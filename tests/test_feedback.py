@@ -253,6 +253,7 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     assert sorted(after["inputs"]["mispriced"]) == sorted(decision["inputs_from_job"])
     heavy = {f"t{i}" for i, (_, p) in enumerate(TABLES) if p >= 2}
     assert heavy <= {fqn.rsplit(".", 1)[1] for fqn in decision["inputs_from_job"]}
+    assert len(decision["reuse_from_job"]) == len(TABLES)  # every rank's ids reached rank 0
     assert decision["kernels_measured"] > 0  # these tables' kernels, as the job feeds them
     # learning from the job brings the prediction of the observed plan to what was measured
     worst_before = max(abs(r["error"]) for r in before["ranks"])

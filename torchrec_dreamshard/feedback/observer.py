@@ -256,19 +256,25 @@ class JobObserver:
 
     def _gather(self, with_inputs: bool = False) -> dict[str, list[Any]]:
         """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
-        were fed and the model's tables (rank 0's), in one collective; with each rank's
-        recorded inputs themselves where ``with_inputs``."""
+        were fed and the model's tables (rank 0's), in one collective; where
+        ``with_inputs``, each rank's recorded inputs too, to rank 0 only (a second
+        collective: up to tens of MB a rank, which the other ranks have no use for)."""
         self.close()
         mine = {
             "profiles": self.profiles,
             "overhead": self.overhead,
             "sums": pooling_sums(self._inputs.steps),
             "tables": self._table_features,
-            "inputs": list(self._inputs.steps) if with_inputs else [],
         }
         out: list[Any] = [None] * self._group.world
         dist.all_gather_object(out, mine, group=self._group.pg)
-        return {key: [o[key] for o in out] for key in mine}
+        gathered = {key: [o[key] for o in out] for key in mine}
+        inputs: list[Any] | None = None
+        if with_inputs:
+            inputs = [None] * self._group.world if self._group.rank == 0 else None
+            dist.gather_object(list(self._inputs.steps), inputs, group=self._group.pg, group_dst=0)
+        gathered["inputs"] = inputs or []
+        return gathered
 
     def observed_inputs(self, gathered: dict[str, list[Any]]) -> ObservedInputs | None:
         """What the job fed its tables, from :meth:`_gather`'s result (``None`` where the

@@ -274,6 +274,7 @@ def learn_and_replan(
         "kernels_learnt_from": result.samples,
         "kernels_measured": result.measured,
         "inputs_from_job": [t.fqn for t in inputs.mispriced()] if arguments else [],
+        "reuse_from_job": sorted(spec_fn.reuse) if arguments else [],
         "observed_types": sharding_types(planner.best_options),
         "proposed_types": sharding_types(fresh.best_options),
         "observed_predicted_ms": observed.step_ms,
