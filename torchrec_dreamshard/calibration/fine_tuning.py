@@ -189,12 +189,17 @@ def observation_weights(groups: Sequence[str]) -> list[float]:
     return [heavy if OBSERVED in g else 1.0 for g in groups]
 
 
+def _scale_softplus(raw: torch.Tensor, factor: float, floor: float) -> None:
+    """Rewrite ``raw`` (in place, a parameter or a view of one) so that ``softplus(raw)``
+    is ``factor`` times what it was, at least ``floor``."""
+    with torch.no_grad():
+        value = (torch.nn.functional.softplus(raw) * float(factor)).clamp(min=floor)
+        raw.copy_(value + torch.log(-torch.expm1(-value)))
+
+
 def scale_comm(net: CostNet, factor: float) -> CostNet:
     """``net`` with its all-to-all head's prediction scaled by ``factor`` (in place)."""
-    with torch.no_grad():
-        value = torch.nn.functional.softplus(net.comm_raw) * float(factor)
-        value = value.clamp(min=1e-6)
-        net.comm_raw.copy_(value + torch.log(-torch.expm1(-value)))
+    _scale_softplus(net.comm_raw, factor, 1e-6)
     return net
 
 
@@ -252,13 +257,9 @@ def scale_compute(net: CostNet, factors: Sequence[float]) -> CostNet:
     """``net`` with its forward and backward predictions scaled by ``factors`` (in place):
     the device heads' terms are each a softplus of a parameter, summed, so scaling every
     term of an output scales the output."""
-    with torch.no_grad():
-        for raw in (net.c_raw, net.W_raw, net.V_raw):
-            for out, factor in enumerate(factors):
-                value = (torch.nn.functional.softplus(raw[..., out]) * float(factor)).clamp(
-                    min=1e-9
-                )
-                raw[..., out] = value + torch.log(-torch.expm1(-value))
+    for raw in (net.c_raw, net.W_raw, net.V_raw):
+        for out, factor in enumerate(factors):
+            _scale_softplus(raw[..., out], factor, 1e-9)
     return net
 
 
