@@ -12,20 +12,22 @@ spawned on this machine, one thread each:
    ``observer.step()`` after each step and without it, the order alternating round by
    round: the per-round ratio of the step time with to without is the observer's
    overhead (every step of the "with" runs counts, the sampled ones included);
-3. a new observer (the defaults, as a new job has it) for ``--steps`` steps (40: one or
-   two sampled steps), then ``observer.report()`` (the per-rank error of the prediction as
-   planned), ``observer.replan()`` and ``observer.report()`` again (the error of the
-   updated model on the observed plan); then the same with the observer of step 2, which
+3. a new observer (the defaults, as a new job has it) for ``--steps`` steps (40: four
+   sampled steps, the observer's first ones coming one step in 5), then
+   ``observer.report()`` (the per-rank error of the prediction as planned),
+   ``observer.replan()`` and ``observer.report()`` again (the error of the updated model
+   on the observed plan); then the same with the observer of step 2, which
    has watched every "on" round (tens of sampled steps): its re-plan is the one timed;
 4. where the re-plan returned a new plan: the job restarted with it, observed
    (``observer.follow``) for ``--steps`` steps against the updated network's prediction of
    it, made before it ran (the error out of sample); a fresh planner of the same arguments
    plans the model again, as a restarted training script would (does it find the re-plan
-   from what the store kept?); and both plans' DMP steps in ``--rounds`` rounds
+   from what the store kept?); and the plans' DMP steps (first, re-plan, and the restart's
+   where it differs) in ``--rounds`` rounds
    (``measure.dmp_step.run_rounds``, orders balanced), per-round ratio re-plan / first.
 
 The ``undeclared`` family is where the prior misprices most: its planners are told no
-pooling factor (TorchRec's 1.0), and its job feeds three tables 40 to 100 ids a sample.
+pooling factor (TorchRec's 1.0), and its job feeds four tables 40 to 100 ids a sample.
 
     .venv/bin/python benchmarks/feedback.py       # tiny, wide, sequence, undeclared
     .venv/bin/python benchmarks/feedback.py --families tiny --no-calibrate --name feedback_prior
