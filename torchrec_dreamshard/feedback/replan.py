@@ -21,10 +21,12 @@
    scaled to the all-to-all time the job measured (:func:`comm_factor`) and the kernel
    heads to its fused kernels' (:func:`compute_factors`).
 3. **Re-plan.** A planner built with the same arguments (the observed pooling factors and
-   inputs in, after step 0) plans the model again with the updated network; the updated
-   network also prices the observed plan. The new plan is taken only where its predicted
-   gain is larger than the network's uncertainty about either plan (the ensemble's spread
-   of the log step cost); otherwise the observed plan stays.
+   inputs in, after step 0) plans the model again with the updated network, free to choose
+   sharding types and with each table held to the type it ran; the better rated of the two
+   is compared with the observed plan, all priced by the updated network. The new plan is
+   taken only where its predicted gain is larger than the network's uncertainty about
+   either plan (the ensemble's spread of the log step cost); otherwise the observed plan
+   stays.
 """
 
 from __future__ import annotations
