@@ -43,11 +43,12 @@ CLI_SAMPLES = 4  # `dreamshard plan --num-samples` default
 def plan_mode(agent, task, mode: str, seed: int) -> dict:
     """One mode's plan of ``task``: ``placement``, ``columns`` (split tables only) and
     ``predicted_ms``; or ``error`` where the mode finds no plan."""
+    from torchrec_dreamshard.policy.protocol import PlaceSettings
     from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     try:
         if mode == "default":
-            found = plan_with_splits(agent, task, mode="safe", num_samples=CLI_SAMPLES, seed=seed)
+            found = plan_with_splits(agent, task, PlaceSettings("safe", CLI_SAMPLES, seed))
             return {
                 "placement": [int(d) for d in found.placement],
                 "columns": dict(found.sharded.counts),

@@ -43,6 +43,7 @@ from torchrec_dreamshard.measure.rounds import measure_in_rounds
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.policy import heuristics
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from torchrec_dreamshard.policy.protocol import PlaceSettings
 from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 MARGIN = 0.25  # the default plan's compute over the best heuristic's, at most 1.25x
@@ -79,7 +80,7 @@ def test_default_plan_is_not_slower_than_the_best_heuristic_on_real_kernels(comm
     agent = load_checkpoint(None, sources=default_sources())
     family, split, seed = DRAW
     task = families.draw_task(family, split, seed, num_tables=(12, 14), num_devices=(2, 4))
-    found = plan_with_splits(agent, task, mode="safe", num_samples=4, seed=0)
+    found = plan_with_splits(agent, task, PlaceSettings("safe", 4, 0))
     plans = {"dreamshard": (found.sharded.shards, list(found.placement))}
     plans |= {name: (task, p) for name, p in heuristic_plans(task).items()}
     rounds = measure_in_rounds([list(plans)], lambda _, key: compute_ms(*plans[key]), ROUNDS)[0]

@@ -190,7 +190,9 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
         return m
 
     monkeypatch.setattr(measure, "measure_placement", spy)
-    res = cal.verify(agent, task, 2, FAST, rounds=2, extra={"chosen": chosen})
+    res = cal.verify(
+        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2), extra={"chosen": chosen}
+    )
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
     assert any(p.heuristic and "greedy" in p.name for p in res.plans)  # the heuristics' plans
@@ -224,15 +226,28 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
     task = tiny_task(6, 2)
     chosen = {"chosen": agent.place(task)}
     res = cal.verify(
-        agent, task, 2, FAST, rounds=3, extra=chosen, budget_s=1e-6, incumbent="chosen"
+        agent,
+        task,
+        cal.VerificationSettings(k=2, config=FAST, rounds=3, budget_s=1e-6, incumbent="chosen"),
+        extra=chosen,
     )
     assert {len(p.rounds_ms) for p in res.plans} == {0}  # out of time before the first
     assert res.winner.name.split("=")[0] == "chosen"
-    res = cal.verify(agent, task, 2, FAST, rounds=2, extra=chosen, budget_s=1e6, incumbent="chosen")
+    res = cal.verify(
+        agent,
+        task,
+        cal.VerificationSettings(k=2, config=FAST, rounds=2, budget_s=1e6, incumbent="chosen"),
+        extra=chosen,
+    )
     assert {len(p.rounds_ms) for p in res.plans} == {2}
     # a round cut short is dropped: every plan keeps the same number of whole rounds
     start = time.perf_counter()
-    res = cal.verify(agent, task, 2, FAST, rounds=50, extra=chosen, budget_s=2.0)
+    res = cal.verify(
+        agent,
+        task,
+        cal.VerificationSettings(k=2, config=FAST, rounds=50, budget_s=2.0),
+        extra=chosen,
+    )
     assert time.perf_counter() - start < 2.0 + 1.0
     assert len({len(p.rounds_ms) for p in res.plans}) == 1
 
@@ -243,23 +258,27 @@ def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkey
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
-    first = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    first = cal.verify(
+        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True)
+    )
     assert not first.cached and list((tmp_path / "xdg").rglob("verification_*.json"))
 
     def refuse(*args, **kwargs):
         raise AssertionError("measured again although this machine's cache holds the plans")
 
     monkeypatch.setattr(measure, "measure_placement", refuse)
-    again = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    again = cal.verify(
+        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True)
+    )
     assert again.cached and "cache" in again.lines()[0]
     assert [(p.name, p.rounds_ms) for p in again.plans] == [
         (p.name, p.rounds_ms) for p in first.plans
     ]
     other = Task(tables=task.tables, num_devices=2, memory_bytes=10**7, batch_size=128)
     with pytest.raises(AssertionError, match="measured again"):  # another batch: measured
-        cal.verify(agent, other, 2, FAST, rounds=2, cache=True)
+        cal.verify(agent, other, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True))
     with pytest.raises(AssertionError, match="measured again"):  # not asked to cache
-        cal.verify(agent, task, 2, FAST, rounds=2)
+        cal.verify(agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2))
 
 
 @pytest.mark.parametrize(("factor", "verifies"), [(10.0, True), (1.0, False)])
@@ -327,7 +346,9 @@ def test_the_chosen_plan_stands_unless_a_plan_beat_it_every_round():
 def test_plan_task_calibrates_then_verifies():
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
-    out = cal.plan_task(agent, task, calibration=config(), verify_k=2, verify_rounds=1)
+    out = cal.plan_task(
+        agent, task, calibration=config(), verification=cal.VerificationSettings(k=2, rounds=1)
+    )
     assert out.calibration is not None and out.verification is not None
     assert out.placement == out.verification.winner.placement
     assert out.agent is out.calibration.agent
@@ -340,19 +361,21 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
     from types import SimpleNamespace
 
     from torchrec_dreamshard.calibration import calibrating_agent
+    from torchrec_dreamshard.policy.protocol import PlaceSettings
     from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     agent, task = DreamShard.untrained(seed=0), tiny_task(6, 2)
     other = [1 - d for d in agent.place(task, seed=3)]
     verified = []
 
-    def fake_verify(planner, task, k, *args, **kwargs):
-        verified.append(k)
+    def fake_verify(planner, task, settings, *args, **kwargs):
+        verified.append(settings.k)
         return SimpleNamespace(winner=SimpleNamespace(placement=other))
 
     monkeypatch.setattr(calibrating_agent, "verify", fake_verify)
+    two = cal.VerificationSettings(k=2)
     for splits in (False, True):
-        out = cal.plan_task(agent, task, seed=3, verify_k=2, splits=splits)
+        out = cal.plan_task(agent, task, how=PlaceSettings(seed=3), verification=two, splits=splits)
         assert out.chosen == agent.place(task, seed=3) and out.placement == other
         assert (out.split is not None) is splits
     big = TableSpec(name="big", rows=30_000, dim=64, pooling_factor=1.0)  # 7.7 MB
@@ -363,9 +386,13 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
         batch_size=64,
         allow_oversized=True,
     )
-    out = cal.plan_task(agent, oversized, seed=3, verify_k=2, splits=True)
+    out = cal.plan_task(agent, oversized, how=PlaceSettings(seed=3), verification=two, splits=True)
     assert out.split.sharded.columns and out.verification is None and verified == [2, 2]
-    assert out.placement == out.chosen == plan_with_splits(agent, oversized, seed=3).placement
+    assert (
+        out.placement
+        == out.chosen
+        == plan_with_splits(agent, oversized, PlaceSettings(seed=3)).placement
+    )
 
 
 # -- the CLI ------------------------------------------------------------------------------

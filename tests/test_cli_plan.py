@@ -68,12 +68,12 @@ def test_plan_calibrates_places_and_verifies_through_plan_task(
 
     def spy(agent, task, **kwargs):
         calls.append(kwargs)
-        return real(agent, task, **{**kwargs, "verify_k": 0})  # nothing measured here
+        return real(agent, task, **{**kwargs, "verification": None})  # nothing measured here
 
     monkeypatch.setattr(calibration, "plan_task", spy)
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     assert run_cli([*argv, "--no-calibrate", *flags]) == 0
-    assert [(c["splits"], c["verify_k"], c["calibration"]) for c in calls] == [
+    assert [(c["splits"], c["verification"].k, c["calibration"]) for c in calls] == [
         (splits, verify_k, None)
     ]
 
@@ -284,13 +284,15 @@ def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys, run_cli)
 
 
 def test_cli_plan_verifies_by_default_only_where_it_calibrates_automatically():
-    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.calibration import CalibrationConfig, VerificationSettings
     from torchrec_dreamshard.calibration.auto import AUTO_VERIFY_K, AUTO_VERIFY_S
     from torchrec_dreamshard.cli.plan import verify_settings
 
     config = CalibrationConfig()
-    default = (AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen")
+    none, three = VerificationSettings(0), VerificationSettings(3)
+    default = VerificationSettings(AUTO_VERIFY_K, 3, None, AUTO_VERIFY_S, True, "chosen")
     assert verify_settings(None, {"mode": "auto"}, config) == default
-    assert verify_settings(None, {"mode": "auto"}, None) == (0, None, False, None)  # priced right
-    assert verify_settings(None, {"mode": "on"}, config) == (0, None, False, None)  # --calibrate
-    assert verify_settings(3, {"mode": "off"}, None) == (3, None, False, None)  # --verify 3
+    assert verify_settings(None, {"mode": "auto"}, None) == none  # priced right
+    assert verify_settings(None, {"mode": "on"}, config) == none  # --calibrate
+    assert verify_settings(3, {"mode": "off"}, None) == three  # --verify 3
+    assert verify_settings(3, {"mode": "off"}, None, rounds=5).rounds == 5  # --verify-rounds

@@ -56,7 +56,7 @@ def test_calibrated_methods_plan_through_plan_task(agent, monkeypatch, tmp_path)
             chosen=[0] * len(task.tables),
             placement=[1] * len(task.tables),
             calibration=SimpleNamespace(seconds=budget / 10, samples=3),
-            verification=SimpleNamespace(seconds=2.0) if kwargs["verify_k"] else None,
+            verification=SimpleNamespace(seconds=2.0) if kwargs["verification"].k else None,
         )
 
     monkeypatch.setattr(calibration, "plan_task", fake_plan_task)
@@ -64,11 +64,11 @@ def test_calibrated_methods_plan_through_plan_task(agent, monkeypatch, tmp_path)
     config = MeasureConfig(rounds=1)
     plans, secs = {}, {}
     method_roster.plan_calibrated(agent, small_task(), config, run, 5, plans, secs)
-    assert [(c["calibration"].budget_s, c["verify_k"], c["seed"]) for c in calls] == [
+    assert [(c["calibration"].budget_s, c["verification"].k, c["how"].seed) for c in calls] == [
         (20.0, 2, 5),
         (40.0, 2, 5),
     ]
-    assert all(c["verify_config"] is config and c["mode"] == "safe" for c in calls)
+    assert all(c["verification"].config is config and c["how"].mode == "safe" for c in calls)
     assert plans["calibrated_20"] == [0] * 6 and plans["calibrated_40_verify2"] == [1] * 6
     assert secs["calibrated_40_calibrate"] == 4.0 and secs["calibrated_20_kernels"] == 3
     assert secs["calibrated_20_verify2"] == 2.0

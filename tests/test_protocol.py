@@ -185,10 +185,11 @@ def test_bad_sources_are_refused_with_their_names():
 
 
 def test_the_split_search_passes_sources_on():
+    from torchrec_dreamshard.policy.protocol import PlaceSettings
     from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     task, shy = _task(8, 2), _Declining()
-    plan_with_splits(DreamShard.untrained(seed=0), task, sources=[shy])
+    plan_with_splits(DreamShard.untrained(seed=0), task, PlaceSettings(sources=(shy,)))
     assert shy.asked >= 1
 
 

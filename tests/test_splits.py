@@ -17,6 +17,7 @@ from torchrec_dreamshard.data.splits import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_bytes
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy.protocol import PlaceSettings
 from torchrec_dreamshard.policy.split_search import plan_with_splits
 
 
@@ -128,7 +129,7 @@ def test_split_search_never_predicts_worse_than_whole_tables():
     tables = [_table(f"t{i}", rows=500 * (i + 1), dim=16 * (1 + i % 4)) for i in range(16)]
     task = _task(tables, devices=4, factor=1.3)
     agent = DreamShard.untrained(seed=1)
-    plan = plan_with_splits(agent, task, mode="search", num_samples=4)
+    plan = plan_with_splits(agent, task, PlaceSettings("search", 4))
     whole = agent.place(task, mode="search", num_samples=4, seed=0)
     whole_ms = agent.predict(task, whole).step_ms
     split_ms = agent.predict(plan.sharded.shards, plan.placement).step_ms

@@ -69,6 +69,7 @@ from torchrec_dreamshard.calibration.store_keys import (
     table_signature,
 )
 from torchrec_dreamshard.calibration.verification import (
+    VerificationSettings,
     VerifiedPlan,
     VerifyResult,
     rank_measured,
@@ -86,6 +87,7 @@ __all__ = [
     "CalibrationConfig",
     "CalibrationResult",
     "PlanOutcome",
+    "VerificationSettings",
     "VerifiedPlan",
     "VerifyResult",
     "calibrate",

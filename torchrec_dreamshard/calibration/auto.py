@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from torchrec_dreamshard.calibration.verification import VerificationSettings
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
 
@@ -98,17 +100,18 @@ class MachineCheck:
 
 
 def verification_settings(
-    verify_k: int | None, auto_calibrates: bool
-) -> tuple[int, float | None, bool, str | None]:
-    """``(k, budget_s, cache, incumbent)`` of a plan's verification, the planner's and
-    ``dreamshard plan``'s alike: ``verify_k`` plans as asked (the fastest heuristic's plan
-    the incumbent, no budget, no cache); where it is ``None`` (automatic), the default's
-    (see the module docstring) if the automatic check calibrates, else none."""
+    verify_k: int | None, auto_calibrates: bool, rounds: int = 3
+) -> VerificationSettings:
+    """The settings of a plan's verification, the planner's and ``dreamshard plan``'s
+    alike: ``verify_k`` plans as asked (the fastest heuristic's plan the incumbent, no
+    budget, no cache); where it is ``None`` (automatic), the default's (see the module
+    docstring) if the automatic check calibrates, else none. ``rounds``: interleaved
+    rounds."""
     if verify_k is not None:
-        return verify_k, None, False, None
+        return VerificationSettings(verify_k, rounds)
     if auto_calibrates:
-        return AUTO_VERIFY_K, AUTO_VERIFY_S, True, "chosen"
-    return 0, None, False, None
+        return VerificationSettings(AUTO_VERIFY_K, rounds, None, AUTO_VERIFY_S, True, "chosen")
+    return VerificationSettings(0, rounds)
 
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:

@@ -24,9 +24,13 @@ from torchrec_dreamshard.calibration.fine_tuning import (
     calibrate,
     stored_observations,
 )
-from torchrec_dreamshard.calibration.verification import VerifyResult, verify
+from torchrec_dreamshard.calibration.verification import (
+    VerificationSettings,
+    VerifyResult,
+    verify,
+)
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.policy.protocol import PlaceSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import (
@@ -70,79 +74,56 @@ def plan_task(
     agent: DreamShard,
     task: Task,
     *,
-    mode: str = "safe",
-    num_samples: int = 4,
-    seed: int = 0,
-    sources: Sequence[CandidateSource] | None = None,
+    how: PlaceSettings | None = None,
     calibration: CalibrationConfig | None = None,
-    verify_k: int = 0,
-    verify_rounds: int = 3,
-    verify_config: MeasureConfig | None = None,
-    progress: bool = False,
+    verification: VerificationSettings | None = None,
     calibrated: CalibrationResult | None = None,
-    verify_budget_s: float | None = None,
-    verify_cache: bool = False,
-    verify_incumbent: str | None = None,
+    progress: bool = False,
     splits: bool = False,
 ) -> PlanOutcome:
-    """Calibrate (when ``calibration`` is given), place, and verify (when ``verify_k``):
-    the one path of the planner (:class:`CalibratingAgent`), ``dreamshard plan`` and the
-    benchmarks.
+    """Calibrate (when ``calibration`` is given), place, and verify (when
+    ``verification.k``): the one path of the planner (:class:`CalibratingAgent`),
+    ``dreamshard plan`` and the benchmarks.
 
     Args:
         agent: the prior agent (unchanged).
         task: the task.
-        mode, num_samples, seed, sources: as ``DreamShard.place`` (``sources`` also choose
-            the safe mode's candidates whose device groups calibration measures).
+        how: the mode, samples, seed and sources of ``DreamShard.place`` (``sources`` also
+            choose the safe mode's candidates whose device groups calibration measures;
+            ``None``: the agent's defaults).
         calibration: calibration settings; ``None`` plans with ``agent`` as it is.
-        verify_k: measure the ``verify_k`` best-rated candidates and the heuristics' plans
-            and keep what :func:`~.verification.rank_measured` picks (0: no verification).
-        verify_rounds: interleaved rounds of the verification.
-        verify_config: its measurement settings (default: the calibration's, else
-            :class:`MeasureConfig`'s).
-        progress: tqdm bars.
+        verification: measure the ``k`` best-rated candidates and the heuristics' plans
+            and keep what :func:`~.verification.rank_measured` picks (``None`` or ``k``
+            0: no verification); its measurement settings default to the calibration's.
+            ``incumbent="chosen"``: the placement stands unless a measured plan beat it
+            in every round.
         calibrated: a calibration of ``agent`` already made (on these tables or more) to
             plan with instead of calibrating again.
-        verify_budget_s, verify_cache: bound and cache the verification (see
-            :func:`~.verification.verify`).
-        verify_incumbent: ``"chosen"``: the placement stands unless a measured plan beat
-            it in every round (``None``: the fastest heuristic's plan stands unless ...).
+        progress: tqdm bars.
         splits: place with column-wise splits allowed
             (:func:`~torchrec_dreamshard.policy.split_search.plan_with_splits`); a plan that
             splits tables is not verified (verification compares whole-table plans).
     """
-    if verify_k < 0:
-        raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
+    how = how if how is not None else PlaceSettings()
     cal = calibrated
     if cal is None and calibration is not None:
-        cal = calibrate(agent, task, calibration, sources)
+        cal = calibrate(agent, task, calibration, how.sources)
     planner = cal.agent if cal is not None else agent
-    how = {"mode": mode, "num_samples": num_samples, "seed": seed, "sources": sources}
     found = None
     if splits:
         from torchrec_dreamshard.policy.split_search import plan_with_splits
 
-        found = plan_with_splits(planner, task, **how)
+        found = plan_with_splits(planner, task, how)
         if found.sharded.columns:
             return PlanOutcome(found.placement, planner, cal, None, found.placement, found)
         placement = list(found.placement)  # whole tables, in the task's order
     else:
-        placement = planner.place(task, **how)
+        placement = planner.place(task, **how.kwargs())
     chosen, ver = placement, None
-    if verify_k:
-        mcfg = verify_config or (calibration.measure if calibration is not None else None)
-        ver = verify(
-            planner,
-            task,
-            verify_k,
-            mcfg,
-            verify_rounds,
-            progress,
-            {"chosen": placement},
-            budget_s=verify_budget_s,
-            cache=verify_cache,
-            incumbent=verify_incumbent,
-        )
+    if verification is not None and verification.k:
+        if verification.config is None and calibration is not None:
+            verification = dataclasses.replace(verification, config=calibration.measure)
+        ver = verify(planner, task, verification, progress, {"chosen": placement})
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver, chosen, found)
 
@@ -238,15 +219,15 @@ class CalibratingAgent:
             self.check = check_machine(self.prior, self._auto())
         return self.check.mispriced
 
-    def _verification(self) -> tuple[int, float | None, bool, str | None]:
-        """``(k, budget_s, cache, incumbent)`` of the verification ``place`` runs: as given
-        (the fastest heuristic's plan stands unless another beat it every round), or, where
-        it is automatic, :func:`~.auto.verification_settings` on a machine the checkpoint
-        misprices, and none where the checkpoint prices it right."""
+    def _verification(self) -> VerificationSettings:
+        """The verification ``place`` runs: as given (the fastest heuristic's plan stands
+        unless another beat it every round), or, where it is automatic,
+        :func:`~.auto.verification_settings` on a machine the checkpoint misprices, and
+        none where the checkpoint prices it right."""
         if self.verify_k is not None:
-            return verification_settings(self.verify_k, auto_calibrates=False)
+            return verification_settings(self.verify_k, False, self.verify_rounds)
         auto_calibrates = self._auto is not None and self.calibration_enabled
-        return verification_settings(None, auto_calibrates)
+        return verification_settings(None, auto_calibrates, self.verify_rounds)
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
         """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
@@ -322,22 +303,14 @@ class CalibratingAgent:
         """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
         calibrated agent and verify (:func:`plan_task`); the outcome is kept in
         :attr:`last_outcome` and logged."""
-        verify_k, verify_budget_s, verify_cache, verify_incumbent = self._verification()
         out = plan_task(
             self.prior,
             task,
-            mode=mode,
-            num_samples=num_samples,
-            seed=seed,
-            sources=sources,
+            how=PlaceSettings(mode, num_samples, seed, sources),
             calibration=self._settings(task),
-            verify_k=verify_k,
-            verify_rounds=self.verify_rounds,
-            progress=self.progress,
+            verification=self._verification(),
             calibrated=self._prepared,
-            verify_budget_s=verify_budget_s,
-            verify_cache=verify_cache,
-            verify_incumbent=verify_incumbent,
+            progress=self.progress,
         )
         self._prepared = None  # one preparation serves one placement
         self.current, self.last_outcome = out.agent, out

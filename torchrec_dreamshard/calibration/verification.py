@@ -79,6 +79,35 @@ class VerifyResult:
         return out
 
 
+@dataclass(frozen=True)
+class VerificationSettings:
+    """How :func:`verify` measures: the settings a plan's verification travels with.
+
+    Attributes:
+        k: the best-rated candidate plans measured beside the heuristics' (0: no
+            verification).
+        rounds: interleaved rounds.
+        config: the measurement's settings (``None``: :class:`MeasureConfig`'s, or the
+            calibration's where a caller has one).
+        budget_s: measure no plan that would end past this many seconds (``None``: all
+            ``rounds``).
+        cache: read and write the rounds in this machine's cache.
+        incumbent: the name of the plan that stands unless another measured faster in
+            every round (``None``: the fastest heuristic's).
+    """
+
+    k: int = 0
+    rounds: int = 3
+    config: MeasureConfig | None = None
+    budget_s: float | None = None
+    cache: bool = False
+    incumbent: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"verify must be >= 0 candidate plans, got {self.k}")
+
+
 def verify_candidates(
     agent: PlacementAgent,
     task: Task,
@@ -164,14 +193,9 @@ def rank_measured(
 def verify(
     agent: PlacementAgent,
     task: Task,
-    k: int = 4,
-    config: MeasureConfig | None = None,
-    rounds: int = 3,
+    settings: VerificationSettings | None = None,
     progress: bool = False,
     extra: Mapping[str, Sequence[int]] | None = None,
-    budget_s: float | None = None,
-    cache: bool = False,
-    incumbent: str | None = None,
 ) -> VerifyResult:
     """Measure the ``k`` best-rated candidates and the heuristics' plans (see
     :func:`verify_candidates`; ``extra`` adds named plans) in ``rounds`` interleaved
@@ -180,6 +204,9 @@ def verify(
     :func:`rank_measured`), then by median measured step cost.
 
     Args:
+        settings: how many candidates (``k``, default 4), ``rounds``, the measurement's
+            ``config``, ``budget_s``, ``cache`` and ``incumbent`` (see
+            :class:`VerificationSettings` and below).
         budget_s: measure no plan that would end past this many seconds (at the mean time
             a measurement took so far); a round cut short is dropped, and where no round is
             whole the incumbent stands (``None``: all ``rounds``).
@@ -195,6 +222,9 @@ def verify(
     """
     from torchrec_dreamshard.measure import measure_in_rounds, measure_placement
 
+    settings = settings if settings is not None else VerificationSettings(k=4)
+    k, config, rounds = settings.k, settings.config, settings.rounds
+    budget_s, cache, incumbent = settings.budget_s, settings.cache, settings.incumbent
     if k < 1 or rounds < 1:
         raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {rounds}")
     start = time.perf_counter()

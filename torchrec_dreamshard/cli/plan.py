@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.calibration import PlanOutcome
+    from torchrec_dreamshard.calibration import PlanOutcome, VerificationSettings
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.policy import PlacementAgent, SafetyReport
     from torchrec_dreamshard.policy.split_search import SplitPlan
@@ -118,6 +118,7 @@ def run(args: argparse.Namespace) -> int:
         check_plot_format(args.plot)
     task = Task.load(args.task, allow_oversized=not args.no_splits)
     from torchrec_dreamshard.calibration import plan_task
+    from torchrec_dreamshard.policy.protocol import PlaceSettings
 
     if (args.verify is not None and args.verify < 0) or args.verify_rounds < 1:
         raise ValueError(
@@ -127,20 +128,15 @@ def run(args: argparse.Namespace) -> int:
     agent = load_checkpoint(args.checkpoint, sources=default_sources())
     start = time.perf_counter()
     calibration, adaptation = calibration_settings(agent, args)
-    k, budget_s, cache, incumbent = verify_settings(args.verify, adaptation, calibration)
+    verification = verify_settings(args.verify, adaptation, calibration, args.verify_rounds)
+    k = verification.k
     outcome = plan_task(
         agent,
         task,
-        mode=args.mode,
-        num_samples=args.num_samples,
-        seed=args.seed,
+        how=PlaceSettings(args.mode, args.num_samples, args.seed),
         calibration=calibration,
-        verify_k=k,
-        verify_rounds=args.verify_rounds,
+        verification=verification,
         progress=True,
-        verify_budget_s=budget_s,
-        verify_cache=cache,
-        verify_incumbent=incumbent,
         splits=not args.no_splits,
     )
     if outcome.calibration is not None:
@@ -262,15 +258,16 @@ def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str,
 
 
 def verify_settings(
-    verify: int | None, adaptation: dict[str, Any], calibration: Any
-) -> tuple[int, float | None, bool, str | None]:
-    """``(k, budget_s, cache, incumbent)`` of the verification
+    verify: int | None, adaptation: dict[str, Any], calibration: Any, rounds: int = 3
+) -> VerificationSettings:
+    """The verification's settings
     (:func:`~torchrec_dreamshard.calibration.auto.verification_settings`): ``--verify K``
-    as given, else automatic where the automatic check calibrates."""
+    as given, else automatic where the automatic check calibrates; ``rounds``:
+    ``--verify-rounds``."""
     from torchrec_dreamshard.calibration.auto import verification_settings
 
     auto_calibrates = adaptation.get("mode") == "auto" and calibration is not None
-    return verification_settings(verify, auto_calibrates)
+    return verification_settings(verify, auto_calibrates, rounds)
 
 
 def split_plan_dict(agent: PlacementAgent, found: SplitPlan) -> dict[str, Any]:

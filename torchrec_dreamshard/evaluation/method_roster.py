@@ -120,7 +120,8 @@ def plan_calibrated(
     ``run.verify``, verify, as the planner does (:func:`~torchrec_dreamshard.calibration.
     plan_task`); adds the plans (the calibrated model's choice, then the verification's)
     and the seconds each step took (placing: what the rest took)."""
-    from torchrec_dreamshard.calibration import plan_task
+    from torchrec_dreamshard.calibration import VerificationSettings, plan_task
+    from torchrec_dreamshard.policy.protocol import PlaceSettings
 
     for budget in run.calibrate_budget:
         name = f"calibrated_{budget:g}"
@@ -128,11 +129,9 @@ def plan_calibrated(
         out = plan_task(
             agent,
             task,
-            mode="safe",
-            seed=seed,
+            how=PlaceSettings(mode="safe", seed=seed),
             calibration=calibration_config(run.name, budget, seed),
-            verify_k=run.verify,
-            verify_config=config,
+            verification=VerificationSettings(k=run.verify, config=config),
         )
         wall, res, ver = time.perf_counter() - t0, out.calibration, out.verification
         plans[name] = [int(d) for d in out.chosen]

@@ -29,7 +29,7 @@ from typing import Any
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, random_placement
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.baselines import torchrec_placement
-from torchrec_dreamshard.policy import PlacementAgent, PlacementError
+from torchrec_dreamshard.policy import PlacementAgent, PlacementError, PlaceSettings
 from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
 
 Plan = list[int] | dict[str, Any]
@@ -83,7 +83,9 @@ def _dreamshard_split(task: Task, seed: int, inputs: PlacingInputs) -> Plan:
 
     agent = _needs_agent(inputs, "split")
     try:
-        found = plan_with_splits(agent, task, seed=seed, num_samples=inputs.num_samples)
+        found = plan_with_splits(
+            agent, task, PlaceSettings(num_samples=inputs.num_samples, seed=seed)
+        )
     except ValueError as exc:  # no placement even after splitting (the message says why)
         raise NoPlanError(str(exc)) from None
     placement = [int(d) for d in found.placement]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,27 +45,29 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
 
     from torchrec_dreamshard.feedback.inputs import ObservedInputs
-    from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+    from torchrec_dreamshard.planner.plan_record import PlanRecord
     from torchrec_dreamshard.planner.proposal import PlanPrediction
     from torchrec_dreamshard.policy import PlacementAgent
+
+logger = logging.getLogger("torchrec_dreamshard.feedback")
 
 MIN_GAIN = 0.01  # a re-plan must be predicted at least this much faster, whatever the spread
 
 
 def rank_kernels(
-    planner: DreamShardPlanner, spec_fn: Any = None
+    record: PlanRecord, spec_fn: Any = None
 ) -> tuple[list[list[TableSpec]], list[bool]]:
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
     cost network prices, and whether that is all the rank runs on the fused kernel.
     ``spec_fn`` gives each option's table spec (default: the planner's)."""
     from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option, option_specs
 
-    spec_fn = spec_fn or planner.table_specs
-    world = planner.topology.world_size
+    spec_fn = spec_fn or record.specs
+    world = record.topology.world_size
     groups: list[list[TableSpec]] = [[] for _ in range(world)]
     clean = [True] * world
-    for option in planner.best_options:
+    for option in record.best_options:
         if is_policy_option(option) or is_split_option(option):
             specs = option_specs(option, spec_fn(option))
             for spec, shard in zip(specs, option.shards, strict=True):
@@ -76,7 +79,7 @@ def rank_kernels(
 
 
 def store_observations(
-    planner: DreamShardPlanner,
+    record: PlanRecord,
     measured: list[dict[str, float]],
     config: Any,
     kernels: tuple[list[list[TableSpec]], list[bool]],
@@ -89,7 +92,7 @@ def store_observations(
     from torchrec_dreamshard.measure.store import CostStore
 
     groups, clean = kernels
-    batch = planner.global_batch
+    batch = record.global_batch
     path = config.store_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     stored = 0
@@ -128,14 +131,14 @@ class Replan:
 
 
 def perf_model(
-    planner: DreamShardPlanner, agent: PlacementAgent, spec_fn: Any = None, other: float = 1.0
+    record: PlanRecord, agent: PlacementAgent, spec_fn: Any = None, other: float = 1.0
 ) -> CostNetPerfModel:
     """The planner's performance model, with ``agent``'s cost network (and ``spec_fn``'s
     table specs, default the planner's; TorchRec's estimates scaled by ``other``)."""
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 
-    spec_fn = spec_fn or planner.table_specs
-    return CostNetPerfModel(agent, planner.topology, planner.global_batch, spec_fn, other)
+    spec_fn = spec_fn or record.specs
+    return CostNetPerfModel(agent, record.topology, record.global_batch, spec_fn, other)
 
 
 def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -> float:
@@ -153,7 +156,7 @@ def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) ->
 
 
 def job_inputs(
-    planner: DreamShardPlanner, config: Any, inputs: ObservedInputs | None
+    record: PlanRecord, config: Any, inputs: ObservedInputs | None
 ) -> tuple[Any, dict[str, Any], Any]:
     """How the re-plan sees the tables: the observed plan's spec function, the planner
     arguments the new plan is made with, and the calibration settings. Where the job fed a
@@ -169,12 +172,12 @@ def job_inputs(
     from torchrec_dreamshard.planner.option_specs import OptionSpecs
 
     if inputs is None or not inputs.mispriced():
-        return planner.table_specs, {}, config
+        return record.specs, {}, config
     from torchrec_dreamshard.calibration.observed_inputs import remember_inputs
 
     batches = inputs.batches()
-    model = planner.planned_inputs[0]
-    spec_fn = OptionSpecs(batches, planner.topology.world_size)
+    model = record.planned_inputs[0]
+    spec_fn = OptionSpecs(batches, record.topology.world_size)
     spec_fn.observe(model)
     spec_fn.learn(inputs.pooling_by_fqn(), {})
     remember_inputs(config.store_path(), model, inputs.fed(), spec_fn.reuse)
@@ -221,7 +224,7 @@ def compute_factors(
 
 
 def learn_and_replan(
-    planner: DreamShardPlanner,
+    record: PlanRecord,
     measured: list[dict[str, float]],
     config: Any,
     inputs: ObservedInputs | None = None,
@@ -231,43 +234,41 @@ def learn_and_replan(
     from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
     from torchrec_dreamshard.planner.proposal import prediction_task
 
-    spec_fn, arguments, config = job_inputs(planner, config, inputs)
-    kernels = rank_kernels(planner, spec_fn)
-    stored = store_observations(planner, measured, config, kernels)
+    spec_fn, arguments, config = job_inputs(record, config, inputs)
+    kernels = rank_kernels(record, spec_fn)
+    stored = store_observations(record, measured, config, kernels)
     specs = list(itertools.chain.from_iterable(kernels[0]))
     if not specs:
         return _kept(
-            planner,
+            record,
             measured,
             "the plan has no table-wise or column-wise table the cost network prices",
         )
-    task = prediction_task(specs, planner.topology.world_size, planner.global_batch)
-    result = calibrate(planner.prior_agent, task, config)
+    task = prediction_task(specs, record.topology.world_size, record.global_batch)
+    result = calibrate(record.prior_agent, task, config)
     tuned = result.agent
-    calibrated = perf_model(planner, tuned, spec_fn).predict(planner.best_options)
+    calibrated = perf_model(record, tuned, spec_fn).predict(record.best_options)
     factor = comm_factor(calibrated, measured)
     scale_comm(tuned.cost_net, factor)
     compute = compute_factors(calibrated, measured, kernels[1])
     scale_compute(tuned.cost_net, compute)
-    other = other_factor(
-        perf_model(planner, tuned, spec_fn).predict(planner.best_options), measured
-    )
-    rating = perf_model(planner, tuned, spec_fn, other)
-    observed = rating.predict(planner.best_options)
-    model, sharders = planner.planned_inputs
+    other = other_factor(perf_model(record, tuned, spec_fn).predict(record.best_options), measured)
+    rating = perf_model(record, tuned, spec_fn, other)
+    observed = rating.predict(record.best_options)
+    model, sharders = record.planned_inputs
     # two new plans: with the planner's choice of sharding types, and with each table's
     # type as observed (what the job measured; a type it did not run is priced by a model
     # the job did not check); the better rated, both priced as the observed plan is
-    given = arguments.get("constraints", planner.constraints_given)
+    given = arguments.get("constraints", record.constraints)
     candidates = []
-    for constraints in (given, observed_types(given, planner.best_options)):
-        fresh = planner.replanner(tuned, **dict(arguments, constraints=constraints))
+    for constraints in (given, observed_types(given, record.best_options)):
+        fresh = record.replanner(tuned, **dict(arguments, constraints=constraints))
         plan = fresh.plan(model, sharders)
         candidates.append((rating.predict(fresh.best_options), plan, fresh))
     proposed, plan, fresh = min(candidates, key=lambda c: c[0].step_ms)
     gain = 1.0 - proposed.step_ms / observed.step_ms
     spread = max(observed.step_log_std, proposed.step_log_std, MIN_GAIN)
-    changed = str(plan) != str(planner.last_plan) and gain > spread
+    changed = str(plan) != str(record.plan) and gain > spread
     decision = {
         "kernels_observed": stored,
         "comm_scale": factor,
@@ -277,7 +278,7 @@ def learn_and_replan(
         "kernels_measured": result.measured,
         "inputs_from_job": [t.fqn for t in inputs.mispriced()] if arguments else [],
         "reuse_from_job": sorted(spec_fn.reuse) if arguments else [],
-        "observed_types": sharding_types(planner.best_options),
+        "observed_types": sharding_types(record.best_options),
         "proposed_types": sharding_types(fresh.best_options),
         "observed_predicted_ms": observed.step_ms,
         "proposed_predicted_ms": proposed.step_ms,
@@ -291,7 +292,7 @@ def learn_and_replan(
             else f"no new plan pays: predicted gain {gain:.1%}, uncertainty {spread:.1%}"
         ),
     }
-    return Replan(plan if changed else planner.last_plan, changed, observed, proposed, decision)
+    return Replan(plan if changed else record.plan, changed, observed, proposed, decision)
 
 
 def observed_types(given: dict[str, Any] | None, options: list[Any]) -> dict[str, Any]:
@@ -314,15 +315,30 @@ def sharding_types(options: list[Any]) -> dict[str, int]:
     return dict(collections.Counter(o.sharding_type for o in options))
 
 
-def _kept(planner: DreamShardPlanner, measured: list[dict[str, float]], why: str) -> Replan:
+def _kept(record: PlanRecord, measured: list[dict[str, float]], why: str) -> Replan:
     """The observed plan, unchanged, for ``why``: only TorchRec's estimates learn the
     job's level (:func:`other_factor`)."""
-    other = other_factor(planner.last_prediction, measured)
-    prediction = perf_model(planner, planner.agent, None, other).predict(planner.best_options)
+    other = other_factor(record.prediction, measured)
+    prediction = perf_model(record, record.agent, None, other).predict(record.best_options)
     decision = {
         "kernels_observed": 0,
         "other_scale": other,
         "changed": False,
         "why": f"nothing to learn for the cost network: {why}",
     }
-    return Replan(planner.last_plan, False, prediction, prediction, decision)
+    return Replan(record.plan, False, prediction, prediction, decision)
+
+
+def replan_on_rank0(
+    record: PlanRecord, measured: list[dict[str, float]], inputs: ObservedInputs | None
+) -> tuple[ShardingPlan, PlanPrediction, PlanPrediction, dict[str, Any]] | str:
+    """:func:`learn_and_replan` with the record's calibration settings, as rank 0 sends it
+    to every rank: the plan, the observed and proposed predictions and the decision, or
+    the error's text (every rank raises it after the broadcast)."""
+    try:
+        out = learn_and_replan(record, measured, record.calibration, inputs)
+    except Exception as exc:  # every rank raises it after the broadcast
+        logger.exception("re-planning failed")
+        return f"{type(exc).__name__}: {exc}"
+    logger.info("re-plan: %s", out.decision["why"])
+    return out.plan, out.observed, out.proposed, out.decision

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,30 @@ from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
+@dataclass(frozen=True)
+class DreamShardSettings:
+    """The planner's own settings that its plans depend on, besides the agent and the
+    tables (what :meth:`DreamShardPlanner.dreamshard_context` hashes).
+
+    Attributes:
+        mode: the placement mode.
+        num_samples: sampled policy roll-outs.
+        seed: sampling seed.
+        calibrate: ``repr`` of the ``calibrate`` argument.
+        verify: the ``verify`` argument.
+    """
+
+    mode: str
+    num_samples: int
+    seed: int
+    calibrate: str
+    verify: int | None
+
+    def context(self) -> list[Any]:
+        """The settings in the planner's context hash, in its order."""
+        return [self.mode, self.num_samples, self.seed, self.calibrate, self.verify]
+
+
 def default_topology() -> Topology:
     """The current process group's topology, as TorchRec's planner builds it."""
     if not dist.is_initialized():
@@ -56,6 +81,20 @@ def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     return load_checkpoint(checkpoint)
+
+
+def load_or_defer(checkpoint: str | Path | None) -> tuple[PlacementAgent, str | None]:
+    """The agent in ``checkpoint`` and ``None``; under a process group of several ranks, a
+    failure is kept instead: a stand-in agent (:class:`Unloaded`) and the error, which
+    ``collective_plan`` raises on every rank at once, so no rank is left waiting for one
+    that failed. Elsewhere it raises."""
+    try:
+        return load_agent(checkpoint), None
+    except ValueError as exc:
+        if not (dist.is_initialized() and dist.get_world_size() > 1):
+            raise
+        error = f"rank {dist.get_rank()}: {exc}"
+        return Unloaded(error), error
 
 
 def check_arguments(

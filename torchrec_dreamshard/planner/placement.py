@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 
@@ -22,8 +23,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
-from torchrec_dreamshard.policy import CandidateSource
-from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.policy.split_search import SplitPlan, plan_with_splits
 
@@ -34,31 +34,21 @@ class PolicyPlacer:
     Args:
         agent: the DreamShard agent.
         batch_size: the *global* batch the table-wise kernels process.
-        mode: ``"safe"``, ``"greedy"`` or ``"search"`` (see ``DreamShardPlanner``).
-        num_samples: sampled policy roll-outs (safe and search modes).
-        seed: sampling seed.
-        sources: candidate sources from the planner side (default
-            :func:`~torchrec_dreamshard.planner.candidates.default_sources`: TorchRec's
-            plan).
+        how: the mode (``"safe"``, ``"greedy"`` or ``"search"``, see
+            ``DreamShardPlanner``; ``None``: safe), sampled roll-outs, seed and candidate
+            sources (``None``: :func:`~torchrec_dreamshard.planner.candidates.
+            default_sources`, TorchRec's plan) of every ``agent.place``.
     """
 
     def __init__(
-        self,
-        agent: PlacementAgent,
-        batch_size: int,
-        mode: str = "safe",
-        num_samples: int = 4,
-        seed: int = 0,
-        sources: tuple[CandidateSource, ...] | None = None,
+        self, agent: PlacementAgent, batch_size: int, how: PlaceSettings | None = None
     ) -> None:
-        if mode not in PLACEMENT_MODES:
-            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+        how = how if how is not None else PlaceSettings(mode="safe", num_samples=4)
+        if how.mode not in PLACEMENT_MODES:
+            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {how.mode!r}")
         self._agent = agent
         self._batch_size = batch_size
-        self._mode = mode
-        self._num_samples = num_samples
-        self._seed = seed
-        self.sources: tuple[CandidateSource, ...] = sources or default_sources()
+        self.how = how if how.sources else replace(how, sources=default_sources())
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit plans
 
     def place(
@@ -87,27 +77,13 @@ class PolicyPlacer:
 
     def _whole(self, task: Task) -> SplitPlan:
         """The agent's placement as it is (nothing may be split)."""
-        placement = self._agent.place(
-            task,
-            mode=self._mode,
-            num_samples=self._num_samples,
-            seed=self._seed,
-            sources=self.sources,
-        )
+        placement = self.how.place(self._agent, task)
         self.last_report = self._agent.last_report
         return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
 
     def _split(self, task: Task, widths: dict[str, int]) -> SplitPlan:
         """The split search's plan."""
-        found = plan_with_splits(
-            self._agent,
-            task,
-            mode=self._mode,
-            num_samples=self._num_samples,
-            seed=self._seed,
-            splittable=widths,
-            sources=self.sources,
-        )
+        found = plan_with_splits(self._agent, task, self.how, splittable=widths)
         # the report describes the whole-table placement; a split plan is re-placed
         self.last_report = None if found.sharded.columns else self._agent.last_report
         return found

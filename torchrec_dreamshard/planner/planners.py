@@ -26,7 +26,6 @@ DreamShard's message, naming the tables and what to change, as its last error.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,16 +33,13 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
-from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
-from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
     Partitioner,
     PerfModel,
     PlanLoader,
-    PlannerError,
     Proposer,
     ShardingOption,
     Stats,
@@ -56,39 +52,41 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.planner.adaptation import (
+    adaptation,
+    calibration_config,
+    prior_agent,
+    recall_inputs,
+)
 from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.components import (
+    PlanningScope,
+    UserComponents,
+    build_components,
+)
 from torchrec_dreamshard.planner.defaults import (
-    Unloaded,
+    DreamShardSettings,
     check_arguments,
     default_topology,
-    load_agent,
+    load_or_defer,
     machine_models,
     with_calibration,
 )
-from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.options import plan_layout
-from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
-from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
+from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
+from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
 from torchrec_dreamshard.planner.proposal import PlanPrediction
-from torchrec_dreamshard.planner.proposers import DreamShardProposer
-from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
-from torchrec_dreamshard.planner.rivals import tracked
-from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
+    planner_best_plan,
     torchrec_plan,
 )
-from torchrec_dreamshard.policy.protocol import PlacementAgent
-
-logger = logging.getLogger(__name__)
+from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 
 
-class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
+class DreamShardPlanner(EmbeddingShardingPlanner):
     """A TorchRec sharding planner driven by a trained DreamShard policy.
 
     Every argument of TorchRec's ``EmbeddingShardingPlanner`` comes first, in TorchRec's
@@ -189,16 +187,20 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
     ) -> None:
-        self._arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        self._replanner = PlannerFactory(type(self), arguments)
+        self._constraints_given = constraints
         users = check_arguments(
             mode, batch_size, enumerator, proposer, partitioner, performance_model, plan_loader
         )
         topology = topology if topology is not None else default_topology()
         batch_size = batch_size or BATCH_SIZE
         self._load_error: str | None = None
-        agent = agent if agent is not None else self._load_agent(checkpoint)
+        if agent is None:
+            agent, self._load_error = load_or_defer(checkpoint)
         self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
-        self._settings = [mode, num_samples, seed, repr(calibrate), verify]
+        self.settings = DreamShardSettings(mode, num_samples, seed, repr(calibrate), verify)
+        self._devices, self._per_rank_batch = topology, batch_size
         # TorchRec's default reservation, its dense estimate filled in from each model
         self._own_reservation = None
         if storage_reservation is None:
@@ -207,70 +209,35 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             )
         reservation = storage_reservation or self._own_reservation
         self.table_specs = OptionSpecs(sample_batches, topology.world_size)
-        global_batch, sources = batch_size * topology.world_size, default_sources()
-        self.proposer = DreamShardProposer(
-            self.agent,
-            topology,
-            global_batch,
-            reservation,
-            constraints=constraints,
-            spec_fn=self.table_specs,
-            sources=sources,
-            **machine_models(topology, collectives, dense_kernel),
+        scope = PlanningScope(
+            self.agent, topology, batch_size, reservation, constraints, self.table_specs
         )
-        proposers, self.proposal_log = tracked([self.proposer, *users])
-        placer = PolicyPlacer(self.agent, global_batch, mode, num_samples, seed, sources)
-        given = (enumerator, partitioner, performance_model, stats)  # the user's, or None
+        user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
+        parts = build_components(
+            scope,
+            PlaceSettings(mode, num_samples, seed, default_sources()),
+            user,
+            machine_models(topology, collectives, dense_kernel),
+            lambda: self.adaptation,
+        )
+        self.proposer, self.proposal_log = parts.proposer, parts.proposal_log
+        self.partitioner, self.perf_model = parts.partitioner, parts.perf_model
+        self.cost_stats = parts.cost_stats
         super().__init__(
             topology=topology,
             batch_size=batch_size,
             storage_reservation=reservation,
-            proposer=proposers,
             constraints=constraints,
             debug=debug,
             callbacks=callbacks,
             timeout_seconds=timeout_seconds,
             plan_loader=plan_loader,
-            **self._components(topology, batch_size, reservation, constraints, placer, given),
+            **parts.torchrec,
         )
         self.last_plan: ShardingPlan | None = None
-        self._adaptation: dict[str, Any] | None = None
-
-    def _components(self, topology, batch_size, reservation, constraints, placer, given) -> dict:
-        """TorchRec's enumerator, partitioner, performance model and stats arguments (ours,
-        set as ``partitioner``, ``perf_model``, ``cost_stats``, with the user's ``given``:
-        see the class docstring)."""
-        enumerator, partitioner, performance_model, stats = given
-        enumerator = enumerator or DreamShardEnumerator(
-            topology, batch_size, constraints, self.agent, reservation, self.table_specs
-        )
-        self.partitioner = DreamShardPartitioner(
-            partitioner or GreedyPerfPartitioner(), placer, enumerator, self.table_specs
-        )
-        global_batch = batch_size * topology.world_size
-        self.perf_model = CostNetPerfModel(self.agent, topology, global_batch, self.table_specs)
-        self.cost_stats = CostNetStats(
-            self.perf_model, self.partitioner, self.proposal_log, lambda: self.adaptation
-        )
-        stats = [EmbeddingStats()] if stats is None else stats
-        return {
-            "enumerator": enumerator,
-            "partitioner": self.partitioner,
-            "performance_model": performance_model or self.perf_model,
-            "stats": [*(stats if isinstance(stats, list) else [stats]), self.cost_stats],
-        }
-
-    def _load_agent(self, checkpoint: str | Path | None) -> PlacementAgent:
-        """Load the checkpoint. Under a process group of several ranks a failure is kept
-        (the planner holds a stand-in agent) and raised by :meth:`collective_plan` on every
-        rank at once, so no rank is left waiting for one that failed."""
-        try:
-            return load_agent(checkpoint)
-        except ValueError as exc:
-            if not (dist.is_initialized() and dist.get_world_size() > 1):
-                raise
-            self._load_error = f"rank {dist.get_rank()}: {exc}"
-            return Unloaded(self._load_error)
+        self._adaptation: dict[str, Any] | None = None  # as rank 0 sent it
+        self._recalled: list[str] = []  # tables whose inputs came from a running job
+        self._planned: tuple[nn.Module, list] | None = None  # a re-plan's model, sharders
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """TorchRec's ``plan`` (this rank only), with the tables' reuse statistics measured
@@ -280,7 +247,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self.table_specs.observe(module)
-        self._recall_inputs(module)
+        self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
         if self._own_reservation is not None:
             fill_dense_estimate(self._own_reservation, module, sharders)
         self._adaptation = None
@@ -297,45 +264,23 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
-        """Plan on rank 0 and broadcast the plan, with failures reaching every rank.
-
-        First every rank shares whether its checkpoint loaded (one small
-        ``all_gather_object``): if any failed, every rank raises the same ``ValueError``
-        naming the ranks and the reasons. Then rank 0 plans and broadcasts a
-        :class:`PlanBroadcast`: the plan and the cost network's prediction of it (so
+        """Plan on rank 0 and broadcast the plan, with failures reaching every rank
+        (:func:`~torchrec_dreamshard.planner.plan_broadcast.plan_on_rank0`): a checkpoint
+        that failed to load on any rank raises a ``ValueError`` on every rank; rank 0's
+        plan and the cost network's prediction of it reach every rank (so
         :attr:`last_placement`, :attr:`last_shards`, :attr:`last_prediction` and
-        :attr:`adaptation` are set on every rank), or its error, which every other rank
-        raises as well (a ``PlannerError`` with the same ``error_type``).
-
-        While rank 0 plans, the other ranks serve its measurements
-        (:mod:`torchrec_dreamshard.measure.job_group`): whatever the plan needs measured on
-        this machine and not yet cached (the collectives, the dense and reference kernels,
-        calibration kernels) is measured on ``pg`` itself, every rank taking part, and no
-        process is spawned.
+        :attr:`adaptation` are set on every rank), or its error, which every rank raises
+        (a ``PlannerError`` with the same ``error_type``). While rank 0 plans, the other
+        ranks serve its measurements: what the plan needs measured on this machine and not
+        yet cached is measured on ``pg`` itself, every rank taking part, and no process is
+        spawned.
         """
         from torchrec.distributed.sharding_plan import get_default_sharders
 
-        if pg is None:
-            if not dist.is_initialized():
-                raise ValueError(
-                    "collective_plan needs an initialised process group; use plan() on one rank"
-                )
-            pg = dist.GroupMember.WORLD
         sharders = get_default_sharders() if sharders is None else sharders
-        statuses: list[str | None] = [None] * dist.get_world_size(pg)
-        dist.all_gather_object(statuses, self._load_error, group=pg)
-        failures = [s for s in statuses if s]
-        if failures:
-            raise ValueError("; ".join(failures))
-        group = JobGroup.of(pg)
-        if group.rank == 0:
-            with driving(group):
-                sent = self._plan_for_broadcast(module, sharders)
-            broadcast(group, sent)
-        else:
-            logger.info("rank %d: measuring for rank 0 until it has planned", group.rank)
-            sent = serve(group)
-        assert isinstance(sent, PlanBroadcast)
+        sent = plan_on_rank0(
+            self._load_error, lambda: self._plan_for_broadcast(module, sharders), pg
+        )
         self._adaptation = sent.adaptation
         if sent.plan is None:
             raise sent.error()
@@ -347,10 +292,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         try:
             plan = self.plan(module, sharders)
         except Exception as exc:  # every rank raises it after the broadcast
-            kind = exc.error_type.name if isinstance(exc, PlannerError) else None
-            return PlanBroadcast(
-                None, None, type(exc).__name__, str(exc), kind, adaptation=self.adaptation
-            )
+            return PlanBroadcast.failure(exc, self.adaptation)
         # what a re-plan of this job plans again, once DMP has sharded the model in place
         self._planned = (meta_copy(module), list(sharders))
         return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
@@ -360,7 +302,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
     def dreamshard_context(self) -> list[Any]:
         """What only DreamShard's plans depend on: the agent's fingerprint, the mode,
         samples, seed, calibration and verification settings, and the measured reuse."""
-        return [self.agent.fingerprint(), *self._settings, self.table_specs.reuse_key()]
+        return [self.agent.fingerprint(), *self.settings.context(), self.table_specs.reuse_key()]
 
     def hash_planner_context_inputs(self) -> int:
         """TorchRec's context hash (topology, batch, search space, storage reservation,
@@ -394,3 +336,83 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         """The column-wise shards on the fused kernel of every table the last plan splits,
         by fully qualified name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
         return plan_layout(self.last_plan)[1] if self.last_plan is not None else {}
+
+    # -- what the job it planned is handed -----------------------------------------------
+
+    @property
+    def adaptation(self) -> dict[str, Any]:
+        """How the last plan adapted to this machine (JSON-able): whether the planner
+        calibrated, why (the reference kernel predicted against measured), the cost
+        network's error before and after, and the tables whose inputs it took from what a
+        running job fed them (``inputs_from_job``); on every rank after
+        ``collective_plan``."""
+        if self._adaptation is not None:
+            return self._adaptation
+        return adaptation(self.agent, self._recalled)
+
+    @property
+    def topology(self) -> Topology:
+        """The devices the planner plans for."""
+        return self._devices
+
+    @property
+    def global_batch(self) -> int:
+        """The batch each table-wise kernel processes: per-rank batch x world size."""
+        return self._per_rank_batch * self._devices.world_size
+
+    @property
+    def best_options(self) -> list[ShardingOption]:
+        """The sharding options of the last plan (on the rank that planned)."""
+        options = planner_best_plan(self)
+        if options is None:
+            raise ValueError("the planner has no plan on this rank (rank 0 plans)")
+        return options
+
+    @property
+    def plan_record(self) -> PlanRecord:
+        """The last plan and what it was planned from, as a value
+        (:class:`~torchrec_dreamshard.planner.plan_record.PlanRecord`): what the feedback
+        loop reads of the planner (:class:`~torchrec_dreamshard.feedback.observer.
+        JobObserver`). Raises a ``ValueError`` before ``collective_plan`` or ``plan``."""
+        if self.last_plan is None or self.last_prediction is None:
+            raise ValueError("observe() needs the planner's plan: call collective_plan first")
+        options = planner_best_plan(self)
+        model, sharders = self._planned if self._planned is not None else (None, None)
+        return PlanRecord(
+            plan=self.last_plan,
+            prediction=self.last_prediction,
+            options=tuple(options) if options is not None else None,
+            topology=self._devices,
+            batch_size=self._per_rank_batch,
+            constraints=self._constraints_given,
+            prior_agent=prior_agent(self.agent),
+            agent=self.agent,
+            adaptation=self.adaptation,
+            specs=self.table_specs,
+            model=model,
+            sharders=tuple(sharders) if sharders is not None else None,
+            calibration=calibration_config(self.agent, self._devices),
+            replanner=self._replanner,
+        )
+
+    def observe(
+        self,
+        dmp: Any,
+        pg: Any = None,
+        every: int = 20,
+        warmup: int = 5,
+        max_overhead: float | None = 0.01,
+    ) -> Any:
+        """A :class:`~torchrec_dreamshard.feedback.observer.JobObserver` of the job this
+        planner planned, ``JobObserver(planner.plan_record, dmp, ...)`` (call it on every
+        rank, after ``DistributedModelParallel``; the arguments are ``JobObserver``'s):
+        ``observer.step()`` after each training step, then ``observer.report()`` and
+        ``observer.replan()`` (both collective)."""
+        # The one import against the layer order (planner -> feedback), on purpose: the
+        # user's call stays on the planner, and nothing of feedback loads until it is made.
+        from torchrec_dreamshard.feedback.observer import JobObserver
+
+        record = self.plan_record
+        return JobObserver(
+            record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead
+        )

@@ -110,8 +110,9 @@ def planner_reserved_topology(planner: EmbeddingShardingPlanner) -> Topology:
     return reserved_topology(planner._storage_reservation, planner._topology)
 
 
-def planner_best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption]:
-    """The sharding options of the plan a planner chose last (with their ranks)."""
+def planner_best_plan(planner: EmbeddingShardingPlanner) -> list[ShardingOption] | None:
+    """The sharding options of the plan a planner chose last (with their ranks; ``None``
+    before it planned)."""
     return planner._best_plan
 
 

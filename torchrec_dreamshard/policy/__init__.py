@@ -31,6 +31,7 @@ from torchrec_dreamshard.policy.protocol import (
     FixedPlan,
     NoPlanError,
     PlacementAgent,
+    PlaceSettings,
 )
 from torchrec_dreamshard.policy.safety_net import Candidate, SafetyReport, refine
 
@@ -43,6 +44,7 @@ __all__ = [
     "EstimatedMDP",
     "FixedPlan",
     "NoPlanError",
+    "PlaceSettings",
     "PlacementAgent",
     "PlacementError",
     "PolicyNet",

@@ -36,7 +36,7 @@ from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, alone_on_a_device
 from torchrec_dreamshard.policy.policy_net import PolicyNet, build_networks
-from torchrec_dreamshard.policy.protocol import CandidateSource
+from torchrec_dreamshard.policy.protocol import CandidateSource, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
     DEFAULT_SAMPLES,
@@ -250,7 +250,7 @@ class DreamShard:
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         with single_thread(), torch.no_grad():
-            return self._place(task, mode, num_samples, seed, sources)
+            return self._place(task, PlaceSettings(mode, num_samples, seed, sources))
 
     @single_thread()
     @torch.no_grad()
@@ -287,13 +287,13 @@ class DreamShard:
             failed.update(no_plan)
         return named, failed
 
-    def _place(self, task, mode, num_samples, seed, sources) -> list[int]:
+    def _place(self, task: Task, how: PlaceSettings) -> list[int]:
         mdp = self.mdp(task)
-        if mode == "greedy":
+        if how.mode == "greedy":
             self.last_report = None
             placement = mdp.rollout(self.policy, 1, greedy=True).placements[0]
             return check_placement(task, [int(d) for d in placement])
-        named, failed = self.candidates(task, mode, num_samples, seed, sources, mdp)
+        named, failed = self.candidates(task, how.mode, how.num_samples, how.seed, how.sources, mdp)
         large = is_large(task)
         self.last_report = choose(
             self.scorer(task, mdp.table_enc),
@@ -301,7 +301,7 @@ class DreamShard:
             failed,
             refine_top=1 if large else REFINE_TOP,
             refine_steps=REFINE_STEPS // 2 if large else REFINE_STEPS,
-            seed=seed,
+            seed=how.seed,
         )
         return check_placement(task, [int(d) for d in self.last_report.winner.placement])
 

@@ -26,7 +26,47 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy.agent import CostPrediction
     from torchrec_dreamshard.policy.safety_net import SafetyReport
 
-__all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlacementAgent"]
+__all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlaceSettings", "PlacementAgent"]
+
+
+@dataclass(frozen=True)
+class PlaceSettings:
+    """How to call :meth:`PlacementAgent.place`: its settings besides the task, carried
+    as one value through the planner, the split search and calibration.
+
+    Attributes:
+        mode: ``"safe"``, ``"greedy"`` or ``"search"`` (``None``: the agent's default).
+        num_samples: sampled policy roll-outs (``None``: the agent's default).
+        seed: sampling seed.
+        sources: candidate sources for the call, in place of the agent's own (``None``:
+            the agent's own).
+    """
+
+    mode: str | None = None
+    num_samples: int | None = None
+    seed: int = 0
+    sources: tuple[CandidateSource, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_samples is not None and self.num_samples < 0:
+            raise ValueError(f"num_samples must be >= 0, got {self.num_samples}")
+        if self.sources is not None and not isinstance(self.sources, tuple):
+            object.__setattr__(self, "sources", tuple(self.sources))
+
+    def kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``agent.place`` (the agent's defaults left out)."""
+        out: dict[str, Any] = {"seed": self.seed}
+        if self.mode is not None:
+            out["mode"] = self.mode
+        if self.num_samples is not None:
+            out["num_samples"] = self.num_samples
+        if self.sources is not None:
+            out["sources"] = self.sources
+        return out
+
+    def place(self, agent: PlacementAgent, task: Task) -> list[int]:
+        """``agent.place(task)`` with these settings, as a list of ints."""
+        return [int(d) for d in agent.place(task, **self.kwargs())]
 
 
 @runtime_checkable

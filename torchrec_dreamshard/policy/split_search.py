@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -40,10 +40,11 @@ from torchrec_dreamshard.data.splits import (
     split_counts,
 )
 from torchrec_dreamshard.data.tasks import Task, device_bytes
+from torchrec_dreamshard.policy.protocol import PlaceSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy.agent import CostPrediction
-    from torchrec_dreamshard.policy.protocol import CandidateSource, PlacementAgent
+    from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
@@ -75,12 +76,9 @@ class SplitPlan:
 def plan_with_splits(
     agent: PlacementAgent,
     task: Task,
-    mode: str | None = None,
-    num_samples: int | None = None,
-    seed: int = 0,
+    how: PlaceSettings | None = None,
     splittable: Mapping[str, int] | None = None,
     max_shards: int = MAX_SHARDS,
-    sources: Sequence[CandidateSource] | None = None,
 ) -> SplitPlan:
     """Place ``task``, splitting tables column-wise where that fits or pays (see the module
     docstring).
@@ -88,13 +86,10 @@ def plan_with_splits(
     Args:
         agent: the agent.
         task: the task; may hold tables bigger than every device (``allow_oversized``).
-        mode: the agent's placement mode (``None``: the agent's default).
-        num_samples: passed to ``agent.place`` (``None``: the agent's default).
-        seed: passed to ``agent.place``.
+        how: how to call ``agent.place`` (``None``: the agent's defaults, seed 0).
         splittable: the tables that may be split, each with its minimum shard width
             (``None``: every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
         max_shards: shards of one table at most (capped at the number of devices).
-        sources: passed to ``agent.place`` (``None``: the agent's own candidate sources).
 
     Raises:
         ValueError: a table bigger than every device that may not be split or cannot be
@@ -112,7 +107,7 @@ def plan_with_splits(
 
     specs = {t.name: t for t in task.tables}
     counts = _forced_counts(task, allowed, limit)
-    how = _PlaceArgs(mode, num_samples, seed, sources)
+    how = how if how is not None else PlaceSettings()
     sharded, placement = _place_fitting(agent, task, counts, next_count, how)
     # the search's trial placements below use the agent's plain placer (a calibrating
     # agent's calibrated agent, which measures nothing) and must not leave their safety-net
@@ -173,27 +168,7 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
     return counts
 
 
-@dataclass(frozen=True)
-class _PlaceArgs:
-    """How the search calls ``agent.place`` (``None``: the agent's default)."""
-
-    mode: str | None
-    num_samples: int | None
-    seed: int
-    sources: Sequence[CandidateSource] | None
-
-    def place(self, agent: PlacementAgent, task: Task) -> list[int]:
-        kwargs: dict[str, Any] = {"seed": self.seed}
-        if self.mode is not None:
-            kwargs["mode"] = self.mode
-        if self.num_samples is not None:
-            kwargs["num_samples"] = self.num_samples
-        if self.sources is not None:
-            kwargs["sources"] = self.sources
-        return [int(d) for d in agent.place(task, **kwargs)]
-
-
-def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: _PlaceArgs):
+def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: PlaceSettings):
     """Place the shard task, splitting the table with the largest shards further while the
     agent finds no placement."""
     error: ValueError | None = None

@@ -1,0 +1,53 @@
+"""Every rank's observations of the job, gathered: the sampled steps, what sampling cost,
+what the sampled steps fed the tables, and the model's tables (rank 0's), for the report
+(:mod:`.job_report`) and the re-plan (:mod:`.replan`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from torchrec_dreamshard.feedback.inputs import ObservedInputs, pooling_sums
+from torchrec_dreamshard.feedback.sampling import StepSampler
+from torchrec_dreamshard.measure.job_group import JobGroup
+
+
+def gather(
+    sampler: StepSampler, group: JobGroup, tables: Any, with_inputs: bool = False
+) -> dict[str, list[Any]]:
+    """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
+    were fed and the model's tables (``tables``: rank 0's), in one collective; where
+    ``with_inputs``, each rank's recorded inputs too, to rank 0 only (a second
+    collective: up to tens of MB a rank, which the other ranks have no use for)."""
+    sampler.close()
+    mine = {
+        "profiles": sampler.profiles,
+        "overhead": sampler.overhead,
+        "sums": pooling_sums(sampler.inputs.steps),
+        "tables": tables,
+    }
+    out: list[Any] = [None] * group.world
+    dist.all_gather_object(out, mine, group=group.pg)
+    gathered = {key: [o[key] for o in out] for key in mine}
+    inputs: list[Any] | None = None
+    if with_inputs:
+        inputs = [None] * group.world if group.rank == 0 else None
+        dist.gather_object(list(sampler.inputs.steps), inputs, group=group.pg, group_dst=0)
+    gathered["inputs"] = inputs or []
+    return gathered
+
+
+def observed_inputs(gathered: dict[str, list[Any]], constraints: Any) -> ObservedInputs | None:
+    """What the job fed its tables, from :func:`gather`'s result, beside the
+    ``constraints`` the planner was given (``None`` where the model's tables are unknown:
+    it was not planned through ``collective_plan``)."""
+    tables = gathered["tables"][0]
+    if tables is None:
+        return None
+    sums: dict[str, tuple[int, int]] = {}
+    for rank in gathered["sums"]:
+        for key, (ids, samples) in rank.items():
+            total = sums.get(key, (0, 0))
+            sums[key] = (total[0] + ids, total[1] + samples)
+    return ObservedInputs(tables, sums, constraints, gathered["inputs"])

@@ -1,0 +1,72 @@
+"""How a :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner`'s agent adapts to
+the machine, read in one place: the calibrating agent it may be wrapped in
+(:class:`~torchrec_dreamshard.calibration.CalibratingAgent`), the agent before adapting,
+the calibration settings, and the tables' inputs recalled from a running job's store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+from torchrec.distributed.planner.types import Topology
+
+from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+from torchrec_dreamshard.calibration.observed_inputs import recalled_inputs
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.planner.option_specs import OptionSpecs
+from torchrec_dreamshard.policy.protocol import PlacementAgent
+
+
+def calibrating(agent: PlacementAgent) -> CalibratingAgent | None:
+    """``agent`` where it calibrates or verifies (a :class:`CalibratingAgent`), else
+    ``None``."""
+    return agent if isinstance(agent, CalibratingAgent) else None
+
+
+def prior_agent(agent: PlacementAgent) -> PlacementAgent:
+    """The agent before calibration (the checkpoint's)."""
+    wrapper = calibrating(agent)
+    return wrapper.prior if wrapper is not None else agent
+
+
+def adaptation(agent: PlacementAgent, recalled: list[str]) -> dict[str, Any]:
+    """How the last plan of ``agent`` adapted to this machine (JSON-able): whether it
+    calibrated, why, the cost network's error before and after, and the tables whose
+    inputs it took from what a running job fed them (``recalled``: ``inputs_from_job``)."""
+    wrapper = calibrating(agent)
+    if wrapper is None:
+        return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
+    out = wrapper.adaptation()
+    if recalled:
+        out["inputs_from_job"] = list(recalled)
+    return out
+
+
+def calibration_config(agent: PlacementAgent, topology: Topology) -> CalibrationConfig:
+    """The calibration settings ``agent`` calibrates with (or would, on ``topology``'s
+    device), measuring nothing: the store the job's observations join."""
+    wrapper = calibrating(agent)
+    if wrapper is not None and wrapper.calibration is not None:
+        base = wrapper.calibration
+    else:
+        device = "cuda" if topology.compute_device == "cuda" else "cpu"
+        base = CalibrationConfig(measure=MeasureConfig(device=device))
+    return dataclasses.replace(base, measure_missing=False, progress=False)
+
+
+def recall_inputs(
+    agent: PlacementAgent, topology: Topology, specs: OptionSpecs, module: nn.Module
+) -> list[str]:
+    """Where the planner learns (its agent calibrates), have ``specs`` take what running
+    jobs of ``module``'s tables fed them, as the store keeps it (``JobObserver.replan``
+    keeps it), over the declared pooling factors and the sample batches' reuse: a
+    restarted job plans its tables as its last run fed them. Returns those tables."""
+    wrapper = calibrating(agent)
+    if wrapper is None or wrapper.calibration is None:
+        return []
+    store = calibration_config(agent, topology).store_path()
+    pooling, reuse = recalled_inputs(store, module)
+    specs.learn(pooling, reuse)
+    return sorted(pooling)

@@ -1,0 +1,138 @@
+"""DreamShard's planner components, wired: what
+:class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` hands TorchRec's planner
+(enumerator, proposers, partitioner, performance model, stats), built from what they all
+plan for (:class:`PlanningScope`) and with the user's components (:class:`UserComponents`)
+where given: the user's enumerator, partitioner and performance model replace ours, the
+user's proposers and stats add to ours (see ``DreamShardPlanner``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.types import (
+    Enumerator,
+    ParameterConstraints,
+    Partitioner,
+    PerfModel,
+    Proposer,
+    Stats,
+    StorageReservation,
+    Topology,
+)
+
+from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
+from torchrec_dreamshard.planner.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
+from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.placement import PolicyPlacer
+from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.rivals import ProposalLog, tracked
+from torchrec_dreamshard.planner.stats import CostNetStats
+from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
+
+
+@dataclass(frozen=True)
+class PlanningScope:
+    """What every component plans for.
+
+    Attributes:
+        agent: the agent (wrapped for calibration where it calibrates).
+        topology: the devices.
+        batch_size: TorchRec's per-rank batch size.
+        reservation: the storage reservation.
+        constraints: TorchRec's constraints by table name.
+        specs: the table spec of every option.
+    """
+
+    agent: PlacementAgent
+    topology: Topology
+    batch_size: int
+    reservation: StorageReservation
+    constraints: dict[str, ParameterConstraints] | None
+    specs: OptionSpecs
+
+    @property
+    def global_batch(self) -> int:
+        """The batch each table-wise kernel processes: per-rank batch x world size."""
+        return self.batch_size * self.topology.world_size
+
+
+@dataclass(frozen=True)
+class UserComponents:
+    """The user's components, each ``None`` where not given."""
+
+    enumerator: Enumerator | None = None
+    proposers: tuple[Proposer, ...] = ()
+    partitioner: Partitioner | None = None
+    performance_model: PerfModel | None = None
+    stats: Stats | list[Stats] | None = None
+
+
+@dataclass(frozen=True)
+class Components:
+    """DreamShard's components, and TorchRec's planner arguments made of them.
+
+    Attributes:
+        proposer: DreamShard's proposer.
+        proposal_log: which proposer's proposal won.
+        partitioner: DreamShard's partitioner.
+        perf_model: the cost network's performance model.
+        cost_stats: the stats logger of the cost network's predictions.
+        torchrec: TorchRec's ``enumerator``, ``proposer``, ``partitioner``,
+            ``performance_model`` and ``stats`` arguments.
+    """
+
+    proposer: DreamShardProposer
+    proposal_log: ProposalLog
+    partitioner: DreamShardPartitioner
+    perf_model: CostNetPerfModel
+    cost_stats: CostNetStats
+    torchrec: dict[str, Any]
+
+
+def build_components(
+    scope: PlanningScope,
+    how: PlaceSettings,
+    user: UserComponents,
+    machine: dict[str, Callable[[], Any]],
+    adaptation: Callable[[], dict[str, Any]],
+) -> Components:
+    """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
+    ``machine``: the type choice's models of this machine
+    (:func:`~torchrec_dreamshard.planner.defaults.machine_models`); ``adaptation``: how the
+    last plan adapted to this machine, for the stats."""
+    agent, topology, specs = scope.agent, scope.topology, scope.specs
+    proposer = DreamShardProposer(
+        agent,
+        topology,
+        scope.global_batch,
+        scope.reservation,
+        constraints=scope.constraints,
+        spec_fn=specs,
+        sources=how.sources,
+        **machine,
+    )
+    proposers, log = tracked([proposer, *user.proposers])
+    enumerator = user.enumerator or DreamShardEnumerator(
+        topology, scope.batch_size, scope.constraints, agent, scope.reservation, specs
+    )
+    placer = PolicyPlacer(agent, scope.global_batch, how)
+    partitioner = DreamShardPartitioner(
+        user.partitioner or GreedyPerfPartitioner(), placer, enumerator, specs
+    )
+    perf_model = CostNetPerfModel(agent, topology, scope.global_batch, specs)
+    cost_stats = CostNetStats(perf_model, partitioner, log, adaptation)
+    stats = [EmbeddingStats()] if user.stats is None else user.stats
+    torchrec = {
+        "enumerator": enumerator,
+        "proposer": proposers,
+        "partitioner": partitioner,
+        "performance_model": user.performance_model or perf_model,
+        "stats": [*(stats if isinstance(stats, list) else [stats]), cost_stats],
+    }
+    return Components(proposer, log, partitioner, perf_model, cost_stats, torchrec)
