@@ -100,11 +100,11 @@ def test_the_observer_samples_less_often_where_sampling_is_dear(tmp_path):
 
     from torchrec_dreamshard.feedback.observer import JobObserver
 
-    planner = SimpleNamespace(last_plan=object(), last_prediction=object())
+    record = SimpleNamespace(plan=object(), prediction=object(), model=None)
     intervals, overheads = [], []
     with local_process_group(0, 1, free_port()):
         for max_overhead in (0.001, None):  # 0.1%: a sample's cost is far above it
-            observer = JobObserver(planner, None, every=5, warmup=5, max_overhead=max_overhead)
+            observer = JobObserver(record, None, every=5, warmup=5, max_overhead=max_overhead)
             x = torch.randn(64, 64)
             for _ in range(120):
                 end = time.perf_counter() + 1e-3
@@ -125,15 +125,15 @@ def test_a_sample_that_spans_a_pause_is_dropped_not_counted():
 
     from torchrec_dreamshard.feedback.observer import JobObserver
 
-    planner = SimpleNamespace(last_plan=object(), last_prediction=object())
+    record = SimpleNamespace(plan=object(), prediction=object(), model=None)
     with local_process_group(0, 1, free_port()):
-        observer = JobObserver(planner, None, every=5, warmup=5, max_overhead=None)
+        observer = JobObserver(record, None, every=5, warmup=5, max_overhead=None)
         paused = False
         for _ in range(40):
             end = time.perf_counter() + 1e-3
             while time.perf_counter() < end:
                 pass
-            if observer._profiler is not None and not paused and observer.steps > 10:
+            if observer.sampling and not paused and observer.steps > 10:
                 time.sleep(0.5)  # 500 plain steps' time inside an open sample
                 paused = True
             observer.step()

@@ -103,6 +103,39 @@ def test_plan_is_a_valid_sharding_plan(agent):
     )
 
 
+def test_the_plan_record_is_a_value_and_its_factory_shares_no_user_component(agent):
+    """``plan_record`` carries the plan and what it was planned from; the factory in it
+    builds a planner of the same arguments with the given agent and deep copies of the
+    user's components: planning with it leaves the user's proposer as it was."""
+    from torchrec.distributed.planner.proposers import GreedyProposer
+
+    from torchrec_dreamshard.planner.plan_record import PlanRecord
+
+    with pytest.raises(ValueError, match="call collective_plan first"):
+        _ = planner(agent).plan_record
+    mine = GreedyProposer()
+    constraints = {"t0": ParameterConstraints(sharding_types=["table_wise"])}
+    p = planner(agent, world=2, proposer=mine, constraints=constraints, calibrate=False)
+    plan = p.plan(dlrm(configs(4)), SHARDERS)
+    record = p.plan_record
+    assert isinstance(record, PlanRecord) and record.plan is plan
+    assert record.prediction is p.last_prediction and record.batch_size == 64
+    assert record.global_batch == 128 and record.topology.world_size == 2
+    assert record.constraints is constraints and record.prior_agent is record.agent is agent
+    assert {o.name for o in record.best_options} == {f"t{i}" for i in range(4)}
+    with pytest.raises(ValueError, match="rank 0 keeps it"):  # plan(), not collective_plan
+        _ = record.planned_inputs
+    with pytest.raises(AttributeError):  # frozen
+        record.plan = None
+    assert len(mine._sharding_options_by_fqn) == 4  # the user's proposer saw 4 tables
+    fresh = record.replanner(agent, seed=1)
+    assert isinstance(fresh, DreamShardPlanner) and fresh is not p
+    fresh.plan(dlrm(configs(6)), SHARDERS)  # its copy of the proposer sees 6
+    assert {o.name for o in fresh.best_options} == {f"t{i}" for i in range(6)}
+    assert len(mine._sharding_options_by_fqn) == 4  # the user's is as the user's plan left it
+    assert fresh.settings.seed == 1 and fresh.settings.verify == 0
+
+
 def test_several_collections_nested_anywhere(agent):
     class Towers(nn.Module):
         def __init__(self):

@@ -30,7 +30,7 @@ from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.proposers import DreamShardProposer
+from torchrec_dreamshard.planner.proposers import DreamShardProposer, MachineModels
 from torchrec_dreamshard.planner.rivals import ProposalLog, tracked
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
@@ -99,7 +99,7 @@ def build_components(
     scope: PlanningScope,
     how: PlaceSettings,
     user: UserComponents,
-    machine: dict[str, Callable[[], Any]],
+    machine: MachineModels,
     adaptation: Callable[[], dict[str, Any]],
 ) -> Components:
     """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
@@ -114,8 +114,8 @@ def build_components(
         scope.reservation,
         constraints=scope.constraints,
         spec_fn=specs,
+        machine=machine,
         sources=how.sources,
-        **machine,
     )
     proposers, log = tracked([proposer, *user.proposers])
     enumerator = user.enumerator or DreamShardEnumerator(

@@ -35,6 +35,7 @@ from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
 from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
+from torchrec_dreamshard.planner.proposers import MachineModels
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
@@ -233,20 +234,15 @@ def machine_models(
     topology: Topology,
     collectives: CollectiveModels | None,
     dense_kernel: DenseKernelModel | None,
-) -> dict[str, Callable[[], Any]]:
-    """Where the type choice's models of this machine come from, as the proposer takes
-    them: the collectives and the dense kernel given (or their defaults), and the
-    reference kernel's time (:func:`default_collectives`, :func:`default_dense_kernel`,
-    :func:`default_reference`)."""
-    return {
-        "collectives": default_collectives(topology)
-        if collectives is None
-        else lambda: collectives,
-        "dense_kernel": default_dense_kernel(topology)
-        if dense_kernel is None
-        else lambda: dense_kernel,
-        "reference_ms": default_reference(topology),
-    }
+) -> MachineModels:
+    """Where the type choice's models of this machine come from: the collectives and the
+    dense kernel given (or their defaults), and the reference kernel's time
+    (:func:`default_collectives`, :func:`default_dense_kernel`, :func:`default_reference`)."""
+    return MachineModels(
+        default_collectives(topology) if collectives is None else lambda: collectives,
+        default_dense_kernel(topology) if dense_kernel is None else lambda: dense_kernel,
+        default_reference(topology),
+    )
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:

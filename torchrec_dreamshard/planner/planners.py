@@ -15,10 +15,9 @@ proposes one option per table, the sharding-type choice included;
 policy does not place; the policy, splitting some column-wise, its own tables in the memory
 left) and checks memory; :class:`CostNetPerfModel` rates every proposal;
 :class:`CostNetStats` logs the predicted per-rank times and which proposer won. Which
-tables the policy places: :mod:`torchrec_dreamshard.planner.enumerators`. It takes every
-argument of TorchRec's planner with TorchRec's meaning; a user's enumerator, proposers,
-partitioner, performance model, stats, callbacks and plan loader add to ours or replace
-them (see :class:`DreamShardPlanner`). Nothing here trains. When the tables cannot be
+tables the policy places: :mod:`torchrec_dreamshard.planner.enumerators`; how the parts
+are wired, with a user's: :mod:`torchrec_dreamshard.planner.components`. What the job it
+planned is handed: :attr:`DreamShardPlanner.plan_record`. When the tables cannot be
 placed, TorchRec's planner raises its ``PlannerError`` (``INSUFFICIENT_STORAGE`` when the
 model does not fit the devices' memory in all, else ``STRICT_CONSTRAINTS``) with
 DreamShard's message, naming the tables and what to change, as its last error.
@@ -264,17 +263,12 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
-        """Plan on rank 0 and broadcast the plan, with failures reaching every rank
-        (:func:`~torchrec_dreamshard.planner.plan_broadcast.plan_on_rank0`): a checkpoint
-        that failed to load on any rank raises a ``ValueError`` on every rank; rank 0's
-        plan and the cost network's prediction of it reach every rank (so
-        :attr:`last_placement`, :attr:`last_shards`, :attr:`last_prediction` and
-        :attr:`adaptation` are set on every rank), or its error, which every rank raises
-        (a ``PlannerError`` with the same ``error_type``). While rank 0 plans, the other
-        ranks serve its measurements: what the plan needs measured on this machine and not
-        yet cached is measured on ``pg`` itself, every rank taking part, and no process is
-        spawned.
-        """
+        """Plan on rank 0 and send every rank the plan (:attr:`last_placement`,
+        :attr:`last_shards`, :attr:`last_prediction` and :attr:`adaptation` set on every
+        rank) or rank 0's error, which every rank raises (a ``PlannerError`` of the same
+        ``error_type``); a checkpoint that failed on any rank raises a ``ValueError`` on
+        every rank. While rank 0 plans, the other ranks serve what it measures, on ``pg``
+        itself (:func:`~torchrec_dreamshard.planner.plan_broadcast.plan_on_rank0`)."""
         from torchrec.distributed.sharding_plan import get_default_sharders
 
         sharders = get_default_sharders() if sharders is None else sharders
@@ -337,8 +331,6 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         by fully qualified name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
         return plan_layout(self.last_plan)[1] if self.last_plan is not None else {}
 
-    # -- what the job it planned is handed -----------------------------------------------
-
     @property
     def adaptation(self) -> dict[str, Any]:
         """How the last plan adapted to this machine (JSON-able): whether the planner
@@ -351,16 +343,6 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return adaptation(self.agent, self._recalled)
 
     @property
-    def topology(self) -> Topology:
-        """The devices the planner plans for."""
-        return self._devices
-
-    @property
-    def global_batch(self) -> int:
-        """The batch each table-wise kernel processes: per-rank batch x world size."""
-        return self._per_rank_batch * self._devices.world_size
-
-    @property
     def best_options(self) -> list[ShardingOption]:
         """The sharding options of the last plan (on the rank that planned)."""
         options = planner_best_plan(self)
@@ -370,10 +352,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def plan_record(self) -> PlanRecord:
-        """The last plan and what it was planned from, as a value
-        (:class:`~torchrec_dreamshard.planner.plan_record.PlanRecord`): what the feedback
-        loop reads of the planner (:class:`~torchrec_dreamshard.feedback.observer.
-        JobObserver`). Raises a ``ValueError`` before ``collective_plan`` or ``plan``."""
+        """The last plan and what it was planned from, as a value (:class:`PlanRecord`):
+        all the feedback loop reads of the planner. A ``ValueError`` before a plan."""
         if self.last_plan is None or self.last_prediction is None:
             raise ValueError("observe() needs the planner's plan: call collective_plan first")
         options = planner_best_plan(self)

@@ -61,6 +61,26 @@ from torchrec_dreamshard.policy import CandidateSource
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
+@dataclass(frozen=True)
+class MachineModels:
+    """Where the type choice's models of this machine come from, each asked for only when
+    the type choice prices tables
+    (:func:`~torchrec_dreamshard.planner.defaults.machine_models`).
+
+    Attributes:
+        collectives: gives the machine's fitted collective models (``None``: every policy
+            table stays table-wise).
+        dense_kernel: gives the fitted dense-kernel model data-parallel tables are priced
+            with (``None``, or giving ``None``: analytic).
+        reference_ms: gives the reference kernel's time here, to price the cost network's
+            kernels in this machine's time (``None``, or giving ``None``: as predicted).
+    """
+
+    collectives: Callable[[], CollectiveModels] | None = None
+    dense_kernel: Callable[[], DenseKernelModel | None] | None = None
+    reference_ms: Callable[[], tuple[float, float] | None] | None = None
+
+
 class DreamShardProposer(Proposer):
     """Proposes one option per table: the policy's where it places the table, the type
     choice's where another type rates better, TorchRec's best-rated for the rest.
@@ -73,15 +93,11 @@ class DreamShardProposer(Proposer):
         storage_reservation: the planner's storage reservation.
         constraints: TorchRec per-table constraints (``min_partition`` of splits).
         spec_fn: the planner's table specs (default: shapes and pooling only).
-        collectives: gives the machine's fitted collective models, asked for only when the
-            search space offers a table another type than table-wise that the type choice
-            may offer; then :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser`
-            decides which tables leave table-wise (``None``: every policy table stays
-            table-wise).
-        dense_kernel: gives the machine's fitted dense-kernel model the type choice prices
-            data-parallel tables with (``None``, or giving ``None``: analytic).
-        reference_ms: gives the reference kernel's time here, to price the cost network's
-            kernels in this machine's time (``None``, or giving ``None``: as predicted).
+        machine: the type choice's models of this machine; its collectives are asked for
+            only when the search space offers a table another type than table-wise that
+            the type choice may offer; then
+            :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser` decides which
+            tables leave table-wise (``None``: every policy table stays table-wise).
         sources: the candidate sources a calibrating agent calibrates with (default
             :func:`~torchrec_dreamshard.planner.candidates.default_sources`: TorchRec's
             plan).
@@ -95,9 +111,7 @@ class DreamShardProposer(Proposer):
         storage_reservation: StorageReservation | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
         spec_fn: SpecFn | None = None,
-        collectives: Callable[[], CollectiveModels] | None = None,
-        dense_kernel: Callable[[], DenseKernelModel | None] | None = None,
-        reference_ms: Callable[[], tuple[float, float] | None] | None = None,
+        machine: MachineModels | None = None,
         sources: tuple[CandidateSource, ...] | None = None,
     ) -> None:
         self._agent = agent
@@ -112,8 +126,12 @@ class DreamShardProposer(Proposer):
         self._constraint = topology
         self._options: tuple[list[ShardingOption], list[ShardingOption]] = ([], [])
         self._priced: _Priced | None = None
-        self._collectives = collectives
-        self._machine = (dense_kernel or (lambda: None), reference_ms or (lambda: None))
+        machine = machine if machine is not None else MachineModels()
+        self._collectives = machine.collectives
+        self._machine = (
+            machine.dense_kernel or (lambda: None),
+            machine.reference_ms or (lambda: None),
+        )
         self.sources: tuple[CandidateSource, ...] = sources or default_sources()
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
         self.type_chooser: TypeChooser | None = None  # and the chooser that made it
