@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,6 +53,13 @@ _FIT_SETS = 28  # random table sets timed to fit the model
 _MAX_WEIGHT_ELEMENTS = 8_000_000  # per timed set (32 MB of fp32)
 _WARMUP, _ITERS = 2, 5
 _LEARNING_RATE = 0.01
+# PyTorch warns, on the first backward through FBGEMM's dense kernel, that
+# ``fbgemm::dense_embedding_codegen_lookup_function`` has no autograd kernel registered to
+# the Autograd key (FBGEMM 1.8 and 1.9 alike). Its gradient is right all the same: FBGEMM's
+# Python autograd function carries the backward, and the weights' gradient equals a plain
+# ``embedding_bag`` autograd reference's (tests/test_dense_kernels.py). Silenced around our
+# own timed backward only.
+_NO_AUTOGRAD_KERNEL = ".*dense_embedding_codegen_lookup_function: an autograd kernel"
 
 
 def dense_features(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
@@ -126,17 +134,9 @@ def time_dense_kernel(
 ) -> tuple[float, float]:
     """Median ``(fwd_ms, bwd_ms)`` of FBGEMM's dense kernel over ``tables`` (one thread on
     CPU), the backward followed by an Adagrad step over the weights and zeroing the grad."""
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        DenseTableBatchedEmbeddingBagsCodegen,
-    )
-
     dev = torch.device(device)
     with single_thread(device == "cpu"):
-        emb = DenseTableBatchedEmbeddingBagsCodegen(
-            [(t.rows, t.dim) for t in tables], use_cpu=device == "cpu"
-        ).to(dev)
-        with torch.no_grad():
-            emb.weights.uniform_(0.001, 0.01)
+        emb = dense_kernel(tables, device)
         optimizer = torch.optim.Adagrad(emb.parameters(), lr=_LEARNING_RATE)
         ring = [(i.to(dev), o.to(dev)) for i, o in fused_ring(tables, batch_size, seed, 3)]
         grad = torch.randn(batch_size, sum(t.dim for t in tables), device=dev)
@@ -146,6 +146,30 @@ def time_dense_kernel(
             if k >= _WARMUP:
                 times.append(fb)
     return statistics.median(f for f, _ in times), statistics.median(b for _, b in times)
+
+
+def dense_kernel(tables: Sequence[TableSpec], device: str = "cpu") -> torch.nn.Module:
+    """FBGEMM's dense kernel over ``tables`` on ``device``, as TorchRec's data-parallel
+    sharding runs it (one module, the tables' weights concatenated), weights drawn from
+    ``U(0.001, 0.01)``."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        DenseTableBatchedEmbeddingBagsCodegen,
+    )
+
+    emb = DenseTableBatchedEmbeddingBagsCodegen(
+        [(t.rows, t.dim) for t in tables], use_cpu=device == "cpu"
+    ).to(torch.device(device))
+    with torch.no_grad():
+        emb.weights.uniform_(0.001, 0.01)
+    return emb
+
+
+def backward_through(out: torch.Tensor, grad: torch.Tensor) -> None:
+    """``out.backward(grad)`` through the dense kernel, without PyTorch's warning that
+    FBGEMM registers no autograd kernel for it (see :data:`_NO_AUTOGRAD_KERNEL`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", _NO_AUTOGRAD_KERNEL, UserWarning)
+        out.backward(grad)
 
 
 def _dense_step(emb, optimizer, batch, grad, dev: torch.device) -> tuple[float, float]:
@@ -158,7 +182,7 @@ def _dense_step(emb, optimizer, batch, grad, dev: torch.device) -> tuple[float, 
     t0 = now()
     out = emb(ids, offsets)
     t1 = now()
-    out.backward(grad)
+    backward_through(out, grad)
     optimizer.step()
     optimizer.zero_grad(set_to_none=False)
     t2 = now()
