@@ -47,6 +47,7 @@ from torchrec_dreamshard.policy.safety_net import (
     choose,
     heuristic_candidates,
 )
+from torchrec_dreamshard.version import __version__
 
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
 LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
@@ -179,8 +180,6 @@ class DreamShard:
         """Randomly initialised networks (deterministic in ``seed``) of the default
         architectures (:func:`~torchrec_dreamshard.policy.policy_net.build_networks`)."""
         torch.manual_seed(seed)
-        from torchrec_dreamshard import __version__
-
         sizes = {"hidden": hidden, "members": members, "policy_hidden": policy_hidden}
         net, policy = build_networks(sizes)
         meta = {"trained": False, "seed": seed, "version": __version__}
