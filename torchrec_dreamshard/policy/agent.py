@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, alone_on_a_device
 from torchrec_dreamshard.policy.policy_net import PolicyNet, build_networks
-from torchrec_dreamshard.policy.protocol import CandidateSource
+from torchrec_dreamshard.policy.protocol import CandidateSource, CostPrediction
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
     DEFAULT_SAMPLES,
@@ -104,31 +103,6 @@ def source_candidates(
         except ValueError as exc:
             raise ValueError(f"candidate source {source.name!r}: {exc}") from exc
     return plans, failed
-
-
-@dataclass
-class CostPrediction:
-    """The cost network's view of a placement (ms, at the task's batch size).
-
-    Attributes:
-        fwd_ms: per device, forward (0 for an empty device).
-        bwd_ms: per device, backward.
-        comm_ms: per device, communication.
-        step_ms: the step cost (the slowest device's total).
-        step_log_std: the ensemble members' spread of log step cost (the uncertainty:
-            0.1 means the members disagree by about 10%).
-    """
-
-    fwd_ms: list[float]
-    bwd_ms: list[float]
-    comm_ms: list[float]
-    step_ms: float
-    step_log_std: float = 0.0
-
-    @property
-    def total_ms(self) -> list[float]:
-        """Per device ``fwd + bwd + comm``."""
-        return [f + b + c for f, b, c in zip(self.fwd_ms, self.bwd_ms, self.comm_ms, strict=True)]
 
 
 class DreamShard:
