@@ -87,8 +87,9 @@ def run_family(spec: Any, args: dict) -> dict:
 
     from torchrec_dreamshard.feedback.job_report import rank_tables
     from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, build_pipeline, run_rounds
-    from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch, torchrec_topology
+    from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch
     from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.topology import torchrec_topology
 
     torch.set_num_threads(1)
 

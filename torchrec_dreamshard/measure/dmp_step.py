@@ -44,8 +44,8 @@ from torchrec_dreamshard.measure.step_model import (
     StepDLRM,
     StepModelSpec,
     make_batch,
-    torchrec_topology,
 )
+from torchrec_dreamshard.planner.topology import torchrec_topology
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
 DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two batches ahead
