@@ -4,6 +4,8 @@ share, one responsibility per module:
 * :mod:`~torchrec_dreamshard.evaluation.placers`: every placer by name (random, the
   heuristics, TorchRec, DreamShard's modes, measured-greedy), planned alone or each in
   turn and timed;
+* :mod:`~torchrec_dreamshard.evaluation.measured_search`: the headroom reference, a local
+  search on real measurements;
 * :mod:`~torchrec_dreamshard.evaluation.task_draws`: the held-out tasks the benchmarks
   plan (every family's test draws, the pool's test split);
 * :mod:`~torchrec_dreamshard.evaluation.plan_measuring`: plans measured on real kernels,

@@ -11,7 +11,7 @@ bytes, nothing is reserved), so it always competes.
 Every placer by name, these two among them, is in
 :mod:`torchrec_dreamshard.evaluation.placers`; the heuristics are in
 :mod:`torchrec_dreamshard.policy.heuristics` and the measured search (the expensive
-headroom reference) in :mod:`torchrec_dreamshard.planner.measured_search`.
+headroom reference) in :mod:`torchrec_dreamshard.evaluation.measured_search`.
 """
 
 from __future__ import annotations
