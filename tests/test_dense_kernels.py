@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchrec_dreamshard.cost import dense_kernel_model as dk
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure import dense_kernels as dk
+from torchrec_dreamshard.measure import dense_kernels as dt
 
 TRUE_FWD = (0.05, 0.01, 0.02, 0.2, 0.01)
 TRUE_BWD = (0.1, 0.005, 0.0, 0.4, 1.0)
@@ -21,7 +22,7 @@ TRUE_BWD = (0.1, 0.005, 0.0, 0.4, 1.0)
 def exact_samples() -> list:
     """Timings that follow :data:`TRUE_FWD` / :data:`TRUE_BWD` exactly."""
     out = []
-    for tables, batch in dk.random_dense_sets(12, seed=3):
+    for tables, batch in dt.random_dense_sets(12, seed=3):
         x = dk.dense_features(tables, batch)
         out.append((tables, batch, float(np.dot(TRUE_FWD, x)), float(np.dot(TRUE_BWD, x))))
     return out
@@ -82,8 +83,8 @@ def test_the_model_fitted_here_predicts_dense_kernels_it_did_not_see(tmp_path):
         model = dk.load_dense_kernel_model(tmp_path / "dense.json")
         assert (tmp_path / "dense.json").exists() and model.samples >= 20
         errors = []
-        for tables, batch in dk.random_dense_sets(8, seed=11):
-            fwd, bwd = dk.time_dense_kernel(tables, batch)
+        for tables, batch in dt.random_dense_sets(8, seed=11):
+            fwd, bwd = dt.time_dense_kernel(tables, batch)
             pf, pb = model.ms(tables, batch)
             errors.append(abs(pf + pb - fwd - bwd) / (fwd + bwd))
     assert float(np.median(errors)) < 0.5, errors
