@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchrec_dreamshard.cost import dense_kernel_model as dk
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure import dense_kernels as dk
+from torchrec_dreamshard.measure import dense_kernels as dt
 from torchrec_dreamshard.measure.embedding_kernels import fused_ring
 
 TRUE_FWD = (0.05, 0.01, 0.02, 0.2, 0.01)
@@ -22,7 +23,7 @@ TRUE_BWD = (0.1, 0.005, 0.0, 0.4, 1.0)
 def exact_samples() -> list:
     """Timings that follow :data:`TRUE_FWD` / :data:`TRUE_BWD` exactly."""
     out = []
-    for tables, batch in dk.random_dense_sets(12, seed=3):
+    for tables, batch in dt.random_dense_sets(12, seed=3):
         x = dk.dense_features(tables, batch)
         out.append((tables, batch, float(np.dot(TRUE_FWD, x)), float(np.dot(TRUE_BWD, x))))
     return out
@@ -83,8 +84,8 @@ def test_the_model_fitted_here_predicts_dense_kernels_it_did_not_see(tmp_path):
         model = dk.load_dense_kernel_model(tmp_path / "dense.json")
         assert (tmp_path / "dense.json").exists() and model.samples >= 20
         errors = []
-        for tables, batch in dk.random_dense_sets(8, seed=11):
-            fwd, bwd = dk.time_dense_kernel(tables, batch)
+        for tables, batch in dt.random_dense_sets(8, seed=11):
+            fwd, bwd = dt.time_dense_kernel(tables, batch)
             pf, pb = model.ms(tables, batch)
             errors.append(abs(pf + pb - fwd - bwd) / (fwd + bwd))
     assert float(np.median(errors)) < 0.5, errors
@@ -120,13 +121,13 @@ def test_the_timed_dense_kernel_computes_the_gradient_plain_autograd_does():
         TableSpec(name="a", rows=300, dim=8, pooling_factor=3.0),
         TableSpec(name="b", rows=50, dim=16, pooling_factor=5.0),
     ]
-    emb = dk.dense_kernel(tables)
+    emb = dt.dense_kernel(tables)
     ids, offsets = fused_ring(tables, 16, 0, 1)[0]
     out = emb(ids, offsets)
     grad = torch.randn_like(out)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        dk.backward_through(out, grad)
+        dt.backward_through(out, grad)
     assert not [w for w in caught if "autograd kernel" in str(w.message)]
 
     refs, weights, start = [], [], 0

@@ -4,8 +4,8 @@ from typing import Any
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.version import __version__
 
-__version__ = "0.1.0"
 __all__ = ["DreamShardPlanner", "TableSpec", "Task", "__version__"]
 
 

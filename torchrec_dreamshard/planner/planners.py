@@ -54,8 +54,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.defaults import (

@@ -35,6 +35,7 @@ import numpy as np
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import (
     ScreeningKernels,
     cost_network_kernel,
@@ -53,7 +54,6 @@ from torchrec_dreamshard.cost.sharding_types import (
 )
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
 from torchrec_dreamshard.planner.proposal import (

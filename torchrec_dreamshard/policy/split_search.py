@@ -42,8 +42,7 @@ from torchrec_dreamshard.data.splits import (
 from torchrec_dreamshard.data.tasks import Task, device_bytes
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.policy.agent import CostPrediction
-    from torchrec_dreamshard.policy.protocol import CandidateSource, PlacementAgent
+    from torchrec_dreamshard.policy.protocol import CandidateSource, CostPrediction, PlacementAgent
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
