@@ -375,8 +375,15 @@ class CalibratingAgent:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The current agent's metadata (the calibrated agent's records the calibration)."""
-        return self.current.meta
+        """The current agent's metadata (the calibrated agent's records the calibration,
+        here with its kernel MAPE after fitting: the error the type choice's margin takes
+        for the calibrated kernels)."""
+        meta = self.current.meta
+        cal = self.last_calibration
+        if cal is None or cal.agent is not self.current or "calibrated" not in meta:
+            return meta
+        mape = cal.after.get("cost/mape")
+        return {**meta, "calibrated": {**meta["calibrated"], "kernel_mape": mape}}
 
     @property
     def last_report(self) -> SafetyReport | None:
