@@ -603,3 +603,118 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     assert outcome is not None and outcome.calibration is not None
     assert priced == [outcome.agent]  # the type choice priced with the calibrated agent
     assert priced[0] is not planner.agent.prior
+
+
+def oversized_task() -> Task:
+    """Issue 32's task, scaled down: ``big`` (20,000 x 128) fits no device, eight smaller
+    tables do; each of 2 devices has 1.15x half of the tables' bytes."""
+    big = TableSpec(name="big", rows=20_000, dim=128, pooling_factor=8.0)
+    small = [
+        TableSpec(name=f"s{i}", rows=2_000 + 300 * i, dim=32, pooling_factor=4.0 + i)
+        for i in range(8)
+    ]
+    tables = [big, *small]
+    memory = int(1.15 * sum(t.size_bytes for t in tables) / 2)
+    assert big.size_bytes > memory
+    return Task(
+        tables=tables, num_devices=2, memory_bytes=memory, batch_size=256, allow_oversized=True
+    )
+
+
+def assert_fits_splitting_big(task: Task, out: cal.PlanOutcome) -> None:
+    from torchrec_dreamshard.data.tasks import device_bytes
+
+    assert out.split is not None and list(out.split.sharded.columns) == ["big"]
+    shards = out.split.sharded.shards
+    assert len(out.placement) == len(shards.tables)
+    used = device_bytes(shards, out.placement)
+    assert all(u <= m for u, m in zip(used, task.memory, strict=True))
+    placed = {shards.tables[k].name: d for k, d in enumerate(out.placement)}
+    big_devices = [d for name, d in placed.items() if name.startswith("big")]
+    assert len(set(big_devices)) == len(big_devices) == 2  # its shards on distinct devices
+
+
+def test_a_table_bigger_than_every_device_is_split_on_the_calibrating_path():
+    """Issue 32's regression: calibrating measured fused groups of whole-table plans, and a
+    table that fits no device has none (the policy raised "fits on no device"). With
+    splits, calibration measures the shards the plan places, and the plan splits ``big``."""
+    agent, task = DreamShard.untrained(seed=0), oversized_task()
+    out = cal.plan_task(agent, task, calibration=config(budget_s=30.0), splits=True)
+    assert out.calibration is not None and out.calibration.measured > 0
+    assert_fits_splitting_big(task, out)
+    # a calibration of the whole tables (no splits asked for) still measures: the groups
+    # then come from the plans that exist (the heuristics' plans fail on it too)
+    alone = cal.calibrate(agent, task, config(budget_s=30.0))
+    assert alone.samples >= len(task.tables)
+
+
+def test_the_default_on_a_mispriced_machine_splits_a_table_bigger_than_every_device(
+    files, capsys, monkeypatch, run_cli
+):
+    """``dreamshard plan`` with no flags, on a machine whose reference kernel the
+    checkpoint misprices tenfold (so the default calibrates), splits ``big`` and fits."""
+    from torchrec_dreamshard.calibration import auto
+
+    oversized_task().save(files / "big.json")
+    agent = DreamShard.untrained(seed=0)
+    fwd, bwd = auto.check_machine(agent, None).predicted_ms
+    monkeypatch.setattr(auto, "measured_reference_ms", lambda device="cpu": (fwd * 10, bwd * 10))
+    out = files / "plan.json"
+    argv = ["plan", str(files / "big.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run_cli([*argv, "--budget-s", "10", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "calibrating on this machine" in printed and "calibration:" in printed
+    plan = json.loads(out.read_text())
+    assert plan["adaptation"]["calibrated"] is True
+    assert [s["device"] for s in plan["shards"]["big"]] in ([0, 1], [1, 0])
+    memory = oversized_task().memory
+    assert all(d["bytes"] <= memory[k] for k, d in enumerate(plan["per_device"]))
+
+
+def test_the_planner_splits_a_table_bigger_than_every_rank_on_the_calibrating_path():
+    """The same task as a TorchRec model under ``DreamShardPlanner`` with calibration forced
+    on: ``big`` is cut column-wise (``min_partition`` allows it; TorchRec's own
+    ``MIN_CW_DIM`` of 128 would leave a 128-wide table one shard, calibrated or not) and
+    every rank's shards fit its memory."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import (
+        planner_best_plan,
+        planner_reserved_topology,
+    )
+
+    tables = [
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                           feature_names=[f"f_{t.name}"])
+        for t in oversized_task().tables
+    ]  # fmt: skip
+    total = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+    reserve = 0.15  # TorchRec's default storage reservation
+    topology = Topology(
+        world_size=2, compute_device="cpu", ddr_cap=int(1.15 * total / 2 / (1 - reserve))
+    )
+    model = torch.nn.Module()
+    model.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    planner = DreamShardPlanner(
+        topology=topology,
+        batch_size=128,
+        agent=DreamShard.untrained(seed=0),
+        calibrate=config(budget_s=10.0),
+        constraints={"big": ParameterConstraints(min_partition=32)},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+    assert planner.agent.adaptation()["calibrated"] is True
+    big = plan.plan["ebc"]["big"]
+    assert big.sharding_type == "column_wise" and len(set(big.ranks)) == len(big.ranks) == 2
+    caps = [d.storage.ddr for d in planner_reserved_topology(planner).devices]
+    used = [0] * 2
+    for option in planner_best_plan(planner):
+        for shard in option.shards:
+            used[shard.rank] += shard.storage.ddr
+    assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)

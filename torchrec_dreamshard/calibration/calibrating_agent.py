@@ -115,7 +115,7 @@ def plan_task(
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
     cal = calibrated
     if cal is None and calibration is not None:
-        cal = calibrate(agent, task, calibration, sources)
+        cal = calibrate(agent, _calibration_task(task, splits), calibration, sources)
     planner = cal.agent if cal is not None else agent
     how = {"mode": mode, "num_samples": num_samples, "seed": seed, "sources": sources}
     found = None
@@ -145,6 +145,18 @@ def plan_task(
         )
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver, chosen, found)
+
+
+def _calibration_task(task: Task, splits: bool) -> Task:
+    """The tables calibration measures for a plan of ``task``: with ``splits``, those
+    bigger than every device cut into the fewest column-wise shards that fit one (the
+    shards the plan places; the whole table fits no device, so no plan of its fused
+    groups exists), else ``task`` as it is."""
+    if not splits:
+        return task
+    from torchrec_dreamshard.policy.split_search import fitting_task
+
+    return fitting_task(task)
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
@@ -363,8 +375,15 @@ class CalibratingAgent:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The current agent's metadata (the calibrated agent's records the calibration)."""
-        return self.current.meta
+        """The current agent's metadata (the calibrated agent's records the calibration,
+        here with its kernel MAPE after fitting: the error the type choice's margin takes
+        for the calibrated kernels)."""
+        meta = self.current.meta
+        cal = self.last_calibration
+        if cal is None or cal.agent is not self.current or "calibrated" not in meta:
+            return meta
+        mape = cal.after.get("cost/mape")
+        return {**meta, "calibrated": {**meta["calibrated"], "kernel_mape": mape}}
 
     @property
     def last_report(self) -> SafetyReport | None:

@@ -45,10 +45,7 @@ def informative_groups(
         return []
     with torch.no_grad(), single_thread():
         heuristic, _ = heuristic_candidates(task, agent.single_compute_ms(task))
-        plans = [*heuristic.values(), np.asarray(agent.place(task, mode="greedy"))]
-        agent.place(task, mode="safe", sources=sources)
-        report = agent.last_report
-        plans += [c.placement for c in report.candidates] if report is not None else []
+        plans = [*heuristic.values(), *_policy_plans(agent, task, sources)]
         groups: dict[tuple[int, ...], None] = {}  # in order of first appearance
         for placement in plans:
             for d in range(task.num_devices):
@@ -64,6 +61,24 @@ def informative_groups(
         spread = member.std(-1) if member.shape[-1] > 1 else torch.zeros(len(keys))
     order = np.argsort(-spread.numpy(), kind="stable")[:max_groups]
     return [list(keys[i]) for i in order]
+
+
+def _policy_plans(
+    agent: DreamShard, task: Task, sources: Sequence[CandidateSource] | None
+) -> list[np.ndarray]:
+    """The policy's greedy roll-out and the safe mode's candidates of ``task``; none where
+    the policy finds no placement (a table that fits no device, memory too tight for
+    whole tables: the groups then come from the heuristics' plans, and the planner
+    splits tables)."""
+    from torchrec_dreamshard.policy.mdp import PlacementError
+
+    try:
+        plans = [np.asarray(agent.place(task, mode="greedy"))]
+        agent.place(task, mode="safe", sources=sources)
+    except PlacementError:
+        return []
+    report = agent.last_report
+    return plans + ([c.placement for c in report.candidates] if report is not None else [])
 
 
 OBSERVED = "obs-"  # job keys of kernels observed in a running job start with prefix + this

@@ -80,10 +80,14 @@ class Replanning:
         from torchrec_dreamshard.calibration import CalibratingAgent
 
         if not isinstance(self.agent, CalibratingAgent):
-            return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
-        out = self.agent.adaptation()
+            out = {"mode": "off", "calibrated": False, "why": "calibrate=False"}
+        else:
+            out = self.agent.adaptation()
         if self._recalled:
             out["inputs_from_job"] = list(self._recalled)
+        types = self.proposer.last_types
+        if types is not None:  # the type choice: each decision, its margin and what tipped it
+            out["types"] = types.to_dict()
         return out
 
     @property

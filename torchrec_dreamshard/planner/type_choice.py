@@ -17,8 +17,29 @@ the type's strategy:
 * each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
   memory (``reserve``); its table-wise tables are balanced greedily by their single-table
   cost in the memory left, and the whole plan is rated;
-* the candidate rated lowest wins only if it beats all-table-wise by more than
-  :data:`TYPE_MARGIN` (the model's uncertainty): type choice must not cost a step.
+* each type's best candidate (and the best of each type together) is rated exactly and
+  kept only if its predicted gain over all-table-wise beats its margin (below); of those
+  kept, the lowest-rated wins, and with none the plan stays table-wise: type choice must
+  not cost a step. Every decision is recorded (:class:`TypeDecision`): the gain, the
+  margin, the uncertainty by source, and which source tipped it.
+
+The margin. The predicted gain ``G = step(all-TW) - step(typed)`` splits exactly, at each
+plan's slowest rank, into the sources that price it: the fused kernels (the cost network),
+the dense kernel data-parallel tables run, and each collective kind. Each source's error on
+what the decision changes is its relative error times the change:
+
+* fused kernels: ``e_k * |dF|``, ``e_k`` the larger of the cost network's ensemble spread
+  (``step_log_std`` of the all-table-wise plan) and its error on this machine: the
+  calibration's kernel MAPE where the agent calibrated, else :data:`KERNEL_ERROR` (the
+  automatic check trusts an uncalibrated network to within 25% of this machine);
+* dense kernel: ``mape * |dD|`` with the fitted model's MAPE, else
+  :data:`UNFITTED_ERROR` where it is analytic;
+* each collective kind whose volume changes: its fitted model's RMSE (one collective's
+  error, ms), and nothing beyond the floor for a model not fitted on timings (given or
+  analytic: no error is known);
+
+and, taking them as independent, ``U = sqrt(sum of squares)``. A typed candidate is kept
+only if ``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
 
 The rules of thumb (tiny tables replicated, hot tables spread) are not written here: they
 come out of the rating, and how much they pay depends on the collectives' speed.
@@ -37,9 +58,11 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import (
+    PlanBreakdown,
     ScreeningKernels,
     cost_network_kernel,
     cost_network_kernels,
+    plan_breakdown,
     plan_cost,
     scaled_kernel,
     scaled_kernels,
@@ -65,7 +88,11 @@ from torchrec_dreamshard.planner.proposal import (
 )
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
-TYPE_MARGIN = 0.02  # a typed plan must be rated this much below all-table-wise to win
+TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise
+Z_SCORE = 2.0  # ... and by this many of its uncertainties (about 98% one-sided, if normal)
+KERNEL_ERROR = 0.25  # relative error of fused kernels from a network not calibrated here
+# (calibration.auto.AUTO_TOLERANCE: the automatic check trusts it to within this much)
+UNFITTED_ERROR = 0.5  # relative error of the analytic dense passes (no model fitted here)
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
 
 SpecFn = Callable[[ShardingOption], TableSpec]
@@ -102,6 +129,123 @@ def sequence_options(
 
 
 @dataclass
+class TypeDecision:
+    """One typed candidate against all-table-wise (see the module docstring's margin).
+
+    Attributes:
+        kind: the sharding type (types joined by ``+`` for the best of each together).
+        tables: tables it moves off table-wise.
+        gain_ms: predicted all-table-wise step minus its step (> 0: it is faster).
+        uncertainty_ms: ``U``, the gain's predicted error.
+        margin_ms: the gain it needed: ``max(Z_SCORE * U, TYPE_MARGIN * step)``.
+        kept: whether it cleared the margin.
+        contributions: the gain by source (ms at the slowest ranks; they sum to it).
+        errors: ``U`` by source (ms).
+    """
+
+    kind: str
+    tables: int
+    gain_ms: float
+    uncertainty_ms: float
+    margin_ms: float
+    kept: bool
+    contributions: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tipped_by(self) -> tuple[str, float]:
+        """The source that tipped it and by how much (ms): where kept, the one that gained
+        most; where it lost outright, the one that cost most; where contested (a gain
+        within the margin), the largest error."""
+        if self.kept or (self.gain_ms <= 0 and self.contributions):
+            pick = max if self.kept else min
+            name = pick(self.contributions, key=lambda k: (self.contributions[k], k))
+            return name, self.contributions[name]
+        if self.errors and max(self.errors.values()) > 0:
+            name = max(self.errors, key=lambda k: (self.errors[k], k))
+            return f"uncertainty of {name}", self.errors[name]
+        return "the floor (TYPE_MARGIN)", self.margin_ms
+
+    def to_dict(self) -> dict:
+        name, ms = self.tipped_by
+        return {
+            "kind": self.kind,
+            "tables": self.tables,
+            "gain_ms": self.gain_ms,
+            "uncertainty_ms": self.uncertainty_ms,
+            "margin_ms": self.margin_ms,
+            "kept": self.kept,
+            "tipped_by": name,
+            "tipped_ms": ms,
+            "contributions_ms": dict(self.contributions),
+            "errors_ms": dict(self.errors),
+        }
+
+    def line(self) -> str:
+        name, ms = self.tipped_by
+        verdict = "kept" if self.kept else ("contested" if self.gain_ms > 0 else "slower")
+        return (
+            f"  {self.kind} ({self.tables} tables): predicted gain {self.gain_ms:.3f} ms, "
+            f"margin {self.margin_ms:.3f} ms (uncertainty {self.uncertainty_ms:.3f} ms): "
+            f"{verdict}; tipped by {name} ({ms:+.3f} ms)"
+        )
+
+
+@dataclass(frozen=True)
+class ModelErrors:
+    """The relative (kernels) and absolute (collectives, ms) errors the margin uses, and
+    where each came from."""
+
+    kernel: float
+    kernel_source: str
+    dense: float
+    dense_source: str
+    collectives: dict[str, float]
+    collectives_source: str
+
+    def errors(self, base: dict[str, float], typed: dict[str, float]) -> dict[str, float]:
+        """``U`` by source between the two plans' slowest-rank breakdowns."""
+        out = {
+            "fused_kernels": self.kernel * abs(base["fused_kernels"] - typed["fused_kernels"]),
+            "dense_kernel": self.dense * abs(base["dense_kernel"] - typed["dense_kernel"]),
+        }
+        for kind in sorted(set(base) | set(typed) - {"fused_kernels", "dense_kernel"}):
+            if kind in out:
+                continue
+            changed = abs(base.get(kind, 0.0) - typed.get(kind, 0.0)) > 1e-12
+            out[kind] = self.collectives.get(kind, 0.0) if changed else 0.0
+        return out
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def model_errors(
+    agent: PlacementAgent,
+    spread: float,
+    collectives: CollectiveModels,
+    dense_kernel: DenseKernelModel | None,
+) -> ModelErrors:
+    """The errors of the models the type choice prices with (see the module docstring)."""
+    calibrated = (agent.meta or {}).get("calibrated") or {}
+    mape = calibrated.get("kernel_mape") if isinstance(calibrated, dict) else None
+    if mape is not None and math.isfinite(mape):
+        kernel, how = max(spread, mape / 100), f"calibrated here: kernel MAPE {mape:.1f}%"
+    else:
+        kernel, how = max(spread, KERNEL_ERROR), "not calibrated here"
+    how += f"; ensemble spread {spread:.3f}"
+    if dense_kernel is not None and dense_kernel.mape is not None:
+        dense, dense_how = dense_kernel.mape / 100, f"fitted: {dense_kernel.source}"
+    else:
+        dense, dense_how = UNFITTED_ERROR, "analytic dense passes (no fit)"
+    fitted = {k: m.rmse_ms for k, m in collectives.models.items() if m.samples > 0}
+    comm_how = (
+        f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
+    )
+    return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
+
+
+@dataclass
 class TypePlan:
     """What the type choice decided.
 
@@ -111,6 +255,8 @@ class TypePlan:
         table_wise_ms: all-table-wise, rated the same way.
         rated: candidates rated.
         speed: the factors (fwd, bwd) the cost network's kernels were scaled by.
+        decisions: each type's best candidate against all-table-wise, as decided.
+        errors: the model errors the margins used.
     """
 
     moved: dict[str, ShardingOption] = field(default_factory=dict)
@@ -118,6 +264,20 @@ class TypePlan:
     table_wise_ms: float = math.nan
     rated: int = 0
     speed: tuple[float, float] = (1.0, 1.0)
+    decisions: list[TypeDecision] = field(default_factory=list)
+    errors: ModelErrors | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-able: what moved, the two steps and every decision."""
+        return {
+            "moved": {fqn: o.sharding_type for fqn, o in sorted(self.moved.items())},
+            "step_ms": self.step_ms,
+            "table_wise_ms": self.table_wise_ms,
+            "rated": self.rated,
+            "speed": list(self.speed),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "errors": self.errors.to_dict() if self.errors is not None else None,
+        }
 
     def lines(self) -> list[str]:
         counts: dict[str, int] = {}
@@ -133,6 +293,7 @@ class TypePlan:
                 if self.speed != (1.0, 1.0)
                 else ""
             ),
+            *(d.line() for d in self.decisions),
         ]
 
 
@@ -211,11 +372,34 @@ class TypeChooser:
         if len(winners) > 1:  # the best of each type together (the first type keeps a table)
             union = {k: v for m in reversed(winners) for k, v in m.items()}
             rated.append((rate(union), union))
-        step, moved = min(rated, key=lambda x: x[0])
-        step = exact(moved) if moved else base_exact
-        if not step < base_exact * (1 - TYPE_MARGIN):
-            step, moved = base_exact, {}
-        return TypePlan(moved, step, base_exact, rate.count + exact.count, self.speed)
+        errors = model_errors(
+            self._agent, self._spread(exact), self.ctx.collectives, self.ctx.dense_kernel
+        )
+        base_parts = exact.breakdown({}).at_slowest()
+        decisions, kept = [], []
+        for _, moved in rated[1:]:
+            if not moved:
+                continue
+            decision = _decide(moved, exact, base_exact, base_parts, errors)
+            if decision is None:
+                continue
+            decisions.append(decision)
+            if decision.kept:
+                kept.append((base_exact - decision.gain_ms, moved))
+        step, moved = min(kept, key=lambda x: x[0]) if kept else (base_exact, {})
+        count = rate.count + exact.count
+        return TypePlan(moved, step, base_exact, count, self.speed, decisions, errors)
+
+    def _spread(self, exact: _Rater) -> float:
+        """The cost network's ensemble spread (``step_log_std``) on the all-table-wise plan."""
+        placed = exact.balanced({})
+        if not placed:
+            return 0.0
+        task = prediction_task(
+            [self._spec(exact.ours[i]) for i, _ in placed], self._world, self._batch
+        )
+        spread = float(self._agent.predict(task, [r for _, r in placed]).step_log_std)
+        return spread if math.isfinite(spread) else 0.0
 
     def _single_costs(self, specs: list[TableSpec]) -> np.ndarray:
         if not specs:
@@ -235,6 +419,30 @@ class TypeChooser:
             if idx:
                 out.append((kind, [ours[i].fqn for i in idx]))
         return out
+
+
+def _decide(
+    moved: dict[str, ShardingOption],
+    exact: _Rater,
+    base_ms: float,
+    base_parts: dict[str, float],
+    errors: ModelErrors,
+) -> TypeDecision | None:
+    """``moved`` against all-table-wise: its exact step, the gain by source, ``U`` and the
+    margin (see the module docstring)."""
+    kinds = sorted({o.sharding_type for o in moved.values()})
+    name = "+".join(kinds)
+    step = exact(moved)
+    if not math.isfinite(step):
+        return None  # it does not fit: no decision to make
+    parts = exact.breakdown(moved).at_slowest()
+    sources = sorted(set(base_parts) | set(parts))
+    gain = {k: base_parts.get(k, 0.0) - parts.get(k, 0.0) for k in sources}
+    err = errors.errors(base_parts, parts)
+    u = math.sqrt(sum(v * v for v in err.values()))
+    margin = max(Z_SCORE * u, TYPE_MARGIN * base_ms)
+    total = base_ms - step
+    return TypeDecision(name, len(moved), total, u, margin, total > margin, gain, err)
 
 
 def _best_prefix(rate: Callable[[int], float], n: int) -> tuple[float, int]:
@@ -277,15 +485,30 @@ class _Rater:
 
     def __call__(self, moved: dict[str, ShardingOption]) -> float:
         self.count += 1
+        choices = self._choices(moved)
+        return math.inf if choices is None else plan_cost(choices, self.ctx, self.terms).step_ms
+
+    def breakdown(self, moved: dict[str, ShardingOption]) -> PlanBreakdown:
+        """The plan of ``moved`` priced by source (it must fit)."""
+        choices = self._choices(moved)
+        if choices is None:
+            raise ValueError("the candidate does not fit the devices' memory")
+        return plan_breakdown(choices, self.ctx, self.terms)
+
+    def balanced(self, moved: dict[str, ShardingOption]) -> list[tuple[int, int]] | None:
+        """``(table index, rank)`` of the table-wise tables of ``moved``'s plan."""
         free = self.capacity.copy()
         for option in moved.values():
             shard_bytes = [storage_bytes(s.storage, self.tier) for s in option.shards]
             STRATEGIES[option.sharding_type].reserve(shard_bytes, free)
         if (free < 0).any():
-            return math.inf
-        ranks = self._balance([i for i, o in enumerate(self.ours) if o.fqn not in moved], free)
+            return None
+        return self._balance([i for i, o in enumerate(self.ours) if o.fqn not in moved], free)
+
+    def _choices(self, moved: dict[str, ShardingOption]) -> list[TableChoice] | None:
+        ranks = self.balanced(moved)
         if ranks is None:
-            return math.inf
+            return None
         tw = DREAMSHARD_SHARDING_TYPE
         choices = [TableChoice(table=self.specs[i], sharding_type=tw, ranks=(r,)) for i, r in ranks]
         topo, turns = self.ctx.topology, dict.fromkeys(STRATEGIES, 0)
@@ -299,7 +522,7 @@ class _Rater:
                         table=self.specs[i], sharding_type=kind, ranks=r, pooled=self.pooled[i]
                     )
                 )
-        return plan_cost(choices, self.ctx, self.terms).step_ms
+        return choices
 
     def _balance(self, idx: list[int], free: np.ndarray) -> list[tuple[int, int]] | None:
         load = np.zeros(len(free))

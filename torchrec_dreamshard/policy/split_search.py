@@ -138,6 +138,20 @@ def plan_with_splits(
     return best
 
 
+def fitting_task(task: Task, max_shards: int = MAX_SHARDS) -> Task:
+    """``task`` with every table bigger than every device cut into the fewest column-wise
+    shards that fit one (step 1 of the search), every other table whole: the tables a plan
+    of ``task`` places at the least, which calibration measures (a whole table that fits
+    no device is never run as one kernel, and a placement of it fits nowhere).
+
+    Raises:
+        ValueError: a table that cannot be split small enough (as :func:`plan_with_splits`).
+    """
+    limit = max(1, min(max_shards, task.num_devices))
+    counts = _forced_counts(task, _splittable(task, None), limit)
+    return shard_task(task, counts).shards if counts else task
+
+
 def _splittable(task: Task, splittable: Mapping[str, int] | None) -> dict[str, int]:
     if splittable is None:
         return {t.name: SHARD_COLUMN_MULTIPLE for t in task.tables}
