@@ -27,6 +27,7 @@ from torchrec_dreamshard.calibration.fine_tuning import (
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.policy.split_search import fitting_task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import (
@@ -115,7 +116,10 @@ def plan_task(
         raise ValueError(f"verify must be >= 0 candidate plans, got {verify_k}")
     cal = calibrated
     if cal is None and calibration is not None:
-        cal = calibrate(agent, _calibration_task(task, splits), calibration, sources)
+        # With splits, calibrate on the shards the plan places: a table bigger than every
+        # device cut into the fewest column-wise shards that fit one (no plan of the
+        # whole table's fused groups exists).
+        cal = calibrate(agent, fitting_task(task) if splits else task, calibration, sources)
     planner = cal.agent if cal is not None else agent
     how = {"mode": mode, "num_samples": num_samples, "seed": seed, "sources": sources}
     found = None
@@ -145,18 +149,6 @@ def plan_task(
         )
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver, chosen, found)
-
-
-def _calibration_task(task: Task, splits: bool) -> Task:
-    """The tables calibration measures for a plan of ``task``: with ``splits``, those
-    bigger than every device cut into the fewest column-wise shards that fit one (the
-    shards the plan places; the whole table fits no device, so no plan of its fused
-    groups exists), else ``task`` as it is."""
-    if not splits:
-        return task
-    from torchrec_dreamshard.policy.split_search import fitting_task
-
-    return fitting_task(task)
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:

@@ -23,23 +23,8 @@ the type's strategy:
   not cost a step. Every decision is recorded (:class:`TypeDecision`): the gain, the
   margin, the uncertainty by source, and which source tipped it.
 
-The margin. The predicted gain ``G = step(all-TW) - step(typed)`` splits exactly, at each
-plan's slowest rank, into the sources that price it: the fused kernels (the cost network),
-the dense kernel data-parallel tables run, and each collective kind. Each source's error on
-what the decision changes is its relative error times the change:
-
-* fused kernels: ``e_k * |dF|``, ``e_k`` the larger of the cost network's ensemble spread
-  (``step_log_std`` of the all-table-wise plan) and its error on this machine: the
-  calibration's kernel MAPE where the agent calibrated, else :data:`KERNEL_ERROR` (the
-  automatic check trusts an uncalibrated network to within 25% of this machine);
-* dense kernel: ``mape * |dD|`` with the fitted model's MAPE, else
-  :data:`UNFITTED_ERROR` where it is analytic;
-* each collective kind whose volume changes: its fitted model's RMSE (one collective's
-  error, ms), and nothing beyond the floor for a model not fitted on timings (given or
-  analytic: no error is known);
-
-and, taking them as independent, ``U = sqrt(sum of squares)``. A typed candidate is kept
-only if ``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
+The margin each decision must clear, and its record, are in
+:mod:`torchrec_dreamshard.planner.type_margin`.
 
 The rules of thumb (tiny tables replicated, hot tables spread) are not written here: they
 come out of the rating, and how much they pay depends on the collectives' speed.
@@ -58,20 +43,15 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import (
-    PlanBreakdown,
     ScreeningKernels,
     cost_network_kernel,
     cost_network_kernels,
-    plan_breakdown,
     plan_cost,
     scaled_kernel,
     scaled_kernels,
 )
-from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
+from torchrec_dreamshard.cost.sharding import CostContext
 from torchrec_dreamshard.cost.sharding_types import (
-    BY_TORCHREC_TYPE,
-    STRATEGIES,
-    TermsCache,
     alternative_kernels,
     alternative_types,
 )
@@ -82,20 +62,19 @@ from torchrec_dreamshard.measure.reference_speed import speed_ratio
 from torchrec_dreamshard.planner.proposal import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
-    option_bytes,
     prediction_task,
-    storage_bytes,
 )
+from torchrec_dreamshard.planner.type_margin import (
+    TYPE_MARGIN,
+    Z_SCORE,
+    ModelErrors,
+    TypeDecision,
+    model_errors,
+)
+from torchrec_dreamshard.planner.type_rating import CandidateRater, SpecFn, typed_choices
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
-TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise
-Z_SCORE = 2.0  # ... and by this many of its uncertainties (about 98% one-sided, if normal)
-KERNEL_ERROR = 0.25  # relative error of fused kernels from a network not calibrated here
-# (calibration.auto.AUTO_TOLERANCE: the automatic check trusts it to within this much)
-UNFITTED_ERROR = 0.5  # relative error of the analytic dense passes (no model fitted here)
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
-
-SpecFn = Callable[[ShardingOption], TableSpec]
 
 
 def alternatives(
@@ -126,123 +105,6 @@ def sequence_options(
         ):
             out.setdefault(o.fqn, o)
     return list(out.values())
-
-
-@dataclass
-class TypeDecision:
-    """One typed candidate against all-table-wise (see the module docstring's margin).
-
-    Attributes:
-        kind: the sharding type (types joined by ``+`` for the best of each together).
-        tables: tables it moves off table-wise.
-        gain_ms: predicted all-table-wise step minus its step (> 0: it is faster).
-        uncertainty_ms: ``U``, the gain's predicted error.
-        margin_ms: the gain it needed: ``max(Z_SCORE * U, TYPE_MARGIN * step)``.
-        kept: whether it cleared the margin.
-        contributions: the gain by source (ms at the slowest ranks; they sum to it).
-        errors: ``U`` by source (ms).
-    """
-
-    kind: str
-    tables: int
-    gain_ms: float
-    uncertainty_ms: float
-    margin_ms: float
-    kept: bool
-    contributions: dict[str, float] = field(default_factory=dict)
-    errors: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def tipped_by(self) -> tuple[str, float]:
-        """The source that tipped it and by how much (ms): where kept, the one that gained
-        most; where it lost outright, the one that cost most; where contested (a gain
-        within the margin), the largest error."""
-        if self.kept or (self.gain_ms <= 0 and self.contributions):
-            pick = max if self.kept else min
-            name = pick(self.contributions, key=lambda k: (self.contributions[k], k))
-            return name, self.contributions[name]
-        if self.errors and max(self.errors.values()) > 0:
-            name = max(self.errors, key=lambda k: (self.errors[k], k))
-            return f"uncertainty of {name}", self.errors[name]
-        return "the floor (TYPE_MARGIN)", self.margin_ms
-
-    def to_dict(self) -> dict:
-        name, ms = self.tipped_by
-        return {
-            "kind": self.kind,
-            "tables": self.tables,
-            "gain_ms": self.gain_ms,
-            "uncertainty_ms": self.uncertainty_ms,
-            "margin_ms": self.margin_ms,
-            "kept": self.kept,
-            "tipped_by": name,
-            "tipped_ms": ms,
-            "contributions_ms": dict(self.contributions),
-            "errors_ms": dict(self.errors),
-        }
-
-    def line(self) -> str:
-        name, ms = self.tipped_by
-        verdict = "kept" if self.kept else ("contested" if self.gain_ms > 0 else "slower")
-        return (
-            f"  {self.kind} ({self.tables} tables): predicted gain {self.gain_ms:.3f} ms, "
-            f"margin {self.margin_ms:.3f} ms (uncertainty {self.uncertainty_ms:.3f} ms): "
-            f"{verdict}; tipped by {name} ({ms:+.3f} ms)"
-        )
-
-
-@dataclass(frozen=True)
-class ModelErrors:
-    """The relative (kernels) and absolute (collectives, ms) errors the margin uses, and
-    where each came from."""
-
-    kernel: float
-    kernel_source: str
-    dense: float
-    dense_source: str
-    collectives: dict[str, float]
-    collectives_source: str
-
-    def errors(self, base: dict[str, float], typed: dict[str, float]) -> dict[str, float]:
-        """``U`` by source between the two plans' slowest-rank breakdowns."""
-        out = {
-            "fused_kernels": self.kernel * abs(base["fused_kernels"] - typed["fused_kernels"]),
-            "dense_kernel": self.dense * abs(base["dense_kernel"] - typed["dense_kernel"]),
-        }
-        for kind in sorted(set(base) | set(typed) - {"fused_kernels", "dense_kernel"}):
-            if kind in out:
-                continue
-            changed = abs(base.get(kind, 0.0) - typed.get(kind, 0.0)) > 1e-12
-            out[kind] = self.collectives.get(kind, 0.0) if changed else 0.0
-        return out
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
-def model_errors(
-    agent: PlacementAgent,
-    spread: float,
-    collectives: CollectiveModels,
-    dense_kernel: DenseKernelModel | None,
-) -> ModelErrors:
-    """The errors of the models the type choice prices with (see the module docstring)."""
-    calibrated = (agent.meta or {}).get("calibrated") or {}
-    mape = calibrated.get("kernel_mape") if isinstance(calibrated, dict) else None
-    if mape is not None and math.isfinite(mape):
-        kernel, how = max(spread, mape / 100), f"calibrated here: kernel MAPE {mape:.1f}%"
-    else:
-        kernel, how = max(spread, KERNEL_ERROR), "not calibrated here"
-    how += f"; ensemble spread {spread:.3f}"
-    if dense_kernel is not None and dense_kernel.mape is not None:
-        dense, dense_how = dense_kernel.mape / 100, f"fitted: {dense_kernel.source}"
-    else:
-        dense, dense_how = UNFITTED_ERROR, "analytic dense passes (no fit)"
-    fitted = {k: m.rmse_ms for k, m in collectives.models.items() if m.samples > 0}
-    comm_how = (
-        f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
-    )
-    return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
 
 
 @dataclass
@@ -356,9 +218,9 @@ class TypeChooser:
         specs = [self._spec(o) for o in ours]
         costs = self._single_costs(specs)
         screen = ScreeningKernels(self.ctx.kernels_ms)
-        exact = _Rater(self.ctx, ours, specs, costs, capacity, tier)
+        exact = CandidateRater(self.ctx, ours, specs, costs, capacity, tier)
         screening = dataclasses.replace(self.ctx, kernels_ms=screen)
-        rate = _Rater(screening, ours, specs, costs, capacity, tier, exact.terms)
+        rate = CandidateRater(screening, ours, specs, costs, capacity, tier, exact.terms)
         base_exact = exact({})
         rate({})  # the all-table-wise plan's kernels set the screening's fusion ratios
         screen.calibrate(screen.last_calls)
@@ -390,7 +252,7 @@ class TypeChooser:
         count = rate.count + exact.count
         return TypePlan(moved, step, base_exact, count, self.speed, decisions, errors)
 
-    def _spread(self, exact: _Rater) -> float:
+    def _spread(self, exact: CandidateRater) -> float:
         """The cost network's ensemble spread (``step_log_std``) on the all-table-wise plan."""
         placed = exact.balanced({})
         if not placed:
@@ -423,7 +285,7 @@ class TypeChooser:
 
 def _decide(
     moved: dict[str, ShardingOption],
-    exact: _Rater,
+    exact: CandidateRater,
     base_ms: float,
     base_parts: dict[str, float],
     errors: ModelErrors,
@@ -466,98 +328,6 @@ def _prefix_sizes(n: int) -> list[int]:
         sizes.append(k)
         k *= PREFIX_GROWTH
     return sizes + [n] if n else []
-
-
-class _Rater:
-    """Rates a candidate (which tables move to which option): the moved tables' memory
-    and ranks as their strategies say, the table-wise tables balanced greedily in the
-    memory left, the whole plan priced by :func:`plan_cost` with the kernels of ``ctx``;
-    ``inf`` when the table-wise tables do not fit."""
-
-    def __init__(self, ctx, ours, specs, costs, capacity, tier, terms=None) -> None:
-        self.ctx, self.ours, self.specs, self.costs = ctx, ours, specs, costs
-        self.capacity = np.asarray(capacity, dtype=np.float64)
-        self.tier = tier
-        self.need = np.array([option_bytes(o, tier) for o in ours], dtype=np.float64)
-        self.pooled = [bool(o.is_pooled) for o in ours]  # a sequence table is not
-        self.terms = TermsCache() if terms is None else terms
-        self.count = 0
-
-    def __call__(self, moved: dict[str, ShardingOption]) -> float:
-        self.count += 1
-        choices = self._choices(moved)
-        return math.inf if choices is None else plan_cost(choices, self.ctx, self.terms).step_ms
-
-    def breakdown(self, moved: dict[str, ShardingOption]) -> PlanBreakdown:
-        """The plan of ``moved`` priced by source (it must fit)."""
-        choices = self._choices(moved)
-        if choices is None:
-            raise ValueError("the candidate does not fit the devices' memory")
-        return plan_breakdown(choices, self.ctx, self.terms)
-
-    def balanced(self, moved: dict[str, ShardingOption]) -> list[tuple[int, int]] | None:
-        """``(table index, rank)`` of the table-wise tables of ``moved``'s plan."""
-        free = self.capacity.copy()
-        for option in moved.values():
-            shard_bytes = [storage_bytes(s.storage, self.tier) for s in option.shards]
-            STRATEGIES[option.sharding_type].reserve(shard_bytes, free)
-        if (free < 0).any():
-            return None
-        return self._balance([i for i, o in enumerate(self.ours) if o.fqn not in moved], free)
-
-    def _choices(self, moved: dict[str, ShardingOption]) -> list[TableChoice] | None:
-        ranks = self.balanced(moved)
-        if ranks is None:
-            return None
-        tw = DREAMSHARD_SHARDING_TYPE
-        choices = [TableChoice(table=self.specs[i], sharding_type=tw, ranks=(r,)) for i, r in ranks]
-        topo, turns = self.ctx.topology, dict.fromkeys(STRATEGIES, 0)
-        for i, o in enumerate(self.ours):
-            if o.fqn in moved:
-                kind = moved[o.fqn].sharding_type
-                r = STRATEGIES[kind].candidate_ranks(turns[kind], topo)
-                turns[kind] += 1
-                choices.append(
-                    TableChoice(
-                        table=self.specs[i], sharding_type=kind, ranks=r, pooled=self.pooled[i]
-                    )
-                )
-        return choices
-
-    def _balance(self, idx: list[int], free: np.ndarray) -> list[tuple[int, int]] | None:
-        load = np.zeros(len(free))
-        out = []
-        for i in sorted(idx, key=lambda i: (-self.costs[i], i)):
-            room = np.flatnonzero(free >= self.need[i])
-            if room.size == 0:
-                return None
-            r = int(room[np.argmin(load[room])])
-            free[r] -= self.need[i]
-            load[r] += self.costs[i]
-            out.append((i, r))
-        return out
-
-
-def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[TableChoice]:
-    """The tables of a partitioned plan as the typed cost model sees them: each option's
-    type by the strategy that prices it (TorchRec's table-column-wise as column-wise), its
-    ranks as the strategy takes them; a sequence table is unpooled.
-
-    Raises:
-        ValueError: a sharding type no strategy prices (named).
-    """
-    out = []
-    for o in plan:
-        strategy = BY_TORCHREC_TYPE.get(o.sharding_type)
-        if strategy is None:
-            raise ValueError(f"{o.fqn}: sharding type {o.sharding_type!r} is not priced")
-        ranks = strategy.option_ranks([int(s.rank) for s in o.shards])
-        out.append(
-            TableChoice(
-                table=spec_fn(o), sharding_type=strategy.name, ranks=ranks, pooled=o.is_pooled
-            )
-        )
-    return out
 
 
 def typed_step_ms(plan: Sequence[ShardingOption], chooser: TypeChooser, spec_fn: SpecFn) -> float:
