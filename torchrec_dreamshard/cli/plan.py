@@ -149,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
             kernel_mape_before=outcome.calibration.before.get("cost/mape"),
             kernel_mape_after=outcome.calibration.after.get("cost/mape"),
         )
+    if outcome.margins:
+        adaptation["margins"] = outcome.margins
+    adaptation["summary"] = outcome.summary()
     plan, report = plan_file(task, outcome, adaptation)
     if k and plan.get("shards"):
         print("--verify: skipped, it compares whole-table plans and this plan splits tables")
@@ -157,6 +160,8 @@ def run(args: argparse.Namespace) -> int:
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
+    for line in adaptation["summary"]:  # what the measuring took and bought
+        print(line)
     show_plan(args, plan, report, outcome)
     return 0
 
