@@ -8,16 +8,17 @@ Which plan is kept (:func:`rank_measured`):
    then the fastest of those by median. One lucky round cannot pick a slower plan.
 2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
    swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
-   in enough rounds for a one-sided sign test at :data:`SIGN_ALPHA`, and by median); else
-   the fastest plan that does, else TorchRec's own. So the kept plan never measured slower
-   than TorchRec's in the same rounds.
+   in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
+   median); else the fastest plan that does, else TorchRec's own. So the kept plan never
+   measured slower than TorchRec's in the same rounds.
 
-A busy machine (:class:`Noise`): the reference kernel is timed before and after the
-rounds, and each plan's rounds are compared. When the rounds disagree (median relative
-spread over :data:`SPREAD_LIMIT`) or the reference drifted (over :data:`DRIFT_LIMIT`), the
-plans are measured again (as many rounds, within as much budget again: see
-:class:`NoiseLimits`) and those rounds decide if they are quiet. If they are noisy too, the
-safer plan is kept (TorchRec's, else the fastest heuristic's) and the result says so.
+A busy machine (:class:`~.noise.Noise`): the reference kernel is timed before and after
+the rounds, and each plan's rounds are compared. When the rounds disagree (median relative
+spread over :data:`~.noise.SPREAD_LIMIT`) or the reference drifted (over
+:data:`~.noise.DRIFT_LIMIT`), the plans are measured again (as many rounds, within as much
+budget again: see :class:`~.noise.NoiseLimits`) and those rounds decide if they are quiet.
+If they are noisy too, the safer plan is kept (TorchRec's, else the fastest heuristic's)
+and the result says so.
 """
 
 from __future__ import annotations

@@ -63,10 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="K",
-        help="measure the K best-rated candidate plans and the heuristics' plans on real "
-        "kernels (interleaved rounds); keep the fastest heuristic plan unless a plan beat "
-        "it in every round (default: 2 plans within 25 s, cached, where the automatic "
-        "check calibrates; 0: never)",
+        help="measure the K best-rated candidate plans, the heuristics' plans and TorchRec's "
+        "plan on real kernels (interleaved rounds); keep the fastest heuristic plan unless a "
+        "plan beat it in every round, and no plan that did not beat TorchRec's beyond the "
+        "noise (default: 2 plans within 25 s, cached, where the automatic check calibrates; "
+        "0: never)",
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(
