@@ -53,6 +53,7 @@ class VerifiedPlan:
     log_std: float
     measured_ms: float = float("nan")  # median over rounds of the measured step
     rounds_ms: list[float] = field(default_factory=list)
+    earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
     heuristic: bool = False  # a classic heuristic's plan (the reference)
     baseline: bool = False  # TorchRec's plan: the kept plan must not measure slower
 
@@ -147,6 +148,7 @@ class VerifyResult:
                     "predicted_ms": p.predicted_ms,
                     "measured_ms": p.measured_ms,
                     "rounds_ms": p.rounds_ms,
+                    "earlier_ms": p.earlier_ms,
                     "heuristic": p.heuristic,
                     "torchrec": p.baseline,
                 }
@@ -328,20 +330,33 @@ def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
 def keep(
     plans: Sequence[VerifiedPlan], incumbent: str | None, passes: Sequence[Noise]
 ) -> tuple[list[VerifiedPlan], str | None]:
-    """:func:`rank_measured`, then, where the last pass was noisy, the safer plan
-    (:func:`safer_plan`) first; and why it was kept (``None``: the ranking stands)."""
+    """:func:`rank_measured`; then, where the last pass was noisy, the safer plan
+    (:func:`safer_plan`) unless a plan measured faster than it in every round of every
+    pass (at least 3: on a busy machine only a plan that wins every pairing counts as
+    faster); and why (``None``: the ranking stands)."""
     ranked = rank_measured(plans, incumbent)
     if not passes or not passes[-1].noisy:
         return ranked, None
     safer = safer_plan(ranked)
     if safer is None:
         return ranked, None
+
+    def every_round(p: VerifiedPlan) -> bool:
+        mine, theirs = p.earlier_ms + p.rounds_ms, safer.earlier_ms + safer.rounds_ms
+        if len(mine) < 3 or len(mine) != len(theirs):
+            return False
+        return all(a < b for a, b in zip(mine, theirs, strict=True))
+
+    winners = [p for p in ranked if p is not safer and every_round(p)]
+    kept = min(winners, key=lambda p: p.measured_ms) if winners else safer
     again = " again" if len(passes) > 1 else ""
-    why = (
-        f"the measurements were noisy{again} ({passes[-1].describe()}): kept "
-        f"{plan_words(safer.name)}, the safer plan"
-    )
-    return [safer, *(p for p in ranked if p is not safer)], why
+    why = f"the measurements were noisy{again} ({passes[-1].describe()}): kept "
+    if kept is safer:
+        why += f"{plan_words(safer.name)}, the safer plan"
+    else:
+        n = len(kept.earlier_ms + kept.rounds_ms)
+        why += f"a plan faster than {plan_words(safer.name)} in every one of {n} rounds"
+    return [kept, *(p for p in ranked if p is not kept)], why
 
 
 @dataclass(frozen=True)
@@ -441,8 +456,9 @@ def verify(
             took = time.perf_counter() - start
             return VerifyResult(ranked, took, cached=True, passes=passes, fallback=why)
     rounds, passes = _measure_passes(task, plans, options, timing or kernel_timing(config))
-    for i, p in enumerate(plans):
-        p.rounds_ms = [r[i] for r in rounds]
+    for i, p in enumerate(plans):  # the last pass decides; a noisy first is kept apart
+        p.rounds_ms = [r[i] for r in rounds[-1]]
+        p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
     if path is not None:
         _write_rounds(path, plans, passes)
     ranked, why = keep(plans, options.incumbent, passes)
@@ -451,26 +467,28 @@ def verify(
 
 def _measure_passes(
     task: Task, plans: Sequence[VerifiedPlan], options: VerifyOptions, timing: Timing
-) -> tuple[list[dict[int, float]], list[Noise]]:
-    """The deciding pass's rounds (``{plan index: ms}`` each) and every pass's noise: the
-    first pass; where it was noisy, a second whose rounds decide instead when it has any."""
+) -> tuple[list[list[dict[int, float]]], list[Noise]]:
+    """Every pass's rounds (``{plan index: ms}`` each) and noise: the first pass, and
+    where it was noisy a second (when it measured a whole round), which decides."""
     limits = options.noise
     reference = timing.reference_ms if math.isfinite(limits.drift) else None
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
-    total = (options.rounds + extra) * len(plans)
-    bar = progress_bar(total, "verify: measuring plans", options.progress)
+    bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
     try:
         before = reference() if reference is not None else None
-        rounds = _one_pass(task, plans, options.rounds, options.budget_s, timing, bar)
+        rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar)]
         after = reference() if reference is not None else None
-        passes = [Noise.of(rounds, (before, after), limits)]
-        if passes[0].noisy and extra > 0 and rounds:
+        passes = [Noise.of(rounds[0], (before, after), limits)]
+        if passes[0].noisy and extra > 0 and rounds[0]:
+            if bar is not None:
+                bar.total += extra * len(plans)
+                bar.set_description("verify: noisy, measuring again")
             budget = None if options.budget_s is None else options.budget_s * limits.extra_budget
             more = _one_pass(task, plans, extra, budget, timing, bar)
-            again = reference() if reference is not None and more else None
             if more:
+                again = reference() if reference is not None else None
                 passes.append(Noise.of(more, (after, again), limits))
-                rounds = more
+                rounds.append(more)
     finally:
         if bar is not None:
             bar.close()
@@ -557,6 +575,7 @@ def _read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> list[Noise] | Non
         return None
     for p, s in zip(plans, stored, strict=True):
         p.rounds_ms = [float(ms) for ms in s["rounds_ms"]]
+        p.earlier_ms = [float(ms) for ms in s.get("earlier_ms", [])]
     return passes
 
 
@@ -564,7 +583,10 @@ def _write_rounds(path: Path, plans: Sequence[VerifiedPlan], passes: Sequence[No
     from torchrec_dreamshard.io import atomic_write, dumps_strict
 
     data = {
-        "plans": [{"placement": p.placement, "rounds_ms": p.rounds_ms} for p in plans],
+        "plans": [
+            {"placement": p.placement, "rounds_ms": p.rounds_ms, "earlier_ms": p.earlier_ms}
+            for p in plans
+        ],
         "passes": [{k: v for k, v in n.to_dict().items() if k != "noisy"} for n in passes],
     }
     path.parent.mkdir(parents=True, exist_ok=True)
