@@ -149,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
             calibrated=True,
             kernel_mape_before=outcome.calibration.before.get("cost/mape"),
             kernel_mape_after=outcome.calibration.after.get("cost/mape"),
+            kernels_discarded=outcome.calibration.discarded,
+            calibration_note=outcome.calibration.note,
         )
     if outcome.margins:
         adaptation["margins"] = outcome.margins
