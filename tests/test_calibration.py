@@ -4,6 +4,7 @@ one short timing round)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -45,7 +46,16 @@ def tiny_task(num_tables: int = 5, num_devices: int = 2) -> Task:
 
 
 def config(**kw) -> cal.CalibrationConfig:
+    """Fast calibration settings, the reference-drift check off unless ``kw`` sets it (on
+    a machine shared by other work it would discard what these tests measure)."""
+    kw = {"drift_limit": math.inf, **kw}
     return cal.CalibrationConfig(measure=FAST, max_groups=3, progress=False, epochs=50, **kw)
+
+
+def quiet(**kw) -> cal.VerifyOptions:
+    """Verification settings with the noise checks off (no reference timed, no second
+    pass, no fallback): the tests of the ranking and the budget see exactly their rounds."""
+    return cal.VerifyOptions(noise=cal.NoiseLimits.off(), **kw)
 
 
 def test_config_and_signatures():
@@ -190,7 +200,7 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
         return m
 
     monkeypatch.setattr(measure, "measure_placement", spy)
-    res = cal.verify(agent, task, 2, FAST, rounds=2, extra={"chosen": chosen})
+    res = cal.verify(agent, task, 2, FAST, quiet(rounds=2), extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
     assert any(p.heuristic and "greedy" in p.name for p in res.plans)  # the heuristics' plans
@@ -224,15 +234,17 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
     task = tiny_task(6, 2)
     chosen = {"chosen": agent.place(task)}
     res = cal.verify(
-        agent, task, 2, FAST, rounds=3, extra=chosen, budget_s=1e-6, incumbent="chosen"
+        agent, task, 2, FAST, quiet(rounds=3, budget_s=1e-6, incumbent="chosen"), extra=chosen
     )
     assert {len(p.rounds_ms) for p in res.plans} == {0}  # out of time before the first
     assert res.winner.name.split("=")[0] == "chosen"
-    res = cal.verify(agent, task, 2, FAST, rounds=2, extra=chosen, budget_s=1e6, incumbent="chosen")
+    res = cal.verify(
+        agent, task, 2, FAST, quiet(rounds=2, budget_s=1e6, incumbent="chosen"), extra=chosen
+    )
     assert {len(p.rounds_ms) for p in res.plans} == {2}
     # a round cut short is dropped: every plan keeps the same number of whole rounds
     start = time.perf_counter()
-    res = cal.verify(agent, task, 2, FAST, rounds=50, extra=chosen, budget_s=2.0)
+    res = cal.verify(agent, task, 2, FAST, quiet(rounds=50, budget_s=2.0), extra=chosen)
     assert time.perf_counter() - start < 2.0 + 1.0
     assert len({len(p.rounds_ms) for p in res.plans}) == 1
 
@@ -243,23 +255,23 @@ def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkey
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
-    first = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    first = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert not first.cached and list((tmp_path / "xdg").rglob("verification_*.json"))
 
     def refuse(*args, **kwargs):
         raise AssertionError("measured again although this machine's cache holds the plans")
 
     monkeypatch.setattr(measure, "measure_placement", refuse)
-    again = cal.verify(agent, task, 2, FAST, rounds=2, cache=True)
+    again = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert again.cached and "cache" in again.lines()[0]
     assert [(p.name, p.rounds_ms) for p in again.plans] == [
         (p.name, p.rounds_ms) for p in first.plans
     ]
     other = Task(tables=task.tables, num_devices=2, memory_bytes=10**7, batch_size=128)
     with pytest.raises(AssertionError, match="measured again"):  # another batch: measured
-        cal.verify(agent, other, 2, FAST, rounds=2, cache=True)
+        cal.verify(agent, other, 2, FAST, quiet(rounds=2, cache=True))
     with pytest.raises(AssertionError, match="measured again"):  # not asked to cache
-        cal.verify(agent, task, 2, FAST, rounds=2)
+        cal.verify(agent, task, 2, FAST, quiet(rounds=2))
 
 
 @pytest.mark.parametrize(("factor", "verifies"), [(10.0, True), (1.0, False)])

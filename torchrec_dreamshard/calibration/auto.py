@@ -12,14 +12,17 @@ so the next plan of these tables on this machine measures nothing and only fine-
 A recalibrated network still has errors, and a search against it finds them. So where the
 check calibrates, the plan it picks is also verified on real kernels
 (:func:`verification_settings`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
-measured beside every heuristic's plan in interleaved rounds, within :data:`AUTO_VERIFY_S`,
-and the chosen plan stands unless another measured faster in every one of at least two whole
-rounds (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
-incumbent because the check guards against the model's gross errors: on a machine whose
-timings move 5% or more from round to round, a rule that asks the model's plan to beat the
-heuristics every time hands back a heuristic's plan whenever the noise exceeds the gain. The
-rounds are cached per machine and plan set, so planning the same tables again measures
-nothing.
+measured beside every heuristic's plan and TorchRec's own plan in interleaved rounds, within
+:data:`AUTO_VERIFY_S` (and as much again where the first rounds were noisy), and the chosen
+plan stands unless another measured faster in every one of at least two whole rounds; no
+plan that did not beat TorchRec's beyond the noise is kept (:func:`~.verification.verify`).
+The chosen plan, not the best heuristic's, is the incumbent because the check guards against
+the model's gross errors: on a machine whose timings move 5% or more from round to round, a
+rule that asks the model's plan to beat the heuristics every time hands back a heuristic's
+plan whenever the noise exceeds the gain. Against TorchRec's plan the bar is that high on
+purpose: it is the plan the user had, and a swap must never make the step slower. The
+rounds are cached per machine and plan set, so
+planning the same tables again measures nothing.
 
 Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
 predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off

@@ -20,6 +20,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
+from torchrec_dreamshard.progress import progress_bar
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -143,11 +144,7 @@ def measure_kernels(
     wave = KERNELS_PER_CALL * (group.world if group is not None else 1)
     start = time.perf_counter()
     done = 0
-    bar = None
-    if progress and kernels:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(kernels), desc="calibrate: measuring kernels", leave=False)
+    bar = progress_bar(len(kernels), "calibrate: measuring kernels", progress and bool(kernels))
     try:
         for lo in range(0, len(kernels), wave):
             chunk = kernels[lo : lo + wave]

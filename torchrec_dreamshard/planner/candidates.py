@@ -38,9 +38,15 @@ class TorchRecCandidate:
     It declines tasks the safe mode plans in its bounded way
     (:func:`~torchrec_dreamshard.policy.is_large`): TorchRec's planner would take longer
     than the rest of the safety net there.
+
+    It is a *baseline* (``baseline``): the plan the user had before swapping planners.
+    Wherever plans are measured (:func:`~torchrec_dreamshard.calibration.verification.verify`)
+    it is measured too, and no plan that measured slower than it is kept; where nothing is
+    measured, the planner's stats give the kept plan's predicted margin over it.
     """
 
     name: str = TORCHREC_CANDIDATE
+    baseline: bool = True
 
     def propose(self, task: Task) -> list[int] | None:
         """TorchRec's placement of ``task`` (``None`` on a large task).

@@ -119,7 +119,7 @@ def with_calibration(
     if calibrate is None and isinstance(agent, DreamShard):
         auto = default_reference(topology)
         calibrate = CalibrationConfig(
-            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=False
+            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=True
         )
     elif calibrate is None or calibrate is False:
         note = other_hardware(agent, topology) if calibrate is False else None

@@ -61,6 +61,11 @@ class CandidateSource(Protocol):
     Attributes:
         name: the candidates' name in the safety net's report (unique among the sources
             and the policy's own candidates).
+
+    A source may also have ``baseline = True`` (read with ``getattr``, default
+    ``False``): its plan is the one the user would have without DreamShard (TorchRec's
+    planner's), which the verification always measures and never keeps a slower plan
+    than (:func:`~torchrec_dreamshard.calibration.verification.rank_measured`).
     """
 
     name: str
