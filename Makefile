@@ -1,26 +1,56 @@
 # Every target makes the virtual environment it needs; `make install` is idempotent and
 # returns at once when the stamp is newer than the files that define the environment.
+#
+# Two tested sets of releases (STACK):
+#   1.8  torch 2.13.0 (CPU build), FBGEMM 1.8.0, torchrec 1.8.0     -> .venv       (default)
+#   1.9  torch 2.14.1, FBGEMM 1.9.0, torchrec 1.9.2 (today's)        -> .venv-1.9
+# `make test`, `make demo` use the default set; `make test-1.9` runs the whole suite on the
+# other; `make test-isa` runs the fast tests under another instruction set (see README).
 PYTHON_BOOT ?= $(shell command -v python3.11 || command -v python3)
+STACK       ?= 1.8
+ifeq ($(STACK),1.9)
+VENV        := .venv-1.9
+TORCH       := 2.14.1
+FBGEMM_VER  := 1.9.0
+TORCHREC    := 1.9.2
+else ifeq ($(STACK),1.8)
 VENV        := .venv
+TORCH       := 2.13.0
+FBGEMM_VER  := 1.8.0
+TORCHREC    := 1.8.0
+else
+$(error STACK=$(STACK) is not a tested set: use STACK=1.8 or STACK=1.9)
+endif
+CONSTRAINTS := constraints/torchrec-$(STACK).txt
 PY          := $(VENV)/bin/python
 PIP         := $(PY) -m pip --disable-pip-version-check -q
 STAMP       := $(VENV)/.installed
 # CUDA machines get the CUDA FBGEMM build; everything else the CPU build (see README).
 HAS_CUDA    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
-FBGEMM      := $(if $(HAS_CUDA),fbgemm-gpu==1.8.0,fbgemm-gpu-cpu==1.8.0)
+FBGEMM      := $(if $(HAS_CUDA),fbgemm-gpu==$(FBGEMM_VER),fbgemm-gpu-cpu==$(FBGEMM_VER))
 PYTEST_ARGS ?=
+# Another instruction set for ATen and MKL than this CPU's best: floats then differ in the
+# last bits, as they do on another CPU (an AMD EPYC's MKL path, say).
+ISA_ENV     := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
 
-.PHONY: install test test-fast demo lint format bench clean
+.PHONY: install test test-fast test-isa test-1.9 demo lint format bench clean
 
 install: $(STAMP)
 
-$(STAMP): setup.py requirements.txt constraints.txt Makefile
+# The package itself is installed with its dependencies resolved (not --no-deps) and the
+# environment is compared before and after: installing it must change none of the user's
+# packages (torch, FBGEMM, torchrec above all).
+$(STAMP): setup.py requirements.txt $(CONSTRAINTS) Makefile
 	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	$(PIP) install -c constraints.txt torch==2.13.0
-	$(PIP) install -c constraints.txt $(FBGEMM)
-	$(PIP) install -c constraints.txt --no-deps torchrec==1.8.0
-	$(PIP) install -c constraints.txt -r requirements.txt
-	$(PIP) install -c constraints.txt --no-deps --no-build-isolation -e .
+	$(PIP) install -c $(CONSTRAINTS) torch==$(TORCH)
+	$(PIP) install -c $(CONSTRAINTS) $(FBGEMM)
+	$(PIP) install -c $(CONSTRAINTS) --no-deps torchrec==$(TORCHREC)
+	$(PIP) install -c $(CONSTRAINTS) -r requirements.txt
+	$(PY) -m pip freeze --exclude torchrec-dreamshard > $(VENV)/.before-package
+	$(PIP) install --no-build-isolation -e .
+	$(PY) -m pip freeze --exclude torchrec-dreamshard > $(VENV)/.after-package
+	diff $(VENV)/.before-package $(VENV)/.after-package || \
+	  { echo "installing torchrec-dreamshard changed the packages above"; exit 1; }
 	$(PY) -c "import torchrec_dreamshard, torchrec, fbgemm_gpu; print('environment ok')"
 	touch $@
 
@@ -29,6 +59,12 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+
+test-isa: install
+	$(ISA_ENV) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+
+test-1.9:
+	$(MAKE) test STACK=1.9
 
 demo: install
 	$(VENV)/bin/dreamshard demo
@@ -45,4 +81,4 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .ruff_cache
+	rm -rf .venv .venv-1.9 *.egg-info .pytest_cache .ruff_cache

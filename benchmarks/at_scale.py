@@ -38,8 +38,8 @@ def build(tables: int):
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+    from torchrec_dreamshard.data.table_configs import embedding_bag_configs
     from torchrec_dreamshard.data.table_pool import synthetic_pool
-    from torchrec_dreamshard.measure.step_model import embedding_bag_configs
 
     class Model(torch.nn.Module):
         def __init__(self, specs):

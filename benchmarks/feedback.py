@@ -1,7 +1,7 @@
 """The job as the measurement: what observing costs, how far the prediction moves toward
 what the job measures, and whether the re-plan's training step beats the first plan's.
 
-For each step-time family (``torchrec_dreamshard.measure.step_families``), on 2 gloo ranks
+For each step-time family (``torchrec_dreamshard.evaluation.step_families``), on 2 gloo ranks
 spawned on this machine, one thread each:
 
 1. ``DreamShardPlanner.collective_plan`` plans the model (the default planner, which
@@ -24,7 +24,7 @@ spawned on this machine, one thread each:
    plans the model again, as a restarted training script would (does it find the re-plan
    from what the store kept?); and the plans' DMP steps (first, re-plan, and the restart's
    where it differs) in ``--rounds`` rounds
-   (``measure.dmp_step.run_rounds``, orders balanced), per-round ratio re-plan / first.
+   (``evaluation.dmp_step.run_rounds``, orders balanced), per-round ratio re-plan / first.
 
 The ``undeclared`` family is where the prior misprices most: its planners are told no
 pooling factor (TorchRec's 1.0), and its job feeds four tables 40 to 100 ids a sample.
@@ -50,9 +50,9 @@ import torch
 import torch.distributed as dist
 
 from torchrec_dreamshard.evaluation.results_files import RESULTS
+from torchrec_dreamshard.evaluation.step_families import FAMILIES, WORLD, family_spec
+from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.step_families import FAMILIES, WORLD, family_spec
-from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
 
 BATCH = 512  # per rank
 EVERY = 20  # the observer's default sampling
@@ -85,10 +85,12 @@ def run_family(spec: Any, args: dict) -> dict:
     """Steps 1 to 4 on this rank (every rank calls it; rank 0's result is kept)."""
     from torchrec.distributed.sharding_plan import get_default_sharders
 
+    from torchrec_dreamshard.evaluation.dmp_step import StepTimerConfig, build_pipeline, run_rounds
+    from torchrec_dreamshard.evaluation.step_model import StepDLRM, make_batch
     from torchrec_dreamshard.feedback.job_report import rank_tables
-    from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, build_pipeline, run_rounds
-    from torchrec_dreamshard.measure.step_model import StepDLRM, make_batch, torchrec_topology
+    from torchrec_dreamshard.feedback.observer import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.topology import torchrec_topology
 
     torch.set_num_threads(1)
 
@@ -108,7 +110,7 @@ def run_family(spec: Any, args: dict) -> dict:
     plan = plan_model(planner)
     pipeline = build_pipeline(spec, plan, 0.01)
     batches = [make_batch(spec, BATCH, 1000 * dist.get_rank() + i) for i in range(8)]
-    observer = planner.observe(pipeline._model, every=EVERY, warmup=0)
+    observer = observe(planner, pipeline._model, every=EVERY, warmup=0)
     on, off = [], []
     for r in range(args.get("overhead_rounds") or args["rounds"]):
         for mode in ("on", "off") if r % 2 == 0 else ("off", "on"):
@@ -124,7 +126,7 @@ def run_family(spec: Any, args: dict) -> dict:
     out["interval"] = observer.interval
     observer.close()
     # learning from --steps steps: a new observer, as a new job has it, then report, replan
-    short = planner.observe(pipeline._model, every=EVERY)
+    short = observe(planner, pipeline._model, every=EVERY)
     timed_steps(pipeline, batches, args["steps"], short)
     out["before"] = short.report()
     short.replan()

@@ -4,7 +4,7 @@ TorchRec's on this machine?
 The step-time benchmark asks ``DreamShardPlanner`` for 0.90x TorchRec's step on the mixed
 family (80 tiny, 2 huge hot and 8 medium tables). Whether that is within reach depends on
 the CPU: this script times, on real DMP training steps on 2 gloo ranks in alternating
-rounds (:func:`torchrec_dreamshard.measure.dmp_step.time_plans`), TorchRec's plan, ours,
+rounds (:func:`torchrec_dreamshard.evaluation.dmp_step.time_plans`), TorchRec's plan, ours,
 and plans that TorchRec's planner makes under forced sharding types, each a way a planner
 could spend the step differently:
 
@@ -29,15 +29,15 @@ from collections import Counter
 import numpy as np
 
 from torchrec_dreamshard.cli.steptime import NamedPlanner, prepare_machine_models
-from torchrec_dreamshard.evaluation.results_files import machine, write
-from torchrec_dreamshard.measure.dmp_step import (
+from torchrec_dreamshard.evaluation.dmp_step import (
     StepTimerConfig,
     make_plan,
     table_shardings,
     time_plans,
 )
-from torchrec_dreamshard.measure.step_families import WORLD, family_spec
-from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.evaluation.step_families import WORLD, family_spec
+from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval
 
 BATCH = 512  # per rank, as the step-time benchmark
 

@@ -10,16 +10,16 @@ Every family's model is planned by three planners, each with TorchRec's
   calibrated on this machine's kernels first (what a user on hardware other than the
   checkpoint's does), every sharding type allowed.
 
-Each plan's model (:class:`torchrec_dreamshard.measure.step_model.StepDLRM`: dense MLP,
+Each plan's model (:class:`torchrec_dreamshard.evaluation.step_model.StepDLRM`: dense MLP,
 the bag and sequence tables, over-arch; fused row-wise Adagrad on the embeddings) is
 trained under ``DistributedModelParallel`` and ``TrainPipelineSparseDist`` on 2 gloo CPU
-ranks, one thread each (:func:`torchrec_dreamshard.measure.dmp_step.time_plans`). In each
+ranks, one thread each (:func:`torchrec_dreamshard.evaluation.dmp_step.time_plans`). In each
 round every plan runs warm-up steps then timed steps, in an order that changes from round
 to round; a round's figure is the mean timed step, the maximum over ranks. Reported per
 family: each plan's median step with its interval over rounds, the per-round ratios
 dreamshard / torchrec, dreamshard-tw / torchrec, dreamshard / dreamshard-tw and
 dreamshard-cal / torchrec with their intervals (order statistics,
-:mod:`torchrec_dreamshard.measure.step_stats`), and the sharding types each plan used.
+:mod:`torchrec_dreamshard.evaluation.step_stats`), and the sharding types each plan used.
 A difference is called only when its interval excludes 1.
 
 Families (per-rank batch 512 by default; ids drawn to each table's pooling factor and
@@ -54,8 +54,8 @@ from pathlib import Path
 
 from torchrec_dreamshard.cli.steptime import prepare_machine_models
 from torchrec_dreamshard.evaluation.results_files import RESULTS, load_note, machine
-from torchrec_dreamshard.measure.step_families import FAMILIES, WORLD, family_spec
-from torchrec_dreamshard.measure.step_model import StepModelSpec
+from torchrec_dreamshard.evaluation.step_families import FAMILIES, WORLD, family_spec
+from torchrec_dreamshard.evaluation.step_model import StepModelSpec
 
 PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 RATIOS = (
@@ -88,7 +88,7 @@ def describe(spec: StepModelSpec) -> dict:
 def plan_family(spec: StepModelSpec, batch: int) -> tuple[dict, dict]:
     """Every planner's plan (by name) and its summary, or the error it raised."""
     from torchrec_dreamshard.cli.steptime import NamedPlanner
-    from torchrec_dreamshard.measure.dmp_step import make_plan, table_shardings
+    from torchrec_dreamshard.evaluation.dmp_step import make_plan, table_shardings
 
     plans, summaries = {}, {}
     for name in PLANNERS:
@@ -129,7 +129,7 @@ def read_round_log(path: Path) -> list[dict]:
 def run_family(name: str, raw: dict, settings: dict, raw_path: Path) -> None:
     """Plan ``name``, take over finished rounds when nothing changed (settings, plans and
     the CPU model: rounds from another machine are never mixed in), time the rest."""
-    from torchrec_dreamshard.measure.dmp_step import StepTimerConfig, time_plans
+    from torchrec_dreamshard.evaluation.dmp_step import StepTimerConfig, time_plans
 
     spec = family_spec(name, settings["batch_size"])
     plans, summaries = plan_family(spec, settings["batch_size"])
@@ -181,8 +181,8 @@ def run_family(name: str, raw: dict, settings: dict, raw_path: Path) -> None:
 
 def family_lines(name: str, entry: dict) -> list[str]:
     """The family's Markdown: each plan's median step, then the ratios."""
-    from torchrec_dreamshard.measure.dmp_step import sharding_type_counts
-    from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval, verdict
+    from torchrec_dreamshard.evaluation.dmp_step import sharding_type_counts
+    from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval, verdict
 
     model, rounds, plans = entry["model"], entry["rounds"], entry["plans"]
     lines = [

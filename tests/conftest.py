@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -35,14 +35,15 @@ def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
     caller charges (:data:`GLOO_LIKE`'s). No test calibrates gloo's collectives or times
     those kernels, in this process or in the ranks it spawns, nor reads or writes the
     user's cache."""
-    from torchrec_dreamshard.measure import collectives, dense_kernels, reference_speed
+    from torchrec_dreamshard.cost import dense_kernel_model
+    from torchrec_dreamshard.measure import collectives, reference_speed
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(collectives, "_LOADED", {})
     path = collectives.default_collectives_path("gloo")
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(GLOO_LIKE.to_dict()))
-    dense_kernels.default_dense_kernel_path().write_text(json.dumps(CPU_DENSE_LIKE.to_dict()))
+    dense_kernel_model.default_dense_kernel_path().write_text(json.dumps(CPU_DENSE_LIKE.to_dict()))
     fwd, bwd = bundled_reference_ms()
     record = {"version": reference_speed.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
     reference_speed.default_reference_path().write_text(json.dumps(record))

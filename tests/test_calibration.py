@@ -4,6 +4,7 @@ one short timing round)."""
 from __future__ import annotations
 
 import json
+import math
 import time
 import warnings
 from pathlib import Path
@@ -45,7 +46,16 @@ def tiny_task(num_tables: int = 5, num_devices: int = 2) -> Task:
 
 
 def config(**kw) -> cal.CalibrationConfig:
+    """Fast calibration settings, the reference-drift check off unless ``kw`` sets it (on
+    a machine shared by other work it would discard what these tests measure)."""
+    kw = {"drift_limit": math.inf, **kw}
     return cal.CalibrationConfig(measure=FAST, max_groups=3, progress=False, epochs=50, **kw)
+
+
+def quiet(**kw) -> cal.VerifyOptions:
+    """Verification settings with the noise checks off (no reference timed, no second
+    pass, no fallback): the tests of the ranking and the budget see exactly their rounds."""
+    return cal.VerifyOptions(noise=cal.NoiseLimits.off(), **kw)
 
 
 def test_config_and_signatures():
@@ -190,9 +200,7 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
         return m
 
     monkeypatch.setattr(measure, "measure_placement", spy)
-    res = cal.verify(
-        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2), extra={"chosen": chosen}
-    )
+    res = cal.verify(agent, task, 2, FAST, quiet(rounds=2), extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
     assert any(p.heuristic and "greedy" in p.name for p in res.plans)  # the heuristics' plans
@@ -226,28 +234,17 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
     task = tiny_task(6, 2)
     chosen = {"chosen": agent.place(task)}
     res = cal.verify(
-        agent,
-        task,
-        cal.VerificationSettings(k=2, config=FAST, rounds=3, budget_s=1e-6, incumbent="chosen"),
-        extra=chosen,
+        agent, task, 2, FAST, quiet(rounds=3, budget_s=1e-6, incumbent="chosen"), extra=chosen
     )
     assert {len(p.rounds_ms) for p in res.plans} == {0}  # out of time before the first
     assert res.winner.name.split("=")[0] == "chosen"
     res = cal.verify(
-        agent,
-        task,
-        cal.VerificationSettings(k=2, config=FAST, rounds=2, budget_s=1e6, incumbent="chosen"),
-        extra=chosen,
+        agent, task, 2, FAST, quiet(rounds=2, budget_s=1e6, incumbent="chosen"), extra=chosen
     )
     assert {len(p.rounds_ms) for p in res.plans} == {2}
     # a round cut short is dropped: every plan keeps the same number of whole rounds
     start = time.perf_counter()
-    res = cal.verify(
-        agent,
-        task,
-        cal.VerificationSettings(k=2, config=FAST, rounds=50, budget_s=2.0),
-        extra=chosen,
-    )
+    res = cal.verify(agent, task, 2, FAST, quiet(rounds=50, budget_s=2.0), extra=chosen)
     assert time.perf_counter() - start < 2.0 + 1.0
     assert len({len(p.rounds_ms) for p in res.plans}) == 1
 
@@ -258,27 +255,23 @@ def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkey
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
-    first = cal.verify(
-        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True)
-    )
+    first = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert not first.cached and list((tmp_path / "xdg").rglob("verification_*.json"))
 
     def refuse(*args, **kwargs):
         raise AssertionError("measured again although this machine's cache holds the plans")
 
     monkeypatch.setattr(measure, "measure_placement", refuse)
-    again = cal.verify(
-        agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True)
-    )
+    again = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert again.cached and "cache" in again.lines()[0]
     assert [(p.name, p.rounds_ms) for p in again.plans] == [
         (p.name, p.rounds_ms) for p in first.plans
     ]
     other = Task(tables=task.tables, num_devices=2, memory_bytes=10**7, batch_size=128)
     with pytest.raises(AssertionError, match="measured again"):  # another batch: measured
-        cal.verify(agent, other, cal.VerificationSettings(k=2, config=FAST, rounds=2, cache=True))
+        cal.verify(agent, other, 2, FAST, quiet(rounds=2, cache=True))
     with pytest.raises(AssertionError, match="measured again"):  # not asked to cache
-        cal.verify(agent, task, cal.VerificationSettings(k=2, config=FAST, rounds=2))
+        cal.verify(agent, task, 2, FAST, quiet(rounds=2))
 
 
 @pytest.mark.parametrize(("factor", "verifies"), [(10.0, True), (1.0, False)])
@@ -347,7 +340,10 @@ def test_plan_task_calibrates_then_verifies():
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     out = cal.plan_task(
-        agent, task, calibration=config(), verification=cal.VerificationSettings(k=2, rounds=1)
+        agent,
+        task,
+        calibration=config(),
+        verification=cal.VerificationSettings(k=2, options=cal.VerifyOptions(rounds=1)),
     )
     assert out.calibration is not None and out.verification is not None
     assert out.placement == out.verification.winner.placement
@@ -368,8 +364,8 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
     other = [1 - d for d in agent.place(task, seed=3)]
     verified = []
 
-    def fake_verify(planner, task, settings, *args, **kwargs):
-        verified.append(settings.k)
+    def fake_verify(planner, task, k, *args, **kwargs):
+        verified.append(k)
         return SimpleNamespace(winner=SimpleNamespace(placement=other))
 
     monkeypatch.setattr(calibrating_agent, "verify", fake_verify)
@@ -630,3 +626,118 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     assert outcome is not None and outcome.calibration is not None
     assert priced == [outcome.agent]  # the type choice priced with the calibrated agent
     assert priced[0] is not planner.agent.prior
+
+
+def oversized_task() -> Task:
+    """Issue 32's task, scaled down: ``big`` (20,000 x 128) fits no device, eight smaller
+    tables do; each of 2 devices has 1.15x half of the tables' bytes."""
+    big = TableSpec(name="big", rows=20_000, dim=128, pooling_factor=8.0)
+    small = [
+        TableSpec(name=f"s{i}", rows=2_000 + 300 * i, dim=32, pooling_factor=4.0 + i)
+        for i in range(8)
+    ]
+    tables = [big, *small]
+    memory = int(1.15 * sum(t.size_bytes for t in tables) / 2)
+    assert big.size_bytes > memory
+    return Task(
+        tables=tables, num_devices=2, memory_bytes=memory, batch_size=256, allow_oversized=True
+    )
+
+
+def assert_fits_splitting_big(task: Task, out: cal.PlanOutcome) -> None:
+    from torchrec_dreamshard.data.tasks import device_bytes
+
+    assert out.split is not None and list(out.split.sharded.columns) == ["big"]
+    shards = out.split.sharded.shards
+    assert len(out.placement) == len(shards.tables)
+    used = device_bytes(shards, out.placement)
+    assert all(u <= m for u, m in zip(used, task.memory, strict=True))
+    placed = {shards.tables[k].name: d for k, d in enumerate(out.placement)}
+    big_devices = [d for name, d in placed.items() if name.startswith("big")]
+    assert len(set(big_devices)) == len(big_devices) == 2  # its shards on distinct devices
+
+
+def test_a_table_bigger_than_every_device_is_split_on_the_calibrating_path():
+    """Issue 32's regression: calibrating measured fused groups of whole-table plans, and a
+    table that fits no device has none (the policy raised "fits on no device"). With
+    splits, calibration measures the shards the plan places, and the plan splits ``big``."""
+    agent, task = DreamShard.untrained(seed=0), oversized_task()
+    out = cal.plan_task(agent, task, calibration=config(budget_s=30.0), splits=True)
+    assert out.calibration is not None and out.calibration.measured > 0
+    assert_fits_splitting_big(task, out)
+    # a calibration of the whole tables (no splits asked for) still measures: the groups
+    # then come from the plans that exist (the heuristics' plans fail on it too)
+    alone = cal.calibrate(agent, task, config(budget_s=30.0))
+    assert alone.samples >= len(task.tables)
+
+
+def test_the_default_on_a_mispriced_machine_splits_a_table_bigger_than_every_device(
+    files, capsys, monkeypatch, run_cli
+):
+    """``dreamshard plan`` with no flags, on a machine whose reference kernel the
+    checkpoint misprices tenfold (so the default calibrates), splits ``big`` and fits."""
+    from torchrec_dreamshard.calibration import auto
+
+    oversized_task().save(files / "big.json")
+    agent = DreamShard.untrained(seed=0)
+    fwd, bwd = auto.check_machine(agent, None).predicted_ms
+    monkeypatch.setattr(auto, "measured_reference_ms", lambda device="cpu": (fwd * 10, bwd * 10))
+    out = files / "plan.json"
+    argv = ["plan", str(files / "big.json"), "--checkpoint", str(files / "agent.pt")]
+    assert run_cli([*argv, "--budget-s", "10", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "calibrating on this machine" in printed and "calibration:" in printed
+    plan = json.loads(out.read_text())
+    assert plan["adaptation"]["calibrated"] is True
+    assert [s["device"] for s in plan["shards"]["big"]] in ([0, 1], [1, 0])
+    memory = oversized_task().memory
+    assert all(d["bytes"] <= memory[k] for k, d in enumerate(plan["per_device"]))
+
+
+def test_the_planner_splits_a_table_bigger_than_every_rank_on_the_calibrating_path():
+    """The same task as a TorchRec model under ``DreamShardPlanner`` with calibration forced
+    on: ``big`` is cut column-wise (``min_partition`` allows it; TorchRec's own
+    ``MIN_CW_DIM`` of 128 would leave a 128-wide table one shard, calibrated or not) and
+    every rank's shards fit its memory."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.types import ParameterConstraints, Topology
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import (
+        planner_best_plan,
+        planner_reserved_topology,
+    )
+
+    tables = [
+        EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
+                           feature_names=[f"f_{t.name}"])
+        for t in oversized_task().tables
+    ]  # fmt: skip
+    total = sum(t.num_embeddings * t.embedding_dim * 4 for t in tables)
+    reserve = 0.15  # TorchRec's default storage reservation
+    topology = Topology(
+        world_size=2, compute_device="cpu", ddr_cap=int(1.15 * total / 2 / (1 - reserve))
+    )
+    model = torch.nn.Module()
+    model.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    planner = DreamShardPlanner(
+        topology=topology,
+        batch_size=128,
+        agent=DreamShard.untrained(seed=0),
+        calibrate=config(budget_s=10.0),
+        constraints={"big": ParameterConstraints(min_partition=32)},
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
+    assert planner.agent.adaptation()["calibrated"] is True
+    big = plan.plan["ebc"]["big"]
+    assert big.sharding_type == "column_wise" and len(set(big.ranks)) == len(big.ranks) == 2
+    caps = [d.storage.ddr for d in planner_reserved_topology(planner).devices]
+    used = [0] * 2
+    for option in planner_best_plan(planner):
+        for shard in option.shards:
+            used[shard.rank] += shard.storage.ddr
+    assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)

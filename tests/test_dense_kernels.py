@@ -11,8 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchrec_dreamshard.cost import dense_kernel_model as dk
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure import dense_kernels as dk
+from torchrec_dreamshard.measure import dense_kernels as dt
+from torchrec_dreamshard.measure.embedding_kernels import fused_ring
 
 TRUE_FWD = (0.05, 0.01, 0.02, 0.2, 0.01)
 TRUE_BWD = (0.1, 0.005, 0.0, 0.4, 1.0)
@@ -21,7 +23,7 @@ TRUE_BWD = (0.1, 0.005, 0.0, 0.4, 1.0)
 def exact_samples() -> list:
     """Timings that follow :data:`TRUE_FWD` / :data:`TRUE_BWD` exactly."""
     out = []
-    for tables, batch in dk.random_dense_sets(12, seed=3):
+    for tables, batch in dt.random_dense_sets(12, seed=3):
         x = dk.dense_features(tables, batch)
         out.append((tables, batch, float(np.dot(TRUE_FWD, x)), float(np.dot(TRUE_BWD, x))))
     return out
@@ -82,8 +84,8 @@ def test_the_model_fitted_here_predicts_dense_kernels_it_did_not_see(tmp_path):
         model = dk.load_dense_kernel_model(tmp_path / "dense.json")
         assert (tmp_path / "dense.json").exists() and model.samples >= 20
         errors = []
-        for tables, batch in dk.random_dense_sets(8, seed=11):
-            fwd, bwd = dk.time_dense_kernel(tables, batch)
+        for tables, batch in dt.random_dense_sets(8, seed=11):
+            fwd, bwd = dt.time_dense_kernel(tables, batch)
             pf, pb = model.ms(tables, batch)
             errors.append(abs(pf + pb - fwd - bwd) / (fwd + bwd))
     assert float(np.median(errors)) < 0.5, errors
@@ -106,3 +108,42 @@ def test_the_dense_kernels_cost_decides_whether_tiny_tables_are_replicated():
     tiny = [f"tiny{i}" for i in range(12)]
     assert {cheap_types[t] for t in tiny} == {"data_parallel"}
     assert {dear_types[t] for t in tiny} == {"table_wise"}
+
+
+def test_the_timed_dense_kernel_computes_the_gradient_plain_autograd_does():
+    """PyTorch warns that FBGEMM's dense kernel has no autograd kernel registered ("may lead
+    to silently incorrect behavior"). What the timer times must still be the real backward:
+    the forward and the weights' gradient agree with ``embedding_bag``'s autograd, and the
+    timer's backward raises no warning."""
+    import torch
+
+    tables = [
+        TableSpec(name="a", rows=300, dim=8, pooling_factor=3.0),
+        TableSpec(name="b", rows=50, dim=16, pooling_factor=5.0),
+    ]
+    emb = dt.dense_kernel(tables)
+    ids, offsets = fused_ring(tables, 16, 0, 1)[0]
+    out = emb(ids, offsets)
+    grad = torch.randn_like(out)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dt.backward_through(out, grad)
+    assert not [w for w in caught if "autograd kernel" in str(w.message)]
+
+    refs, weights, start = [], [], 0
+    batch = (len(offsets) - 1) // len(tables)  # table-major: one bag per table and sample
+    for i, t in enumerate(tables):
+        w = emb.weights.detach()[start : start + t.rows * t.dim].view(t.rows, t.dim)
+        w = w.clone().requires_grad_(True)
+        start += t.rows * t.dim
+        bags = offsets[i * batch : (i + 1) * batch + 1]
+        lo, hi = int(bags[0]), int(bags[-1])
+        refs.append(torch.nn.functional.embedding_bag(ids[lo:hi], w, bags[:-1] - lo, mode="sum"))
+        weights.append(w)
+    ref = torch.cat(refs, dim=1)
+    # The same sums in the same order: equal up to float rounding of a few terms.
+    torch.testing.assert_close(out.detach(), ref.detach(), rtol=1e-5, atol=1e-6)
+    ref.backward(grad)
+    expected = torch.cat([w.grad.flatten() for w in weights])
+    torch.testing.assert_close(emb.weights.grad, expected, rtol=1e-5, atol=1e-6)
+    assert emb.weights.grad.abs().sum() > 0

@@ -11,8 +11,8 @@ from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
 from torchrec_dreamshard.evaluation import placers
+from torchrec_dreamshard.evaluation.measured_search import measured_search
 from torchrec_dreamshard.evaluation.placers import PLACERS, PlacingInputs, place, plan_each
-from torchrec_dreamshard.planner.measured_search import measured_search
 from torchrec_dreamshard.policy.heuristics import HEURISTICS, PROXIES
 
 

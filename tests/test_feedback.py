@@ -160,6 +160,7 @@ def observe_and_replan(rank: int, world: int) -> dict:
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrun_job import LOCAL_BATCH, build_model, make_batch
 
+    from torchrec_dreamshard import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 
@@ -194,7 +195,7 @@ def observe_and_replan(rank: int, world: int) -> dict:
     )
     plan = planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
     _, observer = train(  # one step in 5, whatever it costs: a fixed number of samples
-        plan, STEPS, lambda dmp: planner.observe(dmp, every=5, warmup=5, max_overhead=None)
+        plan, STEPS, lambda dmp: observe(planner, dmp, every=5, warmup=5, max_overhead=None)
     )
     before = observer.report()
     new_plan = observer.replan()

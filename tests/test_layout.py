@@ -1,6 +1,6 @@
-"""The package's shape, checked by parsing its source (nothing is imported): the folders
-read as the flow (docs/architecture.md), modules and functions stay small, the policy
-never reaches TorchRec's planner, and agents are used through their declared protocol.
+"""The package's shape, checked by parsing its source (nothing is imported): modules and
+functions stay small, the policy never reaches TorchRec's planner, and agents are used
+through their declared protocol (the layer order and circles: tests/test_layers.py).
 And the documentation's shape: a short README whose links, and the docs' links, resolve."""
 
 from __future__ import annotations
@@ -24,25 +24,6 @@ POLICY_BANNED = (
     "torchrec.distributed.planner",
     "torchrec_dreamshard.planner",
 )
-# the folders in the order data flows: a module imports only from its own folder, from
-# folders before it and from the root's leaf modules (which import nothing of the package)
-FLOW = (
-    "data",
-    "measure",
-    "cost",
-    "policy",
-    "calibration",
-    "planner",
-    "feedback",
-    "training",
-    "evaluation",
-    "cli",
-)
-# imports against the flow, each made inside the one function that needs it
-UPSTREAM_ALLOWED = {
-    # the planner's observe() hands the job it planned to the observer, which reads it
-    ("planner/planners.py", "feedback"),
-}
 # expressions that hold an agent or a TorchRec component: their members are declared, so
 # no getattr probes them
 TYPED_HOLDERS = {"agent", "self._agent", "self.agent", "proposer", "enumerator"}
@@ -95,24 +76,6 @@ def _imports(tree: ast.Module) -> Iterator[str]:
             yield from (f"{node.module}.{alias.name}" for alias in node.names)
 
 
-def _package_imports(tree: ast.Module) -> Iterator[tuple[str, int]]:
-    """The top-level name under the package (a folder or a root module) of every import of
-    the package in ``tree``, with its line (``from torchrec_dreamshard import x`` names x)."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module == PACKAGE.name:
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == PACKAGE.name and len(parts) > 1 and parts[1] != "__version__":
-                yield parts[1], node.lineno
-
-
 def test_few_modules_at_the_root():
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, root
@@ -143,27 +106,6 @@ def test_no_function_is_long():
             if n > MAX_FUNCTION_LINES:
                 offenders.append(f"{_name(path)}:{func.lineno} {func.name} ({n} lines)")
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines of code: {offenders}"
-
-
-def test_imports_follow_the_flow():
-    leaves = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__"}
-    offenders = []
-    for path in _modules():
-        parts = path.relative_to(PACKAGE).parts
-        if len(parts) == 1 and path.stem == "__init__":
-            continue  # the public API re-exports from wherever things live
-        rel = "/".join(parts)
-        for target, line in _package_imports(_tree(path)):
-            if len(parts) == 1:
-                ok = False  # a leaf imports nothing of the package
-            elif target in leaves:
-                ok = True
-            else:
-                here, there = FLOW.index(parts[0]), FLOW.index(target)
-                ok = there <= here or (rel, target) in UPSTREAM_ALLOWED
-            if not ok:
-                offenders.append(f"{rel}:{line} imports {target}")
-    assert not offenders, offenders
 
 
 def test_the_policy_never_imports_torchrecs_planner():

@@ -309,7 +309,7 @@ def test_demo_model_planned_from_its_sample_batches(agent):
     """The demo's model and batches: every table placed, its pooling factor from the
     constraints and its reuse histogram measured from the KJT batches."""
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec, sample_kjt
+    from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
 
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)

@@ -286,14 +286,14 @@ def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
 
 
 def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypatch):
-    from torchrec_dreamshard.planner import baselines
+    from torchrec_dreamshard.planner import candidates
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate
     from torchrec_dreamshard.policy import is_large
 
     def no_plan(task, seed=0, ours=False):
         raise NoPlanError("TorchRec's planner found no plan: test")
 
-    monkeypatch.setattr(baselines, "torchrec_placement", no_plan)
+    monkeypatch.setattr(candidates, "torchrec_placement", no_plan)
     small = _task(8, 2)
     agent = DreamShard.untrained(seed=0, sources=[TorchRecCandidate()])
     agent.place(small)

@@ -9,9 +9,9 @@ import warnings
 import pytest
 from torchrec.distributed.planner.types import Topology
 
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import cost_network_kernel
 from torchrec_dreamshard.measure import reference_speed as rs
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.planner.type_choice import TypeChooser
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint

@@ -1,4 +1,4 @@
-"""The end-to-end step timer (``measure.dmp_step``), its statistics (``measure.step_stats``)
+"""The end-to-end step timer (``evaluation.dmp_step``), its statistics (``evaluation.step_stats``)
 and ``dreamshard steptime``'s planners."""
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import pytest
 
 from torchrec_dreamshard.cli.steptime import NamedPlanner, report_lines, table_wise_only
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure import balanced_order
-from torchrec_dreamshard.measure.dmp_step import (
+from torchrec_dreamshard.evaluation.dmp_step import (
     StepTimerConfig,
     StepTimerError,
     check_plan,
@@ -21,13 +20,14 @@ from torchrec_dreamshard.measure.dmp_step import (
     table_shardings,
     time_plans,
 )
-from torchrec_dreamshard.measure.step_model import StepModelSpec
-from torchrec_dreamshard.measure.step_stats import (
+from torchrec_dreamshard.evaluation.step_model import StepModelSpec
+from torchrec_dreamshard.evaluation.step_stats import (
     median_coverage,
     median_interval,
     ratio_interval,
     verdict,
 )
+from torchrec_dreamshard.measure import balanced_order
 
 
 def tiny_spec() -> StepModelSpec:
@@ -96,7 +96,7 @@ def test_a_spec_is_built_from_torchrec_configs_and_constraints():
     from torchrec.distributed.planner.types import ParameterConstraints
     from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 
-    from torchrec_dreamshard.measure.step_model import spec_from_configs
+    from torchrec_dreamshard.evaluation.step_model import spec_from_configs
 
     bag = EmbeddingBagConfig(name="u", embedding_dim=16, num_embeddings=1000, feature_names=["x"])
     seq = EmbeddingConfig(name="h", embedding_dim=8, num_embeddings=500, feature_names=["y"])
@@ -188,7 +188,7 @@ def test_steptime_command_prints_the_comparison_and_writes_the_rounds(
     tmp_path, capsys, monkeypatch
 ):
     from torchrec_dreamshard.cli import main
-    from torchrec_dreamshard.measure import dmp_step
+    from torchrec_dreamshard.evaluation import dmp_step
 
     tables = {"a": {"sharding_type": "table_wise", "compute_kernel": "fused", "ranks": [0]}}
     seen = {}

@@ -155,3 +155,68 @@ def test_no_data_parallel_sequence_table_on_cpu(agent):
     assert plan.plan["ec"]["hist"].sharding_type != "data_parallel"
     with pytest.raises(ValueError, match="'hist'.*data_parallel.*CPU"):
         plan_with_sequence(agent, "cpu", ["data_parallel"])
+
+
+def fitted(latency_ms: float, ms_per_mb: float, rmse_ms: float) -> CollectiveModels:
+    """Collective models as if fitted on 12 timings each, with this fit error."""
+    model = CommModel(
+        latency_ms=latency_ms, per_peer_ms=0.0, ms_per_mb=ms_per_mb, samples=12, rmse_ms=rmse_ms
+    )
+    return CollectiveModels(backend="test", models=dict.fromkeys(COLLECTIVES, model))
+
+
+def test_a_clear_decision_keeps_its_type_and_says_what_tipped_it(agent):
+    """Dear all-to-all bytes, fitted with a small error: replicating the tiny tables wins
+    by far more than its margin, is kept, and the decision names the all-to-all."""
+    from torchrec_dreamshard.planner.type_choice import Z_SCORE
+
+    p, types = plan_types(agent, fitted(0.0, 100.0, rmse_ms=0.01))
+    assert {types[f"tiny{i}"] for i in range(12)} == {"data_parallel"}
+    chosen = p.proposer.last_types
+    dp = [d for d in chosen.decisions if d.kind == "data_parallel"]
+    assert len(dp) == 1 and dp[0].kept
+    d = dp[0]
+    assert d.gain_ms > d.margin_ms >= Z_SCORE * d.uncertainty_ms > 0
+    assert d.gain_ms == pytest.approx(chosen.table_wise_ms - chosen.step_ms)
+    assert sum(d.contributions.values()) == pytest.approx(d.gain_ms, rel=1e-6)
+    assert d.tipped_by[0] == "all_to_all" and d.tipped_by[1] > 0
+    record = p.adaptation["types"]
+    assert record["decisions"][0]["tipped_by"] == "all_to_all"
+    assert set(record["moved"].values()) == {"data_parallel"}
+
+
+def test_a_contested_decision_falls_back_to_table_wise(agent):
+    """The same models, but the collectives fitted with an error larger than what
+    replicating gains: the choice is within the uncertainty, so every table stays
+    table-wise, and the decision says the uncertainty of a collective tipped it."""
+    clear, _ = plan_types(agent, fitted(0.0, 100.0, rmse_ms=0.01))
+    gain = clear.proposer.last_types.decisions[0].gain_ms
+    p, types = plan_types(agent, fitted(0.0, 100.0, rmse_ms=gain))
+    assert set(types.values()) == {"table_wise"}
+    chosen = p.proposer.last_types
+    assert chosen.moved == {} and chosen.step_ms == chosen.table_wise_ms
+    d = next(d for d in chosen.decisions if d.kind == "data_parallel")
+    assert not d.kept and 0 < d.gain_ms <= d.margin_ms
+    assert d.gain_ms == pytest.approx(gain, rel=1e-6)  # the same prediction, a wider margin
+    assert d.tipped_by[0].startswith("uncertainty of ")
+    assert "contested" in "\n".join(chosen.lines())
+
+
+def test_the_breakdown_by_source_adds_up_to_the_plan_cost(agent):
+    """The margin splits a plan's cost by source; the parts sum to ``plan_cost``'s ranks."""
+    from torchrec_dreamshard.cost.plans import plan_breakdown, plan_cost
+    from torchrec_dreamshard.cost.sharding import TableChoice
+
+    p, _ = plan_types(agent, models(0.0, 100.0))
+    ctx = p.proposer.type_chooser.ctx
+    specs = [p.table_specs(o) for o in p._best_plan]
+    choices = [
+        TableChoice(table=s, sharding_type="data_parallel")
+        if "tiny" in s.name
+        else TableChoice(table=s, sharding_type="table_wise", ranks=(k % 4,))
+        for k, s in enumerate(specs)
+    ]
+    parts = plan_breakdown(choices, ctx)
+    whole = plan_cost(choices, ctx)
+    assert parts.total_ms == pytest.approx([r.total_ms for r in whole.ranks], rel=1e-9)
+    assert parts.dense_ms.min() > 0 and set(parts.comm_ms) >= {"all_to_all", "all_reduce"}

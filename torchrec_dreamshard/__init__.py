@@ -4,9 +4,9 @@ from typing import Any
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["DreamShardPlanner", "TableSpec", "Task", "__version__"]
+__all__ = ["DreamShardPlanner", "TableSpec", "Task", "__version__", "observe"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +15,8 @@ def __getattr__(name: str) -> Any:
         from torchrec_dreamshard.planner.planners import DreamShardPlanner
 
         return DreamShardPlanner
+    if name == "observe":  # the running job as the planner's measurement (feedback/)
+        from torchrec_dreamshard.feedback.observer import observe
+
+        return observe
     raise AttributeError(f"module 'torchrec_dreamshard' has no attribute {name!r}")

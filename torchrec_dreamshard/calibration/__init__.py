@@ -27,9 +27,12 @@ Calibration (:func:`calibrate`). Within a time budget, on the local device:
    the head has no batch input, so the prior's all-to-all is right at one batch size only.
 
 Verification (:func:`verify`): the ``k`` candidate plans the cost model rates best (the
-safety net's report) and every classic heuristic's plan are measured on real kernels in
-interleaved rounds; the fastest heuristic plan (lowest median measured step) wins unless
-another plan measured faster than it in every round (:func:`rank_measured`).
+safety net's report), every classic heuristic's plan and TorchRec's own plan are measured
+on real kernels in interleaved rounds; the incumbent stands unless another plan measured
+faster than it in every round, and no plan that did not beat TorchRec's beyond the noise
+is kept (:func:`rank_measured`). Noisy measurements (:mod:`.noise`: repeats that disagree,
+a reference kernel that drifts) are measured again or give way to the safer plan, and
+calibration discards kernels measured while the reference drifted.
 
 The package, one concept per module: :mod:`.store` (the store's path and job keys),
 :mod:`.kernels` (what to measure, measuring within the budget, loading samples),
@@ -37,6 +40,7 @@ The package, one concept per module: :mod:`.store` (the store's path and job key
 (:func:`verify`) and :mod:`.plan` (:func:`plan_task`, :class:`CalibratingAgent`).
 """
 
+from torchrec_dreamshard.calibration.auto import VerificationSettings
 from torchrec_dreamshard.calibration.calibrating_agent import (
     CalibratingAgent,
     PlanOutcome,
@@ -60,6 +64,7 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     load_kernel_samples,
     measure_kernels,
 )
+from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
 from torchrec_dreamshard.calibration.store_keys import (
     JOB_ROOT,
     STORE_ENV,
@@ -69,9 +74,11 @@ from torchrec_dreamshard.calibration.store_keys import (
     table_signature,
 )
 from torchrec_dreamshard.calibration.verification import (
-    VerificationSettings,
+    Timing,
     VerifiedPlan,
+    VerifyOptions,
     VerifyResult,
+    beats_beyond_noise,
     rank_measured,
     verify,
     verify_candidates,
@@ -82,6 +89,10 @@ __all__ = [
     "HEAD_PARAMETERS",
     "JOB_ROOT",
     "KERNELS_PER_CALL",
+    "Noise",
+    "NoiseLimits",
+    "Timing",
+    "VerifyOptions",
     "STORE_ENV",
     "CalibratingAgent",
     "CalibrationConfig",
@@ -90,6 +101,7 @@ __all__ = [
     "VerificationSettings",
     "VerifiedPlan",
     "VerifyResult",
+    "beats_beyond_noise",
     "calibrate",
     "default_store_path",
     "fine_tune",

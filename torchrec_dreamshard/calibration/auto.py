@@ -12,14 +12,17 @@ so the next plan of these tables on this machine measures nothing and only fine-
 A recalibrated network still has errors, and a search against it finds them. So where the
 check calibrates, the plan it picks is also verified on real kernels
 (:func:`verification_settings`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
-measured beside every heuristic's plan in interleaved rounds, within :data:`AUTO_VERIFY_S`,
-and the chosen plan stands unless another measured faster in every one of at least two whole
-rounds (:func:`~.verification.verify`). The chosen plan, not the best heuristic's, is the
-incumbent because the check guards against the model's gross errors: on a machine whose
-timings move 5% or more from round to round, a rule that asks the model's plan to beat the
-heuristics every time hands back a heuristic's plan whenever the noise exceeds the gain. The
-rounds are cached per machine and plan set, so planning the same tables again measures
-nothing.
+measured beside every heuristic's plan and TorchRec's own plan in interleaved rounds, within
+:data:`AUTO_VERIFY_S` (and as much again where the first rounds were noisy), and the chosen
+plan stands unless another measured faster in every one of at least two whole rounds; no
+plan that did not beat TorchRec's beyond the noise is kept (:func:`~.verification.verify`).
+The chosen plan, not the best heuristic's, is the incumbent because the check guards against
+the model's gross errors: on a machine whose timings move 5% or more from round to round, a
+rule that asks the model's plan to beat the heuristics every time hands back a heuristic's
+plan whenever the noise exceeds the gain. Against TorchRec's plan the bar is that high on
+purpose: it is the plan the user had, and a swap must never make the step slower. The
+rounds are cached per machine and plan set, so
+planning the same tables again measures nothing.
 
 Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
 predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off
@@ -30,11 +33,13 @@ it took held-out workloads from 1.069 to 0.951 of the best heuristic's measured 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchrec_dreamshard.calibration.verification import VerificationSettings
+from torchrec_dreamshard.calibration.verification import VerifyOptions
+from torchrec_dreamshard.measure.config import MeasureConfig
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
@@ -99,6 +104,28 @@ class MachineCheck:
         }
 
 
+@dataclass(frozen=True)
+class VerificationSettings:
+    """A plan's verification as one value: how many candidates, measured how, kept how.
+
+    Attributes:
+        k: the best-rated candidate plans measured beside the baselines and heuristics'
+            (0: no verification).
+        config: the measurement's settings (``None``: the calibration's where a caller
+            has one, else :class:`MeasureConfig`'s).
+        options: rounds, budget, cache, incumbent, progress and noise limits
+            (:class:`VerifyOptions`).
+    """
+
+    k: int = 0
+    config: MeasureConfig | None = None
+    options: VerifyOptions = field(default_factory=VerifyOptions)
+
+    def __post_init__(self) -> None:
+        if self.k < 0:
+            raise ValueError(f"verify must be >= 0 candidate plans, got {self.k}")
+
+
 def verification_settings(
     verify_k: int | None, auto_calibrates: bool, rounds: int = 3
 ) -> VerificationSettings:
@@ -108,10 +135,13 @@ def verification_settings(
     docstring) if the automatic check calibrates, else none. ``rounds``: interleaved
     rounds."""
     if verify_k is not None:
-        return VerificationSettings(verify_k, rounds)
+        return VerificationSettings(verify_k, None, VerifyOptions(rounds=rounds))
     if auto_calibrates:
-        return VerificationSettings(AUTO_VERIFY_K, rounds, None, AUTO_VERIFY_S, True, "chosen")
-    return VerificationSettings(0, rounds)
+        options = VerifyOptions(rounds=rounds, budget_s=AUTO_VERIFY_S, cache=True)
+        return VerificationSettings(
+            AUTO_VERIFY_K, None, dataclasses.replace(options, incumbent="chosen")
+        )
+    return VerificationSettings(0, None, VerifyOptions(rounds=rounds))
 
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:

@@ -24,6 +24,7 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
     observed_jobs,
 )
+from torchrec_dreamshard.calibration.noise import DRIFT_LIMIT, reference_drift
 from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet
 from torchrec_dreamshard.cost.fitting import (
@@ -63,6 +64,10 @@ class CalibrationConfig:
         progress: a tqdm bar over the kernels to measure.
         measure_missing: measure the kernels the store lacks (``False``: fine-tune on what
             the store holds, measuring nothing, e.g. to rebuild an earlier calibration).
+        drift_limit: where kernels are measured, the reference kernel is timed before and
+            after; if it moved by more than this (``after / before - 1``, either way), the
+            machine was busy: the kernels measured now are discarded from the store and
+            not fitted (``inf``: the reference is not timed).
     """
 
     budget_s: float = 60.0
@@ -75,6 +80,7 @@ class CalibrationConfig:
     seed: int = 0
     progress: bool = True
     measure_missing: bool = True
+    drift_limit: float = DRIFT_LIMIT
 
     def __post_init__(self) -> None:
         if not (isinstance(self.budget_s, int | float) and math.isfinite(self.budget_s)):
@@ -85,6 +91,8 @@ class CalibrationConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not self.drift_limit > 0:
+            raise ValueError(f"drift_limit must be > 0 (inf: off), got {self.drift_limit!r}")
         if not (self.lr > 0 and self.prior >= 0):
             raise ValueError(f"lr must be > 0 and prior >= 0, got {self.lr}, {self.prior}")
 
@@ -107,6 +115,10 @@ class CalibrationResult:
         before: the prior's accuracy on them (``cost/mape``, ``cost/log_std``).
         after: the calibrated model's (in-sample).
         store: the store's path.
+        drift: the reference kernel's ``after / before - 1`` around the measuring
+            (``None``: not timed, nothing was measured or the check is off).
+        discarded: kernels measured now and discarded because the reference drifted
+            beyond the config's ``drift_limit`` (the machine was busy).
     """
 
     agent: DreamShard
@@ -119,6 +131,20 @@ class CalibrationResult:
     before: dict[str, float]
     after: dict[str, float]
     store: str
+    drift: float | None = None
+    discarded: int = 0
+
+    @property
+    def note(self) -> str:
+        """What the drift check did, for people (``""``: nothing)."""
+        if not self.discarded:
+            return ""
+        return (
+            f"the reference kernel drifted {self.drift:+.0%} while calibrating: the machine "
+            f"was busy, so the {self.discarded} kernels measured were discarded, not learned "
+            "as this machine's speed"
+            + ("" if self.samples else "; the checkpoint is used as it is")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "agent"}
@@ -131,6 +157,7 @@ class CalibrationResult:
             f"  kernel time MAPE on the {self.samples} calibration kernels: "
             f"{self.before.get('cost/mape', float('nan')):.1f}% before, "
             f"{self.after.get('cost/mape', float('nan')):.1f}% after (in-sample)",
+            *([f"  {self.note}"] if self.note else []),
         ]
 
 
@@ -324,7 +351,14 @@ def calibrate(
         done = store.done_jobs(prefix)
         todo = [(j, t) for j, t in kernels.items() if j not in done]
         todo = todo if config.measure_missing else []
+        check = bool(todo) and math.isfinite(config.drift_limit)
+        before = _reference_ms(mcfg) if check else None
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
+        drift = reference_drift(before, _reference_ms(mcfg)) if check else None
+        discarded = 0
+        if drift is not None and abs(drift) > config.drift_limit and measured:
+            # measured while the machine changed speed: not this machine's kernels
+            discarded = store.forget_jobs([j for j, _ in todo[:measured]])  # not loaded below
         observed = observed_jobs(store, prefix, task.tables, mcfg, B)
         samples = load_kernel_samples(store, set(kernels) | observed, mcfg, B)
     weights = observation_weights([s.group for s in samples])
@@ -339,7 +373,7 @@ def calibrate(
     tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)
     return CalibrationResult(
         agent=tuned,
-        measured=measured,
+        measured=measured - discarded,
         reused=len(kernels) - len(todo) + len(observed),
         skipped=len(todo) - measured,
         seconds=time.perf_counter() - start,
@@ -348,4 +382,13 @@ def calibrate(
         before=kernel_accuracy(agent.cost_net, samples),
         after=kernel_accuracy(net, samples),
         store=str(path),
+        drift=drift,
+        discarded=discarded,
     )
+
+
+def _reference_ms(config: MeasureConfig) -> float:
+    """The reference kernel's fwd + bwd now (a fraction of a second)."""
+    from torchrec_dreamshard.measure import reference_speed
+
+    return float(sum(reference_speed.measure_reference_ms(config.device)))

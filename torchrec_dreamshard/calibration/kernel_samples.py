@@ -20,6 +20,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
+from torchrec_dreamshard.progress import progress_bar
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -45,10 +46,7 @@ def informative_groups(
         return []
     with torch.no_grad(), single_thread():
         heuristic, _ = heuristic_candidates(task, agent.single_compute_ms(task))
-        plans = [*heuristic.values(), np.asarray(agent.place(task, mode="greedy"))]
-        agent.place(task, mode="safe", sources=sources)
-        report = agent.last_report
-        plans += [c.placement for c in report.candidates] if report is not None else []
+        plans = [*heuristic.values(), *_policy_plans(agent, task, sources)]
         groups: dict[tuple[int, ...], None] = {}  # in order of first appearance
         for placement in plans:
             for d in range(task.num_devices):
@@ -64,6 +62,24 @@ def informative_groups(
         spread = member.std(-1) if member.shape[-1] > 1 else torch.zeros(len(keys))
     order = np.argsort(-spread.numpy(), kind="stable")[:max_groups]
     return [list(keys[i]) for i in order]
+
+
+def _policy_plans(
+    agent: DreamShard, task: Task, sources: Sequence[CandidateSource] | None
+) -> list[np.ndarray]:
+    """The policy's greedy roll-out and the safe mode's candidates of ``task``; none where
+    the policy finds no placement (a table that fits no device, memory too tight for
+    whole tables: the groups then come from the heuristics' plans, and the planner
+    splits tables)."""
+    from torchrec_dreamshard.policy.mdp import PlacementError
+
+    try:
+        plans = [np.asarray(agent.place(task, mode="greedy"))]
+        agent.place(task, mode="safe", sources=sources)
+    except PlacementError:
+        return []
+    report = agent.last_report
+    return plans + ([c.placement for c in report.candidates] if report is not None else [])
 
 
 OBSERVED = "obs-"  # job keys of kernels observed in a running job start with prefix + this
@@ -128,11 +144,7 @@ def measure_kernels(
     wave = KERNELS_PER_CALL * (group.world if group is not None else 1)
     start = time.perf_counter()
     done = 0
-    bar = None
-    if progress and kernels:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(kernels), desc="calibrate: measuring kernels", leave=False)
+    bar = progress_bar(len(kernels), "calibrate: measuring kernels", progress and bool(kernels))
     try:
         for lo in range(0, len(kernels), wave):
             chunk = kernels[lo : lo + wave]

@@ -13,7 +13,7 @@
 4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
    CPU, planned by the default ``DreamShardPlanner.collective_plan`` on those ranks.
 
-The model and its batches are the step timer's (:mod:`torchrec_dreamshard.measure.step_model`).
+The model and its batches are the step timer's (:mod:`torchrec_dreamshard.evaluation.step_model`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
 
     from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec, sample_kjt
+    from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
         heuristical_reservation,
@@ -183,7 +183,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
 def timed_placement(planner, model, sharders, task) -> dict[str, Any]:
     """``planner``'s plan of ``model`` as a placement, timed: ``placement`` (each table's
     rank, in task order) and ``planning_s``."""
-    from torchrec_dreamshard.measure.dmp_step import table_shardings
+    from torchrec_dreamshard.evaluation.dmp_step import table_shardings
 
     start = time.perf_counter()
     plan = planner.plan(model, sharders)
@@ -310,8 +310,8 @@ def _train(
     from torchrec.optim import RowWiseAdagrad
 
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.dmp_step import table_shardings
-    from torchrec_dreamshard.measure.step_model import StepDLRM, StepModelSpec
+    from torchrec_dreamshard.evaluation.dmp_step import table_shardings
+    from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import (
         heuristical_reservation,
@@ -360,7 +360,7 @@ def _train_batch(tables: list, step: int, world: int, rank: int) -> Any:
     and reuse, random dense features and labels."""
     import torch
 
-    from torchrec_dreamshard.measure.step_model import DENSE_IN, StepBatch, sample_kjt
+    from torchrec_dreamshard.evaluation.step_model import DENSE_IN, StepBatch, sample_kjt
 
     g = torch.Generator().manual_seed(10_000 * step + rank)
     dense = torch.randn(TRAIN_LOCAL_BATCH, DENSE_IN, generator=g)

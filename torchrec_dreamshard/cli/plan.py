@@ -63,10 +63,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         metavar="K",
-        help="measure the K best-rated candidate plans and the heuristics' plans on real "
-        "kernels (interleaved rounds); keep the fastest heuristic plan unless a plan beat "
-        "it in every round (default: 2 plans within 25 s, cached, where the automatic "
-        "check calibrates; 0: never)",
+        help="measure the K best-rated candidate plans, the heuristics' plans and TorchRec's "
+        "plan on real kernels (interleaved rounds); keep the fastest heuristic plan unless a "
+        "plan beat it in every round, and no plan that did not beat TorchRec's beyond the "
+        "noise (default: 2 plans within 25 s, cached, where the automatic check calibrates; "
+        "0: never)",
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(
@@ -144,7 +145,12 @@ def run(args: argparse.Namespace) -> int:
             calibrated=True,
             kernel_mape_before=outcome.calibration.before.get("cost/mape"),
             kernel_mape_after=outcome.calibration.after.get("cost/mape"),
+            kernels_discarded=outcome.calibration.discarded,
+            calibration_note=outcome.calibration.note,
         )
+    if outcome.margins:
+        adaptation["margins"] = outcome.margins
+    adaptation["summary"] = outcome.summary()
     plan, report = plan_file(task, outcome, adaptation)
     if k and plan.get("shards"):
         print("--verify: skipped, it compares whole-table plans and this plan splits tables")
@@ -153,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
         f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
+    for line in adaptation["summary"]:  # what the measuring took and bought
+        print(line)
     show_plan(args, plan, report, outcome)
     return 0
 

@@ -2,7 +2,7 @@
 
 Each named planner plans the model (on rank 0); every plan's model then trains under
 ``DistributedModelParallel`` and ``TrainPipelineSparseDist`` on gloo ranks (CPU) in
-alternating rounds (:mod:`torchrec_dreamshard.measure.dmp_step`); the median step of each
+alternating rounds (:mod:`torchrec_dreamshard.evaluation.dmp_step`); the median step of each
 plan and the per-round ratios to the first planner are printed with their 95% intervals.
 
 Started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) it joins that group (``env://``);
@@ -110,9 +110,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchrec_dreamshard.evaluation.dmp_step import StepTimerConfig
+    from torchrec_dreamshard.evaluation.step_model import StepModelSpec
     from torchrec_dreamshard.io import atomic_write, check_writable, dumps_strict, read_json
-    from torchrec_dreamshard.measure.dmp_step import StepTimerConfig
-    from torchrec_dreamshard.measure.step_model import StepModelSpec
 
     try:
         spec = StepModelSpec.from_dict(read_json(args.model, "model file"))
@@ -144,8 +144,8 @@ def prepare_machine_models() -> None:
     """Fit (or load) this machine's gloo collective models and dense-kernel model before
     the ranks start, so that DreamShardPlanner on rank 0 finds them cached instead of
     measuring them while the other ranks wait."""
+    from torchrec_dreamshard.cost.dense_kernel_model import load_dense_kernel_model
     from torchrec_dreamshard.measure.collectives import load_collective_models
-    from torchrec_dreamshard.measure.dense_kernels import load_dense_kernel_model
 
     load_collective_models(backend="gloo")
     load_dense_kernel_model(device="cpu")
@@ -155,7 +155,7 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
     """Under torchrun: this rank's part (rank 0 gets the times); else spawn the ranks."""
     import torch.distributed as dist
 
-    from torchrec_dreamshard.measure.dmp_step import run_rounds, time_plans
+    from torchrec_dreamshard.evaluation.dmp_step import run_rounds, time_plans
 
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         prepare_machine_models()
@@ -172,8 +172,8 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
 def report_lines(times: Mapping[str, Any], baseline: str) -> list[str]:
     """Each plan's median step and interval, its ratio to ``baseline`` and the sharding
     types it used."""
-    from torchrec_dreamshard.measure.dmp_step import sharding_type_counts
-    from torchrec_dreamshard.measure.step_stats import median_interval, ratio_interval, verdict
+    from torchrec_dreamshard.evaluation.dmp_step import sharding_type_counts
+    from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval, verdict
 
     rounds = times["rounds"]
     if not rounds:

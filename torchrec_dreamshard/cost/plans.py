@@ -161,6 +161,61 @@ def plan_cost(
     return terms_cost(job_terms(ctx) + Terms(tuple(kernels), tuple(exchanges), tuple(dense)), ctx)
 
 
+@dataclass(frozen=True)
+class PlanBreakdown:
+    """A typed plan's cost per rank by what prices it: the fused kernels (the cost
+    network's), the dense kernel data-parallel tables run (the fitted dense-kernel model,
+    or the analytic dense passes) and each collective kind (its fitted model), so that a
+    decision between two plans can say which of them it rests on."""
+
+    fused_ms: np.ndarray
+    dense_ms: np.ndarray
+    comm_ms: dict[str, np.ndarray]
+
+    @property
+    def total_ms(self) -> np.ndarray:
+        """``[W]`` every rank's total."""
+        return (
+            self.fused_ms + self.dense_ms + sum(self.comm_ms.values(), np.zeros_like(self.fused_ms))
+        )
+
+    @property
+    def slowest(self) -> int:
+        """The rank that sets the step."""
+        return int(np.argmax(self.total_ms))
+
+    def at_slowest(self) -> dict[str, float]:
+        """The slowest rank's ms by source: ``fused_kernels``, ``dense_kernel`` and one
+        entry per collective kind."""
+        r = self.slowest
+        out = {"fused_kernels": float(self.fused_ms[r]), "dense_kernel": float(self.dense_ms[r])}
+        out.update({kind: float(ms[r]) for kind, ms in self.comm_ms.items()})
+        return out
+
+
+def plan_breakdown(
+    choices: Sequence[TableChoice],
+    ctx: CostContext,
+    terms_of: Callable[[TableChoice, CostContext], Terms] = table_terms,
+) -> PlanBreakdown:
+    """:func:`plan_cost`'s ranks split by source (their sum is its ranks' totals)."""
+    full = job_terms(ctx) + Terms(
+        tuple(k for c in choices for k in terms_of(c, ctx).kernels),
+        tuple(e for c in choices for e in terms_of(c, ctx).exchanges),
+        tuple(d for c in choices for d in terms_of(c, ctx).dense_bytes),
+    )
+    zeros = np.zeros(ctx.topology.world_size)
+    fused = Terms(tuple(k for k in full.kernels if not k.dense))
+    dense = Terms(tuple(k for k in full.kernels if k.dense), (), full.dense_bytes)
+    fused_ms = sum(kernel_costs(fused, ctx)) if fused.kernels else zeros
+    dense_ms = sum(kernel_costs(dense, ctx)) if dense.kernels or dense.dense_bytes else zeros
+    comm: dict[str, np.ndarray] = {}
+    for e in merged_exchanges(full.exchanges):
+        one = Terms(exchanges=(e,))
+        comm[e.kind] = comm.get(e.kind, zeros) + comm_costs(one, ctx)
+    return PlanBreakdown(np.asarray(fused_ms), np.asarray(dense_ms), comm)
+
+
 KERNELS_PER_PREDICTION = 1024  # kernels (devices of one task) priced in one prediction
 
 

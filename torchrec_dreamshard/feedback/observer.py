@@ -2,7 +2,7 @@
 
     plan = planner.collective_plan(model, sharders, pg)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    observer = planner.observe(dmp)      # every rank, after the DMP is built; the same as
+    observer = observe(planner, dmp)     # every rank, after the DMP is built; the same as
                                          # JobObserver(planner.plan_record, dmp)
     for batch in loader:
         ...train step...
@@ -55,6 +55,8 @@ from torchrec_dreamshard.planner.plan_record import PlanRecord
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
+
+    from torchrec_dreamshard.planner.planners import DreamShardPlanner
 
 logger = logging.getLogger("torchrec_dreamshard.feedback")
 
@@ -223,3 +225,30 @@ class JobObserver:
             self.plan, self.prediction = plan, self.proposed
         self._dmp = dmp
         self.sampler.restart(dmp)
+
+
+def observe(
+    planner: DreamShardPlanner,
+    dmp: Any,
+    pg: Any = None,
+    every: int = EVERY,
+    warmup: int = WARMUP,
+    max_overhead: float | None = MAX_OVERHEAD,
+) -> JobObserver:
+    """A :class:`JobObserver` of the job ``planner`` planned (call it on every rank, after
+    ``DistributedModelParallel``; also ``torchrec_dreamshard.observe``):
+    ``observer.step()`` after each training step, then ``observer.report()`` and
+    ``observer.replan()`` (both collective). The same as
+    ``JobObserver(planner.plan_record, dmp, ...)``.
+
+    Args:
+        planner: the planner whose ``collective_plan`` made the job's plan.
+        dmp: the job's ``DistributedModelParallel`` module.
+        pg: the job's process group (default: the world).
+        every: sample at most one step in ``every`` (the others cost a clock read).
+        warmup: steps before the first sample.
+        max_overhead: sample less often where sampling would cost more than this share
+            of the job's time (``None``: one step in ``every`` whatever it costs).
+    """
+    record = planner.plan_record
+    return JobObserver(record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead)

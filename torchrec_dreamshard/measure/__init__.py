@@ -16,13 +16,8 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
 from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
-from torchrec_dreamshard.measure.placement_timing import BACKENDS, measure_placement
-from torchrec_dreamshard.measure.rounds import (
-    balanced_order,
-    measure_in_rounds,
-    measure_plans,
-    round_order,
-)
+from torchrec_dreamshard.measure.placement_timing import BACKENDS, measure_placement, measure_plans
+from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds, round_order
 from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 
 __all__ = [

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.data.tasks import Task, device_tables
+from torchrec_dreamshard.data.tasks import Task, device_tables, placement_from_dict
 from torchrec_dreamshard.measure.comm import time_all_to_all
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
@@ -43,6 +43,7 @@ from torchrec_dreamshard.measure.embedding_kernels import (
 )
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 from torchrec_dreamshard.measure.spawn import free_port, local_process_group
+from torchrec_dreamshard.measure.store import CostStore
 from torchrec_dreamshard.measure.summary import summarise
 from torchrec_dreamshard.threads import single_thread
 
@@ -286,8 +287,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``torchrun ... -m torchrec_dreamshard.measure.distributed TASK.json PLAN.json``."""
     import torch.distributed as dist
 
-    from torchrec_dreamshard.data.tasks import placement_from_dict
-
     p = argparse.ArgumentParser(prog="torchrec_dreamshard.measure.distributed")
     p.add_argument("task")
     p.add_argument("plan")
@@ -309,8 +308,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out is not None:
             print(json.dumps(out.to_dict(), indent=1))
             if args.db:
-                from torchrec_dreamshard.measure.store import CostStore
-
                 CostStore(args.db).append(task, placement, out, config)
     finally:
         dist.destroy_process_group()

@@ -68,12 +68,6 @@ def optim_type(name: str):
     }[name]
 
 
-def fbgemm_version() -> str:
-    import fbgemm_gpu
-
-    return str(getattr(fbgemm_gpu, "__version__", "unknown"))
-
-
 # ----------------------------------------------------------------------------------------
 # Batches
 # ----------------------------------------------------------------------------------------

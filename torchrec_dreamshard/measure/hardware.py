@@ -32,6 +32,13 @@ def device_name(device: str | torch.device = "cpu") -> str:
     return torch.cuda.get_device_name(d if d.index is not None else 0)
 
 
+def fbgemm_version() -> str:
+    """The installed FBGEMM's version (``"unknown"`` where it has none)."""
+    import fbgemm_gpu
+
+    return str(getattr(fbgemm_gpu, "__version__", "unknown"))
+
+
 def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
     """Device name, torch and FBGEMM versions, threads per device, the measurement backend
     and the timing protocol.
@@ -41,8 +48,6 @@ def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[
     protocol (warm-up, iterations, rounds, ranks timing in turn) changes what a figure
     means, so both are part of it (the protocol's seed is not).
     """
-    from torchrec_dreamshard.measure.embedding_kernels import fbgemm_version
-
     if config.device == "cuda":
         device_name = torch.cuda.get_device_name()
         threads = 0

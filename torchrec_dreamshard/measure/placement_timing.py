@@ -1,15 +1,20 @@
-"""``measure_placement``: one entry point over both backends."""
+"""``measure_placement``: one entry point over both backends; ``measure_plans``: one
+task's named placements measured against each other in interleaved rounds."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
 
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.local import measure_local
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
+from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
 BACKENDS = ("local", "distributed")
+K = TypeVar("K", bound=Hashable)
 
 
 def measure_placement(
@@ -43,9 +48,10 @@ def measure_placement(
     start = time.perf_counter()
     try:
         if backend == "local":
-            from torchrec_dreamshard.measure.local import measure_local
-
             return measure_local(task, placement, config)
+        # imported when used, on purpose: ``python -m torchrec_dreamshard.measure.distributed``
+        # runs that module as ``__main__``, and the package importing it first would have
+        # it imported twice (runpy warns)
         from torchrec_dreamshard.measure.distributed import measure_distributed
 
         return measure_distributed(task, placement, config)
@@ -53,3 +59,39 @@ def measure_placement(
         return PlacementMeasurement.failed(
             f"{type(exc).__name__}: {exc}", backend, time.perf_counter() - start
         )
+
+
+def measure_plans(
+    task: Task,
+    plans: Mapping[K, Sequence[int]],
+    config: MeasureConfig | None = None,
+    rounds: int = 3,
+    backend: str = "local",
+    done: Sequence[Mapping[K, PlacementMeasurement]] = (),
+) -> list[dict[K, PlacementMeasurement]]:
+    """Every named placement of ``task`` measured once per round (see
+    :func:`measure_in_rounds`; ``done``: this task's rounds already measured).
+
+    Args:
+        task: the task.
+        plans: a placement (a device per table) by name; names are measured in this
+            order in round 0.
+        config: the measurement's settings (default :class:`MeasureConfig`).
+        rounds: rounds in all.
+        backend: ``"local"`` or ``"distributed"`` (see ``measure_placement``).
+        done: rounds already measured.
+
+    Returns:
+        The rounds, each ``{name: measurement}``.
+
+    Raises:
+        RuntimeError: a measurement failed (the plan and its error are named).
+    """
+
+    def measure(_: int, name: K) -> PlacementMeasurement:
+        m = measure_placement(task, list(plans[name]), config, backend)
+        if not m.ok:
+            raise RuntimeError(f"measuring plan {name!r} failed: {m.error}")
+        return m
+
+    return measure_in_rounds([list(plans)], measure, rounds, done=[list(done)])[0]

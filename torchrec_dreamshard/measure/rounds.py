@@ -13,19 +13,14 @@ order, and each task's plans in rotated order, so a task's rounds lie apart in t
 * :func:`measure_in_rounds`: the one loop; any ``measure(group, key)`` callable, resumable
   from the rounds already measured, with hooks after every group's round and every round
   (to save), in :func:`round_order` or another order (:func:`balanced_order`, the step
-  timer's); the kernel timer and the step timer run through it too;
-* :func:`measure_plans`: one task's named placements measured with
-  :func:`~torchrec_dreamshard.measure.measure_placement`.
+  timer's); the kernel timer and the step timer run through it too (one task's named
+  placements: :func:`~torchrec_dreamshard.measure.placement_timing.measure_plans`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TypeVar
-
-from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 
 K = TypeVar("K", bound=Hashable)
 R = TypeVar("R")
@@ -97,40 +92,3 @@ def measure_in_rounds(
         if todo and on_round is not None:
             on_round(r)
     return out
-
-
-def measure_plans(
-    task: Task,
-    plans: Mapping[K, Sequence[int]],
-    config: MeasureConfig | None = None,
-    rounds: int = 3,
-    backend: str = "local",
-    done: Sequence[Mapping[K, PlacementMeasurement]] = (),
-) -> list[dict[K, PlacementMeasurement]]:
-    """Every named placement of ``task`` measured once per round (see
-    :func:`measure_in_rounds`; ``done``: this task's rounds already measured).
-
-    Args:
-        task: the task.
-        plans: a placement (a device per table) by name; names are measured in this
-            order in round 0.
-        config: the measurement's settings (default :class:`MeasureConfig`).
-        rounds: rounds in all.
-        backend: ``"local"`` or ``"distributed"`` (see ``measure_placement``).
-        done: rounds already measured.
-
-    Returns:
-        The rounds, each ``{name: measurement}``.
-
-    Raises:
-        RuntimeError: a measurement failed (the plan and its error are named).
-    """
-    from torchrec_dreamshard.measure.placement_timing import measure_placement
-
-    def measure(_: int, name: K) -> PlacementMeasurement:
-        m = measure_placement(task, list(plans[name]), config, backend)
-        if not m.ok:
-            raise RuntimeError(f"measuring plan {name!r} failed: {m.error}")
-        return m
-
-    return measure_in_rounds([list(plans)], measure, rounds, done=[list(done)])[0]

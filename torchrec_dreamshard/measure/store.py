@@ -189,6 +189,17 @@ class CostStore:
             ) from None
         return int(cur.lastrowid)
 
+    def forget_jobs(self, jobs: Sequence[str]) -> int:
+        """Delete the rows of ``jobs`` (one transaction), e.g. kernels measured while the
+        machine was busy, so that they are measured again rather than reused; returns how
+        many rows went."""
+        jobs = list(jobs)
+        with self._conn:
+            cur = self._conn.executemany(
+                "DELETE FROM measurements WHERE job = ?", [(j,) for j in jobs]
+            )
+        return int(cur.rowcount)
+
     def fingerprint(self, config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
         """The fingerprint rows measured with ``config`` on ``backend`` are stored under
         (computed once per store; call it before measuring to fail early)."""

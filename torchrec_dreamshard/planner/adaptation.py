@@ -31,16 +31,21 @@ def prior_agent(agent: PlacementAgent) -> PlacementAgent:
     return wrapper.prior if wrapper is not None else agent
 
 
-def adaptation(agent: PlacementAgent, recalled: list[str]) -> dict[str, Any]:
+def adaptation(agent: PlacementAgent, recalled: list[str], types: Any = None) -> dict[str, Any]:
     """How the last plan of ``agent`` adapted to this machine (JSON-able): whether it
-    calibrated, why, the cost network's error before and after, and the tables whose
-    inputs it took from what a running job fed them (``recalled``: ``inputs_from_job``)."""
+    calibrated, why, the cost network's error before and after, the tables whose inputs it
+    took from what a running job fed them (``recalled``: ``inputs_from_job``), and the
+    type choice (``types``, the proposer's ``TypePlan``: each decision, its margin and
+    what tipped it)."""
     wrapper = calibrating(agent)
     if wrapper is None:
-        return {"mode": "off", "calibrated": False, "why": "calibrate=False"}
-    out = wrapper.adaptation()
+        out: dict[str, Any] = {"mode": "off", "calibrated": False, "why": "calibrate=False"}
+    else:
+        out = wrapper.adaptation()
     if recalled:
         out["inputs_from_job"] = list(recalled)
+    if types is not None:
+        out["types"] = types.to_dict()
     return out
 
 

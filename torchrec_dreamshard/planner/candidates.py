@@ -2,6 +2,14 @@
 policy cannot make itself, because they come from TorchRec's planner (or, later, from a
 user's proposer). See :class:`~torchrec_dreamshard.policy.protocol.CandidateSource`.
 
+:func:`torchrec_placement` is TorchRec's planner as a placer: with TorchRec's defaults
+(``torchrec``, the baseline DreamShard is compared with, which finds no plan at all when
+memory is tight: a 15% heuristic reservation and TorchRec's storage estimate of optimizer
+state and I/O buffers) or with our memory accounting (``torchrec_ours``, ``ours=True``: a
+table costs its weights' bytes, nothing is reserved, so it always competes), the plan of
+:class:`TorchRecCandidate`. Every placer by name, these two among them, is in
+:mod:`torchrec_dreamshard.evaluation.placers`.
+
 :func:`default_sources` are those every safe-mode plan weighs: hand them to an agent for
 good (``load_checkpoint(path, sources=default_sources())``) or for one call
 (``agent.place(task, sources=default_sources())``).
@@ -9,10 +17,13 @@ good (``load_checkpoint(path, sources=default_sources())``) or for one call
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner import baselines
+from torchrec.distributed.planner.types import PlannerError
+
+from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
+from torchrec_dreamshard.planner.torchrec_adapter import plan_with_torchrec
 from torchrec_dreamshard.policy import CandidateSource, is_large
 
 TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
@@ -22,14 +33,20 @@ TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
 class TorchRecCandidate:
     """TorchRec's ``EmbeddingShardingPlanner`` (table-wise fused sharding) with our memory
     accounting, so that it finds a plan whenever whole tables fit: the baselines'
-    ``torchrec_ours`` (:func:`torchrec_dreamshard.planner.baselines.torchrec_placement`).
+    ``torchrec_ours`` (:func:`torchrec_placement`).
 
     It declines tasks the safe mode plans in its bounded way
     (:func:`~torchrec_dreamshard.policy.is_large`): TorchRec's planner would take longer
     than the rest of the safety net there.
+
+    It is a *baseline* (``baseline``): the plan the user had before swapping planners.
+    Wherever plans are measured (:func:`~torchrec_dreamshard.calibration.verification.verify`)
+    it is measured too, and no plan that measured slower than it is kept; where nothing is
+    measured, the planner's stats give the kept plan's predicted margin over it.
     """
 
     name: str = TORCHREC_CANDIDATE
+    baseline: bool = True
 
     def propose(self, task: Task) -> list[int] | None:
         """TorchRec's placement of ``task`` (``None`` on a large task).
@@ -39,9 +56,43 @@ class TorchRecCandidate:
         """
         if is_large(task):
             return None
-        return baselines.torchrec_placement(task, ours=True)
+        return torchrec_placement(task, ours=True)
 
 
 def default_sources() -> tuple[CandidateSource, ...]:
     """The candidate sources of every safe-mode plan: TorchRec's planner."""
     return (TorchRecCandidate(),)
+
+
+def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[int]:
+    """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
+    :func:`torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`).
+
+    Args:
+        task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
+        seed: unused (the planner is deterministic).
+        ours: use our memory accounting (weights' bytes only, no reservation) instead of
+            TorchRec's defaults.
+
+    Raises:
+        NoPlanError: TorchRec's planner found no plan (its message is kept).
+    """
+    # module names may not hold dots (a planner's tables are named by their FQN): plan
+    # tables named t0, t1, ... and map the ranks back by position
+    renamed = Task(
+        tables=[dataclasses.replace(t, name=f"t{i}") for i, t in enumerate(task.tables)],
+        num_devices=task.num_devices,
+        memory_bytes=list(task.memory),
+        batch_size=task.batch_size,
+    )
+    try:
+        ranks = plan_with_torchrec(renamed, weights_only=ours)
+    except PlannerError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise NoPlanError(f"TorchRec's planner found no plan: {first}") from None
+    missing = [
+        t.name for t, r in zip(task.tables, renamed.tables, strict=True) if r.name not in ranks
+    ]
+    if missing:
+        raise NoPlanError(f"TorchRec's plan has no rank for tables {missing}")
+    return check_placement(task, [ranks[t.name] for t in renamed.tables])

@@ -23,13 +23,13 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.utils import get_device_type
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.collectives import (
     CollectiveModels,
     default_collectives_path,
     load_collective_models,
     load_group_collectives,
 )
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
@@ -159,7 +159,7 @@ def with_calibration(
     if calibrate is None and isinstance(agent, DreamShard):
         auto = default_reference(topology)
         calibrate = CalibrationConfig(
-            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=False
+            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=True
         )
     elif calibrate is None or calibrate is False:
         note = other_hardware(agent, topology) if calibrate is False else None
@@ -278,7 +278,7 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
 def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | None]:
     """Where the type choice's model of the data-parallel (dense) kernel comes from: on CPU
     ranks, FBGEMM's dense kernel timed on this machine (once, a few seconds, then cached:
-    :func:`~torchrec_dreamshard.measure.dense_kernels.load_dense_kernel_model`); on GPUs,
+    :func:`~torchrec_dreamshard.cost.dense_kernel_model.load_dense_kernel_model`); on GPUs,
     timed on this machine's GPU where there is one (unmeasured here); else ``None``
     (analytic: the fused kernel plus dense passes at memory bandwidth)."""
     import torch

@@ -4,7 +4,7 @@ planned: :class:`PlanRecord`, a value holding the plan and what it was planned f
 
 The feedback loop (:mod:`torchrec_dreamshard.feedback`) reads the record and nothing else of
 the planner: it sits above the planner in the layer order, and the planner never imports it
-(``DreamShardPlanner.observe`` aside, see there).
+(``torchrec_dreamshard.observe(planner, dmp)`` hands the record over).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 
@@ -26,7 +27,6 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.calibration import CalibrationConfig
-    from torchrec_dreamshard.planner.planners import DreamShardPlanner
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
@@ -76,7 +76,7 @@ class PlannerFactory:
     planner_class: type
     arguments: Mapping[str, Any]
 
-    def __call__(self, agent: PlacementAgent, **overrides: Any) -> DreamShardPlanner:
+    def __call__(self, agent: PlacementAgent, **overrides: Any) -> EmbeddingShardingPlanner:
         """A planner of these arguments that plans with ``agent`` as it is; ``overrides``
         replace arguments (a re-plan's observed ``constraints`` and ``sample_batches``)."""
         arguments = {k: v for k, v in self.arguments.items() if k != "checkpoint"}

@@ -49,8 +49,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
     calibration_config,
@@ -340,7 +340,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         ``collective_plan``."""
         if self._adaptation is not None:
             return self._adaptation
-        return adaptation(self.agent, self._recalled)
+        return adaptation(self.agent, self._recalled, self.proposer.last_types)
 
     @property
     def best_options(self) -> list[ShardingOption]:
@@ -353,7 +353,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     @property
     def plan_record(self) -> PlanRecord:
         """The last plan and what it was planned from, as a value (:class:`PlanRecord`):
-        all the feedback loop reads of the planner. A ``ValueError`` before a plan."""
+        all the feedback loop reads of the planner (``torchrec_dreamshard.observe(planner,
+        dmp)`` observes the job with it). A ``ValueError`` before a plan."""
         if self.last_plan is None or self.last_prediction is None:
             raise ValueError("observe() needs the planner's plan: call collective_plan first")
         options = planner_best_plan(self)
@@ -373,26 +374,4 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             sharders=tuple(sharders) if sharders is not None else None,
             calibration=calibration_config(self.agent, self._devices),
             replanner=self._replanner,
-        )
-
-    def observe(
-        self,
-        dmp: Any,
-        pg: Any = None,
-        every: int = 20,
-        warmup: int = 5,
-        max_overhead: float | None = 0.01,
-    ) -> Any:
-        """A :class:`~torchrec_dreamshard.feedback.observer.JobObserver` of the job this
-        planner planned, ``JobObserver(planner.plan_record, dmp, ...)`` (call it on every
-        rank, after ``DistributedModelParallel``; the arguments are ``JobObserver``'s):
-        ``observer.step()`` after each training step, then ``observer.report()`` and
-        ``observer.replan()`` (both collective)."""
-        # The one import against the layer order (planner -> feedback), on purpose: the
-        # user's call stays on the planner, and nothing of feedback loads until it is made.
-        from torchrec_dreamshard.feedback.observer import JobObserver
-
-        record = self.plan_record
-        return JobObserver(
-            record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead
         )

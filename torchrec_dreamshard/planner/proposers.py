@@ -38,8 +38,8 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.options import SpecFn, choose_options, split_widths
 from torchrec_dreamshard.planner.proposal import (

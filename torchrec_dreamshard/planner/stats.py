@@ -25,7 +25,26 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     from torchrec_dreamshard.calibration.calibrating_agent import adaptation_lines as lines
 
     why, *rest = lines(adaptation)
-    return [f"This machine: {why}", *(f"  {line}" for line in rest)]
+    out = [f"This machine: {why}", *(f"  {line}" for line in rest)]
+    types = adaptation.get("types")
+    if types:
+        out += type_choice_lines(types)
+    return out
+
+
+def type_choice_lines(types: dict[str, Any]) -> list[str]:
+    """The type choice's decisions (``TypePlan.to_dict()``), one row each: the predicted
+    gain over all-table-wise, the margin it needed and what tipped it."""
+    moved = types.get("moved", {})
+    out = [f"Sharding types: {len(moved)} tables off table-wise"]
+    for d in types.get("decisions", []):
+        verdict = "kept" if d["kept"] else ("contested" if d["gain_ms"] > 0 else "slower")
+        out.append(
+            f"  {d['kind']} ({d['tables']} tables): gain {d['gain_ms']:.3f} ms, margin "
+            f"{d['margin_ms']:.3f} ms: {verdict}, tipped by {d['tipped_by']} "
+            f"({d['tipped_ms']:+.3f} ms)"
+        )
+    return out
 
 
 class CostNetStats(Stats):

@@ -36,9 +36,10 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.step_model import embedding_bag_configs, torchrec_topology
+from torchrec_dreamshard.planner.topology import torchrec_topology
 
 TORCHREC_VERSION = "1.8.0"  # the TorchRec this module was written against (Makefile pins it)
 

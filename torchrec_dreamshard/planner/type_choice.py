@@ -17,8 +17,14 @@ the type's strategy:
 * each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
   memory (``reserve``); its table-wise tables are balanced greedily by their single-table
   cost in the memory left, and the whole plan is rated;
-* the candidate rated lowest wins only if it beats all-table-wise by more than
-  :data:`TYPE_MARGIN` (the model's uncertainty): type choice must not cost a step.
+* each type's best candidate (and the best of each type together) is rated exactly and
+  kept only if its predicted gain over all-table-wise beats its margin (below); of those
+  kept, the lowest-rated wins, and with none the plan stays table-wise: type choice must
+  not cost a step. Every decision is recorded (:class:`TypeDecision`): the gain, the
+  margin, the uncertainty by source, and which source tipped it.
+
+The margin each decision must clear, and its record, are in
+:mod:`torchrec_dreamshard.planner.type_margin`.
 
 The rules of thumb (tiny tables replicated, hot tables spread) are not written here: they
 come out of the rating, and how much they pay depends on the collectives' speed.
@@ -35,6 +41,7 @@ import numpy as np
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import (
     ScreeningKernels,
     cost_network_kernel,
@@ -43,32 +50,31 @@ from torchrec_dreamshard.cost.plans import (
     scaled_kernel,
     scaled_kernels,
 )
-from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
+from torchrec_dreamshard.cost.sharding import CostContext
 from torchrec_dreamshard.cost.sharding_types import (
-    BY_TORCHREC_TYPE,
-    STRATEGIES,
-    TermsCache,
     alternative_kernels,
     alternative_types,
 )
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.dense_kernels import DenseKernelModel
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
 from torchrec_dreamshard.planner.proposal import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
-    option_bytes,
     prediction_task,
-    storage_bytes,
 )
+from torchrec_dreamshard.planner.type_margin import (
+    TYPE_MARGIN,
+    Z_SCORE,
+    ModelErrors,
+    TypeDecision,
+    model_errors,
+)
+from torchrec_dreamshard.planner.type_rating import CandidateRater, SpecFn, typed_choices
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
-TYPE_MARGIN = 0.02  # a typed plan must be rated this much below all-table-wise to win
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
-
-SpecFn = Callable[[ShardingOption], TableSpec]
 
 
 def alternatives(
@@ -111,6 +117,8 @@ class TypePlan:
         table_wise_ms: all-table-wise, rated the same way.
         rated: candidates rated.
         speed: the factors (fwd, bwd) the cost network's kernels were scaled by.
+        decisions: each type's best candidate against all-table-wise, as decided.
+        errors: the model errors the margins used.
     """
 
     moved: dict[str, ShardingOption] = field(default_factory=dict)
@@ -118,6 +126,20 @@ class TypePlan:
     table_wise_ms: float = math.nan
     rated: int = 0
     speed: tuple[float, float] = (1.0, 1.0)
+    decisions: list[TypeDecision] = field(default_factory=list)
+    errors: ModelErrors | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-able: what moved, the two steps and every decision."""
+        return {
+            "moved": {fqn: o.sharding_type for fqn, o in sorted(self.moved.items())},
+            "step_ms": self.step_ms,
+            "table_wise_ms": self.table_wise_ms,
+            "rated": self.rated,
+            "speed": list(self.speed),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "errors": self.errors.to_dict() if self.errors is not None else None,
+        }
 
     def lines(self) -> list[str]:
         counts: dict[str, int] = {}
@@ -133,6 +155,7 @@ class TypePlan:
                 if self.speed != (1.0, 1.0)
                 else ""
             ),
+            *(d.line() for d in self.decisions),
         ]
 
 
@@ -195,9 +218,9 @@ class TypeChooser:
         specs = [self._spec(o) for o in ours]
         costs = self._single_costs(specs)
         screen = ScreeningKernels(self.ctx.kernels_ms)
-        exact = _Rater(self.ctx, ours, specs, costs, capacity, tier)
+        exact = CandidateRater(self.ctx, ours, specs, costs, capacity, tier)
         screening = dataclasses.replace(self.ctx, kernels_ms=screen)
-        rate = _Rater(screening, ours, specs, costs, capacity, tier, exact.terms)
+        rate = CandidateRater(screening, ours, specs, costs, capacity, tier, exact.terms)
         base_exact = exact({})
         rate({})  # the all-table-wise plan's kernels set the screening's fusion ratios
         screen.calibrate(screen.last_calls)
@@ -211,11 +234,34 @@ class TypeChooser:
         if len(winners) > 1:  # the best of each type together (the first type keeps a table)
             union = {k: v for m in reversed(winners) for k, v in m.items()}
             rated.append((rate(union), union))
-        step, moved = min(rated, key=lambda x: x[0])
-        step = exact(moved) if moved else base_exact
-        if not step < base_exact * (1 - TYPE_MARGIN):
-            step, moved = base_exact, {}
-        return TypePlan(moved, step, base_exact, rate.count + exact.count, self.speed)
+        errors = model_errors(
+            self._agent, self._spread(exact), self.ctx.collectives, self.ctx.dense_kernel
+        )
+        base_parts = exact.breakdown({}).at_slowest()
+        decisions, kept = [], []
+        for _, moved in rated[1:]:
+            if not moved:
+                continue
+            decision = _decide(moved, exact, base_exact, base_parts, errors)
+            if decision is None:
+                continue
+            decisions.append(decision)
+            if decision.kept:
+                kept.append((base_exact - decision.gain_ms, moved))
+        step, moved = min(kept, key=lambda x: x[0]) if kept else (base_exact, {})
+        count = rate.count + exact.count
+        return TypePlan(moved, step, base_exact, count, self.speed, decisions, errors)
+
+    def _spread(self, exact: CandidateRater) -> float:
+        """The cost network's ensemble spread (``step_log_std``) on the all-table-wise plan."""
+        placed = exact.balanced({})
+        if not placed:
+            return 0.0
+        task = prediction_task(
+            [self._spec(exact.ours[i]) for i, _ in placed], self._world, self._batch
+        )
+        spread = float(self._agent.predict(task, [r for _, r in placed]).step_log_std)
+        return spread if math.isfinite(spread) else 0.0
 
     def _single_costs(self, specs: list[TableSpec]) -> np.ndarray:
         if not specs:
@@ -235,6 +281,30 @@ class TypeChooser:
             if idx:
                 out.append((kind, [ours[i].fqn for i in idx]))
         return out
+
+
+def _decide(
+    moved: dict[str, ShardingOption],
+    exact: CandidateRater,
+    base_ms: float,
+    base_parts: dict[str, float],
+    errors: ModelErrors,
+) -> TypeDecision | None:
+    """``moved`` against all-table-wise: its exact step, the gain by source, ``U`` and the
+    margin (see the module docstring)."""
+    kinds = sorted({o.sharding_type for o in moved.values()})
+    name = "+".join(kinds)
+    step = exact(moved)
+    if not math.isfinite(step):
+        return None  # it does not fit: no decision to make
+    parts = exact.breakdown(moved).at_slowest()
+    sources = sorted(set(base_parts) | set(parts))
+    gain = {k: base_parts.get(k, 0.0) - parts.get(k, 0.0) for k in sources}
+    err = errors.errors(base_parts, parts)
+    u = math.sqrt(sum(v * v for v in err.values()))
+    margin = max(Z_SCORE * u, TYPE_MARGIN * base_ms)
+    total = base_ms - step
+    return TypeDecision(name, len(moved), total, u, margin, total > margin, gain, err)
 
 
 def _best_prefix(rate: Callable[[int], float], n: int) -> tuple[float, int]:
@@ -258,83 +328,6 @@ def _prefix_sizes(n: int) -> list[int]:
         sizes.append(k)
         k *= PREFIX_GROWTH
     return sizes + [n] if n else []
-
-
-class _Rater:
-    """Rates a candidate (which tables move to which option): the moved tables' memory
-    and ranks as their strategies say, the table-wise tables balanced greedily in the
-    memory left, the whole plan priced by :func:`plan_cost` with the kernels of ``ctx``;
-    ``inf`` when the table-wise tables do not fit."""
-
-    def __init__(self, ctx, ours, specs, costs, capacity, tier, terms=None) -> None:
-        self.ctx, self.ours, self.specs, self.costs = ctx, ours, specs, costs
-        self.capacity = np.asarray(capacity, dtype=np.float64)
-        self.tier = tier
-        self.need = np.array([option_bytes(o, tier) for o in ours], dtype=np.float64)
-        self.pooled = [bool(o.is_pooled) for o in ours]  # a sequence table is not
-        self.terms = TermsCache() if terms is None else terms
-        self.count = 0
-
-    def __call__(self, moved: dict[str, ShardingOption]) -> float:
-        self.count += 1
-        free = self.capacity.copy()
-        for option in moved.values():
-            shard_bytes = [storage_bytes(s.storage, self.tier) for s in option.shards]
-            STRATEGIES[option.sharding_type].reserve(shard_bytes, free)
-        if (free < 0).any():
-            return math.inf
-        ranks = self._balance([i for i, o in enumerate(self.ours) if o.fqn not in moved], free)
-        if ranks is None:
-            return math.inf
-        tw = DREAMSHARD_SHARDING_TYPE
-        choices = [TableChoice(table=self.specs[i], sharding_type=tw, ranks=(r,)) for i, r in ranks]
-        topo, turns = self.ctx.topology, dict.fromkeys(STRATEGIES, 0)
-        for i, o in enumerate(self.ours):
-            if o.fqn in moved:
-                kind = moved[o.fqn].sharding_type
-                r = STRATEGIES[kind].candidate_ranks(turns[kind], topo)
-                turns[kind] += 1
-                choices.append(
-                    TableChoice(
-                        table=self.specs[i], sharding_type=kind, ranks=r, pooled=self.pooled[i]
-                    )
-                )
-        return plan_cost(choices, self.ctx, self.terms).step_ms
-
-    def _balance(self, idx: list[int], free: np.ndarray) -> list[tuple[int, int]] | None:
-        load = np.zeros(len(free))
-        out = []
-        for i in sorted(idx, key=lambda i: (-self.costs[i], i)):
-            room = np.flatnonzero(free >= self.need[i])
-            if room.size == 0:
-                return None
-            r = int(room[np.argmin(load[room])])
-            free[r] -= self.need[i]
-            load[r] += self.costs[i]
-            out.append((i, r))
-        return out
-
-
-def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[TableChoice]:
-    """The tables of a partitioned plan as the typed cost model sees them: each option's
-    type by the strategy that prices it (TorchRec's table-column-wise as column-wise), its
-    ranks as the strategy takes them; a sequence table is unpooled.
-
-    Raises:
-        ValueError: a sharding type no strategy prices (named).
-    """
-    out = []
-    for o in plan:
-        strategy = BY_TORCHREC_TYPE.get(o.sharding_type)
-        if strategy is None:
-            raise ValueError(f"{o.fqn}: sharding type {o.sharding_type!r} is not priced")
-        ranks = strategy.option_ranks([int(s.rank) for s in o.shards])
-        out.append(
-            TableChoice(
-                table=spec_fn(o), sharding_type=strategy.name, ranks=ranks, pooled=o.is_pooled
-            )
-        )
-    return out
 
 
 def typed_step_ms(plan: Sequence[ShardingOption], chooser: TypeChooser, spec_fn: SpecFn) -> float:

@@ -20,7 +20,6 @@ the planner side (:mod:`torchrec_dreamshard.planner.candidates`).
 
 from torchrec_dreamshard.policy.agent import (
     PLACEMENT_MODES,
-    CostPrediction,
     DreamShard,
     is_large,
 )
@@ -28,6 +27,7 @@ from torchrec_dreamshard.policy.mdp import EstimatedMDP, PlacementError, Rollout
 from torchrec_dreamshard.policy.policy_net import PolicyNet
 from torchrec_dreamshard.policy.protocol import (
     CandidateSource,
+    CostPrediction,
     FixedPlan,
     NoPlanError,
     PlacementAgent,

@@ -25,7 +25,6 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 from torchrec_dreamshard.policy.mdp import EstimatedMDP, alone_on_a_device
 from torchrec_dreamshard.policy.policy_net import PolicyNet, build_networks
-from torchrec_dreamshard.policy.protocol import CandidateSource, PlaceSettings
+from torchrec_dreamshard.policy.protocol import CandidateSource, CostPrediction, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import (
     DEFAULT_PENALTY,
     DEFAULT_SAMPLES,
@@ -47,6 +46,7 @@ from torchrec_dreamshard.policy.safety_net import (
     choose,
     heuristic_candidates,
 )
+from torchrec_dreamshard.version import __version__
 
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
 LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
@@ -105,31 +105,6 @@ def source_candidates(
     return plans, failed
 
 
-@dataclass
-class CostPrediction:
-    """The cost network's view of a placement (ms, at the task's batch size).
-
-    Attributes:
-        fwd_ms: per device, forward (0 for an empty device).
-        bwd_ms: per device, backward.
-        comm_ms: per device, communication.
-        step_ms: the step cost (the slowest device's total).
-        step_log_std: the ensemble members' spread of log step cost (the uncertainty:
-            0.1 means the members disagree by about 10%).
-    """
-
-    fwd_ms: list[float]
-    bwd_ms: list[float]
-    comm_ms: list[float]
-    step_ms: float
-    step_log_std: float = 0.0
-
-    @property
-    def total_ms(self) -> list[float]:
-        """Per device ``fwd + bwd + comm``."""
-        return [f + b + c for f, b, c in zip(self.fwd_ms, self.bwd_ms, self.comm_ms, strict=True)]
-
-
 class DreamShard:
     """The trained agent: cost network, policy and metadata (a
     :class:`~torchrec_dreamshard.policy.protocol.PlacementAgent`).
@@ -179,8 +154,6 @@ class DreamShard:
         """Randomly initialised networks (deterministic in ``seed``) of the default
         architectures (:func:`~torchrec_dreamshard.policy.policy_net.build_networks`)."""
         torch.manual_seed(seed)
-        from torchrec_dreamshard import __version__
-
         sizes = {"hidden": hidden, "members": members, "policy_hidden": policy_hidden}
         net, policy = build_networks(sizes)
         meta = {"trained": False, "seed": seed, "version": __version__}

@@ -31,6 +31,7 @@ from torchrec_dreamshard.data import tables as _tables
 from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy import CandidateSource, DreamShard
 from torchrec_dreamshard.policy.policy_net import POLICY_KEY, build_networks, policy_class
+from torchrec_dreamshard.version import __version__
 
 BUNDLED_CHECKPOINT = Path(__file__).resolve().parent.parent / "checkpoints" / "cpu_default.pt"
 FORMAT = "torchrec-dreamshard"
@@ -64,8 +65,6 @@ def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = No
         path: destination file.
         extra: plain values to keep alongside (e.g. the training state to resume).
     """
-    from torchrec_dreamshard import __version__
-
     meta = dict(agent.meta)
     meta.setdefault("version", __version__)
     meta["features"] = feature_spec()

@@ -23,8 +23,33 @@ from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.policy.heuristics import NoPlanError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.policy.agent import CostPrediction
     from torchrec_dreamshard.policy.safety_net import SafetyReport
+
+
+@dataclass
+class CostPrediction:
+    """The cost network's view of a placement (ms, at the task's batch size).
+
+    Attributes:
+        fwd_ms: per device, forward (0 for an empty device).
+        bwd_ms: per device, backward.
+        comm_ms: per device, communication.
+        step_ms: the step cost (the slowest device's total).
+        step_log_std: the ensemble members' spread of log step cost (the uncertainty:
+            0.1 means the members disagree by about 10%).
+    """
+
+    fwd_ms: list[float]
+    bwd_ms: list[float]
+    comm_ms: list[float]
+    step_ms: float
+    step_log_std: float = 0.0
+
+    @property
+    def total_ms(self) -> list[float]:
+        """Per device ``fwd + bwd + comm``."""
+        return [f + b + c for f, b, c in zip(self.fwd_ms, self.bwd_ms, self.comm_ms, strict=True)]
+
 
 __all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlaceSettings", "PlacementAgent"]
 
@@ -76,6 +101,11 @@ class CandidateSource(Protocol):
     Attributes:
         name: the candidates' name in the safety net's report (unique among the sources
             and the policy's own candidates).
+
+    A source may also have ``baseline = True`` (read with ``getattr``, default
+    ``False``): its plan is the one the user would have without DreamShard (TorchRec's
+    planner's), which the verification always measures and never keeps a slower plan
+    than (:func:`~torchrec_dreamshard.calibration.verification.rank_measured`).
     """
 
     name: str

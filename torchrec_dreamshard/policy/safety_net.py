@@ -11,7 +11,7 @@ among candidates from different sources:
   (:func:`memory_aware_greedy`), so that tight memory does not strand a big table; they
   are named ``memory_aware_<proxy>`` (``memory_aware_size``, ..., ``memory_aware_predicted``)
   to tell them from the heuristics without the look-ahead (``size_greedy``, ... in
-  :mod:`torchrec_dreamshard.planner.baselines`);
+  :mod:`torchrec_dreamshard.policy.heuristics`);
 * the plans of the candidate sources the caller brings (TorchRec's own planner, for one:
   see :mod:`torchrec_dreamshard.policy.protocol`).
 

@@ -43,8 +43,7 @@ from torchrec_dreamshard.data.tasks import Task, device_bytes
 from torchrec_dreamshard.policy.protocol import PlaceSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.policy.agent import CostPrediction
-    from torchrec_dreamshard.policy.protocol import PlacementAgent
+    from torchrec_dreamshard.policy.protocol import CostPrediction, PlacementAgent
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
@@ -132,6 +131,20 @@ def plan_with_splits(
     if not best.sharded.columns:
         placer.last_report = report
     return best
+
+
+def fitting_task(task: Task, max_shards: int = MAX_SHARDS) -> Task:
+    """``task`` with every table bigger than every device cut into the fewest column-wise
+    shards that fit one (step 1 of the search), every other table whole: the tables a plan
+    of ``task`` places at the least, which calibration measures (a whole table that fits
+    no device is never run as one kernel, and a placement of it fits nowhere).
+
+    Raises:
+        ValueError: a table that cannot be split small enough (as :func:`plan_with_splits`).
+    """
+    limit = max(1, min(max_shards, task.num_devices))
+    counts = _forced_counts(task, _splittable(task, None), limit)
+    return shard_task(task, counts).shards if counts else task
 
 
 def _splittable(task: Task, splittable: Mapping[str, int] | None) -> dict[str, int]:

@@ -44,6 +44,7 @@ from torchrec_dreamshard.training.logs import write_metrics
 from torchrec_dreamshard.training.reinforce import greedy_predicted_ms, train_policy
 from torchrec_dreamshard.training.samples import load_samples, split_holdout
 from torchrec_dreamshard.training.train_config import TrainConfig, seed_everything
+from torchrec_dreamshard.version import __version__
 
 if TYPE_CHECKING:
     from torchrec_dreamshard.measure.store import CostStore
@@ -54,7 +55,6 @@ CHECKPOINT_NAME = "checkpoint.pt"
 
 def agent_meta(cfg: TrainConfig, store: CostStore, n_samples: int, wall_s: float) -> dict[str, Any]:
     """What a checkpoint records about its data."""
-    from torchrec_dreamshard import __version__
     from torchrec_dreamshard.measure import hardware_fingerprint
 
     mcfg = cfg.measure_config()

@@ -1,9 +1,9 @@
-"""The package's one DLRM-like TorchRec model, built from table specs, with its batches,
-the ``EmbeddingBagConfig`` / ``EmbeddingConfig`` of each table (the feature that feeds it
-in every model we build) and the way we build the TorchRec ``Topology`` a model is planned
-on (:func:`torchrec_topology`, re-exported by the planner's adapter). The end-to-end step
-timer (:mod:`.dmp_step`) trains it, ``dreamshard demo`` plans and trains it, and the tests
-plan it. Public TorchRec API only: TorchRec's internals are read by the planner's adapter.
+"""The package's one DLRM-like TorchRec model, built from table specs, with its batches.
+Each table's config and the feature that feeds it are
+:mod:`torchrec_dreamshard.data.table_configs`'; the topology a model is planned on is
+:mod:`torchrec_dreamshard.planner.topology`'s. The end-to-end step timer (:mod:`.dmp_step`)
+trains it, ``dreamshard demo`` plans and trains it, and the tests plan it. Public TorchRec
+API only: TorchRec's internals are read by the planner's adapter.
 
 The model (:class:`StepDLRM`): a dense MLP over 13 dense features; pooled embeddings of the
 bag tables (an ``EmbeddingBagCollection``, ``sparse``); the sequence tables (an
@@ -20,89 +20,30 @@ has the table's pooling factor (for a sequence table: its mean sequence length) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 from torchrec.distributed.planner.types import (
-    KernelConfig,
     ParameterConstraints,
-    Topology,
-    TopologyFactory,
-    TrainerConfig,
 )
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
 
+from torchrec_dreamshard.data.table_configs import (
+    embedding_bag_configs,
+    embedding_configs,
+    feature_name,
+)
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.workloads import generate_batch
 
 DENSE_IN = 13  # dense features, as in Criteo
 DENSE_WIDTH = 32  # outputs of the dense MLP
 OVER_WIDTH = 64  # hidden units of the over-arch
-
-
-def feature_name(table: TableSpec) -> str:
-    """The feature that feeds ``table`` in the models we build: ``f_<table name>``."""
-    return f"f_{table.name}"
-
-
-def embedding_bag_configs(
-    tables: Sequence[TableSpec], feature: Callable[[TableSpec], str] = feature_name
-) -> list[EmbeddingBagConfig]:
-    """One ``EmbeddingBagConfig`` per table, fed by the feature ``feature(table)``."""
-    return [
-        EmbeddingBagConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature(t)]
-        )
-        for t in tables
-    ]
-
-
-def embedding_configs(tables: Sequence[TableSpec]) -> list[EmbeddingConfig]:
-    """One ``EmbeddingConfig`` (a sequence table) per table, fed by ``f_<name>``."""
-    return [
-        EmbeddingConfig(
-            name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[feature_name(t)]
-        )
-        for t in tables
-    ]
-
-
-def torchrec_topology(
-    world_size: int,
-    compute_device: str,
-    *,
-    local_world_size: int | None = None,
-    hbm_cap: int | None = None,
-    ddr_cap: int | None = None,
-) -> Topology:
-    """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
-    ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
-    "the job will fail"). It is the topology ``Topology(...)`` builds from the same
-    arguments: TorchRec's default bandwidths and multipliers, and every device with
-    ``hbm_cap`` / ``ddr_cap`` bytes (TorchRec's defaults when ``None``).
-
-    Args:
-        world_size: ranks.
-        compute_device: ``"cpu"``, ``"cuda"`` or ``"mtia"``.
-        local_world_size: ranks per host (``None``: all of them).
-        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
-        ddr_cap: DDR bytes of each device.
-    """
-    return TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(
-            world_size=world_size,
-            local_world_size=local_world_size,
-            hbm_cap_bytes=hbm_cap,
-            ddr_cap_bytes=ddr_cap,
-        ),
-        kernel_config=KernelConfig(compute_device=compute_device),
-    )
 
 
 def sample_kjt(tables: Sequence[TableSpec], batch: int, seed: int) -> KeyedJaggedTensor:

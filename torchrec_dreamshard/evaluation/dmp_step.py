@@ -4,7 +4,7 @@ under ``TrainPipelineSparseDist`` on gloo ranks, plan against plan, in alternati
 A step holds everything a plan changes: the input distribution (ids all-to-all), the
 embedding kernels, the output collectives (all-to-all, reduce-scatter, all-reduce of
 data-parallel gradients), the dense part and the fused optimizer. Each plan's model
-(:class:`~torchrec_dreamshard.measure.step_model.StepDLRM`) is built once; then every
+(:class:`~torchrec_dreamshard.evaluation.step_model.StepDLRM`) is built once; then every
 round runs each plan for ``warmup_steps`` untimed steps and ``steps`` timed ones. The
 time of a round is the wall clock over its timed steps, started after a barrier, the
 maximum over ranks, divided by ``steps``. Plans run in a different order each round
@@ -38,14 +38,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
-from torchrec_dreamshard.measure.step_model import (
+from torchrec_dreamshard.evaluation.step_model import (
     StepBatch,
     StepDLRM,
     StepModelSpec,
     make_batch,
-    torchrec_topology,
 )
+from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
+from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.planner.topology import torchrec_topology
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
 DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two batches ahead
@@ -310,8 +311,6 @@ def run_rounds(
 
 
 def _spawned_rank(rank: int, world: int, port: int, job: tuple) -> None:
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
-
     spec, plans, config, round_log, out = job
     warnings.filterwarnings("ignore")
     with local_process_group(rank, world, port):
@@ -351,8 +350,6 @@ def time_plans(
         StepTimerError: a rank failed (its error in the message) or ``timeout_s`` passed.
     """
     import torch.multiprocessing as mp
-
-    from torchrec_dreamshard.measure.spawn import free_port
 
     config = config or StepTimerConfig()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:

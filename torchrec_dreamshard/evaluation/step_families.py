@@ -23,7 +23,7 @@ import numpy as np
 
 from torchrec_dreamshard.data.families import zipf_reuse_hist
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.step_model import StepModelSpec
+from torchrec_dreamshard.evaluation.step_model import StepModelSpec
 
 FAMILIES = ("tiny", "huge_hot", "wide", "sequence", "mixed", "undeclared", "stale")
 WORLD = 2  # gloo ranks the families' DMP steps are timed on (one per core here)

@@ -1,0 +1,313 @@
+"""Verification against TorchRec's plan, and on a busy machine.
+
+The decision tests measure nothing: they hand :func:`~torchrec_dreamshard.calibration.
+verify` a FAKE, DETERMINISTIC timing source (:class:`ScriptedTiming`: scripted step times
+and reference-kernel times) so that noise and drift are exactly what the test says. The
+tests marked "real kernels" time FBGEMM kernels on a tiny task.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from torchrec_dreamshard import calibration as cal
+from torchrec_dreamshard.calibration.noise import sign_test_wins
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure import MeasureConfig
+from torchrec_dreamshard.policy import DreamShard, FixedPlan, PlaceSettings
+
+FAST = MeasureConfig(rounds=1, iters=2, warmup=1)
+
+
+@pytest.fixture(autouse=True)
+def private_store(tmp_path, monkeypatch, comm_model):
+    """A calibration store in ``tmp_path`` and a known all-to-all model."""
+    monkeypatch.setenv(cal.STORE_ENV, str(tmp_path / "calibration.sqlite"))
+
+
+def tiny_task(num_tables: int = 6, num_devices: int = 2) -> Task:
+    tables = [
+        TableSpec(name=f"t{i}", rows=500 * (i + 1), dim=8 * (1 + i % 2), pooling_factor=1.0 + i)
+        for i in range(num_tables)
+    ]
+    return Task(tables=tables, num_devices=num_devices, memory_bytes=10**7, batch_size=64)
+
+
+class ScriptedTiming:
+    """FAKE timing source for the decision tests (no kernel is timed): a plan's step
+    time is ``step(plan kind, measurement number of that plan)``, the reference kernel's
+    is the next of ``references`` (the last repeats). Plan kinds: ``"torchrec"`` (the
+    baseline's placement), ``"chosen"`` (the agent's choice) or ``"other"``."""
+
+    def __init__(
+        self,
+        kinds: dict[tuple[int, ...], str],
+        step: Callable[[str, int], float],
+        references: list[float],
+    ) -> None:
+        self.kinds, self.step, self.references = kinds, step, list(references)
+        self.counts: dict[tuple[int, ...], int] = {}
+        self.reference_calls = 0
+
+    def step_ms(self, task: Task, placement: list[int]) -> float:
+        key = tuple(placement)
+        n = self.counts.get(key, 0)
+        self.counts[key] = n + 1
+        return self.step(self.kinds.get(key, "other"), n)
+
+    def reference_ms(self) -> float:
+        k = min(self.reference_calls, len(self.references) - 1)
+        self.reference_calls += 1
+        return self.references[k]
+
+    def timing(self) -> cal.Timing:
+        return cal.Timing(self.step_ms, self.reference_ms)
+
+
+def scripted(step: Callable[[str, int], float], references: list[float]):
+    """An agent that chose a plan, TorchRec's plan (another placement), and a
+    :class:`ScriptedTiming` over them."""
+    agent, task = DreamShard.untrained(seed=0), tiny_task()
+    chosen = agent.place(task)
+    torchrec = [1 - d for d in chosen]
+    kinds = {tuple(chosen): "chosen", tuple(torchrec): "torchrec"}
+    return agent, task, chosen, torchrec, ScriptedTiming(kinds, step, references)
+
+
+def run(agent, task, chosen, torchrec, timing, **options):
+    opts = cal.VerifyOptions(incumbent="chosen", **options)
+    return cal.verify(
+        agent,
+        task,
+        2,
+        FAST,
+        opts,
+        extra={"chosen": chosen},
+        baselines={"torchrec_ours": torchrec},
+        timing=timing.timing(),
+    )
+
+
+def test_torchrecs_plan_is_measured_and_a_plan_faster_every_round_is_kept():
+    """FAKE timing: the chosen plan is 10% faster than TorchRec's in every round, the rest
+    20% slower; quiet rounds, a steady reference."""
+    speed = {"chosen": 9.0, "torchrec": 10.0, "other": 12.0}
+    agent, task, chosen, torchrec, timing = scripted(lambda k, n: speed[k], [5.0])
+    res = run(agent, task, chosen, torchrec, timing)
+    base = res.baseline
+    assert base is not None and base.placement == torchrec and base.rounds_ms == [10.0] * 3
+    assert res.winner.placement == chosen and res.fallback is None
+    assert len(res.passes) == 1 and not res.passes[0].noisy
+    assert res.margins()["vs_torchrec"] == pytest.approx(0.9)
+    line = res.summary()
+    assert line.startswith(f"verified {len(res.plans)} plans in ")
+    assert "kept the planner's plan, 10.0% faster than TorchRec's" in line
+    assert "faster than the best heuristic's, measured" in line
+
+
+def test_a_plan_that_does_not_beat_torchrecs_beyond_the_noise_gives_way_to_it():
+    """FAKE timing: the chosen plan has the lower median but lost one round of three to
+    TorchRec's, so TorchRec's plan is kept; the rounds themselves are quiet."""
+    rounds = {"chosen": [9.0, 10.5, 9.0], "torchrec": [10.0, 10.0, 10.0], "other": [12.0] * 3}
+    agent, task, chosen, torchrec, timing = scripted(lambda k, n: rounds[k][n], [5.0])
+    res = run(agent, task, chosen, torchrec, timing)
+    assert res.winner.baseline and res.winner.placement == torchrec
+    assert res.fallback is None  # the ranking itself kept it
+    assert "kept TorchRec's plan" in res.summary()
+
+
+def test_noisy_rounds_are_measured_again_and_then_the_safer_plan_is_kept():
+    """FAKE timing: the plans' rounds swing by 60% out of step with each other (a busy
+    machine): the chosen plan has the lower median but loses every other pairing to
+    TorchRec's (and the heuristics'). The verification measures a second pass, as noisy,
+    and keeps TorchRec's plan, saying so."""
+    base = {"chosen": 8.0, "torchrec": 10.0, "other": 12.0}
+
+    def swinging(kind: str, n: int) -> float:
+        odd = n % 2 == (1 if kind == "chosen" else 0)
+        return base[kind] * (1.6 if odd else 1.0)
+
+    agent, task, chosen, torchrec, timing = scripted(swinging, [5.0])
+    res = run(agent, task, chosen, torchrec, timing)
+    assert [p.noisy for p in res.passes] == [True, True]
+    assert all(timing.counts[tuple(p.placement)] == 6 for p in res.plans)  # 3 + 3 rounds
+    assert all(len(p.earlier_ms) == len(p.rounds_ms) == 3 for p in res.plans)
+    assert res.winner.baseline and res.fallback is not None
+    assert "noisy again" in res.fallback and "TorchRec's plan, the safer plan" in res.fallback
+    assert "measured again" in res.summary() and res.fallback in res.summary()
+    # without TorchRec's plan, the safer plan is the fastest heuristic's
+    agent, task, chosen, _, timing = scripted(swinging, [5.0])
+    options = cal.VerifyOptions(incumbent="chosen")
+    extra = {"chosen": chosen}
+    res = cal.verify(agent, task, 2, FAST, options, extra=extra, timing=timing.timing())
+    assert res.winner.heuristic and res.fallback is not None
+
+
+def test_on_a_noisy_machine_a_plan_that_won_every_round_of_both_passes_is_kept():
+    """FAKE timing: every plan swings by 60% in step (the load hits each round as a
+    whole), and the chosen plan is faster than TorchRec's in all six pairings."""
+    base = {"chosen": 8.0, "torchrec": 10.0, "other": 12.0}
+    agent, task, chosen, torchrec, timing = scripted(
+        lambda k, n: base[k] * (1.6 if n % 2 else 1.0), [5.0]
+    )
+    res = run(agent, task, chosen, torchrec, timing)
+    assert [p.noisy for p in res.passes] == [True, True]
+    assert res.winner.placement == chosen
+    assert "faster than TorchRec's plan in every one of 6 rounds" in res.fallback
+
+
+def test_a_drifting_reference_kernel_is_measured_again_and_the_quiet_pass_decides():
+    """FAKE timing: the reference kernel slows 40% during the first pass (the load
+    changed), then stays put; the second pass is quiet and its rounds decide."""
+    speed = {"chosen": 9.0, "torchrec": 10.0, "other": 12.0}
+    agent, task, chosen, torchrec, timing = scripted(
+        lambda k, n: speed[k] * (3.0 if n < 3 else 1.0), [5.0, 7.0, 7.0]
+    )
+    res = run(agent, task, chosen, torchrec, timing)
+    first, second = res.passes
+    assert first.noisy and first.drift == pytest.approx(0.4) and not second.noisy
+    assert "reference kernel drifted +40%" in first.describe()
+    assert res.fallback is None and res.winner.placement == chosen
+    assert res.baseline.rounds_ms == [10.0] * 3  # the second pass's rounds, not the first's
+    # no second pass allowed: the safer plan at once (the chosen plan lost a pairing)
+    rounds = {"chosen": [9.0, 10.5, 9.0], "torchrec": [10.0] * 3, "other": [12.0] * 3}
+    agent, task, chosen, torchrec, timing = scripted(lambda k, n: rounds[k][n], [5.0, 7.0])
+    limits = cal.NoiseLimits(extra_rounds=0)
+    res = run(agent, task, chosen, torchrec, timing, noise=limits)
+    assert len(res.passes) == 1 and res.winner.baseline
+    assert "noisy (" in res.fallback and "drifted +40%" in res.fallback
+
+
+def test_the_cache_keeps_the_noise_and_the_fallback(tmp_path, monkeypatch):
+    """FAKE timing: a noisy verification read back from the cache keeps its fallback."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    base = {"chosen": 8.0, "torchrec": 10.0, "other": 12.0}
+    agent, task, chosen, torchrec, timing = scripted(
+        lambda k, n: base[k] * (1.6 if n % 2 == (k == "torchrec") else 1.0), [5.0]
+    )
+    first = run(agent, task, chosen, torchrec, timing, cache=True)
+    again = run(agent, task, chosen, torchrec, ScriptedTiming({}, _refuse, [1.0]), cache=True)
+    assert again.cached and again.fallback == first.fallback
+    assert again.winner.placement == first.winner.placement == torchrec
+    assert [p.to_dict() for p in again.passes] == [p.to_dict() for p in first.passes]
+
+
+def _refuse(kind: str, n: int) -> float:
+    raise AssertionError("measured again although this machine's cache holds the plans")
+
+
+def plan(name, rounds, heuristic=False, baseline=False):
+    return cal.VerifiedPlan(
+        name, [0], 1.0, 0.0, rounds_ms=rounds, heuristic=heuristic, baseline=baseline
+    )
+
+
+def test_the_kept_plan_never_measured_slower_than_torchrecs():
+    assert [sign_test_wins(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [None, None, 3, 4, 5, 5, 6]
+    torchrec = plan("torchrec_ours", [10.0, 10.0, 10.0], baseline=True)
+    chosen = plan("chosen", [9.0, 10.5, 9.0])  # lower median, lost a round
+    steady = plan("heuristic:size_greedy", [9.5, 9.9, 9.8], heuristic=True)  # every round
+    assert cal.rank_measured([torchrec, chosen], incumbent="chosen")[0] is torchrec
+    assert cal.rank_measured([torchrec, chosen, steady], incumbent="chosen")[0] is steady
+    slower = plan("heuristic:dim_greedy", [11.0, 11.0, 11.0], heuristic=True)
+    assert cal.rank_measured([slower, torchrec])[0] is torchrec  # the best heuristic gives way
+    # over six rounds, five wins are beyond the noise
+    six = plan("chosen", [9.0, 9.0, 11.0, 9.0, 9.0, 9.0])
+    torchrec6 = plan("torchrec_ours", [10.0] * 6, baseline=True)
+    assert cal.beats_beyond_noise(six, torchrec6)
+    assert cal.rank_measured([torchrec6, six], incumbent="chosen")[0] is six
+    # no whole round: TorchRec's plan stands
+    unmeasured = [plan("chosen", []), plan("torchrec_ours", [], baseline=True)]
+    assert cal.rank_measured(unmeasured, incumbent="chosen")[0].baseline
+
+
+def test_noise_of_rounds_and_reference():
+    limits = cal.NoiseLimits()
+    quiet = cal.Noise.of([{0: 10.0, 1: 20.0}, {0: 10.5, 1: 20.5}], (5.0, 5.2), limits)
+    assert not quiet.noisy and quiet.spread == pytest.approx(0.0367, abs=1e-3)
+    swings = cal.Noise.of([{0: 10.0}, {0: 14.0}, {0: 10.0}], (None, None), limits)
+    assert swings.noisy and swings.drift is None
+    one = cal.Noise.of([{0: 10.0}], (5.0, 5.0), limits)
+    assert math.isnan(one.spread) and not one.noisy
+    assert cal.Noise.from_dict(swings.to_dict()) == swings
+    off = cal.NoiseLimits.off()
+    assert not cal.Noise.of([{0: 1.0}, {0: 9.0}], (1.0, 9.0), off).noisy
+
+
+def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower(
+    tmp_path, monkeypatch
+):
+    """Real kernels, a tiny task: TorchRec's plan (handed in as a baseline source, as the
+    planner does) is among the plans measured in the same rounds, and the kept plan did
+    not measure slower than it (it beat it beyond the noise, or it is TorchRec's)."""
+    from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    agent, task = DreamShard.untrained(seed=0), tiny_task()
+    out = cal.plan_task(
+        agent,
+        task,
+        how=PlaceSettings(sources=default_sources()),
+        verification=cal.VerificationSettings(2, FAST, cal.VerifyOptions(incumbent="chosen")),
+    )
+    ver = out.verification
+    torchrec = TorchRecCandidate().propose(task)
+    base = ver.baseline
+    assert base is not None and base.placement == torchrec
+    assert {len(p.rounds_ms) for p in ver.plans} == {len(base.rounds_ms)} and base.rounds_ms
+    kept = ver.winner
+    assert kept is base or cal.beats_beyond_noise(kept, base)
+    assert kept.measured_ms <= base.measured_ms
+    assert out.placement == kept.placement
+    assert any(line.startswith("verified ") for line in out.summary())
+
+
+def test_where_nothing_is_measured_the_predicted_margins_are_given():
+    """No verification: the outcome names the kept plan and its predicted margins over
+    TorchRec's plan and the best heuristic's."""
+    from torchrec_dreamshard.planner.candidates import default_sources
+
+    agent, task = DreamShard.untrained(seed=0), tiny_task()
+    out = cal.plan_task(agent, task, how=PlaceSettings(sources=default_sources()))
+    m = out.margins
+    assert not m["measured"] and m["vs_torchrec"] > 0 and m["vs_best_heuristic"] > 0
+    torchrec = default_sources()[0].propose(task)
+    want = agent.predict(task, out.placement).step_ms / agent.predict(task, torchrec).step_ms
+    assert m["vs_torchrec"] == pytest.approx(want)
+    assert "TorchRec's" in m["line"] and "(not measured)" in m["line"]
+    assert out.summary() == [m["line"]]
+    # no baseline source: said so
+    out = cal.plan_task(
+        agent, task, how=PlaceSettings(sources=[FixedPlan("mine", tuple(torchrec))])
+    )
+    assert out.margins["vs_torchrec"] is None and "not planned here" in out.margins["line"]
+
+
+def test_calibration_discards_kernels_measured_while_the_reference_drifted(monkeypatch):
+    """FAKE reference-kernel timing: it reads 2 ms before the kernels are measured and
+    3 ms after (+50%: the machine got busy). The kernels measured are discarded from the
+    store, nothing is fitted on them, and the result says why; a calibration on a steady
+    machine then measures them again."""
+    from torchrec_dreamshard.measure import reference_speed
+
+    readings = iter([(1.0, 1.0), (1.5, 1.5)])
+    monkeypatch.setattr(
+        reference_speed, "measure_reference_ms", lambda device="cpu": next(readings)
+    )
+    agent, task = DreamShard.untrained(seed=0), tiny_task()
+    config = cal.CalibrationConfig(measure=FAST, max_groups=2, progress=False, epochs=20)
+    res = cal.calibrate(agent, task, config)
+    assert res.discarded > 0 and res.measured == 0 and res.samples == 0
+    assert res.drift == pytest.approx(0.5)
+    assert "drifted +50%" in res.note and "discarded" in res.note
+    after, before = res.agent.predict(task, [0] * 6), agent.predict(task, [0] * 6)
+    assert after.fwd_ms + after.bwd_ms == pytest.approx(before.fwd_ms + before.bwd_ms)  # unlearned
+    assert any(res.note in line for line in res.lines())
+    steady = iter([(1.0, 1.0), (1.05, 1.05)])
+    monkeypatch.setattr(reference_speed, "measure_reference_ms", lambda device="cpu": next(steady))
+    again = cal.calibrate(agent, task, config)
+    assert again.discarded == 0 and again.measured == res.discarded and again.samples > 0

@@ -1,0 +1,139 @@
+"""Whether measurements taken on a busy machine can be trusted.
+
+A machine someone else is using changes speed while it measures: repeats of the same
+plan disagree, and the reference kernel (:data:`~torchrec_dreamshard.measure.
+embedding_kernels.REFERENCE_TABLES`) times differently before and after. :class:`Noise`
+says how much of both one pass of measurements saw, against :class:`NoiseLimits`;
+verification measures again or keeps the safer plan, and calibration discards what it
+measured rather than learn the load as if it were the hardware
+(:func:`reference_drift`). :func:`sign_test_wins` is how many paired rounds one plan must
+win to count as faster beyond the noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SPREAD_LIMIT = 0.20  # a plan's rounds (max - min) / median beyond this (median over plans)
+DRIFT_LIMIT = 0.20  # the reference kernel after / before - 1 beyond this, either way
+SIGN_ALPHA = 0.125  # one-sided sign test: 3 of 3 rounds, 4 of 4, 5 of 5 or 6, 6 of 7 ...
+
+
+def reference_drift(before: float | None, after: float | None) -> float | None:
+    """``after / before - 1`` of two timings of the reference kernel (``None`` where
+    either is missing or not positive)."""
+    if before is None or after is None or not (before > 0 and after > 0):
+        return None
+    return after / before - 1.0
+
+
+@dataclass(frozen=True)
+class NoiseLimits:
+    """When :func:`verify`'s measurements count as noisy, and what it does then.
+
+    Args:
+        spread: the median over plans of their rounds' ``(max - min) / median`` above
+            which the rounds disagree.
+        drift: ``|after / before - 1|`` of the reference kernel above which the machine
+            changed speed while measuring (``inf``: the reference is not timed).
+        extra_rounds: rounds measured again when the first pass is noisy (``None``: as
+            many as the first pass; 0: none, the safer plan is kept at once).
+        extra_budget: the second pass's budget, as a fraction of ``budget_s``.
+    """
+
+    spread: float = SPREAD_LIMIT
+    drift: float = DRIFT_LIMIT
+    extra_rounds: int | None = None
+    extra_budget: float = 1.0
+
+    @classmethod
+    def off(cls) -> NoiseLimits:
+        """Never noisy: no reference timed, no second pass, no fallback."""
+        return cls(spread=math.inf, drift=math.inf, extra_rounds=0)
+
+
+@dataclass
+class Noise:
+    """How noisy one pass of measurements was.
+
+    Attributes:
+        spread: the median over plans of their rounds' ``(max - min) / median`` (``nan``
+            with fewer than two rounds).
+        drift: the reference kernel's ``after / before - 1`` (``None``: not timed).
+        rounds: whole rounds in the pass.
+        spread_limit, drift_limit: the limits it was judged by.
+    """
+
+    spread: float
+    drift: float | None
+    rounds: int
+    spread_limit: float = SPREAD_LIMIT
+    drift_limit: float = DRIFT_LIMIT
+
+    @classmethod
+    def of(
+        cls,
+        rounds: Sequence[Mapping[int, float]],
+        reference: tuple[float | None, float | None],
+        limits: NoiseLimits,
+    ) -> Noise:
+        """The noise of ``rounds`` (``{plan index: ms}`` each) and the reference kernel
+        ``(before, after)``."""
+        spreads = []
+        for i in rounds[0] if rounds else ():
+            ms = np.array([r[i] for r in rounds], dtype=np.float64)
+            if len(ms) >= 2 and np.median(ms) > 0:
+                spreads.append(float((ms.max() - ms.min()) / np.median(ms)))
+        spread = float(np.median(spreads)) if spreads else float("nan")
+        drift = reference_drift(*reference)
+        return cls(spread, drift, len(rounds), limits.spread, limits.drift)
+
+    @property
+    def noisy(self) -> bool:
+        spread = self.spread > self.spread_limit  # False for nan
+        return spread or (self.drift is not None and abs(self.drift) > self.drift_limit)
+
+    def describe(self) -> str:
+        """``"rounds spread 31% (limit 20%), reference kernel drifted +25% (limit 20%)"``."""
+        out = [f"rounds spread {self.spread:.0%} (limit {self.spread_limit:.0%})"]
+        if self.drift is not None:
+            out.append(f"reference kernel drifted {self.drift:+.0%} (limit {self.drift_limit:.0%})")
+        return ", ".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able (a ``nan`` spread and infinite limits as ``None``)."""
+        out: dict[str, Any] = {
+            k: v if v is None or math.isfinite(v) else None for k, v in self.__dict__.items()
+        }
+        return {**out, "noisy": self.noisy}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Noise:
+        """The inverse of :meth:`to_dict`."""
+
+        def number(key: str, missing: float) -> float:
+            return missing if data[key] is None else float(data[key])
+
+        return cls(
+            number("spread", math.nan),
+            None if data["drift"] is None else float(data["drift"]),
+            int(data["rounds"]),
+            number("spread_limit", math.inf),
+            number("drift_limit", math.inf),
+        )
+
+
+def sign_test_wins(rounds: int, alpha: float = SIGN_ALPHA) -> int | None:
+    """The fewest rounds out of ``rounds`` one plan must win for a one-sided sign test at
+    ``alpha`` to say it is faster (``None``: no number of wins is enough, e.g. under 3
+    rounds at 1/8)."""
+    for wins in range(rounds + 1):
+        tail = sum(math.comb(rounds, j) for j in range(wins, rounds + 1)) / 2**rounds
+        if tail <= alpha:
+            return wins
+    return None

@@ -1,0 +1,174 @@
+"""The model of the kernel data-parallel tables run, fitted to timings of this machine
+(:mod:`torchrec_dreamshard.measure.dense_kernels` times them).
+
+TorchRec's data-parallel sharding looks a table up on every rank with FBGEMM's *dense*
+table-batched kernel (``DenseTableBatchedEmbeddingBagsCodegen``: no fused optimizer; its
+backward writes a dense gradient of the whole table), DDP all-reduces that gradient and
+the job's dense optimizer updates the table. That is not the fused kernel the cost network
+learnt: on this machine's CPU, the fused row-wise Adagrad backward of a tiny table costs
+several times the dense kernel's backward and update. So data-parallel tables are priced
+by a model of their own kernel, fitted as the collectives are:
+
+    fwd = a0 + a1 n + a2 G + a3 O
+    bwd = c0 + c1 n + c2 G + c3 W            (ms; the dense optimizer step included)
+
+over the tables one rank looks up in one dense kernel: ``n`` tables, ``G = b sum p d``
+elements gathered (MB of fp32), ``O = b sum d`` outputs written, ``W = sum R d`` weights
+(the gradient zeroed and written, the optimizer's passes over weights, state and
+gradient). The coefficients are non-negative least squares over timings of random table
+sets (FBGEMM's dense kernel forward and backward, then ``torch.optim.Adagrad`` over the
+weights, as TorchRec's DP exposes them), cached per machine in a JSON file. On CUDA the
+timer runs on the GPU (events); that path is written to be right and is unmeasured here.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.dense_kernels import time_dense_sets
+from torchrec_dreamshard.measure.hardware import device_name
+from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+
+FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
+FEATURES = ("ms", "ms_per_table", "ms_per_mb_gathered", "ms_per_mb_output", "ms_per_mb_weights")
+
+
+def dense_features(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
+    """``[1, n, G, O, W]`` of one dense kernel (see the module docstring; MB of fp32)."""
+    gathered = batch_size * sum(t.pooling_factor * t.dim for t in tables) * 4 / 1e6
+    outputs = batch_size * sum(t.dim for t in tables) * 4 / 1e6
+    weights = sum(t.rows * t.dim for t in tables) * 4 / 1e6
+    return np.array([1.0, len(tables), gathered, outputs, weights])
+
+
+@dataclass
+class DenseKernelModel:
+    """The fitted dense-kernel model (see the module docstring).
+
+    Args:
+        fwd: the forward's coefficients, in the order of :data:`FEATURES`.
+        bwd: the backward's (dense optimizer step included), same order.
+        device: ``"cpu"`` or ``"cuda"``.
+        source: how it was obtained.
+        samples: timed sets it was fitted on.
+        mape: mean absolute relative error of fwd + bwd over them (``None``: not fitted).
+    """
+
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    device: str = "cpu"
+    source: str = ""
+    samples: int = 0
+    mape: float | None = None
+    version: int = field(default=FORMAT_VERSION)
+
+    def __post_init__(self) -> None:
+        for name in ("fwd", "bwd"):
+            coef = tuple(float(x) for x in getattr(self, name))
+            if len(coef) != len(FEATURES) or not all(x >= 0 for x in coef):
+                raise ValueError(
+                    f"dense kernel model {name} needs {len(FEATURES)} coefficients >= 0 "
+                    f"({', '.join(FEATURES)}), got {getattr(self, name)!r}"
+                )
+            setattr(self, name, coef)
+
+    def ms(self, tables: Sequence[TableSpec], batch_size: int) -> tuple[float, float]:
+        """``(fwd_ms, bwd_ms)`` of one dense kernel over ``tables`` at ``batch_size``."""
+        if not tables:
+            return 0.0, 0.0
+        x = dense_features(tables, batch_size)
+        return float(np.dot(self.fwd, x)), float(np.dot(self.bwd, x))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> DenseKernelModel:
+        if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+            found = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(
+                f"dense kernel model needs format version {FORMAT_VERSION}, got {found}"
+            )
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise ValueError(f"dense kernel model is malformed ({exc})") from None
+
+
+def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of *relative* errors (each row weighted by ``1 / y``, so that tiny
+    kernels, where data-parallel is chosen, count as much as big ones) with every
+    coefficient ``>= 0``: columns whose coefficient comes out negative are dropped (the
+    most negative first) and the rest refitted."""
+    w = 1.0 / np.maximum(y, 1e-3)
+    x, y = x * w[:, None], y * w
+    keep = list(range(x.shape[1]))
+    while True:
+        coef = np.zeros(x.shape[1])
+        coef[keep] = np.linalg.lstsq(x[:, keep], y, rcond=None)[0]
+        worst = min(keep, key=lambda j: coef[j])
+        if coef[worst] >= 0:
+            return coef
+        keep.remove(worst)
+
+
+def fit_dense_kernel_model(
+    samples: Sequence[tuple[Sequence[TableSpec], int, float, float]], device: str, source: str
+) -> DenseKernelModel:
+    """The model from ``(tables, batch, fwd_ms, bwd_ms)`` timings."""
+    if len(samples) < len(FEATURES):
+        raise ValueError(f"fitting needs at least {len(FEATURES)} timed sets, got {len(samples)}")
+    x = np.stack([dense_features(tables, b) for tables, b, _, _ in samples])
+    fwd = nonnegative_lstsq(x, np.array([s[2] for s in samples]))
+    bwd = nonnegative_lstsq(x, np.array([s[3] for s in samples]))
+    total = np.array([s[2] + s[3] for s in samples])
+    mape = float(np.mean(np.abs(x @ fwd + x @ bwd - total) / total))
+    return DenseKernelModel(
+        tuple(fwd), tuple(bwd), device=device, source=source, samples=len(samples), mape=mape
+    )
+
+
+def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
+    """Time :func:`~torchrec_dreamshard.measure.dense_kernels.random_dense_sets` on this
+    machine and fit the model (a few seconds); while rank 0 of a job drives measurements on
+    its group, every rank times its share."""
+    name = device_name(device)
+    samples = time_dense_sets(device)
+    return fit_dense_kernel_model(samples, device, f"FBGEMM dense kernel + Adagrad on {name}")
+
+
+# ----------------------------------------------------------------------------------------
+# The per-machine cache
+# ----------------------------------------------------------------------------------------
+
+
+def default_dense_kernel_path(device: str = "cpu") -> Path:
+    """Per-machine cache file of the fitted model
+    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
+    return machine_cache_path(f"dense_kernel_{device}", device_name(device))
+
+
+_LOADED: dict[str, DenseKernelModel] = {}
+
+
+def load_dense_kernel_model(
+    path: str | os.PathLike | None = None, device: str = "cpu"
+) -> DenseKernelModel:
+    """The fitted model from ``path`` (default :func:`default_dense_kernel_path`),
+    timing and saving it first when the file does not exist."""
+    path = Path(path) if path is not None else default_dense_kernel_path(device)
+    return load_cached(
+        path,
+        "dense kernel model file",
+        DenseKernelModel.from_dict,
+        lambda: calibrate_dense_kernel_model(device),
+        DenseKernelModel.to_dict,
+        _LOADED,
+    )

@@ -1,0 +1,46 @@
+"""The TorchRec ``Topology`` a model is planned on, built the way TorchRec asks
+(:func:`torchrec_topology`): the planner's defaults build it from the planner's arguments,
+the adapter plans on it and the evaluation's step timer shards on it. Public TorchRec API
+only.
+"""
+
+from __future__ import annotations
+
+from torchrec.distributed.planner.types import (
+    KernelConfig,
+    Topology,
+    TopologyFactory,
+    TrainerConfig,
+)
+
+
+def torchrec_topology(
+    world_size: int,
+    compute_device: str,
+    *,
+    local_world_size: int | None = None,
+    hbm_cap: int | None = None,
+    ddr_cap: int | None = None,
+) -> Topology:
+    """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
+    ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
+    "the job will fail"). It is the topology ``Topology(...)`` builds from the same
+    arguments: TorchRec's default bandwidths and multipliers, and every device with
+    ``hbm_cap`` / ``ddr_cap`` bytes (TorchRec's defaults when ``None``).
+
+    Args:
+        world_size: ranks.
+        compute_device: ``"cpu"``, ``"cuda"`` or ``"mtia"``.
+        local_world_size: ranks per host (``None``: all of them).
+        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
+        ddr_cap: DDR bytes of each device.
+    """
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world_size,
+            local_world_size=local_world_size,
+            hbm_cap_bytes=hbm_cap,
+            ddr_cap_bytes=ddr_cap,
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )

@@ -1,0 +1,153 @@
+"""The margin a sharding-type decision must clear, and its record.
+
+The margin. The predicted gain ``G = step(all-TW) - step(typed)`` splits exactly, at each
+plan's slowest rank, into the sources that price it: the fused kernels (the cost network),
+the dense kernel data-parallel tables run, and each collective kind. Each source's error on
+what the decision changes is its relative error times the change:
+
+* fused kernels: ``e_k * |dF|``, ``e_k`` the larger of the cost network's ensemble spread
+  (``step_log_std`` of the all-table-wise plan) and its error on this machine: the
+  calibration's kernel MAPE where the agent calibrated, else :data:`KERNEL_ERROR` (the
+  automatic check trusts an uncalibrated network to within 25% of this machine);
+* dense kernel: ``mape * |dD|`` with the fitted model's MAPE, else
+  :data:`UNFITTED_ERROR` where it is analytic;
+* each collective kind whose volume changes: its fitted model's RMSE (one collective's
+  error, ms), and nothing beyond the floor for a model not fitted on timings (given or
+  analytic: no error is known);
+
+and, taking them as independent, ``U = sqrt(sum of squares)``. A typed candidate is kept
+only if ``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.policy.protocol import PlacementAgent
+
+TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise
+Z_SCORE = 2.0  # ... and by this many of its uncertainties (about 98% one-sided, if normal)
+KERNEL_ERROR = 0.25  # relative error of fused kernels from a network not calibrated here
+# (calibration.auto.AUTO_TOLERANCE: the automatic check trusts it to within this much)
+UNFITTED_ERROR = 0.5  # relative error of the analytic dense passes (no model fitted here)
+
+
+@dataclass
+class TypeDecision:
+    """One typed candidate against all-table-wise (see the module docstring's margin).
+
+    Attributes:
+        kind: the sharding type (types joined by ``+`` for the best of each together).
+        tables: tables it moves off table-wise.
+        gain_ms: predicted all-table-wise step minus its step (> 0: it is faster).
+        uncertainty_ms: ``U``, the gain's predicted error.
+        margin_ms: the gain it needed: ``max(Z_SCORE * U, TYPE_MARGIN * step)``.
+        kept: whether it cleared the margin.
+        contributions: the gain by source (ms at the slowest ranks; they sum to it).
+        errors: ``U`` by source (ms).
+    """
+
+    kind: str
+    tables: int
+    gain_ms: float
+    uncertainty_ms: float
+    margin_ms: float
+    kept: bool
+    contributions: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def tipped_by(self) -> tuple[str, float]:
+        """The source that tipped it and by how much (ms): where kept, the one that gained
+        most; where it lost outright, the one that cost most; where contested (a gain
+        within the margin), the largest error."""
+        if self.kept or (self.gain_ms <= 0 and self.contributions):
+            pick = max if self.kept else min
+            name = pick(self.contributions, key=lambda k: (self.contributions[k], k))
+            return name, self.contributions[name]
+        if self.errors and max(self.errors.values()) > 0:
+            name = max(self.errors, key=lambda k: (self.errors[k], k))
+            return f"uncertainty of {name}", self.errors[name]
+        return "the floor (TYPE_MARGIN)", self.margin_ms
+
+    def to_dict(self) -> dict:
+        name, ms = self.tipped_by
+        return {
+            "kind": self.kind,
+            "tables": self.tables,
+            "gain_ms": self.gain_ms,
+            "uncertainty_ms": self.uncertainty_ms,
+            "margin_ms": self.margin_ms,
+            "kept": self.kept,
+            "tipped_by": name,
+            "tipped_ms": ms,
+            "contributions_ms": dict(self.contributions),
+            "errors_ms": dict(self.errors),
+        }
+
+    def line(self) -> str:
+        name, ms = self.tipped_by
+        verdict = "kept" if self.kept else ("contested" if self.gain_ms > 0 else "slower")
+        return (
+            f"  {self.kind} ({self.tables} tables): predicted gain {self.gain_ms:.3f} ms, "
+            f"margin {self.margin_ms:.3f} ms (uncertainty {self.uncertainty_ms:.3f} ms): "
+            f"{verdict}; tipped by {name} ({ms:+.3f} ms)"
+        )
+
+
+@dataclass(frozen=True)
+class ModelErrors:
+    """The relative (kernels) and absolute (collectives, ms) errors the margin uses, and
+    where each came from."""
+
+    kernel: float
+    kernel_source: str
+    dense: float
+    dense_source: str
+    collectives: dict[str, float]
+    collectives_source: str
+
+    def errors(self, base: dict[str, float], typed: dict[str, float]) -> dict[str, float]:
+        """``U`` by source between the two plans' slowest-rank breakdowns."""
+        out = {
+            "fused_kernels": self.kernel * abs(base["fused_kernels"] - typed["fused_kernels"]),
+            "dense_kernel": self.dense * abs(base["dense_kernel"] - typed["dense_kernel"]),
+        }
+        for kind in sorted(set(base) | set(typed) - {"fused_kernels", "dense_kernel"}):
+            if kind in out:
+                continue
+            changed = abs(base.get(kind, 0.0) - typed.get(kind, 0.0)) > 1e-12
+            out[kind] = self.collectives.get(kind, 0.0) if changed else 0.0
+        return out
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def model_errors(
+    agent: PlacementAgent,
+    spread: float,
+    collectives: CollectiveModels,
+    dense_kernel: DenseKernelModel | None,
+) -> ModelErrors:
+    """The errors of the models the type choice prices with (see the module docstring)."""
+    calibrated = (agent.meta or {}).get("calibrated") or {}
+    mape = calibrated.get("kernel_mape") if isinstance(calibrated, dict) else None
+    if mape is not None and math.isfinite(mape):
+        kernel, how = max(spread, mape / 100), f"calibrated here: kernel MAPE {mape:.1f}%"
+    else:
+        kernel, how = max(spread, KERNEL_ERROR), "not calibrated here"
+    how += f"; ensemble spread {spread:.3f}"
+    if dense_kernel is not None and dense_kernel.mape is not None:
+        dense, dense_how = dense_kernel.mape / 100, f"fitted: {dense_kernel.source}"
+    else:
+        dense, dense_how = UNFITTED_ERROR, "analytic dense passes (no fit)"
+    fitted = {k: m.rmse_ms for k, m in collectives.models.items() if m.samples > 0}
+    comm_how = (
+        f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
+    )
+    return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
