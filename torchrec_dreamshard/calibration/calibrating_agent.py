@@ -343,7 +343,7 @@ class CalibratingAgent:
         """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
         machine check (or the user) asks for it; else, under ``auto``, on what the store
         holds (measuring nothing) where it holds kernels observed in a running job of
-        these tables (:meth:`~torchrec_dreamshard.planner.DreamShardPlanner.observe`);
+        these tables (:func:`~torchrec_dreamshard.feedback.observer.observe`);
         else not at all."""
         if self.calibration is None:
             return None
