@@ -25,7 +25,6 @@ from torchrec.distributed.logging_handlers import EventLoggingHandler
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
-from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import extract_plan
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer, GreedyProposer
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -352,11 +351,42 @@ def test_a_user_partitioner_places_what_carries_no_ranks(agent, monkeypatch):
     assert theirs >= p.proposal_log.proposals["GreedyProposer#0"] - 1
 
 
+def placed(plan: list[ShardingOption]) -> list[tuple]:
+    """What a partitioned proposal places: each option's table, type, kernel and ranks."""
+    return sorted(
+        (o.name, o.sharding_type, o.compute_kernel, tuple(s.rank for s in o.shards)) for o in plan
+    )
+
+
+class LatestWins(PerfModel):
+    """Rates each proposal it is shown better than every one before it (so the last one
+    rated wins, whatever the cost network thinks of it), and keeps what each placed."""
+
+    def __init__(self) -> None:
+        self.rated: list[list[tuple]] = []
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        self.rated.append(placed(plan))
+        return -float(len(self.rated))
+
+
 def test_a_user_perf_model_judges_the_proposals(agent):
-    model = NoopPerfModel(topology(2))
-    p = ours(agent, performance_model=model)
-    p.plan(Model(tables(4)), SHARDERS)
+    """The user's model rates every proposal that partitions (ours and GreedyProposer's),
+    its ratings are the ones the proposers are fed back, and the plan it rated best is the
+    plan, not the one the cost network would keep (ours, as the first of equals)."""
+    model = LatestWins()
+    p = ours(agent, performance_model=model, proposer=GreedyProposer())
+    plan = params(p.plan(Model(tables(4)), SHARDERS))
     assert p._perf_model is model
+    log = p.proposal_log
+    # every proposal that partitioned, judged (TorchRec rates a repeated proposal once)
+    assert 2 <= len(model.rated) <= sum(log.proposals.values())
+    assert set(log.best.values()) <= {-float(i + 1) for i in range(len(model.rated))}
+    assert log.best["DreamShardProposer"] == -1.0  # ours is proposed (and rated) first
+    assert log.winner == "GreedyProposer#0" and log.best[log.winner] == -len(model.rated)
+    assert placed(p.best_options) == model.rated[-1]  # the plan is the one rated best
+    chosen = {name: (kind, list(ranks)) for name, kind, _, ranks in model.rated[-1]}
+    assert {t: (ps.sharding_type, ps.ranks) for t, ps in plan.items()} == chosen
     assert p.last_prediction is not None  # the cost network still reports the plan
 
 
