@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from torchrec_dreamshard.evaluation import golden_plans
-from torchrec_dreamshard.evaluation.golden_plans import TIE_RTOL, canonical_partition
+from torchrec_dreamshard.evaluation.golden_plans import TIE_RTOL, placement_partition
 from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.evaluation.task_draws import roster
 
@@ -115,22 +115,11 @@ def plan_differences(
     if a.get("columns", {}) != b.get("columns", {}):
         return [f"split columns {a.get('columns', {})} -> {b.get('columns', {})}"]
     found = golden_plans.plan_differences(
-        (partition(a["placement"], memory), a["predicted_ms"]),
-        (partition(b["placement"], memory), b["predicted_ms"]),
+        (placement_partition(a["placement"], memory), a["predicted_ms"]),
+        (placement_partition(b["placement"], memory), b["predicted_ms"]),
         rtol,
     )
     return [f"{d}: {_show(b)}" for d in found]
-
-
-def partition(placement: list[int], memory: list[int] | None = None) -> tuple:
-    """``placement`` (a device per table or shard) without the numbers of devices of equal
-    ``memory`` (default: all devices alike)."""
-    contents: dict[int, list[int]] = {}
-    for item, device in enumerate(placement):
-        contents.setdefault(int(device), []).append(item)
-    devices = range(len(memory) if memory else max(contents, default=-1) + 1)
-    keys = dict(enumerate(memory)) if memory else None
-    return canonical_partition(contents, [list(devices)], keys)
 
 
 def _show(plan: dict) -> str:

@@ -70,6 +70,18 @@ def canonical_partition(
     return tuple(sorted((tuple(sorted(device(d) for d in host)) for host in hosts), key=repr))
 
 
+def placement_partition(placement: Sequence[int], memory: Sequence[int] | None = None) -> tuple:
+    """:func:`canonical_partition` of a task's ``placement`` (a device per table, or per
+    shard): which tables share a device, devices of equal ``memory`` interchangeable
+    (default: all devices alike)."""
+    contents: dict[int, list[int]] = {}
+    for item, device in enumerate(placement):
+        contents.setdefault(int(device), []).append(item)
+    devices = range(len(memory) if memory else max(contents, default=-1) + 1)
+    keys = dict(enumerate(memory)) if memory else None
+    return canonical_partition(contents, [list(devices)], keys)
+
+
 def plan_differences(
     want: tuple[tuple, float | None],
     got: tuple[tuple, float | None],
