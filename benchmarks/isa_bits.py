@@ -12,8 +12,9 @@ Usage:
     python benchmarks/isa_bits.py
     python benchmarks/isa_bits.py --against "ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2"
 
-With ``--against`` it writes ``results/isa_bits.json`` and exits 1 when no digest differs
-(the setting changes nothing here, so a second run under it would test nothing).
+With ``--against`` it exits 1 when no digest differs (the setting changes nothing here,
+so a second run under it would test nothing); ``--record`` also writes
+``results/isa_bits.json``.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--against", help='settings to compare with, e.g. "ATEN_CPU_CAPABILITY=avx2"')
     ap.add_argument("--json", action="store_true", help="print this process's digests as JSON")
+    ap.add_argument("--record", action="store_true", help=f"with --against: write {PATH}")
     args = ap.parse_args(argv)
     here = digests()
     if args.json:
@@ -111,16 +113,22 @@ def main(argv: list[str] | None = None) -> int:
         mark = "differs" if name in differ else "same"
         print(f"{here[name]}  {there['digests'][name]}  {mark:7s}  {name}")
     print(f"{settings()} vs {there['settings']}: {len(differ)} of {len(here)} differ")
+    if args.record:
+        record(here, there, differ)
+    return 0 if differ else 1
+
+
+def record(here: dict[str, str], there: dict, differ: list[str]) -> None:
+    """Write :data:`PATH`: both processes' settings and digests, which differ, the machine."""
     PATH.parent.mkdir(parents=True, exist_ok=True)
-    record = {
+    data = {
         "machine": machine(),
         "torch": torch.__version__,
         "here": {"settings": settings(), "digests": here},
         "there": there,
         "differ": differ,
     }
-    PATH.write_text(json.dumps(record, indent=1, default=str) + "\n")
-    return 0 if differ else 1
+    PATH.write_text(json.dumps(data, indent=1, default=str) + "\n")
 
 
 if __name__ == "__main__":
