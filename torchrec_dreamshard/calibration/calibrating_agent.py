@@ -27,6 +27,7 @@ from torchrec_dreamshard.calibration.fine_tuning import (
 from torchrec_dreamshard.calibration.verification import VerifyResult, verify
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.spent import spent_lines, spent_on
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import (
@@ -131,18 +132,19 @@ def plan_task(
     chosen, ver = placement, None
     if verify_k:
         mcfg = verify_config or (calibration.measure if calibration is not None else None)
-        ver = verify(
-            planner,
-            task,
-            verify_k,
-            mcfg,
-            verify_rounds,
-            progress,
-            {"chosen": placement},
-            budget_s=verify_budget_s,
-            cache=verify_cache,
-            incumbent=verify_incumbent,
-        )
+        with spent_on("verification"):
+            ver = verify(
+                planner,
+                task,
+                verify_k,
+                mcfg,
+                verify_rounds,
+                progress,
+                {"chosen": placement},
+                budget_s=verify_budget_s,
+                cache=verify_cache,
+                incumbent=verify_incumbent,
+            )
         placement = list(ver.winner.placement)
     return PlanOutcome(placement, planner, cal, ver, chosen, found)
 
@@ -182,7 +184,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
             f"{len(recalled)} tables planned as a running job of them fed them (pooling "
             "factors and reuse observed), not as declared"
         )
-    return lines
+    return lines + spent_lines(adaptation.get("spent_s", {}))
 
 
 class CalibratingAgent:

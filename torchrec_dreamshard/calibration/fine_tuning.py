@@ -37,6 +37,7 @@ from torchrec_dreamshard.cost.fitting import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -276,6 +277,7 @@ def stored_observations(config: CalibrationConfig, task: Task) -> int:
         return len(observed_jobs(store, prefix, task.tables, config.measure, task.batch_size))
 
 
+@spent_on("calibration")
 def calibrate(
     agent: DreamShard,
     task: Task,

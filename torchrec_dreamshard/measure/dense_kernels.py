@@ -44,6 +44,7 @@ from torchrec_dreamshard.measure.job_group import (
     run_on_group,
 )
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.threads import single_thread
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -233,6 +234,7 @@ def _group_dense_times(group: JobGroup) -> list[tuple[int, float, float]]:
     return [(i, *time_dense_kernel(t, b, device)) for i, (t, b) in my_share(sets, group)]
 
 
+@spent_on("dense_kernel")
 def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
     """Time :func:`random_dense_sets` on this machine and fit the model (a few seconds);
     while rank 0 of a job drives measurements on its group, every rank times its share."""
