@@ -236,9 +236,10 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
 
 def _all_to_all_model(config: MeasureConfig) -> Any:
     """The machine's all-to-all model for the comm head: ``config``'s file, else the one
-    measured on the job's group (while rank 0 drives it), else this machine's cached or
-    spawned fit. ``None`` inside a distributed job planning without its group and with no
-    cached fit: nothing may be spawned there, so the prior's all-to-all head is kept."""
+    measured on the job's group (while rank 0 drives it), else this machine's cached fit
+    or one timed now on ranks that are threads of this process. ``None`` inside a
+    distributed job planning without its group and with no cached fit: one rank measures
+    nothing there on its own, so the prior's all-to-all head is kept."""
     from torchrec_dreamshard.measure.collectives import (
         default_collectives_path,
         load_all_to_all_model,

@@ -34,10 +34,13 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
 
 Threads or processes: between gloo ranks on one machine both move the same bytes over
 loopback TCP through the same gloo code. On our 2-core machine, under load, threads fitted
-the same ``ms_per_mb`` as spawned ranks within the run-to-run noise of either (ranks and
-figures: ``docs/guide.md``), in about half a second instead of about ten (each spawned rank
-imports torch). The analytic model of the topology's bandwidths, the other choice that
-spawns nothing, prices a 4 MB gloo all-to-all about a thousand times short.
+about the same ``ms_per_mb`` as spawned ranks (within the run-to-run noise of either) and a
+smaller fixed cost (about 0 against 0.1 to 0.6 ms a collective: waking a thread of the same
+process is cheaper than waking another process), in about 1 s instead of about 15 (each
+spawned rank imports torch); figures in ``docs/guide.md``. The analytic model of the
+topology's bandwidths, the other choice that spawns nothing, prices a 4 MB gloo all-to-all
+about a thousand times short, so threads it is. A job's own group (``collective_plan``)
+measures the real thing.
 
 The all-to-all model fitted here is the package's one model of an all-to-all's time
 (:func:`load_all_to_all_model`): the local measurement backend charges it, the calibration
@@ -81,7 +84,7 @@ COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
 _CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-_CALIBRATION_REPEATS = 5
+_CALIBRATION_REPEATS = 15  # per size and group; the median is fitted
 RANK_KINDS = ("threads", "processes")  # how calibrate_collective_models runs its ranks
 
 
