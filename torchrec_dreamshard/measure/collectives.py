@@ -310,8 +310,8 @@ def calibrate_collective_models(
             gloo process group over an in-process store, on loopback TCP as between
             processes, so that nothing is spawned and the default process group is left
             alone (what a library call does: :func:`load_collective_models`);
-            ``"processes"``: each rank a spawned process (what the ``dreamshard`` commands
-            and NCCL do).
+            ``"processes"``: each rank a spawned process (NCCL's only way, one GPU each;
+            the comparison in ``benchmarks/collective_ranks.py``).
 
     The timings take a few seconds; spawned processes add their start-up (each imports
     torch) to it.
@@ -464,14 +464,17 @@ def load_collective_models(
     path: str | os.PathLike | None = None, backend: str | None = None
 ) -> CollectiveModels:
     """The fitted models from ``path`` (default :func:`default_collectives_path`),
-    calibrating and saving them first when the file does not exist."""
+    calibrating and saving them first when the file does not exist: gloo's on ranks that
+    are threads of this process (no process is started), NCCL's on spawned ranks (never
+    on the planner's path: it prices GPU ranks outside a job analytically)."""
     backend = backend or default_backend()
     path = Path(path) if path is not None else default_collectives_path(backend)
+    ranks = "threads" if backend == "gloo" else "processes"
     return load_cached(
         path,
         "collective models file",
         CollectiveModels.from_dict,
-        lambda: calibrate_collective_models(backend=backend),
+        lambda: calibrate_collective_models(backend=backend, ranks=ranks),
         CollectiveModels.to_dict,
         _LOADED,
     )
