@@ -35,9 +35,10 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
 Threads or processes: between gloo ranks on one machine both move the same bytes over
 loopback TCP through the same gloo code. On our 2-core machine, under load, threads fitted
 about the same ``ms_per_mb`` as spawned ranks (within the run-to-run noise of either) and a
-smaller fixed cost (about 0 against 0.1 to 0.6 ms a collective: waking a thread of the same
-process is cheaper than waking another process), in about 1 s instead of about 15 (each
-spawned rank imports torch); figures in ``docs/guide.md``. The analytic model of the
+fixed cost no larger, often smaller (up to about 0.5 ms a collective: waking a thread of
+the same process is cheaper than waking another process), in under 1 s instead of about 7
+(each spawned rank imports torch); ``benchmarks/collective_ranks.py``, figures in
+``docs/guide.md``. The analytic model of the
 topology's bandwidths, the other choice that spawns nothing, prices a 4 MB gloo all-to-all
 about a thousand times short, so threads it is. A job's own group (``collective_plan``)
 measures the real thing.
