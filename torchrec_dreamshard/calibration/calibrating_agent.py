@@ -35,6 +35,7 @@ from torchrec_dreamshard.calibration.verification import (
 )
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.spent import spent_lines, spent_on
 from torchrec_dreamshard.policy.split_search import fitting_task
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -175,22 +176,23 @@ def plan_task(
     baselines = baseline_plans(task, given)
     if verify_k:
         mcfg = verify_config or (calibration.measure if calibration is not None else None)
-        options = VerifyOptions(
-            rounds=verify_rounds,
-            budget_s=verify_budget_s,
-            cache=verify_cache,
-            incumbent=verify_incumbent,
-            progress=progress,
-        )
-        ver = verify(
-            planner,
-            task,
-            verify_k,
-            mcfg,
-            options,
-            extra={"chosen": placement},
-            baselines=baselines,
-        )
+        with spent_on("verification"):
+            options = VerifyOptions(
+                rounds=verify_rounds,
+                budget_s=verify_budget_s,
+                cache=verify_cache,
+                incumbent=verify_incumbent,
+                progress=progress,
+            )
+            ver = verify(
+                planner,
+                task,
+                verify_k,
+                mcfg,
+                options,
+                extra={"chosen": placement},
+                baselines=baselines,
+            )
         placement = list(ver.winner.placement)
     margins = {} if ver is not None else plan_margins(planner, task, placement, baselines, label)
     return PlanOutcome(placement, planner, cal, ver, chosen, found, margins, label)
@@ -291,7 +293,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
             f"{len(recalled)} tables planned as a running job of them fed them (pooling "
             "factors and reuse observed), not as declared"
         )
-    return lines
+    return lines + spent_lines(adaptation.get("spent_s", {}))
 
 
 class CalibratingAgent:

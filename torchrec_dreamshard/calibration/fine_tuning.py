@@ -38,6 +38,7 @@ from torchrec_dreamshard.cost.fitting import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -262,9 +263,10 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
 
 def _all_to_all_model(config: MeasureConfig) -> Any:
     """The machine's all-to-all model for the comm head: ``config``'s file, else the one
-    measured on the job's group (while rank 0 drives it), else this machine's cached or
-    spawned fit. ``None`` inside a distributed job planning without its group and with no
-    cached fit: nothing may be spawned there, so the prior's all-to-all head is kept."""
+    measured on the job's group (while rank 0 drives it), else this machine's cached fit
+    or one timed now on ranks that are threads of this process. ``None`` inside a
+    distributed job planning without its group and with no cached fit: one rank measures
+    nothing there on its own, so the prior's all-to-all head is kept."""
     from torchrec_dreamshard.measure.collectives import (
         default_collectives_path,
         load_all_to_all_model,
@@ -303,6 +305,7 @@ def stored_observations(config: CalibrationConfig, task: Task) -> int:
         return len(observed_jobs(store, prefix, task.tables, config.measure, task.batch_size))
 
 
+@spent_on("calibration")
 def calibrate(
     agent: DreamShard,
     task: Task,

@@ -23,9 +23,25 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
   on the job's own process group, every rank taking part, with its real backend and hosts;
   the group has one size ``D = W``, so ``b`` is 0 and ``a`` holds the whole fixed cost at
   that size. Cached per machine and topology (world size and hosts).
-* elsewhere (:func:`load_collective_models`): on 2..``max_devices`` spawned ranks, never more
-  than the machine's cores, with a clean environment (no launcher's rendezvous), and never
-  from inside a distributed job. Cached per machine and backend.
+* elsewhere (:func:`load_collective_models`): on groups of 2..``max_devices`` gloo ranks,
+  never more than the machine's cores, each rank a thread of this process with a gloo
+  process group of its own over an in-process store and loopback TCP (the default process
+  group untouched), so that a library call starts no process: a script without a main
+  guard, a notebook or a debugger plans as they would with TorchRec's planner. Cached per
+  machine and backend. The ``dreamshard`` commands may time them on spawned ranks instead
+  (``ranks="processes"``, with a clean environment and never from inside a distributed
+  job; the only way for NCCL).
+
+Threads or processes: between gloo ranks on one machine both move the same bytes over
+loopback TCP through the same gloo code. On our 2-core machine, under load, threads fitted
+about the same ``ms_per_mb`` as spawned ranks (within the run-to-run noise of either) and a
+fixed cost no larger, often smaller (up to about 0.5 ms a collective: waking a thread of
+the same process is cheaper than waking another process), in under 1 s instead of about 7
+(each spawned rank imports torch); ``benchmarks/collective_ranks.py``, figures in
+``docs/guide.md``. The analytic model of the
+topology's bandwidths, the other choice that spawns nothing, prices a 4 MB gloo all-to-all
+about a thousand times short, so threads it is. A job's own group (``collective_plan``)
+measures the real thing.
 
 The all-to-all model fitted here is the package's one model of an all-to-all's time
 (:func:`load_all_to_all_model`): the local measurement backend charges it, the calibration
@@ -45,6 +61,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -62,12 +79,14 @@ from torchrec_dreamshard.measure.spawn import (
     local_process_group,
     measuring_ranks,
 )
+from torchrec_dreamshard.measure.spent import spent_on
 
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
 _CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-_CALIBRATION_REPEATS = 5
+_CALIBRATION_REPEATS = 15  # per size and group; the median is fitted
+RANK_KINDS = ("threads", "processes")  # how calibrate_collective_models runs its ranks
 
 
 def check_kind(kind: str) -> str:
@@ -248,6 +267,7 @@ def _group_collective_samples(group: JobGroup) -> list[tuple]:
     return _time_every_collective(group.pg, group.world, group.device)
 
 
+@spent_on("collectives")
 def measure_group_collectives(group: JobGroup) -> CollectiveModels:
     """Time every collective on the driven job group (every rank taking part) and fit
     the models; a collective's time is its slowest rank's."""
@@ -277,37 +297,154 @@ def fit_collective_models(
     return CollectiveModels(backend=backend, models=models, source=source)
 
 
+@spent_on("collectives")
 def calibrate_collective_models(
-    max_devices: int = 4, backend: str | None = None
+    max_devices: int = 4, backend: str | None = None, ranks: str = "threads"
 ) -> CollectiveModels:
-    """Time every collective on 2..``max_devices`` spawned ranks (at most the machine's
+    """Time every collective on groups of 2..``max_devices`` ranks (at most the machine's
     cores, or its GPUs under NCCL) and fit their models.
 
-    The timings take a few seconds; starting the processes takes most of the rest.
+    Args:
+        max_devices: the largest group timed.
+        backend: ``"gloo"`` or ``"nccl"`` (default :func:`default_backend`).
+        ranks: ``"threads"`` (gloo only): each rank a thread of this process with its own
+            gloo process group over an in-process store, on loopback TCP as between
+            processes, so that nothing is spawned and the default process group is left
+            alone (what a library call does: :func:`load_collective_models`);
+            ``"processes"``: each rank a spawned process (NCCL's only way, one GPU each;
+            the comparison in ``benchmarks/collective_ranks.py``).
+
+    The timings take a few seconds; spawned processes add their start-up (each imports
+    torch) to it.
 
     Raises:
-        ValueError: called from inside a distributed job (nothing is spawned there), or
-            ``max_devices < 2``.
+        ValueError: ``max_devices < 2``, ``ranks`` unknown or ``"threads"`` with NCCL, or
+            processes would be spawned from inside a distributed job.
     """
+    if max_devices < 2:
+        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
+    if ranks not in RANK_KINDS:
+        raise ValueError(f"ranks must be one of {RANK_KINDS}, got {ranks!r}")
+    backend = backend or default_backend()
+    if backend == "nccl":
+        if ranks == "threads":
+            raise ValueError(
+                "NCCL collectives are timed on spawned processes (one GPU each); pass "
+                "ranks='processes'"
+            )
+        max_devices = min(max_devices, torch.cuda.device_count())
+    else:
+        max_devices = measuring_ranks(max_devices)
+    if ranks == "threads":
+        samples = _thread_samples(max_devices)
+        how = "threads of one process"
+    else:
+        samples = _spawned_samples(max_devices, backend)
+        how = "spawned processes"
+    source = f"{backend} collectives on {_device_name(backend)}, 2..{max_devices} ranks ({how})"
+    return fit_collective_models(samples, backend, source)
+
+
+def _spawned_samples(max_devices: int, backend: str) -> list[tuple]:
+    """Every rank's samples of every group of 2..``max_devices`` spawned ranks."""
     import tempfile
 
     import torch.multiprocessing as mp
 
     check_may_spawn("timing the collectives")
-    if max_devices < 2:
-        raise ValueError(f"max_devices must be >= 2, got {max_devices}")
-    backend = backend or default_backend()
-    if backend == "nccl":
-        max_devices = min(max_devices, torch.cuda.device_count())
-    else:
-        max_devices = measuring_ranks(max_devices)
     with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
         out = os.path.join(tmp, "samples.json")
         args = (max_devices, free_port(), out, backend)
         mp.spawn(_calibration_worker, args=args, nprocs=max_devices)
-        samples = json.loads(Path(out).read_text())
-    source = f"{backend} collectives on {_device_name(backend)}, 2..{max_devices} ranks"
-    return fit_collective_models([tuple(s) for s in samples], backend, source)
+        return [tuple(s) for s in json.loads(Path(out).read_text())]
+
+
+# ----------------------------------------------------------------------------------------
+# Ranks as threads: gloo process groups of this process, none of them the default group
+# ----------------------------------------------------------------------------------------
+
+_THREAD_TIMEOUT = timedelta(seconds=120)  # a rank that never joins fails the others
+
+
+def _thread_samples(max_devices: int) -> list[tuple]:
+    """Every rank's samples of every group of 2..``max_devices`` gloo ranks, each rank a
+    thread of this process (:func:`_thread_rank`); a rank's error is raised here."""
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set_timeout(_THREAD_TIMEOUT)
+    samples: list[tuple] = []
+    for d in range(2, max_devices + 1):
+        results: list[list[tuple] | BaseException | None] = [None] * d
+        threads = [
+            threading.Thread(
+                target=_thread_rank,
+                args=(dist.PrefixStore(f"collectives_{d}/", store), rank, d, results),
+                name=f"dreamshard-collectives-{d}-{rank}",
+                daemon=True,
+            )
+            for rank in range(d)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for rank, out in enumerate(results):
+            if not isinstance(out, list):
+                raise RuntimeError(
+                    f"timing the gloo collectives on {d} ranks as threads: rank {rank} "
+                    f"failed ({out!r})"
+                ) from (out if isinstance(out, BaseException) else None)
+            samples += out
+    return samples
+
+
+def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
+    """One rank of a group of threads: its own gloo process group (loopback) on ``store``,
+    every collective timed as :func:`time_collective` times it; its samples (or its error)
+    in ``results[rank]``."""
+    import torch.distributed as dist
+
+    try:
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._timeout = _THREAD_TIMEOUT
+        pg = dist.ProcessGroupGloo(store, rank, world, options)
+        out = []
+        for kind in COLLECTIVES:
+            for size in _CALIBRATION_BYTES:
+                t = _time_on_backend(pg, kind, size, _CALIBRATION_REPEATS)
+                out.append((kind, world, wire_megabytes(kind, world, size), statistics.median(t)))
+        pg.barrier().wait()  # no rank tears its group down while a peer still uses it
+        results[rank] = out
+    except BaseException as exc:  # raised by the thread that started the ranks
+        results[rank] = exc
+
+
+def _time_on_backend(pg: Any, kind: str, buffer_bytes: int, iters: int) -> list[float]:
+    """:func:`time_collective` on a gloo backend object that no ``torch.distributed``
+    function knows (not registered with the default group): the backend's own methods,
+    the ones ``all_to_all_single``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``
+    and ``all_reduce`` reach."""
+    d = pg.size()
+    numel = max(1, round(buffer_bytes / 4 / d)) * d
+    inp, out = _buffers(check_kind(kind), numel, d, torch.device("cpu"))
+    run = {
+        "all_to_all": lambda: pg.alltoall_base(out, inp, [], []),
+        "reduce_scatter": lambda: pg._reduce_scatter_base(out, inp),
+        "all_gather": lambda: pg._allgather_base(out, inp),
+        "all_reduce": lambda: pg.allreduce([inp]),
+    }[kind]
+    times = []
+    for i in range(1 + iters):  # one warm-up
+        pg.barrier().wait()
+        t0 = time.perf_counter()
+        run().wait()
+        if i >= 1:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
 
 
 def _device_name(backend: str) -> str:
@@ -328,14 +465,17 @@ def load_collective_models(
     path: str | os.PathLike | None = None, backend: str | None = None
 ) -> CollectiveModels:
     """The fitted models from ``path`` (default :func:`default_collectives_path`),
-    calibrating and saving them first when the file does not exist."""
+    calibrating and saving them first when the file does not exist: gloo's on ranks that
+    are threads of this process (no process is started), NCCL's on spawned ranks (never
+    on the planner's path: it prices GPU ranks outside a job analytically)."""
     backend = backend or default_backend()
     path = Path(path) if path is not None else default_collectives_path(backend)
+    ranks = "threads" if backend == "gloo" else "processes"
     return load_cached(
         path,
         "collective models file",
         CollectiveModels.from_dict,
-        lambda: calibrate_collective_models(backend=backend),
+        lambda: calibrate_collective_models(backend=backend, ranks=ranks),
         CollectiveModels.to_dict,
         _LOADED,
     )

@@ -219,11 +219,12 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
       :func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`);
     * else, on accelerators: analytic models from the topology's intra-host bandwidth
       (unmeasured);
-    * else, on CPU ranks outside a distributed job: the gloo models fitted on spawned
-      ranks on this machine (once, ~10 s, then cached:
-      :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
+    * else, on CPU ranks outside a distributed job: the gloo models fitted on ranks that
+      are threads of this process, so that no process is started (once, about a second,
+      then cached: :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
     * else (``plan()`` on one rank of a running job): that cached fit where there is
-      one, the analytic models where not, since nothing is spawned inside a job.
+      one, the analytic models where not, since nothing but the job's group measures
+      inside a job.
     """
 
     def load() -> CollectiveModels:

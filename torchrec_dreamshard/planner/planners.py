@@ -57,6 +57,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.spent import spending
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.defaults import (
     Unloaded,
@@ -279,15 +280,16 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         (:func:`~torchrec_dreamshard.planner.torchrec_adapter.torchrec_plan`)."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
-        self.table_specs.observe(module)
-        self._recall_inputs(module)
-        if self._own_reservation is not None:
-            fill_dense_estimate(self._own_reservation, module, sharders)
         self._adaptation = None
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
-        plan = torchrec_plan(self, module, sharders)
+        with spending() as self._spent:
+            self.table_specs.observe(module)
+            self._recall_inputs(module)
+            if self._own_reservation is not None:
+                fill_dense_estimate(self._own_reservation, module, sharders)
+            plan = torchrec_plan(self, module, sharders)
         self.last_plan = plan
         return plan
 

@@ -18,6 +18,7 @@ from torchrec.distributed.planner.types import ShardingOption, Topology
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.calibration import CalibrationConfig
     from torchrec_dreamshard.feedback.observer import JobObserver
+    from torchrec_dreamshard.measure.spent import Spending
     from torchrec_dreamshard.policy import DreamShard
 
 
@@ -40,6 +41,7 @@ class Replanning:
 
     _arguments: dict[str, Any]
     _adaptation: dict[str, Any] | None
+    _spent: Spending | None = None  # what the last plan() spent its time on
     _planned: tuple[nn.Module, list] | None = None
     _recalled: list[str] = []  # tables whose inputs the last plan took from a running job
 
@@ -72,9 +74,12 @@ class Replanning:
     def adaptation(self) -> dict[str, Any]:
         """How the last plan adapted to this machine (JSON-able): whether the planner
         calibrated, why (the reference kernel predicted against measured), and the cost
-        network's error before and after, and the tables whose inputs it took from what a
-        running job fed them (``inputs_from_job``); on every rank after
-        ``collective_plan``."""
+        network's error before and after, the tables whose inputs it took from what a
+        running job fed them (``inputs_from_job``), and what the plan spent its seconds on
+        (``spent_s``: measuring the ``collectives``, the ``dense_kernel`` and the
+        ``reference_kernel``, ``calibration``, ``verification``, each without what the
+        others inside it took, and ``planning`` for the rest; only what it did, so on a
+        warm cache ``planning`` alone); on every rank after ``collective_plan``."""
         if self._adaptation is not None:
             return self._adaptation
         from torchrec_dreamshard.calibration import CalibratingAgent
@@ -88,6 +93,8 @@ class Replanning:
         types = self.proposer.last_types
         if types is not None:  # the type choice: each decision, its margin and what tipped it
             out["types"] = types.to_dict()
+        if self._spent is not None:
+            out["spent_s"] = self._spent.seconds()
         return out
 
     @property
