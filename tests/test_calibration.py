@@ -187,19 +187,19 @@ def test_calibrate_keeps_to_the_budget_and_a_missing_store_folder_is_named(tmp_p
 def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     import statistics
 
-    from torchrec_dreamshard import measure
+    from torchrec_dreamshard.measure import placement_timing
 
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     chosen = agent.place(task)
-    calls, real = [], measure.measure_placement
+    calls, real = [], placement_timing.measure_placement
 
     def spy(t, placement, config=None, backend="local"):
         m = real(t, placement, config, backend)
         calls.append((list(placement), float(m.step_ms)))
         return m
 
-    monkeypatch.setattr(measure, "measure_placement", spy)
+    monkeypatch.setattr(placement_timing, "measure_placement", spy)
     res = cal.verify(agent, task, 2, FAST, quiet(rounds=2), extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
@@ -250,7 +250,7 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
 
 
 def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkeypatch):
-    from torchrec_dreamshard import measure
+    from torchrec_dreamshard.measure import placement_timing
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent = DreamShard.untrained(seed=0)
@@ -261,7 +261,7 @@ def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkey
     def refuse(*args, **kwargs):
         raise AssertionError("measured again although this machine's cache holds the plans")
 
-    monkeypatch.setattr(measure, "measure_placement", refuse)
+    monkeypatch.setattr(placement_timing, "measure_placement", refuse)
     again = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert again.cached and "cache" in again.lines()[0]
     assert [(p.name, p.rounds_ms) for p in again.plans] == [

@@ -72,16 +72,14 @@ from torchrec_dreamshard.calibration.store_keys import (
     kernel_job,
     table_signature,
 )
+from torchrec_dreamshard.calibration.plan_ranking import beats_beyond_noise, rank_measured
 from torchrec_dreamshard.calibration.verification import (
     Timing,
-    VerifiedPlan,
     VerifyOptions,
-    VerifyResult,
-    beats_beyond_noise,
-    rank_measured,
     verify,
     verify_candidates,
 )
+from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
 
 __all__ = [
     "FIT_RESERVE_S",

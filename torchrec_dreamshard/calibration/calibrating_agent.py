@@ -24,14 +24,12 @@ from torchrec_dreamshard.calibration.fine_tuning import (
     calibrate,
     stored_observations,
 )
-from torchrec_dreamshard.calibration.verification import (
+from torchrec_dreamshard.calibration.verification import VerifyOptions, heuristic_plans, verify
+from torchrec_dreamshard.calibration.verify_result import (
     TORCHREC_WORDS,
-    VerifyOptions,
     VerifyResult,
-    heuristic_plans,
     percent,
     plan_words,
-    verify,
 )
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
