@@ -351,7 +351,7 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
     verified."""
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.calibration import calibrating_agent
+    from torchrec_dreamshard.calibration import planning
     from torchrec_dreamshard.policy.split_search import plan_with_splits
 
     agent, task = DreamShard.untrained(seed=0), tiny_task(6, 2)
@@ -362,7 +362,7 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
         verified.append(k)
         return SimpleNamespace(winner=SimpleNamespace(placement=other))
 
-    monkeypatch.setattr(calibrating_agent, "verify", fake_verify)
+    monkeypatch.setattr(planning, "verify", fake_verify)
     for splits in (False, True):
         out = cal.plan_task(agent, task, seed=3, verify_k=2, splits=splits)
         assert out.chosen == agent.place(task, seed=3) and out.placement == other
@@ -579,7 +579,7 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
-    from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning
+    from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning, planning
     from torchrec_dreamshard.planner import DreamShardPlanner, proposers
 
     runs = []
@@ -588,7 +588,8 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
         runs.append(args[1])
         return fine_tuning.calibrate(*args, **kwargs)
 
-    monkeypatch.setattr(calibrating_agent, "calibrate", counted)
+    for module in (calibrating_agent, planning):  # prepare() and plan_task() calibrate
+        monkeypatch.setattr(module, "calibrate", counted)
     # three tables may only be table-wise, so the policy places them whatever this
     # machine's calibrated kernels make the type choice do with the other three
     table_wise = ParameterConstraints(sharding_types=["table_wise"])
