@@ -175,7 +175,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     """What the planner measured on this machine, whether it calibrated and verified."""
-    from torchrec_dreamshard.calibration.calibrating_agent import adaptation_lines as lines
+    from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines as lines
 
     return ["", "== adapting to this machine ==", *lines(adaptation)]
 
