@@ -58,7 +58,8 @@ def rank_kernels(
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
     cost network prices, and whether that is all the rank runs on the fused kernel.
     ``spec_fn`` gives each option's table spec (default: the planner's)."""
-    from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option, option_specs
+    from torchrec_dreamshard.planner.option_specs import option_specs
+    from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option
 
     spec_fn = spec_fn or planner.table_specs
     world = planner.topology.world_size

@@ -58,7 +58,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.data.splits import column_shards, split_counts
-from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
+from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.options import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.proposal import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -67,7 +68,6 @@ from torchrec_dreamshard.planner.proposal import (
     is_dreamshard_option,
     memory_tier,
     option_bytes,
-    spec_for_option,
 )
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
 from torchrec_dreamshard.planner.torchrec_adapter import (

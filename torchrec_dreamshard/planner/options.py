@@ -10,7 +10,7 @@ column-wise on the fused kernel; every other table takes TorchRec's best-rated o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from torchrec.distributed.planner.constants import MIN_CW_DIM
 from torchrec.distributed.planner.types import (
@@ -24,7 +24,7 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.data.splits import split_counts
-from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.planner.option_specs import SpecFn
 from torchrec_dreamshard.planner.proposal import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
@@ -36,8 +36,6 @@ from torchrec_dreamshard.planner.proposal import (
     option_bytes,
     storage_bytes,
 )
-
-SpecFn = Callable[[ShardingOption], TableSpec]
 
 
 def by_table(search_space: Sequence[ShardingOption]) -> dict[str, list[ShardingOption]]:

@@ -4,9 +4,10 @@ The DreamShard policy places *table-wise* tables that run on the *fused* FBGEMM 
 the column-wise shards of the tables it splits (:mod:`torchrec_dreamshard.data.splits`); every
 other sharding option (row-wise, data-parallel, UVM caching, ...) is placed by TorchRec's own
 partitioner. :class:`DreamShardProposal` is what the proposer hands the partitioner. The
-helpers turn TorchRec ``ShardingOption``s into the
-:class:`~torchrec_dreamshard.data.tables.TableSpec` / :class:`~torchrec_dreamshard.data.tasks.Task`
-the policy and cost network understand, and read device memory off a ``Topology``.
+helpers say which options the policy places, read device memory off a ``Topology`` and
+build the :class:`~torchrec_dreamshard.data.tasks.Task` the cost network rates
+(the :class:`~torchrec_dreamshard.data.tables.TableSpec` of an option:
+:mod:`~torchrec_dreamshard.planner.option_specs`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 from torchrec.distributed.types import ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_dreamshard.data.splits import shard_spec
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.device_report import device_table
@@ -87,19 +87,6 @@ def is_split_option(option: ShardingOption) -> bool:
     )
 
 
-def option_columns(option: ShardingOption) -> list[tuple[int, int]]:
-    """The ``(start, end)`` columns of each of an option's shards, in shard order."""
-    return [(int(s.offset[1]), int(s.offset[1]) + int(s.size[1])) for s in option.shards]
-
-
-def option_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
-    """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
-    one spec per shard (``name@start:end``) for a column-wise one, in shard order."""
-    if not is_split_option(option):
-        return [spec]
-    return [shard_spec(spec, a, b) for a, b in option_columns(option)]
-
-
 def memory_tier(topology: Topology) -> str:
     """``"hbm"`` on accelerators, ``"ddr"`` for a CPU compute device (TorchRec's rule)."""
     return "hbm" if topology.compute_device in ("cuda", "mtia") else "ddr"
@@ -119,25 +106,6 @@ def device_capacity(topology: Topology) -> list[int]:
 def option_bytes(option: ShardingOption, tier: str) -> int:
     """Total storage of a sharding option on ``tier`` (TorchRec's storage estimate)."""
     return sum(storage_bytes(s.storage, tier) for s in option.shards)
-
-
-def spec_for_option(option: ShardingOption, reuse_hist: Sequence[float] | None = None) -> TableSpec:
-    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name.
-
-    The pooling factor is the sum of the option's ``input_lengths`` (the
-    ``ParameterConstraints.pooling_factors`` of its features, TorchRec's default 1.0 each),
-    as the fused kernel sees all of a table's features together.
-    """
-    rows, dim = (int(x) for x in option.tensor.shape)
-    bpe = option.tensor.element_size()
-    return TableSpec(
-        name=option.fqn,
-        rows=rows,
-        dim=dim,
-        pooling_factor=float(sum(option.input_lengths)) or 1.0,
-        reuse_hist=None if reuse_hist is None else tuple(reuse_hist),
-        bytes_per_element=bpe if bpe in (2, 4) else 4,
-    )
 
 
 def prediction_task(specs: Sequence[TableSpec], num_devices: int, batch_size: int) -> Task:
