@@ -76,13 +76,13 @@ from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
 from torchrec_dreamshard.planner.proposal import PlanPrediction
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
-from torchrec_dreamshard.planner.rivals import tracked
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
     torchrec_plan,
 )
+from torchrec_dreamshard.planner.tracked_proposers import tracked
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 logger = logging.getLogger(__name__)
