@@ -33,8 +33,8 @@ from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
-from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 

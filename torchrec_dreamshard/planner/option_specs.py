@@ -25,7 +25,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec_dreamshard.data.splits import shard_spec
 from torchrec_dreamshard.data.table_stats import group_stats, merge_stats, table_configs
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.proposal import is_split_option
+from torchrec_dreamshard.planner.option_kinds import is_split_option
 
 SpecFn = Callable[[ShardingOption], TableSpec]
 """How a planner component sees an option's table (:func:`spec_for_option`, or the

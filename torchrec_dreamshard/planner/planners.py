@@ -73,7 +73,7 @@ from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
-from torchrec_dreamshard.planner.proposal import PlanPrediction
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
 from torchrec_dreamshard.planner.stats import CostNetStats

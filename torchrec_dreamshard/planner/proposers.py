@@ -41,15 +41,11 @@ from torchrec.distributed.planner.types import (
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
 from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.planner.options import choose_options, split_widths
-from torchrec_dreamshard.planner.proposal import (
-    DreamShardProposal,
-    device_capacity,
-    memory_tier,
-    option_bytes,
-    prediction_task,
-)
+from torchrec_dreamshard.planner.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.proposal import DreamShardProposal
 from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
 from torchrec_dreamshard.planner.type_choice import (
     TypeChooser,

@@ -56,13 +56,12 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
-from torchrec_dreamshard.planner.proposal import (
+from torchrec_dreamshard.planner.device_memory import option_bytes, storage_bytes
+from torchrec_dreamshard.planner.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
-    option_bytes,
-    prediction_task,
-    storage_bytes,
 )
+from torchrec_dreamshard.planner.plan_prediction import prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 TYPE_MARGIN = 0.02  # a typed plan must be rated this much below all-table-wise to win
