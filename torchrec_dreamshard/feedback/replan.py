@@ -59,7 +59,7 @@ def rank_kernels(
     cost network prices, and whether that is all the rank runs on the fused kernel.
     ``spec_fn`` gives each option's table spec (default: the planner's)."""
     from torchrec_dreamshard.planner.option_kinds import is_policy_option, is_split_option
-    from torchrec_dreamshard.planner.option_specs import option_specs
+    from torchrec_dreamshard.planner.option_specs import shard_specs
 
     spec_fn = spec_fn or planner.table_specs
     world = planner.topology.world_size
@@ -67,7 +67,7 @@ def rank_kernels(
     clean = [True] * world
     for option in planner.best_options:
         if is_policy_option(option) or is_split_option(option):
-            specs = option_specs(option, spec_fn(option))
+            specs = shard_specs(option, spec_fn(option))
             for spec, shard in zip(specs, option.shards, strict=True):
                 groups[shard.rank].append(spec)
         elif option.compute_kernel == "fused":

@@ -66,7 +66,7 @@ from torchrec_dreamshard.planner.option_kinds import (
     is_dreamshard_option,
 )
 from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
-from torchrec_dreamshard.planner.options import column_wise_option, min_shard_width
+from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
 from torchrec_dreamshard.planner.torchrec_adapter import (
     enumerate_without_stored_copy,

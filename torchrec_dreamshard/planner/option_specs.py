@@ -1,6 +1,6 @@
 """A sharding option as the cost network sees it: the
 :class:`~torchrec_dreamshard.data.tables.TableSpec` of its table (:func:`spec_for_option`,
-the one conversion), the specs of its shards (:func:`option_specs`), and ``OptionSpecs``,
+the one conversion), the specs of its shards (:func:`shard_specs`), and ``OptionSpecs``,
 the planner's spec of every option, shared by the planner's components.
 
 The enumerator, the proposer, the partitioner, the perf model and the stats all see a table
@@ -56,7 +56,7 @@ def option_columns(option: ShardingOption) -> list[tuple[int, int]]:
     return [(int(s.offset[1]), int(s.offset[1]) + int(s.size[1])) for s in option.shards]
 
 
-def option_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
+def shard_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
     """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
     one spec per shard (``name@start:end``) for a column-wise one, in shard order."""
     if not is_split_option(option):

@@ -68,7 +68,6 @@ from torchrec_dreamshard.planner.defaults import (
 )
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
@@ -76,6 +75,7 @@ from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
 from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
+from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
