@@ -171,7 +171,7 @@ def job_inputs(
 
     if inputs is None or not inputs.mispriced():
         return planner.table_specs, {}, config
-    from torchrec_dreamshard.calibration.observed_inputs import remember_inputs
+    from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
 
     batches = inputs.batches()
     model = planner.planned_inputs[0]
