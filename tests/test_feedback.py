@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.feedback.job_report import build_report
+from torchrec_dreamshard.feedback.observed_job_report import build_report
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
 from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 

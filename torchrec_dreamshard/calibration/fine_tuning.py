@@ -242,7 +242,7 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
         default_collectives_path,
         load_all_to_all_model,
     )
-    from torchrec_dreamshard.measure.job_group import active_group
+    from torchrec_dreamshard.measure.distributed_job_group import active_group
     from torchrec_dreamshard.measure.spawn import skip_measuring
 
     path = config.comm_model_path

@@ -46,10 +46,10 @@ from torchrec_dreamshard.feedback.inputs import (
     embedding_tables,
     pooling_sums,
 )
-from torchrec_dreamshard.feedback.job_report import build_report, rank_tables, report_lines
+from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
 from torchrec_dreamshard.feedback.sampling import quiet_stderr, sampling_interval
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
@@ -322,7 +322,7 @@ class JobObserver:
         plan is a new one only where it is predicted to pay beyond the model's
         uncertainty (else the observed plan). Restart the job with it, or apply it in
         place where ``DistributedModelParallel.reshard`` can."""
-        from torchrec_dreamshard.feedback.job_report import measured_by_rank
+        from torchrec_dreamshard.feedback.observed_job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import learn_and_replan
 
         gathered = self._gather(with_inputs=True)

@@ -29,8 +29,8 @@ from torchrec_dreamshard.measure.collectives import (
     load_collective_models,
     load_group_collectives,
 )
+from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology

@@ -56,7 +56,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.defaults import (
     Unloaded,
@@ -308,10 +308,10 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         raises as well (a ``PlannerError`` with the same ``error_type``).
 
         While rank 0 plans, the other ranks serve its measurements
-        (:mod:`torchrec_dreamshard.measure.job_group`): whatever the plan needs measured on
-        this machine and not yet cached (the collectives, the dense and reference kernels,
-        calibration kernels) is measured on ``pg`` itself, every rank taking part, and no
-        process is spawned.
+        (:mod:`torchrec_dreamshard.measure.distributed_job_group`): whatever the plan
+        needs measured on this machine and not yet cached (the collectives, the dense and
+        reference kernels, calibration kernels) is measured on ``pg`` itself, every rank
+        taking part, and no process is spawned.
         """
         from torchrec.distributed.sharding_plan import get_default_sharders
 
