@@ -186,7 +186,7 @@ class Unloaded:
         return self._fail()
 
     @property
-    def placer(self) -> Unloaded:
+    def without_measuring(self) -> Unloaded:
         return self._fail()
 
 
