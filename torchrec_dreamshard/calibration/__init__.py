@@ -31,10 +31,12 @@ safety net's report) and every classic heuristic's plan are measured on real ker
 interleaved rounds; the fastest heuristic plan (lowest median measured step) wins unless
 another plan measured faster than it in every round (:func:`rank_measured`).
 
-The package, one concept per module: :mod:`.store` (the store's path and job keys),
-:mod:`.kernels` (what to measure, measuring within the budget, loading samples),
-:mod:`.fit` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.verification`
-(:func:`verify`) and :mod:`.plan` (:func:`plan_task`, :class:`CalibratingAgent`).
+The package, one concept per module: :mod:`.store_keys` (the store's path and job keys),
+:mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
+:mod:`.fine_tuning` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.verification`
+(:func:`verify`), :mod:`.auto` (whether the checkpoint prices this machine right),
+:mod:`.calibrating_agent` (:func:`plan_task`, :class:`CalibratingAgent`) and
+:mod:`.fed_inputs_store` (what running jobs fed their tables, kept for the next plan).
 """
 
 from torchrec_dreamshard.calibration.calibrating_agent import (

@@ -21,7 +21,7 @@ samples at most one step in ``every``, and less often where that cost would exce
 ``max_overhead`` of the job's time (a job of 3 ms steps, whose profiled step costs 30 ms
 more, is sampled about one step in a thousand at 1%); :attr:`JobObserver.overhead` is the
 fraction it has cost so far, and the report carries it.
-``report()`` gathers every rank's samples (:mod:`.report`); ``replan()`` learns from them
+``report()`` gathers all ranks' samples (:mod:`.observed_job_report`); ``replan()`` learns from them
 and plans again on rank 0 (:mod:`.replan`) while the other ranks serve its measurements,
 as ``collective_plan`` does, then every rank gets the plan. The report logs like TorchRec's
 planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
@@ -292,7 +292,7 @@ class JobObserver:
 
     def report(self) -> dict[str, Any]:
         """Every rank's predicted and measured embedding cost (collective; the same dict
-        on every rank; see :mod:`.report`)."""
+        on every rank; see :mod:`.observed_job_report`)."""
         gathered = self._gather()
         profiles, overheads = gathered["profiles"], gathered["overhead"]
         report = build_report(profiles, self.prediction, self._tables(), self.model)
