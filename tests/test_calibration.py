@@ -604,7 +604,7 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     real = proposers.TypeChooser
 
     def spying(agent, *args, **kwargs):
-        priced.append(agent.placer)  # the agent the choice's cost network is read from
+        priced.append(agent.without_measuring)  # the agent the choice's cost network is read from
         return real(agent, *args, **kwargs)
 
     monkeypatch.setattr(proposers, "TypeChooser", spying)

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.feedback.job_report import build_report
+from torchrec_dreamshard.feedback.observed_job_report import build_report
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
 from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 
@@ -67,7 +67,7 @@ def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waitin
 
 
 def test_the_report_sets_each_rank_beside_its_prediction():
-    from torchrec_dreamshard.planner.proposal import PlanPrediction
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [
@@ -397,7 +397,7 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
 
 
 def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run_cli):
-    from torchrec_dreamshard.planner.proposal import PlanPrediction
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [

@@ -37,10 +37,10 @@ calibration discards kernels measured while the reference drifted.
 The package, one concept per module: :mod:`.store_keys` (the store's path and job keys),
 :mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
 :mod:`.fine_tuning` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.auto` (whether the
-checkpoint prices this machine right), :mod:`.observed_inputs` (a running job's tables as
-fed), :mod:`.noise` (when measurements are too noisy), :mod:`.verification`
-(:func:`verify`, its measuring rounds and timing), :mod:`.verify_result` (what it
-measured, in words), :mod:`.plan_ranking` (which measured plan is kept),
+checkpoint prices this machine right), :mod:`.fed_inputs_store` (what running jobs fed their
+tables, kept for the next plan), :mod:`.noise` (when measurements are too noisy),
+:mod:`.verification` (:func:`verify`, its measuring rounds and timing), :mod:`.verify_result`
+(what it measured, in words), :mod:`.plan_ranking` (which measured plan is kept),
 :mod:`.verify_cache` (this machine's cache of its rounds), :mod:`.planning`
 (:func:`plan_task`, :class:`PlanOutcome`), :mod:`.adaptation_report` (the margins and
 lines of what adapting bought) and :mod:`.calibrating_agent` (:class:`CalibratingAgent`).

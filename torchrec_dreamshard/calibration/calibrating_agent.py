@@ -211,7 +211,7 @@ class CalibratingAgent:
         return hashlib.sha256(f"{self.prior.fingerprint()}|{settings!r}".encode()).hexdigest()
 
     @property
-    def placer(self) -> DreamShard:
+    def without_measuring(self) -> DreamShard:
         """The agent that places without measuring: the calibrated agent once ``place``
         has calibrated (the prior before). The split search re-places shards with it, so
         that trying a split does not calibrate and verify again."""

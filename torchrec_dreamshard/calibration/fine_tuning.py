@@ -207,7 +207,7 @@ def fine_tune(
 
 def observation_weights(groups: Sequence[str]) -> list[float]:
     """Per sample (by its store job key), its weight in the fine-tuning: kernels observed
-    in a running job (:data:`~.kernels.OBSERVED`) weigh together as much as every other
+    in a running job (:data:`~.kernel_samples.OBSERVED`) weigh together as much as every other
     kernel together, at least 1 each: they are the job's own kernels, measured under its
     real load, and few."""
     observed = sum(OBSERVED in g for g in groups)
@@ -271,7 +271,7 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
         default_collectives_path,
         load_all_to_all_model,
     )
-    from torchrec_dreamshard.measure.job_group import active_group
+    from torchrec_dreamshard.measure.distributed_job_group import active_group
     from torchrec_dreamshard.measure.spawn import skip_measuring
 
     path = config.comm_model_path
@@ -317,7 +317,7 @@ def calibrate(
 
     Kernels already in the store (same machine, workload and table contents) are reused,
     not measured again, and so are the kernels observed in running jobs over these tables
-    (:func:`~.kernels.observed_jobs`: each rank's fused kernel in a DMP job the planner
+    (:func:`~.kernel_samples.observed_jobs`: each rank's fused kernel in a DMP job the planner
     observed), the best data there is.
 
     Args:

@@ -21,7 +21,7 @@ samples at most one step in ``every``, and less often where that cost would exce
 ``max_overhead`` of the job's time (a job of 3 ms steps, whose profiled step costs 30 ms
 more, is sampled about one step in a thousand at 1%); :attr:`JobObserver.overhead` is the
 fraction it has cost so far, and the report carries it.
-``report()`` gathers every rank's samples (:mod:`.report`); ``replan()`` learns from them
+``report()`` gathers all ranks' samples (:mod:`.observed_job_report`); ``replan()`` learns from them
 and plans again on rank 0 (:mod:`.replan`) while the other ranks serve its measurements,
 as ``collective_plan`` does, then every rank gets the plan. The report logs like TorchRec's
 planner stats (``logging.INFO`` on ``torchrec_dreamshard.feedback``).
@@ -46,10 +46,10 @@ from torchrec_dreamshard.feedback.inputs import (
     embedding_tables,
     pooling_sums,
 )
-from torchrec_dreamshard.feedback.job_report import build_report, rank_tables, report_lines
+from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
 from torchrec_dreamshard.feedback.sampling import quiet_stderr, sampling_interval
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
@@ -292,7 +292,7 @@ class JobObserver:
 
     def report(self) -> dict[str, Any]:
         """Every rank's predicted and measured embedding cost (collective; the same dict
-        on every rank; see :mod:`.report`)."""
+        on every rank; see :mod:`.observed_job_report`)."""
         gathered = self._gather()
         profiles, overheads = gathered["profiles"], gathered["overhead"]
         report = build_report(profiles, self.prediction, self._tables(), self.model)
@@ -322,7 +322,7 @@ class JobObserver:
         plan is a new one only where it is predicted to pay beyond the model's
         uncertainty (else the observed plan). Restart the job with it, or apply it in
         place where ``DistributedModelParallel.reshard`` can."""
-        from torchrec_dreamshard.feedback.job_report import measured_by_rank
+        from torchrec_dreamshard.feedback.observed_job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import learn_and_replan
 
         gathered = self._gather(with_inputs=True)

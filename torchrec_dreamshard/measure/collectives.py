@@ -72,8 +72,13 @@ from torchrec_dreamshard.measure.collective_timing import (
 )
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.config import stable_key
+from torchrec_dreamshard.measure.distributed_job_group import (
+    JobGroup,
+    active_group,
+    group_task,
+    run_on_group,
+)
 from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import (
     measuring_ranks,

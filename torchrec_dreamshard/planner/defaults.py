@@ -29,12 +29,12 @@ from torchrec_dreamshard.measure.collectives import (
     load_collective_models,
     load_group_collectives,
 )
+from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
-from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
@@ -186,7 +186,7 @@ class Unloaded:
         return self._fail()
 
     @property
-    def placer(self) -> Unloaded:
+    def without_measuring(self) -> Unloaded:
         return self._fail()
 
 

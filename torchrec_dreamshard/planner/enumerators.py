@@ -58,17 +58,15 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.data.splits import column_shards, split_counts
-from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
-from torchrec_dreamshard.planner.proposal import (
+from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
+from torchrec_dreamshard.planner.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
-    device_capacity,
     is_dreamshard_option,
-    memory_tier,
-    option_bytes,
-    spec_for_option,
 )
+from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
 from torchrec_dreamshard.planner.torchrec_adapter import (
     enumerate_without_stored_copy,

@@ -8,7 +8,7 @@ from typing import Any
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.proposal import PlanPrediction
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
 
 @dataclass

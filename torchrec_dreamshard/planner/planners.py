@@ -56,7 +56,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.measure.spent import spending
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.defaults import (
@@ -69,21 +69,21 @@ from torchrec_dreamshard.planner.defaults import (
 )
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast
-from torchrec_dreamshard.planner.proposal import PlanPrediction
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.proposers import DreamShardProposer
 from torchrec_dreamshard.planner.replanning import Replanning, meta_copy
-from torchrec_dreamshard.planner.rivals import tracked
+from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
     torchrec_plan,
 )
+from torchrec_dreamshard.planner.tracked_proposers import tracked
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 logger = logging.getLogger(__name__)
@@ -310,10 +310,10 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
         raises as well (a ``PlannerError`` with the same ``error_type``).
 
         While rank 0 plans, the other ranks serve its measurements
-        (:mod:`torchrec_dreamshard.measure.job_group`): whatever the plan needs measured on
-        this machine and not yet cached (the collectives, the dense and reference kernels,
-        calibration kernels) is measured on ``pg`` itself, every rank taking part, and no
-        process is spawned.
+        (:mod:`torchrec_dreamshard.measure.distributed_job_group`): whatever the plan
+        needs measured on this machine and not yet cached (the collectives, the dense and
+        reference kernels, calibration kernels) is measured on ``pg`` itself, every rank
+        taking part, and no process is spawned.
         """
         from torchrec.distributed.sharding_plan import get_default_sharders
 

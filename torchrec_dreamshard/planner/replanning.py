@@ -137,7 +137,7 @@ class Replanning:
         over the declared pooling factors and the sample batches' reuse: a restarted job
         plans its tables as its last run fed them."""
         from torchrec_dreamshard.calibration import CalibratingAgent
-        from torchrec_dreamshard.calibration.observed_inputs import recalled_inputs
+        from torchrec_dreamshard.calibration.fed_inputs_store import recalled_inputs
 
         self._recalled = []
         if not isinstance(self.agent, CalibratingAgent) or self.agent.calibration is None:

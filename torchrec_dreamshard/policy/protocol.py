@@ -126,7 +126,7 @@ class PlacementAgent(Protocol):
         ...
 
     @property
-    def placer(self) -> PlacementAgent:
+    def without_measuring(self) -> PlacementAgent:
         """The agent that places without measuring (itself, for an agent that never
         measures): the split search re-places trial tasks with it."""
         ...
