@@ -74,7 +74,8 @@ def _names_used_by(owner: type | types.ModuleType) -> set[str]:
     scopes = [owner] if isinstance(owner, types.ModuleType) else list(owner.__mro__)
     names: set[str] = set()
     for scope in scopes:
-        if not getattr(scope, "__module__", scope.__name__).startswith("torchrec"):
+        module = getattr(scope, "__module__", scope.__name__)
+        if module.split(".")[0] != "torchrec":
             continue
         for value in vars(scope).values():
             for func in (value, getattr(value, "fget", None), getattr(value, "__func__", None)):
