@@ -408,7 +408,7 @@ def test_the_hooked_enumerator_enumerates_what_torchrec_s_does_without_keeping_a
 def test_the_hooks_narrow_what_torchrec_enumerates():
     class TableWiseOnly(HookedEnumerator):
         def filter_sharding_types(self, name, allowed_sharding_types, sharder_key=""):
-            types = self.torchrec_sharding_types(name, allowed_sharding_types, sharder_key)
+            types = super().filter_sharding_types(name, allowed_sharding_types, sharder_key)
             assert self.sharder_for(sharder_key) is not None
             return [t for t in types if t == "table_wise"]
 

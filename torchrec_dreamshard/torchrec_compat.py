@@ -1,19 +1,13 @@
-"""Every TorchRec internal the package reads, in one place, checked against the installed
-TorchRec when this module is imported.
+"""Every TorchRec internal the package reads, in one place, checked at import.
 
-TorchRec's planner, enumerator, storage reservation, ``DistributedModelParallel`` and
-training pipeline keep some of what DreamShard needs in members that are not public API
-(names starting with ``_``). The rest of the package calls the small named functions and
-the one class below, never those names; ``tests/test_torchrec_compat.py`` scans the
-package for it. Each internal is checked at import (it exists, takes the arguments we
-pass, and is used by TorchRec where we rely on it); a TorchRec that lacks one fails here
+The rest of the package calls the small named functions and the one class below, never
+TorchRec's private names (``tests/test_torchrec_compat.py`` scans for it). Each internal
+is checked when this module is imported (it exists, takes the arguments we pass, and
+TorchRec's code uses it where we rely on it); a TorchRec that lacks one fails the import
 with an ``ImportError`` naming the installed version, the supported releases and what to
-do, instead of somewhere in the middle of a plan. ``docs/torchrec_compatibility.md`` lists
-each internal, where it is used and why.
-
-Nothing here patches TorchRec, FBGEMM or torch for the process, but for one documented
-TorchRec bug (:func:`process_independent_reshard_tags`), swapped for the duration of our own
-call only, under a lock.
+do. ``docs/torchrec_compatibility.md`` lists each internal, where it is used and why.
+Nothing here patches TorchRec, FBGEMM or torch, but for one TorchRec bug
+(:func:`process_independent_reshard_tags`), scoped to our own call, under a lock.
 """
 
 from __future__ import annotations
@@ -85,111 +79,81 @@ def _names_used_by(owner: type | types.ModuleType) -> set[str]:
     return names
 
 
-def _takes(func: Any, *params: str) -> bool:
-    """Whether ``func`` exists and takes parameters named ``params`` (in that order)."""
-    if not callable(func):
-        return False
+def _signature(owner: Any, name: str, params: str) -> tuple[str, bool]:
+    """``owner.name(params)``, and whether ``owner`` has it, taking parameters named
+    ``params`` first (after ``self``)."""
+    func, wanted = getattr(owner, name, None), params.split(", ")
     try:
-        names = list(inspect.signature(func).parameters)
+        names = list(inspect.signature(func).parameters) if callable(func) else []
     except (TypeError, ValueError):
-        return False
-    return names[: len(params)] == list(params) or names[1 : len(params) + 1] == list(params)
+        names = []
+    names = names[1:] if names[:1] == ["self"] else names
+    where = owner.__name__.rsplit(".", 1)[-1]
+    return f"{where}.{name}({params})", names[: len(wanted)] == wanted
 
 
-def _missing() -> list[str]:
-    """Every internal this module relies on that the installed TorchRec lacks."""
-    planner_names = _names_used_by(planners.EmbeddingShardingPlanner)
-    enum_names = _names_used_by(EmbeddingEnumerator)
-    enum_run = _code_names(inspect.unwrap(EmbeddingEnumerator.enumerate).__code__)
-    reservation_names = _names_used_by(storage_reservations.HeuristicalStorageReservation)
-    checks = {
-        "EmbeddingShardingPlanner._best_plan, _topology, _batch_size, _storage_reservation": {
-            "_best_plan",
-            "_topology",
-            "_batch_size",
-            "_storage_reservation",
-        }
-        <= planner_names,
-        "EmbeddingEnumerator._filter_sharding_types(name, allowed_sharding_types, "
-        "sharder_key)": _takes(
-            getattr(EmbeddingEnumerator, "_filter_sharding_types", None),
-            "name",
-            "allowed_sharding_types",
-            "sharder_key",
-        )
-        and "_filter_sharding_types" in enum_run,
-        "EmbeddingEnumerator._filter_compute_kernels(name, allowed_compute_kernels, "
-        "sharding_type)": _takes(
-            getattr(EmbeddingEnumerator, "_filter_compute_kernels", None),
-            "name",
-            "allowed_compute_kernels",
-            "sharding_type",
-        )
-        and "_filter_compute_kernels" in enum_run,
-        "EmbeddingEnumerator.enumerate calls populate_estimates and keeps _last_stored_*": {
-            "populate_estimates",
-            "_last_stored_module",
-            "_last_stored_sharders",
-            "_last_stored_search_space",
-        }
-        <= enum_run
-        and {"sharder_map", "last_stored_search_space"} <= set(dir(EmbeddingEnumerator))
-        and "_sharder_map" in enum_names,
-        "storage_reservations._get_batch_inputs_and_shardable_parameters(module, "
-        "sharders, batch_size)": _takes(
-            getattr(storage_reservations, "_get_batch_inputs_and_shardable_parameters", None),
-            "module",
-            "sharders",
-            "batch_size",
-        ),
-        "storage_reservations._get_dense_tensor_size(module, shardable_modules, multiplier)": (
-            _takes(
-                getattr(storage_reservations, "_get_dense_tensor_size", None),
-                "module",
-                "shardable_modules",
-                "multiplier",
-            )
-        ),
-        "HeuristicalStorageReservation._dense_tensor_estimate": "_dense_tensor_estimate"
-        in reservation_names,
-        "DistributedModelParallel._dmp_wrapped_module": "_dmp_wrapped_module"
-        in _names_used_by(model_parallel.DistributedModelParallel),
-        "ShardedModule.forward calls self.input_dist": "input_dist"
-        in _code_names(inspect.unwrap(ShardedModule.forward).__code__),
-        "TrainPipelineSparseDist._pipelined_modules": "_pipelined_modules"
-        in _names_used_by(train_pipelines.TrainPipelineSparseDist),
-        "dynamic_sharding._generate_tag(src_rank, shard_id, local_shard_id, dst_rank, "
-        "shard_name, is_optimizer_state), looked up by the reshard": _takes(
-            getattr(dynamic_sharding, "_generate_tag", None), *_TAG_PARAMETERS
-        )
-        and _reads_global(dynamic_sharding, "_generate_tag")
-        and isinstance(getattr(dynamic_sharding, "MAX_TAG_HASH_VALUE", None), int),
-        "torch.distributed.optim._apply_optimizer_in_backward": callable(
-            getattr(torch_optim, "_apply_optimizer_in_backward", None)
-        ),
-    }
-    return [what for what, ok in checks.items() if not ok]
+def _uses(owner: type, names: str) -> tuple[str, bool]:
+    """``owner``'s ``names``, and whether its code uses them all."""
+    return f"{owner.__name__}'s {names}", set(names.split(", ")) <= _names_used_by(owner)
 
 
 def _reads_global(module: types.ModuleType, name: str) -> bool:
     """Whether a function of ``module`` looks ``name`` up as a global at call time."""
     for value in vars(module).values():
         code = getattr(value, "__code__", None)
-        if code is None or getattr(value, "__module__", None) != module.__name__:
-            continue
-        if any(i.opname == "LOAD_GLOBAL" and i.argval == name for i in dis.get_instructions(code)):
-            return True
+        if code is not None and getattr(value, "__module__", None) == module.__name__:
+            if any(
+                i.opname == "LOAD_GLOBAL" and i.argval == name for i in dis.get_instructions(code)
+            ):
+                return True
     return False
 
 
-_TAG_PARAMETERS = (
-    "src_rank",
-    "shard_id",
-    "local_shard_id",
-    "dst_rank",
-    "shard_name",
-    "is_optimizer_state",
-)
+_TAG_PARAMETERS = "src_rank, shard_id, local_shard_id, dst_rank, shard_name, is_optimizer_state"
+
+
+def _checks() -> list[tuple[str, bool]]:
+    """Each internal this module relies on, and whether the installed TorchRec has it."""
+    enumerate_run = _code_names(inspect.unwrap(EmbeddingEnumerator.enumerate).__code__)
+    stored = "_last_stored_module, _last_stored_sharders, _last_stored_search_space"
+    calls = f"_filter_sharding_types, _filter_compute_kernels, populate_estimates, {stored}"
+    forward = _code_names(inspect.unwrap(ShardedModule.forward).__code__)
+    filter_types = "allowed_sharding_types, sharder_key"
+    filter_kernels = "allowed_compute_kernels, sharding_type"
+    return [
+        _uses(planners.EmbeddingShardingPlanner, "_best_plan, _topology, _batch_size"),
+        _uses(planners.EmbeddingShardingPlanner, "_storage_reservation"),
+        _signature(EmbeddingEnumerator, "_filter_sharding_types", f"name, {filter_types}"),
+        _signature(EmbeddingEnumerator, "_filter_compute_kernels", f"name, {filter_kernels}"),
+        (f"EmbeddingEnumerator.enumerate using {calls}", set(calls.split(", ")) <= enumerate_run),
+        ("EmbeddingEnumerator.sharder_map", isinstance(EmbeddingEnumerator.sharder_map, property)),
+        _signature(
+            storage_reservations,
+            "_get_batch_inputs_and_shardable_parameters",
+            "module, sharders, batch_size",
+        ),
+        _signature(
+            storage_reservations, "_get_dense_tensor_size", "module, shardable_modules, multiplier"
+        ),
+        _uses(storage_reservations.HeuristicalStorageReservation, "_dense_tensor_estimate"),
+        _uses(model_parallel.DistributedModelParallel, "_dmp_wrapped_module"),
+        _uses(train_pipelines.TrainPipelineSparseDist, "_pipelined_modules"),
+        ("ShardedModule.forward calling self.input_dist", "input_dist" in forward),
+        _signature(dynamic_sharding, "_generate_tag", _TAG_PARAMETERS),
+        (
+            "dynamic_sharding looking _generate_tag up at call time, its MAX_TAG_HASH_VALUE",
+            _reads_global(dynamic_sharding, "_generate_tag")
+            and isinstance(getattr(dynamic_sharding, "MAX_TAG_HASH_VALUE", None), int),
+        ),
+        _signature(
+            torch_optim, "_apply_optimizer_in_backward", "optimizer_class, params, optimizer_kwargs"
+        ),
+    ]
+
+
+def _missing() -> list[str]:
+    """Every internal this module relies on that the installed TorchRec lacks."""
+    return [what for what, ok in _checks() if not ok]
 
 
 def check_torchrec() -> None:
@@ -228,9 +192,7 @@ def planner_batch_size(planner: planners.EmbeddingShardingPlanner) -> int:
     return planner._batch_size
 
 
-def planner_storage_reservation(
-    planner: planners.EmbeddingShardingPlanner,
-) -> StorageReservation:
+def planner_storage_reservation(planner: planners.EmbeddingShardingPlanner) -> StorageReservation:
     """The storage reservation ``planner`` reserves with."""
     return planner._storage_reservation
 
@@ -265,10 +227,8 @@ class HookedEnumerator(EmbeddingEnumerator):
     """TorchRec's ``EmbeddingEnumerator`` with its filter hooks under public names, and its
     enumeration available without its search-space cache or its deep copy.
 
-    Override :meth:`filter_sharding_types` and :meth:`filter_compute_kernels` (default:
-    TorchRec's filters, :meth:`torchrec_sharding_types` and
-    :meth:`torchrec_compute_kernels`); TorchRec's ``enumerate`` calls them for every
-    table.
+    Override :meth:`filter_sharding_types` and :meth:`filter_compute_kernels` (TorchRec's
+    filters; ``super()``'s in an override), which TorchRec's ``enumerate`` calls per table.
     """
 
     _deferred: list[ShardingOption] | None = None
@@ -276,29 +236,15 @@ class HookedEnumerator(EmbeddingEnumerator):
     def filter_sharding_types(
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
-        """The sharding types ``name`` is offered (default: TorchRec's filter)."""
-        return self.torchrec_sharding_types(name, allowed_sharding_types, sharder_key)
-
-    def filter_compute_kernels(
-        self, name: str, allowed_compute_kernels: list[str], sharding_type: str
-    ) -> list[str]:
-        """The compute kernels ``name`` is offered on ``sharding_type`` (default:
-        TorchRec's filter)."""
-        return self.torchrec_compute_kernels(name, allowed_compute_kernels, sharding_type)
-
-    def torchrec_sharding_types(
-        self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
-    ) -> list[str]:
-        """TorchRec's filter of the sharding types (the table's constraints)."""
+        """The sharding types table ``name`` is offered (TorchRec's: its constraints)."""
         return EmbeddingEnumerator._filter_sharding_types(
             self, name, allowed_sharding_types, sharder_key
         )
 
-    def torchrec_compute_kernels(
+    def filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
     ) -> list[str]:
-        """TorchRec's filter of the compute kernels (the table's constraints, the
-        guarded kernels)."""
+        """The kernels table ``name`` is offered on ``sharding_type`` (TorchRec's)."""
         return EmbeddingEnumerator._filter_compute_kernels(
             self, name, allowed_compute_kernels, sharding_type
         )
@@ -318,9 +264,7 @@ class HookedEnumerator(EmbeddingEnumerator):
         return self.sharder_map.get(sharder_key)
 
     def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
-        """TorchRec's (every estimator on the options), or, inside
-        :meth:`enumerate_uncached`, taking the options over from TorchRec's ``enumerate``
-        unestimated (see there)."""
+        """TorchRec's; inside :meth:`enumerate_uncached`, takes the options over."""
         if self._deferred is None:
             super().populate_estimates(sharding_options)
             return
@@ -354,16 +298,13 @@ class HookedEnumerator(EmbeddingEnumerator):
     def stored_search_space(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption] | None:
-        """The search space kept for ``module`` (the same object) and ``sharders``, if any."""
+        """The search space kept for this ``module`` (object) and ``sharders``, if any."""
         if self._last_stored_module is module and self._last_stored_sharders == sharders:
             return self._last_stored_search_space
         return None
 
     def store_search_space(
-        self,
-        module: nn.Module,
-        sharders: list[ModuleSharder[nn.Module]],
-        options: list[ShardingOption],
+        self, module: nn.Module, sharders: list[ModuleSharder], options: list[ShardingOption]
     ) -> None:
         """Keep ``options`` as the search space of ``module`` and ``sharders`` (what
         ``last_stored_search_space`` returns, for the context hash and ``extract_plan``)."""
@@ -399,9 +340,7 @@ def pipelined_modules(pipeline: train_pipelines.TrainPipelineSparseDist) -> list
 
 
 def apply_optimizer_in_backward(
-    optimizer_class: type[torch.optim.Optimizer],
-    params: Any,
-    optimizer_kwargs: dict[str, Any],
+    optimizer_class: type[torch.optim.Optimizer], params: Any, optimizer_kwargs: dict[str, Any]
 ) -> None:
     """torch's ``_apply_optimizer_in_backward``, the way TorchRec's examples fuse a sparse
     optimizer into the embedding kernels' backward."""
@@ -414,8 +353,7 @@ _TAG_LOCK = threading.Lock()
 
 
 def torchrec_reshard_tag(*args: Any) -> int:
-    """The tag TorchRec gives one send and recv of a reshard (``_generate_tag(src_rank,
-    shard_id, local_shard_id, dst_rank, shard_name, is_optimizer_state)``), as installed."""
+    """The tag TorchRec gives a reshard's send and recv (``_generate_tag``), as installed."""
     return dynamic_sharding._generate_tag(*args)
 
 
@@ -445,12 +383,11 @@ def process_independent_reshard_tags() -> Iterator[None]:
     ``PYTHONHASHSEED``. Gloo pairs a send with the recv of the same tag, so both ranks wait
     forever in ``update_state_dictionaries`` (NCCL does not match tags).
 
-    No seam avoids it: the reshard looks ``_generate_tag`` up in its module. So this, the
-    package's one patch of TorchRec, swaps that module global for
-    :func:`process_independent_tag` for the block, and restores it after; a lock keeps two
-    of our reshards (threads) from interleaving the swap. Another thread's reshard outside
-    ours, during the block, would also get the fixed tags (alike on every rank, which is
-    what it needs too). ``tests/test_torchrec_compat.py`` fails once TorchRec's own tag is
+    No seam avoids it (the reshard looks ``_generate_tag`` up in its module), so this, the
+    package's one patch of TorchRec, swaps that global for :func:`process_independent_tag`
+    for the block and restores it after, under a lock (two of our reshards never
+    interleave the swap; another thread's reshard during the block gets tags alike on
+    every rank too). ``tests/test_torchrec_compat.py`` fails once TorchRec's own tag is
     the same in two processes: then this workaround can go.
     """
     with _TAG_LOCK:

@@ -169,7 +169,7 @@ class DreamShardEnumerator(HookedEnumerator):
     def filter_sharding_types(
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
-        types = self.torchrec_sharding_types(name, allowed_sharding_types, sharder_key)
+        types = super().filter_sharding_types(name, allowed_sharding_types, sharder_key)
         types = self._runnable_types(name, types, sharder_key)
         self._types[name] = types
         if name in self._too_big:
@@ -186,7 +186,7 @@ class DreamShardEnumerator(HookedEnumerator):
     def filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
     ) -> list[str]:
-        kernels = self.torchrec_compute_kernels(name, allowed_compute_kernels, sharding_type)
+        kernels = super().filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
         if name in self._too_big or name not in self._ours:
             return kernels
         if sharding_type == DREAMSHARD_SHARDING_TYPE and DREAMSHARD_COMPUTE_KERNEL in kernels:
@@ -243,7 +243,7 @@ class DreamShardEnumerator(HookedEnumerator):
         if not issubclass(sharder.module_type, EmbeddingBagCollection):
             return False
         device = self._topology.compute_device
-        kernels = self.torchrec_compute_kernels(
+        kernels = super().filter_compute_kernels(
             name, sharder.compute_kernels(sharding_type, device), sharding_type
         )
         return DREAMSHARD_COMPUTE_KERNEL in kernels
