@@ -6,7 +6,7 @@ optimizer state point to point from its old rank to its new one.
 Only table-wise tables that keep everything but their rank can move this way; any other
 change (sharding type, kernel, a table split or added) needs the restart path.
 
-On gloo, TorchRec 1.8's reshard hangs as given: it tags each send and recv with
+On gloo, TorchRec's reshard (1.8.0, 1.9.2) hangs as given: it tags each send and recv with
 ``hash((src, shard, local_shard, dst, table_name, is_optimizer))``
 (``torchrec/distributed/sharding/dynamic_sharding.py``, ``_generate_tag``), and Python salts
 the hash of a str per process, so the sender's and the receiver's tags differ unless every

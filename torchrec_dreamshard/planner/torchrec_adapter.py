@@ -89,7 +89,7 @@ def fill_dense_estimate(
 ) -> None:
     """Set ``reservation``'s ``dense_tensor_estimate`` to what it reserves for ``model``'s
     dense part anyway: 6 x the bytes of the parameters outside the modules ``sharders``
-    shard, plus their buffers. TorchRec 1.8 computes that from shapes and dtypes only, so
+    shard, plus their buffers. TorchRec (1.8, 1.9) computes it from shapes and dtypes only, so
     it is exact on the meta device too, but without an estimate it logs a "known issue
     ... in dry run scenarios" warning on every plan. The reservation means the same with
     it, and TorchRec does not warn (it still does when the estimate is 0, a model with no
