@@ -25,7 +25,7 @@ from torchrec_dreamshard.measure.distributed_job_group import (
     group_task,
     run_on_group,
 )
-from torchrec_dreamshard.progress import progress_bar
+from torchrec_dreamshard.measure.progress import progress_bar
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -81,7 +81,6 @@ from torchrec_dreamshard.planner.stats import CostNetStats
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
-    torchrec_plan,
 )
 from torchrec_dreamshard.planner.tracked_proposers import tracked
 from torchrec_dreamshard.policy.protocol import PlacementAgent
@@ -275,9 +274,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """TorchRec's ``plan`` (this rank only), with the tables' reuse statistics measured
-        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``.
-        TorchRec's method log of its inputs is skipped where nothing reads it
-        (:func:`~torchrec_dreamshard.planner.torchrec_adapter.torchrec_plan`)."""
+        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self._adaptation = None
@@ -289,7 +286,7 @@ class DreamShardPlanner(Replanning, EmbeddingShardingPlanner):
             self._recall_inputs(module)
             if self._own_reservation is not None:
                 fill_dense_estimate(self._own_reservation, module, sharders)
-            plan = torchrec_plan(self, module, sharders)
+            plan = super().plan(module, sharders)
         self.last_plan = plan
         return plan
 

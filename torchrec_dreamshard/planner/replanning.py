@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
+from torchrec_dreamshard.torchrec_compat import best_plan, planner_batch_size, planner_topology
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.calibration import CalibrationConfig
     from torchrec_dreamshard.feedback.observer import JobObserver
@@ -99,19 +101,20 @@ class Replanning:
 
     @property
     def topology(self) -> Topology:
-        return self._topology
+        return planner_topology(self)
 
     @property
     def global_batch(self) -> int:
         """The batch each table-wise kernel processes: per-rank batch x world size."""
-        return self._batch_size * self._topology.world_size
+        return planner_batch_size(self) * planner_topology(self).world_size
 
     @property
     def best_options(self) -> list[ShardingOption]:
         """The sharding options of the last plan (on the rank that planned)."""
-        if self._best_plan is None:
+        options = best_plan(self)
+        if options is None:
             raise ValueError("the planner has no plan on this rank (rank 0 plans)")
-        return self._best_plan
+        return options
 
     @property
     def prior_agent(self) -> DreamShard:
@@ -158,7 +161,7 @@ class Replanning:
         if isinstance(agent, CalibratingAgent) and agent.calibration is not None:
             base = agent.calibration
         else:
-            device = "cuda" if self._topology.compute_device == "cuda" else "cpu"
+            device = "cuda" if planner_topology(self).compute_device == "cuda" else "cpu"
             base = CalibrationConfig(measure=MeasureConfig(device=device))
         return dataclasses.replace(base, measure_missing=False, progress=False)
 
