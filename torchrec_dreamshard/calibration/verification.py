@@ -35,8 +35,8 @@ from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyRe
 from torchrec_dreamshard.data.tasks import NoPlanError, Task
 from torchrec_dreamshard.measure import placement_timing, reference_speed
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.rounds import measure_in_rounds
 from torchrec_dreamshard.measure.progress import progress_bar
+from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
