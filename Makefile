@@ -30,8 +30,10 @@ HAS_CUDA    := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 FBGEMM      := $(if $(HAS_CUDA),fbgemm-gpu==$(FBGEMM_VER),fbgemm-gpu-cpu==$(FBGEMM_VER))
 PYTEST_ARGS ?=
 # Another instruction set for ATen and MKL than this CPU's best: floats then differ in the
-# last bits, as they do on another CPU (an AMD EPYC's MKL path, say).
-ISA_ENV     := ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+# last bits, as they do on another CPU (an AMD EPYC's MKL path, say). AVX2 where that
+# changes this machine's results (benchmarks/isa_bits.py checks), else no vectorisation.
+ISA_ENV     ?= ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2
+ISA_FALLBACK := ATEN_CPU_CAPABILITY=default MKL_ENABLE_INSTRUCTIONS=SSE4_2
 
 .PHONY: install test test-fast test-isa test-1.9 demo lint format bench clean
 
@@ -61,7 +63,10 @@ test-fast: install
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 test-isa: install
-	$(ISA_ENV) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
+	isa="$(ISA_ENV)"; \
+	$(PY) benchmarks/isa_bits.py --against "$$isa" || isa="$(ISA_FALLBACK)"; \
+	$(PY) benchmarks/isa_bits.py --against "$$isa" && \
+	echo "fast tests under $$isa" && env $$isa $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS) tests
 
 test-1.9:
 	$(MAKE) test STACK=1.9

@@ -83,6 +83,7 @@ def main() -> None:
 
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.type_choice import typed_step_ms
+    from torchrec_dreamshard.torchrec_compat import best_plan
 
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)
@@ -108,7 +109,7 @@ def main() -> None:
         rows[name] = {
             "seconds": round(seconds, 2),
             "types": dict(Counter(ps.sharding_type for ps in plan.plan["ebc"].values())),
-            "options": planner._best_plan,
+            "options": best_plan(planner),
         }
         print(name, rows[name]["seconds"], rows[name]["types"], flush=True)
     chooser = ours.proposer.type_chooser

@@ -87,7 +87,7 @@ def run_family(spec: Any, args: dict) -> dict:
 
     from torchrec_dreamshard.evaluation.dmp_step import StepTimerConfig, build_pipeline, run_rounds
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, make_batch
-    from torchrec_dreamshard.feedback.job_report import rank_tables
+    from torchrec_dreamshard.feedback.observed_job_report import rank_tables
     from torchrec_dreamshard.feedback.observer import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.topology import torchrec_topology

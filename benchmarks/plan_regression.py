@@ -19,19 +19,24 @@ Usage:
     python benchmarks/plan_regression.py           # record results/plan_regression.json
     python benchmarks/plan_regression.py --check   # re-plan and compare; exit 1 on a change
 
-``--check`` prints every difference: a plan (placement or split) that changed, a mode that
-now fails or now succeeds, and a predicted cost that moved by more than ``--rtol``.
+``--check`` prints every difference: a mode that now fails or now succeeds, a split that
+changed, and a plan whose predicted cost moved by more than ``--rtol``. A plan is compared
+up to a relabelling of identical devices (devices of equal memory; the tables on each device
+are what is compared, not the device numbers), and another plan whose predicted cost is
+within ``--rtol`` of the recorded one is a tie, which another CPU may break the other way
+(:mod:`torchrec_dreamshard.evaluation.golden_plans`): neither is a difference.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
 
+from torchrec_dreamshard.evaluation import golden_plans
+from torchrec_dreamshard.evaluation.golden_plans import TIE_RTOL, placement_partition
 from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.evaluation.task_draws import roster
 
@@ -72,6 +77,7 @@ def plan_all(checkpoint: str | None = None) -> dict:
             "family": family,
             "tables": len(task.tables),
             "devices": task.num_devices,
+            "memory": [int(m) for m in task.memory],
             "plans": {mode: plan_mode(agent, task, mode, seed=i) for mode in MODES},
         }
         tasks.append(entry)
@@ -88,30 +94,33 @@ def differences(old: dict, new: dict, rtol: float) -> list[str]:
         if (a["family"], a["tables"], a["devices"]) != (b["family"], b["tables"], b["devices"]):
             out.append(f"{where}: was {a['family']} T={a['tables']} D={a['devices']}")
             continue
+        memory = b.get("memory") or a.get("memory") or [0] * b["devices"]
         for mode in MODES:
             out += [
-                f"{where} {mode}: {d}" for d in plan_differences(a["plans"], b["plans"], mode, rtol)
+                f"{where} {mode}: {d}"
+                for d in plan_differences(a["plans"], b["plans"], mode, rtol, memory)
             ]
     return out
 
 
-def plan_differences(old: dict, new: dict, mode: str, rtol: float) -> list[str]:
-    """How one mode's plan changed (empty: it did not)."""
+def plan_differences(
+    old: dict, new: dict, mode: str, rtol: float, memory: list[int] | None = None
+) -> list[str]:
+    """How one mode's plan changed (empty: it did not, up to a relabelling of devices of
+    equal ``memory`` or a tie within ``rtol``)."""
     a, b = old.get(mode), new.get(mode)
     if a is None or b is None:
         return [f"recorded {a is not None}, planned now {b is not None}"]
     if "error" in a or "error" in b:
         return [] if a.get("error") == b.get("error") else [f"{_show(a)} -> {_show(b)}"]
-    out = []
     if a.get("columns", {}) != b.get("columns", {}):
-        out.append(f"split columns {a.get('columns', {})} -> {b.get('columns', {})}")
-    if a["placement"] != b["placement"]:
-        pairs = zip(a["placement"], b["placement"], strict=False)  # shard counts may differ
-        moved = [k for k, (x, y) in enumerate(pairs) if x != y]
-        out.append(f"placement changed at {len(moved)} entries (first {moved[:8]}): {_show(b)}")
-    if not math.isclose(a["predicted_ms"], b["predicted_ms"], rel_tol=rtol):
-        out.append(f"predicted step {a['predicted_ms']:.6f} -> {b['predicted_ms']:.6f} ms")
-    return out
+        return [f"split columns {a.get('columns', {})} -> {b.get('columns', {})}"]
+    found = golden_plans.plan_differences(
+        (placement_partition(a["placement"], memory), a["predicted_ms"]),
+        (placement_partition(b["placement"], memory), b["predicted_ms"]),
+        rtol,
+    )
+    return [f"{d}: {_show(b)}" for d in found]
 
 
 def _show(plan: dict) -> str:
@@ -122,7 +131,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="compare with the recorded plans")
     ap.add_argument("--path", type=Path, default=PATH, help=f"default: {PATH}")
-    ap.add_argument("--rtol", type=float, default=1e-6, help="predicted cost tolerance")
+    ap.add_argument(
+        "--rtol",
+        type=float,
+        default=TIE_RTOL,
+        help=f"relative tolerance of a predicted cost, and of a tie (default {TIE_RTOL})",
+    )
     args = ap.parse_args(argv)
     start = time.perf_counter()
     new = plan_all()

@@ -19,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 # In the order they should run: cheap and independent first, the heavy comparisons last.
 BENCHMARKS = (
     "pool_stats",
+    "collective_ranks",
     "measure_throughput",
     "measure_repeatability",
     "fusion",

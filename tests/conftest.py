@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -14,31 +15,49 @@ from torchrec_dreamshard.measure.comm import CommModel
 
 
 @pytest.fixture(autouse=True, scope="session")
-def cold_cache(tmp_path_factory) -> Iterator[None]:
-    """Every test session starts as a new user's machine does: an empty cache directory
-    (``XDG_CACHE_HOME``, inherited by spawned and launched ranks) and no calibration store
-    named in the environment, so what is tested is the cold path, and no test reads or
-    writes the user's cache."""
+def no_user_cache(tmp_path_factory) -> Iterator[None]:
+    """Fixtures wider than one test (module- and session-scoped) run before a test's own
+    cache is set (:func:`cold_cache`): they see an empty session directory as
+    ``XDG_CACHE_HOME`` and no calibration store named in the environment, so nothing the
+    test run does reads or writes the user's cache. Matplotlib's font list, which it
+    would otherwise rebuild under each test's ``XDG_CACHE_HOME``, is kept once for the
+    run (``MPLCONFIGDIR``): it is not ours and no test measures it."""
     from torchrec_dreamshard.calibration.store_keys import STORE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("session_cache")))
+        patch.setenv("MPLCONFIGDIR", str(tmp_path_factory.mktemp("matplotlib")))
         patch.delenv(STORE_ENV, raising=False)
         yield
 
 
+@pytest.fixture(autouse=True)
+def cold_cache(tmp_path, monkeypatch) -> Path:
+    """Every test starts as a new user's machine does: its own empty cache directory
+    (``XDG_CACHE_HOME`` under ``tmp_path``, inherited by spawned and launched ranks) and no
+    calibration store named in the environment (so the store is the default one, in that
+    directory). What a test measures or caches is its own: whether it takes the cold or the
+    warm path does not depend on which tests ran before it, and it gives the same result
+    alone as in the full run. Returns the directory (not created)."""
+    from torchrec_dreamshard.calibration.store_keys import STORE_ENV
+
+    cache = tmp_path / "xdg_cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    monkeypatch.delenv(STORE_ENV, raising=False)
+    return cache
+
+
 @pytest.fixture
-def comm_model(tmp_path, monkeypatch) -> Iterator[CommModel]:
+def comm_model(cold_cache, monkeypatch) -> Iterator[CommModel]:
     """The fixed collective and dense-kernel models of :func:`fixed_collectives` and the
-    bundled network's own reference-kernel time in a private cache dir (``XDG_CACHE_HOME``
-    under ``tmp_path``, inherited by spawned processes); yields the all-to-all model every
+    bundled network's own reference-kernel time written in the test's own cache directory
+    (:func:`cold_cache`, inherited by spawned processes); yields the all-to-all model every
     caller charges (:data:`GLOO_LIKE`'s). No test calibrates gloo's collectives or times
     those kernels, in this process or in the ranks it spawns, nor reads or writes the
     user's cache."""
     from torchrec_dreamshard.cost import dense_kernel_model
     from torchrec_dreamshard.measure import collectives, reference_speed
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(collectives, "_LOADED", {})
     path = collectives.default_collectives_path("gloo")
     path.parent.mkdir(parents=True)

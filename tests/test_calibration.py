@@ -187,19 +187,19 @@ def test_calibrate_keeps_to_the_budget_and_a_missing_store_folder_is_named(tmp_p
 def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     import statistics
 
-    from torchrec_dreamshard import measure
+    from torchrec_dreamshard.measure import placement_timing
 
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     chosen = agent.place(task)
-    calls, real = [], measure.measure_placement
+    calls, real = [], placement_timing.measure_placement
 
     def spy(t, placement, config=None, backend="local"):
         m = real(t, placement, config, backend)
         calls.append((list(placement), float(m.step_ms)))
         return m
 
-    monkeypatch.setattr(measure, "measure_placement", spy)
+    monkeypatch.setattr(placement_timing, "measure_placement", spy)
     res = cal.verify(agent, task, 2, FAST, quiet(rounds=2), extra={"chosen": chosen})
     names = [p.name for p in res.plans]
     assert any("chosen" in n for n in names)
@@ -250,7 +250,7 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
 
 
 def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkeypatch):
-    from torchrec_dreamshard import measure
+    from torchrec_dreamshard.measure import placement_timing
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent = DreamShard.untrained(seed=0)
@@ -261,7 +261,7 @@ def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkey
     def refuse(*args, **kwargs):
         raise AssertionError("measured again although this machine's cache holds the plans")
 
-    monkeypatch.setattr(measure, "measure_placement", refuse)
+    monkeypatch.setattr(placement_timing, "measure_placement", refuse)
     again = cal.verify(agent, task, 2, FAST, quiet(rounds=2, cache=True))
     assert again.cached and "cache" in again.lines()[0]
     assert [(p.name, p.rounds_ms) for p in again.plans] == [
@@ -356,7 +356,7 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
     verified."""
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.calibration import calibrating_agent
+    from torchrec_dreamshard.calibration import planning
     from torchrec_dreamshard.policy.protocol import PlaceSettings
     from torchrec_dreamshard.policy.split_search import plan_with_splits
 
@@ -368,7 +368,7 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
         verified.append(k)
         return SimpleNamespace(winner=SimpleNamespace(placement=other))
 
-    monkeypatch.setattr(calibrating_agent, "verify", fake_verify)
+    monkeypatch.setattr(planning, "verify", fake_verify)
     two = cal.VerificationSettings(k=2)
     for splits in (False, True):
         out = cal.plan_task(agent, task, how=PlaceSettings(seed=3), verification=two, splits=splits)
@@ -590,7 +590,7 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
-    from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning
+    from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning, planning
     from torchrec_dreamshard.planner import DreamShardPlanner, proposers
 
     runs = []
@@ -599,7 +599,8 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
         runs.append(args[1])
         return fine_tuning.calibrate(*args, **kwargs)
 
-    monkeypatch.setattr(calibrating_agent, "calibrate", counted)
+    for module in (calibrating_agent, planning):  # prepare() and plan_task() calibrate
+        monkeypatch.setattr(module, "calibrate", counted)
     # three tables may only be table-wise, so the policy places them whatever this
     # machine's calibrated kernels make the type choice do with the other three
     table_wise = ParameterConstraints(sharding_types=["table_wise"])
@@ -614,7 +615,7 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     real = proposers.TypeChooser
 
     def spying(agent, *args, **kwargs):
-        priced.append(agent.placer)  # the agent the choice's cost network is read from
+        priced.append(agent.without_measuring)  # the agent the choice's cost network is read from
         return real(agent, *args, **kwargs)
 
     monkeypatch.setattr(proposers, "TypeChooser", spying)

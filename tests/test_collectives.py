@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from torchrec_dreamshard.measure import collectives as coll
+from torchrec_dreamshard.measure.collective_timing import CALIBRATION_BYTES, wire_megabytes
 from torchrec_dreamshard.measure.collectives import (
     COLLECTIVES,
     CollectiveModels,
     fit_collective_models,
-    wire_megabytes,
 )
 from torchrec_dreamshard.measure.comm import CommModel
 
@@ -98,7 +98,7 @@ def test_calibrated_collectives_cost_time_and_never_less_for_more_bytes(tmp_path
     for kind in COLLECTIVES:
         m = models.models[kind]
         # every rank of each group of 2..ranks
-        assert m.samples == sum(range(2, ranks + 1)) * len(coll._CALIBRATION_BYTES)
+        assert m.samples == sum(range(2, ranks + 1)) * len(CALIBRATION_BYTES)
         # a non-negative fit: on 2 ranks sharing 2 busy cores a collective of 4 MB can
         # time within the noise of one of 16 KB, and the fit then charges no bandwidth
         # (seen once under load: all_gather 3.1 ms +- 1.3, ms_per_mb 0); it never charges less
@@ -110,3 +110,28 @@ def test_calibrated_collectives_cost_time_and_never_less_for_more_bytes(tmp_path
     monkeypatch.setattr(coll, "_LOADED", {})
     monkeypatch.setattr(coll, "calibrate_collective_models", _refuse)
     assert coll.load_collective_models(backend="gloo").to_dict() == models.to_dict()
+
+
+def test_calibrating_refuses_unknown_rank_kinds_threads_for_nccl_and_fewer_than_two_ranks():
+    with pytest.raises(ValueError, match="ranks must be one of \\('threads', 'processes'\\)"):
+        coll.calibrate_collective_models(ranks="fibers")
+    with pytest.raises(ValueError, match="NCCL collectives are timed on spawned processes"):
+        coll.calibrate_collective_models(backend="nccl", ranks="threads")
+    with pytest.raises(ValueError, match="max_devices must be >= 2, got 1"):
+        coll.calibrate_collective_models(max_devices=1)
+
+
+@pytest.mark.slow
+def test_threads_and_spawned_processes_time_the_same_collectives():
+    """Both ways of running the ranks give a fit of every collective on every group size,
+    every rank's median of every size (what they measure is compared in docs/guide.md)."""
+    from torchrec_dreamshard.measure.spawn import measuring_ranks
+
+    ranks = measuring_ranks(4)
+    for how in ("threads", "processes"):
+        models = coll.calibrate_collective_models(max_devices=4, backend="gloo", ranks=how)
+        assert how.split()[0] in models.source.split("(")[-1], models.source
+        for kind in COLLECTIVES:
+            m = models.models[kind]
+            assert m.samples == sum(range(2, ranks + 1)) * len(CALIBRATION_BYTES), kind
+            assert models.ms(kind, 2, 10.0) > 0, (how, kind, m)

@@ -13,7 +13,8 @@ from torchrec_dreamshard.cost.comm_topology import (
     analytic_models,
     ring_ms,
 )
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels, wire_megabytes
+from torchrec_dreamshard.measure.collective_timing import wire_megabytes
+from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
 from torchrec_dreamshard.measure.comm import CommModel
 
 GLOO = CollectiveModels(
@@ -80,7 +81,6 @@ def test_a_fit_timed_over_several_hosts_holds_the_cross_host_links():
     from torchrec_dreamshard.measure.collectives import (
         COLLECTIVES,
         CollectiveModels,
-        wire_megabytes,
     )
     from torchrec_dreamshard.measure.comm import CommModel
 

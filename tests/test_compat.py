@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import re
 import warnings
 from collections.abc import Iterator
 
@@ -25,7 +24,6 @@ from torchrec.distributed.logging_handlers import EventLoggingHandler
 from torchrec.distributed.planner import EmbeddingShardingPlanner
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
-from torchrec.distributed.planner.perf_models import NoopPerfModel
 from torchrec.distributed.planner.planners import extract_plan
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer, GreedyProposer
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
@@ -45,9 +43,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.planner import DreamShardPlanner
 from torchrec_dreamshard.planner.torchrec_adapter import (
-    PLAN_WITHOUT_METHOD_LOG,
     heuristical_reservation,
-    method_log_is_read,
     torchrec_topology,
 )
 from torchrec_dreamshard.policy import DreamShard
@@ -352,11 +348,42 @@ def test_a_user_partitioner_places_what_carries_no_ranks(agent, monkeypatch):
     assert theirs >= p.proposal_log.proposals["GreedyProposer#0"] - 1
 
 
+def placed(plan: list[ShardingOption]) -> list[tuple]:
+    """What a partitioned proposal places: each option's table, type, kernel and ranks."""
+    return sorted(
+        (o.name, o.sharding_type, o.compute_kernel, tuple(s.rank for s in o.shards)) for o in plan
+    )
+
+
+class LatestWins(PerfModel):
+    """Rates each proposal it is shown better than every one before it (so the last one
+    rated wins, whatever the cost network thinks of it), and keeps what each placed."""
+
+    def __init__(self) -> None:
+        self.rated: list[list[tuple]] = []
+
+    def rate(self, plan: list[ShardingOption]) -> float:
+        self.rated.append(placed(plan))
+        return -float(len(self.rated))
+
+
 def test_a_user_perf_model_judges_the_proposals(agent):
-    model = NoopPerfModel(topology(2))
-    p = ours(agent, performance_model=model)
-    p.plan(Model(tables(4)), SHARDERS)
+    """The user's model rates every proposal that partitions (ours and GreedyProposer's),
+    its ratings are the ones the proposers are fed back, and the plan it rated best is the
+    plan, not the one the cost network would keep (ours, as the first of equals)."""
+    model = LatestWins()
+    p = ours(agent, performance_model=model, proposer=GreedyProposer())
+    plan = params(p.plan(Model(tables(4)), SHARDERS))
     assert p._perf_model is model
+    log = p.proposal_log
+    # every proposal that partitioned, judged (TorchRec rates a repeated proposal once)
+    assert 2 <= len(model.rated) <= sum(log.proposals.values())
+    assert set(log.best.values()) <= {-float(i + 1) for i in range(len(model.rated))}
+    assert log.best["DreamShardProposer"] == -1.0  # ours is proposed (and rated) first
+    assert log.winner == "GreedyProposer#0" and log.best[log.winner] == -len(model.rated)
+    assert placed(p.best_options) == model.rated[-1]  # the plan is the one rated best
+    chosen = {name: (kind, list(ranks)) for name, kind, _, ranks in model.rated[-1]}
+    assert {t: (ps.sharding_type, ps.ranks) for t, ps in plan.items()} == chosen
     assert p.last_prediction is not None  # the cost network still reports the plan
 
 
@@ -529,21 +556,7 @@ def test_torchrec_topology_is_the_topology_torchrec_builds_directly(kw):
     assert ours.intra_group_size == theirs.intra_group_size
 
 
-# -- TorchRec's method log of plan(), skipped where nothing reads it ------------------------
-
-
-@contextlib.contextmanager
-def unread_method_log() -> Iterator[None]:
-    """TorchRec's method logger as open-source TorchRec leaves it: one ``NullHandler``, no
-    propagation. (pytest adds its capturing handlers to every logger that does not
-    propagate, as each test phase starts: under pytest the log is read.)"""
-    logger = torchrec_logger.method_logger
-    before = logger.handlers
-    logger.handlers = [logging.NullHandler()]
-    try:
-        yield
-    finally:
-        logger.handlers = before
+# -- TorchRec's method log of plan(), kept as TorchRec keeps it ---------------------------
 
 
 class Records(logging.Handler):
@@ -569,82 +582,33 @@ def method_log_read() -> Iterator[Records]:
         torchrec_logger.method_logger.removeHandler(records)
 
 
-def test_torchrec_s_plan_is_decorated_as_the_adapter_expects():
-    """What ``torchrec_plan`` skips, pinned: TorchRec's ``plan`` is its event logger
-    around its method logger around the planning loop, and the adapter's function is the
-    same event logger around the same loop. A TorchRec that decorates ``plan`` otherwise
-    fails here (and ``torchrec_plan`` then calls its ``plan`` as it is)."""
-    outer = EmbeddingShardingPlanner.plan
-    assert PLAN_WITHOUT_METHOD_LOG is not None, "TorchRec's plan() decorators changed"
-    loop = outer.__wrapped__.__wrapped__
-    assert PLAN_WITHOUT_METHOD_LOG.__wrapped__ is loop
-    assert PLAN_WITHOUT_METHOD_LOG.__code__ is outer.__code__
-    with unread_method_log():
-        assert not method_log_is_read()
-        with method_log_read():
-            assert method_log_is_read()
-
-
-def test_the_skipped_layer_is_the_method_log_and_the_event_log_stays(monkeypatch):
+@pytest.mark.parametrize("fits", [True, False])
+def test_plan_runs_torchrec_s_whole_plan_method_log_and_event_log_included(
+    agent, monkeypatch, fits
+):
+    """Our ``plan`` is TorchRec's ``plan`` as decorated (no decorator rebuilt or
+    skipped): its event log names ``EmbeddingShardingPlanner.plan`` and its method log
+    records our planner's call, at INFO when it plans and at ERROR when it fails, as it
+    records TorchRec's planner's."""
     events = []
 
     @contextlib.contextmanager
     def record_event(*args, **kwargs):
-        events.append(kwargs)
+        events.append(kwargs["event_name"])
         yield
 
     monkeypatch.setattr(EventLoggingHandler, "log_event_context", record_event)
-    model = Model(tables(3))
-    with method_log_read() as log:
-        EmbeddingShardingPlanner.plan(theirs(), model, SHARDERS)
-        assert len(log.records) == 1
-        PLAN_WITHOUT_METHOD_LOG(theirs(), model, SHARDERS)
-        assert len(log.records) == 1
-    plans = [e for e in events if e["event_name"].endswith(".plan")]
-    assert plans[0] == plans[1] and plans[0]["event_name"] == "EmbeddingShardingPlanner.plan"
-
-
-def _observed_plan(agent, model, topo, caplog) -> dict:
-    """What a user sees of one ``plan`` by ours: the plan or its error, TorchRec's stats
-    (their run time left out) and ours, the chosen options, the reservation, the hash."""
-    p = DreamShardPlanner(topo, 64, agent=agent, debug=True)
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        try:
-            seen = {"plan": p.plan(model, SHARDERS), "hash": p.hash_planner_context_inputs_str()}
-            seen["best"] = [(o.fqn, [s.rank for s in o.shards]) for o in p._best_plan]
-        except PlannerError as exc:  # its options' reprs hold their addresses
-            seen = {"error": (exc.error_type, re.sub("0x[0-9a-f]+", "0x", str(exc)))}
-    stats = [r.getMessage() for r in caplog.records if r.name.endswith("planner.stats")]
-    seen["stats"] = [line for line in stats if "ran for" not in line]
-    seen["counts"] = (p._num_proposals, p._num_plans)
-    seen["reserved"] = repr(p._storage_reservation.last_reserved_topology)
-    return seen
-
-
-@pytest.mark.parametrize("fits", [True, False])
-def test_skipping_the_method_log_loses_nothing_else(agent, caplog, monkeypatch, fits):
-    """The same plan (or error), stats, proposals, storage reservation and context hash
-    whether TorchRec's method log is read (TorchRec's whole ``plan`` runs) or not (the
-    adapter's, which never formats our planner's inputs), on a model that fits and one
-    that does not."""
     model = Model(tables(6, rows=1000, dim=16) if fits else tables(6, rows=100_000, dim=5))
     topo = topology(2, ddr=None if fits else 4 * 2**20)
-    formatted = []
-    inputs = torchrec_logger._get_input_from_func
-
-    def spy(func, msg_dict, *args, **kwargs):
-        formatted.append((func.__name__, type(args[0]).__name__ if args else None))
-        return inputs(func, msg_dict, *args, **kwargs)
-
-    monkeypatch.setattr(torchrec_logger, "_get_input_from_func", spy)
-    with unread_method_log():
-        skipped = _observed_plan(agent, model, topo, caplog)
-        assert ("plan", "DreamShardPlanner") not in formatted
+    levels = {}
+    for name, planner in (("ours", ours(agent, topology=topo)), ("theirs", theirs(topology=topo))):
         with method_log_read() as log:
-            whole = _observed_plan(agent, model, topo, caplog)
-        assert ("plan", "DreamShardPlanner") in formatted
-    assert skipped == whole
-    assert len(whole["stats"]) > 10 and ("plan" in whole) == fits
-    ours_logged = [r for r in log.records if "DreamShardPlanner" in r.msg["input"]]
-    assert [r.levelno for r in ours_logged] == [logging.INFO if fits else logging.ERROR]
+            try:
+                planner.plan(model, SHARDERS)
+            except PlannerError:
+                assert not fits
+        # (ours also runs TorchRec's planner as a rival candidate: its records are left out)
+        own = f"<{type(planner).__module__}.{type(planner).__name__} object"
+        levels[name] = [r.levelno for r in log.records if own in r.msg["input"]]
+    assert levels["ours"] == levels["theirs"] == [logging.INFO if fits else logging.ERROR]
+    assert "EmbeddingShardingPlanner.plan" in events

@@ -1,10 +1,14 @@
 """The job as the measurement: a 2-rank DMP job observes its steps, reports each rank's
-predicted against measured embedding cost, learns from them and re-plans; the returned
-plan trains (the restart path). And a restarted job's plan learns from what was observed.
+predicted against measured embedding cost, learns from them and re-plans; the re-plan is
+applied in place where it only moves table-wise tables (one such move forced where it
+does not: the moved table's rows arrive on its new rank and the job trains on), and the
+returned plan trains (the restart path). And a restarted job's plan learns from what was
+observed.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -16,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.feedback.job_report import build_report
+from torchrec_dreamshard.feedback.observed_job_report import build_report
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
 from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 
@@ -63,7 +67,7 @@ def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waitin
 
 
 def test_the_report_sets_each_rank_beside_its_prediction():
-    from torchrec_dreamshard.planner.proposal import PlanPrediction
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [
@@ -153,6 +157,9 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     exit_spawned_rank()
 
 
+EBC = "model.sparse_arch.embedding_bag_collection"
+
+
 def observe_and_replan(rank: int, world: int) -> dict:
     from conftest import CPU_DENSE_LIKE, GLOO_LIKE
     from torch.distributed.optim import _apply_optimizer_in_backward
@@ -166,17 +173,9 @@ def observe_and_replan(rank: int, world: int) -> dict:
 
     sharders = [EmbeddingBagCollectionSharder()]
 
-    def train(plan, steps, observer=None):
-        model = build_model()
-        ebc = model.model.sparse_arch.embedding_bag_collection
-        _apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
-        cpu = torch.device("cpu")
-        dmp = DistributedModelParallel(model, device=cpu, plan=plan, sharders=sharders)
-        dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
-        opt = torch.optim.SGD(dense, lr=0.05)
+    def run(dmp, opt, steps, observer=None, first=0) -> list[float]:
         losses = []
-        observer = observer(dmp) if observer else None
-        for step in range(steps):
+        for step in range(first, first + steps):
             loss, _ = dmp(make_batch(rank, step))
             opt.zero_grad()
             loss.backward()
@@ -184,7 +183,21 @@ def observe_and_replan(rank: int, world: int) -> dict:
             losses.append(float(loss.detach()))
             if observer is not None:
                 observer.step()
-        return losses, observer
+        return losses
+
+    def train(plan, steps, observer=None):
+        model = build_model()
+        ebc = model.model.sparse_arch.embedding_bag_collection
+        _apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
+        cpu = torch.device("cpu")
+        # a copy: DMP keeps the plan it is given and its reshard rewrites it
+        dmp = DistributedModelParallel(
+            model, device=cpu, plan=copy.deepcopy(plan), sharders=sharders
+        )
+        dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]
+        opt = torch.optim.SGD(dense, lr=0.05)
+        observer = observer(dmp) if observer else None
+        return run(dmp, opt, steps, observer), observer, dmp, opt
 
     planner = DreamShardPlanner(
         topology=torchrec_topology(world, "cpu"),
@@ -194,31 +207,78 @@ def observe_and_replan(rank: int, world: int) -> dict:
         dense_kernel=CPU_DENSE_LIKE,
     )
     plan = planner.collective_plan(build_model(), sharders, dist.GroupMember.WORLD)
-    _, observer = train(  # one step in 5, whatever it costs: a fixed number of samples
+    _, observer, dmp, opt = train(  # one step in 5, whatever it costs: a fixed number of samples
         plan, STEPS, lambda dmp: observe(planner, dmp, every=5, warmup=5, max_overhead=None)
     )
     before = observer.report()
     new_plan = observer.replan()
     after = observer.report()
     kept_itself = (new_plan is plan) is not observer.last_replan["changed"]
-    try:  # in place where the re-plan only moves table-wise tables (tests/test_reshard.py)
-        moved = observer.apply_in_place(new_plan)
-    except ValueError as exc:
-        moved = str(exc)
+    in_place = apply_in_place(observer, dmp, new_plan, world)
+    in_place["losses"] = run(dmp, opt, 2, observer, first=STEPS)  # it trains where it is
     # the restart path: a new job with the returned plan, observed with the updated
     # network's prediction of it (made before it ran)
-    losses, _ = train(new_plan, 12, lambda dmp: observer.follow(dmp, new_plan) or observer)
+    losses, *_ = train(new_plan, 12, lambda dmp: observer.follow(dmp, new_plan) or observer)
     restarted = observer.report()
     return {
         "kept_itself": kept_itself,
         "restarted": restarted,
-        "moved": moved,
+        "in_place": in_place,
         "before": before,
         "after": after,
         "plan": str(plan),
         "new_plan": str(new_plan),
         "losses": losses,
     }
+
+
+def apply_in_place(observer, dmp, new_plan, world: int) -> dict:
+    """The observer's ``apply_in_place`` of the re-plan, on the running job; where that
+    moves nothing (the plan was kept, or it changes more than a table-wise table's rank and
+    is refused), of the job's plan with one table-wise table moved to the next rank, so that
+    a move is always made. What it did: the refusal, if any, and whether it left the job as
+    it was; the moved tables, where each is now (in the DMP's plan and in this rank's
+    shards) and whether its rows arrived unchanged (on rank 0)."""
+    running = copy.deepcopy(dmp.plan)
+    movable = sorted(n for n, ps in running.plan[EBC].items() if ps.sharding_type == "table_wise")
+    rows = {name: full_weight(dmp, name) for name in movable}  # only these can move
+    out: dict = {"refused": None, "forced": None}
+    try:
+        target, moved = new_plan, observer.apply_in_place(new_plan)
+    except ValueError as exc:
+        out["refused"] = str(exc)
+        out["left_as_was"] = str(dmp.plan) == str(running) and observer.plan is not new_plan
+        moved = []
+    if not moved:  # force one: the first table-wise table, to the next rank
+        target = copy.deepcopy(running)
+        out["forced"] = name = movable[0]
+        to_rank = (target.plan[EBC][name].ranks[0] + 1) % world
+        target.plan[EBC][name].ranks = [to_rank]
+        for shard in target.plan[EBC][name].sharding_spec.shards:
+            shard.placement = torch.distributed._remote_device(f"rank:{to_rank}/cpu")
+        moved = observer.apply_in_place(target)
+    out["moved"] = moved
+    out["observes_it"] = observer.plan is target
+    out["tables"] = {}
+    for name in moved:
+        weight = dmp.state_dict()[f"{EBC}.embedding_bags.{name}.weight"]
+        now = full_weight(dmp, name)
+        out["tables"][name] = {
+            "from": running.plan[EBC][name].ranks,
+            "to": target.plan[EBC][name].ranks,
+            "dmp_ranks": dmp.plan.plan[EBC][name].ranks,
+            "held_here": any(s.tensor.numel() > 0 for s in weight.local_shards()),
+            "rows_kept": None if now is None else torch.equal(now, rows[name]),
+        }
+    return out
+
+
+def full_weight(dmp, name: str) -> torch.Tensor | None:
+    """Table ``name``'s whole weight gathered on rank 0 (None elsewhere); collective."""
+    weight = dmp.state_dict()[f"{EBC}.embedding_bags.{name}.weight"]
+    full = torch.empty(weight.size()) if dist.get_rank() == 0 else None
+    weight.gather(dst=0, out=full)
+    return full
 
 
 @pytest.mark.slow
@@ -261,8 +321,7 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     worst_after = max(abs(r["error"]) for r in after["ranks"])
     assert worst_after < worst_before and worst_after < 0.5, (worst_before, worst_after)
     assert (first["new_plan"] != first["plan"]) is decision["changed"]
-    if not decision["changed"]:
-        assert first["moved"] == []  # the same plan: nothing to move
+    check_in_place([r["in_place"] for r in results], decision["changed"])
     assert all(math.isfinite(x) for r in results for x in r["losses"])
     # a kept plan comes back as the very plan object on every rank (rank 1's plan came
     # through a broadcast): `if new_plan is not plan` means the same on every rank
@@ -270,6 +329,33 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     restarted = first["restarted"]  # the restarted job, observed against its prediction
     assert restarted["model"] == "updated" and restarted["steps_observed"] == 2
     assert all(r["measured_ms"] > 0 and r["predicted_ms"] > 0 for r in restarted["ranks"])
+
+
+def check_in_place(ranks: list[dict], changed: bool) -> None:
+    """What ``apply_in_place`` did on each rank (:func:`apply_in_place`): the same on every
+    rank; a kept plan moves nothing and a plan that changes more than table-wise ranks is
+    refused with the job left as it was (a move is forced then); every moved table is on its
+    new rank, in the DMP's plan and in the shards each rank holds, with its rows unchanged,
+    the observer observes the plan moved to, and the job trains on."""
+    first = ranks[0]
+    for key in ("refused", "forced", "moved"):
+        assert all(r[key] == first[key] for r in ranks), key
+    if not changed:  # the same plan: nothing to move, so a move was forced
+        assert first["refused"] is None and first["forced"] is not None
+    elif first["refused"] is not None:  # changes only a restart applies: nothing moved
+        assert "restart path" in first["refused"] and first["forced"] is not None
+        assert all(r["left_as_was"] for r in ranks)
+    else:  # the re-plan's own table-wise moves
+        assert first["forced"] is None
+    assert first["moved"] and (first["forced"] is None or first["moved"] == [first["forced"]])
+    for rank, r in enumerate(ranks):
+        assert r["observes_it"]
+        for name, table in r["tables"].items():
+            assert table["dmp_ranks"] == table["to"] != table["from"], (name, table)
+            assert table["held_here"] is (rank in table["to"]), (rank, name, table)
+        if rank == 0:
+            assert all(t["rows_kept"] for t in r["tables"].values()), r["tables"]
+        assert len(r["losses"]) == 2 and all(math.isfinite(x) for x in r["losses"])
 
 
 def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
@@ -312,7 +398,7 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
 
 
 def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run_cli):
-    from torchrec_dreamshard.planner.proposal import PlanPrediction
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [

@@ -285,9 +285,13 @@ def test_frozen_policy_gives_the_policys_logits(agent):
     frozen = FrozenPolicy(agent.policy)
     with torch.no_grad():
         want = agent.policy(u)
-        assert torch.equal(frozen(u), want)
+        # the frozen copy folds its weights once and the numpy path multiplies in numpy:
+        # other float32 operation orders, equal up to a few ulps of rounding
+        torch.testing.assert_close(frozen(u), want, rtol=1e-5, atol=1e-5)
         scalars = u[..., agent.policy.in_dim :].numpy()
-        assert np.array_equal(frozen.numpy_logits(u, scalars), want.numpy())
+        np.testing.assert_allclose(
+            frozen.numpy_logits(u, scalars), want.numpy(), rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.mark.parametrize("devices,memory_factor", [(1, 4.0), (3, 1.05), (8, 2.0)])
@@ -295,8 +299,10 @@ def test_rollout_inputs_are_the_cost_networks_view_of_each_step(
     sampler, agent, devices, memory_factor
 ):
     """Every recorded policy input is what the cost network says of that step's state,
-    recomputed from scratch (the roll-out keeps its state incrementally), bit for bit,
-    and the actions are the greedy choices among the recorded legal devices."""
+    recomputed from scratch (the roll-out keeps its state incrementally), up to float32
+    rounding (the two evaluate the network on batches of other shapes, which MKL may sum
+    in another order), and the actions are the greedy choices among the recorded legal
+    devices."""
     task = sampler.sample("test", 14, devices, memory_factor=memory_factor)
     mdp, net = agent.mdp(task), agent.cost_net
     roll = mdp.rollout(agent.policy, 1, greedy=True, record=True)
@@ -305,7 +311,8 @@ def test_rollout_inputs_are_the_cost_networks_view_of_each_step(
     free = mdp.capacity.copy()
     with torch.no_grad():
         for i, a in enumerate(roll.actions[:, 0].tolist()):
-            assert torch.equal(roll.inputs[i], _reference_inputs(mdp, i, S, occupied, free))
+            want = _reference_inputs(mdp, i, S, occupied, free)
+            torch.testing.assert_close(roll.inputs[i], want, rtol=1e-5, atol=1e-5)
             logits = agent.policy(roll.inputs[i]).masked_fill(~roll.legal[i], float("-inf"))
             assert a == int(logits.argmax(-1)[0])
             S[0, a] += mdp.enc[i]

@@ -79,7 +79,7 @@ def test_protocol_declares_what_the_planner_split_search_and_calibration_touch()
         "predict",
         "table_costs",
         "last_report",
-        "placer",
+        "without_measuring",
         "calibration_enabled",
         "meta",
     } <= _members(PlacementAgent)
@@ -101,7 +101,7 @@ def test_dreamshard_and_the_calibrating_agent_satisfy_the_protocol(wrap):
     assert isinstance(agent, PlacementAgent)
     for member in _members(PlacementAgent):
         assert hasattr(agent, member), member
-    assert isinstance(agent.placer, PlacementAgent)
+    assert isinstance(agent.without_measuring, PlacementAgent)
     # whether place calibrates the kernels on this machine: verifying alone does not, and
     # the automatic mode does not where the checkpoint prices the reference kernel right
     assert agent.calibration_enabled is (wrap == "calibrate")
@@ -119,7 +119,7 @@ def test_the_calibrating_agent_delegates_each_member_to_its_current_agent():
     wrapped = CalibratingAgent(prior, calibration=None, verify_k=0)
     placement = wrapped.place(task, seed=1, sources=[shy, _Failing()])
     assert shy.asked == 1  # the sources reached the prior's safe mode
-    assert wrapped.placer is prior and wrapped.meta is prior.meta
+    assert wrapped.without_measuring is prior and wrapped.meta is prior.meta
     assert wrapped.last_report is prior.last_report and "broken" in prior.last_report.failed
     assert placement == prior.place(task, seed=1, sources=[shy, _Failing()])
     wrapped.last_report = None

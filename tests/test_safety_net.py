@@ -173,9 +173,12 @@ def test_agent_candidates_are_what_the_safe_mode_chooses_among():
 @pytest.mark.parametrize("fast", [True, False])
 def test_score_changes_scores_the_changed_placements_as_score_states_does(fast, monkeypatch):
     """Refinement rates its moves from the two devices each changes (``score_changes``):
-    the same scores, bit for bit, as rating the whole batch of changed device states,
-    both where the unchanged devices' totals are reused and where every device is
-    reduced again."""
+    the same scores as rating the whole batch of changed device states, both where the
+    unchanged devices' totals are reused and where every device is reduced again.
+
+    The same up to float32 rounding, not bit for bit: the two run the cost network's heads
+    on batches of other shapes, and MKL blocks (and sums) another shape otherwise on some
+    CPUs (2e-7 apart, relative 8e-8, on an AMD EPYC)."""
     from torchrec_dreamshard.data.sampler import TaskSampler
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.policy import DreamShard
@@ -193,11 +196,14 @@ def test_score_changes_scores_the_changed_placements_as_score_states_does(fast, 
     alone = int((placement == b).sum()) == 1
     changes = neighbourhood.Changes.of_moves(moves, b, state, scorer.enc, alone)
     want = scorer.score_states(*_moved_states(state, occ, changes))
-    equal = torch.equal
     if not fast:
         monkeypatch.setattr(S.torch, "equal", lambda x, y: False)
     got = scorer.score_changes(state, occ, changes)
-    assert all(equal(g, w) for g, w in zip(got, want, strict=True))
+    monkeypatch.undo()
+    for g, w in zip(got, want, strict=True):
+        # log-cost scores of order 1: a few float32 ulps of rounding, no more (a wrong
+        # device's cost would move them by 1e-3 or more)
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
 def _moved_states(state, occ, changes):

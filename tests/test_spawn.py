@@ -34,7 +34,7 @@ def _cache_gloo_like() -> None:
 def test_only_a_rank_of_a_job_without_a_cached_fit_skips_measuring(private_cache, caplog):
     cache = collectives.default_collectives_path("gloo")
     private_cache(False)
-    assert not spawn.skip_measuring(cache, "the fallback")  # spawns to measure it
+    assert not spawn.skip_measuring(cache, "the fallback")  # measures it (threads, no process)
     private_cache(True)
     with caplog.at_level(logging.INFO, logger="torchrec_dreamshard.measure.spawn"):
         assert spawn.skip_measuring(cache, "the fallback")

@@ -226,7 +226,7 @@ class _AdditiveAgent:
     calibration_enabled = False
 
     @property
-    def placer(self):
+    def without_measuring(self):
         return self
 
     def prepare(self, task, sources=None):

@@ -119,6 +119,26 @@ def test_bad_paths_are_named(tmp_path):
         CostStore(junk)
 
 
+def test_a_table_beside_the_measurements_goes_through_the_stores_connection(tmp_path):
+    """Another part's table lives in the store's file through the store's own connection
+    and error handling; reopening finds its rows, a bad statement is a named ValueError."""
+    path = tmp_path / "c.sqlite"
+    with CostStore(path) as store:
+        assert not store.has_table("extra")
+        store.add_table("CREATE TABLE IF NOT EXISTS extra (k TEXT PRIMARY KEY, v REAL);")
+        store.write_rows(
+            "INSERT OR REPLACE INTO extra (k, v) VALUES (?,?)", [("a", 1.0), ("b", 2.0)]
+        )
+        store.append(task(), [0, 1, 0, 1], measurement(), MeasureConfig())
+    with CostStore(path) as store:
+        assert store.has_table("extra") and store.count() == 1
+        assert store.read_rows("SELECT k, v FROM extra WHERE v > ? ORDER BY k", (1.5,)) == [
+            ("b", 2.0)
+        ]
+        with pytest.raises(ValueError, match="not a usable SQLite cost store.*no such table"):
+            store.read_rows("SELECT * FROM missing")
+
+
 def test_reference_scales_bring_rows_to_the_typical_speed():
     from torchrec_dreamshard.measure.summary import reference_scales
 

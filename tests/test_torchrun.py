@@ -6,7 +6,8 @@ On a cold cache the planner measures what it needs on the job's own process grou
 collectives, the dense and reference kernels, and calibration kernels where the checkpoint
 misprices this machine). Before, rank 0 spawned processes that inherited torchrun's
 rendezvous and the job hung; the time bound here catches a hang, and the stats say what the
-planner did.
+planner did. The job's next run, on the same cache, measures nothing again and plans
+alike, on every host (whether or not the checkpoint priced it right and so calibrated).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def launch(out: Path, cache: Path, world: int = WORLD) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path):
-    cache = tmp_path / "cache"
+def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
+    cache = cold_cache  # the test's own, empty
     assert not cache.exists()
     results = launch(tmp_path / "cold", cache)
     first = results[0]
@@ -60,8 +61,22 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path):
     assert adaptation["verified"] is adaptation["calibrated"]
     if adaptation["calibrated"]:
         assert adaptation["kernels_measured"] > 0 and not adaptation["verify_cached"]
-        again = launch(tmp_path / "warm", cache)[0]
-        assert again["plan"] == first["plan"]  # the same calibration, from the store
-        assert again["adaptation"]["kernels_measured"] == 0
-        assert again["adaptation"]["kernels_reused"] == adaptation["kernels_measured"]
-        assert again["adaptation"]["verify_cached"]  # nothing measured again
+
+    # the next run of the job, on every host: it measures nothing again and plans alike
+    files = cache_files(cache)
+    again = launch(tmp_path / "warm", cache)
+    warm = again[0]["adaptation"]
+    assert all(r["plan"] == first["plan"] for r in again)  # the same plan, on every rank
+    assert cache_files(cache) == files  # no cached measurement taken or written again
+    # the reference kernel's time is the cached one, so the same decision to calibrate
+    assert warm["reference_measured_ms"] == adaptation["reference_measured_ms"]
+    assert warm["calibrated"] is adaptation["calibrated"]
+    if adaptation["calibrated"]:  # the same calibration, from the store
+        assert warm["kernels_measured"] == 0
+        assert warm["kernels_reused"] == adaptation["kernels_measured"]
+        assert warm["verify_cached"]  # the verification read from the cache
+
+
+def cache_files(cache: Path) -> dict[str, bytes]:
+    """The per-machine cache files under ``cache`` (the calibration store aside), by name."""
+    return {p.name: p.read_bytes() for p in (cache / "torchrec_dreamshard").glob("*.json")}

@@ -34,18 +34,20 @@ is kept (:func:`rank_measured`). Noisy measurements (:mod:`.noise`: repeats that
 a reference kernel that drifts) are measured again or give way to the safer plan, and
 calibration discards kernels measured while the reference drifted.
 
-The package, one concept per module: :mod:`.store` (the store's path and job keys),
-:mod:`.kernels` (what to measure, measuring within the budget, loading samples),
-:mod:`.fit` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.verification`
-(:func:`verify`) and :mod:`.plan` (:func:`plan_task`, :class:`CalibratingAgent`).
+The package, one concept per module: :mod:`.store_keys` (the store's path and job keys),
+:mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
+:mod:`.fine_tuning` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.auto` (whether the
+checkpoint prices this machine right), :mod:`.fed_inputs_store` (what running jobs fed their
+tables, kept for the next plan), :mod:`.noise` (when measurements are too noisy),
+:mod:`.verification` (:func:`verify`, its measuring rounds and timing), :mod:`.verify_result`
+(what it measured, in words), :mod:`.plan_ranking` (which measured plan is kept),
+:mod:`.verify_cache` (this machine's cache of its rounds), :mod:`.planning`
+(:func:`plan_task`, :class:`PlanOutcome`), :mod:`.adaptation_report` (the margins and
+lines of what adapting bought) and :mod:`.calibrating_agent` (:class:`CalibratingAgent`).
 """
 
 from torchrec_dreamshard.calibration.auto import VerificationSettings
-from torchrec_dreamshard.calibration.calibrating_agent import (
-    CalibratingAgent,
-    PlanOutcome,
-    plan_task,
-)
+from torchrec_dreamshard.calibration.calibrating_agent import CalibratingAgent
 from torchrec_dreamshard.calibration.fine_tuning import (
     FIT_RESERVE_S,
     HEAD_PARAMETERS,
@@ -65,6 +67,8 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
 )
 from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
+from torchrec_dreamshard.calibration.plan_ranking import beats_beyond_noise, rank_measured
+from torchrec_dreamshard.calibration.planning import PlanOutcome, plan_task
 from torchrec_dreamshard.calibration.store_keys import (
     JOB_ROOT,
     STORE_ENV,
@@ -75,14 +79,11 @@ from torchrec_dreamshard.calibration.store_keys import (
 )
 from torchrec_dreamshard.calibration.verification import (
     Timing,
-    VerifiedPlan,
     VerifyOptions,
-    VerifyResult,
-    beats_beyond_noise,
-    rank_measured,
     verify,
     verify_candidates,
 )
+from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
 
 __all__ = [
     "FIT_RESERVE_S",

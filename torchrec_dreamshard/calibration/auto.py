@@ -5,7 +5,7 @@ reference kernel (:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENC
 :data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad),
 timed on this machine (cached per machine), against the network's prediction of it. When
 the predicted forward plus backward is off by more than :data:`AUTO_TOLERANCE` either way,
-the planner calibrates on the user's tables (:func:`~.fit.calibrate`) within
+the planner calibrates on the user's tables (:func:`~.fine_tuning.calibrate`) within
 :data:`AUTO_BUDGET_S`. Every kernel calibration measures is kept in the calibration store,
 so the next plan of these tables on this machine measures nothing and only fine-tunes.
 

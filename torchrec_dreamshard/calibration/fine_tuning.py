@@ -38,6 +38,7 @@ from torchrec_dreamshard.cost.fitting import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -206,7 +207,7 @@ def fine_tune(
 
 def observation_weights(groups: Sequence[str]) -> list[float]:
     """Per sample (by its store job key), its weight in the fine-tuning: kernels observed
-    in a running job (:data:`~.kernels.OBSERVED`) weigh together as much as every other
+    in a running job (:data:`~.kernel_samples.OBSERVED`) weigh together as much as every other
     kernel together, at least 1 each: they are the job's own kernels, measured under its
     real load, and few."""
     observed = sum(OBSERVED in g for g in groups)
@@ -262,14 +263,15 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
 
 def _all_to_all_model(config: MeasureConfig) -> Any:
     """The machine's all-to-all model for the comm head: ``config``'s file, else the one
-    measured on the job's group (while rank 0 drives it), else this machine's cached or
-    spawned fit. ``None`` inside a distributed job planning without its group and with no
-    cached fit: nothing may be spawned there, so the prior's all-to-all head is kept."""
+    measured on the job's group (while rank 0 drives it), else this machine's cached fit
+    or one timed now on ranks that are threads of this process. ``None`` inside a
+    distributed job planning without its group and with no cached fit: one rank measures
+    nothing there on its own, so the prior's all-to-all head is kept."""
     from torchrec_dreamshard.measure.collectives import (
         default_collectives_path,
         load_all_to_all_model,
     )
-    from torchrec_dreamshard.measure.job_group import active_group
+    from torchrec_dreamshard.measure.distributed_job_group import active_group
     from torchrec_dreamshard.measure.spawn import skip_measuring
 
     path = config.comm_model_path
@@ -303,6 +305,7 @@ def stored_observations(config: CalibrationConfig, task: Task) -> int:
         return len(observed_jobs(store, prefix, task.tables, config.measure, task.batch_size))
 
 
+@spent_on("calibration")
 def calibrate(
     agent: DreamShard,
     task: Task,
@@ -314,7 +317,7 @@ def calibrate(
 
     Kernels already in the store (same machine, workload and table contents) are reused,
     not measured again, and so are the kernels observed in running jobs over these tables
-    (:func:`~.kernels.observed_jobs`: each rank's fused kernel in a DMP job the planner
+    (:func:`~.kernel_samples.observed_jobs`: each rank's fused kernel in a DMP job the planner
     observed), the best data there is.
 
     Args:

@@ -1,16 +1,6 @@
-"""Verification: the best-rated candidate plans, every classic heuristic's plan and
-TorchRec's own plan for the same tables measured on real kernels in interleaved rounds.
-
-Which plan is kept (:func:`rank_measured`):
-
-1. the incumbent (the planner's own choice where named, else the fastest heuristic plan by
-   median measured step) stands unless other plans measured faster than it in every round;
-   then the fastest of those by median. One lucky round cannot pick a slower plan.
-2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
-   swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
-   in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
-   median); else the fastest plan that does, else TorchRec's own. So the kept plan never
-   measured slower than TorchRec's in the same rounds.
+"""Verification (:func:`verify`): the best-rated candidate plans, every classic
+heuristic's plan and TorchRec's own plan for the same tables measured on real kernels in
+interleaved rounds, and the plan kept by the rules of :mod:`.plan_ranking`.
 
 A busy machine (:class:`~.noise.Noise`): the reference kernel is timed before and after
 the rounds, and each plan's rounds are compared. When the rounds disagree (median relative
@@ -19,6 +9,9 @@ spread over :data:`~.noise.SPREAD_LIMIT`) or the reference drifted (over
 budget again: see :class:`~.noise.NoiseLimits`) and those rounds decide if they are quiet.
 If they are noisy too, the safer plan is kept (TorchRec's, else the fastest heuristic's)
 and the result says so.
+
+What was measured and its words: :mod:`.verify_result`; this machine's cache of the
+rounds: :mod:`.verify_cache`.
 """
 
 from __future__ import annotations
@@ -27,177 +20,26 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits, sign_test_wins
+from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
+from torchrec_dreamshard.calibration.plan_ranking import keep
+from torchrec_dreamshard.calibration.verify_cache import (
+    read_rounds,
+    verification_cache_path,
+    write_rounds,
+)
+from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
 from torchrec_dreamshard.data.tasks import NoPlanError, Task
+from torchrec_dreamshard.measure import placement_timing, reference_speed
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.progress import progress_bar
+from torchrec_dreamshard.measure.progress import progress_bar
+from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
-
-MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
-
-
-@dataclass
-class VerifiedPlan:
-    """One plan measured by :func:`verify`."""
-
-    name: str
-    placement: list[int]
-    predicted_ms: float
-    log_std: float
-    measured_ms: float = float("nan")  # median over rounds of the measured step
-    rounds_ms: list[float] = field(default_factory=list)
-    earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
-    heuristic: bool = False  # a classic heuristic's plan (the reference)
-    baseline: bool = False  # TorchRec's plan: the kept plan must not measure slower
-
-
-@dataclass
-class VerifyResult:
-    """The plans :func:`verify` measured, the kept first (see :func:`rank_measured`), the
-    time it took and how noisy its passes were.
-
-    Attributes:
-        plans: the plans, the kept first; their ``rounds_ms`` are the deciding pass's.
-        seconds: wall time.
-        cached: the rounds were read from this machine's cache.
-        passes: each pass's noise (a second where the first was noisy).
-        fallback: why the safer plan was kept regardless of the ranking (``None``: not).
-    """
-
-    plans: list[VerifiedPlan]
-    seconds: float
-    cached: bool = False
-    passes: list[Noise] = field(default_factory=list)
-    fallback: str | None = None
-
-    @property
-    def winner(self) -> VerifiedPlan:
-        return self.plans[0]
-
-    @property
-    def baseline(self) -> VerifiedPlan | None:
-        """TorchRec's plan, where it was measured."""
-        return next((p for p in self.plans if p.baseline), None)
-
-    @property
-    def best_heuristic(self) -> VerifiedPlan | None:
-        """The heuristic plan of lowest median measured step (``None``: none measured)."""
-        heur = [p for p in self.plans if p.heuristic and p.rounds_ms]
-        return min(heur, key=lambda p: p.measured_ms) if heur else None
-
-    def margins(self) -> dict[str, Any]:
-        """The kept plan's median measured step over TorchRec's plan's and over the best
-        heuristic's (``None`` where not measured)."""
-
-        def ratio(other: VerifiedPlan | None) -> float | None:
-            if other is None or not other.rounds_ms or not self.winner.rounds_ms:
-                return None
-            return self.winner.measured_ms / other.measured_ms
-
-        return {
-            "kept": self.winner.name,
-            "vs_torchrec": ratio(self.baseline),
-            "vs_best_heuristic": ratio(self.best_heuristic),
-            "measured": bool(self.winner.rounds_ms),
-        }
-
-    def summary(self, describe: Callable[[str], str] | None = None) -> str:
-        """One line: what was measured, in how long, what was kept and by how much, e.g.
-        ``verified 6 plans in 8.5 s: kept the policy's plan, 4.1% faster than TorchRec's
-        and 2.3% faster than the best heuristic's, measured``. ``describe`` names a plan
-        for people (default :func:`plan_words`)."""
-        describe = describe or plan_words
-        how = "read from this machine's cache" if self.cached else f"in {self.seconds:.1f} s"
-        rounds = len(self.winner.rounds_ms)
-        head = f"verified {len(self.plans)} plans {how} ({rounds} rounds): kept "
-        head += describe(self.winner.name)
-        m = self.margins()
-        parts = []
-        if m["vs_torchrec"] is not None and not self.winner.baseline:
-            parts.append(f"{percent(m['vs_torchrec'])} TorchRec's")
-        best = self.best_heuristic
-        if m["vs_best_heuristic"] is not None and best is not self.winner:
-            parts.append(f"{percent(m['vs_best_heuristic'])} the best heuristic's")
-        line = head + (", " + " and ".join(parts) + ", measured" if parts else "")
-        if not rounds:
-            line += " (no whole round fitted in the budget)"
-        if len(self.passes) > 1:
-            line += f"; the first rounds were noisy ({self.passes[0].describe()}): measured again"
-        if self.fallback:
-            line += f"; {self.fallback}"
-        return line
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "winner": self.winner.name,
-            "seconds": self.seconds,
-            "cached": self.cached,
-            "passes": [n.to_dict() for n in self.passes],
-            "fallback": self.fallback,
-            "margins": self.margins(),
-            "plans": [
-                {
-                    "name": p.name,
-                    "predicted_ms": p.predicted_ms,
-                    "measured_ms": p.measured_ms,
-                    "rounds_ms": p.rounds_ms,
-                    "earlier_ms": p.earlier_ms,
-                    "heuristic": p.heuristic,
-                    "torchrec": p.baseline,
-                }
-                for p in self.plans
-            ],
-        }
-
-    def lines(self) -> list[str]:
-        rounds = len(self.winner.rounds_ms)
-        how = "read from this machine's cache" if self.cached else f"({self.seconds:.1f}s)"
-        out = [
-            f"verification: {len(self.plans)} plans measured in {rounds} interleaved rounds "
-            f"{how}; chosen: {self.winner.name}",
-            f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
-        ]
-        for p in self.plans:
-            err = (p.predicted_ms / p.measured_ms - 1.0) * 100.0
-            out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%")
-        return out
-
-
-def percent(ratio: float) -> str:
-    """``"4.1% faster than"`` for a ratio of 0.959, ``"2.0% slower than"`` for 1.02."""
-    if ratio <= 1.0:
-        return f"{(1.0 - ratio) * 100:.1f}% faster than"
-    return f"{(ratio - 1.0) * 100:.1f}% slower than"
-
-
-TORCHREC_WORDS = "TorchRec's plan"
-
-
-def plan_words(name: str, chosen: str | None = None) -> str:
-    """A measured plan's name for people: ``chosen`` (the planner's choice) as ``"the
-    planner's plan (<its safety-net label>)"``, TorchRec's as ``"TorchRec's plan"``, a
-    heuristic's as ``"the size_greedy heuristic's plan"``; a name that joins several
-    (``chosen=torchrec_ours``) by its first."""
-    first, *also = name.split("=")
-    if first == "chosen":
-        label = f" ({chosen})" if chosen else ""
-        words = f"the planner's plan{label}"
-    elif first.startswith("torchrec"):
-        words = TORCHREC_WORDS
-    elif first.startswith("heuristic:"):
-        words = f"the {first.split(':', 1)[1]} heuristic's plan"
-    else:
-        words = f"the {first} plan"
-    if any(a.startswith("torchrec") for a in also):
-        words += ", the same as TorchRec's"
-    return words
 
 
 def heuristic_plans(task: Task) -> dict[str, tuple[int, ...]]:
@@ -252,113 +94,6 @@ def verify_candidates(
     return out
 
 
-def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:
-    """Whether ``p`` measured faster than ``ref`` beyond the noise: a lower median, and
-    faster in enough of their paired rounds for the sign test (:func:`sign_test_wins`)."""
-    n = min(len(p.rounds_ms), len(ref.rounds_ms))
-    need = sign_test_wins(n)
-    if need is None or not np.median(p.rounds_ms) < np.median(ref.rounds_ms):
-        return False
-    return sum(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=False)) >= need
-
-
-def rank_measured(
-    plans: Sequence[VerifiedPlan], incumbent: str | None = None
-) -> list[VerifiedPlan]:
-    """``plans`` (measured: ``rounds_ms`` filled, one entry per round, the same number
-    for every plan) kept plan first, then by median measured step.
-
-    The kept plan is the incumbent unless other plans measured faster than it in every
-    round; then the fastest of those by median. The incumbent is the plan named
-    ``incumbent`` where given (the planner's own choice, which then stands unless the
-    measurement says otherwise every time, over at least :data:`MIN_ROUNDS_TO_REPLACE`
-    rounds: one round is one draw of the noise), else the fastest heuristic plan by
-    median (the model's plans must then beat the heuristics every time). Without either,
-    the fastest by median. Then, where a baseline (TorchRec's plan) is among ``plans``,
-    a kept plan that does not beat it beyond the noise (:func:`beats_beyond_noise`)
-    gives way to the fastest plan that does, else to the baseline itself."""
-    ranked = _rank_incumbent(plans, incumbent)
-    base = next((p for p in ranked if p.baseline), None)
-    if base is None or ranked[0] is base or beats_beyond_noise(ranked[0], base):
-        return ranked
-    kept = next((p for p in ranked[1:] if p is not base and beats_beyond_noise(p, base)), base)
-    return [kept, *(p for p in ranked if p is not kept)]
-
-
-def _rank_incumbent(
-    plans: Sequence[VerifiedPlan], incumbent: str | None = None
-) -> list[VerifiedPlan]:
-    """:func:`rank_measured` before its baseline rule."""
-    rounds = min((len(p.rounds_ms) for p in plans), default=0)
-    for p in plans:
-        p.measured_ms = float(np.median(p.rounds_ms)) if p.rounds_ms else float("nan")
-    ordered = sorted(plans, key=lambda p: p.measured_ms) if rounds else list(plans)
-    if incumbent is not None:
-        named = [p for p in ordered if p.name == incumbent or p.name.startswith(f"{incumbent}=")]
-        if not named:
-            raise ValueError(f"no measured plan is named {incumbent!r}")
-        ref = named[0]
-        if rounds < MIN_ROUNDS_TO_REPLACE:
-            return [ref, *(p for p in ordered if p is not ref)]
-    else:
-        heur = [p for p in ordered if p.heuristic]
-        if not heur:
-            return ordered
-        ref = heur[0]
-        if not rounds:
-            return [ref, *(p for p in ordered if p is not ref)]
-
-    def beats(p: VerifiedPlan) -> bool:
-        return all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
-
-    winner = next((p for p in ordered if p is ref or beats(p)), ref)
-    return [winner, *(p for p in ordered if p is not winner)]
-
-
-def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
-    """The plan kept when the measurements are too noisy to rank: TorchRec's plan where it
-    was measured, else the fastest heuristic's by median (``None``: neither)."""
-    base = next((p for p in plans if p.baseline), None)
-    if base is not None:
-        return base
-    heur = [p for p in plans if p.heuristic]
-    if not heur:
-        return None
-    return min(heur, key=lambda p: p.measured_ms if p.rounds_ms else math.inf)
-
-
-def keep(
-    plans: Sequence[VerifiedPlan], incumbent: str | None, passes: Sequence[Noise]
-) -> tuple[list[VerifiedPlan], str | None]:
-    """:func:`rank_measured`; then, where the last pass was noisy, the safer plan
-    (:func:`safer_plan`) unless a plan measured faster than it in every round of every
-    pass (at least 3: on a busy machine only a plan that wins every pairing counts as
-    faster); and why (``None``: the ranking stands)."""
-    ranked = rank_measured(plans, incumbent)
-    if not passes or not passes[-1].noisy:
-        return ranked, None
-    safer = safer_plan(ranked)
-    if safer is None:
-        return ranked, None
-
-    def every_round(p: VerifiedPlan) -> bool:
-        mine, theirs = p.earlier_ms + p.rounds_ms, safer.earlier_ms + safer.rounds_ms
-        if len(mine) < 3 or len(mine) != len(theirs):
-            return False
-        return all(a < b for a, b in zip(mine, theirs, strict=True))
-
-    winners = [p for p in ranked if p is not safer and every_round(p)]
-    kept = min(winners, key=lambda p: p.measured_ms) if winners else safer
-    again = " again" if len(passes) > 1 else ""
-    why = f"the measurements were noisy{again} ({passes[-1].describe()}): kept "
-    if kept is safer:
-        why += f"{plan_words(safer.name)}, the safer plan"
-    else:
-        n = len(kept.earlier_ms + kept.rounds_ms)
-        why += f"a plan faster than {plan_words(safer.name)} in every one of {n} rounds"
-    return [kept, *(p for p in ranked if p is not kept)], why
-
-
 @dataclass(frozen=True)
 class VerifyOptions:
     """How :func:`verify` measures and keeps.
@@ -370,7 +105,8 @@ class VerifyOptions:
             rounds). The second pass, where the first was noisy, has its own budget
             (:attr:`NoiseLimits.extra_budget`).
         cache: read the rounds of these very plans of this task from this machine's
-            cache, or write them there once measured (:func:`verification_cache_path`).
+            cache, or write them there once measured
+            (:func:`~.verify_cache.verification_cache_path`).
         incumbent: the name of the plan (an ``extra`` one) that stands unless another
             measured faster in every round (``None``: the fastest heuristic's).
         progress: a progress bar (see :func:`progress_bar`).
@@ -396,22 +132,19 @@ class Timing:
 
 
 def kernel_timing(config: MeasureConfig) -> Timing:
-    """Real FBGEMM kernels: :func:`~torchrec_dreamshard.measure.measure_placement` with
-    ``config``, and the reference kernel's fwd + bwd
+    """Real FBGEMM kernels:
+    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``,
+    and the reference kernel's fwd + bwd
     (:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`)."""
 
     def step_ms(task: Task, placement: list[int]) -> float:
-        import torchrec_dreamshard.measure as measure
-
-        m = measure.measure_placement(task, placement, config)
+        m = placement_timing.measure_placement(task, placement, config)
         if not m.ok:
             raise RuntimeError(str(m.error))
         return float(m.step_ms)
 
     def reference_ms() -> float:
-        from torchrec_dreamshard.measure.reference_speed import measure_reference_ms
-
-        return float(sum(measure_reference_ms(config.device)))
+        return float(sum(reference_speed.measure_reference_ms(config.device)))
 
     return Timing(step_ms, reference_ms)
 
@@ -429,10 +162,11 @@ def verify(
 ) -> VerifyResult:
     """Measure the ``k`` best-rated candidates, the ``baselines`` (TorchRec's plan) and the
     heuristics' plans (see :func:`verify_candidates`; ``extra`` adds named plans) in
-    interleaved rounds (:func:`~torchrec_dreamshard.measure.measure_in_rounds`: each round
-    visits every plan once, the order rotated round by round), with the reference kernel
-    timed before and after; where that pass was noisy, a second (see the module
-    docstring). The plans kept first (:func:`keep`), then by median measured step.
+    interleaved rounds (:func:`~torchrec_dreamshard.measure.rounds.measure_in_rounds`: each
+    round visits every plan once, the order rotated round by round), with the reference
+    kernel timed before and after; where that pass was noisy, a second (see the module
+    docstring). The plans kept first (:func:`~.plan_ranking.keep`), then by median
+    measured step.
 
     Args:
         config: the measurement settings (one timing round per measurement).
@@ -450,7 +184,7 @@ def verify(
     plans = verify_candidates(agent, task, k, extra, baselines)
     path = verification_cache_path(task, plans, config, options.rounds) if options.cache else None
     if path is not None:
-        passes = _read_rounds(path, plans)
+        passes = read_rounds(path, plans)
         if passes is not None:
             ranked, why = keep(plans, options.incumbent, passes)
             took = time.perf_counter() - start
@@ -460,7 +194,7 @@ def verify(
         p.rounds_ms = [r[i] for r in rounds[-1]]
         p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
     if path is not None:
-        _write_rounds(path, plans, passes)
+        write_rounds(path, plans, passes)
     ranked, why = keep(plans, options.incumbent, passes)
     return VerifyResult(ranked, time.perf_counter() - start, passes=passes, fallback=why)
 
@@ -504,8 +238,6 @@ def _one_pass(
     bar: Any,
 ) -> list[dict[int, float]]:
     """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only)."""
-    from torchrec_dreamshard.measure import measure_in_rounds
-
     start = time.perf_counter()
     took: list[float] = []  # seconds of each measurement so far
 
@@ -533,61 +265,3 @@ def _one_pass(
 
 class _OutOfTime(Exception):
     """The verification's budget ends before the next measurement would."""
-
-
-def verification_cache_path(
-    task: Task, plans: Sequence[VerifiedPlan], config: MeasureConfig, rounds: int
-) -> Path:
-    """This machine's cache file of the verification of ``plans`` of ``task`` (the tables,
-    devices, memory and batch, the plans' placements, the measurement's settings)."""
-    from torchrec_dreamshard.measure.config import stable_key
-    from torchrec_dreamshard.measure.hardware import device_name
-    from torchrec_dreamshard.measure.machine_cache import machine_cache_path
-
-    key = stable_key(
-        [task.to_dict(), [p.placement for p in plans], config.to_dict(), rounds], length=16
-    )
-    device = config.device
-    return machine_cache_path(f"verification_{device}_{key}", device_name(device))
-
-
-def _read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> list[Noise] | None:
-    """Fill ``plans``' rounds from ``path`` and return its passes' noise; ``None`` (and
-    nothing filled) when the file is missing or does not hold exactly these plans."""
-    from torchrec_dreamshard.io import read_json
-
-    if not path.exists():
-        return None
-    data = read_json(path, "verification cache")
-    stored = data.get("plans") if isinstance(data, dict) else None
-    if not isinstance(stored, list) or len(stored) != len(plans):
-        return None
-    for p, s in zip(plans, stored, strict=True):
-        if not isinstance(s, dict) or s.get("placement") != p.placement:
-            return None
-        if not isinstance(s.get("rounds_ms"), list):
-            return None
-    if len({len(s["rounds_ms"]) for s in stored}) != 1:
-        return None
-    try:
-        passes = [Noise.from_dict(n) for n in data.get("passes", [])]
-    except (KeyError, TypeError):
-        return None
-    for p, s in zip(plans, stored, strict=True):
-        p.rounds_ms = [float(ms) for ms in s["rounds_ms"]]
-        p.earlier_ms = [float(ms) for ms in s.get("earlier_ms", [])]
-    return passes
-
-
-def _write_rounds(path: Path, plans: Sequence[VerifiedPlan], passes: Sequence[Noise]) -> None:
-    from torchrec_dreamshard.io import atomic_write, dumps_strict
-
-    data = {
-        "plans": [
-            {"placement": p.placement, "rounds_ms": p.rounds_ms, "earlier_ms": p.earlier_ms}
-            for p in plans
-        ],
-        "passes": [{k: v for k, v in n.to_dict().items() if k != "noisy"} for n in passes],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dumps_strict(data), "verification cache")

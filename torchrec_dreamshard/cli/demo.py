@@ -175,7 +175,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     """What the planner measured on this machine, whether it calibrated and verified."""
-    from torchrec_dreamshard.calibration.calibrating_agent import adaptation_lines as lines
+    from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines as lines
 
     return ["", "== adapting to this machine ==", *lines(adaptation)]
 
@@ -304,7 +304,6 @@ def _train(
 ) -> dict:
     import torch
     import torch.distributed as dist
-    from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim import RowWiseAdagrad
@@ -318,10 +317,11 @@ def _train(
         table_wise_constraints,
         torchrec_topology,
     )
+    from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward
 
     task = Task.from_dict(task_dict)
     model = StepDLRM(StepModelSpec(bags=task.tables), torch.device("meta"))
-    _apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
+    apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
     sharders = [EmbeddingBagCollectionSharder()]
     planner = DreamShardPlanner(
         topology=torchrec_topology(world, "cpu"),

@@ -28,7 +28,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchrec_dreamshard.feedback.job_report import check_report, plot_report, report_lines
+    from torchrec_dreamshard.feedback.observed_job_report import (
+        check_report,
+        plot_report,
+        report_lines,
+    )
     from torchrec_dreamshard.io import check_writable, read_json
 
     if args.plot:

@@ -37,11 +37,11 @@ from typing import Any
 
 import numpy as np
 
+from torchrec_dreamshard.measure.collective_timing import wire_megabytes
 from torchrec_dreamshard.measure.collectives import (
     COLLECTIVES,
     CollectiveModels,
     check_kind,
-    wire_megabytes,
 )
 from torchrec_dreamshard.measure.comm import CommModel
 

@@ -35,6 +35,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.dense_kernels import time_dense_sets
 from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
 FEATURES = ("ms", "ms_per_table", "ms_per_mb_gathered", "ms_per_mb_output", "ms_per_mb_weights")
@@ -135,6 +136,7 @@ def fit_dense_kernel_model(
     )
 
 
+@spent_on("dense_kernel")
 def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
     """Time :func:`~torchrec_dreamshard.measure.dense_kernels.random_dense_sets` on this
     machine and fit the model (a few seconds); while rank 0 of a job drives measurements on

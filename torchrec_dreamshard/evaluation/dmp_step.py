@@ -218,7 +218,6 @@ def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, i
 def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
     """The model under ``DistributedModelParallel`` with ``plan`` (fused row-wise Adagrad on
     the embeddings, Adagrad on the rest) in a ``TrainPipelineSparseDist``."""
-    from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
@@ -226,9 +225,11 @@ def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
+    from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward
+
     model = StepDLRM(spec, torch.device("meta"))
     tables = [p for n, p in model.named_parameters() if n.startswith(("sparse.", "sequences."))]
-    _apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
+    apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
     dmp = DistributedModelParallel(
         model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
     )
@@ -267,6 +268,8 @@ def run_rounds(
     """The step timer on this rank of an initialised process group (every rank calls it;
     every rank returns the same times). Rank 0 appends each finished round to
     ``round_log`` (JSON lines) when given."""
+    from torchrec_dreamshard.torchrec_compat import pipelined_modules
+
     if not plans:
         raise ValueError("no plans to time")
     torch.set_num_threads(1)
@@ -306,7 +309,7 @@ def run_rounds(
         order=lambda n, r: balanced_order(n, first + r),
     )
     for name, pipeline in pipelines.items():
-        times.plans[name]["pipelined"] = len(pipeline._pipelined_modules)
+        times.plans[name]["pipelined"] = len(pipelined_modules(pipeline))
     return times
 
 

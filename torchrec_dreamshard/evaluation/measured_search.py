@@ -5,12 +5,14 @@ cost drops."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from torchrec_dreamshard.data.tasks import Task, check_placement, device_tables
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.policy.moves import moves
 
 
 @dataclass
@@ -84,27 +86,31 @@ def measured_search(
 def _propose(
     task: Task, placement: list[int], dev_ms: Sequence[float], rng: np.random.Generator
 ) -> list[int] | None:
-    """A move or swap off the bottleneck device (``None`` when nothing is possible)."""
-    groups = device_tables(task, placement)
+    """A move or swap of a table off the measured bottleneck device with one of the lighter
+    half of the devices, drawn from the refinement's legal changes
+    (:func:`~torchrec_dreamshard.policy.moves.moves`: both devices stay within memory); a
+    move or a swap with even odds where both exist. ``None`` when there is none."""
     order = np.argsort(dev_ms)
     b = int(order[-1])
-    free = np.asarray(task.memory) - np.array(
-        [sum(task.tables[i].size_bytes for i in g) for g in groups]
+    lighter = set(order[: max(1, len(order) // 2)].tolist()) - {b}
+    sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
+    changes = moves(
+        np.asarray(placement),
+        b,
+        sizes,
+        np.asarray(task.memory, dtype=np.float64),
+        rng,
+        pair_swaps=0,
+        limit=sys.maxsize,  # every legal change: no draw here
     )
-    for _ in range(20):
-        i = int(rng.choice(groups[b]))
-        d = int(rng.choice(order[: max(1, len(order) // 2)]))
-        if d == b:
-            continue
-        cand = list(placement)
-        if rng.random() < 0.5 and free[d] >= task.tables[i].size_bytes:
-            cand[i] = d
-            return cand
-        if groups[d]:
-            j = int(rng.choice(groups[d]))
-            cand[i], cand[j] = d, b
-            try:
-                return check_placement(task, cand)
-            except ValueError:
-                continue
-    return None
+    changes = [c for c in changes if c[3] in lighter]
+    kinds = [k for k in ([c for c in changes if c[1] < 0], [c for c in changes if c[1] >= 0]) if k]
+    if not kinds:
+        return None
+    pool = kinds[int(rng.random() >= 0.5)] if len(kinds) == 2 else kinds[0]
+    i, j, _, d = pool[int(rng.integers(len(pool)))]
+    cand = list(placement)
+    cand[i] = d
+    if j >= 0:
+        cand[j] = b
+    return cand

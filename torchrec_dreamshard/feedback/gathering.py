@@ -1,6 +1,6 @@
 """Every rank's observations of the job, gathered: the sampled steps, what sampling cost,
 what the sampled steps fed the tables, and the model's tables (rank 0's), for the report
-(:mod:`.job_report`) and the re-plan (:mod:`.replan`)."""
+(:mod:`.observed_job_report`) and the re-plan (:mod:`.replan`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.inputs import ObservedInputs, pooling_sums
 from torchrec_dreamshard.feedback.sampling import StepSampler
-from torchrec_dreamshard.measure.job_group import JobGroup
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup
 
 
 def gather(

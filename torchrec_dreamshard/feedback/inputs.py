@@ -56,11 +56,14 @@ class InputRecorder:
         self.attach(dmp)
 
     def attach(self, dmp: nn.Module | None) -> None:
-        """Wrap the ``input_dist`` of ``dmp``'s sharded modules not wrapped yet."""
+        """Wrap the ``input_dist`` of ``dmp``'s sharded modules not wrapped yet
+        (:func:`~torchrec_dreamshard.torchrec_compat.wrap_input_dist`)."""
+        from torchrec_dreamshard.torchrec_compat import wrap_input_dist
+
         for module in sharded_modules(dmp):
             if getattr(module.input_dist, "_dreamshard_recorder", None) is self:
                 continue
-            module.input_dist = self._wrap(module.input_dist)
+            wrap_input_dist(module, self._wrap)
 
     def _wrap(self, input_dist: Any) -> Any:
         def recorded(ctx: Any, features: Any, *args: Any, **kwargs: Any) -> Any:

@@ -22,7 +22,7 @@ samples at most one step in ``every``, and less often where that cost would exce
 ``max_overhead`` of the job's time (a job of 3 ms steps, whose profiled step costs 30 ms
 more, is sampled about one step in a thousand at 1%); :attr:`JobObserver.overhead` is the
 fraction it has cost so far, and the report carries it.
-``report()`` gathers every rank's samples (:mod:`.gathering`, :mod:`.job_report`);
+``report()`` gathers every rank's samples (:mod:`.gathering`, :mod:`.observed_job_report`);
 ``replan()`` learns from them and plans again on rank 0 (:mod:`.replan`) while the other
 ranks serve its measurements, as ``collective_plan`` does, then every rank gets the plan.
 The report logs like TorchRec's planner stats (``logging.INFO`` on
@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.gathering import gather, observed_inputs
 from torchrec_dreamshard.feedback.inputs import embedding_tables
-from torchrec_dreamshard.feedback.job_report import build_report, rank_tables, report_lines
+from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.profiling import StepProfile
 from torchrec_dreamshard.feedback.sampling import (
     EVERY,
@@ -50,7 +50,7 @@ from torchrec_dreamshard.feedback.sampling import (
     WARMUP,
     StepSampler,
 )
-from torchrec_dreamshard.measure.job_group import JobGroup, broadcast, driving, serve
+from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.plan_record import PlanRecord
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -142,7 +142,7 @@ class JobObserver:
 
     def report(self) -> dict[str, Any]:
         """Every rank's predicted and measured embedding cost (collective; the same dict
-        on every rank; see :mod:`.job_report`)."""
+        on every rank; see :mod:`.observed_job_report`)."""
         gathered = gather(self.sampler, self._group, self._tables)
         profiles, overheads = gathered["profiles"], gathered["overhead"]
         tables = rank_tables(self.plan, self._group.world)
@@ -169,7 +169,7 @@ class JobObserver:
         plan is a new one only where it is predicted to pay beyond the model's
         uncertainty (else the observed plan). Restart the job with it, or apply it in
         place where ``DistributedModelParallel.reshard`` can."""
-        from torchrec_dreamshard.feedback.job_report import measured_by_rank
+        from torchrec_dreamshard.feedback.observed_job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import replan_on_rank0
 
         gathered = gather(self.sampler, self._group, self._tables, with_inputs=True)

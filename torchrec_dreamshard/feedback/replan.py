@@ -46,8 +46,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from torchrec_dreamshard.feedback.inputs import ObservedInputs
     from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
     from torchrec_dreamshard.planner.plan_record import PlanRecord
-    from torchrec_dreamshard.planner.proposal import PlanPrediction
     from torchrec_dreamshard.policy import PlacementAgent
 
 logger = logging.getLogger("torchrec_dreamshard.feedback")
@@ -61,7 +61,8 @@ def rank_kernels(
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
     cost network prices, and whether that is all the rank runs on the fused kernel.
     ``spec_fn`` gives each option's table spec (default: the planner's)."""
-    from torchrec_dreamshard.planner.proposal import is_policy_option, is_split_option, option_specs
+    from torchrec_dreamshard.planner.option_kinds import is_policy_option, is_split_option
+    from torchrec_dreamshard.planner.option_specs import shard_specs
 
     spec_fn = spec_fn or record.specs
     world = record.topology.world_size
@@ -69,7 +70,7 @@ def rank_kernels(
     clean = [True] * world
     for option in record.best_options:
         if is_policy_option(option) or is_split_option(option):
-            specs = option_specs(option, spec_fn(option))
+            specs = shard_specs(option, spec_fn(option))
             for spec, shard in zip(specs, option.shards, strict=True):
                 groups[shard.rank].append(spec)
         elif option.compute_kernel == "fused":
@@ -173,7 +174,7 @@ def job_inputs(
 
     if inputs is None or not inputs.mispriced():
         return record.specs, {}, config
-    from torchrec_dreamshard.calibration.observed_inputs import remember_inputs
+    from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
 
     batches = inputs.batches()
     model = record.planned_inputs[0]
@@ -232,7 +233,7 @@ def learn_and_replan(
     """Steps 1 to 3 (see the module docstring), on rank 0. ``inputs``: what the job fed
     its tables (:func:`job_inputs`)."""
     from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
-    from torchrec_dreamshard.planner.proposal import prediction_task
+    from torchrec_dreamshard.planner.plan_prediction import prediction_task
 
     spec_fn, arguments, config = job_inputs(record, config, inputs)
     kernels = rank_kernels(record, spec_fn)

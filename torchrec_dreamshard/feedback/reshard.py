@@ -6,23 +6,22 @@ optimizer state point to point from its old rank to its new one.
 Only table-wise tables that keep everything but their rank can move this way; any other
 change (sharding type, kernel, a table split or added) needs the restart path.
 
-On gloo, TorchRec 1.8's reshard hangs as given: it tags each send and recv with
+On gloo, TorchRec's reshard (1.8.0, 1.9.2) hangs as given: it tags each send and recv with
 ``hash((src, shard, local_shard, dst, table_name, is_optimizer))``
 (``torchrec/distributed/sharding/dynamic_sharding.py``, ``_generate_tag``), and Python salts
 the hash of a str per process, so the sender's and the receiver's tags differ unless every
 rank started with the same ``PYTHONHASHSEED``. Gloo pairs a send with the recv of the same
 tag, so both ranks wait forever in ``update_state_dictionaries`` (NCCL does not match tags,
 which is why this works on GPUs). :func:`apply_in_place` gives TorchRec, for the duration of
-the call, a tag that every process computes alike.
+the call, a tag that every process computes alike
+(:func:`torchrec_dreamshard.torchrec_compat.process_independent_reshard_tags`, the package's
+one patch of TorchRec, scoped to the call and under a lock).
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import zlib
-from collections.abc import Iterator
 from typing import Any
 
 TABLE_WISE = "table_wise"
@@ -52,25 +51,6 @@ def table_moves(current: Any, new: Any) -> list[str]:
     return moved
 
 
-@contextlib.contextmanager
-def _process_independent_tags() -> Iterator[None]:
-    """Within the block, TorchRec's resharding tags its sends and recvs alike on every rank
-    (crc32 of the same key, instead of its per-process salted ``hash``)."""
-    from torchrec.distributed.sharding import dynamic_sharding
-
-    original = dynamic_sharding._generate_tag
-
-    def tag(src_rank, shard_id, local_shard_id, dst_rank, shard_name, is_optimizer_state=False):
-        key = repr((src_rank, shard_id, local_shard_id, dst_rank, shard_name, is_optimizer_state))
-        return zlib.crc32(key.encode()) & dynamic_sharding.MAX_TAG_HASH_VALUE
-
-    dynamic_sharding._generate_tag = tag
-    try:
-        yield
-    finally:
-        dynamic_sharding._generate_tag = original
-
-
 def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> list[str]:
     """Move the tables that ``new_plan`` (a ``ShardingPlan``) places on other ranks than
     ``dmp``'s plan does, in the sharded ``EmbeddingBagCollection`` at ``module_path`` (None:
@@ -83,6 +63,11 @@ def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> l
     """
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
+
+    from torchrec_dreamshard.torchrec_compat import (
+        dmp_wrapped_module,
+        process_independent_reshard_tags,
+    )
 
     if module_path is None:
         if len(new_plan.plan) != 1:
@@ -100,12 +85,12 @@ def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> l
             f"{module_path!r} is a {type(sharded).__name__}; TorchRec reshards only "
             "ShardedEmbeddingBagCollection"
         )
-    if not hasattr(dmp._dmp_wrapped_module, "module"):
+    if not hasattr(dmp_wrapped_module(dmp), "module"):
         # reshard re-collects the fused optimizers from _dmp_wrapped_module.module
         # (model_parallel.py, DistributedModelParallel.reshard), which only a DDP-wrapped
         # model has: one with dense parameters and init_data_parallel=True
         raise ValueError("DMP.reshard needs a model with dense parameters wrapped in DDP")
     delta = EmbeddingModuleShardingPlan({name: copy.deepcopy(new[name]) for name in moved})
-    with _process_independent_tags():
+    with process_independent_reshard_tags():
         dmp.reshard({module_path: (0.0, delta)}, module_path)
     return moved

@@ -23,9 +23,25 @@ bandwidth-optimal algorithm, so that every collective is on the same axis. For a
   on the job's own process group, every rank taking part, with its real backend and hosts;
   the group has one size ``D = W``, so ``b`` is 0 and ``a`` holds the whole fixed cost at
   that size. Cached per machine and topology (world size and hosts).
-* elsewhere (:func:`load_collective_models`): on 2..``max_devices`` spawned ranks, never more
-  than the machine's cores, with a clean environment (no launcher's rendezvous), and never
-  from inside a distributed job. Cached per machine and backend.
+* elsewhere (:func:`load_collective_models`): on groups of 2..``max_devices`` gloo ranks,
+  never more than the machine's cores, each rank a thread of this process with a gloo
+  process group of its own over an in-process store and loopback TCP (the default process
+  group untouched), so that a library call starts no process: a script without a main
+  guard, a notebook or a debugger plans as they would with TorchRec's planner. Cached per
+  machine and backend. The ``dreamshard`` commands may time them on spawned ranks instead
+  (``ranks="processes"``, with a clean environment and never from inside a distributed
+  job; the only way for NCCL).
+
+Threads or processes: between gloo ranks on one machine both move the same bytes over
+loopback TCP through the same gloo code. On our 2-core machine, under load, threads fitted
+about the same ``ms_per_mb`` as spawned ranks (within the run-to-run noise of either) and a
+fixed cost no larger, often smaller (up to about 0.5 ms a collective: waking a thread of
+the same process is cheaper than waking another process), in under 1 s instead of about 7
+(each spawned rank imports torch); ``benchmarks/collective_ranks.py``, figures in
+``docs/guide.md``. The analytic model of the
+topology's bandwidths, the other choice that spawns nothing, prices a 4 MB gloo all-to-all
+about a thousand times short, so threads it is. A job's own group (``collective_plan``)
+measures the real thing.
 
 The all-to-all model fitted here is the package's one model of an all-to-all's time
 (:func:`load_all_to_all_model`): the local measurement backend charges it, the calibration
@@ -39,10 +55,7 @@ unmeasured here, where there is no GPU.
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -50,40 +63,30 @@ from typing import Any
 
 import torch
 
+from torchrec_dreamshard.measure.collective_timing import (
+    COLLECTIVES,
+    check_kind,
+    spawned_samples,
+    thread_samples,
+    time_every_collective,
+)
 from torchrec_dreamshard.measure.comm import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.config import stable_key
+from torchrec_dreamshard.measure.distributed_job_group import (
+    JobGroup,
+    active_group,
+    group_task,
+    run_on_group,
+)
 from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spawn import (
-    check_may_spawn,
-    free_port,
-    launcher_free_env,
-    local_process_group,
     measuring_ranks,
 )
+from torchrec_dreamshard.measure.spent import spent_on
 
-COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
-_WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
-_CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-_CALIBRATION_REPEATS = 5
-
-
-def check_kind(kind: str) -> str:
-    """``kind`` if it names a collective, else a ``ValueError`` listing the names."""
-    if kind not in COLLECTIVES:
-        raise ValueError(f"unknown collective {kind!r}; expected one of {list(COLLECTIVES)}")
-    return kind
-
-
-def wire_megabytes(kind: str, num_devices: int, buffer_bytes: float) -> float:
-    """MB one rank sends plus receives in ``kind`` over ``num_devices`` ranks with a buffer
-    of ``buffer_bytes`` per rank (see the module docstring; 0 for one rank)."""
-    check_kind(kind)
-    if num_devices <= 1:
-        return 0.0
-    return _WIRE_FACTOR[kind] * (num_devices - 1) / num_devices * buffer_bytes / 1e6
+RANK_KINDS = ("threads", "processes")  # how calibrate_collective_models runs its ranks
 
 
 @dataclass
@@ -152,102 +155,12 @@ def default_backend() -> str:
     return "gloo"
 
 
-def _buffers(
-    kind: str, numel: int, num_devices: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input, output)`` of ``kind`` for a buffer of ``numel`` elements per rank
-    (``numel`` a multiple of ``num_devices``; the all-reduce works in place)."""
-    part = numel // num_devices
-    if kind == "reduce_scatter":
-        return torch.rand(numel, device=device), torch.empty(part, device=device)
-    if kind == "all_gather":
-        return torch.rand(part, device=device), torch.empty(numel, device=device)
-    full = torch.rand(numel, device=device)
-    return full, (torch.empty(numel, device=device) if kind == "all_to_all" else full)
-
-
-def _run(kind: str, inp: torch.Tensor, out: torch.Tensor, group) -> None:
-    import torch.distributed as dist
-
-    if kind == "all_to_all":
-        dist.all_to_all_single(out, inp, group=group)
-    elif kind == "reduce_scatter":
-        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, inp, group=group)
-    elif kind == "all_gather":
-        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=group)
-    else:
-        dist.all_reduce(inp, group=group)
-
-
-def time_collective(
-    kind: str, buffer_bytes: int, iters: int, warmup: int = 1, group=None, device=None
-) -> list[float]:
-    """Time ``kind`` with a buffer of about ``buffer_bytes`` per rank (fp32) on an
-    initialised group; every rank of ``group`` must call it with the same arguments.
-
-    Each run starts after a barrier, so a rank's time is from the common start to its own
-    completion (with a device synchronisation on CUDA).
-
-    Returns:
-        ``iters`` figures in ms for this rank.
-    """
-    import torch.distributed as dist
-
-    device = device or torch.device("cpu")
-    d = dist.get_world_size(group)
-    numel = max(1, round(buffer_bytes / 4 / d)) * d
-    inp, out = _buffers(check_kind(kind), numel, d, device)
-    times = []
-    for i in range(warmup + iters):
-        dist.barrier(group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        _run(kind, inp, out, group)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        if i >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return times
-
-
-def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend: str) -> None:
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    device = torch.device("cpu")
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        device = torch.device("cuda", rank)
-    samples = []
-    with local_process_group(rank, world, port, backend=backend):
-        for d in range(2, world + 1):
-            group = dist.new_group(list(range(d)))
-            if rank >= d:
-                continue
-            samples += _time_every_collective(group, d, device)
-        gathered = [None] * world if rank == 0 else None
-        dist.gather_object(samples, gathered, dst=0)
-        if rank == 0:
-            Path(out_path).write_text(json.dumps([s for part in gathered for s in part]))
-
-
-def _time_every_collective(group, d: int, device: torch.device) -> list[tuple]:
-    """``(kind, D, MB, median ms)`` of every collective and calibration size, on this
-    rank of ``group`` (``d`` ranks; every rank calls it)."""
-    samples = []
-    for kind in COLLECTIVES:
-        for size in _CALIBRATION_BYTES:
-            t = time_collective(kind, size, _CALIBRATION_REPEATS, group=group, device=device)
-            samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
-    return samples
-
-
 @group_task
 def _group_collective_samples(group: JobGroup) -> list[tuple]:
-    return _time_every_collective(group.pg, group.world, group.device)
+    return time_every_collective(group.pg, group.world, group.device)
 
 
+@spent_on("collectives")
 def measure_group_collectives(group: JobGroup) -> CollectiveModels:
     """Time every collective on the driven job group (every rank taking part) and fit
     the models; a collective's time is its slowest rank's."""
@@ -277,37 +190,52 @@ def fit_collective_models(
     return CollectiveModels(backend=backend, models=models, source=source)
 
 
+@spent_on("collectives")
 def calibrate_collective_models(
-    max_devices: int = 4, backend: str | None = None
+    max_devices: int = 4, backend: str | None = None, ranks: str = "threads"
 ) -> CollectiveModels:
-    """Time every collective on 2..``max_devices`` spawned ranks (at most the machine's
+    """Time every collective on groups of 2..``max_devices`` ranks (at most the machine's
     cores, or its GPUs under NCCL) and fit their models.
 
-    The timings take a few seconds; starting the processes takes most of the rest.
+    Args:
+        max_devices: the largest group timed.
+        backend: ``"gloo"`` or ``"nccl"`` (default :func:`default_backend`).
+        ranks: ``"threads"`` (gloo only): each rank a thread of this process with its own
+            gloo process group over an in-process store, on loopback TCP as between
+            processes, so that nothing is spawned and the default process group is left
+            alone (what a library call does: :func:`load_collective_models`);
+            ``"processes"``: each rank a spawned process (NCCL's only way, one GPU each;
+            the comparison in ``benchmarks/collective_ranks.py``).
+
+    The timings take a few seconds; spawned processes add their start-up (each imports
+    torch) to it.
 
     Raises:
-        ValueError: called from inside a distributed job (nothing is spawned there), or
-            ``max_devices < 2``.
+        ValueError: ``max_devices < 2``, ``ranks`` unknown or ``"threads"`` with NCCL, or
+            processes would be spawned from inside a distributed job.
     """
-    import tempfile
-
-    import torch.multiprocessing as mp
-
-    check_may_spawn("timing the collectives")
     if max_devices < 2:
         raise ValueError(f"max_devices must be >= 2, got {max_devices}")
+    if ranks not in RANK_KINDS:
+        raise ValueError(f"ranks must be one of {RANK_KINDS}, got {ranks!r}")
     backend = backend or default_backend()
     if backend == "nccl":
+        if ranks == "threads":
+            raise ValueError(
+                "NCCL collectives are timed on spawned processes (one GPU each); pass "
+                "ranks='processes'"
+            )
         max_devices = min(max_devices, torch.cuda.device_count())
     else:
         max_devices = measuring_ranks(max_devices)
-    with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
-        out = os.path.join(tmp, "samples.json")
-        args = (max_devices, free_port(), out, backend)
-        mp.spawn(_calibration_worker, args=args, nprocs=max_devices)
-        samples = json.loads(Path(out).read_text())
-    source = f"{backend} collectives on {_device_name(backend)}, 2..{max_devices} ranks"
-    return fit_collective_models([tuple(s) for s in samples], backend, source)
+    if ranks == "threads":
+        samples = thread_samples(max_devices)
+        how = "threads of one process"
+    else:
+        samples = spawned_samples(max_devices, backend)
+        how = "spawned processes"
+    source = f"{backend} collectives on {_device_name(backend)}, 2..{max_devices} ranks ({how})"
+    return fit_collective_models(samples, backend, source)
 
 
 def _device_name(backend: str) -> str:
@@ -328,14 +256,17 @@ def load_collective_models(
     path: str | os.PathLike | None = None, backend: str | None = None
 ) -> CollectiveModels:
     """The fitted models from ``path`` (default :func:`default_collectives_path`),
-    calibrating and saving them first when the file does not exist."""
+    calibrating and saving them first when the file does not exist: gloo's on ranks that
+    are threads of this process (no process is started), NCCL's on spawned ranks (never
+    on the planner's path: it prices GPU ranks outside a job analytically)."""
     backend = backend or default_backend()
     path = Path(path) if path is not None else default_collectives_path(backend)
+    ranks = "threads" if backend == "gloo" else "processes"
     return load_cached(
         path,
         "collective models file",
         CollectiveModels.from_dict,
-        lambda: calibrate_collective_models(backend=backend),
+        lambda: calibrate_collective_models(backend=backend, ranks=ranks),
         CollectiveModels.to_dict,
         _LOADED,
     )

@@ -14,7 +14,7 @@ Every collective's time is modelled (:class:`CommModel`) as
 with ``a, b, c`` least squares over timings, clipped at 0 (:func:`fit_comm_model`). A
 device's communication under table-wise sharding is ``t`` for the forward all-to-all plus
 ``t`` for the backward (the same volume). Where the timings are taken and cached (this
-machine's spawned ranks, or a job's own group) is :mod:`torchrec_dreamshard.measure.collectives`:
+machine's ranks as threads, or a job's own group) is :mod:`torchrec_dreamshard.measure.collectives`:
 the local backend, the calibration and the planner all price the all-to-all with the one
 model fitted there (:func:`~torchrec_dreamshard.measure.collectives.load_all_to_all_model`).
 """

@@ -21,18 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.distributed_job_group import (
+    JobGroup,
+    active_group,
+    group_task,
+    run_on_group,
+)
 from torchrec_dreamshard.measure.embedding_kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
     time_fused_kernel,
 )
 from torchrec_dreamshard.measure.hardware import cpu_name, device_name
-from torchrec_dreamshard.measure.job_group import JobGroup, active_group, group_task, run_on_group
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1
 
 
+@spent_on("reference_kernel")
 def measure_reference_ms(device: str = "cpu") -> tuple[float, float]:
     """``(fwd_ms, bwd_ms)`` of the reference kernel on this machine (a second or two);
     while rank 0 of a job drives measurements on its group, the median over its ranks,

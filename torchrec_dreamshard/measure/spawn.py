@@ -1,7 +1,9 @@
-"""Process groups of ranks spawned on this machine (gloo on CPU): the measurement backend,
-the collectives' calibration, the demo and the tests all start ranks this way. And the rule
-of where nothing is spawned: inside a distributed job (:func:`check_may_spawn`,
-:func:`skip_measuring`)."""
+"""Process groups of ranks spawned on this machine (gloo on CPU): the ``dreamshard``
+commands that measure on several ranks (the distributed measurement backend, the step
+timer, the demo), ``calibrate_collective_models(ranks="processes")`` and the tests start
+ranks this way; ``DreamShardPlanner`` and ``plan()`` never do (they time collectives on
+threads of their own process). And the rule of where nothing is spawned: inside a
+distributed job (:func:`check_may_spawn`, :func:`skip_measuring`)."""
 
 from __future__ import annotations
 
@@ -99,7 +101,8 @@ def launcher_free_env() -> Iterator[None]:
 
 def in_distributed_job() -> bool:
     """Whether this process is a rank of an initialised ``torch.distributed`` job, where
-    nothing may be spawned to measure (see :mod:`torchrec_dreamshard.measure.job_group`)."""
+    nothing may be spawned to measure (see
+    :mod:`torchrec_dreamshard.measure.distributed_job_group`)."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
@@ -124,17 +127,19 @@ def check_may_spawn(what: str) -> None:
 
 def skip_measuring(cache_file: Path, fallback: str) -> bool:
     """Whether a fit that would be cached in ``cache_file`` must not be measured here: this
-    process is a rank of a running distributed job, where nothing is spawned, and no earlier
-    run cached the fit. Where so, logs that ``fallback`` stands in for it.
+    process is a rank of a running distributed job, and no earlier run cached the fit. A
+    rank alone measures nothing there: ranks it spawned, or threads of its own, would time
+    this host's loopback while its peers run the job, not the job's links. Where so, logs
+    that ``fallback`` stands in for it.
 
     A caller that measures on the job's own group while rank 0 drives one
-    (:func:`~torchrec_dreamshard.measure.job_group.active_group`) takes that path first.
+    (:func:`~torchrec_dreamshard.measure.distributed_job_group.active_group`) takes that path first.
     """
     if not in_distributed_job() or cache_file.exists():
         return False
     logging.getLogger(__name__).info(
-        "%s: this rank of a running job has no cached fit (%s) and spawns nothing to measure "
-        "one; DreamShardPlanner.collective_plan measures it on the job's own group",
+        "%s: this rank of a running job has no cached fit (%s) and measures none on its own; "
+        "DreamShardPlanner.collective_plan measures it on the job's own group",
         fallback,
         cache_file.name,
     )

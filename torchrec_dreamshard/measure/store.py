@@ -26,6 +26,7 @@ from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
 from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
+from torchrec_dreamshard.measure.store_file import connect, sqlite_errors
 from torchrec_dreamshard.measure.store_lock import collector_lock
 from torchrec_dreamshard.measure.summary import reference_scales
 
@@ -100,27 +101,7 @@ class CostStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        if self.path.exists() and self.path.is_dir():
-            raise ValueError(f"cost store path {str(path)!r} is a directory, not a file")
-        if not self.path.parent.exists():
-            raise ValueError(f"cost store path {str(path)!r}: folder does not exist")
-        self._conn = sqlite3.connect(str(self.path), timeout=30.0)
-        try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            with self._conn:
-                self._conn.executescript(_SCHEMA)
-                version = self._conn.execute("PRAGMA user_version").fetchone()[0]
-                if version == 0:
-                    self._conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-                elif version != SCHEMA_VERSION:
-                    raise ValueError(
-                        f"cost store {str(path)!r} has schema {version}, this code reads "
-                        f"{SCHEMA_VERSION}"
-                    )
-        except sqlite3.DatabaseError as exc:
-            self._conn.close()
-            raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
+        self._conn = connect(self.path, _SCHEMA, SCHEMA_VERSION)
         self._fingerprints: dict[tuple[str, str, str], dict[str, Any]] = {}
 
     def close(self) -> None:
@@ -131,6 +112,30 @@ class CostStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- tables beside the measurements ------------------------------------------------
+
+    def add_table(self, schema: str) -> None:
+        """Create a table beside the measurements (``schema``: ``CREATE TABLE IF NOT
+        EXISTS ...`` statements), for what another part keeps in this file."""
+        with sqlite_errors(self.path), self._conn:
+            self._conn.executescript(schema)
+
+    def has_table(self, name: str) -> bool:
+        """Whether the file holds table ``name``."""
+        query = "SELECT 1 FROM sqlite_master WHERE type='table' AND name=?"
+        with sqlite_errors(self.path):
+            return self._conn.execute(query, (name,)).fetchone() is not None
+
+    def write_rows(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """Run ``sql`` once per row, all in one transaction."""
+        with sqlite_errors(self.path), self._conn:
+            self._conn.executemany(sql, rows)
+
+    def read_rows(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
+        """The rows ``sql`` selects."""
+        with sqlite_errors(self.path):
+            return self._conn.execute(sql, args).fetchall()
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -31,8 +31,8 @@ from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
 from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.planner.proposers import DreamShardProposer, MachineModels
-from torchrec_dreamshard.planner.rivals import ProposalLog, tracked
 from torchrec_dreamshard.planner.stats import CostNetStats
+from torchrec_dreamshard.planner.tracked_proposers import ProposalLog, tracked
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 
 

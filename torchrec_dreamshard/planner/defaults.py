@@ -30,13 +30,13 @@ from torchrec_dreamshard.measure.collectives import (
     load_collective_models,
     load_group_collectives,
 )
+from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.measure.job_group import active_group
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
-from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
 from torchrec_dreamshard.planner.proposers import MachineModels
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
@@ -226,7 +226,7 @@ class Unloaded:
         return self._fail()
 
     @property
-    def placer(self) -> Unloaded:
+    def without_measuring(self) -> Unloaded:
         return self._fail()
 
 
@@ -254,11 +254,12 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
       :func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`);
     * else, on accelerators: analytic models from the topology's intra-host bandwidth
       (unmeasured);
-    * else, on CPU ranks outside a distributed job: the gloo models fitted on spawned
-      ranks on this machine (once, ~10 s, then cached:
-      :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
+    * else, on CPU ranks outside a distributed job: the gloo models fitted on ranks that
+      are threads of this process, so that no process is started (once, about a second,
+      then cached: :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
     * else (``plan()`` on one rank of a running job): that cached fit where there is
-      one, the analytic models where not, since nothing is spawned inside a job.
+      one, the analytic models where not, since nothing but the job's group measures
+      inside a job.
     """
 
     def load() -> CollectiveModels:

@@ -43,7 +43,6 @@ import logging
 from collections.abc import Sequence
 
 from torch import nn
-from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
@@ -58,29 +57,25 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.data.splits import column_shards, split_counts
-from torchrec_dreamshard.planner.options import SpecFn, column_wise_option, min_shard_width
-from torchrec_dreamshard.planner.proposal import (
+from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
+from torchrec_dreamshard.planner.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
-    device_capacity,
     is_dreamshard_option,
-    memory_tier,
-    option_bytes,
-    spec_for_option,
 )
+from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
-from torchrec_dreamshard.planner.torchrec_adapter import (
-    enumerate_without_stored_copy,
-    reserved_topology,
-)
+from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
 from torchrec_dreamshard.policy.agent import LARGE_TASK
 from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.torchrec_compat import HookedEnumerator
 
 logger: logging.Logger = logging.getLogger(__name__)
 
 
-class DreamShardEnumerator(EmbeddingEnumerator):
+class DreamShardEnumerator(HookedEnumerator):
     """TorchRec's enumerator, narrowed to one table-wise fused option per DreamShard table
     (plus its column-wise options when it may be split).
 
@@ -141,12 +136,9 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         """Sharding options for ``module``: one per DreamShard table (and its column-wise
         options), TorchRec's for the rest (see the module docstring). Like TorchRec's
         enumerator, the same module and sharders give a copy of the stored search space."""
-        if (
-            self._last_stored_search_space is not None
-            and self._last_stored_module is module
-            and self._last_stored_sharders == sharders
-        ):
-            return copy_options(self._last_stored_search_space)
+        stored = self.stored_search_space(module, sharders)
+        if stored is not None:
+            return copy_options(stored)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
         self._offer_types = offers_types(module, self._topology.world_size)
         self._ours.clear()  # cleared in place: the estimator holds it
@@ -167,17 +159,15 @@ class DreamShardEnumerator(EmbeddingEnumerator):
                 len(self.fallback_fqns),
                 sorted(self.fallback_fqns),
             )
-        self._last_stored_module = module
-        self._last_stored_sharders = sharders
-        self._last_stored_search_space = copy_options(options)
+        self.store_search_space(module, sharders, copy_options(options))
         return options
 
     # -- TorchRec hooks -------------------------------------------------------------------
 
-    def _filter_sharding_types(
+    def filter_sharding_types(
         self, name: str, allowed_sharding_types: list[str], sharder_key: str = ""
     ) -> list[str]:
-        types = super()._filter_sharding_types(name, allowed_sharding_types, sharder_key)
+        types = super().filter_sharding_types(name, allowed_sharding_types, sharder_key)
         types = self._runnable_types(name, types, sharder_key)
         self._types[name] = types
         if name in self._too_big:
@@ -191,10 +181,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
             return [DREAMSHARD_SHARDING_TYPE, *others]
         return types
 
-    def _filter_compute_kernels(
+    def filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str
     ) -> list[str]:
-        kernels = super()._filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
+        kernels = super().filter_compute_kernels(name, allowed_compute_kernels, sharding_type)
         if name in self._too_big or name not in self._ours:
             return kernels
         if sharding_type == DREAMSHARD_SHARDING_TYPE and DREAMSHARD_COMPUTE_KERNEL in kernels:
@@ -210,10 +200,10 @@ class DreamShardEnumerator(EmbeddingEnumerator):
         pools on CPU whatever pooling mode it is given (one row per sample and feature, not
         one per id), and the collection's forward fails splitting its output by the ids'
         lengths."""
-        sharder = self._sharder_map.get(sharder_key)
+        sharder = self.sharder_for(sharder_key)
         dp = ShardingType.DATA_PARALLEL.value
         if (
-            self._compute_device != "cpu"
+            self._topology.compute_device != "cpu"
             or dp not in types
             or sharder is None
             or not issubclass(sharder.module_type, EmbeddingCollection)
@@ -232,12 +222,9 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     def _enumerate_once(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
-        self._last_stored_module = None  # TorchRec's own cache would skip our second pass
-        self._last_stored_search_space = None
-        with enumerate_without_stored_copy():
-            options = super().enumerate(module, sharders)
-        self._last_stored_search_space = None  # ours is stored once the options are final
-        return options
+        """TorchRec's enumeration with our filters, without its cache (it would skip our
+        second pass; ours is stored once the options are final) or its deep copy."""
+        return self.enumerate_uncached(module, sharders)
 
     def _eligible(
         self,
@@ -248,13 +235,14 @@ class DreamShardEnumerator(EmbeddingEnumerator):
     ) -> bool:
         """``sharding_type`` (default table-wise) is allowed on the fused kernel and the
         module is an EmbeddingBagCollection."""
-        sharder = self._sharder_map.get(sharder_key)
+        sharder = self.sharder_for(sharder_key)
         if sharder is None or sharding_type not in types:
             return False
         if not issubclass(sharder.module_type, EmbeddingBagCollection):
             return False
-        kernels = super()._filter_compute_kernels(
-            name, sharder.compute_kernels(sharding_type, self._compute_device), sharding_type
+        device = self._topology.compute_device
+        kernels = super().filter_compute_kernels(
+            name, sharder.compute_kernels(sharding_type, device), sharding_type
         )
         return DREAMSHARD_COMPUTE_KERNEL in kernels
 

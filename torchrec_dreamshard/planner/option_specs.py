@@ -1,5 +1,7 @@
-"""``OptionSpecs``: the :class:`~torchrec_dreamshard.data.tables.TableSpec` of every sharding
-option, shared by the planner's components.
+"""A sharding option as the cost network sees it: the
+:class:`~torchrec_dreamshard.data.tables.TableSpec` of its table (:func:`spec_for_option`,
+the one conversion), the specs of its shards (:func:`shard_specs`), and ``OptionSpecs``,
+the planner's spec of every option, shared by the planner's components.
 
 The enumerator, the proposer, the partitioner, the perf model and the stats all see a table
 the same way:
@@ -13,16 +15,53 @@ whichever enumerator (ours or a user's) builds the search space.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from torch import nn
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
+from torchrec_dreamshard.data.splits import shard_spec
 from torchrec_dreamshard.data.table_stats import group_stats, merge_stats, table_configs
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.proposal import spec_for_option
+from torchrec_dreamshard.planner.option_kinds import is_split_option
+
+SpecFn = Callable[[ShardingOption], TableSpec]
+"""How a planner component sees an option's table (:func:`spec_for_option`, or the
+planner's :class:`OptionSpecs`)."""
+
+
+def spec_for_option(option: ShardingOption, reuse_hist: Sequence[float] | None = None) -> TableSpec:
+    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name.
+
+    The pooling factor is the sum of the option's ``input_lengths`` (the
+    ``ParameterConstraints.pooling_factors`` of its features, TorchRec's default 1.0 each),
+    as the fused kernel sees all of a table's features together.
+    """
+    rows, dim = (int(x) for x in option.tensor.shape)
+    bpe = option.tensor.element_size()
+    return TableSpec(
+        name=option.fqn,
+        rows=rows,
+        dim=dim,
+        pooling_factor=float(sum(option.input_lengths)) or 1.0,
+        reuse_hist=None if reuse_hist is None else tuple(reuse_hist),
+        bytes_per_element=bpe if bpe in (2, 4) else 4,
+    )
+
+
+def option_columns(option: ShardingOption) -> list[tuple[int, int]]:
+    """The ``(start, end)`` columns of each of an option's shards, in shard order."""
+    return [(int(s.offset[1]), int(s.offset[1]) + int(s.size[1])) for s in option.shards]
+
+
+def shard_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
+    """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
+    one spec per shard (``name@start:end``) for a column-wise one, in shard order."""
+    if not is_split_option(option):
+        return [spec]
+    return [shard_spec(spec, a, b) for a, b in option_columns(option)]
 
 
 class OptionSpecs:

@@ -43,16 +43,16 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.data.splits import plan_entries
-from torchrec_dreamshard.planner.options import SpecFn, column_wise_option
-from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.proposal import (
-    DreamShardProposal,
+from torchrec_dreamshard.planner.device_memory import (
     device_capacity,
     memory_tier,
     option_bytes,
-    spec_for_option,
     storage_bytes,
 )
+from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.placement import PolicyPlacer
+from torchrec_dreamshard.planner.proposal import DreamShardProposal
+from torchrec_dreamshard.planner.search_space import column_wise_option
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.policy.split_search import SplitPlan
 

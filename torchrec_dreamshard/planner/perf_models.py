@@ -30,14 +30,9 @@ from collections.abc import Callable
 from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.proposal import (
-    PlanPrediction,
-    is_policy_option,
-    is_split_option,
-    option_specs,
-    prediction_task,
-    spec_for_option,
-)
+from torchrec_dreamshard.planner.option_kinds import is_policy_option, is_split_option
+from torchrec_dreamshard.planner.option_specs import shard_specs, spec_for_option
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction, prediction_task
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import DEFAULT_PENALTY
 
@@ -102,7 +97,7 @@ class CostNetPerfModel(PerfModel):
             return PlanPrediction(zeros, zeros[:], zeros[:], other, max(other), tables)
         specs, ranks = [], []
         for option in ours:
-            specs += option_specs(option, self._spec_fn(option))
+            specs += shard_specs(option, self._spec_fn(option))
             ranks += [s.rank for s in option.shards]
         task = prediction_task(specs, world, self._batch_size)
         pred = self._agent.predict(task, ranks)

@@ -22,7 +22,7 @@ from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.proposal import PLACEMENT_MODES
+from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.policy.split_search import SplitPlan, plan_with_splits

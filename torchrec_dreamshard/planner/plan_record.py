@@ -22,7 +22,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, ShardingOpt
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.proposal import PlanPrediction
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -51,6 +51,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
+from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
     calibration_config,
@@ -72,17 +73,16 @@ from torchrec_dreamshard.planner.defaults import (
     with_calibration,
 )
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.options import plan_layout
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
-from torchrec_dreamshard.planner.proposal import PlanPrediction
+from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
-    planner_best_plan,
-    torchrec_plan,
 )
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
+from torchrec_dreamshard.torchrec_compat import best_plan
 
 
 class DreamShardPlanner(EmbeddingShardingPlanner):
@@ -237,23 +237,23 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._adaptation: dict[str, Any] | None = None  # as rank 0 sent it
         self._recalled: list[str] = []  # tables whose inputs came from a running job
         self._planned: tuple[nn.Module, list] | None = None  # a re-plan's model, sharders
+        self._spent: Spending | None = None  # what the last plan() spent its time on
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
         """TorchRec's ``plan`` (this rank only), with the tables' reuse statistics measured
-        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``.
-        TorchRec's method log of its inputs is skipped where nothing reads it
-        (:func:`~torchrec_dreamshard.planner.torchrec_adapter.torchrec_plan`)."""
+        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
-        self.table_specs.observe(module)
-        self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
-        if self._own_reservation is not None:
-            fill_dense_estimate(self._own_reservation, module, sharders)
         self._adaptation = None
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
-        plan = torchrec_plan(self, module, sharders)
+        with spending() as self._spent:
+            self.table_specs.observe(module)
+            self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
+            if self._own_reservation is not None:
+                fill_dense_estimate(self._own_reservation, module, sharders)
+            plan = super().plan(module, sharders)
         self.last_plan = plan
         return plan
 
@@ -335,17 +335,23 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     def adaptation(self) -> dict[str, Any]:
         """How the last plan adapted to this machine (JSON-able): whether the planner
         calibrated, why (the reference kernel predicted against measured), the cost
-        network's error before and after, and the tables whose inputs it took from what a
-        running job fed them (``inputs_from_job``); on every rank after
-        ``collective_plan``."""
+        network's error before and after, the tables whose inputs it took from what a
+        running job fed them (``inputs_from_job``), the type choice (``types``) and what
+        the plan spent its seconds on (``spent_s``: measuring the ``collectives``, the
+        ``dense_kernel`` and the ``reference_kernel``, ``calibration``, ``verification``,
+        each without what the others inside it took, and ``planning`` for the rest); on
+        every rank after ``collective_plan``."""
         if self._adaptation is not None:
             return self._adaptation
-        return adaptation(self.agent, self._recalled, self.proposer.last_types)
+        out = adaptation(self.agent, self._recalled, self.proposer.last_types)
+        if self._spent is not None:
+            out["spent_s"] = self._spent.seconds()
+        return out
 
     @property
     def best_options(self) -> list[ShardingOption]:
         """The sharding options of the last plan (on the rank that planned)."""
-        options = planner_best_plan(self)
+        options = best_plan(self)
         if options is None:
             raise ValueError("the planner has no plan on this rank (rank 0 plans)")
         return options
@@ -357,7 +363,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dmp)`` observes the job with it). A ``ValueError`` before a plan."""
         if self.last_plan is None or self.last_prediction is None:
             raise ValueError("observe() needs the planner's plan: call collective_plan first")
-        options = planner_best_plan(self)
+        options = best_plan(self)
         model, sharders = self._planned if self._planned is not None else (None, None)
         return PlanRecord(
             plan=self.last_plan,

@@ -4,7 +4,7 @@ As TorchRec's proposers do, it picks one option per table from the search space 
 given (DreamShard's enumerator's or a user's) and leaves the ranks to the partitioner:
 
 * every table the policy can place takes its table-wise fused option
-  (:func:`~torchrec_dreamshard.planner.options.choose_options`); the others take TorchRec's
+  (:func:`~torchrec_dreamshard.planner.search_space.choose_options`); the others take TorchRec's
   best-rated option among those that fit a device;
 * then the sharding-type choice: where the search space also offers a table another type
   its cost strategy lets the choice offer (data-parallel, row-wise, table-row-wise),
@@ -14,7 +14,7 @@ given (DreamShard's enumerator's or a user's) and leaves the ranks to the partit
 
 The proposal is a :class:`~torchrec_dreamshard.planner.proposal.DreamShardProposal`: the
 options, which of them the policy places, and which of those may be split column-wise
-(:func:`~torchrec_dreamshard.planner.options.split_widths`: the search space also offers
+(:func:`~torchrec_dreamshard.planner.search_space.split_widths`: the search space also offers
 them column-wise on the fused kernel).
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places it.
 
@@ -41,15 +41,11 @@ from torchrec.distributed.planner.types import (
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.options import SpecFn, choose_options, split_widths
-from torchrec_dreamshard.planner.proposal import (
-    DreamShardProposal,
-    device_capacity,
-    memory_tier,
-    option_bytes,
-    prediction_task,
-    spec_for_option,
-)
+from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
+from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.proposal import DreamShardProposal
+from torchrec_dreamshard.planner.search_space import choose_options, split_widths
 from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
 from torchrec_dreamshard.planner.type_choice import (
     TypeChooser,

@@ -12,8 +12,8 @@ from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.proposal import PlanPrediction
-from torchrec_dreamshard.planner.rivals import ProposalLog
+from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.tracked_proposers import ProposalLog
 
 logger: logging.Logger = logging.getLogger(__name__)
 

@@ -59,11 +59,12 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
-from torchrec_dreamshard.planner.proposal import (
+from torchrec_dreamshard.planner.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
-    prediction_task,
 )
+from torchrec_dreamshard.planner.option_specs import SpecFn
+from torchrec_dreamshard.planner.plan_prediction import prediction_task
 from torchrec_dreamshard.planner.type_margin import (
     TYPE_MARGIN,
     Z_SCORE,
@@ -71,7 +72,7 @@ from torchrec_dreamshard.planner.type_margin import (
     TypeDecision,
     model_errors,
 )
-from torchrec_dreamshard.planner.type_rating import CandidateRater, SpecFn, typed_choices
+from torchrec_dreamshard.planner.type_rating import CandidateRater, typed_choices
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last

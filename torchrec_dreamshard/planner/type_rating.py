@@ -6,7 +6,7 @@ sees it."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from torchrec.distributed.planner.types import ShardingOption
@@ -22,16 +22,11 @@ from torchrec_dreamshard.cost.sharding_types import (
     STRATEGIES,
     TermsCache,
 )
-from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.proposal import (
-    DREAMSHARD_SHARDING_TYPE,
-    option_bytes,
-    storage_bytes,
-)
+from torchrec_dreamshard.planner.device_memory import option_bytes, storage_bytes
+from torchrec_dreamshard.planner.option_kinds import DREAMSHARD_SHARDING_TYPE
+from torchrec_dreamshard.planner.option_specs import SpecFn
 
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
-
-SpecFn = Callable[[ShardingOption], TableSpec]
 
 
 class CandidateRater:

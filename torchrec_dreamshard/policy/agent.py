@@ -160,7 +160,7 @@ class DreamShard:
         return cls(net, policy, meta, sources=sources)
 
     @property
-    def placer(self) -> DreamShard:
+    def without_measuring(self) -> DreamShard:
         """The agent that places without measuring: this one."""
         return self
 

@@ -105,7 +105,7 @@ class CandidateSource(Protocol):
     A source may also have ``baseline = True`` (read with ``getattr``, default
     ``False``): its plan is the one the user would have without DreamShard (TorchRec's
     planner's), which the verification always measures and never keeps a slower plan
-    than (:func:`~torchrec_dreamshard.calibration.verification.rank_measured`).
+    than (:func:`~torchrec_dreamshard.calibration.plan_ranking.rank_measured`).
     """
 
     name: str
@@ -166,7 +166,7 @@ class PlacementAgent(Protocol):
         ...
 
     @property
-    def placer(self) -> PlacementAgent:
+    def without_measuring(self) -> PlacementAgent:
         """The agent that places without measuring (itself, for an agent that never
         measures): the split search re-places trial tasks with it."""
         ...

@@ -111,7 +111,7 @@ def plan_with_splits(
     # the search's trial placements below use the agent's plain placer (a calibrating
     # agent's calibrated agent, which measures nothing) and must not leave their safety-net
     # report behind: a plan that stays whole keeps the first placement's
-    placer = agent.placer
+    placer = agent.without_measuring
     report = placer.last_report
     prediction = agent.predict(sharded.shards, placement)
     whole_ms = None if sharded.columns else float(prediction.step_ms)

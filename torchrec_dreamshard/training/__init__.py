@@ -1,7 +1,7 @@
 """The DreamShard training loop, one concept per module:
 
 * :mod:`~torchrec_dreamshard.training.train_config`: ``TrainConfig`` and seeding;
-* :mod:`~torchrec_dreamshard.training.jobs`: the placements a run measures (``Job``) and
+* :mod:`~torchrec_dreamshard.training.collection_jobs`: the placements a run measures (``Job``) and
   their collection into the cost store;
 * :mod:`~torchrec_dreamshard.training.samples`: the store's measurements as cost samples;
 * :mod:`~torchrec_dreamshard.training.reinforce`: REINFORCE on the estimated MDP;
@@ -9,7 +9,7 @@
 * :mod:`~torchrec_dreamshard.training.loop`: checkpoints, resuming and the loop itself.
 """
 
-from torchrec_dreamshard.training.jobs import (
+from torchrec_dreamshard.training.collection_jobs import (
     Job,
     bootstrap_jobs,
     collect,

@@ -17,7 +17,7 @@ for each iteration
 Before the first iteration a bootstrap collects single tables and random fused subsets on
 one device (the single-table costs that order the MDP and the sub-additivity of fusion)
 and random placements. Every measurement carries a job key (a
-:class:`~torchrec_dreamshard.training.jobs.Job`'s), so a killed run resumes from its last
+:class:`~torchrec_dreamshard.training.collection_jobs.Job`'s), so a killed run resumes from its last
 checkpoint and skips what the store already holds.
 """
 
@@ -39,7 +39,12 @@ from torchrec_dreamshard.cost.fitting import (
 )
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.policy import CandidateSource, DreamShard
-from torchrec_dreamshard.training.jobs import bootstrap_jobs, collect, draw_tasks, iteration_jobs
+from torchrec_dreamshard.training.collection_jobs import (
+    bootstrap_jobs,
+    collect,
+    draw_tasks,
+    iteration_jobs,
+)
 from torchrec_dreamshard.training.logs import write_metrics
 from torchrec_dreamshard.training.reinforce import greedy_predicted_ms, train_policy
 from torchrec_dreamshard.training.samples import load_samples, split_holdout

@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from torchrec_dreamshard.cost.cost_net import single_thread
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy import DreamShard
-from torchrec_dreamshard.training.jobs import progress_bar
+from torchrec_dreamshard.training.collection_jobs import progress_bar
 from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:

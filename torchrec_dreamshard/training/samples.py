@@ -11,7 +11,7 @@ from torchrec_dreamshard.cost.fitting import (
     CostSample,
     sample_from_measurement,
 )
-from torchrec_dreamshard.training.jobs import is_task_group, job_group
+from torchrec_dreamshard.training.collection_jobs import is_task_group, job_group
 from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:

@@ -151,7 +151,9 @@ def run_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
     """
     group = active_group()
     if group is None:
-        raise RuntimeError("run_on_group needs a driven group (measure.job_group.driving)")
+        raise RuntimeError(
+            "run_on_group needs a driven group (measure.distributed_job_group.driving)"
+        )
     request = _Request(_name(fn), tuple(args))
     _resolve(request.name)  # a task not registered fails here, before any rank is asked
     broadcast(group, request)

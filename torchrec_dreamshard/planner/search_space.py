@@ -10,7 +10,7 @@ column-wise on the fused kernel; every other table takes TorchRec's best-rated o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from torchrec.distributed.planner.constants import MIN_CW_DIM
 from torchrec.distributed.planner.types import (
@@ -24,20 +24,20 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.data.splits import split_counts
-from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.proposal import (
-    DREAMSHARD_COMPUTE_KERNEL,
-    DREAMSHARD_SHARDING_TYPE,
-    SPLIT_SHARDING_TYPE,
+from torchrec_dreamshard.planner.device_memory import (
     device_capacity,
-    is_policy_option,
-    is_split_option,
     memory_tier,
     option_bytes,
     storage_bytes,
 )
-
-SpecFn = Callable[[ShardingOption], TableSpec]
+from torchrec_dreamshard.planner.option_kinds import (
+    DREAMSHARD_COMPUTE_KERNEL,
+    DREAMSHARD_SHARDING_TYPE,
+    SPLIT_SHARDING_TYPE,
+    is_policy_option,
+    is_split_option,
+)
+from torchrec_dreamshard.planner.option_specs import SpecFn
 
 
 def by_table(search_space: Sequence[ShardingOption]) -> dict[str, list[ShardingOption]]:

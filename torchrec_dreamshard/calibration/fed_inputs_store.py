@@ -3,7 +3,8 @@
 A re-plan (``JobObserver.replan``) that found the job feeding its tables other pooling
 factors than the planner was told keeps, per table, the ids per sample of each feature
 and the reuse histogram of its ids, in the calibration store's file (table
-``observed_inputs``, beside the measurements). A learning planner's next plan of the same
+``observed_inputs``, which :class:`~torchrec_dreamshard.measure.store.CostStore` keeps beside
+the measurements). A learning planner's next plan of the same
 model (a restarted job) takes them over the declared ones, so that the kernels observed in
 the job, stored under the tables as fed, are found again.
 
@@ -13,16 +14,15 @@ job of the same model has alike.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from torch import nn
 
 from torchrec_dreamshard.data.table_stats import table_configs
+from torchrec_dreamshard.measure.store import CostStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS observed_inputs (
@@ -40,27 +40,6 @@ def table_keys(model: nn.Module) -> dict[str, str]:
         fqn: json.dumps([fqn, c.num_embeddings, c.embedding_dim, list(c.feature_names)])
         for fqn, c in table_configs(model)
     }
-
-
-@contextlib.contextmanager
-def _connect(path: Path) -> Iterator[sqlite3.Connection]:
-    """A connection to the store at ``path``; a file SQLite cannot read is a ``ValueError``
-    naming it."""
-    try:
-        conn = sqlite3.connect(str(path), timeout=30.0)
-    except sqlite3.DatabaseError as exc:
-        raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
-    try:
-        yield conn
-    except sqlite3.DatabaseError as exc:
-        raise ValueError(f"{str(path)!r} is not a usable SQLite cost store: {exc}") from None
-    finally:
-        conn.close()
-
-
-def _has_table(conn: sqlite3.Connection) -> bool:
-    query = "SELECT 1 FROM sqlite_master WHERE type='table' AND name='observed_inputs'"
-    return conn.execute(query).fetchone() is not None
 
 
 def remember_inputs(
@@ -86,9 +65,9 @@ def remember_inputs(
         )
         for fqn, pooling in fed.items()
     ]
-    with _connect(store_path) as conn, conn:
-        conn.executescript(_SCHEMA)
-        conn.executemany(
+    with CostStore(store_path) as store:
+        store.add_table(_SCHEMA)
+        store.write_rows(
             "INSERT OR REPLACE INTO observed_inputs (table_key, updated_at, pooling, reuse) "
             "VALUES (?,?,?,?)",
             rows,
@@ -106,12 +85,12 @@ def recalled_inputs(
     keys = table_keys(model)
     found: dict[str, tuple[list[float], list[float] | None]] = {}
     values = list(keys.values())
-    with _connect(store_path) as conn:
-        if not _has_table(conn):
+    with CostStore(store_path) as store:
+        if not store.has_table("observed_inputs"):
             return {}, {}
         for i in range(0, len(values), 500):  # SQLite's limit on bound parameters
             chunk = values[i : i + 500]
-            rows = conn.execute(
+            rows = store.read_rows(
                 "SELECT table_key, pooling, reuse FROM observed_inputs "
                 f"WHERE table_key IN ({','.join('?' * len(chunk))})",
                 chunk,

@@ -1,0 +1,75 @@
+"""Gloo collectives timed with the ranks as threads of one process (what ``plan()`` does:
+it starts no process) against ranks that are spawned processes, in interleaved fits.
+
+Run: .venv/bin/python benchmarks/collective_ranks.py [--fits 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.measure import collectives as coll
+
+KINDS = coll.COLLECTIVES
+HOW = coll.RANK_KINDS  # ("threads", "processes")
+
+
+def one_fit(how: str) -> dict:
+    """One fit of every collective on 2..4 ranks (at most the cores), run ``how``."""
+    start = time.perf_counter()
+    models = coll.calibrate_collective_models(max_devices=4, backend="gloo", ranks=how)
+    fit = {"ranks": how, "seconds": time.perf_counter() - start, "source": models.source}
+    for kind in KINDS:
+        m = models.models[kind]
+        fit[kind] = {
+            "latency_ms": m.latency_ms,
+            "per_peer_ms": m.per_peer_ms,
+            "ms_per_mb": m.ms_per_mb,
+            "rmse_ms": m.rmse_ms,
+            "ms_2ranks_4mb": models.ms(kind, 2, 4.0),
+        }
+    print(f"{how}: {fit['seconds']:.1f} s", flush=True)
+    return fit
+
+
+def _cell(fits: list[dict], kind: str, key: str) -> str:
+    values = [f[kind][key] for f in fits]
+    return f"{statistics.median(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--fits", type=int, default=4, help="fits of each kind, interleaved")
+    args = parser.parse_args()
+    fits = [one_fit(how) for _ in range(args.fits) for how in HOW]
+    by = {how: [f for f in fits if f["ranks"] == how] for how in HOW}
+    rows = "\n".join(
+        f"| {kind} | {_cell(by['threads'], kind, 'ms_per_mb')} | "
+        f"{_cell(by['processes'], kind, 'ms_per_mb')} | "
+        f"{_cell(by['threads'], kind, 'latency_ms')} | "
+        f"{_cell(by['processes'], kind, 'latency_ms')} |"
+        for kind in KINDS
+    )
+    seconds = {how: statistics.median(f["seconds"] for f in by[how]) for how in HOW}
+    out = {"machine": machine(), "repeats": coll._CALIBRATION_REPEATS, "fits": fits}
+    summary = f"""# Collectives timed on threads or on spawned processes
+
+{args.fits} interleaved fits of each; {coll._CALIBRATION_REPEATS} timings per buffer size
+and group, the median fitted; medians of the fits, their range in brackets.
+
+| collective | ms/MB threads | ms/MB processes | fixed ms threads | fixed ms processes |
+|---|---|---|---|---|
+{rows}
+
+One fit: {seconds["threads"]:.1f} s on threads, {seconds["processes"]:.1f} s on processes
+(medians). {out["machine"]["note"]}
+Raw: collective_ranks.json. Script: benchmarks/collective_ranks.py.
+"""
+    write("collective_ranks", out, summary)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Planning at the scale the README quotes: 1000 tables on 64 devices.
+
+The model is ``benchmarks/planning_time.py``'s (an ``EmbeddingBagCollection`` of 1000
+full-scale tables of the synthetic DLRM-shaped pool on the meta device, their pooling
+factors as constraints), planned by the default ``DreamShardPlanner`` for 64 CUDA devices
+with TorchRec's sharder, which offers every sharding type there. 1000 x 64 is past
+:data:`~torchrec_dreamshard.policy.agent.LARGE_TASK`, so this is the bounded path the
+safe mode and the enumerator take on large models, which no smaller test reaches. Each
+device has 5 GB: the largest table fits none whole, and the others fill the devices to
+within a few percent of what TorchRec's storage reservation leaves.
+
+The test asserts a valid plan (every table placed, whole, on ranks that exist, no device
+over its memory) and bounds the time loosely: the README's figure is about 1.5 s on an
+idle machine, and a shared CI core may be many times slower.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.types import Topology
+from torchrec.distributed.types import ShardingType
+
+from torchrec_dreamshard.planner import DreamShardPlanner
+from torchrec_dreamshard.planner.enumerators import offers_types
+from torchrec_dreamshard.planner.torchrec_adapter import (
+    planner_best_plan,
+    planner_reserved_topology,
+)
+from torchrec_dreamshard.policy.agent import LARGE_TASK
+
+TABLES, DEVICES = 1000, 64
+LOCAL_BATCH = 512
+HBM_CAP = 5 * 2**30  # the largest table (4.1 GB of weights) fits no device whole
+PLAN_BOUND_S = 120  # a hang or a fall into the unbounded path, not a speed claim
+
+pytestmark = pytest.mark.usefixtures("quiet")
+
+
+def model_and_constraints():
+    """``benchmarks/planning_time.py``'s model of :data:`TABLES` tables and constraints."""
+    benchmarks = str(Path(__file__).resolve().parents[1] / "benchmarks")
+    sys.path.insert(0, benchmarks)
+    try:
+        from planning_time import build
+    finally:
+        sys.path.remove(benchmarks)
+    return build(TABLES)
+
+
+@pytest.mark.slow
+def test_1000_tables_on_64_devices_with_every_sharding_type_get_a_valid_plan():
+    model, constraints = model_and_constraints()
+    assert TABLES * DEVICES > LARGE_TASK and not offers_types(model, DEVICES)  # the large path
+    sharder = EmbeddingBagCollectionSharder()
+    offered = set(sharder.sharding_types("cuda"))
+    assert offered == {t.value for t in ShardingType}, offered  # every type TorchRec has
+    topology = Topology(world_size=DEVICES, compute_device="cuda", hbm_cap=HBM_CAP)
+    planner = DreamShardPlanner(topology=topology, batch_size=LOCAL_BATCH, constraints=constraints)
+    start = time.perf_counter()
+    plan = planner.plan(model, [sharder])
+    seconds = time.perf_counter() - start
+    print(f"planned {TABLES} tables on {DEVICES} devices in {seconds:.2f} s")
+    assert seconds < PLAN_BOUND_S, seconds
+
+    # every table placed, on ranks that exist, every row and column of it once
+    module_plan = plan.plan[""]
+    tables = {t.name: t for t in model.embedding_bag_configs()}
+    assert sorted(module_plan) == sorted(tables)
+    for name, ps in module_plan.items():
+        assert ps.ranks and all(0 <= r < DEVICES for r in ps.ranks), (name, ps.ranks)
+        if ps.sharding_type == "data_parallel":
+            continue
+        shards = ps.sharding_spec.shards
+        area = sum(s.shard_sizes[0] * s.shard_sizes[1] for s in shards)
+        assert area == tables[name].num_embeddings * tables[name].embedding_dim, name
+        assert sorted(s.placement.rank() for s in shards) == sorted(ps.ranks), name
+    assert any(len(ps.ranks) > 1 for ps in module_plan.values())  # the largest, split
+
+    # no device over what TorchRec's storage reservation leaves of its memory
+    used = [[0, 0] for _ in range(DEVICES)]
+    for option in planner_best_plan(planner):
+        for shard in option.shards:
+            used[shard.rank][0] += shard.storage.hbm
+            used[shard.rank][1] += shard.storage.ddr
+    devices = planner_reserved_topology(planner).devices
+    for rank, ((hbm, ddr), device) in enumerate(zip(used, devices, strict=True)):
+        assert hbm <= device.storage.hbm and ddr <= device.storage.ddr, (rank, hbm, ddr)
+    assert max(hbm / d.storage.hbm for (hbm, _), d in zip(used, devices, strict=True)) > 0.5

@@ -1,0 +1,97 @@
+"""What planning's adaptation to this machine bought, in words: the predicted margins of a
+plan nothing measured (:func:`plan_margins`), calibration's line
+(:func:`calibration_summary`) and the adaptation's lines (:func:`adaptation_lines`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from torchrec_dreamshard.calibration.verification import heuristic_plans
+from torchrec_dreamshard.calibration.verify_result import TORCHREC_WORDS, percent, plan_words
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.spent import spent_lines
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import PlacementAgent
+
+
+def plan_margins(
+    agent: PlacementAgent,
+    task: Task,
+    placement: Sequence[int],
+    baselines: dict[str, list[int]],
+    label: str | None = None,
+) -> dict[str, Any]:
+    """Where nothing was measured: the kept ``placement``'s predicted step over TorchRec's
+    plan's (the first of ``baselines``) and over the best heuristic's (the lowest
+    predicted), and one line saying so."""
+    kept = agent.predict(task, placement).step_ms
+    torchrec = next(iter(baselines.values()), None)
+    vs_torchrec = kept / agent.predict(task, torchrec).step_ms if torchrec else None
+    heuristics = [agent.predict(task, list(p)).step_ms for p in heuristic_plans(task).values()]
+    vs_best = kept / min(heuristics) if heuristics else None
+    same = torchrec is not None and list(placement) == list(torchrec)
+    line = "kept " + plan_words("chosen", label) + (", the same as TorchRec's" if same else "")
+    parts = []
+    if vs_torchrec is not None and not same:
+        parts.append(f"{percent(vs_torchrec)} TorchRec's")
+    elif torchrec is None:
+        line += f" ({TORCHREC_WORDS} was not planned here)"
+    if vs_best is not None:
+        parts.append(f"{percent(vs_best)} the best heuristic's")
+    if parts:
+        line += ", predicted " + " and ".join(parts) + " (not measured)"
+    return {
+        "kept": "chosen",
+        "vs_torchrec": vs_torchrec,
+        "vs_best_heuristic": vs_best,
+        "measured": False,
+        "line": line,
+    }
+
+
+def calibration_summary(calibration: dict[str, Any]) -> str:
+    """One line of what calibration took and changed, from its ``to_dict`` (or the
+    adaptation's keys): ``calibrated in 18.2 s: 40 kernels measured, 3 reused; kernel
+    time error 36% before, 4% after``, and why kernels were discarded, if they were."""
+    before = calibration.get("kernel_mape_before", calibration.get("before", {}))
+    after = calibration.get("kernel_mape_after", calibration.get("after", {}))
+    before = before.get("cost/mape") if isinstance(before, dict) else before
+    after = after.get("cost/mape") if isinstance(after, dict) else after
+    error = (
+        f"kernel time error {before:.0f}% before, {after:.0f}% after"
+        if before is not None and after is not None
+        else "no kernel to fit (none stored, none measured)"
+    )
+    measured = calibration.get("kernels_measured", calibration.get("measured", 0))
+    reused = calibration.get("kernels_reused", calibration.get("reused", 0))
+    line = (
+        f"calibrated in {calibration.get('seconds', float('nan')):.1f} s: {measured} kernels "
+        f"measured, {reused} reused; {error}"
+    )
+    note = calibration.get("note") or calibration.get("calibration_note")
+    return f"{line}; {note}" if note else line
+
+
+def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
+    """How planning adapted to this machine
+    (:meth:`~.calibrating_agent.CalibratingAgent.adaptation`): what was measured, whether
+    it calibrated and verified, what each took and what it bought (the kept plan against
+    TorchRec's and the best heuristic's)."""
+    lines = [adaptation.get("why", "")]
+    if adaptation.get("calibrated"):
+        lines.append(calibration_summary(adaptation))
+    else:
+        lines.append("planned with the checkpoint as it is (no calibration)")
+    margins = adaptation.get("margins") or {}
+    if margins.get("line"):
+        lines.append(margins["line"])
+    recalled = adaptation.get("inputs_from_job")
+    if recalled:
+        lines.append(
+            f"{len(recalled)} tables planned as a running job of them fed them (pooling "
+            "factors and reuse observed), not as declared"
+        )
+    return lines + spent_lines(adaptation.get("spent_s", {}))

@@ -1,0 +1,134 @@
+"""Which measured plan a verification keeps (:func:`keep`).
+
+1. The incumbent (the planner's own choice where named, else the fastest heuristic plan by
+   median measured step) stands unless other plans measured faster than it in every round;
+   then the fastest of those by median. One lucky round cannot pick a slower plan
+   (:func:`rank_measured`).
+2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
+   swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
+   in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
+   median); else the fastest plan that does, else TorchRec's own. So the kept plan never
+   measured slower than TorchRec's in the same rounds.
+3. Where the deciding rounds were noisy (:class:`~.noise.Noise`), the safer plan
+   (:func:`safer_plan`: TorchRec's, else the fastest heuristic's) is kept unless a plan
+   measured faster than it in every round of every pass.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from torchrec_dreamshard.calibration.noise import Noise, sign_test_wins
+from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, plan_words
+
+MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
+
+
+def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:
+    """Whether ``p`` measured faster than ``ref`` beyond the noise: a lower median, and
+    faster in enough of their paired rounds for the sign test (:func:`sign_test_wins`)."""
+    n = min(len(p.rounds_ms), len(ref.rounds_ms))
+    need = sign_test_wins(n)
+    if need is None or not np.median(p.rounds_ms) < np.median(ref.rounds_ms):
+        return False
+    return sum(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=False)) >= need
+
+
+def rank_measured(
+    plans: Sequence[VerifiedPlan], incumbent: str | None = None
+) -> list[VerifiedPlan]:
+    """``plans`` (measured: ``rounds_ms`` filled, one entry per round, the same number
+    for every plan) kept plan first, then by median measured step.
+
+    The kept plan is the incumbent unless other plans measured faster than it in every
+    round; then the fastest of those by median. The incumbent is the plan named
+    ``incumbent`` where given (the planner's own choice, which then stands unless the
+    measurement says otherwise every time, over at least :data:`MIN_ROUNDS_TO_REPLACE`
+    rounds: one round is one draw of the noise), else the fastest heuristic plan by
+    median (the model's plans must then beat the heuristics every time). Without either,
+    the fastest by median. Then, where a baseline (TorchRec's plan) is among ``plans``,
+    a kept plan that does not beat it beyond the noise (:func:`beats_beyond_noise`)
+    gives way to the fastest plan that does, else to the baseline itself."""
+    ranked = _rank_incumbent(plans, incumbent)
+    base = next((p for p in ranked if p.baseline), None)
+    if base is None or ranked[0] is base or beats_beyond_noise(ranked[0], base):
+        return ranked
+    kept = next((p for p in ranked[1:] if p is not base and beats_beyond_noise(p, base)), base)
+    return [kept, *(p for p in ranked if p is not kept)]
+
+
+def _rank_incumbent(
+    plans: Sequence[VerifiedPlan], incumbent: str | None = None
+) -> list[VerifiedPlan]:
+    """:func:`rank_measured` before its baseline rule."""
+    rounds = min((len(p.rounds_ms) for p in plans), default=0)
+    for p in plans:
+        p.measured_ms = float(np.median(p.rounds_ms)) if p.rounds_ms else float("nan")
+    ordered = sorted(plans, key=lambda p: p.measured_ms) if rounds else list(plans)
+    if incumbent is not None:
+        named = [p for p in ordered if p.name == incumbent or p.name.startswith(f"{incumbent}=")]
+        if not named:
+            raise ValueError(f"no measured plan is named {incumbent!r}")
+        ref = named[0]
+        if rounds < MIN_ROUNDS_TO_REPLACE:
+            return [ref, *(p for p in ordered if p is not ref)]
+    else:
+        heur = [p for p in ordered if p.heuristic]
+        if not heur:
+            return ordered
+        ref = heur[0]
+        if not rounds:
+            return [ref, *(p for p in ordered if p is not ref)]
+
+    def beats(p: VerifiedPlan) -> bool:
+        return all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+
+    winner = next((p for p in ordered if p is ref or beats(p)), ref)
+    return [winner, *(p for p in ordered if p is not winner)]
+
+
+def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
+    """The plan kept when the measurements are too noisy to rank: TorchRec's plan where it
+    was measured, else the fastest heuristic's by median (``None``: neither)."""
+    base = next((p for p in plans if p.baseline), None)
+    if base is not None:
+        return base
+    heur = [p for p in plans if p.heuristic]
+    if not heur:
+        return None
+    return min(heur, key=lambda p: p.measured_ms if p.rounds_ms else math.inf)
+
+
+def keep(
+    plans: Sequence[VerifiedPlan], incumbent: str | None, passes: Sequence[Noise]
+) -> tuple[list[VerifiedPlan], str | None]:
+    """:func:`rank_measured`; then, where the last pass was noisy, the safer plan
+    (:func:`safer_plan`) unless a plan measured faster than it in every round of every
+    pass (at least 3: on a busy machine only a plan that wins every pairing counts as
+    faster); and why (``None``: the ranking stands)."""
+    ranked = rank_measured(plans, incumbent)
+    if not passes or not passes[-1].noisy:
+        return ranked, None
+    safer = safer_plan(ranked)
+    if safer is None:
+        return ranked, None
+
+    def every_round(p: VerifiedPlan) -> bool:
+        mine, theirs = p.earlier_ms + p.rounds_ms, safer.earlier_ms + safer.rounds_ms
+        if len(mine) < 3 or len(mine) != len(theirs):
+            return False
+        return all(a < b for a, b in zip(mine, theirs, strict=True))
+
+    winners = [p for p in ranked if p is not safer and every_round(p)]
+    kept = min(winners, key=lambda p: p.measured_ms) if winners else safer
+    again = " again" if len(passes) > 1 else ""
+    why = f"the measurements were noisy{again} ({passes[-1].describe()}): kept "
+    if kept is safer:
+        why += f"{plan_words(safer.name)}, the safer plan"
+    else:
+        n = len(kept.earlier_ms + kept.rounds_ms)
+        why += f"a plan faster than {plan_words(safer.name)} in every one of {n} rounds"
+    return [kept, *(p for p in ranked if p is not kept)], why

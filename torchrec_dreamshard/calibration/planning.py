@@ -1,0 +1,181 @@
+"""Planning with calibration and verification (:func:`plan_task`): the one path of the
+planner's :class:`~.calibrating_agent.CalibratingAgent`, ``dreamshard plan`` and the
+benchmarks, and what it made (:class:`PlanOutcome`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from torchrec_dreamshard.calibration.adaptation_report import calibration_summary, plan_margins
+from torchrec_dreamshard.calibration.auto import VerificationSettings
+from torchrec_dreamshard.calibration.fine_tuning import (
+    CalibrationConfig,
+    CalibrationResult,
+    calibrate,
+)
+from torchrec_dreamshard.calibration.verification import verify
+from torchrec_dreamshard.calibration.verify_result import VerifyResult, plan_words
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.spent import spent_on
+from torchrec_dreamshard.policy.protocol import PlaceSettings
+from torchrec_dreamshard.policy.split_search import fitting_task
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.policy.split_search import SplitPlan
+
+
+@dataclass
+class PlanOutcome:
+    """A plan made by :func:`plan_task`.
+
+    Attributes:
+        placement: device per table (per shard of ``split.sharded.shards`` where the plan
+            splits tables).
+        agent: the agent that planned (the calibrated one, or the prior).
+        calibration: what calibration did (``None`` without it).
+        verification: the measured candidates (``None`` without verification).
+        chosen: the placement the agent chose, before verification (``placement``
+            without it).
+        split: the split search's plan (``None`` without ``splits``); where it cut
+            tables column-wise, ``placement`` is per shard and nothing was verified.
+        predicted_margins: where nothing was verified, the kept plan's predicted step
+            against TorchRec's plan's and the best heuristic's (:func:`plan_margins`;
+            empty for a plan that splits tables). See :attr:`margins`.
+        chosen_label: the safety-net candidate the agent chose (``policy_greedy+refined``).
+    """
+
+    placement: list[int]
+    agent: DreamShard
+    calibration: CalibrationResult | None = None
+    verification: VerifyResult | None = None
+    chosen: list[int] = dataclasses.field(default_factory=list)
+    split: SplitPlan | None = None
+    predicted_margins: dict[str, Any] = dataclasses.field(default_factory=dict)
+    chosen_label: str | None = None
+
+    @property
+    def margins(self) -> dict[str, Any]:
+        """The kept plan against TorchRec's plan and the best heuristic's, with a ``line``
+        for people: measured where verified, else :attr:`predicted_margins`."""
+        ver = self.verification
+        if ver is None:
+            return self.predicted_margins
+        return ver.margins() | {"line": ver.summary(lambda n: plan_words(n, self.chosen_label))}
+
+    def lines(self) -> list[str]:
+        out = self.calibration.lines() if self.calibration else []
+        return out + (self.verification.lines() if self.verification else [])
+
+    def summary(self) -> list[str]:
+        """What measuring took and bought, one line per step: how long calibration took
+        and how far it moved the model's kernel error; how long verification took, which
+        plan it kept and by how much it measured faster than TorchRec's plan and the best
+        heuristic's (where nothing was measured, the predicted margins)."""
+        out = []
+        cal = self.calibration
+        if cal is not None:
+            out.append(calibration_summary(cal.to_dict() | {"note": cal.note}))
+        if self.margins:
+            out.append(self.margins["line"])
+        return out
+
+
+def plan_task(
+    agent: DreamShard,
+    task: Task,
+    *,
+    how: PlaceSettings | None = None,
+    calibration: CalibrationConfig | None = None,
+    verification: VerificationSettings | None = None,
+    calibrated: CalibrationResult | None = None,
+    progress: bool = False,
+    splits: bool = False,
+) -> PlanOutcome:
+    """Calibrate (when ``calibration`` is given), place, and verify (when
+    ``verification.k``): the one path of the planner (:class:`CalibratingAgent`),
+    ``dreamshard plan`` and the benchmarks.
+
+    Args:
+        agent: the prior agent (unchanged).
+        task: the task.
+        how: the mode, samples, seed and sources of ``DreamShard.place`` (``sources`` also
+            choose the safe mode's candidates whose device groups calibration measures;
+            ``None``: the agent's defaults).
+        calibration: calibration settings; ``None`` plans with ``agent`` as it is.
+        verification: measure the ``k`` best-rated candidates, the baselines' and the
+            heuristics' plans and keep what :func:`~.verification.verify` picks (``None``
+            or ``k`` 0: no verification); its measurement settings default to the
+            calibration's; ``options.incumbent="chosen"``: the placement stands unless a
+            measured plan beat it in every round.
+        calibrated: a calibration of ``agent`` already made (on these tables or more) to
+            plan with instead of calibrating again.
+        progress: progress bars (the verification's too).
+        splits: place with column-wise splits allowed
+            (:func:`~torchrec_dreamshard.policy.split_search.plan_with_splits`); a plan that
+            splits tables is not verified (verification compares whole-table plans).
+    """
+    how = how if how is not None else PlaceSettings()
+    sources = how.sources
+    given = sources if sources is not None else agent.sources
+    cal = calibrated
+    if cal is None and calibration is not None:
+        # With splits, calibrate on the shards the plan places: a table bigger than every
+        # device cut into the fewest column-wise shards that fit one (no plan of the
+        # whole table's fused groups exists).
+        cal = calibrate(agent, fitting_task(task) if splits else task, calibration, sources)
+    planner = cal.agent if cal is not None else agent
+    found = None
+    if splits:
+        from torchrec_dreamshard.policy.split_search import plan_with_splits
+
+        found = plan_with_splits(planner, task, how)
+        if found.sharded.columns:
+            return PlanOutcome(found.placement, planner, cal, None, found.placement, found)
+        placement = list(found.placement)  # whole tables, in the task's order
+    else:
+        placement = planner.place(task, **how.kwargs())
+    report = planner.last_report
+    mode = how.mode or "safe"
+    label = report.winner.label if report is not None and report.candidates else mode
+    chosen, ver = placement, None
+    baselines = baseline_plans(task, given)
+    if verification is not None and verification.k:
+        mcfg = verification.config or (calibration.measure if calibration is not None else None)
+        options = dataclasses.replace(verification.options, progress=progress)
+        with spent_on("verification"):
+            ver = verify(
+                planner,
+                task,
+                verification.k,
+                mcfg,
+                options,
+                extra={"chosen": placement},
+                baselines=baselines,
+            )
+        placement = list(ver.winner.placement)
+    margins = {} if ver is not None else plan_margins(planner, task, placement, baselines, label)
+    return PlanOutcome(placement, planner, cal, ver, chosen, found, margins, label)
+
+
+def baseline_plans(task: Task, sources: Sequence[Any]) -> dict[str, list[int]]:
+    """The plans of the candidate ``sources`` that are baselines (a true ``baseline``
+    attribute: TorchRec's own planner, handed in from the planner side), by name; a
+    source that offers none for ``task`` or finds none is left out."""
+    from torchrec_dreamshard.data.tasks import NoPlanError
+
+    out = {}
+    for source in sources:
+        if not getattr(source, "baseline", False):
+            continue
+        try:
+            plan = source.propose(task)
+        except NoPlanError:
+            continue
+        if plan is not None:
+            out[source.name] = [int(d) for d in plan]
+    return out

@@ -1,0 +1,168 @@
+"""What a verification measured (:class:`VerifiedPlan`, :class:`VerifyResult`) and its
+words for people: the kept plan's margins over TorchRec's plan and the best heuristic's
+(:func:`percent`), a measured plan's name (:func:`plan_words`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchrec_dreamshard.calibration.noise import Noise
+
+
+@dataclass
+class VerifiedPlan:
+    """One plan measured by :func:`~.verification.verify`."""
+
+    name: str
+    placement: list[int]
+    predicted_ms: float
+    log_std: float
+    measured_ms: float = float("nan")  # median over rounds of the measured step
+    rounds_ms: list[float] = field(default_factory=list)
+    earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
+    heuristic: bool = False  # a classic heuristic's plan (the reference)
+    baseline: bool = False  # TorchRec's plan: the kept plan must not measure slower
+
+
+@dataclass
+class VerifyResult:
+    """The plans :func:`~.verification.verify` measured, the kept first (see
+    :func:`~.plan_ranking.rank_measured`), the time it took and how noisy its passes were.
+
+    Attributes:
+        plans: the plans, the kept first; their ``rounds_ms`` are the deciding pass's.
+        seconds: wall time.
+        cached: the rounds were read from this machine's cache.
+        passes: each pass's noise (a second where the first was noisy).
+        fallback: why the safer plan was kept regardless of the ranking (``None``: not).
+    """
+
+    plans: list[VerifiedPlan]
+    seconds: float
+    cached: bool = False
+    passes: list[Noise] = field(default_factory=list)
+    fallback: str | None = None
+
+    @property
+    def winner(self) -> VerifiedPlan:
+        return self.plans[0]
+
+    @property
+    def baseline(self) -> VerifiedPlan | None:
+        """TorchRec's plan, where it was measured."""
+        return next((p for p in self.plans if p.baseline), None)
+
+    @property
+    def best_heuristic(self) -> VerifiedPlan | None:
+        """The heuristic plan of lowest median measured step (``None``: none measured)."""
+        heur = [p for p in self.plans if p.heuristic and p.rounds_ms]
+        return min(heur, key=lambda p: p.measured_ms) if heur else None
+
+    def margins(self) -> dict[str, Any]:
+        """The kept plan's median measured step over TorchRec's plan's and over the best
+        heuristic's (``None`` where not measured)."""
+
+        def ratio(other: VerifiedPlan | None) -> float | None:
+            if other is None or not other.rounds_ms or not self.winner.rounds_ms:
+                return None
+            return self.winner.measured_ms / other.measured_ms
+
+        return {
+            "kept": self.winner.name,
+            "vs_torchrec": ratio(self.baseline),
+            "vs_best_heuristic": ratio(self.best_heuristic),
+            "measured": bool(self.winner.rounds_ms),
+        }
+
+    def summary(self, describe: Callable[[str], str] | None = None) -> str:
+        """One line: what was measured, in how long, what was kept and by how much, e.g.
+        ``verified 6 plans in 8.5 s: kept the policy's plan, 4.1% faster than TorchRec's
+        and 2.3% faster than the best heuristic's, measured``. ``describe`` names a plan
+        for people (default :func:`plan_words`)."""
+        describe = describe or plan_words
+        how = "read from this machine's cache" if self.cached else f"in {self.seconds:.1f} s"
+        rounds = len(self.winner.rounds_ms)
+        head = f"verified {len(self.plans)} plans {how} ({rounds} rounds): kept "
+        head += describe(self.winner.name)
+        m = self.margins()
+        parts = []
+        if m["vs_torchrec"] is not None and not self.winner.baseline:
+            parts.append(f"{percent(m['vs_torchrec'])} TorchRec's")
+        best = self.best_heuristic
+        if m["vs_best_heuristic"] is not None and best is not self.winner:
+            parts.append(f"{percent(m['vs_best_heuristic'])} the best heuristic's")
+        line = head + (", " + " and ".join(parts) + ", measured" if parts else "")
+        if not rounds:
+            line += " (no whole round fitted in the budget)"
+        if len(self.passes) > 1:
+            line += f"; the first rounds were noisy ({self.passes[0].describe()}): measured again"
+        if self.fallback:
+            line += f"; {self.fallback}"
+        return line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "winner": self.winner.name,
+            "seconds": self.seconds,
+            "cached": self.cached,
+            "passes": [n.to_dict() for n in self.passes],
+            "fallback": self.fallback,
+            "margins": self.margins(),
+            "plans": [
+                {
+                    "name": p.name,
+                    "predicted_ms": p.predicted_ms,
+                    "measured_ms": p.measured_ms,
+                    "rounds_ms": p.rounds_ms,
+                    "earlier_ms": p.earlier_ms,
+                    "heuristic": p.heuristic,
+                    "torchrec": p.baseline,
+                }
+                for p in self.plans
+            ],
+        }
+
+    def lines(self) -> list[str]:
+        rounds = len(self.winner.rounds_ms)
+        how = "read from this machine's cache" if self.cached else f"({self.seconds:.1f}s)"
+        out = [
+            f"verification: {len(self.plans)} plans measured in {rounds} interleaved rounds "
+            f"{how}; chosen: {self.winner.name}",
+            f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
+        ]
+        for p in self.plans:
+            err = (p.predicted_ms / p.measured_ms - 1.0) * 100.0
+            out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%")
+        return out
+
+
+def percent(ratio: float) -> str:
+    """``"4.1% faster than"`` for a ratio of 0.959, ``"2.0% slower than"`` for 1.02."""
+    if ratio <= 1.0:
+        return f"{(1.0 - ratio) * 100:.1f}% faster than"
+    return f"{(ratio - 1.0) * 100:.1f}% slower than"
+
+
+TORCHREC_WORDS = "TorchRec's plan"
+
+
+def plan_words(name: str, chosen: str | None = None) -> str:
+    """A measured plan's name for people: ``chosen`` (the planner's choice) as ``"the
+    planner's plan (<its safety-net label>)"``, TorchRec's as ``"TorchRec's plan"``, a
+    heuristic's as ``"the size_greedy heuristic's plan"``; a name that joins several
+    (``chosen=torchrec_ours``) by its first."""
+    first, *also = name.split("=")
+    if first == "chosen":
+        label = f" ({chosen})" if chosen else ""
+        words = f"the planner's plan{label}"
+    elif first.startswith("torchrec"):
+        words = TORCHREC_WORDS
+    elif first.startswith("heuristic:"):
+        words = f"the {first.split(':', 1)[1]} heuristic's plan"
+    else:
+        words = f"the {first} plan"
+    if any(a.startswith("torchrec") for a in also):
+        words += ", the same as TorchRec's"
+    return words

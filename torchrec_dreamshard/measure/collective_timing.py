@@ -1,0 +1,238 @@
+"""The collectives themselves, timed: buffers sized per collective, one run timed from a
+common start, and groups of ranks to time them on (threads of this process, or spawned
+processes); the models fitted to these timings are in
+:mod:`torchrec_dreamshard.measure.collectives`, whose docstring says what is timed where
+and why threads."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchrec_dreamshard.measure.spawn import (
+    check_may_spawn,
+    free_port,
+    launcher_free_env,
+    local_process_group,
+)
+
+COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
+_WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
+CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
+_CALIBRATION_REPEATS = 15  # per size and group; the median is fitted
+
+
+def check_kind(kind: str) -> str:
+    """``kind`` if it names a collective, else a ``ValueError`` listing the names."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; expected one of {list(COLLECTIVES)}")
+    return kind
+
+
+def wire_megabytes(kind: str, num_devices: int, buffer_bytes: float) -> float:
+    """MB one rank sends plus receives in ``kind`` over ``num_devices`` ranks with a buffer
+    of ``buffer_bytes`` per rank (see the module docstring; 0 for one rank)."""
+    check_kind(kind)
+    if num_devices <= 1:
+        return 0.0
+    return _WIRE_FACTOR[kind] * (num_devices - 1) / num_devices * buffer_bytes / 1e6
+
+
+def _buffers(
+    kind: str, numel: int, num_devices: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input, output)`` of ``kind`` for a buffer of ``numel`` elements per rank
+    (``numel`` a multiple of ``num_devices``; the all-reduce works in place)."""
+    part = numel // num_devices
+    if kind == "reduce_scatter":
+        return torch.rand(numel, device=device), torch.empty(part, device=device)
+    if kind == "all_gather":
+        return torch.rand(part, device=device), torch.empty(numel, device=device)
+    full = torch.rand(numel, device=device)
+    return full, (torch.empty(numel, device=device) if kind == "all_to_all" else full)
+
+
+def _run(kind: str, inp: torch.Tensor, out: torch.Tensor, group) -> None:
+    import torch.distributed as dist
+
+    if kind == "all_to_all":
+        dist.all_to_all_single(out, inp, group=group)
+    elif kind == "reduce_scatter":
+        getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, inp, group=group)
+    elif kind == "all_gather":
+        getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, inp, group=group)
+    else:
+        dist.all_reduce(inp, group=group)
+
+
+def time_collective(
+    kind: str, buffer_bytes: int, iters: int, warmup: int = 1, group=None, device=None
+) -> list[float]:
+    """Time ``kind`` with a buffer of about ``buffer_bytes`` per rank (fp32) on an
+    initialised group; every rank of ``group`` must call it with the same arguments.
+
+    Each run starts after a barrier, so a rank's time is from the common start to its own
+    completion (with a device synchronisation on CUDA).
+
+    Returns:
+        ``iters`` figures in ms for this rank.
+    """
+    import torch.distributed as dist
+
+    device = device or torch.device("cpu")
+    d = dist.get_world_size(group)
+    numel = max(1, round(buffer_bytes / 4 / d)) * d
+    inp, out = _buffers(check_kind(kind), numel, d, device)
+    times = []
+    for i in range(warmup + iters):
+        dist.barrier(group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        _run(kind, inp, out, group)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if i >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    device = torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = torch.device("cuda", rank)
+    samples = []
+    with local_process_group(rank, world, port, backend=backend):
+        for d in range(2, world + 1):
+            group = dist.new_group(list(range(d)))
+            if rank >= d:
+                continue
+            samples += time_every_collective(group, d, device)
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(samples, gathered, dst=0)
+        if rank == 0:
+            Path(out_path).write_text(json.dumps([s for part in gathered for s in part]))
+
+
+def time_every_collective(group, d: int, device: torch.device) -> list[tuple]:
+    """``(kind, D, MB, median ms)`` of every collective and calibration size, on this
+    rank of ``group`` (``d`` ranks; every rank calls it)."""
+    samples = []
+    for kind in COLLECTIVES:
+        for size in CALIBRATION_BYTES:
+            t = time_collective(kind, size, _CALIBRATION_REPEATS, group=group, device=device)
+            samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
+    return samples
+
+
+def spawned_samples(max_devices: int, backend: str) -> list[tuple]:
+    """Every rank's samples of every group of 2..``max_devices`` spawned ranks."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    check_may_spawn("timing the collectives")
+    with tempfile.TemporaryDirectory() as tmp, launcher_free_env():
+        out = os.path.join(tmp, "samples.json")
+        args = (max_devices, free_port(), out, backend)
+        mp.spawn(_calibration_worker, args=args, nprocs=max_devices)
+        return [tuple(s) for s in json.loads(Path(out).read_text())]
+
+
+# ----------------------------------------------------------------------------------------
+# Ranks as threads: gloo process groups of this process, none of them the default group
+# ----------------------------------------------------------------------------------------
+
+_THREAD_TIMEOUT = timedelta(seconds=120)  # a rank that never joins fails the others
+
+
+def thread_samples(max_devices: int) -> list[tuple]:
+    """Every rank's samples of every group of 2..``max_devices`` gloo ranks, each rank a
+    thread of this process (:func:`_thread_rank`); a rank's error is raised here."""
+    import threading
+
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    store.set_timeout(_THREAD_TIMEOUT)
+    samples: list[tuple] = []
+    for d in range(2, max_devices + 1):
+        results: list[list[tuple] | BaseException | None] = [None] * d
+        threads = [
+            threading.Thread(
+                target=_thread_rank,
+                args=(dist.PrefixStore(f"collectives_{d}/", store), rank, d, results),
+                name=f"dreamshard-collectives-{d}-{rank}",
+                daemon=True,
+            )
+            for rank in range(d)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for rank, out in enumerate(results):
+            if not isinstance(out, list):
+                raise RuntimeError(
+                    f"timing the gloo collectives on {d} ranks as threads: rank {rank} "
+                    f"failed ({out!r})"
+                ) from (out if isinstance(out, BaseException) else None)
+            samples += out
+    return samples
+
+
+def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
+    """One rank of a group of threads: its own gloo process group (loopback) on ``store``,
+    every collective timed as :func:`time_collective` times it; its samples (or its error)
+    in ``results[rank]``."""
+    import torch.distributed as dist
+
+    try:
+        options = dist.ProcessGroupGloo._Options()
+        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        options._timeout = _THREAD_TIMEOUT
+        pg = dist.ProcessGroupGloo(store, rank, world, options)
+        out = []
+        for kind in COLLECTIVES:
+            for size in CALIBRATION_BYTES:
+                t = _time_on_backend(pg, kind, size, _CALIBRATION_REPEATS)
+                out.append((kind, world, wire_megabytes(kind, world, size), statistics.median(t)))
+        pg.barrier().wait()  # no rank tears its group down while a peer still uses it
+        results[rank] = out
+    except BaseException as exc:  # raised by the thread that started the ranks
+        results[rank] = exc
+
+
+def _time_on_backend(pg: Any, kind: str, buffer_bytes: int, iters: int) -> list[float]:
+    """:func:`time_collective` on a gloo backend object that no ``torch.distributed``
+    function knows (not registered with the default group): the backend's own methods,
+    the ones ``all_to_all_single``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``
+    and ``all_reduce`` reach."""
+    d = pg.size()
+    numel = max(1, round(buffer_bytes / 4 / d)) * d
+    inp, out = _buffers(check_kind(kind), numel, d, torch.device("cpu"))
+    run = {
+        "all_to_all": lambda: pg.alltoall_base(out, inp, [], []),
+        "reduce_scatter": lambda: pg._reduce_scatter_base(out, inp),
+        "all_gather": lambda: pg._allgather_base(out, inp),
+        "all_reduce": lambda: pg.allreduce([inp]),
+    }[kind]
+    times = []
+    for i in range(1 + iters):  # one warm-up
+        pg.barrier().wait()
+        t0 = time.perf_counter()
+        run().wait()
+        if i >= 1:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times

@@ -1,0 +1,85 @@
+"""What a plan spent its time on: each measurement of this machine (the collectives, the
+dense kernel, the reference kernel), calibration, verification, and the rest (planning).
+
+:func:`spending` opens a ledger around a plan; every :func:`spent_on` block run inside it
+(in the same thread or task) adds its seconds under its name. Blocks nest: a block's
+seconds exclude those of the blocks inside it (the collectives timed while calibrating are
+the collectives', not the calibration's), so the figures add up to the plan's wall time.
+Outside a ledger, :func:`spent_on` costs a context-variable read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+
+PLANNING = "planning"  # what no measurement claimed: search, pricing, TorchRec's planner
+
+# the ledger of the innermost open spending(), or None
+_LEDGER: ContextVar[Spending | None] = ContextVar("dreamshard_spending", default=None)
+
+
+class Spending:
+    """Seconds per activity (:data:`PLANNING` for the rest) since the ledger was opened."""
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._spent: dict[str, float] = {}
+        self._end: float | None = None  # set when the ledger's block ends
+        self._nested = [0.0]  # per open block (the ledger itself first): its blocks' seconds
+
+    def seconds(self) -> dict[str, float]:
+        """Seconds per activity, so far or (once the ledger's block ended) in all: each
+        measured activity, then :data:`PLANNING`."""
+        total = (self._end or time.perf_counter()) - self._start
+        return {**self._spent, PLANNING: max(0.0, total - sum(self._spent.values()))}
+
+    @contextlib.contextmanager
+    def _block(self, what: str) -> Iterator[None]:
+        start = time.perf_counter()
+        self._nested.append(0.0)
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - start
+            inner = self._nested.pop()
+            self._nested[-1] += elapsed
+            self._spent[what] = self._spent.get(what, 0.0) + max(0.0, elapsed - inner)
+
+
+@contextlib.contextmanager
+def spending() -> Iterator[Spending]:
+    """A new ledger for the block (an enclosing one is set aside and restored after)."""
+    ledger = Spending()
+    token = _LEDGER.set(ledger)
+    try:
+        yield ledger
+    finally:
+        ledger._end = time.perf_counter()
+        _LEDGER.reset(token)
+
+
+@contextlib.contextmanager
+def spent_on(what: str) -> Iterator[None]:
+    """Count the block's seconds (less those of the blocks inside it) under ``what`` in
+    the open ledger, if any; usable as a decorator."""
+    ledger = _LEDGER.get()
+    if ledger is None:
+        yield
+        return
+    with ledger._block(what):
+        yield
+
+
+def spent_lines(seconds: dict[str, float]) -> list[str]:
+    """``seconds`` (:meth:`Spending.seconds`) as one line, largest first."""
+    if not seconds:
+        return []
+    total = sum(seconds.values())
+    parts = [
+        f"{what.replace('_', ' ')} {s:.1f} s"
+        for what, s in sorted(seconds.items(), key=lambda item: -item[1])
+    ]
+    return [f"spent {total:.1f} s: " + ", ".join(parts)]
