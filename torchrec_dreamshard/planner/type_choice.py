@@ -238,6 +238,12 @@ class TypeChooser:
         errors = model_errors(
             self._agent, self._spread(exact), self.ctx.collectives, self.ctx.dense_kernel
         )
+        if not math.isfinite(base_exact):  # all-table-wise does not fit: no margin to clear
+            fits = [(exact(m), m) for _, m in rated[1:] if m]
+            fits = [(step, m) for step, m in fits if math.isfinite(step)]
+            step, moved = min(fits, key=lambda x: x[0]) if fits else (base_exact, {})
+            count = rate.count + exact.count
+            return TypePlan(moved, step, base_exact, count, self.speed, [], errors)
         base_parts = exact.breakdown({}).at_slowest()
         decisions, kept = [], []
         for _, moved in rated[1:]:
