@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import CPU_DENSE_LIKE, GLOO_LIKE
-from test_dmp_sharding_types import EBC, local_weights, rows
+from test_dmp_sharding_types import EBC, local_weights, plan_tables, rows
 from test_planner_distributed import (
     DIM,
     LOCAL_BATCH,
@@ -114,19 +114,9 @@ def plan_and_train(rank: int, world: int) -> dict:
         losses.append(float(loss.detach()))
     # the fused optimizer updated this rank's rows of every row-split table
     trained = {name: not torch.equal(rows, local_rows(dmp)[name]) for name, rows in start.items()}
-    tables = {}
-    for name, ps in plan.plan[EBC].items():
-        shards = [] if ps.sharding_spec is None else ps.sharding_spec.shards
-        tables[name] = {
-            "type": ps.sharding_type,
-            "ranks": ps.ranks,
-            "shards": sorted(
-                [s.placement.rank(), list(s.shard_offsets), list(s.shard_sizes)] for s in shards
-            ),
-        }
     return {
         "plan": str(plan),
-        "tables": tables,
+        "tables": plan_tables(plan),
         "local": local_weights(dmp),
         "trained": trained,
         "losses": losses,

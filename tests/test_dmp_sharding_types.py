@@ -134,6 +134,22 @@ def local_weights(dmp) -> dict[str, list[list[list[int]]]]:
     return out
 
 
+def plan_tables(plan) -> dict[str, dict]:
+    """Each table of the collection's plan: its type, ranks and ``[rank, offsets, sizes]``
+    of every shard."""
+    tables = {}
+    for name, ps in plan.plan[EBC].items():
+        shards = [] if ps.sharding_spec is None else ps.sharding_spec.shards
+        tables[name] = {
+            "type": ps.sharding_type,
+            "ranks": ps.ranks,
+            "shards": sorted(
+                [s.placement.rank(), list(s.shard_offsets), list(s.shard_sizes)] for s in shards
+            ),
+        }
+    return tables
+
+
 def plan_and_train(rank: int, world: int, weighted: bool) -> dict:
     """Plan the model on every rank with ``collective_plan``, train it :data:`STEPS` steps
     under DMP, and say what this rank got."""
@@ -159,19 +175,9 @@ def plan_and_train(rank: int, world: int, weighted: bool) -> dict:
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     batch = make_weighted_batch if weighted else make_batch
     dmp, losses = train_steps(model, plan, sharders, lambda step: batch(rank, step))
-    tables = {}
-    for name, ps in plan.plan[EBC].items():
-        shards = [] if ps.sharding_spec is None else ps.sharding_spec.shards
-        tables[name] = {
-            "type": ps.sharding_type,
-            "ranks": ps.ranks,
-            "shards": sorted(
-                [s.placement.rank(), list(s.shard_offsets), list(s.shard_sizes)] for s in shards
-            ),
-        }
     return {
         "plan": str(plan),
-        "tables": tables,
+        "tables": plan_tables(plan),
         "local": local_weights(dmp),
         "losses": losses,
         "pooled": pooled_sums(dmp, rank) if weighted else None,
