@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.cost.comm_topology import (
     INTER_HOST_BW,
     INTRA_HOST_BW,
@@ -13,9 +15,7 @@ from torchrec_dreamshard.cost.comm_topology import (
     analytic_models,
     ring_ms,
 )
-from torchrec_dreamshard.measure.collective_timing import wire_megabytes
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, wire_megabytes
 
 GLOO = CollectiveModels(
     backend="test",
@@ -77,12 +77,9 @@ def test_a_fit_timed_over_several_hosts_holds_the_cross_host_links():
     in their fit; the analytic cross-host term is added only to a fit timed on one host."""
     import dataclasses
 
+    from torchrec_dreamshard.cost.collective_models import CollectiveModels
+    from torchrec_dreamshard.cost.comm_model import CommModel
     from torchrec_dreamshard.cost.comm_topology import CommTopology, all_to_all_ms, ring_ms
-    from torchrec_dreamshard.measure.collectives import (
-        COLLECTIVES,
-        CollectiveModels,
-    )
-    from torchrec_dreamshard.measure.comm import CommModel
 
     model = CommModel(latency_ms=0.1, per_peer_ms=0.0, ms_per_mb=1.0)
     one_host = CollectiveModels("gloo", dict.fromkeys(COLLECTIVES, model))
