@@ -10,11 +10,13 @@ import argparse
 import statistics
 import time
 
+from torchrec_dreamshard.cost import collective_models as coll
 from torchrec_dreamshard.evaluation.results_files import machine, write
-from torchrec_dreamshard.measure import collectives as coll
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
+from torchrec_dreamshard.measure.collectives import RANK_KINDS
 
-KINDS = coll.COLLECTIVES
-HOW = coll.RANK_KINDS  # ("threads", "processes")
+KINDS = COLLECTIVES
+HOW = RANK_KINDS  # ("threads", "processes")
 
 
 def one_fit(how: str) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 
+from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data.tasks import random_placement
 from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.evaluation.task_draws import bench_task
@@ -19,8 +20,9 @@ REPEATS = 10
 
 def repeat(task, placement, backend: str, config: MeasureConfig) -> dict:
     raw, norm, ref, round_norm = [], [], [], []
+    comm = local_all_to_all(task.num_devices, backend, config.comm_model_path)
     for i in range(REPEATS):
-        m = measure_placement(task, placement, config, backend=backend)
+        m = measure_placement(task, placement, config, backend=backend, comm=comm)
         raw.append(m.step_ms)
         ref.append(m.reference_ms)
         norm.append(m.normalised_step)

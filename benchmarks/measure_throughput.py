@@ -8,19 +8,21 @@ from __future__ import annotations
 import statistics
 import time
 
+from torchrec_dreamshard.cost.collective_models import load_all_to_all_model, local_all_to_all
 from torchrec_dreamshard.data.tasks import random_placement
 from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.evaluation.task_draws import bench_task
-from torchrec_dreamshard.measure import MeasureConfig, load_all_to_all_model, measure_placement
+from torchrec_dreamshard.measure import MeasureConfig, measure_placement
 from torchrec_dreamshard.measure.distributed import close_pools
 
 
 def run_backend(task, backend: str, n: int, config: MeasureConfig) -> dict:
     walls, steps = [], []
+    comm = local_all_to_all(task.num_devices, backend, config.comm_model_path)
     for i in range(n):
         placement = random_placement(task, i)
         t0 = time.perf_counter()
-        m = measure_placement(task, placement, config, backend=backend)
+        m = measure_placement(task, placement, config, backend=backend, comm=comm)
         walls.append(time.perf_counter() - t0)
         steps.append(m.step_ms if m.ok else None)
         print(f"{backend} {i}: {walls[-1]:.2f} s, step {m.step_ms:.1f} ms", flush=True)

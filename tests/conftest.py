@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,8 +56,9 @@ def comm_model(cold_cache, monkeypatch) -> Iterator[CommModel]:
     caller charges (:data:`GLOO_LIKE`'s). No test calibrates gloo's collectives or times
     those kernels, in this process or in the ranks it spawns, nor reads or writes the
     user's cache."""
+    from torchrec_dreamshard.cost import collective_models as collectives
     from torchrec_dreamshard.cost import dense_kernel_model
-    from torchrec_dreamshard.measure import collectives, reference_speed
+    from torchrec_dreamshard.measure import reference_speed
 
     monkeypatch.setattr(collectives, "_LOADED", {})
     path = collectives.default_collectives_path("gloo")

@@ -35,6 +35,7 @@ import statistics
 
 import pytest
 
+from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data import families
 from torchrec_dreamshard.data.tasks import NoPlanError, Task
 from torchrec_dreamshard.measure.config import MeasureConfig
@@ -70,7 +71,8 @@ def heuristic_plans(task: Task) -> dict[str, list[int]]:
 
 def compute_ms(task: Task, placement: list[int]) -> float:
     """The slowest device's measured forward + backward."""
-    measured = measure_placement(task, placement, CONFIG)
+    comm = local_all_to_all(task.num_devices)
+    measured = measure_placement(task, placement, CONFIG, comm=comm)
     assert measured.ok, measured.error
     return max(d.compute_ms for d in measured.per_device)
 

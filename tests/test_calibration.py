@@ -194,8 +194,8 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     chosen = agent.place(task)
     calls, real = [], placement_timing.measure_placement
 
-    def spy(t, placement, config=None, backend="local"):
-        m = real(t, placement, config, backend)
+    def spy(t, placement, config=None, backend="local", comm=None):
+        m = real(t, placement, config, backend, comm)
         calls.append((list(placement), float(m.step_ms)))
         return m
 
@@ -565,7 +565,7 @@ def test_the_default_plans_with_the_checkpoint_when_the_reference_is_not_measure
 def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batch():
     """The local backend charges the fitted all-to-all model; after calibration the cost
     network predicts exactly that, at any batch size (the prior's head has no batch)."""
-    from torchrec_dreamshard.measure.collectives import load_all_to_all_model
+    from torchrec_dreamshard.cost.collective_models import load_all_to_all_model
 
     model = load_all_to_all_model()  # the private test model
     agent = DreamShard.untrained(seed=0)

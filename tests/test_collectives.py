@@ -8,14 +8,14 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from torchrec_dreamshard.measure import collectives as coll
-from torchrec_dreamshard.measure.collective_timing import CALIBRATION_BYTES, wire_megabytes
-from torchrec_dreamshard.measure.collectives import (
+from torchrec_dreamshard.cost import collective_models as coll
+from torchrec_dreamshard.cost.collective_models import CollectiveModels, fit_collective_models
+from torchrec_dreamshard.cost.comm_model import CommModel
+from torchrec_dreamshard.measure.collective_timing import (
+    CALIBRATION_BYTES,
     COLLECTIVES,
-    CollectiveModels,
-    fit_collective_models,
+    wire_megabytes,
 )
-from torchrec_dreamshard.measure.comm import CommModel
 
 MODELS = CollectiveModels(
     backend="gloo",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.cost.comm_topology import (
     INTER_HOST_BW,
     INTRA_HOST_BW,
@@ -13,9 +15,7 @@ from torchrec_dreamshard.cost.comm_topology import (
     analytic_models,
     ring_ms,
 )
-from torchrec_dreamshard.measure.collective_timing import wire_megabytes
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, wire_megabytes
 
 GLOO = CollectiveModels(
     backend="test",
@@ -77,12 +77,9 @@ def test_a_fit_timed_over_several_hosts_holds_the_cross_host_links():
     in their fit; the analytic cross-host term is added only to a fit timed on one host."""
     import dataclasses
 
+    from torchrec_dreamshard.cost.collective_models import CollectiveModels
+    from torchrec_dreamshard.cost.comm_model import CommModel
     from torchrec_dreamshard.cost.comm_topology import CommTopology, all_to_all_ms, ring_ms
-    from torchrec_dreamshard.measure.collectives import (
-        COLLECTIVES,
-        CollectiveModels,
-    )
-    from torchrec_dreamshard.measure.comm import CommModel
 
     model = CommModel(latency_ms=0.1, per_peer_ms=0.0, ms_per_mb=1.0)
     one_host = CollectiveModels("gloo", dict.fromkeys(COLLECTIVES, model))
@@ -96,3 +93,21 @@ def test_a_fit_timed_over_several_hosts_holds_the_cross_host_links():
     assert np.allclose(measured, [model.collective_ms(4, 6.0)] * 4)
     ring = ring_ms(topo, two_hosts, "all_reduce", range(4), 1e6)
     assert np.allclose(ring, model.collective_ms(4, wire_megabytes("all_reduce", 4, 1e6)))
+
+
+def test_the_local_backends_all_to_all_is_the_planners_on_one_host():
+    """The table-wise all-to-all the local backend charges (``CommModel.device_comm_ms``:
+    forward and backward) is the planner's all-to-all of the same flows on one host,
+    uneven batch split and an empty device included."""
+    dims, batch = [40, 0, 24, 8], 1001
+    flows = np.zeros((4, 4))
+    share = [251, 250, 250, 250]  # the batch split as evenly as possible
+    for i, width in enumerate(dims):
+        flows[i, :] = np.asarray(share) * width * 4  # bytes device i sends device j
+    topo = CommTopology(world_size=4)
+    a2a = GLOO.models["all_to_all"]
+    planner = all_to_all_ms(topo, GLOO, range(4), flows) + all_to_all_ms(
+        topo, GLOO, range(4), flows.T
+    )
+    assert list(planner) == pytest.approx(a2a.device_comm_ms(dims, batch), rel=1e-12)
+    assert planner[1] > 0  # an empty device still receives its batch's slice

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from torchrec_dreamshard.cost.comm_model import fit_comm_model
 from torchrec_dreamshard.data.sampler import make_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, check_placement
@@ -81,7 +82,7 @@ def test_time_fused_kernel_is_positive_and_updates_weights(optimizer):
 def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(comm_model):
     task = small_task(num_devices=3, memory_factor=3.0)
     placement = [0, 1, 0, 1, 0, 1]  # device 2 is empty
-    m = measure_placement(task, placement, FAST)
+    m = measure_placement(task, placement, FAST, comm=comm_model)
     assert m.ok and m.error is None and len(m.per_device) == 3
     for d in m.per_device[:2]:
         assert math.isfinite(d.fwd_ms) and d.fwd_ms > 0 and d.bwd_ms > 0 and d.comm_ms > 0
@@ -90,7 +91,7 @@ def test_local_backend_gives_per_device_costs_and_empty_device_pays_comm_only(co
     dims = [
         sum(t.dim for t, d in zip(task.tables, placement, strict=True) if d == r) for r in (0, 1, 2)
     ]
-    want = comm_model.device_comm_ms(dims, task.batch_size)  # the cached all-to-all model's
+    want = comm_model.device_comm_ms(dims, task.batch_size)  # the model handed in
     assert [d.comm_ms for d in m.per_device] == pytest.approx(want)
     assert empty.comm_ms > 0
     assert m.step_ms == pytest.approx(max(d.total_ms for d in m.per_device))
@@ -117,12 +118,21 @@ def test_bad_placement_is_refused_before_any_kernel_runs(monkeypatch):
         measure_placement(task, [0, 1] * 3, FAST, backend="mpi")
 
 
-def test_kernel_error_is_a_failed_measurement_not_a_crash(monkeypatch):
+def test_the_local_backend_over_several_devices_needs_an_all_to_all_model(monkeypatch):
+    def boom(*args, **kwargs):
+        raise AssertionError("a kernel was built without an all-to-all model to charge")
+
+    monkeypatch.setattr(embedding_kernels.FusedKernel, "__init__", boom)
+    with pytest.raises(ValueError, match="all-to-all of 2 devices from a model: pass comm="):
+        measure_placement(small_task(num_devices=2), [0, 1] * 3, FAST)
+
+
+def test_kernel_error_is_a_failed_measurement_not_a_crash(monkeypatch, comm_model):
     def oom(self, warmup, iters):
         raise RuntimeError("out of memory (simulated)")
 
     monkeypatch.setattr(embedding_kernels.FusedKernel, "run_round", oom)
-    m = measure_placement(small_task(), [0, 1] * 3, FAST)
+    m = measure_placement(small_task(), [0, 1] * 3, FAST, comm=comm_model)
     assert not m.ok and "out of memory" in m.error and math.isnan(m.step_ms)
 
 
@@ -145,7 +155,7 @@ def test_comm_model_fit_recovers_known_constants():
     for _ in range(40):
         d, mb = int(rng.integers(2, 5)), float(rng.uniform(0, 20))
         samples.append((d, mb, 0.3 + 0.2 * (d - 1) + 0.5 * mb))
-    model = comm_mod.fit_comm_model(samples, "synthetic")
+    model = fit_comm_model(samples, "synthetic")
     assert model.latency_ms == pytest.approx(0.3, abs=1e-6)
     assert model.per_peer_ms == pytest.approx(0.2, abs=1e-6)
     assert model.ms_per_mb == pytest.approx(0.5, abs=1e-6)
@@ -156,16 +166,18 @@ def test_a2a_splits_follow_table_wise_sharding():
     send, recv = comm_mod.a2a_splits([16, 8, 0], batch_size=10, rank=0)
     assert send == [4 * 16, 3 * 16, 3 * 16]  # rank 0's pooled output, sliced by batch
     assert recv == [4 * 16, 4 * 8, 0]  # its batch slice of everyone's output
-    assert comm_mod.a2a_megabytes([16, 8, 0], 10, 0) == pytest.approx((96 + 32) * 4 / 1e6)
+    flows = comm_mod.table_wise_flows([16, 8, 0], batch_size=10, elem_bytes=4)
+    assert list(flows[0]) == [4 * e for e in send]  # bytes, the same splits
+    assert list(flows[:, 0]) == [4 * e for e in recv]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("num_devices", [2, 4])
-def test_distributed_and_local_agree_on_compute(num_devices):
+def test_distributed_and_local_agree_on_compute(num_devices, comm_model):
     task = small_task(num_devices=num_devices, batch_size=512)
     placement = random_placement(task, 1)
     config = MeasureConfig(warmup=1, iters=3, rounds=2)
-    local = measure_placement(task, placement, config, backend="local")
+    local = measure_placement(task, placement, config, backend="local", comm=comm_model)
     dist_m = measure_placement(task, placement, config, backend="distributed")
     assert local.ok and dist_m.ok, (local.error, dist_m.error)
     assert dist_m.comm_source.startswith("measured: gloo")
@@ -184,7 +196,8 @@ def test_distributed_and_local_agree_on_compute(num_devices):
 
     lc, dc = relative_compute(local), relative_compute(dist_m)
     if not 1 / 2.5 < lc / dc < 2.5:
-        lc = min(lc, relative_compute(measure_placement(task, placement, config, "local")))
+        again = measure_placement(task, placement, config, "local", comm_model)
+        lc = min(lc, relative_compute(again))
         dc = min(dc, relative_compute(measure_placement(task, placement, config, "distributed")))
     assert 1 / 2.5 < lc / dc < 2.5, (lc, dc)
 

@@ -51,13 +51,14 @@ from torchrec.models.dlrm import DLRM
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.evaluation.golden_plans import (
     TIE_RTOL,
     canonical_partition,
     plan_differences,
 )
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.planner import DreamShardPlanner
 
 META = torch.device("meta")

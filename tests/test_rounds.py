@@ -124,7 +124,7 @@ def test_measure_plans_measures_each_named_placement_and_names_a_failure(monkeyp
     task = make_task(tables, 2, 256, 2.0)
     seen = []
 
-    def fake(task_, placement, config=None, backend="local"):
+    def fake(task_, placement, config=None, backend="local", comm=None):
         seen.append((tuple(placement), backend))
         if placement == [1, 1, 1]:
             return PlacementMeasurement.failed("out of memory", backend)

@@ -11,13 +11,14 @@ import math
 
 import pytest
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.plans import cost_network_kernel, plan_cost, table_cost
 from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
 from torchrec_dreamshard.cost.sharding_types.row_wise import routed_share
 from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 
 # Close to what gloo on 4 ranks of this 2-core machine gave (ms, ms per peer, ms per MB).
 GLOO_LIKE = {

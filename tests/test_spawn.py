@@ -9,7 +9,8 @@ import logging
 import pytest
 from conftest import GLOO_LIKE
 
-from torchrec_dreamshard.measure import collectives, spawn
+from torchrec_dreamshard.cost import collective_models as collectives
+from torchrec_dreamshard.measure import spawn
 from torchrec_dreamshard.measure.config import MeasureConfig
 
 

@@ -10,8 +10,9 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-from torchrec_dreamshard.measure.collectives import COLLECTIVES, CollectiveModels
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.planner import DreamShardPlanner
 from torchrec_dreamshard.planner.type_choice import TYPE_MARGIN, typed_step_ms
 from torchrec_dreamshard.policy import DreamShard

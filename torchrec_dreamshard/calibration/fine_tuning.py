@@ -233,7 +233,7 @@ def scale_comm(net: CostNet, factor: float) -> CostNet:
 
 def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
     """``net`` with its all-to-all head set to the machine's fitted all-to-all ``model``
-    (:class:`~torchrec_dreamshard.measure.CommModel`, what the local backend charges) at
+    (:class:`~torchrec_dreamshard.cost.comm_model.CommModel`, what the local backend charges) at
     ``batch_size``: a forward and a backward all-to-all of
     ``latency + per_peer (D - 1) + ms_per_mb * MB``, where a device of pooled width ``w``
     among D devices of total width W moves ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)``.
@@ -267,7 +267,7 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
     or one timed now on ranks that are threads of this process. ``None`` inside a
     distributed job planning without its group and with no cached fit: one rank measures
     nothing there on its own, so the prior's all-to-all head is kept."""
-    from torchrec_dreamshard.measure.collectives import (
+    from torchrec_dreamshard.cost.collective_models import (
         default_collectives_path,
         load_all_to_all_model,
     )

@@ -32,6 +32,7 @@ from torchrec_dreamshard.calibration.verify_cache import (
     write_rounds,
 )
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
+from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data.tasks import NoPlanError, Task
 from torchrec_dreamshard.measure import placement_timing, reference_speed
 from torchrec_dreamshard.measure.config import MeasureConfig
@@ -133,12 +134,14 @@ class Timing:
 
 def kernel_timing(config: MeasureConfig) -> Timing:
     """Real FBGEMM kernels:
-    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``,
+    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``
+    and the machine's all-to-all model,
     and the reference kernel's fwd + bwd
     (:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`)."""
 
     def step_ms(task: Task, placement: list[int]) -> float:
-        m = placement_timing.measure_placement(task, placement, config)
+        comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
+        m = placement_timing.measure_placement(task, placement, config, comm=comm)
         if not m.ok:
             raise RuntimeError(str(m.error))
         return float(m.step_ms)

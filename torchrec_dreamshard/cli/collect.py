@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
 def _collect(args: argparse.Namespace, config, tasks: list, store) -> int:
     from tqdm import tqdm
 
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.measure import measure_placement
 
     prefix = _collection_key(args, config, tasks) + ":"
@@ -125,7 +126,8 @@ def _collect(args: argparse.Namespace, config, tasks: list, store) -> int:
         for i in todo:
             task = tasks[(i // args.per_task) % len(tasks)]
             placement = _placement(args, task, i)
-            m = measure_placement(task, placement, config, backend=args.backend)
+            comm = local_all_to_all(task.num_devices, args.backend, config.comm_model_path)
+            m = measure_placement(task, placement, config, backend=args.backend, comm=comm)
             store.append(task, placement, m, config, job=f"{prefix}{i}")
             failed += not m.ok
             bar.update(1)

@@ -218,11 +218,13 @@ class planner_logs:
 
 def measure_both(mtask, ours: dict, theirs: dict) -> None:
     """Measure both placements on real kernels (adds ``measured`` to each summary)."""
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.measure import measure_placement
 
+    comm = local_all_to_all(mtask.num_devices)
     for name, summary in (("DreamShard", ours), ("TorchRec", theirs)):
         print(f"measuring the {name} plan on real FBGEMM kernels...", flush=True)
-        m = measure_placement(mtask, summary["placement"])
+        m = measure_placement(mtask, summary["placement"], comm=comm)
         if not m.ok:
             raise RuntimeError(f"measuring the {name} plan failed: {m.error}")
         summary["measured"] = m.to_dict()

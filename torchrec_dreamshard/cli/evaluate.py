@@ -46,6 +46,7 @@ def load_plan(path: str) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.data.splits import plan_from_entries
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure import CostStore, measure_placement
@@ -58,13 +59,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise ValueError(f"plan file {args.plan!r}: {exc}") from None
     task = sharded.shards  # a shard is timed as a table of its columns
+    comm = local_all_to_all(task.num_devices, args.backend, config.comm_model_path)
     if args.db:  # the store's collector lock: no collector's timings skew ours, or ours theirs
         with CostStore(args.db) as store, store.collector_lock("dreamshard evaluate"):
             store.fingerprint(config, args.backend)  # before measuring
-            m = measure_placement(task, placement, config, backend=args.backend)
+            m = measure_placement(task, placement, config, backend=args.backend, comm=comm)
             store.append(task, placement, m, config)
     else:
-        m = measure_placement(task, placement, config, backend=args.backend)
+        m = measure_placement(task, placement, config, backend=args.backend, comm=comm)
     if args.json:
         print(json.dumps(m.to_dict(), indent=1))
     else:

@@ -144,8 +144,8 @@ def prepare_machine_models() -> None:
     """Fit (or load) this machine's gloo collective models and dense-kernel model before
     the ranks start, so that DreamShardPlanner on rank 0 finds them cached instead of
     measuring them while the other ranks wait."""
+    from torchrec_dreamshard.cost.collective_models import load_collective_models
     from torchrec_dreamshard.cost.dense_kernel_model import load_dense_kernel_model
-    from torchrec_dreamshard.measure.collectives import load_collective_models
 
     load_collective_models(backend="gloo")
     load_dense_kernel_model(device="cpu")

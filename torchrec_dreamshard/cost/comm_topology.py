@@ -7,7 +7,7 @@ each rank
     t_r = fit(D, MB_r)  +  X_r / inter_host_bw
 
 * ``fit`` is the collective's latency-bandwidth model (measured on this machine's backend,
-  :mod:`torchrec_dreamshard.measure.collectives`), at the group's size ``D`` and the MB the
+  :mod:`torchrec_dreamshard.cost.collective_models`), at the group's size ``D`` and the MB the
   rank sends plus receives. Every rank's bytes pass through its own stack, so the fit
   applies whether or not the group crosses hosts; beyond the sizes it was measured at
   (here 2..4 ranks) it extrapolates linearly in ``D``.
@@ -37,13 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from torchrec_dreamshard.measure.collective_timing import wire_megabytes
-from torchrec_dreamshard.measure.collectives import (
-    COLLECTIVES,
-    CollectiveModels,
-    check_kind,
-)
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.comm_model import CommModel
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, check_kind, wire_megabytes
 
 INTRA_HOST_BW: float = 600 * 1024**3 / 1000  # bytes/ms; TorchRec's INTRA_NODE_BANDWIDTH
 INTER_HOST_BW: float = 12.5 * 1024**3 / 1000  # bytes/ms; TorchRec's CROSS_NODE_BANDWIDTH
@@ -134,20 +130,20 @@ class CommTopology:
 def all_to_all_ms(
     topo: CommTopology, models: CollectiveModels, ranks: Sequence[int], flows: np.ndarray
 ) -> np.ndarray:
-    """``[W]`` ms of one all-to-all over ``ranks`` (0 for ranks outside it).
+    """``[W]`` ms of one all-to-all over ``ranks`` (0 for ranks outside it): the fit's
+    (:meth:`~torchrec_dreamshard.cost.comm_model.CommModel.all_to_all_ms`, what the local
+    backend charges too) plus the cross-host term.
 
     Args:
         flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored).
     """
-    out = np.zeros(topo.world_size)
-    idx = np.asarray(sorted(set(ranks)), dtype=np.int64)
+    group = sorted(set(ranks))
+    out = models.models[check_kind("all_to_all")].all_to_all_ms(flows, group)
     f = np.array(flows, dtype=np.float64)
     np.fill_diagonal(f, 0.0)
     remote = np.where(topo.remote_mask(), f, 0.0)
-    for r in idx:
-        mb = (f[r].sum() + f[:, r].sum()) / 1e6
-        cross = max(remote[r].sum(), remote[:, r].sum())
-        out[r] = models.ms("all_to_all", len(idx), mb) + cross_host_ms(topo, models, cross)
+    for r in group:
+        out[r] += cross_host_ms(topo, models, max(remote[r].sum(), remote[:, r].sum()))
     return out
 
 

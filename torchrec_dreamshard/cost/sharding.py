@@ -34,10 +34,10 @@ from typing import ClassVar
 
 import numpy as np
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.collectives import CollectiveModels
 
 ID_BYTES = 8  # bytes per id in an input all-to-all (int64)
 LENGTH_BYTES = 4  # bytes per bag length (int32)

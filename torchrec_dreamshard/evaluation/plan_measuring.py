@@ -32,9 +32,11 @@ def measure_costs(task: Task, placement: Sequence[int], config: MeasureConfig) -
     Raises:
         RuntimeError: the measurement failed (its error is kept).
     """
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.measure import measure_placement
 
-    m = measure_placement(task, list(placement), config)
+    comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
+    m = measure_placement(task, list(placement), config, comm=comm)
     if not m.ok:
         raise RuntimeError(f"measurement failed: {m.error}")
     dev = [[d.fwd_ms, d.bwd_ms, d.comm_ms] for d in m.per_device]
@@ -49,12 +51,14 @@ def measure_fn(
     config: MeasureConfig | None = None,
 ) -> Callable[[Task, Sequence[int]], tuple[float, list[float], float]]:
     """``(task, placement) -> (step_ms, per-device totals, reference_ms)`` on real kernels."""
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.measure import measure_placement
 
     config = config or MeasureConfig()
 
     def measure(task: Task, placement: Sequence[int]) -> tuple[float, list[float], float]:
-        m = measure_placement(task, list(placement), config)
+        comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
+        m = measure_placement(task, list(placement), config, comm=comm)
         if not m.ok:
             raise RuntimeError(f"measurement failed: {m.error}")
         return m.step_ms, [d.total_ms for d in m.per_device], m.reference_ms

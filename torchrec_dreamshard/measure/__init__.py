@@ -2,7 +2,9 @@
 
 * :func:`measure_placement` runs one fused table-batched embedding kernel per device
   (forward, and backward with the fused optimizer) and the all-to-all of pooled embeddings,
-  with the ``"local"`` or ``"distributed"`` backend;
+  with the ``"local"`` or ``"distributed"`` backend (the local one charges the all-to-all
+  from a model the caller hands in, :class:`AllToAllCost`: the machine's fitted one is
+  :func:`torchrec_dreamshard.cost.collective_models.load_all_to_all_model`);
 * :func:`time_fused_kernel` times one fused kernel over a set of tables;
 * :func:`measure_in_rounds` / :func:`measure_plans` measure plans against each other in
   interleaved rounds;
@@ -10,8 +12,7 @@
 """
 
 from torchrec_dreamshard.data.tasks import random_placement
-from torchrec_dreamshard.measure.collectives import load_all_to_all_model
-from torchrec_dreamshard.measure.comm import CommModel
+from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_TABLES, time_fused_kernel
 from torchrec_dreamshard.measure.hardware import hardware_fingerprint
@@ -22,7 +23,7 @@ from torchrec_dreamshard.measure.store import CostStore, DeviceExample, Placemen
 
 __all__ = [
     "BACKENDS",
-    "CommModel",
+    "AllToAllCost",
     "CostStore",
     "DeviceCost",
     "DeviceExample",
@@ -32,7 +33,6 @@ __all__ = [
     "REFERENCE_TABLES",
     "balanced_order",
     "hardware_fingerprint",
-    "load_all_to_all_model",
     "measure_in_rounds",
     "measure_placement",
     "measure_plans",

@@ -1,8 +1,9 @@
 """The local backend: one process times each device's fused kernel in turn.
 
 On CPU one thread stands for one device; on CUDA one GPU runs every device's kernel. The
-communication figure comes from the machine's all-to-all model
-(:func:`~.collectives.load_all_to_all_model`).
+communication figure is charged from the all-to-all model the caller hands in
+(:class:`~.comm.AllToAllCost`: the machine's fitted one,
+:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
-from torchrec_dreamshard.measure.collectives import load_all_to_all_model
+from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
     ARENA,
@@ -30,33 +31,47 @@ from torchrec_dreamshard.threads import single_thread
 
 
 def measure_local(
-    task: Task, placement: Sequence[int], config: MeasureConfig
+    task: Task, placement: Sequence[int], config: MeasureConfig, comm: AllToAllCost | None
 ) -> PlacementMeasurement:
     """Measure a (checked) placement with one process.
 
     Every device's kernel and the reference kernel are built at once in disjoint slices of
-    one written arena, then timed in interleaved rounds.
+    one written arena, then timed in interleaved rounds; ``comm`` prices the all-to-all
+    (needed for more than one device).
+
+    Raises:
+        ValueError: more than one device and no ``comm``.
     """
+    check_comm(task, comm)
     start = time.perf_counter()
     groups = [[task.tables[i] for i in idx] for idx in device_tables(task, placement)]
     compute = _time_devices(groups, task.batch_size, config)
     dims = [sum(t.dim for t in g) for g in groups]
-    if task.num_devices > 1:
-        model = load_all_to_all_model(config.comm_model_path)
-        comm_row = model.device_comm_ms(dims, task.batch_size)
-        source = f"model: {model.source}"
+    if comm is not None and task.num_devices > 1:
+        comm_row = comm.device_comm_ms(dims, task.batch_size)
+        source = f"model: {comm.source}"
     else:
         comm_row, source = [0.0], "none (one device)"
-    comm = np.tile(np.asarray(comm_row, dtype=np.float64), (config.rounds, 1))
+    comm_ms = np.tile(np.asarray(comm_row, dtype=np.float64), (config.rounds, 1))
     return summarise(
         compute[:, :-1],
-        comm,
+        comm_ms,
         compute[:, -1].sum(axis=1),
         [len(g) for g in groups],
         "local",
         source,
         time.perf_counter() - start,
     )
+
+
+def check_comm(task: Task, comm: AllToAllCost | None) -> None:
+    """Refuse a local measurement of several devices without an all-to-all model."""
+    if comm is None and task.num_devices > 1:
+        raise ValueError(
+            f"the local backend charges the all-to-all of {task.num_devices} devices from a "
+            "model: pass comm= (the machine's: torchrec_dreamshard.cost.collective_models"
+            ".load_all_to_all_model())"
+        )
 
 
 def time_groups(

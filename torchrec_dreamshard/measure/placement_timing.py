@@ -8,8 +8,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from typing import TypeVar
 
 from torchrec_dreamshard.data.tasks import Task, check_placement
+from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.local import measure_local
+from torchrec_dreamshard.measure.local import check_comm, measure_local
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
@@ -22,6 +23,7 @@ def measure_placement(
     placement: Sequence[int],
     config: MeasureConfig | None = None,
     backend: str = "local",
+    comm: AllToAllCost | None = None,
 ) -> PlacementMeasurement:
     """Measure a placement on real fused kernels and a real (or modelled) all-to-all.
 
@@ -31,24 +33,31 @@ def measure_placement(
         config: optimizer, precision, device and timing protocol (default
             :class:`MeasureConfig`).
         backend: ``"local"`` (one process times each device in turn; communication from the
-            fitted model) or ``"distributed"`` (one gloo/NCCL rank per device).
+            model ``comm``) or ``"distributed"`` (one gloo/NCCL rank per device).
+        comm: the all-to-all model the local backend charges (the machine's:
+            :func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`, or
+            ``local_all_to_all`` there); needed by the local backend for more than one
+            device, unused by the distributed one.
 
     Returns:
         The measurement. An out-of-memory or kernel error gives ``ok=False`` with the error,
         so that a collection can record it and go on.
 
     Raises:
-        ValueError: a bad backend, or a placement that does not fit (refused before any
-            kernel runs, naming the device and its tables).
+        ValueError: a bad backend, a placement that does not fit (refused before any
+            kernel runs, naming the device and its tables), or the local backend over
+            several devices without ``comm``.
     """
     config = config or MeasureConfig()
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     placement = check_placement(task, placement)
+    if backend == "local":
+        check_comm(task, comm)
     start = time.perf_counter()
     try:
         if backend == "local":
-            return measure_local(task, placement, config)
+            return measure_local(task, placement, config, comm)
         # imported when used, on purpose: ``python -m torchrec_dreamshard.measure.distributed``
         # runs that module as ``__main__``, and the package importing it first would have
         # it imported twice (runpy warns)
@@ -68,6 +77,7 @@ def measure_plans(
     rounds: int = 3,
     backend: str = "local",
     done: Sequence[Mapping[K, PlacementMeasurement]] = (),
+    comm: AllToAllCost | None = None,
 ) -> list[dict[K, PlacementMeasurement]]:
     """Every named placement of ``task`` measured once per round (see
     :func:`measure_in_rounds`; ``done``: this task's rounds already measured).
@@ -80,6 +90,7 @@ def measure_plans(
         rounds: rounds in all.
         backend: ``"local"`` or ``"distributed"`` (see ``measure_placement``).
         done: rounds already measured.
+        comm: the all-to-all model the local backend charges (see ``measure_placement``).
 
     Returns:
         The rounds, each ``{name: measurement}``.
@@ -89,7 +100,7 @@ def measure_plans(
     """
 
     def measure(_: int, name: K) -> PlacementMeasurement:
-        m = measure_placement(task, list(plans[name]), config, backend)
+        m = measure_placement(task, list(plans[name]), config, backend, comm)
         if not m.ok:
             raise RuntimeError(f"measuring plan {name!r} failed: {m.error}")
         return m

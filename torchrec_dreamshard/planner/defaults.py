@@ -22,14 +22,14 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.utils import get_device_type
 
-from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
-from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
-from torchrec_dreamshard.measure.collectives import (
+from torchrec_dreamshard.cost.collective_models import (
     CollectiveModels,
     default_collectives_path,
     load_collective_models,
     load_group_collectives,
 )
+from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
 from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
@@ -251,12 +251,12 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
     * while rank 0 of a job drives measurements on the job's group (``collective_plan``)
       of the topology's size: timed on that group, every rank taking part, on its real
       backend and hosts (a second or two, then cached per machine and topology:
-      :func:`~torchrec_dreamshard.measure.collectives.load_group_collectives`);
+      :func:`~torchrec_dreamshard.cost.collective_models.load_group_collectives`);
     * else, on accelerators: analytic models from the topology's intra-host bandwidth
       (unmeasured);
     * else, on CPU ranks outside a distributed job: the gloo models fitted on ranks that
       are threads of this process, so that no process is started (once, about a second,
-      then cached: :func:`~torchrec_dreamshard.measure.collectives.load_collective_models`);
+      then cached: :func:`~torchrec_dreamshard.cost.collective_models.load_collective_models`);
     * else (``plan()`` on one rank of a running job): that cached fit where there is
       one, the analytic models where not, since nothing but the job's group measures
       inside a job.

@@ -49,8 +49,8 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
-from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,

@@ -38,8 +38,8 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
-from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
 from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option

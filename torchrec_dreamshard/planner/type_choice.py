@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import (
@@ -56,7 +57,6 @@ from torchrec_dreamshard.cost.sharding_types import (
     alternative_types,
 )
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
 from torchrec_dreamshard.planner.option_kinds import (

@@ -25,8 +25,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
-from torchrec_dreamshard.measure.collectives import CollectiveModels
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise

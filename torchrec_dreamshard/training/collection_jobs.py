@@ -155,6 +155,7 @@ def collect(
     agent: DreamShard, jobs: Sequence[Job], store: CostStore, cfg: TrainConfig
 ) -> dict[str, float]:
     """Measure every job the store does not hold yet; returns collection metrics."""
+    from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.measure import measure_placement
 
     mcfg = cfg.measure_config()
@@ -164,7 +165,8 @@ def collect(
     greedy_ms, start = [], time.perf_counter()
     for job in progress_bar(todo, cfg.progress, f"measure {phase}"):
         placement = placement_for(agent, job)
-        m = measure_placement(job.task, placement, mcfg, backend=cfg.backend)
+        comm = local_all_to_all(job.task.num_devices, cfg.backend, mcfg.comm_model_path)
+        m = measure_placement(job.task, placement, mcfg, backend=cfg.backend, comm=comm)
         store.append(job.task, placement, m, mcfg, job=store_key(job))
         if job.kind == "safe" and m.ok:
             greedy_ms.append(m.step_ms)

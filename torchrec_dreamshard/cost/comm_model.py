@@ -1,0 +1,100 @@
+"""The model of a collective's time, fitted to timings of this machine
+(:mod:`torchrec_dreamshard.measure.collective_timing` times them).
+
+Every collective's time is modelled (:class:`CommModel`) as
+
+    t(D, v) = a + b * (D - 1) + c * v        (ms, one collective; v = MB a device sends
+                                              plus receives, its own slice excluded)
+
+with ``a, b, c`` least squares over timings, clipped at 0 (:func:`fit_comm_model`). An
+all-to-all's ms per rank, given its flows, is :meth:`CommModel.all_to_all_ms`: the one
+implementation the planner (:func:`~torchrec_dreamshard.cost.comm_topology.all_to_all_ms`,
+which adds the cross-host term) and the local measurement backend
+(:meth:`CommModel.device_comm_ms`, the table-wise all-to-all forward and backward) both
+charge. Which fit is the machine's all-to-all is
+:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from torchrec_dreamshard.measure.comm import table_wise_flows
+
+
+@dataclass
+class CommModel:
+    """``t(D, MB) = latency_ms + per_peer_ms * (D - 1) + ms_per_mb * MB`` per collective.
+
+    Args:
+        latency_ms: fixed cost of one collective.
+        per_peer_ms: extra cost per other device.
+        ms_per_mb: cost per MB a device sends plus receives.
+        source: how the constants were obtained.
+        samples: timings the fit used.
+        rmse_ms: root mean square error of the fit on them.
+    """
+
+    latency_ms: float
+    per_peer_ms: float
+    ms_per_mb: float
+    source: str = ""
+    samples: int = 0
+    rmse_ms: float = 0.0
+
+    def collective_ms(self, num_devices: int, megabytes: float) -> float:
+        """One collective's ms for a device moving ``megabytes`` among ``num_devices``
+        (0 for one device)."""
+        if num_devices <= 1:
+            return 0.0
+        return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
+
+    def all_to_all_ms(self, flows: np.ndarray, ranks: Iterable[int] | None = None) -> np.ndarray:
+        """``[W]`` ms of one all-to-all over ``ranks`` (default: all ``W``; 0 for ranks
+        outside it), this model being the all-to-all's: each rank moves what it sends
+        plus what it receives, its own slice excluded.
+
+        Args:
+            flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored).
+            ranks: the ranks taking part.
+        """
+        f = np.array(flows, dtype=np.float64)
+        np.fill_diagonal(f, 0.0)
+        idx = sorted(set(range(len(f)) if ranks is None else ranks))
+        out = np.zeros(len(f))
+        for r in idx:
+            out[r] = self.collective_ms(len(idx), (f[r].sum() + f[:, r].sum()) / 1e6)
+        return out
+
+    def device_comm_ms(
+        self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4
+    ) -> list[float]:
+        """Forward + backward table-wise all-to-all ms of every device, given each
+        device's pooled width (:func:`~torchrec_dreamshard.measure.comm.table_wise_flows`;
+        what the local backend charges, as
+        :class:`~torchrec_dreamshard.measure.comm.AllToAllCost`)."""
+        flows = table_wise_flows(dims, batch_size, elem_bytes)
+        return [float(ms) for ms in self.all_to_all_ms(flows) + self.all_to_all_ms(flows.T)]
+
+
+def fit_comm_model(
+    samples: Sequence[tuple[int, float, float]], source: str, what: str = "collective"
+) -> CommModel:
+    """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each).
+
+    Where every sample has the same ``num_devices`` (a job's own group, or a 2-core
+    machine's two ranks) the per-peer term cannot be told from the latency: it is 0, and
+    the model holds at that size."""
+    arr = np.asarray(samples, dtype=np.float64)
+    if arr.ndim != 2 or arr.shape[0] < 3:
+        raise ValueError(f"fitting the {what} model needs at least 3 samples")
+    design = np.stack([np.ones(len(arr)), arr[:, 0] - 1, arr[:, 1]], axis=1)
+    if np.all(arr[:, 0] == arr[0, 0]):
+        design[:, 1] = 0.0
+    coef, *_ = np.linalg.lstsq(design, arr[:, 2], rcond=None)
+    coef = np.maximum(coef, 0.0)
+    rmse = float(np.sqrt(np.mean((design @ coef - arr[:, 2]) ** 2)))
+    return CommModel(*(float(c) for c in coef), source=source, samples=len(arr), rmse_ms=rmse)
