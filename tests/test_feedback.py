@@ -315,7 +315,10 @@ def test_a_dmp_job_observes_learns_and_replans(tmp_path, comm_model):
     heavy = {f"t{i}" for i, (_, p) in enumerate(TABLES) if p >= 2}
     assert heavy <= {fqn.rsplit(".", 1)[1] for fqn in decision["inputs_from_job"]}
     assert len(decision["reuse_from_job"]) == len(TABLES)  # every rank's ids reached rank 0
-    assert decision["kernels_measured"] > 0  # these tables' kernels, as the job feeds them
+    # these tables' kernels, as the job feeds them, were measured: kept, or discarded where
+    # the reference kernel drifted while they were timed (a busy machine; its load is not
+    # learnt as the hardware), and then said so
+    assert decision["kernels_measured"] + decision["kernels_discarded"] > 0, decision
     # learning from the job brings the prediction of the observed plan to what was measured
     worst_before = max(abs(r["error"]) for r in before["ranks"])
     worst_after = max(abs(r["error"]) for r in after["ranks"])

@@ -277,6 +277,7 @@ def learn_and_replan(
         "other_scale": other,
         "kernels_learnt_from": result.samples,
         "kernels_measured": result.measured,
+        "kernels_discarded": result.discarded,  # measured while the machine was busy
         "inputs_from_job": [t.fqn for t in inputs.mispriced()] if arguments else [],
         "reuse_from_job": sorted(spec_fn.reuse) if arguments else [],
         "observed_types": sharding_types(record.best_options),
