@@ -366,7 +366,8 @@ def test_plan_task_keeps_the_chosen_plan_and_verifies_no_split_plan(monkeypatch)
 
     def fake_verify(planner, task, k, *args, **kwargs):
         verified.append(k)
-        return SimpleNamespace(winner=SimpleNamespace(placement=other))
+        measured = SimpleNamespace(placement=other, rounds_ms=[1.0])  # one round measured
+        return SimpleNamespace(winner=measured, plans=[measured])
 
     monkeypatch.setattr(planning, "verify", fake_verify)
     two = cal.VerificationSettings(k=2)

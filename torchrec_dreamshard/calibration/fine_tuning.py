@@ -24,7 +24,7 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
     observed_jobs,
 )
-from torchrec_dreamshard.calibration.noise import DRIFT_LIMIT, reference_drift
+from torchrec_dreamshard.calibration.noise import DRIFT_LIMIT, lasting_drift, reference_ms
 from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet
 from torchrec_dreamshard.cost.fitting import (
@@ -355,9 +355,9 @@ def calibrate(
         todo = [(j, t) for j, t in kernels.items() if j not in done]
         todo = todo if config.measure_missing else []
         check = bool(todo) and math.isfinite(config.drift_limit)
-        before = _reference_ms(mcfg) if check else None
+        before = reference_ms(mcfg) if check else None
         measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
-        drift = reference_drift(before, _reference_ms(mcfg)) if check else None
+        drift = lasting_drift(before, mcfg, config.drift_limit) if check else None
         discarded = 0
         if drift is not None and abs(drift) > config.drift_limit and measured:
             # measured while the machine changed speed: not this machine's kernels
@@ -388,10 +388,3 @@ def calibrate(
         drift=drift,
         discarded=discarded,
     )
-
-
-def _reference_ms(config: MeasureConfig) -> float:
-    """The reference kernel's fwd + bwd now (a fraction of a second)."""
-    from torchrec_dreamshard.measure import reference_speed
-
-    return float(sum(reference_speed.measure_reference_ms(config.device)))

@@ -13,11 +13,15 @@ win to count as faster beyond the noise.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from torchrec_dreamshard.measure import reference_speed
+from torchrec_dreamshard.measure.config import MeasureConfig
 
 SPREAD_LIMIT = 0.20  # a plan's rounds (max - min) / median beyond this (median over plans)
 DRIFT_LIMIT = 0.20  # the reference kernel after / before - 1 beyond this, either way
@@ -137,3 +141,20 @@ def sign_test_wins(rounds: int, alpha: float = SIGN_ALPHA) -> int | None:
         if tail <= alpha:
             return wins
     return None
+
+
+def lasting_drift(before: float | None, config: MeasureConfig, limit: float) -> float | None:
+    """How far the reference kernel moved since ``before``. One timing can be a blip of
+    the machine: beyond ``limit``, it is timed twice more and the median of the three
+    taken, so that only a change that lasts discards what was measured."""
+    after = [reference_ms(config)]
+    drift = reference_drift(before, after[0])
+    if drift is not None and abs(drift) > limit:
+        after += [reference_ms(config), reference_ms(config)]
+        drift = reference_drift(before, statistics.median(after))
+    return drift
+
+
+def reference_ms(config: MeasureConfig) -> float:
+    """The reference kernel's fwd + bwd now (a fraction of a second)."""
+    return float(sum(reference_speed.measure_reference_ms(config.device)))

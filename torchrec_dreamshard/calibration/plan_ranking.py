@@ -7,8 +7,10 @@
 2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
    swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
    in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
-   median); else the fastest plan that does, else TorchRec's own. So the kept plan never
-   measured slower than TorchRec's in the same rounds.
+   median; under 3 rounds, by 5% in every round); else the fastest plan that does, else
+   TorchRec's own. So the kept plan never measured slower than TorchRec's in the same
+   rounds. Where no whole round fitted, nothing was measured and the ranking of step 1
+   stands (the stats give the predicted margins instead).
 3. Where the deciding rounds were noisy (:class:`~.noise.Noise`), the safer plan
    (:func:`safer_plan`: TorchRec's, else the fastest heuristic's) is kept unless a plan
    measured faster than it in every round of every pass.
@@ -25,16 +27,22 @@ from torchrec_dreamshard.calibration.noise import Noise, sign_test_wins
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, plan_words
 
 MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
+FEW_ROUNDS_MARGIN = 0.05  # under 3 rounds, a plan beats TorchRec's by this much every round
 
 
 def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:
     """Whether ``p`` measured faster than ``ref`` beyond the noise: a lower median, and
-    faster in enough of their paired rounds for the sign test (:func:`sign_test_wins`)."""
+    faster in enough of their paired rounds for the sign test (:func:`sign_test_wins`);
+    where too few rounds fitted for any sign test (1 or 2), faster in every round by more
+    than :data:`FEW_ROUNDS_MARGIN`, a run-to-run move on these machines."""
     n = min(len(p.rounds_ms), len(ref.rounds_ms))
-    need = sign_test_wins(n)
-    if need is None or not np.median(p.rounds_ms) < np.median(ref.rounds_ms):
+    if not n or not np.median(p.rounds_ms) < np.median(ref.rounds_ms):
         return False
-    return sum(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=False)) >= need
+    pairs = list(zip(p.rounds_ms, ref.rounds_ms, strict=False))
+    need = sign_test_wins(n)
+    if need is None:
+        return all(a < (1.0 - FEW_ROUNDS_MARGIN) * b for a, b in pairs)
+    return sum(a < b for a, b in pairs) >= need
 
 
 def rank_measured(
@@ -54,6 +62,8 @@ def rank_measured(
     gives way to the fastest plan that does, else to the baseline itself."""
     ranked = _rank_incumbent(plans, incumbent)
     base = next((p for p in ranked if p.baseline), None)
+    if not min((len(p.rounds_ms) for p in plans), default=0):
+        return ranked  # nothing measured: TorchRec's plan has not shown itself faster either
     if base is None or ranked[0] is base or beats_beyond_noise(ranked[0], base):
         return ranked
     kept = next((p for p in ranked[1:] if p is not base and beats_beyond_noise(p, base)), base)

@@ -43,7 +43,7 @@ class PlanOutcome:
             without it).
         split: the split search's plan (``None`` without ``splits``); where it cut
             tables column-wise, ``placement`` is per shard and nothing was verified.
-        predicted_margins: where nothing was verified, the kept plan's predicted step
+        predicted_margins: where nothing was measured, the kept plan's predicted step
             against TorchRec's plan's and the best heuristic's (:func:`plan_margins`;
             empty for a plan that splits tables). See :attr:`margins`.
         chosen_label: the safety-net candidate the agent chose (``policy_greedy+refined``).
@@ -65,7 +65,10 @@ class PlanOutcome:
         ver = self.verification
         if ver is None:
             return self.predicted_margins
-        return ver.margins() | {"line": ver.summary(lambda n: plan_words(n, self.chosen_label))}
+        line = ver.summary(lambda n: plan_words(n, self.chosen_label))
+        if self.predicted_margins:  # verified, but no whole round fitted: what was predicted
+            line += "; " + self.predicted_margins["line"]
+        return ver.margins() | {"line": line}
 
     def lines(self) -> list[str]:
         out = self.calibration.lines() if self.calibration else []
@@ -158,7 +161,8 @@ def plan_task(
                 baselines=baselines,
             )
         placement = list(ver.winner.placement)
-    margins = {} if ver is not None else plan_margins(planner, task, placement, baselines, label)
+    unmeasured = ver is None or not any(p.rounds_ms for p in ver.plans)
+    margins = plan_margins(planner, task, placement, baselines, label) if unmeasured else {}
     return PlanOutcome(placement, planner, cal, ver, chosen, found, margins, label)
 
 

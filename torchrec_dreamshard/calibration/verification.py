@@ -43,6 +43,10 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
 
 
+MIN_ROUNDS = 3  # rounds a pass may stretch its budget for (a sign test needs 3)
+BUDGET_STRETCH = 3.0  # ... up to this many times the budget
+
+
 def heuristic_plans(task: Task) -> dict[str, tuple[int, ...]]:
     """Every classic heuristic's plan of ``task`` by heuristic name (those that find one)."""
     from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
@@ -240,13 +244,20 @@ def _one_pass(
     timing: Timing,
     bar: Any,
 ) -> list[dict[int, float]]:
-    """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only)."""
+    """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only).
+
+    The first :data:`MIN_ROUNDS` rounds (the fewest a sign test can decide on) may run on
+    to :data:`BUDGET_STRETCH` times the budget: a budget that does not fit them (many
+    devices, big tables) grows with the task rather than leave the plans unranked."""
     start = time.perf_counter()
     took: list[float] = []  # seconds of each measurement so far
+    done: list[dict[int, float]] = []
 
     def measure(_: int, i: int) -> float:
         now = time.perf_counter()
-        if budget_s is not None and now + float(np.mean(took or [0.0])) > start + budget_s:
+        stretch = BUDGET_STRETCH if len(done) < min(MIN_ROUNDS, rounds) else 1.0
+        limit = None if budget_s is None else start + budget_s * stretch
+        if limit is not None and now + float(np.mean(took or [0.0])) > limit:
             raise _OutOfTime
         try:
             ms = timing.step_ms(task, plans[i].placement)
@@ -257,10 +268,9 @@ def _one_pass(
             bar.update(1)
         return float(ms)
 
-    done: list[dict[int, float]] = []
     try:
         for r in range(rounds):
-            done = measure_in_rounds([list(range(len(plans)))], measure, r + 1, done=[done])[0]
+            done[:] = measure_in_rounds([list(range(len(plans)))], measure, r + 1, done=[done])[0]
     except _OutOfTime:
         pass  # the round cut short is not in ``done``
     return done
