@@ -99,7 +99,7 @@ class TableSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"table name must be a non-empty string, got {_short(self.name)}")
+            raise ValueError(f"table name must be a non-empty string, got {short_repr(self.name)}")
         if len(self.name) > MAX_NAME_LENGTH:
             raise ValueError(
                 f"table name {self.name[:40]!r}... is longer than {MAX_NAME_LENGTH} characters"
@@ -108,13 +108,13 @@ class TableSpec:
         for fname, high in (("rows", MAX_ROWS), ("dim", MAX_DIM)):
             value = getattr(self, fname)
             if isinstance(value, bool) or not isinstance(value, int | np.integer):
-                raise ValueError(f"{where}: {fname} must be an integer, got {_short(value)}")
+                raise ValueError(f"{where}: {fname} must be an integer, got {short_repr(value)}")
             if not 1 <= value <= high:
-                raise ValueError(f"{where}: {fname} must be in 1..{high}, got {_short(value)}")
+                raise ValueError(f"{where}: {fname} must be in 1..{high}, got {short_repr(value)}")
             object.__setattr__(self, fname, int(value))
         pf = self.pooling_factor
         if isinstance(pf, bool) or not isinstance(pf, int | float | np.number):
-            raise ValueError(f"{where}: pooling_factor must be a number, got {_short(pf)}")
+            raise ValueError(f"{where}: pooling_factor must be a number, got {short_repr(pf)}")
         try:
             pf = float(pf)
         except OverflowError:
@@ -122,14 +122,14 @@ class TableSpec:
         if not (math.isfinite(pf) and 0 < pf <= MAX_POOLING_FACTOR):
             raise ValueError(
                 f"{where}: pooling_factor must be > 0 and <= {MAX_POOLING_FACTOR:g}, "
-                f"got {_short(self.pooling_factor)}"
+                f"got {short_repr(self.pooling_factor)}"
             )
         object.__setattr__(self, "pooling_factor", pf)
         bpe = self.bytes_per_element
         if isinstance(bpe, bool) or not isinstance(bpe, int | np.integer) or bpe not in (2, 4):
             raise ValueError(
                 f"{where}: bytes_per_element must be the integer 4 (fp32) or 2 (fp16), "
-                f"got {_short(bpe)}"
+                f"got {short_repr(bpe)}"
             )
         object.__setattr__(self, "bytes_per_element", int(bpe))
         if self.reuse_hist is not None:
@@ -137,10 +137,10 @@ class TableSpec:
         cv = self.bag_length_cv
         if cv is not None:
             if isinstance(cv, bool) or not isinstance(cv, int | float | np.number):
-                raise ValueError(f"{where}: bag_length_cv must be a number, got {_short(cv)}")
+                raise ValueError(f"{where}: bag_length_cv must be a number, got {short_repr(cv)}")
             if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float
                 raise ValueError(
-                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {_short(cv)}"
+                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {short_repr(cv)}"
                 )
             object.__setattr__(self, "bag_length_cv", float(cv))
 
@@ -189,7 +189,7 @@ class TableSpec:
         }
         unknown = set(data) - known
         name = data.get("name", "<unnamed>")
-        name = name if isinstance(name, str) else _short(name)
+        name = name if isinstance(name, str) else short_repr(name)
         if unknown:
             raise ValueError(f"table {name!r}: unknown fields {sorted(unknown)}")
         missing = {"name", "rows", "dim", "pooling_factor"} - set(data)
@@ -199,7 +199,7 @@ class TableSpec:
         if hist is not None and not isinstance(hist, list | tuple):
             raise ValueError(
                 f"table {name!r}: reuse_hist must be a list of {NUM_REUSE_BINS} fractions, "
-                f"got {_short(hist)}"
+                f"got {short_repr(hist)}"
             )
         return cls(
             name=data["name"],
@@ -212,7 +212,7 @@ class TableSpec:
         )
 
 
-def _short(value: Any, limit: int = 60) -> str:
+def short_repr(value: Any, limit: int = 60) -> str:
     """``repr(value)`` cut to ``limit`` characters (a 5,000-digit integer stays readable)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > 10**limit:
         return f"an integer of more than {limit} digits"
@@ -227,7 +227,7 @@ def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
         raise ValueError(f"{where}: reuse_hist must be {NUM_REUSE_BINS} numbers") from None
     for x in items:
         if isinstance(x, bool) or not isinstance(x, int | float | np.number):
-            raise ValueError(f"{where}: reuse_hist must hold numbers (fractions), got {_short(x)}")
+            raise ValueError(f"{where}: reuse_hist must hold numbers (fractions), got {short_repr(x)}")
     try:
         values = tuple(float(x) for x in items)
     except OverflowError:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from torchrec_dreamshard.data.tables import TableSpec, _short
+from torchrec_dreamshard.data.tables import TableSpec, short_repr
 from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 
 Placement = list[int]
@@ -163,15 +163,15 @@ def _bounded_int(what: str, value: Any, high: int, whole_floats: bool = False) -
             of range.
     """
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ValueError(f"{what} must be an integer, got {_short(value)}")
+        raise ValueError(f"{what} must be an integer, got {short_repr(value)}")
     if isinstance(value, float | np.floating):
         if not (whole_floats and math.isfinite(value) and float(value).is_integer()):
-            raise ValueError(f"{what} must be a whole number, got {_short(value)}")
+            raise ValueError(f"{what} must be a whole number, got {short_repr(value)}")
         value = int(value)
     if value < 1:
-        raise ValueError(f"{what} must be positive (1..{high}), got {_short(value)}")
+        raise ValueError(f"{what} must be positive (1..{high}), got {short_repr(value)}")
     if value > high:
-        raise ValueError(f"{what} must be at most {high}, got {_short(value)}")
+        raise ValueError(f"{what} must be at most {high}, got {short_repr(value)}")
     return int(value)
 
 

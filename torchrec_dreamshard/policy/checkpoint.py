@@ -157,7 +157,7 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
         if key in meta and not isinstance(meta[key], kind):
             raise ValueError(
                 f"{where}: meta {key!r} must be a {getattr(kind, '__name__', kind)}, got "
-                f"{_tables._short(meta[key])}"
+                f"{_tables.short_repr(meta[key])}"
             )
     try:
         policy = policy_class(meta)
@@ -170,7 +170,7 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
         if value is None and not required:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
-            got = _tables._short(value)
+            got = _tables.short_repr(value)
             raise ValueError(f"{where}: meta {key!r} must be an integer in 1..{high}, got {got}")
 
 
