@@ -140,7 +140,8 @@ class TableSpec:
                 raise ValueError(f"{where}: bag_length_cv must be a number, got {short_repr(cv)}")
             if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float
                 raise ValueError(
-                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {short_repr(cv)}"
+                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], "
+                    f"got {short_repr(cv)}"
                 )
             object.__setattr__(self, "bag_length_cv", float(cv))
 
@@ -227,7 +228,9 @@ def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
         raise ValueError(f"{where}: reuse_hist must be {NUM_REUSE_BINS} numbers") from None
     for x in items:
         if isinstance(x, bool) or not isinstance(x, int | float | np.number):
-            raise ValueError(f"{where}: reuse_hist must hold numbers (fractions), got {short_repr(x)}")
+            raise ValueError(
+                f"{where}: reuse_hist must hold numbers (fractions), got {short_repr(x)}"
+            )
     try:
         values = tuple(float(x) for x in items)
     except OverflowError:
