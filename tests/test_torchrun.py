@@ -60,17 +60,23 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
     assert cached == ["collectives", "dense", "reference", *verified], cached
     assert adaptation["verified"] is adaptation["calibrated"]
     if adaptation["calibrated"]:
-        assert adaptation["kernels_measured"] > 0 and not adaptation["verify_cached"]
+        # kernels measured: kept, or discarded where the reference kernel drifted while they
+        # were timed (a busy machine: its load is not learnt as this machine's speed)
+        measured = adaptation["kernels_measured"] + adaptation["kernels_discarded"]
+        assert measured > 0 and not adaptation["verify_cached"]
 
     # the next run of the job, on every host: it measures nothing again and plans alike
     files = cache_files(cache)
     again = launch(tmp_path / "warm", cache)
     warm = again[0]["adaptation"]
-    assert all(r["plan"] == first["plan"] for r in again)  # the same plan, on every rank
-    assert cache_files(cache) == files  # no cached measurement taken or written again
+    assert all(r["plan"] == again[0]["plan"] for r in again)  # every rank, one plan
     # the reference kernel's time is the cached one, so the same decision to calibrate
     assert warm["reference_measured_ms"] == adaptation["reference_measured_ms"]
     assert warm["calibrated"] is adaptation["calibrated"]
+    if adaptation["calibrated"] and adaptation["kernels_discarded"]:
+        return  # what the busy machine measured was discarded: the warm run measures it again
+    assert again[0]["plan"] == first["plan"]  # the same plan as the cold run
+    assert cache_files(cache) == files  # no cached measurement taken or written again
     if adaptation["calibrated"]:  # the same calibration, from the store
         assert warm["kernels_measured"] == 0
         assert warm["kernels_reused"] == adaptation["kernels_measured"]
