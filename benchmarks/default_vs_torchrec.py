@@ -1,0 +1,112 @@
+"""The default planner's plan against TorchRec's and the best heuristic's, per family, from
+a generalisation run with ``--default`` (its raw file): the figures the "never slower than
+TorchRec's planner" question asks for.
+
+Per task, each figure is the median over rounds of the per-round ratio of measured compute
+(max over devices of fused forward + backward) of the default planner's plan to TorchRec's
+planner's plan (``torchrec``: TorchRec's ``EmbeddingShardingPlanner`` as shipped, default
+storage reservation; where it finds no plan the task has no figure) and to the per-task best
+heuristic's (the lowest median of the four). Also: what the default's verification kept and
+said, and its interval of per-round ratios against TorchRec's.
+
+Usage: python benchmarks/default_vs_torchrec.py generalisation_r32
+       (reads results/NAME_raw.json, writes results/NAME_vs_torchrec.md and .json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+
+from torchrec_dreamshard.data.families import HELDOUT_FAMILIES
+from torchrec_dreamshard.evaluation.results_files import RESULTS, write
+
+HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
+
+
+def task_row(task: dict, metric: str) -> dict:
+    """One task's ratios (``None`` where a plan is missing) and the default's adaptation."""
+    rounds = task["rounds"]
+
+    def cost(name: str, rnd: dict) -> float | None:
+        plan = task["plans"].get(name)
+        found = None if plan is None else rnd.get(json.dumps(plan))
+        return None if found is None else found[metric]
+
+    def ratios(other: str) -> list[float]:
+        pairs = [(cost("default", r), cost(other, r)) for r in rounds]
+        return [a / b for a, b in pairs if a and b]
+
+    medians = {
+        h: statistics.median(c) if (c := [x for r in rounds if (x := cost(h, r))]) else math.inf
+        for h in HEURISTICS
+    }
+    best = min(medians, key=medians.get)
+    vs_best, vs_torchrec = ratios(best), ratios("torchrec")
+    adaptation = task["secs"].get("default_adaptation") or {}
+    return {
+        "family": task["family"],
+        "rounds": len(rounds),
+        "vs_best_heuristic": statistics.median(vs_best) if vs_best else None,
+        "vs_torchrec": statistics.median(vs_torchrec) if vs_torchrec else None,
+        "vs_torchrec_range": [min(vs_torchrec), max(vs_torchrec)] if vs_torchrec else None,
+        "kept": (adaptation.get("margins") or {}).get("line"),
+        "spent_s": adaptation.get("spent_s"),
+    }
+
+
+def geomean(xs: list[float | None]) -> float | None:
+    xs = [x for x in xs if x]
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
+
+
+def summary(name: str, rows: list[dict], metric: str) -> str:
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = [
+        f"# The default planner against TorchRec's and the best heuristic ({name})",
+        "",
+        f"From `{name}_raw.json` ({metric}; per task the median over rounds of the per-round "
+        "ratio; [min, max] over rounds). TorchRec: its planner as shipped; n/a where it found "
+        "no plan. Below 1: the default is faster.",
+        "",
+        "| family | held out | default / best heuristic | default / TorchRec [range] | rounds |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rng = r["vs_torchrec_range"]
+        tr = fmt(r["vs_torchrec"]) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
+        held = "yes" if r["family"] in HELDOUT_FAMILIES else ""
+        lines.append(
+            f"| {r['family']} | {held} | {fmt(r['vs_best_heuristic'])} | {tr} | {r['rounds']} |"
+        )
+    held = [r for r in rows if r["family"] in HELDOUT_FAMILIES]
+    rest = [r for r in rows if r["family"] not in HELDOUT_FAMILIES]
+    lines += [
+        "",
+        "Geomean default / best heuristic: all "
+        f"{fmt(geomean([r['vs_best_heuristic'] for r in rows]))}, held out "
+        f"{fmt(geomean([r['vs_best_heuristic'] for r in held]))}, others "
+        f"{fmt(geomean([r['vs_best_heuristic'] for r in rest]))}. Geomean default / TorchRec "
+        f"where TorchRec planned: {fmt(geomean([r['vs_torchrec'] for r in rows]))}.",
+        "",
+        "What the default's first plan said it bought, per task:",
+        "",
+    ]
+    lines += [f"- {r['family']}: {r['kept']}" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", help="the generalisation run's results stem")
+    ap.add_argument("--metric", choices=("compute", "step"), default="compute")
+    args = ap.parse_args(argv)
+    raw = json.loads((RESULTS / f"{args.name}_raw.json").read_text())
+    rows = [task_row(t, args.metric) for t in raw["tasks"] if t["rounds"]]
+    write(f"{args.name}_vs_torchrec", {"rows": rows}, summary(args.name, rows, args.metric))
+
+
+if __name__ == "__main__":
+    main()
