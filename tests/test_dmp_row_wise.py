@@ -26,11 +26,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import CPU_DENSE_LIKE, GLOO_LIKE
-from test_dmp_sharding_types import EBC, local_weights, plan_tables, rows
+from test_dmp_sharding_types import EBC, local_weights, plan_tables, rows, typed_planner
 from test_planner_distributed import (
     DIM,
-    LOCAL_BATCH,
     NUM_TABLES,
     STEPS,
     build_model,
@@ -83,24 +81,14 @@ def plan_and_train(rank: int, world: int) -> dict:
     :data:`STEPS` steps under DMP, and say what this rank got."""
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner.types import Topology
-
-    from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.policy import DreamShard
 
     model = build_model()
     ebc = model.model.sparse_arch.embedding_bag_collection
     _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.05})
     sharders = [RowWiseOnCpuSharder()]
-    planner = DreamShardPlanner(
-        topology=Topology(world_size=world, compute_device="cpu"),
-        batch_size=LOCAL_BATCH,
-        agent=DreamShard.untrained(seed=0),
-        constraints=constraints(),
-        collectives=GLOO_LIKE,
-        dense_kernel=CPU_DENSE_LIKE,
+    plan = typed_planner(world, constraints()).collective_plan(
+        model, sharders, dist.GroupMember.WORLD
     )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
     start = local_rows(dmp)
     dense = [p for n, p in dmp.named_parameters() if "embedding_bag" not in n]

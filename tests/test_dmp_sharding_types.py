@@ -134,6 +134,25 @@ def local_weights(dmp) -> dict[str, list[list[list[int]]]]:
     return out
 
 
+def typed_planner(world: int, constraints: dict):
+    """The planner these DMP tests plan with: an untrained agent (its placement is not what
+    is tested), the CPU topology of ``world`` ranks, gloo-like collectives and a CPU-like
+    dense kernel (no measuring), and ``constraints``."""
+    from torchrec.distributed.planner.types import Topology
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.policy import DreamShard
+
+    return DreamShardPlanner(
+        topology=Topology(world_size=world, compute_device="cpu"),
+        batch_size=LOCAL_BATCH,
+        agent=DreamShard.untrained(seed=0),
+        constraints=constraints,
+        collectives=GLOO_LIKE,
+        dense_kernel=CPU_DENSE_LIKE,
+    )
+
+
 def plan_tables(plan) -> dict[str, dict]:
     """Each table of the collection's plan: its type, ranks and ``[rank, offsets, sizes]``
     of every shard."""
@@ -155,24 +174,14 @@ def plan_and_train(rank: int, world: int, weighted: bool) -> dict:
     under DMP, and say what this rank got."""
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner.types import Topology
-
-    from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.policy import DreamShard
 
     model = weighted_model() if weighted else build_model()
     ebc = model.model.sparse_arch.embedding_bag_collection
     _apply_optimizer_in_backward(torch.optim.SGD, ebc.parameters(), {"lr": 0.05})
     sharders = [EmbeddingBagCollectionSharder()]
-    planner = DreamShardPlanner(
-        topology=Topology(world_size=world, compute_device="cpu"),
-        batch_size=LOCAL_BATCH,
-        agent=DreamShard.untrained(seed=0),
-        constraints=constraints(),
-        collectives=GLOO_LIKE,
-        dense_kernel=CPU_DENSE_LIKE,
+    plan = typed_planner(world, constraints()).collective_plan(
+        model, sharders, dist.GroupMember.WORLD
     )
-    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     batch = make_weighted_batch if weighted else make_batch
     dmp, losses = train_steps(model, plan, sharders, lambda step: batch(rank, step))
     return {
