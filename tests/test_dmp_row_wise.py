@@ -26,7 +26,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_dmp_sharding_types import EBC, local_weights, plan_tables, rows, typed_planner
+from test_dmp_sharding_types import (
+    EBC,
+    assert_local_shards,
+    local_weights,
+    plan_tables,
+    rows,
+    typed_planner,
+)
 from test_planner_distributed import (
     DIM,
     NUM_TABLES,
@@ -147,12 +154,7 @@ def test_row_wise_and_table_row_wise_plans_train_under_dmp(tmp_path):
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False)), spans
         assert all(off[1] == 0 and size[1] == DIM for _, off, size in table["shards"])
     for r, res in enumerate(results):
-        for name, table in tables.items():
-            if table["type"] == "data_parallel":
-                expected = [[[0, 0], [rows(name), DIM]]]
-            else:
-                expected = sorted([off, size] for rk, off, size in table["shards"] if rk == r)
-            assert res["local"].get(name, []) == expected, (r, name, res["local"].get(name))
+        assert_local_shards(tables, r, res["local"])
         assert all(res["trained"].values()), (r, res["trained"])
         assert len(res["losses"]) == STEPS
         assert all(torch.isfinite(torch.tensor(res["losses"]))), res["losses"]

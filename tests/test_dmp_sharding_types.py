@@ -153,6 +153,16 @@ def typed_planner(world: int, constraints: dict):
     )
 
 
+def assert_local_shards(tables: dict[str, dict], rank: int, local: dict) -> None:
+    """``rank`` holds exactly the shards the plan gave it (a replicated table: all of it)."""
+    for name, table in tables.items():
+        if table["type"] == "data_parallel":
+            expected = [[[0, 0], [rows(name), DIM]]]
+        else:
+            expected = sorted([off, size] for rk, off, size in table["shards"] if rk == rank)
+        assert local.get(name, []) == expected, (rank, name, local.get(name))
+
+
 def plan_tables(plan) -> dict[str, dict]:
     """Each table of the collection's plan: its type, ranks and ``[rank, offsets, sizes]``
     of every shard."""
@@ -227,12 +237,7 @@ def check_types_and_weights(results: list[dict]) -> None:
         assert all(size == [rows(name), HALF] for _, _, size in tables[name]["shards"])
     assert tables["t5"]["type"] in {"data_parallel", "table_wise"}  # the type choice's
     for r, res in enumerate(results):
-        for name, table in tables.items():
-            if table["type"] == "data_parallel":
-                expected = [[[0, 0], [rows(name), DIM]]]
-            else:
-                expected = sorted([off, size] for rk, off, size in table["shards"] if rk == r)
-            assert res["local"].get(name, []) == expected, (r, name)
+        assert_local_shards(tables, r, res["local"])
         assert len(res["losses"]) == STEPS
         assert all(torch.isfinite(torch.tensor(res["losses"]))), res["losses"]
 
