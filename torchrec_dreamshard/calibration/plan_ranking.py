@@ -11,15 +11,20 @@
    TorchRec's own. So the kept plan never measured slower than TorchRec's in the same
    rounds. Where no whole round fitted, nothing was measured and the ranking of step 1
    stands (the stats give the predicted margins instead).
-3. Where the deciding rounds were noisy (:class:`~.noise.Noise`), the safer plan
-   (:func:`safer_plan`: TorchRec's, else the fastest heuristic's) is kept unless a plan
-   measured faster than it in every round of every pass.
+3. Where the deciding rounds were noisy (:class:`~.noise.Noise`), every pass's rounds
+   decide together, and the safer plan (:func:`safer_plan`: TorchRec's, else the fastest
+   heuristic's) is kept unless a plan beat it beyond the noise over all of them (the
+   sign test, which pairs plans within a round, so a load that slows a whole round
+   cancels); then the fastest of those by median. A busy machine thus costs the plan
+   only what its noise hides, and never hands back a plan that measured slower than
+   TorchRec's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -116,29 +121,43 @@ def keep(
     plans: Sequence[VerifiedPlan], incumbent: str | None, passes: Sequence[Noise]
 ) -> tuple[list[VerifiedPlan], str | None]:
     """:func:`rank_measured`; then, where the last pass was noisy, the safer plan
-    (:func:`safer_plan`) unless a plan measured faster than it in every round of every
-    pass (at least 3: on a busy machine only a plan that wins every pairing counts as
-    faster); and why (``None``: the ranking stands)."""
+    (:func:`safer_plan`) unless a plan beat it beyond the noise (:func:`beats_beyond_noise`)
+    over the rounds of every pass together, at least 3 (:func:`pooled`); and why
+    (``None``: the ranking stands)."""
     ranked = rank_measured(plans, incumbent)
     if not passes or not passes[-1].noisy:
         return ranked, None
-    safer = safer_plan(ranked)
+    every = {p.name: pooled(p) for p in ranked}  # names are distinct (verify_candidates)
+    safer = safer_plan(list(every.values()))
     if safer is None:
         return ranked, None
-
-    def every_round(p: VerifiedPlan) -> bool:
-        mine, theirs = p.earlier_ms + p.rounds_ms, safer.earlier_ms + safer.rounds_ms
-        if len(mine) < 3 or len(mine) != len(theirs):
-            return False
-        return all(a < b for a, b in zip(mine, theirs, strict=True))
-
-    winners = [p for p in ranked if p is not safer and every_round(p)]
-    kept = min(winners, key=lambda p: p.measured_ms) if winners else safer
+    enough = len(safer.rounds_ms) >= 3
+    winners = [
+        every[p.name]
+        for p in ranked
+        if p.name != safer.name and enough and beats_beyond_noise(every[p.name], safer)
+    ]
+    best = min(winners, key=lambda p: p.measured_ms) if winners else safer
+    kept = next(p for p in ranked if p.name == best.name)
+    for p in ranked:  # the margins are then over every round that decided
+        p.measured_ms = every[p.name].measured_ms
     again = " again" if len(passes) > 1 else ""
     why = f"the measurements were noisy{again} ({passes[-1].describe()}): kept "
-    if kept is safer:
+    if best is safer:
         why += f"{plan_words(safer.name)}, the safer plan"
     else:
-        n = len(kept.earlier_ms + kept.rounds_ms)
-        why += f"a plan faster than {plan_words(safer.name)} in every one of {n} rounds"
+        wins = sum(a < b for a, b in zip(best.rounds_ms, safer.rounds_ms, strict=True))
+        why += (
+            f"a plan faster than {plan_words(safer.name)} beyond the noise over every pass "
+            f"(in {wins} of {len(safer.rounds_ms)} rounds; median {best.measured_ms:.2f} ms "
+            f"against {safer.measured_ms:.2f} ms)"
+        )
     return [kept, *(p for p in ranked if p is not kept)], why
+
+
+def pooled(p: VerifiedPlan) -> VerifiedPlan:
+    """A copy of ``p`` measured over every pass's rounds (the earlier, then the deciding),
+    its median over all of them."""
+    rounds = [*p.earlier_ms, *p.rounds_ms]
+    median = float(np.median(rounds)) if rounds else float("nan")
+    return replace(p, rounds_ms=rounds, earlier_ms=[], measured_ms=median)

@@ -7,8 +7,9 @@ the rounds, and each plan's rounds are compared. When the rounds disagree (media
 spread over :data:`~.noise.SPREAD_LIMIT`) or the reference drifted (over
 :data:`~.noise.DRIFT_LIMIT`), the plans are measured again (as many rounds, within as much
 budget again: see :class:`~.noise.NoiseLimits`) and those rounds decide if they are quiet.
-If they are noisy too, the safer plan is kept (TorchRec's, else the fastest heuristic's)
-and the result says so.
+If they are noisy too, both passes' rounds decide together, and the safer plan
+(TorchRec's, else the fastest heuristic's) is kept unless a plan beat it beyond the noise
+over all of them (:func:`~.plan_ranking.keep`); the result says so.
 
 What was measured and its words: :mod:`.verify_result`; this machine's cache of the
 rounds: :mod:`.verify_cache`.

@@ -19,7 +19,7 @@ class VerifiedPlan:
     placement: list[int]
     predicted_ms: float
     log_std: float
-    measured_ms: float = float("nan")  # median over rounds of the measured step
+    measured_ms: float = float("nan")  # median measured step over the deciding rounds
     rounds_ms: list[float] = field(default_factory=list)
     earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
     heuristic: bool = False  # a classic heuristic's plan (the reference)
@@ -32,7 +32,9 @@ class VerifyResult:
     :func:`~.plan_ranking.rank_measured`), the time it took and how noisy its passes were.
 
     Attributes:
-        plans: the plans, the kept first; their ``rounds_ms`` are the deciding pass's.
+        plans: the plans, the kept first; their ``rounds_ms`` are the last pass's, and
+            ``measured_ms`` the median over the deciding rounds (every pass's where the
+            last was noisy).
         seconds: wall time.
         cached: the rounds were read from this machine's cache.
         passes: each pass's noise (a second where the first was noisy).
