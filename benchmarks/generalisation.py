@@ -35,21 +35,27 @@ and the heuristics' plans (``calibrated_B_verifyK``). Each budget has its own ca
 store (started afresh with the raw results), so a budget's model knows only what it
 measured. The calibrated model's tau and MAPE are reported beside the prior's.
 
+With ``--busy-core`` another process spins on one core throughout, planning and
+measuring (:func:`~torchrec_dreamshard.evaluation.busy_core.keep_core_busy`): a user's
+machine is rarely idle while they plan.
+
 Raw results are written after every task and every round to
 ``results/generalisation_raw.json``; a rerun with the same settings resumes from it.
 
 Usage: python benchmarks/generalisation.py [--per-family 3] [--rounds 3] [--quick]
-       [--calibrate-budget 30 60] [--verify 4] [--checkpoint PATH]
+       [--calibrate-budget 30 60] [--verify 4] [--checkpoint PATH] [--default] [--busy-core]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
 from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
 from torchrec_dreamshard.data import families
+from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
 from torchrec_dreamshard.evaluation.family_report import report
 from torchrec_dreamshard.evaluation.family_statistics import family_rows, task_summary
 from torchrec_dreamshard.evaluation.method_roster import (
@@ -93,6 +99,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="also plan as DreamShardPlanner does with no flags (automatic calibration and "
         "verification where the checkpoint misprices this machine)",
     )
+    ap.add_argument(
+        "--busy-core",
+        action="store_true",
+        help="keep one core busy with another process throughout (planning and measuring)",
+    )
     args = ap.parse_args(argv)
     if args.quick:
         args.per_family, args.rounds = 1, 1
@@ -109,6 +120,8 @@ def run_settings(args: argparse.Namespace) -> dict:
         # raw results of another method list are not resumed
         "methods": methods(args.calibrate_budget, args.verify, args.default),
     }
+    if args.busy_core:  # rounds taken beside a busy core are not mixed with quiet ones
+        settings["busy_core"] = True
     if args.calibrate_budget:
         settings["calibrate_budget"] = args.calibrate_budget
         settings["verify"] = args.verify
@@ -147,8 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = load_raw(path, settings)
     start, wall_before = time.perf_counter(), raw.get("wall_s", 0.0)
-    plan_tasks(agent, tasks, raw, config, args, path)
-    measure_rounds(tasks, raw, config, args.rounds, path, start, wall_before)
+    with keep_core_busy() if args.busy_core else contextlib.nullcontext():
+        plan_tasks(agent, tasks, raw, config, args, path)
+        measure_rounds(tasks, raw, config, args.rounds, path, start, wall_before)
     names = settings["methods"]
     rows = [
         task_summary(agent, t, e, names, calibrated_agents(agent, t[1], args, args.seed + i))
@@ -159,7 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     # finds everything measured only re-reports)
     wall = raw.get("wall_s", time.perf_counter() - start)
     at_end = raw.get("machine", machine())
-    text = report(fams, args, names, settings["checkpoint"], wall, at_end["note"])
+    note = at_end["note"]
+    if args.busy_core:
+        note += " Another process kept one core busy throughout (`--busy-core`)."
+    text = report(fams, args, names, settings["checkpoint"], wall, note)
     data = {"settings": settings, "families": fams, "tasks": rows, "machine": at_end}
     write(args.name, data, text)
 

@@ -1,0 +1,41 @@
+"""The benchmarks' busy core: a real spinning process, pinned, and gone afterwards."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_process_spins_on_the_last_core_while_the_block_runs_and_is_gone_after():
+    with keep_core_busy() as spinner:
+        assert os.sched_getaffinity(spinner.pid) == {max(os.sched_getaffinity(0))}
+        time.sleep(0.3)  # started
+        before = cpu_seconds(spinner.pid)
+        time.sleep(1.0)
+        # it spins, not sleeps (a sleeping process takes ~0 s; the core may be shared)
+        assert cpu_seconds(spinner.pid) - before > 0.1
+    assert spinner.returncode is not None  # killed and reaped
+
+
+def test_it_stops_when_the_block_raises():
+    with pytest.raises(KeyboardInterrupt):
+        with keep_core_busy() as spinner:
+            raise KeyboardInterrupt
+    assert spinner.returncode is not None
+
+
+def test_a_core_this_process_may_not_use_is_refused():
+    with pytest.raises(ValueError, match="core 4096 is not one of"):
+        with keep_core_busy(4096):
+            pass
