@@ -9,6 +9,7 @@ tests marked "real kernels" time FBGEMM kernels on a tiny task.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import pytest
@@ -240,6 +241,46 @@ def test_the_cache_keeps_the_noise_and_the_fallback(tmp_path, monkeypatch):
     assert again.cached and again.fallback == first.fallback
     assert again.winner.placement == first.winner.placement == torchrec
     assert [p.to_dict() for p in again.passes] == [p.to_dict() for p in first.passes]
+
+
+def test_a_task_too_slow_to_measure_every_plan_measures_the_ones_that_matter():
+    """FAKE timing that takes real time: 20 ms a measurement, a 0.1 s budget (0.3 s
+    stretched), too little for 3 rounds of every plan. The verification measures fewer
+    plans in whole rounds, the planner's choice and TorchRec's among them, rather than
+    none; it says which it left out."""
+    speed = {"chosen": 9.0, "torchrec": 10.0, "other": 12.0}
+    agent, task, chosen, torchrec, timing = scripted(lambda k, n: speed[k], [5.0])
+    step = timing.step_ms
+
+    def slow_step(task: Task, placement: list[int]) -> float:
+        time.sleep(0.02)
+        return step(task, placement)
+
+    timing.step_ms = slow_step
+    res = run(agent, task, chosen, torchrec, timing, budget_s=0.1)
+    measured = [p for p in res.plans if p.rounds_ms]
+    assert 2 <= len(measured) < len(res.plans) and res.left_out == len(res.plans) - len(measured)
+    assert {tuple(chosen), tuple(torchrec)} <= {tuple(p.placement) for p in measured}
+    assert len({len(p.rounds_ms) for p in measured}) == 1
+    assert res.winner.placement == chosen  # faster than TorchRec's in every round
+    assert f"verified {len(measured)} of {len(res.plans)} plans" in res.summary()
+    assert "predicted slower were not measured" in res.summary()
+    left = res.plans[len(measured) :]
+    predicted = max(p.predicted_ms for p in measured if p.placement not in (chosen, torchrec))
+    assert all(p.predicted_ms >= predicted for p in left)  # the predicted fastest went first
+
+
+def test_measuring_priority():
+    plans = [
+        plan("heuristic:size_greedy", [], heuristic=True),
+        plan("policy_sample1", []),
+        plan("torchrec_ours", [], baseline=True),
+        plan("chosen=heuristic:dim_greedy", [], heuristic=True),
+    ]
+    for p, ms in zip(plans, (3.0, 1.0, 9.0, 5.0), strict=True):
+        p.predicted_ms = ms
+    assert cal.measuring_priority(plans, "chosen") == [3, 2, 1, 0]
+    assert cal.measuring_priority(plans, None) == [2, 0, 3, 1]
 
 
 def _refuse(kind: str, n: int) -> float:

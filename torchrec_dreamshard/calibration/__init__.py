@@ -67,7 +67,11 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
 )
 from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
-from torchrec_dreamshard.calibration.plan_ranking import beats_beyond_noise, rank_measured
+from torchrec_dreamshard.calibration.plan_ranking import (
+    beats_beyond_noise,
+    measuring_priority,
+    rank_measured,
+)
 from torchrec_dreamshard.calibration.planning import PlanOutcome, plan_task
 from torchrec_dreamshard.calibration.store_keys import (
     JOB_ROOT,
@@ -112,6 +116,7 @@ __all__ = [
     "kernel_job",
     "load_kernel_samples",
     "measure_kernels",
+    "measuring_priority",
     "plan_task",
     "rank_measured",
     "scale_comm",

@@ -105,6 +105,21 @@ def _rank_incumbent(
     return [winner, *(p for p in ordered if p is not winner)]
 
 
+def measuring_priority(plans: Sequence[VerifiedPlan], incumbent: str | None) -> list[int]:
+    """Indices of ``plans`` in the order a verification too slow to measure all of them
+    keeps them: the incumbent (the plan named ``incumbent``), TorchRec's plan, then the
+    heuristics' where no incumbent is named (the fastest of them is then the reference),
+    then by predicted step."""
+
+    def rank(i: int) -> tuple[int, float]:
+        p = plans[i]
+        named = incumbent is not None and p.name.split("=")[0] == incumbent
+        first = 0 if named else 1 if p.baseline else 2 if incumbent is None and p.heuristic else 3
+        return first, p.predicted_ms
+
+    return sorted(range(len(plans)), key=rank)
+
+
 def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
     """The plan kept when the measurements are too noisy to rank: TorchRec's plan where it
     was measured, else the fastest heuristic's by median (``None``: neither)."""

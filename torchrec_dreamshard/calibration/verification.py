@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
-from torchrec_dreamshard.calibration.plan_ranking import keep
+from torchrec_dreamshard.calibration.plan_ranking import keep, measuring_priority
 from torchrec_dreamshard.calibration.verify_cache import (
     read_rounds,
     verification_cache_path,
@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 MIN_ROUNDS = 3  # rounds a pass may stretch its budget for (a sign test needs 3)
 BUDGET_STRETCH = 3.0  # ... up to this many times the budget
+FIT_HEADROOM = 0.8  # a slow task measures the plans whose rounds fill this much of it
 
 
 def heuristic_plans(task: Task) -> dict[str, tuple[int, ...]]:
@@ -194,31 +195,56 @@ def verify(
     if path is not None:
         passes = read_rounds(path, plans)
         if passes is not None:
-            ranked, why = keep(plans, options.incumbent, passes)
-            took = time.perf_counter() - start
-            return VerifyResult(ranked, took, cached=True, passes=passes, fallback=why)
-    rounds, passes = _measure_passes(task, plans, options, timing or kernel_timing(config))
-    for i, p in enumerate(plans):  # the last pass decides; a noisy first is kept apart
+            return _result(plans, options, passes, time.perf_counter() - start, cached=True)
+    measured, rounds, passes = _measure_passes(
+        task, plans, options, timing or kernel_timing(config)
+    )
+    for i, p in enumerate(measured):  # the last pass decides; a noisy first is kept apart
         p.rounds_ms = [r[i] for r in rounds[-1]]
         p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
     if path is not None:
         write_rounds(path, plans, passes)
-    ranked, why = keep(plans, options.incumbent, passes)
-    return VerifyResult(ranked, time.perf_counter() - start, passes=passes, fallback=why)
+    return _result(plans, options, passes, time.perf_counter() - start)
+
+
+def _result(
+    plans: Sequence[VerifiedPlan],
+    options: VerifyOptions,
+    passes: list[Noise],
+    seconds: float,
+    cached: bool = False,
+) -> VerifyResult:
+    """The plans kept and ranked (:func:`~.plan_ranking.keep`) among those measured; the
+    plans a slow task left out (:func:`_too_slow_for_all`) after them."""
+    measured = [p for p in plans if p.rounds_ms] or list(plans)
+    left_out = [p for p in plans if all(p is not m for m in measured)]
+    ranked, why = keep(measured, options.incumbent, passes)
+    return VerifyResult(
+        [*ranked, *left_out], seconds, cached, passes, fallback=why, left_out=len(left_out)
+    )
 
 
 def _measure_passes(
     task: Task, plans: Sequence[VerifiedPlan], options: VerifyOptions, timing: Timing
-) -> tuple[list[list[dict[int, float]]], list[Noise]]:
-    """Every pass's rounds (``{plan index: ms}`` each) and noise: the first pass, and
-    where it was noisy a second (when it measured a whole round), which decides."""
+) -> tuple[list[VerifiedPlan], list[list[dict[int, float]]], list[Noise]]:
+    """The plans measured (all, unless the task is too slow for all of them: see
+    :func:`_too_slow_for_all`), every pass's rounds (``{index among them: ms}`` each) and
+    noise: the first pass, and where it was noisy a second (when it measured a whole
+    round), which decides."""
     limits = options.noise
     reference = timing.reference_ms if math.isfinite(limits.drift) else None
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
     try:
         before = reference() if reference is not None else None
-        rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar)]
+        try:
+            rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar, True)]
+        except _TooSlow as slow:
+            plans = _too_slow_for_all(plans, options, slow.seconds)
+            if bar is not None:
+                bar.reset(total=options.rounds * len(plans))
+                bar.set_description(f"verify: a slow task, measuring {len(plans)} plans")
+            rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar)]
         after = reference() if reference is not None else None
         passes = [Noise.of(rounds[0], (before, after), limits)]
         if passes[0].noisy and extra > 0 and rounds[0]:
@@ -234,7 +260,22 @@ def _measure_passes(
     finally:
         if bar is not None:
             bar.close()
-    return rounds, passes
+    return list(plans), rounds, passes
+
+
+def _too_slow_for_all(
+    plans: Sequence[VerifiedPlan], options: VerifyOptions, seconds: float
+) -> list[VerifiedPlan]:
+    """The plans measured where one measurement takes ``seconds`` and the first
+    :data:`MIN_ROUNDS` rounds of all of them would not fit :data:`BUDGET_STRETCH` times the
+    budget: as many as fit (at least 2), in :func:`~.plan_ranking.measuring_priority`
+    (the planner's choice, TorchRec's plan, then by predicted step). Fewer plans measured
+    in rounds a sign test can decide on say more than many plans measured in none."""
+    budget = (options.budget_s or math.inf) * BUDGET_STRETCH * FIT_HEADROOM
+    fit = int(budget // (min(MIN_ROUNDS, options.rounds) * seconds))
+    order = measuring_priority(plans, options.incumbent)
+    chosen = set(order[: max(2, fit)])
+    return [p for i, p in enumerate(plans) if i in chosen]
 
 
 def _one_pass(
@@ -244,12 +285,16 @@ def _one_pass(
     budget_s: float | None,
     timing: Timing,
     bar: Any,
+    probe: bool = False,
 ) -> list[dict[int, float]]:
     """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only).
 
     The first :data:`MIN_ROUNDS` rounds (the fewest a sign test can decide on) may run on
     to :data:`BUDGET_STRETCH` times the budget: a budget that does not fit them (many
-    devices, big tables) grows with the task rather than leave the plans unranked."""
+    devices, big tables) grows with the task rather than leave the plans unranked. With
+    ``probe``, where the first measurement says those rounds of every plan would not fit
+    even so, :class:`_TooSlow` is raised (with that measurement's seconds) for the caller
+    to measure fewer plans."""
     start = time.perf_counter()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
@@ -267,6 +312,10 @@ def _one_pass(
         took.append(time.perf_counter() - now)
         if bar is not None:
             bar.update(1)
+        if probe and budget_s is not None and len(took) == 1 and len(plans) > 2:
+            first_rounds = min(MIN_ROUNDS, rounds) * len(plans) * took[0]
+            if first_rounds > budget_s * BUDGET_STRETCH:
+                raise _TooSlow(took[0])
         return float(ms)
 
     try:
@@ -279,3 +328,12 @@ def _one_pass(
 
 class _OutOfTime(Exception):
     """The verification's budget ends before the next measurement would."""
+
+
+class _TooSlow(Exception):
+    """The first measurement says the first rounds of every plan would not fit even the
+    stretched budget."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"one measurement took {seconds:.1f} s")
+        self.seconds = seconds

@@ -44,8 +44,8 @@ def read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> list[Noise] | None
             return None
         if not isinstance(s.get("rounds_ms"), list):
             return None
-    if len({len(s["rounds_ms"]) for s in stored}) != 1:
-        return None
+    if len({len(s["rounds_ms"]) for s in stored if s["rounds_ms"]}) > 1:
+        return None  # every plan measured has as many rounds (a slow task's left out none)
     try:
         passes = [Noise.from_dict(n) for n in data.get("passes", [])]
     except (KeyError, TypeError):

@@ -39,6 +39,8 @@ class VerifyResult:
         cached: the rounds were read from this machine's cache.
         passes: each pass's noise (a second where the first was noisy).
         fallback: why the safer plan was kept regardless of the ranking (``None``: not).
+        left_out: plans not measured because the task was too slow to measure all of
+            them in the budget (the last of ``plans``, with no rounds).
     """
 
     plans: list[VerifiedPlan]
@@ -46,6 +48,7 @@ class VerifyResult:
     cached: bool = False
     passes: list[Noise] = field(default_factory=list)
     fallback: str | None = None
+    left_out: int = 0
 
     @property
     def winner(self) -> VerifiedPlan:
@@ -86,7 +89,12 @@ class VerifyResult:
         describe = describe or plan_words
         how = "read from this machine's cache" if self.cached else f"in {self.seconds:.1f} s"
         rounds = len(self.winner.rounds_ms)
-        head = f"verified {len(self.plans)} plans {how} ({rounds} rounds): kept "
+        count = (
+            f"{len(self.plans) - self.left_out} of {len(self.plans)}"
+            if self.left_out
+            else len(self.plans)
+        )
+        head = f"verified {count} plans {how} ({rounds} rounds): kept "
         head += describe(self.winner.name)
         m = self.margins()
         parts = []
@@ -98,6 +106,8 @@ class VerifyResult:
         line = head + (", " + " and ".join(parts) + ", measured" if parts else "")
         if not rounds:
             line += " (no whole round fitted in the budget)"
+        if self.left_out:
+            line += f"; a slow task: {self.left_out} plans predicted slower were not measured"
         if len(self.passes) > 1:
             line += f"; the first rounds were noisy ({self.passes[0].describe()}): measured again"
         if self.fallback:
@@ -111,6 +121,7 @@ class VerifyResult:
             "cached": self.cached,
             "passes": [n.to_dict() for n in self.passes],
             "fallback": self.fallback,
+            "left_out": self.left_out,
             "margins": self.margins(),
             "plans": [
                 {
