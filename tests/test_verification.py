@@ -265,9 +265,8 @@ def test_a_task_too_slow_to_measure_every_plan_measures_the_ones_that_matter():
     assert res.winner.placement == chosen  # faster than TorchRec's in every round
     assert f"verified {len(measured)} of {len(res.plans)} plans" in res.summary()
     assert "predicted slower were not measured" in res.summary()
-    left = res.plans[len(measured) :]
-    predicted = max(p.predicted_ms for p in measured if p.placement not in (chosen, torchrec))
-    assert all(p.predicted_ms >= predicted for p in left)  # the predicted fastest went first
+    # the heuristic predicted fastest went third (a loaded machine may fit only two)
+    assert len(measured) < 3 or any(p.heuristic for p in measured)
 
 
 def test_measuring_priority():
@@ -279,8 +278,12 @@ def test_measuring_priority():
     ]
     for p, ms in zip(plans, (3.0, 1.0, 9.0, 5.0), strict=True):
         p.predicted_ms = ms
-    assert cal.measuring_priority(plans, "chosen") == [3, 2, 1, 0]
-    assert cal.measuring_priority(plans, None) == [2, 0, 3, 1]
+    # the planner's choice, TorchRec's, the heuristic predicted fastest, then by prediction
+    assert cal.measuring_priority(plans, "chosen") == [3, 2, 0, 1]
+    plans.append(plan("heuristic:lookup_greedy", [], heuristic=True))
+    plans[-1].predicted_ms = 2.0
+    assert cal.measuring_priority(plans, "chosen") == [3, 2, 4, 1, 0]
+    assert cal.measuring_priority(plans, None) == [2, 4, 1, 0, 3]
 
 
 def _refuse(kind: str, n: int) -> float:

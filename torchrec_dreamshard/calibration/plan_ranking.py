@@ -107,14 +107,16 @@ def _rank_incumbent(
 
 def measuring_priority(plans: Sequence[VerifiedPlan], incumbent: str | None) -> list[int]:
     """Indices of ``plans`` in the order a verification too slow to measure all of them
-    keeps them: the incumbent (the plan named ``incumbent``), TorchRec's plan, then the
-    heuristics' where no incumbent is named (the fastest of them is then the reference),
-    then by predicted step."""
+    keeps them: the incumbent (the plan named ``incumbent``), TorchRec's plan, the
+    heuristic plan predicted fastest (the heuristics are the check on the model that does
+    not share its errors), then the rest by predicted step."""
+    heur = [i for i, p in enumerate(plans) if p.heuristic]
+    best_heuristic = min(heur, key=lambda i: plans[i].predicted_ms, default=None)
 
     def rank(i: int) -> tuple[int, float]:
         p = plans[i]
         named = incumbent is not None and p.name.split("=")[0] == incumbent
-        first = 0 if named else 1 if p.baseline else 2 if incumbent is None and p.heuristic else 3
+        first = 0 if named else 1 if p.baseline else 2 if i == best_heuristic else 3
         return first, p.predicted_ms
 
     return sorted(range(len(plans)), key=rank)
