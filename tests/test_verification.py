@@ -246,8 +246,8 @@ def test_the_cache_keeps_the_noise_and_the_fallback(tmp_path, monkeypatch):
 def test_a_task_too_slow_to_measure_every_plan_measures_the_ones_that_matter():
     """FAKE timing that takes real time: 20 ms a measurement, a 0.1 s budget (0.3 s
     stretched), too little for 3 rounds of every plan. The verification measures fewer
-    plans in whole rounds, the planner's choice and TorchRec's among them, rather than
-    none; it says which it left out."""
+    plans in whole rounds (at least 3: the planner's choice, TorchRec's and a heuristic's)
+    rather than none; it says how many it left out."""
     speed = {"chosen": 9.0, "torchrec": 10.0, "other": 12.0}
     agent, task, chosen, torchrec, timing = scripted(lambda k, n: speed[k], [5.0])
     step = timing.step_ms
@@ -259,14 +259,13 @@ def test_a_task_too_slow_to_measure_every_plan_measures_the_ones_that_matter():
     timing.step_ms = slow_step
     res = run(agent, task, chosen, torchrec, timing, budget_s=0.1)
     measured = [p for p in res.plans if p.rounds_ms]
-    assert 2 <= len(measured) < len(res.plans) and res.left_out == len(res.plans) - len(measured)
+    assert 3 <= len(measured) < len(res.plans) and res.left_out == len(res.plans) - len(measured)
     assert {tuple(chosen), tuple(torchrec)} <= {tuple(p.placement) for p in measured}
     assert len({len(p.rounds_ms) for p in measured}) == 1
     assert res.winner.placement == chosen  # faster than TorchRec's in every round
     assert f"verified {len(measured)} of {len(res.plans)} plans" in res.summary()
     assert "predicted slower were not measured" in res.summary()
-    # the heuristic predicted fastest went third (a loaded machine may fit only two)
-    assert len(measured) < 3 or any(p.heuristic for p in measured)
+    assert any(p.heuristic for p in measured)  # the heuristic predicted fastest went third
 
 
 def test_measuring_priority():

@@ -47,6 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 MIN_ROUNDS = 3  # rounds a pass may stretch its budget for (a sign test needs 3)
 BUDGET_STRETCH = 3.0  # ... up to this many times the budget
 FIT_HEADROOM = 0.8  # a slow task measures the plans whose rounds fill this much of it
+MIN_PLANS = 3  # ... and at least these: the planner's choice, TorchRec's, a heuristic's
 
 
 def heuristic_plans(task: Task) -> dict[str, tuple[int, ...]]:
@@ -268,13 +269,14 @@ def _too_slow_for_all(
 ) -> list[VerifiedPlan]:
     """The plans measured where one measurement takes ``seconds`` and the first
     :data:`MIN_ROUNDS` rounds of all of them would not fit :data:`BUDGET_STRETCH` times the
-    budget: as many as fit (at least 2), in :func:`~.plan_ranking.measuring_priority`
-    (the planner's choice, TorchRec's plan, then by predicted step). Fewer plans measured
-    in rounds a sign test can decide on say more than many plans measured in none."""
+    budget: as many as fit (at least :data:`MIN_PLANS`), in the order of
+    :func:`~.plan_ranking.measuring_priority` (the planner's choice, TorchRec's plan, the
+    heuristic plan predicted fastest, then by predicted step). Fewer plans measured in
+    rounds a sign test can decide on say more than many plans measured in none."""
     budget = (options.budget_s or math.inf) * BUDGET_STRETCH * FIT_HEADROOM
     fit = int(budget // (min(MIN_ROUNDS, options.rounds) * seconds))
     order = measuring_priority(plans, options.incumbent)
-    chosen = set(order[: max(2, fit)])
+    chosen = set(order[: max(MIN_PLANS, fit)])
     return [p for i, p in enumerate(plans) if i in chosen]
 
 
@@ -312,7 +314,7 @@ def _one_pass(
         took.append(time.perf_counter() - now)
         if bar is not None:
             bar.update(1)
-        if probe and budget_s is not None and len(took) == 1 and len(plans) > 2:
+        if probe and budget_s is not None and len(took) == 1 and len(plans) > MIN_PLANS:
             first_rounds = min(MIN_ROUNDS, rounds) * len(plans) * took[0]
             if first_rounds > budget_s * BUDGET_STRETCH:
                 raise _TooSlow(took[0])
