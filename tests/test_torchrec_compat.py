@@ -2,9 +2,11 @@
 
 - The installed TorchRec has every internal ``torchrec_compat`` relies on; one that is
   missing fails the import with the version, the supported releases and what to do.
-- A scan of the package's source (``ast``, nothing imported): no private TorchRec name is
-  read outside ``torchrec_dreamshard/torchrec_compat.py``, and no attribute of a torch,
-  TorchRec or FBGEMM module is assigned anywhere but in the one documented workaround.
+- The same for the private names of torch itself that ``torch_compat`` reads.
+- A scan of the package's source (``ast``, nothing imported): no private TorchRec or torch
+  name is read outside ``torchrec_compat.py`` and ``measure/torch_compat.py``, and no
+  attribute of a torch, TorchRec or FBGEMM module is assigned anywhere but in the one
+  documented workaround.
 - ``HookedEnumerator`` enumerates what TorchRec's enumerator does, without its copy.
 - The workaround's bug is still there (two processes tag a reshard differently); the test
   fails once TorchRec fixes it, so the workaround can go.
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -31,6 +34,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard import torchrec_compat
+from torchrec_dreamshard.measure import torch_compat
 from torchrec_dreamshard.torchrec_compat import (
     HookedEnumerator,
     process_independent_reshard_tags,
@@ -40,6 +44,7 @@ from torchrec_dreamshard.torchrec_compat import (
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "torchrec_dreamshard"
 COMPAT = PACKAGE / "torchrec_compat.py"
+TORCH_COMPAT = PACKAGE / "measure" / "torch_compat.py"  # torch's own private names
 THIRD_PARTY = ("torch", "torchrec", "fbgemm_gpu")  # whose modules nothing may patch
 PRIVATE_OWNERS = ("torchrec", "fbgemm_gpu", "torch")  # whose private names stay in COMPAT
 # the one function allowed to assign a TorchRec module's attribute (docstring: the bug)
@@ -82,6 +87,19 @@ def test_a_missing_internal_fails_the_import_naming_version_and_remedy(monkeypat
     message = str(error.value)
     assert name in message and torchrec_compat.TORCHREC_VERSION in message
     assert "TorchRec 1.8.x" in message and "1.9.x" in message and "pip install" in message
+
+
+def test_a_torch_without_a_private_name_we_read_fails_the_import(monkeypatch):
+    """A gloo backend without the flat all-gather (a torch that renamed it)."""
+    gloo = torch.distributed.ProcessGroupGloo
+    kept = ("_Options", "create_device", "_reduce_scatter_base")
+    fake = type("ProcessGroupGloo", (), {name: getattr(gloo, name) for name in kept})
+    monkeypatch.setattr(torch_compat, "dist", types.SimpleNamespace(ProcessGroupGloo=fake))
+    with pytest.raises(ImportError) as error:
+        torch_compat.check_torch()
+    message = str(error.value)
+    assert "ProcessGroupGloo._allgather_base" in message and torch.__version__ in message
+    assert "_reduce_scatter_base" not in message and "torch>=2.13,<2.15" in message
 
 
 def test_a_changed_signature_fails_the_import(monkeypatch):
@@ -156,12 +174,13 @@ def _torchrec_internals() -> set[str]:
     """The private names the compatibility module reads off TorchRec objects: what no other
     module may read, whatever it is read off."""
     names = set()
-    for node in ast.walk(ast.parse(COMPAT.read_text())):
-        if isinstance(node, ast.Attribute) and _private(node.attr):
-            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
-                names.add(node.attr)
-            elif node.attr.startswith(("_last_stored", "_filter_")):
-                names.add(node.attr)
+    for compat in (COMPAT, TORCH_COMPAT):
+        for node in ast.walk(ast.parse(compat.read_text())):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    names.add(node.attr)
+                elif node.attr.startswith(("_last_stored", "_filter_")):
+                    names.add(node.attr)
     return names
 
 
@@ -258,7 +277,7 @@ def _package_sources() -> list[tuple[str, str]]:
     return [
         (str(p.relative_to(REPO)), p.read_text())
         for p in sorted(PACKAGE.rglob("*.py"))
-        if p != COMPAT
+        if p not in (COMPAT, TORCH_COMPAT)
     ]
 
 
@@ -284,6 +303,7 @@ def _mixins(sources: list[tuple[str, str]]) -> dict[str, set[str]]:
 def test_no_private_torchrec_name_is_read_outside_the_compatibility_module():
     internals = _torchrec_internals()
     assert {"_best_plan", "_generate_tag", "_dmp_wrapped_module"} <= internals
+    assert {"_Options", "_allgather_base", "_reduce_scatter_base"} <= internals  # torch's
     sources = _package_sources()
     mixins = _mixins(sources)
     found = []

@@ -22,6 +22,11 @@ from torchrec_dreamshard.measure.spawn import (
     launcher_free_env,
     local_process_group,
 )
+from torchrec_dreamshard.measure.torch_compat import (
+    flat_all_gather,
+    flat_reduce_scatter,
+    loopback_gloo_group,
+)
 
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
@@ -196,13 +201,8 @@ def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
     """One rank of a group of threads: its own gloo process group (loopback) on ``store``,
     every collective timed as :func:`time_collective` times it; its samples (or its error)
     in ``results[rank]``."""
-    import torch.distributed as dist
-
     try:
-        options = dist.ProcessGroupGloo._Options()
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        options._timeout = _THREAD_TIMEOUT
-        pg = dist.ProcessGroupGloo(store, rank, world, options)
+        pg = loopback_gloo_group(store, rank, world, _THREAD_TIMEOUT)
         out = []
         for kind in COLLECTIVES:
             for size in CALIBRATION_BYTES:
@@ -224,8 +224,8 @@ def _time_on_backend(pg: Any, kind: str, buffer_bytes: int, iters: int) -> list[
     inp, out = _buffers(check_kind(kind), numel, d, torch.device("cpu"))
     run = {
         "all_to_all": lambda: pg.alltoall_base(out, inp, [], []),
-        "reduce_scatter": lambda: pg._reduce_scatter_base(out, inp),
-        "all_gather": lambda: pg._allgather_base(out, inp),
+        "reduce_scatter": lambda: flat_reduce_scatter(pg, out, inp),
+        "all_gather": lambda: flat_all_gather(pg, out, inp),
         "all_reduce": lambda: pg.allreduce([inp]),
     }[kind]
     times = []
