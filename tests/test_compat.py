@@ -44,9 +44,11 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.planner import DreamShardPlanner
 from torchrec_dreamshard.planner.torchrec_adapter import (
     heuristical_reservation,
+    planner_best_plan,
     torchrec_topology,
 )
 from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.torchrec_compat import planner_storage_reservation, planner_topology
 
 META = torch.device("meta")
 SHARDERS = [EmbeddingBagCollectionSharder()]
@@ -122,7 +124,7 @@ def test_storage_reservation_percentage_reserves_what_torchrec_s_does(agent):
         for planner in (mine, reference):
             planner.plan(model, SHARDERS)
         left = [
-            [d.storage for d in p._storage_reservation.last_reserved_topology.devices]
+            [d.storage for d in planner_storage_reservation(p).last_reserved_topology.devices]
             for p in (mine, reference)
         ]
         assert left[0] == left[1], percentage
@@ -139,8 +141,8 @@ def test_plan_ranks_and_the_planner_s_attributes(agent):
     for name, ps in params(plan).items():
         assert ps.sharding_type == "table_wise" and 0 <= ps.ranks[0] < 4
         assert p.last_placement[FQN + name] == ps.ranks[0]
-    assert p._num_proposals >= 1 and p._num_plans >= 1
-    best = {o.name: [s.rank for s in o.shards] for o in p._best_plan}
+    assert proposals(p) >= 1
+    best = {o.name: [s.rank for s in o.shards] for o in planner_best_plan(p)}
     assert best == {name: ps.ranks for name, ps in params(plan).items()}
     assert len({o.fqn for o in p._enumerator.last_stored_search_space}) == 8
 
@@ -280,7 +282,7 @@ def test_user_proposals_join_ours_and_the_best_rated_wins(agent):
     assert set(log.proposals) == {"DreamShardProposer", "GreedyProposer#0"}
     assert log.proposals["GreedyProposer#0"] >= 1
     assert log.winner == min(log.best, key=log.best.get)
-    assert p.perf_model.rate(p._best_plan) == pytest.approx(log.best[log.winner])
+    assert p.perf_model.rate(planner_best_plan(p)) == pytest.approx(log.best[log.winner])
     assert any("Proposers" in row for row in p.cost_stats.last_table)
 
 
@@ -419,7 +421,7 @@ class Loader(PlanLoader):
 def _stored(agent, **kw) -> tuple[ShardingPlan, Loader]:
     p = ours(agent, **kw)
     plan = p.plan(Model(tables(6)), SHARDERS)
-    options = {o.storage_hash(): o for o in p._best_plan}
+    options = {o.storage_hash(): o for o in planner_best_plan(p)}
     return plan, Loader(options, p.hash_planner_context_inputs_str())
 
 
@@ -440,6 +442,11 @@ def test_hash_is_equal_for_equal_inputs_and_differs_for_ours(agent):
     assert all(o[0] != same[0] and o[1] != same[1] for o in others)
 
 
+def proposals(planner: DreamShardPlanner) -> int:
+    """Proposals the planner's proposers made in its last plan (0: a loaded plan)."""
+    return sum(planner.proposal_log.proposals.values())
+
+
 def test_hash_needs_a_plan_first_as_in_torchrec(agent):
     with pytest.raises(AssertionError, match="precomputed search space"):
         ours(agent).hash_planner_context_inputs_str()
@@ -449,7 +456,7 @@ def test_a_matching_plan_loader_reuses_the_plan(agent):
     plan, loader = _stored(agent, world=4)
     p = ours(agent, world=4, plan_loader=loader)
     assert p.plan(Model(tables(6)), SHARDERS) == plan
-    assert p._num_proposals == 0  # loaded, not planned
+    assert proposals(p) == 0  # loaded, not planned
 
 
 def test_a_split_plan_loads_too(agent):
@@ -459,10 +466,10 @@ def test_a_split_plan_loads_too(agent):
     plan = p.plan(model, SHARDERS)
     assert params(plan)["big"].sharding_type == "column_wise"
     loader = Loader(
-        {o.storage_hash(): o for o in p._best_plan}, p.hash_planner_context_inputs_str()
+        {o.storage_hash(): o for o in planner_best_plan(p)}, p.hash_planner_context_inputs_str()
     )
     again = ours(agent, topology=topo, constraints=cons, plan_loader=loader)
-    assert again.plan(model, SHARDERS) == plan and again._num_proposals == 0
+    assert again.plan(model, SHARDERS) == plan and proposals(again) == 0
 
 
 def test_a_plan_from_another_checkpoint_is_never_reused(agent):
@@ -476,7 +483,7 @@ def test_a_plan_from_another_checkpoint_is_never_reused(agent):
 def test_an_empty_plan_loader_plans(agent):
     p = ours(agent, plan_loader=Loader(None, None))
     plan = p.plan(Model(tables(6)), SHARDERS)
-    assert len(params(plan)) == 6 and p._num_proposals >= 1
+    assert len(params(plan)) == 6 and proposals(p) >= 1
 
 
 def test_extract_plan_from_the_stored_search_space(agent):
@@ -534,8 +541,9 @@ def test_our_topology_and_reservation_plan_a_meta_model_without_dry_run_warnings
         assert len(dry_run_warnings(caplog, recorded)) == 2
     # Ours mean what TorchRec's default ones do: the same topology, dense storage (6 x the
     # Linear's fp32 bytes), reserved topology and plan.
-    ours, theirs = mine[1]._storage_reservation, default._storage_reservation
-    assert repr(mine[1]._topology) == repr(default._topology)
+    ours = planner_storage_reservation(mine[1])
+    theirs = planner_storage_reservation(default)
+    assert repr(planner_topology(mine[1])) == repr(planner_topology(default))
     assert ours._dense_storage == theirs._dense_storage
     assert ours._dense_storage.ddr == 6 * (13 * 32 + 32) * 4
     assert repr(ours.last_reserved_topology) == repr(theirs.last_reserved_topology)

@@ -14,6 +14,7 @@ from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.planner import DreamShardPlanner
+from torchrec_dreamshard.planner.torchrec_adapter import planner_best_plan
 from torchrec_dreamshard.planner.type_choice import TYPE_MARGIN, typed_step_ms
 from torchrec_dreamshard.policy import DreamShard
 
@@ -75,7 +76,7 @@ def test_dear_bandwidth_replicates_tiny_tables_only(agent):
     chosen = p.proposer.last_types
     assert chosen.step_ms < chosen.table_wise_ms * (1 - TYPE_MARGIN)
     # the plan as planned, rated again from its options, is what the choice predicted
-    again = typed_step_ms(p._best_plan, p.proposer.type_chooser, p.table_specs)
+    again = typed_step_ms(planner_best_plan(p), p.proposer.type_chooser, p.table_specs)
     assert again == pytest.approx(chosen.step_ms, rel=0.15)
 
 
@@ -143,7 +144,7 @@ def test_sequence_tables_join_the_choice_as_sequence_lookups(agent):
     p, plan = plan_with_sequence(agent, "cuda")
     assert plan.plan["ec"]["hist"].sharding_type == "data_parallel"
     assert "ec.hist" in p.proposer.last_types.moved
-    rated = {c.table.name: c for c in typed_choices(p._best_plan, p.table_specs)}
+    rated = {c.table.name: c for c in typed_choices(planner_best_plan(p), p.table_specs)}
     assert rated["ec.hist"].pooled is False and rated["ebc.big0"].pooled is True
 
 
@@ -210,7 +211,7 @@ def test_the_breakdown_by_source_adds_up_to_the_plan_cost(agent):
 
     p, _ = plan_types(agent, models(0.0, 100.0))
     ctx = p.proposer.type_chooser.ctx
-    specs = [p.table_specs(o) for o in p._best_plan]
+    specs = [p.table_specs(o) for o in planner_best_plan(p)]
     choices = [
         TableChoice(table=s, sharding_type="data_parallel")
         if "tiny" in s.name
