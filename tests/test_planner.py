@@ -494,3 +494,23 @@ def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog
         # the default checks the machine itself (and calibrates where it must)
         with_calibration(DreamShard.untrained(seed=0), cpu, None, 0)
         assert caplog.text == ""
+
+
+def test_a_big_table_that_fits_a_device_by_its_own_storage_gets_a_device_to_fit():
+    """The policy counts weight bytes, scaled from TorchRec's storage by all the tables'
+    ratio. A big table whose buffers are small beside its weights (9/9.5 of its storage)
+    next to many small tables with big buffers (1/3) would fit no scaled device, though
+    its storage fits one: that device's cap is raised to its weights, one device per such
+    table, and a table whose storage fits nowhere raises none."""
+    from torchrec_dreamshard.data.tables import TableSpec
+    from torchrec_dreamshard.planner.partitioners import policy_caps
+
+    big = TableSpec(name="big", rows=225, dim=1, pooling_factor=1.0)  # 900 bytes
+    small = [TableSpec(name=f"s{i}", rows=5, dim=1, pooling_factor=1.0) for i in range(25)]
+    need = [950] + [60] * 25  # weights 900 + 500, storage 950 + 1500: ratio 0.571
+    left = [1000, 1000, 1010]
+    caps = policy_caps([big, *small], need, left)
+    assert caps == [571, 571, 900]  # the device with the most left, for the big table
+    assert policy_caps([*small], [60] * 25, left) == [333, 333, 336]  # no table shut out
+    # its storage (1100) fits no device: no cap is raised for it
+    assert policy_caps([big, *small], [1100] + [60] * 25, left) == [538, 538, 543]

@@ -43,6 +43,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.data.splits import plan_entries
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.device_memory import (
     device_capacity,
     memory_tier,
@@ -156,8 +157,7 @@ class DreamShardPartitioner(Partitioner):
         specs = [self._spec(o) for o in ours]
         need = [option_bytes(o, tier) for o in ours]
         check_fits(ours, need, left, widths)
-        ratio = sum(t.size_bytes for t in specs) / max(1, sum(need))
-        caps = [max(1, int(x * min(1.0, ratio))) for x in left]
+        caps = policy_caps(specs, need, left)
         by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
         for _ in range(MAX_MEMORY_ROUNDS):
             found = self.placer.place(specs, caps, widths)
@@ -219,6 +219,28 @@ class DreamShardPartitioner(Partitioner):
                 PlannerErrorType.OTHER,
             )
         return column_wise_option(self._enumerator, option, columns)
+
+
+def policy_caps(specs: list[TableSpec], need: list[int], left: list[int]) -> list[int]:
+    """Each device's memory as the policy counts it (weight bytes): what is ``left`` of it
+    (TorchRec's storage, which adds optimizer state and input/output buffers) times the
+    tables' weight-to-storage ratio.
+
+    One ratio for every table can shut a big table (whose buffers are small beside its
+    weights) out of every device though its own storage fits one: each such table, the
+    biggest first, raises the cap of a device of its own (the one with the most left) to
+    its weights."""
+    ratio = min(1.0, sum(t.size_bytes for t in specs) / max(1, sum(need)))
+    caps = [max(1, int(room * ratio)) for room in left]
+    shut_out = [
+        (t.size_bytes, n) for t, n in zip(specs, need, strict=True) if t.size_bytes > max(caps)
+    ]
+    free = sorted(range(len(left)), key=lambda d: -left[d])
+    for size, storage in sorted(shut_out, reverse=True):
+        if free and storage <= left[free[0]]:
+            d = free.pop(0)
+            caps[d] = max(caps[d], size)
+    return caps
 
 
 def check_fits(
