@@ -138,6 +138,7 @@ def move_worker(rank: int, port: int, out_dir: str) -> None:
             refused = ""
         except ValueError as e:
             refused = str(e)
+        after_text = str(after)
         moved = apply_in_place(dmp, after, "ebc")
         weight_after, momentum_after = t1_state(dmp)
         local = dmp.state_dict()["ebc.embedding_bags.t1.weight"].local_shards()
@@ -147,6 +148,10 @@ def move_worker(rank: int, port: int, out_dir: str) -> None:
             "moved": moved,
             "refused": refused,
             "plan_ranks": dmp.plan.plan["ebc"]["t1"].ranks,
+            # the plan moved to is not changed; the one the DMP was built with (and holds)
+            # is: TorchRec's reshard writes the move into it
+            "new_plan_unchanged": str(after) == after_text,
+            "built_with_updated": dmp.plan is before and before.plan["ebc"]["t1"].ranks == [1],
             "holds_t1": bool(local),
             "momentum_equal": torch.equal(momentum, momentum_after),
             "momentum_sum": float(momentum.sum()),
@@ -171,6 +176,7 @@ def test_table_wise_move_keeps_rows_and_optimizer_state(tmp_path):
         assert got["moved"] == ["t1"]
         assert "['t0']" in got["refused"] and "restart path" in got["refused"]
         assert got["plan_ranks"] == [1]
+        assert got["new_plan_unchanged"] and got["built_with_updated"]
         assert got["holds_t1"] == (rank == 1)
         assert got["momentum_equal"] and got["momentum_sum"] > 0
         assert len(got["losses"]) == 4 and all(math.isfinite(x) for x in got["losses"])

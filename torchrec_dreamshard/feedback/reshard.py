@@ -60,6 +60,11 @@ def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> l
     Every rank must call it with the same plan (the move is a collective). Raises a
     ``ValueError`` before moving anything when a table changes other than by a table-wise
     rank move, or when the DMP cannot reshard that module.
+
+    ``new_plan`` is not changed (the moves are copied from it); ``dmp.plan``, the
+    ``ShardingPlan`` object the job built its DMP with, is: TorchRec's ``reshard`` writes
+    the moved tables' new shardings into it, so that it describes the job as it now runs.
+    Keep a ``copy.deepcopy`` of it first where the old plan is still wanted.
     """
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
