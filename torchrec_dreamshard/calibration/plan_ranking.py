@@ -1,9 +1,11 @@
 """Which measured plan a verification keeps (:func:`keep`).
 
 1. The incumbent (the planner's own choice where named, else the fastest heuristic plan by
-   median measured step) stands unless other plans measured faster than it in every round;
-   then the fastest of those by median. One lucky round cannot pick a slower plan
-   (:func:`rank_measured`).
+   median measured step) stands unless other plans measured faster than it in every round
+   and by more than :data:`REPLACE_MARGIN` at the median; then the fastest of those by
+   median. One lucky round cannot pick a slower plan, nor can the luckiest of several
+   challengers as good as the incumbent: with six of them and three rounds, one wins
+   every round by chance alone more often than not (:func:`rank_measured`).
 2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
    swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
    in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
@@ -32,6 +34,7 @@ from torchrec_dreamshard.calibration.noise import Noise, sign_test_wins
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, plan_words
 
 MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
+REPLACE_MARGIN = 0.03  # ... and by this much at the median: identical plans move 3% here
 FEW_ROUNDS_MARGIN = 0.05  # under 3 rounds, a plan beats TorchRec's by this much every round
 
 
@@ -57,7 +60,8 @@ def rank_measured(
     for every plan) kept plan first, then by median measured step.
 
     The kept plan is the incumbent unless other plans measured faster than it in every
-    round; then the fastest of those by median. The incumbent is the plan named
+    round and by more than :data:`REPLACE_MARGIN` at the median; then the fastest of
+    those by median. The incumbent is the plan named
     ``incumbent`` where given (the planner's own choice, which then stands unless the
     measurement says otherwise every time, over at least :data:`MIN_ROUNDS_TO_REPLACE`
     rounds: one round is one draw of the noise), else the fastest heuristic plan by
@@ -99,7 +103,8 @@ def _rank_incumbent(
             return [ref, *(p for p in ordered if p is not ref)]
 
     def beats(p: VerifiedPlan) -> bool:
-        return all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+        every = all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+        return every and p.measured_ms < (1.0 - REPLACE_MARGIN) * ref.measured_ms
 
     winner = next((p for p in ordered if p is ref or beats(p)), ref)
     return [winner, *(p for p in ordered if p is not winner)]
