@@ -261,13 +261,19 @@ def _torchrecs_own_placement(task: Task) -> list[int]:
 
 
 @pytest.mark.usefixtures("quiet")
-def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
-    """The safety net's TorchRec candidate is the plan TorchRec's own planner makes where
-    memory is ample, and still a plan, within every device's memory by our accounting
-    (weights only), on a task TorchRec's default accounting finds no plan for."""
+def test_torchrecs_candidate_is_torchrecs_plan_as_it_ships_and_ours_where_that_has_none():
+    """The safety net's TorchRec candidate is the plan TorchRec's own planner makes, with
+    its memory accounting, wherever that finds a plan (even where our accounting would
+    place the tables elsewhere), and still a plan, within every device's memory by our
+    accounting (weights only), on a task TorchRec's default accounting finds no plan for.
+    Handed memory a storage reservation already left, it reserves nothing more."""
     from torchrec_dreamshard.data.tasks import check_placement
     from torchrec_dreamshard.evaluation.placers import place
-    from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
+    from torchrec_dreamshard.planner.candidates import (
+        TorchRecCandidate,
+        default_sources,
+        torchrec_placement,
+    )
 
     assert [s.name for s in default_sources()] == ["torchrec_ours"]
     tables = _task(8, 2).tables
@@ -278,11 +284,22 @@ def test_torchrecs_candidate_is_torchrecs_plan_with_our_memory_accounting():
     named, _ = DreamShard.untrained(seed=0, sources=default_sources()).candidates(loose)
     np.testing.assert_array_equal(named["torchrec_ours"], torchrec)
 
-    weights = sum(t.size_bytes for t in tables)  # the devices hold 1.2x the weights in all
+    weights = sum(t.size_bytes for t in tables)
+    # TorchRec's reservation binds here: the two accountings place the tables differently
+    middle = Task(tables=tables, num_devices=2, memory_bytes=int(0.75 * weights), batch_size=1024)
+    shipped = place("torchrec", middle)
+    assert shipped != place("torchrec_ours", middle)
+    assert TorchRecCandidate().propose(middle) == shipped
+    unreserved = torchrec_placement(middle, accounting="unreserved")
+    assert TorchRecCandidate(reserved=True).propose(middle) == unreserved
+    assert default_sources(reserved=True)[0].reserved
+
     tight = Task(tables=tables, num_devices=2, memory_bytes=int(0.6 * weights), batch_size=1024)
     with pytest.raises(NoPlanError, match="TorchRec"):
         place("torchrec", tight)
     check_placement(tight, TorchRecCandidate().propose(tight))
+    with pytest.raises(ValueError, match="accounting"):
+        torchrec_placement(tight, accounting="ours")
 
 
 def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypatch):
@@ -290,7 +307,7 @@ def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypat
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate
     from torchrec_dreamshard.policy import is_large
 
-    def no_plan(task, seed=0, ours=False):
+    def no_plan(task, seed=0, accounting="torchrec"):
         raise NoPlanError("TorchRec's planner found no plan: test")
 
     monkeypatch.setattr(candidates, "torchrec_placement", no_plan)

@@ -110,7 +110,7 @@ PLACERS: dict[str, Placer] = {
     "random": lambda task, seed, inputs: random_placement(task, seed),
     **{name: _heuristic(proxy) for name, proxy in HEURISTICS.items()},
     "torchrec": lambda task, seed, inputs: torchrec_placement(task),
-    "torchrec_ours": lambda task, seed, inputs: torchrec_placement(task, ours=True),
+    "torchrec_ours": lambda task, seed, inputs: torchrec_placement(task, accounting="weights"),
     "dreamshard": _dreamshard("safe"),
     "dreamshard_split": _dreamshard_split,
     "dreamshard_greedy": _dreamshard("greedy"),

@@ -5,9 +5,10 @@ user's proposer). See :class:`~torchrec_dreamshard.policy.protocol.CandidateSour
 :func:`torchrec_placement` is TorchRec's planner as a placer: with TorchRec's defaults
 (``torchrec``, the baseline DreamShard is compared with, which finds no plan at all when
 memory is tight: a 15% heuristic reservation and TorchRec's storage estimate of optimizer
-state and I/O buffers) or with our memory accounting (``torchrec_ours``, ``ours=True``: a
-table costs its weights' bytes, nothing is reserved, so it always competes), the plan of
-:class:`TorchRecCandidate`. Every placer by name, these two among them, is in
+state and I/O buffers) or with another memory accounting (``torchrec_ours``: a table costs
+its weights' bytes, nothing is reserved, so it always competes). :class:`TorchRecCandidate`
+is the plan the user had before swapping planners: TorchRec's as it ships wherever that
+finds one, ours where it does not. Every placer by name is in
 :mod:`torchrec_dreamshard.evaluation.placers`.
 
 :func:`default_sources` are those every safe-mode plan weighs: hand them to an agent for
@@ -23,56 +24,76 @@ from dataclasses import dataclass
 from torchrec.distributed.planner.types import PlannerError
 
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
-from torchrec_dreamshard.planner.torchrec_adapter import plan_with_torchrec
+from torchrec_dreamshard.planner.torchrec_adapter import Accounting, plan_with_torchrec
 from torchrec_dreamshard.policy import CandidateSource, is_large
 
-TORCHREC_CANDIDATE = "torchrec_ours"  # the baselines' name of the same plan
+TORCHREC_CANDIDATE = "torchrec_ours"  # its name in candidate reports and stats
 
 
 @dataclass(frozen=True)
 class TorchRecCandidate:
-    """TorchRec's ``EmbeddingShardingPlanner`` (table-wise fused sharding) with our memory
-    accounting, so that it finds a plan whenever whole tables fit: the baselines'
-    ``torchrec_ours`` (:func:`torchrec_placement`).
+    """TorchRec's ``EmbeddingShardingPlanner`` (table-wise fused sharding): the plan the
+    user had before swapping planners, TorchRec's memory accounting first and, where that
+    finds no plan, ours (weights' bytes, nothing reserved), so that it competes whenever
+    whole tables fit.
 
     It declines tasks the safe mode plans in its bounded way
     (:func:`~torchrec_dreamshard.policy.is_large`): TorchRec's planner would take longer
     than the rest of the safety net there.
 
-    It is a *baseline* (``baseline``): the plan the user had before swapping planners.
-    Wherever plans are measured (:func:`~torchrec_dreamshard.calibration.verification.verify`)
-    it is measured too, and no plan that measured slower than it is kept; where nothing is
-    measured, the planner's stats give the kept plan's predicted margin over it.
+    It is a *baseline* (``baseline``): wherever plans are measured
+    (:func:`~torchrec_dreamshard.calibration.verification.verify`) it is measured too, and
+    no plan that measured slower than it is kept; where nothing is measured, the planner's
+    stats give the kept plan's predicted margin over it.
+
+    Args:
+        reserved: the task's memory is what a storage reservation left of the devices
+            (``DreamShardPlanner``'s proposer: TorchRec's planner would have reserved the
+            same), so TorchRec's storage estimate is used with nothing reserved again;
+            ``False`` (a task file, the agent's API): the devices' whole memory, TorchRec's
+            defaults as they ship.
     """
 
     name: str = TORCHREC_CANDIDATE
     baseline: bool = True
+    reserved: bool = False
 
     def propose(self, task: Task) -> list[int] | None:
         """TorchRec's placement of ``task`` (``None`` on a large task).
 
         Raises:
-            NoPlanError: TorchRec's planner found no plan (its message is kept).
+            NoPlanError: TorchRec's planner found no plan by either accounting (the first
+                accounting's message is kept).
         """
         if is_large(task):
             return None
-        return torchrec_placement(task, ours=True)
+        try:
+            return torchrec_placement(
+                task, accounting="unreserved" if self.reserved else "torchrec"
+            )
+        except NoPlanError as exc:
+            try:
+                return torchrec_placement(task, accounting="weights")
+            except NoPlanError:
+                raise exc from None
 
 
-def default_sources() -> tuple[CandidateSource, ...]:
-    """The candidate sources of every safe-mode plan: TorchRec's planner."""
-    return (TorchRecCandidate(),)
+def default_sources(reserved: bool = False) -> tuple[CandidateSource, ...]:
+    """The candidate sources of every safe-mode plan: TorchRec's planner (``reserved``: see
+    :class:`TorchRecCandidate`)."""
+    return (TorchRecCandidate(reserved=reserved),)
 
 
-def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[int]:
+def torchrec_placement(task: Task, seed: int = 0, accounting: Accounting = "torchrec") -> list[int]:
     """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
     :func:`torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`).
 
     Args:
         task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
         seed: unused (the planner is deterministic).
-        ours: use our memory accounting (weights' bytes only, no reservation) instead of
-            TorchRec's defaults.
+        accounting: how TorchRec's planner counts memory (see
+            :func:`~torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`):
+            TorchRec's defaults, its estimate with nothing reserved, or weights' bytes only.
 
     Raises:
         NoPlanError: TorchRec's planner found no plan (its message is kept).
@@ -86,7 +107,7 @@ def torchrec_placement(task: Task, seed: int = 0, ours: bool = False) -> list[in
         batch_size=task.batch_size,
     )
     try:
-        ranks = plan_with_torchrec(renamed, weights_only=ours)
+        ranks = plan_with_torchrec(renamed, accounting)
     except PlannerError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NoPlanError(f"TorchRec's planner found no plan: {first}") from None

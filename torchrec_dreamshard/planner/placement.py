@@ -37,7 +37,8 @@ class PolicyPlacer:
         how: the mode (``"safe"``, ``"greedy"`` or ``"search"``, see
             ``DreamShardPlanner``; ``None``: safe), sampled roll-outs, seed and candidate
             sources (``None``: :func:`~torchrec_dreamshard.planner.candidates.
-            default_sources`, TorchRec's plan) of every ``agent.place``.
+            default_sources`, TorchRec's plan on ``memory``, what the storage reservation
+            left) of every ``agent.place``.
     """
 
     def __init__(
@@ -48,7 +49,7 @@ class PolicyPlacer:
             raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {how.mode!r}")
         self._agent = agent
         self._batch_size = batch_size
-        self.how = how if how.sources else replace(how, sources=default_sources())
+        self.how = how if how.sources else replace(how, sources=default_sources(reserved=True))
         self.last_report: SafetyReport | None = None  # the safety net's, unsplit plans
 
     def place(

@@ -214,7 +214,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
         parts = build_components(
             scope,
-            PlaceSettings(mode, num_samples, seed, default_sources()),
+            PlaceSettings(mode, num_samples, seed, default_sources(reserved=True)),
             user,
             machine_models(topology, collectives, dense_kernel),
             lambda: self.adaptation,

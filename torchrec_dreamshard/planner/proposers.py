@@ -96,7 +96,7 @@ class DreamShardProposer(Proposer):
             tables leave table-wise (``None``: every policy table stays table-wise).
         sources: the candidate sources a calibrating agent calibrates with (default
             :func:`~torchrec_dreamshard.planner.candidates.default_sources`: TorchRec's
-            plan).
+            plan, on the memory the storage reservation left).
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class DreamShardProposer(Proposer):
             machine.dense_kernel or (lambda: None),
             machine.reference_ms or (lambda: None),
         )
-        self.sources: tuple[CandidateSource, ...] = sources or default_sources()
+        self.sources: tuple[CandidateSource, ...] = sources or default_sources(reserved=True)
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
         self.type_chooser: TypeChooser | None = None  # and the chooser that made it
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import warnings
 from collections.abc import Iterator, Sequence
+from typing import Literal, get_args
 
 import torch
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -44,6 +45,10 @@ from torchrec_dreamshard.torchrec_compat import (
     planner_topology,
     set_dense_tensor_estimate,
 )
+
+# how TorchRec's planner counts a table's memory (see plan_with_torchrec)
+Accounting = Literal["torchrec", "unreserved", "weights"]
+ACCOUNTINGS: tuple[str, ...] = get_args(Accounting)
 
 
 def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterConstraints]:
@@ -162,18 +167,26 @@ class WeightsOnlyEnumerator(EmbeddingEnumerator):
         return options
 
 
-def plan_with_torchrec(task: Task, weights_only: bool = False) -> dict[str, int]:
+def plan_with_torchrec(task: Task, accounting: Accounting = "torchrec") -> dict[str, int]:
     """TorchRec's ``EmbeddingShardingPlanner`` on ``task``, table-wise fused only; the rank
     of every table it placed.
 
     Args:
         task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
-        weights_only: a table costs its weights' bytes and nothing is reserved (our memory
-            accounting) instead of TorchRec's defaults.
+        accounting: how a table's memory is counted against the task's memory:
+            ``"torchrec"``, TorchRec's defaults (its storage estimate of weights, optimizer
+            state and I/O buffers, and its 15% heuristic reservation: the task's memory is
+            the devices' whole memory); ``"unreserved"``, TorchRec's storage estimate with
+            nothing reserved (the task's memory is what a storage reservation left);
+            ``"weights"``, a table costs its weights' bytes and nothing is reserved (our
+            accounting).
 
     Raises:
         PlannerError: TorchRec's planner found no plan.
+        ValueError: ``accounting`` is none of the three.
     """
+    if accounting not in ACCOUNTINGS:
+        raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
     ebc = EmbeddingBagCollection(
         tables=embedding_bag_configs(task.tables), device=torch.device("meta")
     )
@@ -182,13 +195,14 @@ def plan_with_torchrec(task: Task, weights_only: bool = False) -> dict[str, int]
     for dev, cap in zip(topology.devices, task.memory, strict=True):
         dev.storage.ddr = int(cap)
     kwargs = {}
-    if weights_only:
+    if accounting == "weights":
         kwargs["enumerator"] = WeightsOnlyEnumerator(
             topology,
             batch_size=task.batch_size,
             constraints=constraints,
             sizes={t.name: t.size_bytes for t in task.tables},
         )
+    if accounting != "torchrec":
         kwargs["storage_reservation"] = FixedPercentageStorageReservation(0.0)
     with quiet_torchrec():
         planner = EmbeddingShardingPlanner(
