@@ -246,7 +246,9 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
     start = time.perf_counter()
     res = cal.verify(agent, task, 2, FAST, quiet(rounds=50, budget_s=2.0), extra=chosen)
     assert time.perf_counter() - start < 2.0 + 1.0
-    assert len({len(p.rounds_ms) for p in res.plans}) == 1
+    measured = [p for p in res.plans if p.rounds_ms]  # a slow machine may leave some out
+    assert len({len(p.rounds_ms) for p in measured}) <= 1
+    assert len(measured) + res.left_out == len(res.plans)
 
 
 def test_verification_is_measured_once_per_machine_and_plan_set(tmp_path, monkeypatch):

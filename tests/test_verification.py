@@ -355,7 +355,11 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
     torchrec = TorchRecCandidate().propose(task)
     base = ver.baseline
     assert base is not None and base.placement == torchrec
-    assert {len(p.rounds_ms) for p in ver.plans} == {len(base.rounds_ms)} and base.rounds_ms
+    # every plan measured, TorchRec's among them, in the same rounds; a machine slow enough
+    # to make this a slow task leaves some others out, and says how many
+    measured = [p for p in ver.plans if p.rounds_ms]
+    assert {len(p.rounds_ms) for p in measured} == {len(base.rounds_ms)} and base.rounds_ms
+    assert len(measured) + ver.left_out == len(ver.plans)
     kept = ver.winner
     assert kept is base or cal.beats_beyond_noise(kept, base)
     assert kept.measured_ms <= base.measured_ms
