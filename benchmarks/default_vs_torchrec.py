@@ -9,8 +9,9 @@ storage reservation; where it finds no plan the task has no figure) and to the p
 heuristic's (the lowest median of the four). Also: what the default's verification kept and
 said, and its interval of per-round ratios against TorchRec's.
 
-Usage: python benchmarks/default_vs_torchrec.py generalisation_r32
-       (reads results/NAME_raw.json, writes results/NAME_vs_torchrec.md and .json)
+Usage: python benchmarks/default_vs_torchrec.py generalisation_r32 [--metric step]
+       (reads results/NAME_raw.json, writes results/NAME_vs_torchrec.md and .json;
+       by step, NAME_vs_torchrec_step.md and .json)
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     raw = json.loads((RESULTS / f"{args.name}_raw.json").read_text())
     rows = [task_row(t, args.metric) for t in raw["tasks"] if t["rounds"]]
-    write(f"{args.name}_vs_torchrec", {"rows": rows}, summary(args.name, rows, args.metric))
+    stem = f"{args.name}_vs_torchrec" + ("_step" if args.metric == "step" else "")
+    write(stem, {"rows": rows}, summary(args.name, rows, args.metric))
 
 
 if __name__ == "__main__":
