@@ -10,9 +10,10 @@ reference kernels, calibrates and verifies where the checkpoint misprices this m
 exactly as a user's first plan would. Recorded per run: each table's sharding type, the
 type choice's decisions (gain, margin, uncertainty, what tipped it) and the seconds.
 
-Raw results: ``results/type_stability.json`` (one entry per run, written after each).
+Raw results: ``results/type_stability.json`` (``--name``: another stem; one entry per run,
+written after each).
 
-Usage: python benchmarks/type_stability.py [--families mixed tiny] [--runs 3]
+Usage: python benchmarks/type_stability.py [--families mixed tiny] [--runs 3] [--name NAME]
 """
 
 from __future__ import annotations
@@ -70,8 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--families", nargs="*", default=["mixed", "tiny"])
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--name", default="type_stability", help="results file stem")
     args = ap.parse_args(argv)
-    path = RESULTS / "type_stability.json"
+    path = RESULTS / f"{args.name}.json"
     RESULTS.mkdir(parents=True, exist_ok=True)
     results: list[dict] = []
     for family in args.families:
