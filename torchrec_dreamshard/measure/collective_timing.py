@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.spawn import (
     check_may_spawn,
     free_port,
@@ -89,6 +90,7 @@ def time_collective(
     Returns:
         ``iters`` figures in ms for this rank.
     """
+    check_may_measure("time_collective")
     import torch.distributed as dist
 
     device = device or torch.device("cpu")

@@ -48,6 +48,7 @@ from torchrec_dreamshard.measure.distributed_job_group import (
     group_task,
     run_on_group,
 )
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.spawn import measuring_ranks
 
@@ -119,6 +120,7 @@ def time_collectives(
         ValueError: ``max_devices < 2``, ``ranks`` unknown or ``"threads"`` with NCCL, or
             processes would be spawned from inside a distributed job.
     """
+    check_may_measure("time_collectives")
     if max_devices < 2:
         raise ValueError(f"max_devices must be >= 2, got {max_devices}")
     if ranks not in RANK_KINDS:

@@ -22,6 +22,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from torchrec_dreamshard.measure.gate import check_may_measure
+
 
 def local_batches(batch_size: int, num_devices: int) -> list[int]:
     """Samples of the batch each device receives (as even as possible)."""
@@ -84,6 +86,7 @@ def time_all_to_all(
     Returns:
         ``iters`` figures of forward + backward ms for this rank.
     """
+    check_may_measure("time_all_to_all")
     import torch.distributed as dist
 
     rank = dist.get_rank(group)

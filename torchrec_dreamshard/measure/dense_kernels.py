@@ -29,6 +29,7 @@ from torchrec_dreamshard.measure.distributed_job_group import (
     run_on_group,
 )
 from torchrec_dreamshard.measure.embedding_kernels import fused_ring
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.threads import single_thread
 
 _FIT_SETS = 28  # random table sets timed to fit the model
@@ -49,6 +50,7 @@ def time_dense_kernel(
 ) -> tuple[float, float]:
     """Median ``(fwd_ms, bwd_ms)`` of FBGEMM's dense kernel over ``tables`` (one thread on
     CPU), the backward followed by an Adagrad step over the weights and zeroing the grad."""
+    check_may_measure("time_dense_kernel")
     dev = torch.device(device)
     with single_thread(device == "cpu"):
         emb = dense_kernel(tables, device)
@@ -142,6 +144,7 @@ def _group_dense_times(group: JobGroup) -> list[tuple[int, float, float]]:
 def time_dense_sets(device: str = "cpu") -> list[tuple[list[TableSpec], int, float, float]]:
     """``(tables, batch, fwd_ms, bwd_ms)`` of every set of :func:`random_dense_sets`; while
     rank 0 of a job drives measurements on its group, every rank times its share."""
+    check_may_measure("time_dense_sets")
     sets = random_dense_sets()
     group = active_group()
     if group is not None:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from torchrec_dreamshard.measure.gate import check_may_measure
+
 logger = logging.getLogger(__name__)
 
 _TASKS: dict[str, Callable[..., Any]] = {}
@@ -149,6 +151,7 @@ def run_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
     Raises:
         RuntimeError: a rank's task failed (every rank's error is named).
     """
+    check_may_measure("run_on_group")
     group = active_group()
     if group is None:
         raise RuntimeError(

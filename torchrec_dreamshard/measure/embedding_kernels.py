@@ -23,6 +23,7 @@ import torch
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.workloads import fuse_batches, generate_batch
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
 from torchrec_dreamshard.threads import single_thread
 
@@ -296,6 +297,7 @@ def time_kernels(kernels: Sequence[FusedKernel | None], config: MeasureConfig) -
     Returns:
         ``[rounds, len(kernels), 2]`` medians of ``(fwd_ms, bwd_ms)``; zeros for ``None``.
     """
+    check_may_measure("time_kernels")
     visited: set[int] = set()
 
     def run(_: int, k: int) -> tuple[float, float]:

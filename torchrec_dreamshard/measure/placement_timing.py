@@ -10,6 +10,7 @@ from typing import TypeVar
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.local import check_comm, measure_local
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
@@ -48,6 +49,7 @@ def measure_placement(
             kernel runs, naming the device and its tables), or the local backend over
             several devices without ``comm``.
     """
+    check_may_measure("measure_placement")
     config = config or MeasureConfig()
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")

@@ -32,6 +32,7 @@ from torchrec_dreamshard.measure.embedding_kernels import (
     REFERENCE_TABLES,
     time_fused_kernel,
 )
+from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.hardware import cpu_name, device_name
 from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
 from torchrec_dreamshard.measure.spent import spent_on
@@ -44,6 +45,7 @@ def measure_reference_ms(device: str = "cpu") -> tuple[float, float]:
     """``(fwd_ms, bwd_ms)`` of the reference kernel on this machine (a second or two);
     while rank 0 of a job drives measurements on its group, the median over its ranks,
     each timing it on its own device."""
+    check_may_measure("measure_reference_ms")
     if active_group() is not None:
         times = run_on_group(_group_reference_ms)
         return statistics.median(f for f, _ in times), statistics.median(b for _, b in times)
