@@ -1,5 +1,10 @@
-"""The agent that calibrates and verifies on every ``place`` (:class:`CalibratingAgent`)
-through :func:`~.planning.plan_task`."""
+"""The agent that calibrates and verifies (:class:`CalibratingAgent`).
+
+Used on its own (a script, a benchmark), its ``place`` calibrates, places and verifies
+through :func:`~.planning.plan_task`. Inside the planner it is *frozen* first
+(:meth:`CalibratingAgent.freeze`): the machine profile, measured before TorchRec's loop,
+hands it the calibrated agent, and ``place`` then only places, measuring nothing; the
+planner verifies after the loop (:meth:`CalibratingAgent.verification` says how)."""
 
 from __future__ import annotations
 
@@ -76,11 +81,60 @@ class CalibratingAgent:
         self.learns_from_job = False  # calibrated on a running job's observations only
         self._auto = auto
         self._prepared: CalibrationResult | None = None
+        self._frozen: _Frozen | None = None  # set by freeze(): place measures nothing
+        self.last_task: Task | None = None  # what the last frozen place placed
+        self.last_label: str | None = None  # and the safety-net candidate it chose
+        self.last_chosen: list[int] | None = None  # and its placement
+        self._pinned: tuple[Task, list[int]] | None = None
+
+    def freeze(
+        self,
+        current: DreamShard,
+        check: MachineCheck | None,
+        calibrated: bool,
+        summary: dict[str, Any] | None = None,
+    ) -> None:
+        """Plan with ``current`` (the prior, or the profile's calibrated agent) and measure
+        nothing in ``prepare`` and ``place`` from now on.
+
+        Args:
+            current: the agent to place and price with.
+            check: the reference kernel, predicted against measured (``None``: unknown).
+            calibrated: whether ``current``'s kernels were fitted on this machine.
+            summary: what the calibration measured and bought (for the stats).
+        """
+        self._frozen = _Frozen(calibrated, dict(summary or {}))
+        self.current, self.check = current, check
+        self.last_calibration = self.last_verification = self.last_outcome = None
+        self.last_task = self.last_label = self.last_chosen = None
+        self._pinned, self._prepared = None, None
+
+    @property
+    def automatic(self) -> bool:
+        """Whether it calibrates only where the checkpoint misprices this machine."""
+        return self._auto is not None
+
+    @property
+    def frozen(self) -> bool:
+        """Whether :meth:`freeze` was called (``place`` measures nothing)."""
+        return self._frozen is not None
+
+    def pin(self, task: Task, placement: list[int]) -> None:
+        """The next frozen ``place`` of ``task`` (the same tables, devices, memory and
+        batch) returns ``placement``: the plan the verification kept."""
+        self._pinned = (task, list(placement))
+
+    def record_verification(self, outcome: PlanOutcome) -> None:
+        """What the planner's verification after TorchRec's loop measured and kept."""
+        self.last_outcome = outcome
+        self.last_verification = outcome.verification
 
     @property
     def calibration_enabled(self) -> bool:
         """Whether ``place`` calibrates on this machine (under ``auto``, what the machine
         check decided; the check runs on first use)."""
+        if self._frozen is not None:
+            return self._frozen.calibrated
         if self.calibration is None:
             return False
         if self._auto is None:
@@ -89,8 +143,8 @@ class CalibratingAgent:
             self.check = check_machine(self.prior, self._auto())
         return self.check.mispriced
 
-    def _verification(self) -> VerificationSettings:
-        """The verification ``place`` runs: as given (the fastest heuristic's plan stands
+    def verification(self) -> VerificationSettings:
+        """The verification to run: as given (the fastest heuristic's plan stands
         unless another beat it every round), or, where it is automatic,
         :func:`~.auto.verification_settings` on a machine the checkpoint misprices, and
         none where the checkpoint prices it right."""
@@ -124,10 +178,15 @@ class CalibratingAgent:
             out.update(self.check.to_dict(), why=self.check.why())
             if self.learns_from_job:
                 out["why"] += "; learning from the kernels observed in a running job"
+        elif self._auto is not None:
+            out["why"] = "the reference kernel was not measured here: planning with the checkpoint"
         else:
             out["why"] = "calibrate was asked for"
         cal = self.last_calibration
         out["calibrated"] = cal is not None
+        if self._frozen is not None:
+            out["calibrated"] = self._frozen.calibrated
+            out.update(self._frozen.summary)
         if cal is not None:
             out.update(
                 seconds=cal.seconds,
@@ -162,6 +221,8 @@ class CalibratingAgent:
         """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
         and ``table_costs`` then price with the calibrated agent, and the next ``place``
         (of these tables or some of them) plans with it instead of calibrating again."""
+        if self._frozen is not None:
+            return  # the machine profile calibrated already
         settings = self._settings(task)
         if settings is None:
             return
@@ -179,13 +240,16 @@ class CalibratingAgent:
     ) -> list[int]:
         """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
         calibrated agent and verify (:func:`plan_task`); the outcome is kept in
-        :attr:`last_outcome` and logged."""
+        :attr:`last_outcome` and logged. Frozen (:meth:`freeze`), it only places, with the
+        profile's agent (or returns the pinned placement of this very task)."""
+        if self._frozen is not None:
+            return self._place_frozen(task, PlaceSettings(mode, num_samples, seed, sources))
         out = plan_task(
             self.prior,
             task,
             how=PlaceSettings(mode, num_samples, seed, sources),
             calibration=self._settings(task),
-            verification=self._verification(),
+            verification=self.verification(),
             calibrated=self._prepared,
             progress=self.progress,
         )
@@ -197,6 +261,16 @@ class CalibratingAgent:
         for line in out.lines():
             log.info(line)
         return out.placement
+
+    def _place_frozen(self, task: Task, how: PlaceSettings) -> list[int]:
+        pinned = self._pinned
+        if pinned is not None and same_task(pinned[0], task):
+            return list(pinned[1])
+        placement = self.current.place(task, **how.kwargs())
+        report = self.current.last_report
+        self.last_task, self.last_chosen = task, list(placement)
+        self.last_label = report.winner.label if report is not None and report.candidates else None
+        return placement
 
     def fingerprint(self) -> str:
         """The prior's fingerprint and the calibration and verification settings (the
@@ -239,3 +313,16 @@ class CalibratingAgent:
     def table_costs(self, task: Task) -> np.ndarray:
         """The current agent's single-table costs."""
         return self.current.table_costs(task)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    """What :meth:`CalibratingAgent.freeze` was handed."""
+
+    calibrated: bool
+    summary: dict[str, Any]
+
+
+def same_task(a: Task, b: Task) -> bool:
+    """Whether two tasks place the same tables on the same devices at the same batch."""
+    return a.to_dict() == b.to_dict()

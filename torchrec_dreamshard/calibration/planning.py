@@ -145,25 +145,57 @@ def plan_task(
     report = planner.last_report
     mode = how.mode or "safe"
     label = report.winner.label if report is not None and report.candidates else mode
-    chosen, ver = placement, None
-    baselines = baseline_plans(task, given)
+    default_measure = calibration.measure if calibration is not None else None
+    verified = verify_chosen(
+        planner, task, placement, label, given, verification, default_measure, progress
+    )
+    return PlanOutcome(
+        verified.placement,
+        planner,
+        cal,
+        verified.verification,
+        placement,
+        found,
+        verified.predicted_margins,
+        label,
+    )
+
+
+def verify_chosen(
+    agent: DreamShard,
+    task: Task,
+    chosen: list[int],
+    label: str | None,
+    sources: Sequence[Any],
+    verification: VerificationSettings | None,
+    measure: Any = None,
+    progress: bool = False,
+) -> PlanOutcome:
+    """Verify ``chosen`` (the agent's placement of ``task``, its safety-net candidate
+    ``label``) on real kernels beside the baselines' plans of ``sources`` and the
+    heuristics' (when ``verification.k``), and keep what :func:`~.verification.verify`
+    picks; where nothing was measured, the predicted margins. ``measure``: the measurement
+    settings where ``verification`` names none. The planner calls it after TorchRec's
+    loop; :func:`plan_task` after placing."""
+    ver, placement = None, list(chosen)
+    baselines = baseline_plans(task, sources)
     if verification is not None and verification.k:
-        mcfg = verification.config or (calibration.measure if calibration is not None else None)
+        mcfg = verification.config or measure
         options = dataclasses.replace(verification.options, progress=progress)
         with spent_on("verification"):
             ver = verify(
-                planner,
+                agent,
                 task,
                 verification.k,
                 mcfg,
                 options,
-                extra={"chosen": placement},
+                extra={"chosen": list(chosen)},
                 baselines=baselines,
             )
         placement = list(ver.winner.placement)
     unmeasured = ver is None or not any(p.rounds_ms for p in ver.plans)
-    margins = plan_margins(planner, task, placement, baselines, label) if unmeasured else {}
-    return PlanOutcome(placement, planner, cal, ver, chosen, found, margins, label)
+    margins = plan_margins(agent, task, placement, baselines, label) if unmeasured else {}
+    return PlanOutcome(placement, agent, None, ver, list(chosen), None, margins, label)
 
 
 def baseline_plans(task: Task, sources: Sequence[Any]) -> dict[str, list[int]]:

@@ -34,10 +34,12 @@ from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
+from torchrec_dreamshard.planner.profile_step import MachineSources
 from torchrec_dreamshard.planner.proposers import MachineModels
 from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
 
 @dataclass(frozen=True)
@@ -231,18 +233,56 @@ class Unloaded:
 
 
 def machine_models(
-    topology: Topology,
+    profile: Callable[[], MachineProfile | None],
     collectives: CollectiveModels | None,
     dense_kernel: DenseKernelModel | None,
 ) -> MachineModels:
-    """Where the type choice's models of this machine come from: the collectives and the
-    dense kernel given (or their defaults), and the reference kernel's time
-    (:func:`default_collectives`, :func:`default_dense_kernel`, :func:`default_reference`)."""
+    """The type choice's models of this machine, read (never measured) from the plan's
+    machine profile (``profile()``, built before TorchRec's loop), except the collectives
+    and dense kernel the user gave, which replace the profile's."""
+
+    def current() -> MachineProfile | None:
+        return profile()
+
+    def profile_collectives() -> CollectiveModels | None:
+        found = current()
+        return found.collectives if found is not None else None
+
+    def profile_dense() -> DenseKernelModel | None:
+        found = current()
+        return found.dense_kernel if found is not None else None
+
+    def profile_reference() -> tuple[float, float] | None:
+        found = current()
+        return found.reference_ms if found is not None else None
+
     return MachineModels(
-        default_collectives(topology) if collectives is None else lambda: collectives,
-        default_dense_kernel(topology) if dense_kernel is None else lambda: dense_kernel,
-        default_reference(topology),
+        profile_collectives if collectives is None else lambda: collectives,
+        profile_dense if dense_kernel is None else lambda: dense_kernel,
+        profile_reference,
     )
+
+
+def machine_sources(topology: Topology) -> MachineSources:
+    """Where the profile step measures this machine's models from: the collectives
+    (:func:`default_collectives`), the dense kernel (:func:`default_dense_kernel`) and the
+    reference kernel (:func:`default_reference`), each cached per machine."""
+    return MachineSources(
+        reference=default_reference(topology),
+        collectives=default_collectives(topology),
+        collectives_source=collectives_source(topology),
+        dense_kernel=default_dense_kernel(topology),
+    )
+
+
+def collectives_source(topology: Topology) -> str:
+    """Where :func:`default_collectives` takes the collective models from, in words."""
+    group = active_group()
+    if group is not None and group.world == topology.world_size:
+        return "measured on the job's process group"
+    if topology.compute_device != "cpu":
+        return "analytic, from the topology's bandwidths (not measured)"
+    return "gloo, fitted on ranks that are threads of this process (cached per machine)"
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:

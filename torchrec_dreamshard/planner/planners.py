@@ -51,9 +51,12 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
+    calibrating,
     calibration_config,
     prior_agent,
     recall_inputs,
@@ -70,19 +73,30 @@ from torchrec_dreamshard.planner.defaults import (
     default_topology,
     load_or_defer,
     machine_models,
+    machine_sources,
     with_calibration,
 )
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
 from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
+from torchrec_dreamshard.planner.profile_step import (
+    ProfileStep,
+    given_profile,
+    offers_priced_types,
+)
 from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
 )
+from torchrec_dreamshard.planner.verify_step import verify_after_loop
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
+from torchrec_dreamshard.profile.budget import Budget
+from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.torchrec_compat import best_plan
+
+FIRST_PLAN_BUDGET_S = 25.0  # seconds a default plan may measure (profile and verification)
 
 
 class DreamShardPlanner(EmbeddingShardingPlanner):
@@ -151,6 +165,19 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
             :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
+        profile: a machine profile (a :class:`~torchrec_dreamshard.profile.
+            machine_profile.MachineProfile` or its file, ``dreamshard profile --out``)
+            to plan from: nothing is measured before TorchRec's loop, nothing written.
+        measure: ``False`` measures nothing at all (no profile step, no verification):
+            the checkpoint's kernels and analytic collectives, or the given profile.
+
+    Measuring happens in two steps only (:mod:`~torchrec_dreamshard.planner.profile_step`
+    before TorchRec's loop, :mod:`~torchrec_dreamshard.planner.verify_step` after it);
+    the loop itself times nothing (:func:`~torchrec_dreamshard.measure.gate.no_measuring`).
+    ``timeout_seconds`` bounds the whole ``plan()``, measuring included; without it, a
+    plan that measures by default (``calibrate=None``) takes at most
+    :data:`FIRST_PLAN_BUDGET_S` seconds of measuring, and one whose measuring was asked
+    for (``calibrate=60``, ``verify=3``) takes what was asked.
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -185,6 +212,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
+        profile: str | Path | MachineProfile | None = None,
+        measure: bool = True,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
@@ -207,18 +236,29 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
                 None, [], heuristical_storage_reservation_percentage
             )
         reservation = storage_reservation or self._own_reservation
+        if not isinstance(measure, bool):
+            raise ValueError(f"measure must be True or False, got {measure!r}")
+        self._profile_step = ProfileStep(
+            topology, given_profile(profile), measure, machine_sources(topology)
+        )
         self.table_specs = OptionSpecs(sample_batches, topology.world_size)
         scope = PlanningScope(
             self.agent, topology, batch_size, reservation, constraints, self.table_specs
         )
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
+        how = PlaceSettings(mode, num_samples, seed, default_sources(reserved=True))
+        self._profile_step.calibration_sources = how.sources
         parts = build_components(
             scope,
-            PlaceSettings(mode, num_samples, seed, default_sources(reserved=True)),
+            how,
             user,
-            machine_models(topology, collectives, dense_kernel),
+            machine_models(lambda: self._profile_step.last, collectives, dense_kernel),
             lambda: self.adaptation,
         )
+        self._measure = measure
+        self._timeout = timeout_seconds
+        self._reservation, self._place_how = reservation, how
+        self._enumerator_used = parts.torchrec["enumerator"]
         self.proposer, self.proposal_log = parts.proposer, parts.proposal_log
         self.partitioner, self.perf_model = parts.partitioner, parts.perf_model
         self.cost_stats = parts.cost_stats
@@ -238,24 +278,82 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._recalled: list[str] = []  # tables whose inputs came from a running job
         self._planned: tuple[nn.Module, list] | None = None  # a re-plan's model, sharders
         self._spent: Spending | None = None  # what the last plan() spent its time on
+        self._measuring_notes: list[str] = []  # what the last plan() did not measure, why
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        """TorchRec's ``plan`` (this rank only), with the tables' reuse statistics measured
-        from ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
+        """TorchRec's ``plan`` (this rank only), between the two steps that measure: the
+        machine profile first (built, loaded or given: :attr:`profile`), then TorchRec's
+        loop, which times nothing, then the verification of the chosen plan where the
+        agent verifies (TorchRec's loop runs once more where it kept another plan). The
+        tables' reuse statistics are measured from ``sample_batches`` first; raises a
+        checkpoint failure kept by ``__init__``."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self._adaptation = None
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
+        self._measuring_notes = []
         with spending() as self._spent:
+            budget = Budget(self._budget_seconds())
             self.table_specs.observe(module)
             self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
             if self._own_reservation is not None:
                 fill_dense_estimate(self._own_reservation, module, sharders)
-            plan = super().plan(module, sharders)
+            device = self._devices.compute_device
+            self._profile_step.run(
+                self.agent,
+                budget,
+                offers_priced_types(sharders, module, self._constraints_given, device),
+                lambda: self._calibration_task(module, sharders),
+                loads_plan=self.plan_loader is not None,
+            )
+            plan = self._loop(module, sharders)
+            ours_won = self.proposal_log.winner == "DreamShardProposer"
+            notes = self._measuring_notes
+            if self._measure and verify_after_loop(
+                self.agent, budget, self._place_how.sources, ours_won, notes
+            ):
+                self.proposal_log.reset()
+                plan = self._loop(module, sharders)
         self.last_plan = plan
         return plan
+
+    def _loop(self, module: nn.Module, sharders: list) -> ShardingPlan:
+        """TorchRec's planning loop, in which nothing may be measured."""
+        with no_measuring("inside TorchRec's planning loop: measure in the profile step"):
+            return super().plan(module, sharders)
+
+    def _budget_seconds(self) -> float | None:
+        """The whole plan's budget: ``timeout_seconds``, else
+        :data:`FIRST_PLAN_BUDGET_S` where the agent measures by default, else none."""
+        if self._timeout is not None:
+            return float(self._timeout)
+        wrapper = calibrating(self.agent)
+        if wrapper is not None and wrapper.automatic:
+            return FIRST_PLAN_BUDGET_S
+        return None
+
+    def _calibration_task(self, module: nn.Module, sharders: list) -> Task | None:
+        """The tables the policy would place, as the profile step calibrates on them:
+        TorchRec's storage reservation and our enumerator, run as TorchRec's loop will
+        run them (nothing timed)."""
+        self._reservation.reserve(
+            topology=self._devices,
+            batch_size=self._per_rank_batch,
+            module=module,
+            sharders=sharders,
+            constraints=self._constraints_given,
+        )
+        search_space = self._enumerator_used.enumerate(module=module, sharders=sharders)
+        return self.proposer.policy_task(search_space)
+
+    @property
+    def profile(self) -> MachineProfile | None:
+        """The machine profile the last plan planned from (``None`` before a plan); save
+        it (``planner.profile.save(path)``) and hand it to other jobs on the same
+        hardware (``profile=path``)."""
+        return self._profile_step.last
 
     def collective_plan(
         self,
@@ -346,6 +444,11 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         out = adaptation(self.agent, self._recalled, self.proposer.last_types)
         if self._spent is not None:
             out["spent_s"] = self._spent.seconds()
+        profile = self._profile_step.last
+        if profile is not None:
+            out["profile"] = profile.summary()
+            out["measuring_notes"] = [*profile.notes, *self._measuring_notes]
+            out["measure_failures"] = list(profile.failures)
         return out
 
     @property

@@ -18,10 +18,11 @@ options, which of them the policy places, and which of those may be split column
 them column-wise on the fused kernel).
 :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places it.
 
-Calibration hangs off the agent and TorchRec's ``load``: loading the search space, the
-proposer asks the agent to get ready to price the tables the type choice will price
-(``PlacementAgent.prepare``); a calibrating agent calibrates there, so the choice prices
-calibrated kernels and the partitioner's placement reuses that calibration.
+Inside ``DreamShardPlanner`` the proposer measures nothing: the machine profile, built
+before TorchRec's loop, calibrated the agent on the tables :meth:`DreamShardProposer.
+policy_task` names, and the type choice's models are the profile's. Used on its own with an
+unfrozen calibrating agent, loading the search space asks the agent to get ready to price
+the tables the type choice will price (``PlacementAgent.prepare``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from torchrec.distributed.planner.types import (
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
 from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
@@ -64,15 +66,15 @@ class MachineModels:
     (:func:`~torchrec_dreamshard.planner.defaults.machine_models`).
 
     Attributes:
-        collectives: gives the machine's fitted collective models (``None``: every policy
-            table stays table-wise).
+        collectives: gives the machine's fitted collective models (``None``, or giving
+            ``None``: every policy table stays table-wise).
         dense_kernel: gives the fitted dense-kernel model data-parallel tables are priced
             with (``None``, or giving ``None``: analytic).
         reference_ms: gives the reference kernel's time here, to price the cost network's
             kernels in this machine's time (``None``, or giving ``None``: as predicted).
     """
 
-    collectives: Callable[[], CollectiveModels] | None = None
+    collectives: Callable[[], CollectiveModels | None] | None = None
     dense_kernel: Callable[[], DenseKernelModel | None] | None = None
     reference_ms: Callable[[], tuple[float, float] | None] | None = None
 
@@ -152,6 +154,20 @@ class DreamShardProposer(Proposer):
             task = prediction_task(specs, self._topology.world_size, self._batch_size)
             self._agent.prepare(task, self.sources)
 
+    def policy_task(self, search_space: list[ShardingOption]) -> Task | None:
+        """The tables of ``search_space`` the policy places, as a task at the global batch
+        (memory set so that any placement is valid), or ``None`` where it places none:
+        what the machine profile calibrates on. Measures nothing."""
+        widths = split_widths(
+            search_space, self._constraints, self._topology.world_size, self._spec
+        )
+        constraint = reserved_topology(self._reservation, self._topology)
+        ours, _ = choose_options(search_space, constraint, widths)
+        if not ours:
+            return None
+        specs = [self._spec(o) for o in ours]
+        return prediction_task(specs, self._topology.world_size, self._batch_size)
+
     def feedback(
         self,
         partitionable: bool,
@@ -184,7 +200,7 @@ class DreamShardProposer(Proposer):
         seq = sequence_options(self._search_space, {o.fqn for o in others})
         fits = [o for o in ours + seq if option_bytes(o, tier) <= biggest]
         alts = alternatives(self._search_space, {o.fqn for o in fits})
-        if not alts or self._collectives is None:
+        if not alts or self._collectives is None or self._collectives() is None:
             return None
         return _Priced(fits, alts, seq)
 

@@ -1,0 +1,232 @@
+"""The profile step of :meth:`DreamShardPlanner.plan`: the machine profile built, loaded or
+given before TorchRec's loop, and the agent frozen on it.
+
+Where the profile comes from, in order:
+
+* ``profile=`` (a :class:`~torchrec_dreamshard.profile.machine_profile.MachineProfile` or
+  its file): used as it is; nothing is timed, nothing written. A profile stamped on other
+  hardware is used all the same, with a warning naming the differences;
+* ``measure=False``, a plan loader, or a CUDA topology on a machine without CUDA:
+  nothing is measured (analytic collectives, the checkpoint's kernels), and the profile's
+  notes say why;
+* else :func:`~torchrec_dreamshard.profile.build.build_profile` measures what the plan
+  needs within the plan's budget: the reference kernel, the collectives and the dense
+  kernel where the search space may offer other types than table-wise, and calibration
+  where asked for or where the checkpoint misprices this machine.
+
+Then the agent is frozen on it (:meth:`CalibratingAgent.freeze`): TorchRec's loop measures
+nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.types import ModuleSharder, ShardingType
+
+from torchrec_dreamshard.calibration.auto import MachineCheck
+from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.planner.adaptation import calibrating, prior_agent
+from torchrec_dreamshard.policy import DreamShard
+from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.profile.budget import Budget
+from torchrec_dreamshard.profile.build import ProfileRequest, build_profile, unmeasured_profile
+from torchrec_dreamshard.profile.machine_profile import MachineProfile
+from torchrec_dreamshard.profile.stamp import MachineStamp
+
+logger = logging.getLogger("torchrec_dreamshard.planner")
+
+# the sharding types whose pricing needs the collective and dense-kernel models
+_PRICED_TYPES = {
+    ShardingType.DATA_PARALLEL.value,
+    ShardingType.ROW_WISE.value,
+    ShardingType.TABLE_ROW_WISE.value,
+}
+
+
+@dataclass(frozen=True)
+class MachineSources:
+    """Where the profile step measures the machine's models from (the planner's
+    defaults, :mod:`~torchrec_dreamshard.planner.defaults`).
+
+    Attributes:
+        reference: measures (or loads) the reference kernel.
+        collectives: measures (or loads) the collective models.
+        collectives_source: where those come from, in words.
+        dense_kernel: measures (or loads) the dense kernel's model.
+    """
+
+    reference: Callable[[], tuple[float, float] | None]
+    collectives: Callable[[], Any]
+    collectives_source: str
+    dense_kernel: Callable[[], Any]
+
+
+def given_profile(profile: str | Path | MachineProfile | None) -> MachineProfile | None:
+    """``profile`` loaded where it is a path (a ``ValueError`` naming a bad file)."""
+    if profile is None or isinstance(profile, MachineProfile):
+        return profile
+    if isinstance(profile, str | Path):
+        return MachineProfile.load(profile)
+    raise ValueError(
+        f"profile must be a MachineProfile or the path of a profile file, got {profile!r}"
+    )
+
+
+def offers_priced_types(
+    sharders: list[ModuleSharder[nn.Module]],
+    module: nn.Module,
+    constraints: dict[str, ParameterConstraints] | None,
+    device: str,
+) -> bool:
+    """Whether some table may take a type the type choice prices with the collective and
+    dense-kernel models (data-parallel, row-wise, table-row-wise): a sharder offers one and
+    some table's constraints do not rule it out."""
+    offered = set()
+    for sharder in sharders:
+        offered |= set(sharder.sharding_types(device))
+    if not offered & _PRICED_TYPES:
+        return False
+    names = _table_names(module)
+    for name in names or [None]:
+        allowed = (constraints or {}).get(name) if name is not None else None
+        types = getattr(allowed, "sharding_types", None) if allowed is not None else None
+        if types is None or set(types) & _PRICED_TYPES & offered:
+            return True
+    return False
+
+
+def _table_names(module: nn.Module) -> list[str]:
+    names = []
+    for sub in module.modules():
+        for config in getattr(sub, "embedding_bag_configs", lambda: [])() or []:
+            names.append(config.name)
+        for config in getattr(sub, "embedding_configs", lambda: [])() or []:
+            names.append(config.name)
+    return names
+
+
+class ProfileStep:
+    """Builds (or loads) the profile of one plan and freezes the agent on it.
+
+    Args:
+        topology: the devices planned for.
+        given: the user's profile (``None``: measure or not, as ``measure`` says).
+        measure: whether the planner may measure this machine.
+        sources: where the machine's models are measured from.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        given: MachineProfile | None,
+        measure: bool,
+        sources: MachineSources,
+    ) -> None:
+        self._topology = topology
+        self._given = given
+        self._measure = measure
+        self._sources = sources
+        self.calibration_sources: Sequence[Any] | None = None  # the planner's candidates
+        self.last: MachineProfile | None = None
+
+    def stamp(self) -> MachineStamp:
+        t = self._topology
+        device = "cuda" if t.compute_device == "cuda" else "cpu"
+        return MachineStamp.here(device, t.world_size, t.local_world_size)
+
+    def run(
+        self,
+        agent: PlacementAgent,
+        budget: Budget,
+        types_offered: bool,
+        task: Callable[[], Task | None],
+        loads_plan: bool = False,
+    ) -> MachineProfile:
+        """The profile for this plan (see the module docstring), with ``agent`` frozen
+        on it. ``types_offered``: whether the search space may offer types the type
+        choice prices; ``task``: the tables calibration would measure (asked for only
+        where it calibrates); ``loads_plan``: a plan loader is given."""
+        profile = self._profile(agent, budget, types_offered, task, loads_plan)
+        freeze(agent, profile)
+        self.last = profile
+        return profile
+
+    def _profile(
+        self,
+        agent: PlacementAgent,
+        budget: Budget,
+        types_offered: bool,
+        task: Callable[[], Task | None],
+        loads_plan: bool,
+    ) -> MachineProfile:
+        stamp = self.stamp()
+        if self._given is not None:
+            return self._checked(self._given, stamp)
+        why = self._why_not_measured(stamp, loads_plan)
+        if why is not None:
+            analytic = analytic_models(CommTopology.from_torchrec(self._topology))
+            source = "analytic, from the topology's bandwidths (not measured)"
+            return unmeasured_profile(stamp, why, analytic if types_offered else None, source)
+        prior = prior_agent(agent)
+        wrapper = calibrating(agent)
+        request = ProfileRequest(
+            stamp=stamp,
+            reference=self._sources.reference,
+            collectives=self._sources.collectives if types_offered else None,
+            collectives_source=self._sources.collectives_source,
+            dense_kernel=self._sources.dense_kernel if types_offered else None,
+            calibration=wrapper.calibration if wrapper is not None else None,
+            auto=wrapper.automatic if wrapper is not None else True,
+            task=task,
+            sources=self.calibration_sources,
+        )
+        if not isinstance(prior, DreamShard):  # a user's agent: nothing to calibrate
+            request = dataclasses.replace(request, calibration=None)
+        return build_profile(prior, request, budget)
+
+    def _why_not_measured(self, stamp: MachineStamp, loads_plan: bool) -> str | None:
+        if not self._measure:
+            return "measure=False: nothing measured, the checkpoint's kernels as they are"
+        if loads_plan:
+            return "a plan loader is given: a loaded plan needs no measuring"
+        if stamp.device == "cuda" and not torch.cuda.is_available():
+            return (
+                "a CUDA topology planned on a machine without CUDA: nothing is timed here "
+                "as a stand-in; the checkpoint's kernels (or a given profile) price the GPUs"
+            )
+        return None
+
+    @staticmethod
+    def _checked(profile: MachineProfile, here: MachineStamp) -> MachineProfile:
+        differences = profile.stamp.differences(here)
+        if not differences:
+            return profile
+        note = "the given profile was measured elsewhere: " + "; ".join(differences)
+        logger.warning(note)
+        return profile.with_notes(note)
+
+
+def freeze(agent: PlacementAgent, profile: MachineProfile) -> None:
+    """Freeze a calibrating ``agent`` on ``profile`` (its calibrated agent, the reference
+    check); other agents measure nothing anyway."""
+    wrapper = calibrating(agent)
+    if wrapper is None:
+        return
+    prior = wrapper.prior
+    check = None
+    if profile.reference_predicted_ms is not None:
+        check = MachineCheck(profile.reference_predicted_ms, profile.reference_ms)
+    current = profile.agent(prior) if isinstance(prior, DreamShard) else prior
+    cal = profile.calibration
+    summary = dict(cal.summary) if cal is not None and current is not prior else {}
+    wrapper.freeze(current, check, calibrated=current is not prior, summary=summary)

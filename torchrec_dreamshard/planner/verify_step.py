@@ -1,0 +1,82 @@
+"""The verification step of :meth:`DreamShardPlanner.plan`, after TorchRec's loop: the only
+other step that measures.
+
+Where the agent verifies (:meth:`CalibratingAgent.verification`: automatically where the
+profile calibrated, or ``verify=k`` asked for), the placement the policy chose in the loop
+is measured on real kernels beside the heuristics' plans and TorchRec's own plan, in
+interleaved rounds, within what is left of the plan's budget
+(:func:`~torchrec_dreamshard.calibration.planning.verify_chosen`). Where it keeps another
+plan, the agent is pinned to it and TorchRec's loop runs once more, measuring nothing, so
+that the plan TorchRec returns is built, rated and logged by TorchRec's own machinery.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from torchrec_dreamshard.calibration.planning import verify_chosen
+from torchrec_dreamshard.planner.adaptation import calibrating
+from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.profile.budget import Budget
+
+logger = logging.getLogger("torchrec_dreamshard.planner")
+
+MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
+NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
+
+
+def verify_after_loop(
+    agent: PlacementAgent,
+    budget: Budget,
+    sources: Sequence[Any],
+    ours_won: bool,
+    notes: list[str],
+) -> bool:
+    """Verify the placement of the frozen ``agent``'s last ``place``; ``True`` where
+    another plan was kept and the agent is pinned to it (the caller plans again).
+    ``ours_won``: DreamShard's proposal is the plan TorchRec kept (else nothing of ours
+    is verified). What was skipped, and why, is appended to ``notes``."""
+    wrapper = calibrating(agent)
+    if wrapper is None or not wrapper.frozen or wrapper.last_task is None:
+        return False
+    settings = wrapper.verification()
+    if not settings.k:
+        return False
+    if not ours_won:
+        notes.append("verification skipped: a user's proposal won TorchRec's loop")
+        return False
+    left = budget.remaining()
+    if left < MIN_VERIFY_S:
+        notes.append(
+            f"verification skipped: {left:.1f} s of the plan's budget left "
+            f"(it needs {MIN_VERIFY_S:.0f} s); the plan is the policy's, unmeasured"
+        )
+        return False
+    if math.isfinite(left):
+        cap = settings.options.budget_s
+        share = left * NOISY_SHARE if cap is None else min(cap, left * NOISY_SHARE)
+        options = dataclasses.replace(settings.options, budget_s=share)
+        settings = dataclasses.replace(settings, options=options)
+    measure = wrapper.calibration.measure if wrapper.calibration is not None else None
+    chosen = list(wrapper.last_chosen or [])
+    outcome = verify_chosen(
+        wrapper.current,
+        wrapper.last_task,
+        chosen,
+        wrapper.last_label,
+        sources,
+        settings,
+        measure,
+        wrapper.progress,
+    )
+    wrapper.record_verification(outcome)
+    for line in outcome.lines():
+        logger.info(line)
+    if outcome.placement == chosen:
+        return False
+    wrapper.pin(wrapper.last_task, outcome.placement)
+    return True

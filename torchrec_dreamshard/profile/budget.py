@@ -1,0 +1,49 @@
+"""The plan's time budget (:class:`Budget`): TorchRec's ``timeout_seconds`` bounds the
+whole ``plan()``, measuring included, and each measuring step takes its share of what is
+left. The clock is a parameter so that tests decide with a clock they control."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Budget:
+    """Seconds a plan may spend, counted from the budget's creation.
+
+    Args:
+        seconds: the whole budget (``None``: unbounded).
+        clock: the clock it is counted on (seconds; default ``time.monotonic``).
+    """
+
+    seconds: float | None
+    clock: Callable[[], float] = time.monotonic
+    start: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and not (
+            isinstance(self.seconds, int | float) and self.seconds > 0
+        ):
+            raise ValueError(f"a budget must be > 0 seconds or None, got {self.seconds!r}")
+        self.start = self.clock()
+
+    def elapsed(self) -> float:
+        return self.clock() - self.start
+
+    def remaining(self) -> float:
+        """Seconds left (``inf`` when unbounded, never below 0)."""
+        if self.seconds is None:
+            return math.inf
+        return max(0.0, self.seconds - self.elapsed())
+
+    def share(self, fraction: float, cap: float) -> float:
+        """``fraction`` of what is left, at most ``cap`` seconds."""
+        return min(cap, self.remaining() * fraction)
+
+    def exhausted(self, need: float = 0.0) -> bool:
+        """Whether fewer than ``need`` seconds are left (any at all for 0)."""
+        left = self.remaining()
+        return left <= 0.0 or left < need

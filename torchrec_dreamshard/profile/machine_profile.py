@@ -1,0 +1,233 @@
+"""The machine profile (:class:`MachineProfile`) and its file.
+
+A profile file is a ``torch.save`` of plain values and tensors only::
+
+    {"format": "torchrec-dreamshard-profile", "format_version": 1,
+     "stamp": {...}, "reference_ms": [fwd, bwd] | None,
+     "reference_predicted_ms": [fwd, bwd] | None,
+     "collectives": {...} | None, "collectives_source": str,
+     "dense_kernel": {...} | None,
+     "calibration": {"prior": fingerprint, "meta": {...}, "summary": {...}} | None,
+     "cost_net": state_dict | None, "notes": [...], "failures": [...], "spent_s": {...}}
+
+and is read with ``torch.load(..., weights_only=True)``: loading a profile never runs code
+from it. Every problem with a file is a ``ValueError`` naming it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.io import atomic_path
+from torchrec_dreamshard.profile.stamp import MachineStamp
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.policy import DreamShard
+
+FORMAT = "torchrec-dreamshard-profile"
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ProfileCalibration:
+    """The cost network calibrated on this machine's kernels.
+
+    Attributes:
+        prior: the fingerprint of the checkpoint's agent it was fine-tuned from; another
+            checkpoint cannot use it.
+        cost_net: the calibrated network's weights.
+        meta: the calibrated agent's metadata.
+        summary: what calibration measured and bought (kernels measured, reused,
+            skipped, discarded; the kernel error before and after; seconds).
+    """
+
+    prior: str
+    cost_net: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class MachineProfile:
+    """What the planner knows of the machine, frozen for TorchRec's loop.
+
+    Attributes:
+        stamp: what it was measured on.
+        reference_ms: the reference kernel's ``(fwd, bwd)`` ms here (``None``: not
+            measured).
+        reference_predicted_ms: the checkpoint's prediction of it (``None``: unknown).
+        collectives: the collective models the type choice prices with (``None``: every
+            table stays table-wise).
+        collectives_source: where they came from (measured on the job's group, on
+            threads, analytic from the topology, ...).
+        dense_kernel: the dense kernel's model (``None``: analytic).
+        calibration: the calibrated cost network (``None``: the checkpoint's as it is).
+        notes: what was not measured, and why (budget, ``measure=False``, no CUDA, ...).
+        failures: measurements that failed, with their cause.
+        spent_s: seconds each part took to measure or load.
+    """
+
+    stamp: MachineStamp
+    reference_ms: tuple[float, float] | None = None
+    reference_predicted_ms: tuple[float, float] | None = None
+    collectives: CollectiveModels | None = None
+    collectives_source: str = "none"
+    dense_kernel: DenseKernelModel | None = None
+    calibration: ProfileCalibration | None = None
+    notes: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()
+    spent_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def calibrated(self) -> bool:
+        return self.calibration is not None
+
+    def agent(self, prior: DreamShard) -> DreamShard:
+        """``prior`` with this profile's calibrated cost network (``prior`` itself without
+        one, or where the calibration was fine-tuned from another checkpoint)."""
+        from torchrec_dreamshard.policy import DreamShard
+
+        cal = self.calibration
+        if cal is None or cal.prior != prior.fingerprint():
+            return prior
+        net = copy.deepcopy(prior.cost_net)
+        net.load_state_dict(cal.cost_net)
+        return DreamShard(
+            net, prior.policy, dict(cal.meta), penalty=prior.penalty, sources=prior.sources
+        )
+
+    def with_notes(self, *notes: str) -> MachineProfile:
+        return dataclasses.replace(self, notes=self.notes + tuple(notes))
+
+    def summary(self) -> dict[str, Any]:
+        """The profile as JSON-able values, without the network's weights (the stats and
+        ``dreamshard profile`` print it)."""
+        cal = self.calibration
+        return {
+            "stamp": self.stamp.to_dict(),
+            "reference_ms": _pair(self.reference_ms),
+            "reference_predicted_ms": _pair(self.reference_predicted_ms),
+            "collectives_source": self.collectives_source,
+            "dense_kernel": self.dense_kernel is not None,
+            "calibrated": cal is not None,
+            "calibration": dict(cal.summary) if cal is not None else None,
+            "notes": list(self.notes),
+            "failures": list(self.failures),
+            "spent_s": dict(self.spent_s),
+        }
+
+    # -- the file -------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Write the profile to ``path`` atomically (plain values and tensors only)."""
+        cal = self.calibration
+        payload = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            **_plain(
+                {
+                    "stamp": self.stamp.to_dict(),
+                    "reference_ms": _pair(self.reference_ms),
+                    "reference_predicted_ms": _pair(self.reference_predicted_ms),
+                    "collectives": None if self.collectives is None else self.collectives.to_dict(),
+                    "collectives_source": self.collectives_source,
+                    "dense_kernel": None
+                    if self.dense_kernel is None
+                    else self.dense_kernel.to_dict(),
+                    "calibration": None
+                    if cal is None
+                    else {"prior": cal.prior, "meta": cal.meta, "summary": cal.summary},
+                    "notes": list(self.notes),
+                    "failures": list(self.failures),
+                    "spent_s": dict(self.spent_s),
+                }
+            ),
+            "cost_net": None if cal is None else dict(cal.cost_net),
+        }
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path, "machine profile") as tmp:
+            torch.save(payload, tmp)
+
+    @classmethod
+    def load(cls, path: str | Path) -> MachineProfile:
+        """The profile in ``path``.
+
+        Raises:
+            ValueError: the file is missing, unreadable, of another format, or holds
+                values that are not a profile's (the message names the file).
+        """
+        where = f"machine profile {str(path)!r}"
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"{where} does not exist (dreamshard profile --out PATH writes one)")
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated, corrupt, or a pickle with code
+            raise ValueError(
+                f"{where} could not be read safely: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+            raise ValueError(f"{where} is not a torchrec-dreamshard machine profile")
+        if payload.get("format_version") != FORMAT_VERSION:
+            raise ValueError(
+                f"{where} has format_version {payload.get('format_version')!r}; this package "
+                f"reads {FORMAT_VERSION}: measure it again with dreamshard profile"
+            )
+        try:
+            return cls._from_payload(payload)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where} is malformed: {exc}") from None
+
+    @classmethod
+    def _from_payload(cls, payload: dict[str, Any]) -> MachineProfile:
+        cal = payload["calibration"]
+        net = payload["cost_net"]
+        if (cal is None) != (net is None):
+            raise ValueError("the calibration and the cost network's weights come together")
+        calibration = None
+        if cal is not None:
+            if not all(isinstance(v, torch.Tensor) for v in net.values()):
+                raise ValueError("the cost network's weights must be tensors")
+            calibration = ProfileCalibration(
+                str(cal["prior"]), dict(net), dict(cal["meta"]), dict(cal["summary"])
+            )
+        collectives, dense = payload["collectives"], payload["dense_kernel"]
+        return cls(
+            stamp=MachineStamp.from_dict(payload["stamp"]),
+            reference_ms=_tuple_or_none(payload["reference_ms"]),
+            reference_predicted_ms=_tuple_or_none(payload["reference_predicted_ms"]),
+            collectives=None if collectives is None else CollectiveModels.from_dict(collectives),
+            collectives_source=str(payload["collectives_source"]),
+            dense_kernel=None if dense is None else DenseKernelModel.from_dict(dense),
+            calibration=calibration,
+            notes=tuple(str(n) for n in payload["notes"]),
+            failures=tuple(str(f) for f in payload["failures"]),
+            spent_s={str(k): float(v) for k, v in payload["spent_s"].items()},
+        )
+
+
+def _pair(value: tuple[float, float] | None) -> list[float] | None:
+    return None if value is None else [float(value[0]), float(value[1])]
+
+
+def _tuple_or_none(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    fwd, bwd = value
+    return float(fwd), float(bwd)
+
+
+def _plain(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` as plain JSON types, all that ``weights_only`` loading accepts besides
+    tensors."""
+    return json.loads(json.dumps(data, default=str))
