@@ -17,6 +17,7 @@ from torchrec_dreamshard.calibration.fed_inputs_store import recalled_inputs
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
 
 def calibrating(agent: PlacementAgent) -> CalibratingAgent | None:
@@ -46,6 +47,29 @@ def adaptation(agent: PlacementAgent, recalled: list[str], types: Any = None) ->
         out["inputs_from_job"] = list(recalled)
     if types is not None:
         out["types"] = types.to_dict()
+    return out
+
+
+def plan_adaptation(
+    out: dict[str, Any],
+    spent: dict[str, float] | None,
+    profile: MachineProfile | None,
+    notes: list[str],
+) -> dict[str, Any]:
+    """:func:`adaptation` of a plan (``out``) with what the plan spent its seconds on
+    (``spent_s``: measuring the ``collectives``, the ``dense_kernel`` and the
+    ``reference_kernel``, ``calibration``, ``verification``, each without what the others
+    inside it took, and ``planning`` for the rest), the machine profile it planned from
+    (``profile``), what was not measured and why (``measuring_notes``: the profile's and
+    ``notes``, the verification's) and the measurements that failed
+    (``measure_failures``)."""
+    out = dict(out)
+    if spent is not None:
+        out["spent_s"] = spent
+    if profile is not None:
+        out["profile"] = profile.summary()
+        out["measuring_notes"] = [*profile.notes, *notes]
+        out["measure_failures"] = list(profile.failures)
     return out
 
 

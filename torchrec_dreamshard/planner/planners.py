@@ -8,19 +8,11 @@ Usage, in an existing TorchRec training job::
     model = DistributedModelParallel(model, device=device, plan=plan)
 
 It is TorchRec's planner, with TorchRec's planning loop and each step where TorchRec has
-it: :class:`DreamShardEnumerator` offers the options (sharding types included), rated by
-:class:`CostNetShardEstimator` and TorchRec's storage estimator; :class:`DreamShardProposer`
-proposes one option per table, the sharding-type choice included;
-:class:`DreamShardPartitioner` places the proposal (TorchRec's partitioner the tables the
-policy does not place; the policy, splitting some column-wise, its own tables in the memory
-left) and checks memory; :class:`CostNetPerfModel` rates every proposal;
-:class:`CostNetStats` logs the predicted per-rank times and which proposer won. Which
-tables the policy places: :mod:`torchrec_dreamshard.planner.enumerators`; how the parts
-are wired, with a user's: :mod:`torchrec_dreamshard.planner.components`. What the job it
-planned is handed: :attr:`DreamShardPlanner.plan_record`. When the tables cannot be
-placed, TorchRec's planner raises its ``PlannerError`` (``INSUFFICIENT_STORAGE`` when the
-model does not fit the devices' memory in all, else ``STRICT_CONSTRAINTS``) with
-DreamShard's message, naming the tables and what to change, as its last error.
+it (the enumerator, proposer, partitioner, performance model and stats of
+:mod:`torchrec_dreamshard.planner.components`), between the two steps that measure
+(:mod:`torchrec_dreamshard.planner.measuring_steps`). What the job it planned is handed:
+:attr:`DreamShardPlanner.plan_record`. When the tables cannot be placed, TorchRec's planner
+raises its ``PlannerError`` with DreamShard's message, naming the tables and what to change.
 """
 
 from __future__ import annotations
@@ -51,13 +43,11 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
-from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
-    calibrating,
     calibration_config,
+    plan_adaptation,
     prior_agent,
     recall_inputs,
 )
@@ -73,30 +63,24 @@ from torchrec_dreamshard.planner.defaults import (
     default_topology,
     load_or_defer,
     machine_models,
-    machine_sources,
     with_calibration,
 )
+from torchrec_dreamshard.planner.measuring_steps import MeasuringSteps
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
 from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
 from torchrec_dreamshard.planner.profile_step import (
-    ProfileStep,
-    given_profile,
-    offers_priced_types,
+    PlanInputs,
 )
 from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
     heuristical_reservation,
 )
-from torchrec_dreamshard.planner.verify_step import verify_after_loop
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
-from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.torchrec_compat import best_plan
-
-FIRST_PLAN_BUDGET_S = 25.0  # seconds a default plan may measure (profile and verification)
 
 
 class DreamShardPlanner(EmbeddingShardingPlanner):
@@ -151,38 +135,26 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         seed: sampling seed.
         sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
             features; each table's reuse histogram is measured from them.
-        calibrate: calibrate the cost network here on these tables before placing
-            (:mod:`torchrec_dreamshard.calibration`): ``True`` (60 s), a budget in seconds,
-            a ``CalibrationConfig``; ``None`` (default) where the checkpoint misprices
-            this machine's reference kernel; ``False`` never.
-            Under ``collective_plan`` it runs on rank 0's device(s) only.
-        verify: measure this many best-rated candidate plans and the heuristics' plans on
-            real kernels and keep the fastest heuristic plan unless another beat it in every
-            round (0: no verification); ``None`` (default): where ``calibrate=None``
-            calibrates, verify two plans within 25 s, cached per machine, and nowhere else.
+        calibrate: calibrate the cost network on these tables in the profile step:
+            ``True`` (60 s), a budget in seconds, a ``CalibrationConfig``; ``None``
+            (default) where the checkpoint misprices this machine's reference kernel;
+            ``False`` never.
+        verify: after TorchRec's loop, measure this many best-rated candidate plans
+            beside the heuristics' and TorchRec's (0: none); ``None`` (default): where
+            ``calibrate=None`` calibrated, two plans, cached per machine.
         collectives: the collective models the sharding-type choice rates plans with
             (default :func:`~torchrec_dreamshard.planner.defaults.default_collectives`).
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
             :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
-        profile: a machine profile (a :class:`~torchrec_dreamshard.profile.
-            machine_profile.MachineProfile` or its file, ``dreamshard profile --out``)
-            to plan from: nothing is measured before TorchRec's loop, nothing written.
-        measure: ``False`` measures nothing at all (no profile step, no verification):
-            the checkpoint's kernels and analytic collectives, or the given profile.
+        profile: a ``MachineProfile`` or its file (``dreamshard profile --out``) to plan
+            from: nothing is measured before TorchRec's loop, nothing written.
+        measure: ``False``: nothing measured at all (the checkpoint's kernels and
+            analytic collectives, or the given profile).
 
-    Measuring happens in two steps only (:mod:`~torchrec_dreamshard.planner.profile_step`
-    before TorchRec's loop, :mod:`~torchrec_dreamshard.planner.verify_step` after it);
-    the loop itself times nothing (:func:`~torchrec_dreamshard.measure.gate.no_measuring`).
-    ``timeout_seconds`` bounds the whole ``plan()``, measuring included; without it, a
-    plan that measures by default (``calibrate=None``) takes at most
-    :data:`FIRST_PLAN_BUDGET_S` seconds of measuring, and one whose measuring was asked
-    for (``calibrate=60``, ``verify=3``) takes what was asked.
-
-    The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
-    what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
-    the mode, samples and seed, the calibration and verification settings and the reuse
-    statistics measured from ``sample_batches``.
+    Measuring happens in two steps only, around TorchRec's loop, within one budget
+    (:mod:`~torchrec_dreamshard.planner.measuring_steps`). The context hash covers
+    TorchRec's inputs and what only DreamShard depends on (:meth:`dreamshard_context`).
     """
 
     def __init__(
@@ -236,29 +208,22 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
                 None, [], heuristical_storage_reservation_percentage
             )
         reservation = storage_reservation or self._own_reservation
-        if not isinstance(measure, bool):
-            raise ValueError(f"measure must be True or False, got {measure!r}")
-        self._profile_step = ProfileStep(
-            topology, given_profile(profile), measure, machine_sources(topology)
-        )
+        self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds)
         self.table_specs = OptionSpecs(sample_batches, topology.world_size)
         scope = PlanningScope(
             self.agent, topology, batch_size, reservation, constraints, self.table_specs
         )
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
         how = PlaceSettings(mode, num_samples, seed, default_sources(reserved=True))
-        self._profile_step.calibration_sources = how.sources
+        self._steps.sources = how.sources
         parts = build_components(
             scope,
             how,
             user,
-            machine_models(lambda: self._profile_step.last, collectives, dense_kernel),
+            machine_models(lambda: self._steps.profile, collectives, dense_kernel),
             lambda: self.adaptation,
         )
-        self._measure = measure
-        self._timeout = timeout_seconds
-        self._reservation, self._place_how = reservation, how
-        self._enumerator_used = parts.torchrec["enumerator"]
+        self._steps.parts = (reservation, parts.torchrec["enumerator"], parts.proposer)
         self.proposer, self.proposal_log = parts.proposer, parts.proposal_log
         self.partitioner, self.perf_model = parts.partitioner, parts.perf_model
         self.cost_stats = parts.cost_stats
@@ -278,82 +243,38 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._recalled: list[str] = []  # tables whose inputs came from a running job
         self._planned: tuple[nn.Module, list] | None = None  # a re-plan's model, sharders
         self._spent: Spending | None = None  # what the last plan() spent its time on
-        self._measuring_notes: list[str] = []  # what the last plan() did not measure, why
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        """TorchRec's ``plan`` (this rank only), between the two steps that measure: the
-        machine profile first (built, loaded or given: :attr:`profile`), then TorchRec's
-        loop, which times nothing, then the verification of the chosen plan where the
-        agent verifies (TorchRec's loop runs once more where it kept another plan). The
-        tables' reuse statistics are measured from ``sample_batches`` first; raises a
-        checkpoint failure kept by ``__init__``."""
+        """TorchRec's ``plan`` (this rank only) between the two steps that measure
+        (:class:`MeasuringSteps`), the tables' reuse statistics measured from
+        ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
         if self._load_error is not None:
             raise ValueError(self._load_error)
         self._adaptation = None
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
-        self._measuring_notes = []
         with spending() as self._spent:
-            budget = Budget(self._budget_seconds())
             self.table_specs.observe(module)
             self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
             if self._own_reservation is not None:
                 fill_dense_estimate(self._own_reservation, module, sharders)
-            device = self._devices.compute_device
-            self._profile_step.run(
+            plan = self._steps.plan(
                 self.agent,
-                budget,
-                offers_priced_types(sharders, module, self._constraints_given, device),
-                lambda: self._calibration_task(module, sharders),
+                PlanInputs(module, sharders, self._devices, self._per_rank_batch),
+                self._constraints_given,
+                lambda: super(DreamShardPlanner, self).plan(module, sharders),
+                self.proposal_log,
                 loads_plan=self.plan_loader is not None,
             )
-            plan = self._loop(module, sharders)
-            ours_won = self.proposal_log.winner == "DreamShardProposer"
-            notes = self._measuring_notes
-            if self._measure and verify_after_loop(
-                self.agent, budget, self._place_how.sources, ours_won, notes
-            ):
-                self.proposal_log.reset()
-                plan = self._loop(module, sharders)
         self.last_plan = plan
         return plan
 
-    def _loop(self, module: nn.Module, sharders: list) -> ShardingPlan:
-        """TorchRec's planning loop, in which nothing may be measured."""
-        with no_measuring("inside TorchRec's planning loop: measure in the profile step"):
-            return super().plan(module, sharders)
-
-    def _budget_seconds(self) -> float | None:
-        """The whole plan's budget: ``timeout_seconds``, else
-        :data:`FIRST_PLAN_BUDGET_S` where the agent measures by default, else none."""
-        if self._timeout is not None:
-            return float(self._timeout)
-        wrapper = calibrating(self.agent)
-        if wrapper is not None and wrapper.automatic:
-            return FIRST_PLAN_BUDGET_S
-        return None
-
-    def _calibration_task(self, module: nn.Module, sharders: list) -> Task | None:
-        """The tables the policy would place, as the profile step calibrates on them:
-        TorchRec's storage reservation and our enumerator, run as TorchRec's loop will
-        run them (nothing timed)."""
-        self._reservation.reserve(
-            topology=self._devices,
-            batch_size=self._per_rank_batch,
-            module=module,
-            sharders=sharders,
-            constraints=self._constraints_given,
-        )
-        search_space = self._enumerator_used.enumerate(module=module, sharders=sharders)
-        return self.proposer.policy_task(search_space)
-
     @property
     def profile(self) -> MachineProfile | None:
-        """The machine profile the last plan planned from (``None`` before a plan); save
-        it (``planner.profile.save(path)``) and hand it to other jobs on the same
-        hardware (``profile=path``)."""
-        return self._profile_step.last
+        """The machine profile the last plan planned from (``None`` before); ``save`` it
+        and hand it to other jobs on the same hardware (``profile=path``)."""
+        return self._steps.profile
 
     def collective_plan(
         self,
@@ -390,11 +311,11 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
 
     # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
-
     def dreamshard_context(self) -> list[Any]:
-        """What only DreamShard's plans depend on: the agent's fingerprint, the mode,
-        samples, seed, calibration and verification settings, and the measured reuse."""
-        return [self.agent.fingerprint(), *self.settings.context(), self.table_specs.reuse_key()]
+        """What only DreamShard's plans depend on: the agent's fingerprint, the settings,
+        the measured reuse, and whether it measures (and on which profile)."""
+        reuse = self.table_specs.reuse_key()
+        return [self.agent.fingerprint(), *self.settings.context(), reuse, self._steps.context()]
 
     def hash_planner_context_inputs(self) -> int:
         """TorchRec's context hash (topology, batch, search space, storage reservation,
@@ -431,25 +352,18 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def adaptation(self) -> dict[str, Any]:
-        """How the last plan adapted to this machine (JSON-able): whether the planner
-        calibrated, why (the reference kernel predicted against measured), the cost
-        network's error before and after, the tables whose inputs it took from what a
-        running job fed them (``inputs_from_job``), the type choice (``types``) and what
-        the plan spent its seconds on (``spent_s``: measuring the ``collectives``, the
-        ``dense_kernel`` and the ``reference_kernel``, ``calibration``, ``verification``,
-        each without what the others inside it took, and ``planning`` for the rest); on
-        every rank after ``collective_plan``."""
+        """How the last plan adapted to this machine (JSON-able, on every rank after
+        ``collective_plan``): :func:`~torchrec_dreamshard.planner.adaptation.
+        plan_adaptation`."""
         if self._adaptation is not None:
             return self._adaptation
-        out = adaptation(self.agent, self._recalled, self.proposer.last_types)
-        if self._spent is not None:
-            out["spent_s"] = self._spent.seconds()
-        profile = self._profile_step.last
-        if profile is not None:
-            out["profile"] = profile.summary()
-            out["measuring_notes"] = [*profile.notes, *self._measuring_notes]
-            out["measure_failures"] = list(profile.failures)
-        return out
+        spent = self._spent.seconds() if self._spent is not None else None
+        return plan_adaptation(
+            adaptation(self.agent, self._recalled, self.proposer.last_types),
+            spent,
+            self._steps.profile,
+            self._steps.notes,
+        )
 
     @property
     def best_options(self) -> list[ShardingOption]:

@@ -45,6 +45,8 @@ from torchrec_dreamshard.profile.stamp import MachineStamp
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
+FIRST_PLAN_BUDGET_S = 25.0  # seconds a default plan may measure (profile and verification)
+
 # the sharding types whose pricing needs the collective and dense-kernel models
 _PRICED_TYPES = {
     ShardingType.DATA_PARALLEL.value,
@@ -230,3 +232,46 @@ def freeze(agent: PlacementAgent, profile: MachineProfile) -> None:
     cal = profile.calibration
     summary = dict(cal.summary) if cal is not None and current is not prior else {}
     wrapper.freeze(current, check, calibrated=current is not prior, summary=summary)
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What one ``plan()`` call plans: the model, its sharders, the devices and
+    TorchRec's per-rank batch."""
+
+    module: nn.Module
+    sharders: list[ModuleSharder[nn.Module]]
+    topology: Topology
+    batch_size: int
+
+
+def plan_budget(timeout_seconds: float | None, agent: PlacementAgent) -> float | None:
+    """The whole plan's budget: ``timeout_seconds``, else :data:`FIRST_PLAN_BUDGET_S`
+    where the agent measures by default (``calibrate=None``), else none (what the user
+    asked to measure, ``calibrate=60`` or ``verify=3``, is measured whole)."""
+    if timeout_seconds is not None:
+        return float(timeout_seconds)
+    wrapper = calibrating(agent)
+    if wrapper is not None and wrapper.automatic:
+        return FIRST_PLAN_BUDGET_S
+    return None
+
+
+def policy_tables(
+    inputs: PlanInputs,
+    constraints: dict[str, ParameterConstraints] | None,
+    parts: tuple[Any, Any, Any],
+) -> Task | None:
+    """The tables the policy would place, as the profile step calibrates on them: the
+    planner's storage reservation, enumerator and proposer (``parts``), run as TorchRec's
+    loop will run them; nothing timed."""
+    reservation, enumerator, proposer = parts
+    reservation.reserve(
+        topology=inputs.topology,
+        batch_size=inputs.batch_size,
+        module=inputs.module,
+        sharders=inputs.sharders,
+        constraints=constraints,
+    )
+    search_space = enumerator.enumerate(module=inputs.module, sharders=inputs.sharders)
+    return proposer.policy_task(search_space)
