@@ -9,6 +9,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+CLOCK: Callable[[], float] = time.monotonic  # what a budget counts on by default
+
 
 @dataclass
 class Budget:
@@ -16,14 +18,17 @@ class Budget:
 
     Args:
         seconds: the whole budget (``None``: unbounded).
-        clock: the clock it is counted on (seconds; default ``time.monotonic``).
+        clock: the clock it is counted on (seconds; default :data:`CLOCK`, read when the
+            budget is made, so a test can replace it).
     """
 
     seconds: float | None
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] | None = None
     start: float = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.clock is None:
+            self.clock = CLOCK
         if self.seconds is not None and not (
             isinstance(self.seconds, int | float) and self.seconds > 0
         ):
