@@ -81,6 +81,8 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     it calibrated and verified, what each took and what it bought (the kept plan against
     TorchRec's and the best heuristic's)."""
     lines = [adaptation.get("why", "")]
+    if adaptation.get("profile_given"):
+        lines.append("planned from a given machine profile: nothing measured here")
     if adaptation.get("calibrated"):
         lines.append(calibration_summary(adaptation))
     else:
@@ -94,4 +96,8 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
             f"{len(recalled)} tables planned as a running job of them fed them (pooling "
             "factors and reuse observed), not as declared"
         )
+    notes = adaptation.get("measuring_notes") or []
+    failures = adaptation.get("measure_failures") or []
+    lines += [f"not measured: {n}" for n in notes if not adaptation.get("profile_given")]
+    lines += [f"measuring failed, planned without it: {f}" for f in failures]
     return lines + spent_lines(adaptation.get("spent_s", {}))

@@ -119,6 +119,10 @@ class VerifyOptions:
             measured faster in every round (``None``: the fastest heuristic's).
         progress: a progress bar (see :func:`progress_bar`).
         noise: when the measurements count as noisy (:class:`NoiseLimits`).
+        deadline_s: a hard cap over everything the verification measures, both passes
+            included: no measurement starts that would end past it, whatever
+            ``budget_s`` lets the first rounds stretch to (``None``: none). The planner
+            sets it from what is left of ``timeout_seconds``.
     """
 
     rounds: int = 3
@@ -127,6 +131,7 @@ class VerifyOptions:
     incumbent: str | None = None
     progress: bool = False
     noise: NoiseLimits = field(default_factory=NoiseLimits)
+    deadline_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -233,19 +238,24 @@ def _measure_passes(
     noise: the first pass, and where it was noisy a second (when it measured a whole
     round), which decides."""
     limits = options.noise
+    end = None if options.deadline_s is None else time.perf_counter() + options.deadline_s
     reference = timing.reference_ms if math.isfinite(limits.drift) else None
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
     try:
         before = reference() if reference is not None else None
         try:
-            rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar, True)]
+            rounds = [
+                _one_pass(task, plans, options.rounds, options.budget_s, timing, bar, True, end)
+            ]
         except _TooSlow as slow:
             plans = _too_slow_for_all(plans, options, slow.seconds)
             if bar is not None:
                 bar.reset(total=options.rounds * len(plans))
                 bar.set_description(f"verify: a slow task, measuring {len(plans)} plans")
-            rounds = [_one_pass(task, plans, options.rounds, options.budget_s, timing, bar)]
+            rounds = [
+                _one_pass(task, plans, options.rounds, options.budget_s, timing, bar, end=end)
+            ]
         after = reference() if reference is not None else None
         passes = [Noise.of(rounds[0], (before, after), limits)]
         if passes[0].noisy and extra > 0 and rounds[0]:
@@ -253,7 +263,7 @@ def _measure_passes(
                 bar.total += extra * len(plans)
                 bar.set_description("verify: noisy, measuring again")
             budget = None if options.budget_s is None else options.budget_s * limits.extra_budget
-            more = _one_pass(task, plans, extra, budget, timing, bar)
+            more = _one_pass(task, plans, extra, budget, timing, bar, end=end)
             if more:
                 again = reference() if reference is not None else None
                 passes.append(Noise.of(more, (after, again), limits))
@@ -288,6 +298,7 @@ def _one_pass(
     timing: Timing,
     bar: Any,
     probe: bool = False,
+    end: float | None = None,
 ) -> list[dict[int, float]]:
     """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only).
 
@@ -296,7 +307,8 @@ def _one_pass(
     devices, big tables) grows with the task rather than leave the plans unranked. With
     ``probe``, where the first measurement says those rounds of every plan would not fit
     even so, :class:`_TooSlow` is raised (with that measurement's seconds) for the caller
-    to measure fewer plans."""
+    to measure fewer plans. ``end`` (``time.perf_counter()``): no measurement starts that
+    would end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
     start = time.perf_counter()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
@@ -305,7 +317,8 @@ def _one_pass(
         now = time.perf_counter()
         stretch = BUDGET_STRETCH if len(done) < min(MIN_ROUNDS, rounds) else 1.0
         limit = None if budget_s is None else start + budget_s * stretch
-        if limit is not None and now + float(np.mean(took or [0.0])) > limit:
+        expected = now + float(np.mean(took or [0.0]))
+        if (limit is not None and expected > limit) or (end is not None and expected > end):
             raise _OutOfTime
         try:
             ms = timing.step_ms(task, plans[i].placement)

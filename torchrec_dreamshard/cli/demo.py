@@ -78,12 +78,17 @@ def run(args: argparse.Namespace) -> int:
         f"{task.num_devices} devices, global batch {task.batch_size}"
     )
     result: dict[str, Any] = {"task": task.to_dict()}
-    ours, theirs, mtask = plan_both(task, args)
+    ours, theirs, mtask, profile = plan_both(task, args)
     result["planners"] = {"dreamshard": ours, "torchrec": theirs}
     measure_both(mtask, ours, theirs)
     print(format_side_by_side(ours, theirs))
     result["measure_task"] = {"memory_bytes": mtask.memory, "batch_size": mtask.batch_size}
-    result["training"] = train_demo(task, args)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = None
+        if profile is not None:  # the job plans from what the first plan measured
+            path = str(Path(tmp) / "machine.profile")
+            profile.save(path)
+        result["training"] = train_demo(task, args, path)
     if args.out:
         atomic_write(args.out, dumps_strict(result), "--out file")
         print(f"wrote {args.out}")
@@ -109,8 +114,9 @@ def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
 # ----------------------------------------------------------------------------------------
 
 
-def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
-    """Plan with both planners; returns their summaries and the task to measure on."""
+def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
+    """Plan with both planners; returns their summaries, the task to measure on and the
+    machine profile our planner measured."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -170,7 +176,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any]:
     for summary in (ours, theirs):
         summary["predicted_step_ms"] = agent.predict(mtask, summary["placement"]).step_ms
         summary["checkpoint_step_ms"] = prior.predict(mtask, summary["placement"]).step_ms
-    return ours, theirs, mtask
+    return ours, theirs, mtask, ours_planner.profile
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
@@ -264,8 +270,9 @@ def format_side_by_side(ours: dict, theirs: dict) -> str:
 # ----------------------------------------------------------------------------------------
 
 
-def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
-    """Train ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks; rank 0's report."""
+def train_demo(task, args: argparse.Namespace, profile: str | None = None) -> dict[str, Any]:
+    """Train ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks, planned from the
+    machine profile in ``profile`` (``None``: the job measures its own); rank 0's report."""
     import torch.multiprocessing as mp
 
     from torchrec_dreamshard.measure.spawn import free_port
@@ -273,9 +280,12 @@ def train_demo(task, args: argparse.Namespace) -> dict[str, Any]:
     world = args.train_ranks
     print(f"\n== training {args.train_steps} steps under DistributedModelParallel ==")
     print(f"{world} gloo ranks on CPU, plan from DreamShardPlanner.collective_plan")
+    if profile is not None:
+        print("  planned from the machine profile the first plan measured (profile=...)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "train.json"
-        job = (task.to_dict(), args.checkpoint, args.train_steps, args.calibrate, str(out))
+        settings = (args.checkpoint, args.calibrate, profile)
+        job = (task.to_dict(), settings, args.train_steps, str(out))
         mp.spawn(_train_worker, args=(world, free_port(), job), nprocs=world, join=True)
         report = json.loads(out.read_text())
     print(f"  planned in {report['planning_s']:.1f} s on the training ranks")
@@ -295,15 +305,15 @@ def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
     with local_process_group(rank, world, port):
-        report = _train(rank, world, *job[:4])
+        report = _train(rank, world, *job[:3])
         if rank == 0:
-            Path(job[4]).write_text(json.dumps(report))
+            Path(job[3]).write_text(json.dumps(report))
     exit_spawned_rank()
 
 
-def _train(
-    rank: int, world: int, task_dict: dict, checkpoint: str | None, steps: int, calibrate: Any
-) -> dict:
+def _train(rank: int, world: int, task_dict: dict, settings: tuple, steps: int) -> dict:
+    """``steps`` training steps on this rank; ``settings``: the checkpoint, the
+    ``calibrate`` argument and the machine profile's path (or ``None``)."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -321,6 +331,7 @@ def _train(
     )
     from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward
 
+    checkpoint, calibrate, profile = settings
     task = Task.from_dict(task_dict)
     model = StepDLRM(StepModelSpec(bags=task.tables), torch.device("meta"))
     apply_optimizer_in_backward(RowWiseAdagrad, model.sparse.parameters(), {"lr": LR})
@@ -332,6 +343,7 @@ def _train(
         storage_reservation=heuristical_reservation(model, sharders),
         checkpoint=checkpoint,
         calibrate=calibrate,
+        profile=profile,
     )
     start = time.perf_counter()
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)

@@ -55,6 +55,7 @@ def plan_adaptation(
     spent: dict[str, float] | None,
     profile: MachineProfile | None,
     notes: list[str],
+    given: bool = False,
 ) -> dict[str, Any]:
     """:func:`adaptation` of a plan (``out``) with what the plan spent its seconds on
     (``spent_s``: measuring the ``collectives``, the ``dense_kernel`` and the
@@ -62,8 +63,11 @@ def plan_adaptation(
     inside it took, and ``planning`` for the rest), the machine profile it planned from
     (``profile``), what was not measured and why (``measuring_notes``: the profile's and
     ``notes``, the verification's) and the measurements that failed
-    (``measure_failures``)."""
+    (``measure_failures``); ``given``: the profile was the user's (``profile_given``),
+    measured elsewhere or earlier."""
     out = dict(out)
+    if given:
+        out["profile_given"] = True
     if spent is not None:
         out["spent_s"] = spent
     if profile is not None:

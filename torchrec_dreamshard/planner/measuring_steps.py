@@ -16,6 +16,7 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.measure.gate import no_measuring
+from torchrec_dreamshard.planner.adaptation import plan_adaptation
 from torchrec_dreamshard.planner.defaults import machine_sources
 from torchrec_dreamshard.planner.profile_step import (
     PlanInputs,
@@ -74,6 +75,16 @@ class MeasuringSteps:
     def profile(self) -> MachineProfile | None:
         """The profile the last plan planned from."""
         return self.profile_step.last
+
+    @property
+    def given(self) -> bool:
+        """Whether the user gave the profile (nothing is measured)."""
+        return self._given is not None
+
+    def report(self, out: dict[str, Any], spent: dict[str, float] | None) -> dict[str, Any]:
+        """The planner's adaptation record ``out`` with what the last plan measured, spent
+        and skipped (:func:`~torchrec_dreamshard.planner.adaptation.plan_adaptation`)."""
+        return plan_adaptation(out, spent, self.profile, self.notes, self.given)
 
     def context(self) -> list[Any]:
         """What the plan depends on besides the agent: whether it measures, and the

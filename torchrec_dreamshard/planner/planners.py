@@ -47,7 +47,6 @@ from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
     calibration_config,
-    plan_adaptation,
     prior_agent,
     recall_inputs,
 )
@@ -358,11 +357,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         if self._adaptation is not None:
             return self._adaptation
         spent = self._spent.seconds() if self._spent is not None else None
-        return plan_adaptation(
-            adaptation(self.agent, self._recalled, self.proposer.last_types),
-            spent,
-            self._steps.profile,
-            self._steps.notes,
+        return self._steps.report(
+            adaptation(self.agent, self._recalled, self.proposer.last_types), spent
         )
 
     @property

@@ -41,7 +41,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.build import ProfileRequest, build_profile, unmeasured_profile
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
-from torchrec_dreamshard.profile.stamp import MachineStamp
+from torchrec_dreamshard.profile.stamp import HARDWARE_FIELDS, SETTING_FIELDS, MachineStamp
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
@@ -210,12 +210,18 @@ class ProfileStep:
 
     @staticmethod
     def _checked(profile: MachineProfile, here: MachineStamp) -> MachineProfile:
-        differences = profile.stamp.differences(here)
-        if not differences:
-            return profile
-        note = "the given profile was measured elsewhere: " + "; ".join(differences)
-        logger.warning(note)
-        return profile.with_notes(note)
+        """``profile`` with notes on where it differs from ``here``: a warning where it
+        was measured on other hardware or software, a note where only the threads or the
+        topology differ."""
+        other = profile.stamp.differences(here, HARDWARE_FIELDS)
+        settings = profile.stamp.differences(here, SETTING_FIELDS)
+        notes = []
+        if other:
+            notes.append("the given profile was measured on other hardware: " + "; ".join(other))
+            logger.warning(notes[-1])
+        if settings:
+            notes.append("the given profile was measured for " + "; ".join(settings))
+        return profile.with_notes(*notes) if notes else profile
 
 
 def freeze(agent: PlacementAgent, profile: MachineProfile) -> None:

@@ -27,6 +27,7 @@ logger = logging.getLogger("torchrec_dreamshard.planner")
 
 MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
+HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes (the loop runs after)
 
 
 def verify_after_loop(
@@ -59,7 +60,9 @@ def verify_after_loop(
     if math.isfinite(left):
         cap = settings.options.budget_s
         share = left * NOISY_SHARE if cap is None else min(cap, left * NOISY_SHARE)
-        options = dataclasses.replace(settings.options, budget_s=share)
+        options = dataclasses.replace(
+            settings.options, budget_s=share, deadline_s=left * HARD_SHARE
+        )
         settings = dataclasses.replace(settings, options=options)
     measure = wrapper.calibration.measure if wrapper.calibration is not None else None
     chosen = list(wrapper.last_chosen or [])

@@ -51,10 +51,12 @@ class MachineStamp:
             local_world_size=int(local_world_size),
         )
 
-    def differences(self, other: MachineStamp) -> list[str]:
-        """The fields where ``other`` differs, as ``"field: ours -> theirs"``."""
+    def differences(self, other: MachineStamp, fields: tuple[str, ...] | None = None) -> list[str]:
+        """The fields (of ``fields``, default all) where ``other`` differs, as
+        ``"field: ours -> theirs"``."""
         mine, theirs = asdict(self), asdict(other)
-        return [f"{k}: {mine[k]!r} -> {theirs[k]!r}" for k in mine if mine[k] != theirs[k]]
+        names = fields if fields is not None else tuple(mine)
+        return [f"{k}: {mine[k]!r} -> {theirs[k]!r}" for k in names if mine[k] != theirs[k]]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,3 +77,11 @@ def _fbgemm_version() -> str:
         return fbgemm_version()
     except ImportError:
         return "missing"
+
+
+# What makes a profile another machine's: its kernels and fits may be far off here. The
+# thread count and the topology only say what it was measured for: the CPU kernels are
+# timed on one thread per device whatever the process has, and the collectives are fitted
+# over groups of every size up to the world's.
+HARDWARE_FIELDS = ("device", "device_name", "torch", "fbgemm")
+SETTING_FIELDS = ("threads", "world_size", "local_world_size")
