@@ -17,6 +17,7 @@ SUBCOMMANDS = [
     "evaluate",
     "plan",
     "pool",
+    "profile",
     "report",
     "steptime",
     "train",
