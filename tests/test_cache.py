@@ -316,3 +316,25 @@ def test_an_unknown_kind_is_refused_naming_the_kinds(run_cli, capsys):
 def test_the_help_names_every_kind():
     for kind in KINDS:
         assert f"\n  {kind} " in EXAMPLES
+
+
+def test_the_listing_says_what_of_a_key_differs_from_here(tmp_path, run_cli, capsys):
+    """A file measured under torch 1.0, and one on a GPU this machine lacks: each is listed
+    with what differs (neither is read here)."""
+    from torchrec_dreamshard.measure.machine_cache import CacheFile, write_cached_data
+
+    with using_cache_dir(tmp_path):
+        here = rs.reference_cache_file()
+    old_torch = {**here.key, "torch": "1.0"}
+    write_cached_data(
+        CacheFile(tmp_path / "dense_kernel_cpu_x.json", "dense_kernel", old_torch), {}, "t"
+    )
+    gpu = {**here.key, "device": "cuda", "device_name": "Some GPU", "threads": 0}
+    write_cached_data(
+        CacheFile(tmp_path / "dense_kernel_cuda_y.json", "dense_kernel", gpu), {}, "t"
+    )
+    assert run_cli(["cache", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"differs from here: torch '1.0' (here '{torch.__version__}')" in out
+    if not torch.cuda.is_available():
+        assert "differs from here: no cuda device here" in out

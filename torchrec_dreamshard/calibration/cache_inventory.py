@@ -13,10 +13,11 @@ named by ``$DREAMSHARD_CALIBRATION_STORE`` outside the directory is listed, neve
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from torchrec_dreamshard.calibration.fed_inputs_store import count_inputs, forget_inputs
 from torchrec_dreamshard.calibration.store_keys import (
@@ -83,8 +84,15 @@ class CachedItem:
 
 
 def _stat(files: tuple[Path, ...]) -> tuple[int, float]:
-    stats = [f.stat() for f in files]
-    return sum(s.st_size for s in stats), max(s.st_mtime for s in stats)
+    """Bytes and the newest modification time of ``files`` (one removed meanwhile counts
+    nothing)."""
+    stats = []
+    for f in files:
+        try:
+            stats.append(f.stat())
+        except FileNotFoundError:
+            continue
+    return sum(s.st_size for s in stats), max((s.st_mtime for s in stats), default=0.0)
 
 
 def _file_kind(path: Path) -> str | None:
@@ -194,10 +202,8 @@ def key_differences(key: dict[str, Any], here: dict[str, dict[str, Any] | None])
     measured here as things are). ``here`` caches this machine's keys by device type."""
     device = str(key.get("device", "cpu"))
     if device not in here:
-        try:
-            here[device] = measurement_key(device)
-        except (RuntimeError, AssertionError, ValueError):  # no such device here
-            here[device] = None
+        present = device == "cpu" or (device == "cuda" and torch.cuda.is_available())
+        here[device] = measurement_key(device) if present else None
     now = here[device]
     if now is None:
         return [f"no {device} device here"]
@@ -254,10 +260,10 @@ def key_words(key: dict[str, Any]) -> str:
     return " ".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in key.items())
 
 
-def inventory_lines(items: list[CachedItem], now: float | None = None) -> list[str]:
+def inventory_lines(items: list[CachedItem], now: float) -> list[str]:
     """The cache directory, this machine's key now, and every item with its kind, size,
-    age, key (and what of it differs from here) and notes."""
-    now = time.time() if now is None else now
+    age at ``now`` (seconds since the epoch), key (and what of it differs from here) and
+    notes."""
     here: dict[str, dict[str, Any] | None] = {}
     lines = [f"cache directory: {cache_root()} (from {cache_root_source()})"]
     lines.append(f"this machine now: {key_words(measurement_key('cpu'))}")

@@ -52,6 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import time
+
     from torchrec_dreamshard.calibration.cache_inventory import (
         cache_items,
         clear_cache,
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
             print("\n".join(removed) if removed else f"nothing to clear ({args.clear})")
             return 0
         items = cache_items()
-        print("\n".join(inventory_lines(items)))
+        print("\n".join(inventory_lines(items, now=time.time())))
         others = other_files(items)
         if others:
             print(f"{len(others)} other file(s) in the directory, not the planner's: left alone")
