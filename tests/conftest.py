@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -59,15 +58,17 @@ def comm_model(cold_cache, monkeypatch) -> Iterator[CommModel]:
     from torchrec_dreamshard.cost import collective_models as collectives
     from torchrec_dreamshard.cost import dense_kernel_model
     from torchrec_dreamshard.measure import reference_speed
+    from torchrec_dreamshard.measure.machine_cache import write_cached_data
 
     monkeypatch.setattr(collectives, "_LOADED", {})
-    path = collectives.default_collectives_path("gloo")
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(GLOO_LIKE.to_dict()))
-    dense_kernel_model.default_dense_kernel_path().write_text(json.dumps(CPU_DENSE_LIKE.to_dict()))
     fwd, bwd = bundled_reference_ms()
     record = {"version": reference_speed.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
-    reference_speed.default_reference_path().write_text(json.dumps(record))
+    for file, value in [
+        (collectives.collectives_cache_file("gloo"), GLOO_LIKE.to_dict()),
+        (dense_kernel_model.dense_kernel_cache_file(), CPU_DENSE_LIKE.to_dict()),
+        (reference_speed.reference_cache_file(), record),
+    ]:
+        write_cached_data(file, value, "test fixture")  # keyed as this machine's
     yield GLOO_LIKE.models["all_to_all"]
 
 

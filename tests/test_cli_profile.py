@@ -62,7 +62,10 @@ def test_profile_refuses_hosts_that_do_not_divide_the_devices(tmp_path, capsys):
 @pytest.mark.slow
 def test_profile_with_a_task_calibrates_on_its_tables(comm_model, tmp_path):
     task = Task(
-        tables=[TableSpec(name=f"t{i}", rows=2000 * (i + 1), dim=16, pooling_factor=4.0) for i in range(4)],
+        tables=[
+            TableSpec(name=f"t{i}", rows=2000 * (i + 1), dim=16, pooling_factor=4.0)
+            for i in range(4)
+        ],
         num_devices=2,
         memory_bytes=2**30,
         batch_size=256,

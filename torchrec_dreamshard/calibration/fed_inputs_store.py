@@ -104,3 +104,23 @@ def recalled_inputs(
             if found[key][1] is not None:
                 reuse_by_fqn[fqn] = found[key][1]
     return pooling_by_fqn, reuse_by_fqn
+
+
+def count_inputs(store_path: Path) -> int:
+    """How many tables' fed inputs the store at ``store_path`` keeps (0 without one)."""
+    if not store_path.exists():
+        return 0
+    with CostStore(store_path) as store:
+        if not store.has_table("observed_inputs"):
+            return 0
+        return int(store.read_rows("SELECT COUNT(*) FROM observed_inputs")[0][0])
+
+
+def forget_inputs(store_path: Path) -> int:
+    """Forget every table's fed inputs the store at ``store_path`` keeps (its measurements
+    stay). Returns how many were forgotten."""
+    count = count_inputs(store_path)
+    if count:
+        with CostStore(store_path) as store:
+            store.write_rows("DELETE FROM observed_inputs", [()])
+    return count

@@ -13,20 +13,26 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.cache_location import cache_dir_override, cache_root
 from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
 
 STORE_ENV = "DREAMSHARD_CALIBRATION_STORE"  # overrides the default store path
+STORE_NAME = "calibration.sqlite"  # the store's file in the cache directory
 JOB_ROOT = "calib"
 
 
 def default_store_path() -> Path:
-    """``$DREAMSHARD_CALIBRATION_STORE``, else ``calibration.sqlite`` in the user's cache
-    directory (``$XDG_CACHE_HOME`` or ``~/.cache``)/torchrec_dreamshard."""
-    env = os.environ.get(STORE_ENV)
-    if env:
-        return Path(env)
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base / "torchrec_dreamshard" / "calibration.sqlite"
+    """Where the calibration store is: ``calibration.sqlite`` in the directory of a
+    :func:`~torchrec_dreamshard.measure.cache_location.using_cache_dir` block around the
+    call (``DreamShardPlanner(cache_dir=...)``), else ``$DREAMSHARD_CALIBRATION_STORE``,
+    else ``calibration.sqlite`` in the cache directory
+    (:func:`~torchrec_dreamshard.measure.cache_location.cache_root`:
+    ``$XDG_CACHE_HOME/torchrec_dreamshard``, or ``~/.cache/torchrec_dreamshard``)."""
+    if cache_dir_override() is None:
+        env = os.environ.get(STORE_ENV)
+        if env:
+            return Path(env)
+    return cache_root() / STORE_NAME
 
 
 def table_signature(table: TableSpec) -> str:

@@ -29,7 +29,7 @@ from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
 from torchrec_dreamshard.calibration.plan_ranking import keep, measuring_priority
 from torchrec_dreamshard.calibration.verify_cache import (
     read_rounds,
-    verification_cache_path,
+    verification_cache_file,
     write_rounds,
 )
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
@@ -114,7 +114,7 @@ class VerifyOptions:
             (:attr:`NoiseLimits.extra_budget`).
         cache: read the rounds of these very plans of this task from this machine's
             cache, or write them there once measured
-            (:func:`~.verify_cache.verification_cache_path`).
+            (:func:`~.verify_cache.verification_cache_file`).
         incumbent: the name of the plan (an ``extra`` one) that stands unless another
             measured faster in every round (``None``: the fastest heuristic's).
         progress: a progress bar (see :func:`progress_bar`).
@@ -197,7 +197,7 @@ def verify(
     start = time.perf_counter()
     config = replace(config or MeasureConfig(), rounds=1)
     plans = verify_candidates(agent, task, k, extra, baselines)
-    path = verification_cache_path(task, plans, config, options.rounds) if options.cache else None
+    path = verification_cache_file(task, plans, config, options.rounds) if options.cache else None
     if path is not None:
         passes = read_rounds(path, plans)
         if passes is not None:

@@ -1,51 +1,48 @@
 """This machine's cache of a verification's rounds: the same plans of the same task,
-measured with the same settings, are read back instead of measured again."""
+measured with the same settings on the same machine, are read back instead of measured
+again."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
+from typing import Any
 
 from torchrec_dreamshard.calibration.noise import Noise
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
+from torchrec_dreamshard.measure.machine_cache import (
+    CacheFile,
+    machine_cache_file,
+    read_cached_data,
+    write_cached_data,
+)
+
+WHAT = "verification cache"
 
 
-def verification_cache_path(
+def verification_cache_file(
     task: Task, plans: Sequence[VerifiedPlan], config: MeasureConfig, rounds: int
-) -> Path:
-    """This machine's cache file of the verification of ``plans`` of ``task`` (the tables,
-    devices, memory and batch, the plans' placements, the measurement's settings)."""
-    from torchrec_dreamshard.measure.config import stable_key
-    from torchrec_dreamshard.measure.hardware import device_name
-    from torchrec_dreamshard.measure.machine_cache import machine_cache_path
-
-    key = stable_key(
+) -> CacheFile:
+    """This machine's cache file of the verification of ``plans`` of ``task``: keyed by
+    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and a digest of what
+    was verified (the tables, devices, memory and batch, the plans' placements, the
+    measurement's settings and rounds)."""
+    verified = stable_key(
         [task.to_dict(), [p.placement for p in plans], config.to_dict(), rounds], length=16
     )
     device = config.device
-    return machine_cache_path(f"verification_{device}_{key}", device_name(device))
+    return machine_cache_file("verification", device, device, verified=verified)
 
 
-def read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> list[Noise] | None:
-    """Fill ``plans``' rounds from ``path`` and return its passes' noise; ``None`` (and
-    nothing filled) when the file is missing or does not hold exactly these plans."""
-    from torchrec_dreamshard.io import read_json
-
-    if not path.exists():
-        return None
-    data = read_json(path, "verification cache")
+def read_rounds(file: CacheFile, plans: Sequence[VerifiedPlan]) -> list[Noise] | None:
+    """Fill ``plans``' rounds from ``file`` and return its passes' noise; ``None`` (and
+    nothing filled) when the file is missing, of another key, or does not hold exactly
+    these plans."""
+    data = read_cached_data(file, WHAT)
     stored = data.get("plans") if isinstance(data, dict) else None
-    if not isinstance(stored, list) or len(stored) != len(plans):
+    if not _holds(stored, plans):
         return None
-    for p, s in zip(plans, stored, strict=True):
-        if not isinstance(s, dict) or s.get("placement") != p.placement:
-            return None
-        if not isinstance(s.get("rounds_ms"), list):
-            return None
-    if len({len(s["rounds_ms"]) for s in stored if s["rounds_ms"]}) > 1:
-        return None  # every plan measured has as many rounds (a slow task's left out none)
     try:
         passes = [Noise.from_dict(n) for n in data.get("passes", [])]
     except (KeyError, TypeError):
@@ -56,11 +53,22 @@ def read_rounds(path: Path, plans: Sequence[VerifiedPlan]) -> list[Noise] | None
     return passes
 
 
-def write_rounds(path: Path, plans: Sequence[VerifiedPlan], passes: Sequence[Noise]) -> None:
-    """Write ``plans``' rounds and the ``passes``' noise to ``path`` (read back by
-    :func:`read_rounds`)."""
-    from torchrec_dreamshard.io import atomic_write, dumps_strict
+def _holds(stored: Any, plans: Sequence[VerifiedPlan]) -> bool:
+    """Whether ``stored`` (a cache file's plans) holds the rounds of exactly ``plans``."""
+    if not isinstance(stored, list) or len(stored) != len(plans):
+        return False
+    for p, s in zip(plans, stored, strict=True):
+        if not isinstance(s, dict) or s.get("placement") != p.placement:
+            return False
+        if not isinstance(s.get("rounds_ms"), list):
+            return False
+    # every plan measured has as many rounds (a slow task's left out none)
+    return len({len(s["rounds_ms"]) for s in stored if s["rounds_ms"]}) <= 1
 
+
+def write_rounds(file: CacheFile, plans: Sequence[VerifiedPlan], passes: Sequence[Noise]) -> None:
+    """Write ``plans``' rounds and the ``passes``' noise to ``file`` (read back by
+    :func:`read_rounds`)."""
     data = {
         "plans": [
             {"placement": p.placement, "rounds_ms": p.rounds_ms, "earlier_ms": p.earlier_ms}
@@ -68,5 +76,4 @@ def write_rounds(path: Path, plans: Sequence[VerifiedPlan], passes: Sequence[Noi
         ],
         "passes": [{k: v for k, v in n.to_dict().items() if k != "noisy"} for n in passes],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, dumps_strict(data), "verification cache")
+    write_cached_data(file, data, WHAT)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 # Modules under torchrec_dreamshard.cli, one per subcommand (named like the subcommand).
 SUBCOMMANDS = [
+    "cache",
     "calibrate",
     "collect",
     "demo",

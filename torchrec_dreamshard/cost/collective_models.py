@@ -43,14 +43,19 @@ from typing import Any
 from torchrec_dreamshard.cost.comm_model import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, check_kind
 from torchrec_dreamshard.measure.collectives import (
-    backend_device_name,
     default_backend,
     group_collective_samples,
+    largest_group,
     time_collectives,
 )
-from torchrec_dreamshard.measure.config import stable_key
 from torchrec_dreamshard.measure.distributed_job_group import JobGroup, active_group
-from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.machine_cache import (
+    CacheFile,
+    load_cached,
+    loaded_memo,
+    machine_cache_file,
+    named_file,
+)
 from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -147,14 +152,36 @@ def calibrate_collective_models(
     return fit_collective_models(samples, backend, source)
 
 
-def default_collectives_path(backend: str | None = None) -> Path:
-    """Per-machine, per-backend cache file of the fitted models
-    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
+MAX_RANKS = 4  # the largest group the fit outside a job times (2..MAX_RANKS ranks)
+
+
+def _device(backend: str) -> str:
+    return "cuda" if backend == "nccl" else "cpu"
+
+
+def _ranks(backend: str) -> str:
+    """How the fit outside a job starts its ranks for ``backend``."""
+    return "threads" if backend == "gloo" else "processes"
+
+
+def collectives_cache_file(backend: str | None = None) -> CacheFile:
+    """This machine's cache file of the models fitted outside a job with ``backend``: keyed
+    by :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key`, the backend, how
+    the ranks run (threads or processes) and the largest group timed (at most
+    :data:`MAX_RANKS`, fewer on a machine of fewer cores or GPUs)."""
     backend = backend or default_backend()
-    return machine_cache_path(f"collectives_{backend}", backend_device_name(backend))
+    largest = largest_group(MAX_RANKS, backend)
+    topology = {"backend": backend, "ranks": _ranks(backend), "max_ranks": largest}
+    extra = {"format": FORMAT_VERSION, "topology": topology}
+    return machine_cache_file("collectives", _device(backend), backend, **extra)
 
 
-_LOADED: dict[str, CollectiveModels] = {}
+def default_collectives_path(backend: str | None = None) -> Path:
+    """Where :func:`collectives_cache_file` is."""
+    return collectives_cache_file(backend).path
+
+
+_LOADED: dict[str, CollectiveModels] = loaded_memo()
 
 
 def load_collective_models(
@@ -165,33 +192,47 @@ def load_collective_models(
     are threads of this process (no process is started), NCCL's on spawned ranks (never
     on the planner's path: it prices GPU ranks outside a job analytically)."""
     backend = backend or default_backend()
-    path = Path(path) if path is not None else default_collectives_path(backend)
-    ranks = "threads" if backend == "gloo" else "processes"
+    file = named_file(path) if path is not None else collectives_cache_file(backend)
+    ranks = _ranks(backend)
     return load_cached(
-        path,
+        file,
         "collective models file",
         CollectiveModels.from_dict,
-        lambda: calibrate_collective_models(backend=backend, ranks=ranks),
+        lambda: calibrate_collective_models(MAX_RANKS, backend, ranks),
         CollectiveModels.to_dict,
         _LOADED,
     )
 
 
+def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
+    """This machine's cache file of the models measured on a job group of ``len(hosts)``
+    ranks on ``hosts`` (rank order) with ``backend``: keyed by
+    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the topology
+    (backend, world size, ranks on rank 0's host, the hosts)."""
+    hosts = list(hosts)
+    topology = {
+        "backend": backend,
+        "world_size": len(hosts),
+        "local_world_size": hosts.count(hosts[0]) if hosts else 0,
+        "hosts": hosts,
+    }
+    label = f"{backend}_{len(hosts)}ranks"
+    extra = {"format": FORMAT_VERSION, "topology": topology}
+    return machine_cache_file("collectives", _device(backend), label, **extra)
+
+
 def group_collectives_path(backend: str, hosts: Sequence[str]) -> Path:
-    """Cache file of the models measured on a job group of ``len(hosts)`` ranks on
-    ``hosts`` (rank order) with ``backend``: per machine and topology."""
-    topology = stable_key([len(hosts), list(hosts)])
-    kind = f"collectives_{backend}_{len(hosts)}ranks_{topology}"
-    return machine_cache_path(kind, backend_device_name(backend))
+    """Where :func:`group_collectives_file` is."""
+    return group_collectives_file(backend, hosts).path
 
 
 def load_group_collectives(group: JobGroup) -> CollectiveModels:
     """The models measured on the driven job ``group`` (cached per machine and topology:
     :func:`group_collectives_path`), measuring them on the group first when there is no
     cache file. Every rank's call is the same group request, so rank 0 decides."""
-    path = group_collectives_path(group.backend, group.hosts)
+    file = group_collectives_file(group.backend, group.hosts)
     return load_cached(
-        path,
+        file,
         "collective models file",
         CollectiveModels.from_dict,
         lambda: fit_group_collectives(group),

@@ -34,7 +34,13 @@ import numpy as np
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.dense_kernels import time_dense_sets
 from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.machine_cache import (
+    CacheFile,
+    load_cached,
+    loaded_memo,
+    machine_cache_file,
+    named_file,
+)
 from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -151,13 +157,19 @@ def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
 # ----------------------------------------------------------------------------------------
 
 
+def dense_kernel_cache_file(device: str = "cpu") -> CacheFile:
+    """This machine's cache file of the fitted model on ``device``, keyed by
+    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the file's
+    format."""
+    return machine_cache_file("dense_kernel", device, device, format=FORMAT_VERSION)
+
+
 def default_dense_kernel_path(device: str = "cpu") -> Path:
-    """Per-machine cache file of the fitted model
-    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
-    return machine_cache_path(f"dense_kernel_{device}", device_name(device))
+    """Where :func:`dense_kernel_cache_file` is."""
+    return dense_kernel_cache_file(device).path
 
 
-_LOADED: dict[str, DenseKernelModel] = {}
+_LOADED: dict[str, DenseKernelModel] = loaded_memo()
 
 
 def load_dense_kernel_model(
@@ -165,9 +177,9 @@ def load_dense_kernel_model(
 ) -> DenseKernelModel:
     """The fitted model from ``path`` (default :func:`default_dense_kernel_path`),
     timing and saving it first when the file does not exist."""
-    path = Path(path) if path is not None else default_dense_kernel_path(device)
+    file = named_file(path) if path is not None else dense_kernel_cache_file(device)
     return load_cached(
-        path,
+        file,
         "dense kernel model file",
         DenseKernelModel.from_dict,
         lambda: calibrate_dense_kernel_model(device),

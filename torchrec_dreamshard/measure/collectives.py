@@ -95,6 +95,14 @@ def group_collective_samples(group: JobGroup) -> tuple[list[Sample], str]:
     return samples, source
 
 
+def largest_group(max_devices: int, backend: str) -> int:
+    """The largest group :func:`time_collectives` times when asked for ``max_devices``
+    ranks: at most the machine's GPUs under NCCL, its cores otherwise."""
+    if backend == "nccl":
+        return min(max_devices, torch.cuda.device_count())
+    return measuring_ranks(max_devices)
+
+
 def time_collectives(
     max_devices: int = 4, backend: str | None = None, ranks: str = "threads"
 ) -> tuple[list[Sample], str]:
@@ -126,15 +134,11 @@ def time_collectives(
     if ranks not in RANK_KINDS:
         raise ValueError(f"ranks must be one of {RANK_KINDS}, got {ranks!r}")
     backend = backend or default_backend()
-    if backend == "nccl":
-        if ranks == "threads":
-            raise ValueError(
-                "NCCL collectives are timed on spawned processes (one GPU each); pass "
-                "ranks='processes'"
-            )
-        max_devices = min(max_devices, torch.cuda.device_count())
-    else:
-        max_devices = measuring_ranks(max_devices)
+    if backend == "nccl" and ranks == "threads":
+        raise ValueError(
+            "NCCL collectives are timed on spawned processes (one GPU each); pass ranks='processes'"
+        )
+    max_devices = largest_group(max_devices, backend)
     if ranks == "threads":
         samples = thread_samples(max_devices)
         how = "threads of one process"

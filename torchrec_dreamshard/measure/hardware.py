@@ -32,6 +32,20 @@ def device_name(device: str | torch.device = "cpu") -> str:
     return torch.cuda.get_device_name(d if d.index is not None else 0)
 
 
+def measuring_threads(device: str | torch.device = "cpu") -> int:
+    """The intra-op threads the package's timers run a kernel on ``device`` with.
+
+    1 on CPU: every CPU timer (the fused and dense kernels, the reference kernel, the
+    placements of both backends) runs under
+    :func:`~torchrec_dreamshard.threads.single_thread`, one thread standing for one
+    device. 0 on CUDA: the kernels run on the GPU and are timed by its events; no CPU
+    thread count enters. The caller's own ``torch.get_num_threads()`` changes none of these
+    timings, so it is not what a cached measurement is keyed by: a ``torchrun`` rank (one
+    thread, ``OMP_NUM_THREADS=1``) reads what ``dreamshard plan`` measured on all cores.
+    """
+    return 0 if torch.device(device).type == "cuda" else 1
+
+
 def fbgemm_version() -> str:
     """The installed FBGEMM's version (``"unknown"`` where it has none)."""
     import fbgemm_gpu
@@ -48,12 +62,8 @@ def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[
     protocol (warm-up, iterations, rounds, ranks timing in turn) changes what a figure
     means, so both are part of it (the protocol's seed is not).
     """
-    if config.device == "cuda":
-        device_name = torch.cuda.get_device_name()
-        threads = 0
-    else:
-        device_name = cpu_name()
-        threads = 1  # one thread stands for one device
+    device_name = torch.cuda.get_device_name() if config.device == "cuda" else cpu_name()
+    threads = measuring_threads(config.device)
     return {
         "device": config.device,
         "device_name": device_name,

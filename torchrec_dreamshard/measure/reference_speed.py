@@ -33,8 +33,14 @@ from torchrec_dreamshard.measure.embedding_kernels import (
     time_fused_kernel,
 )
 from torchrec_dreamshard.measure.gate import check_may_measure
-from torchrec_dreamshard.measure.hardware import cpu_name, device_name
-from torchrec_dreamshard.measure.machine_cache import load_cached, machine_cache_path
+from torchrec_dreamshard.measure.hardware import cpu_name
+from torchrec_dreamshard.measure.machine_cache import (
+    CacheFile,
+    load_cached,
+    loaded_memo,
+    machine_cache_file,
+    named_file,
+)
 from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1
@@ -62,14 +68,19 @@ def _group_reference_ms(group: JobGroup) -> tuple[float, float]:
     return _time_reference("cuda" if group.device.type == "cuda" else "cpu")
 
 
+def reference_cache_file(device: str = "cpu") -> CacheFile:
+    """This machine's cache file of the reference kernel on ``device``, keyed by
+    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the file's
+    format."""
+    return machine_cache_file("reference_kernel", device, device, format=FORMAT_VERSION)
+
+
 def default_reference_path(device: str = "cpu") -> Path:
-    """Per-machine cache file
-    (:func:`~torchrec_dreamshard.measure.machine_cache.machine_cache_path`)."""
-    name = device_name(device)
-    return machine_cache_path(f"reference_kernel_{device}", name)
+    """Where :func:`reference_cache_file` is."""
+    return reference_cache_file(device).path
 
 
-_LOADED: dict[str, tuple[float, float]] = {}
+_LOADED: dict[str, tuple[float, float]] = loaded_memo()
 
 
 def _parse(data: Any) -> tuple[float, float]:
@@ -89,14 +100,14 @@ def load_reference_ms(
 ) -> tuple[float, float]:
     """The reference kernel's ``(fwd_ms, bwd_ms)`` here, from ``path`` (default
     :func:`default_reference_path`), measured and saved first when it does not exist."""
-    path = Path(path) if path is not None else default_reference_path(device)
+    file = named_file(path) if path is not None else reference_cache_file(device)
 
     def dump(ms: tuple[float, float]) -> dict[str, Any]:
         where = cpu_name() if device == "cpu" else device
         return {"version": FORMAT_VERSION, "fwd_ms": ms[0], "bwd_ms": ms[1], "source": where}
 
     measure = lambda: measure_reference_ms(device)  # noqa: E731 - late-bound for tests
-    return load_cached(path, "reference kernel file", _parse, measure, dump, _LOADED)
+    return load_cached(file, "reference kernel file", _parse, measure, dump, _LOADED)
 
 
 def speed_ratio(

@@ -1,0 +1,96 @@
+"""Where the planner's caches live: the one place every cache reader and writer asks.
+
+:func:`cache_root` is, in order:
+
+1. the directory of the innermost :func:`using_cache_dir` block around the call
+   (``DreamShardPlanner(cache_dir=...)`` wraps its planning in one; ``dreamshard cache
+   --cache-dir`` too);
+2. ``$XDG_CACHE_HOME/torchrec_dreamshard`` (``~/.cache/torchrec_dreamshard`` where
+   ``XDG_CACHE_HOME`` is unset or empty).
+
+The block's directory is held in a :class:`contextvars.ContextVar`, so it is scoped to the
+code that runs inside the block: another thread (which starts with a context of its own)
+or a call made after the block ends sees the default, and two threads may each plan with a
+directory of their own. Nothing process-wide is patched: no environment variable, no
+module attribute. Processes the package spawns read nothing from the cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
+from pathlib import Path
+
+APP_DIR = "torchrec_dreamshard"  # the package's folder under $XDG_CACHE_HOME
+
+_CACHE_DIR: ContextVar[Path | None] = ContextVar("torchrec_dreamshard_cache_dir", default=None)
+
+
+@contextlib.contextmanager
+def using_cache_dir(path: str | os.PathLike | None) -> Iterator[Path | None]:
+    """Within the block, every cache of the package lives in ``path`` (the directory
+    itself: files go straight into it; created when something is first written).
+
+    Args:
+        path: the cache directory (``~`` expanded, made absolute); ``None`` changes
+            nothing (the directory of an enclosing block, or the default, stays).
+
+    Yields:
+        The directory the block uses (``None`` where ``path`` is ``None``).
+
+    Raises:
+        ValueError: ``path`` is empty or names something that is not a directory.
+    """
+    if path is None:
+        yield None
+        return
+    directory = checked_cache_dir(path)
+    token = _CACHE_DIR.set(directory)
+    try:
+        yield directory
+    finally:
+        _CACHE_DIR.reset(token)
+
+
+def checked_cache_dir(path: str | os.PathLike) -> Path:
+    """``path`` as a cache directory: ``~`` expanded and absolute.
+
+    Raises:
+        ValueError: ``path`` is not a path, is empty, or exists and is not a directory.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"cache_dir must be a path, got {type(path).__name__} {path!r}")
+    if not os.fspath(path):
+        raise ValueError("cache_dir is empty; give a directory")
+    directory = Path(path).expanduser().absolute()
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"cache_dir {str(directory)!r} exists and is not a directory")
+    return directory
+
+
+def cache_dir_override() -> Path | None:
+    """The directory of the innermost :func:`using_cache_dir` block around this call
+    (``None`` outside every block)."""
+    return _CACHE_DIR.get()
+
+
+def default_cache_root() -> Path:
+    """``$XDG_CACHE_HOME/torchrec_dreamshard``, or ``~/.cache/torchrec_dreamshard``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / APP_DIR
+
+
+def cache_root() -> Path:
+    """The directory the caches live in here and now (see the module docstring)."""
+    override = _CACHE_DIR.get()
+    return override if override is not None else default_cache_root()
+
+
+def cache_root_source() -> str:
+    """What chose :func:`cache_root`, in words: ``"cache_dir"``, ``"$XDG_CACHE_HOME"`` or
+    ``"~/.cache"``."""
+    if _CACHE_DIR.get() is not None:
+        return "cache_dir"
+    return "$XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "~/.cache"
