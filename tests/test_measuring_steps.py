@@ -219,3 +219,26 @@ def test_the_scan_finds_a_timer(tmp_path):
         "import time\nfrom torchrec_dreamshard.x import calibrate\nt = time.perf_counter()\n"
     )
     assert _calls_and_imports(sample) == ({"time.perf_counter"}, {"calibrate"})
+
+
+@pytest.mark.slow
+def test_cache_dir_keeps_what_the_plan_measured_there_and_nowhere_else(cold_cache, tmp_path):
+    cache = tmp_path / "planner_cache"
+    calibration = CalibrationConfig(budget_s=6.0, drift_limit=math.inf, progress=False)
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(2, "cpu"),
+        batch_size=64,
+        calibrate=calibration,
+        verify=0,
+        cache_dir=cache,
+    )
+    planner.plan(model(4), get_default_sharders())
+    assert (cache / "calibration.sqlite").exists()
+    assert files_under(cold_cache) == {}
+
+
+def test_a_cache_dir_that_is_a_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "a_file"
+    path.write_text("")
+    with pytest.raises(ValueError, match="a_file"):
+        DreamShardPlanner(topology=torchrec_topology(2, "cpu"), cache_dir=path)

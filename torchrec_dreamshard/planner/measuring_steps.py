@@ -8,6 +8,7 @@ TorchRec's loop runs behind the measuring gate
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingPlan
 
+from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.planner.adaptation import plan_adaptation
 from torchrec_dreamshard.planner.defaults import machine_sources
@@ -45,6 +47,7 @@ class MeasuringSteps:
             nothing is timed, the verification neither.
         measure: ``False``: nothing is measured, the verification is skipped too.
         timeout_seconds: TorchRec's ``timeout_seconds``, the whole plan's budget.
+        cache_dir: where the plan's measurements are cached (``None``: the default).
 
     Attributes:
         sources: the candidate sources whose plans calibration and verification measure
@@ -59,12 +62,14 @@ class MeasuringSteps:
         profile: str | Path | MachineProfile | None,
         measure: bool,
         timeout_seconds: float | None,
+        cache_dir: str | Path | None = None,
     ) -> None:
         if not isinstance(measure, bool):
             raise ValueError(f"measure must be True or False, got {measure!r}")
         given = given_profile(profile)
         self.profile_step = ProfileStep(topology, given, measure, machine_sources(topology))
         self._given = given
+        self._cache_dir = None if cache_dir is None else checked_cache_dir(cache_dir)
         self._timeout = timeout_seconds
         self._measure = measure
         self.sources: Sequence[Any] = ()
@@ -75,6 +80,10 @@ class MeasuringSteps:
     def profile(self) -> MachineProfile | None:
         """The profile the last plan planned from."""
         return self.profile_step.last
+
+    def cache_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The block a plan runs in: its measurements cached under ``cache_dir``."""
+        return using_cache_dir(self._cache_dir)
 
     @property
     def given(self) -> bool:

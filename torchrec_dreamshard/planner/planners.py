@@ -150,6 +150,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             from: nothing is measured before TorchRec's loop, nothing written.
         measure: ``False``: nothing measured at all (the checkpoint's kernels and
             analytic collectives, or the given profile).
+        cache_dir: where measurements are cached (default ``$XDG_CACHE_HOME``, see
+            :mod:`~torchrec_dreamshard.measure.cache_location`); ``dreamshard cache``.
 
     Measuring happens in two steps only, around TorchRec's loop, within one budget
     (:mod:`~torchrec_dreamshard.planner.measuring_steps`). The context hash covers
@@ -185,6 +187,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dense_kernel: DenseKernelModel | None = None,
         profile: str | Path | MachineProfile | None = None,
         measure: bool = True,
+        cache_dir: str | Path | None = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
@@ -207,7 +210,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
                 None, [], heuristical_storage_reservation_percentage
             )
         reservation = storage_reservation or self._own_reservation
-        self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds)
+        self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds, cache_dir)
         self.table_specs = OptionSpecs(sample_batches, topology.world_size)
         scope = PlanningScope(
             self.agent, topology, batch_size, reservation, constraints, self.table_specs
@@ -253,7 +256,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self.proposal_log.reset()
         self.cost_stats.last_prediction = None
         self.last_plan = None
-        with spending() as self._spent:
+        with self._steps.cache_scope(), spending() as self._spent:
             self.table_specs.observe(module)
             self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
             if self._own_reservation is not None:
