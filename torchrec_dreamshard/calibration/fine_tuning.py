@@ -162,7 +162,11 @@ def calibrate(
             measured (``None``: the agent's own); the calibrated agent keeps the agent's.
 
     Returns:
-        The calibrated agent and what was measured, reused and skipped.
+        The calibrated agent and what was measured, reused and skipped. A measurement that
+        fails on this machine (:func:`~torchrec_dreamshard.measure.guard.is_measuring_failure`)
+        raises nothing: its kernel is skipped, the cause is in ``failures`` and one warning
+        names it; where nothing could be fitted, or the calibration failed as a whole,
+        the agent is ``agent`` itself.
 
     Raises:
         ValueError: the store cannot be opened, or another process collects into it.
