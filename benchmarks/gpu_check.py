@@ -28,7 +28,7 @@ the build) is recorded in the results and the run goes on without it.
     python benchmarks/gpu_check.py prepare --out t --small && \\
         python benchmarks/gpu_check.py run --in t --out o --device cpu --budget-s 20
 
-``run`` fits 5 minutes on one H100-class GPU with the defaults (``--budget-s 200``: the
+``run`` fits 5 minutes on one H100-class GPU with the defaults (``--budget-s 180``: the
 seconds of measuring, calibration included; start-up and planning come on top).
 """
 
@@ -574,8 +574,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     go.add_argument(
         "--budget-s",
         type=positive,
-        default=200.0,
-        help="seconds of measuring, calibration included (default 200)",
+        default=180.0,
+        help="seconds of measuring, calibration included (default 180)",
     )
     go.add_argument("--rounds", type=int, default=3, help="interleaved rounds per task")
     go.add_argument("--checkpoint", metavar="PATH", help="the prior agent (default: bundled)")
