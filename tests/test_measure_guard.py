@@ -74,6 +74,14 @@ def test_a_missing_fbgemm_operator_is_a_failure_but_another_attribute_error_is_a
         guarded("reference kernel", lambda: object().nope, warn=False)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this torch has CUDA")
+def test_cuda_asked_of_a_cpu_build_of_torch_is_a_failure_but_another_assertion_is_a_bug():
+    out = guarded("reference kernel", lambda: torch.empty(1, device="cuda"), warn=False)
+    assert isinstance(out, MeasureFailure) and out.error == "AssertionError"
+    with pytest.raises(AssertionError):
+        guarded("reference kernel", raise_(AssertionError("a broken invariant")), warn=False)
+
+
 @pytest.mark.parametrize(
     "exc",
     [ValueError("bad table"), KeyError("t0"), TypeError("x"), KeyboardInterrupt()],

@@ -15,12 +15,14 @@ What counts as *measuring failed* (:func:`is_measuring_failure`), and so is caug
   attribute ...``), an ``ImportError`` of ``fbgemm_gpu``, an ``OSError`` loading its
   library;
 * a spawned rank that raised or died (``torch.multiprocessing``'s
-  ``ProcessRaisedException`` and ``ProcessExitedException``).
+  ``ProcessRaisedException`` and ``ProcessExitedException``);
+* CUDA asked of a CPU build of torch (its ``AssertionError``: "Torch not compiled with
+  CUDA enabled"; a CUDA build without a GPU raises a ``RuntimeError``).
 
 Everything else raises as before: the user's input errors (``ValueError`` and its kinds,
 such as a store that cannot be opened or a placement that does not fit; ``TypeError``,
-``KeyError``), any other ``AttributeError`` (a bug), ``KeyboardInterrupt`` and
-``SystemExit``. Torch raises its device and collective errors as ``RuntimeError``, so a
+``KeyError``), any other ``AttributeError`` or ``AssertionError`` (a bug),
+``KeyboardInterrupt`` and ``SystemExit``. Torch raises its device and collective errors as ``RuntimeError``, so a
 ``RuntimeError`` from a bug on a measuring path is recorded as a failed measurement too:
 it is named in the warning and the stats, never silent.
 
@@ -95,6 +97,8 @@ def is_measuring_failure(exc: BaseException) -> bool:
         return True
     if isinstance(exc, AttributeError):
         return "_OpNamespace" in str(exc)  # torch.ops.<namespace>.<missing operator>
+    if isinstance(exc, AssertionError):
+        return "not compiled with CUDA" in str(exc)  # a CPU build of torch asked for CUDA
     if isinstance(exc, ImportError):
         return (exc.name or "").startswith("fbgemm_gpu") or "fbgemm" in str(exc)
     if isinstance(exc, OSError):
