@@ -36,10 +36,12 @@ calibration discards kernels measured while the reference drifted.
 
 The package, one concept per module: :mod:`.store_keys` (the store's path and job keys),
 :mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
-:mod:`.fine_tuning` (:func:`calibrate`, fine-tuning, accuracy), :mod:`.auto` (whether the
+:mod:`.fine_tuning` (:func:`calibrate`), :mod:`.head_fitting` (fine-tuning the heads,
+accuracy), :mod:`.auto` (whether the
 checkpoint prices this machine right), :mod:`.fed_inputs_store` (what running jobs fed their
 tables, kept for the next plan), :mod:`.noise` (when measurements are too noisy),
-:mod:`.verification` (:func:`verify`, its measuring rounds and timing), :mod:`.verify_result`
+:mod:`.verification` (:func:`verify`, its measuring rounds), :mod:`.verify_timing` (what it
+measures with, guarded), :mod:`.verify_result`
 (what it measured, in words), :mod:`.plan_ranking` (which measured plan is kept),
 :mod:`.verify_cache` (this machine's cache of its rounds), :mod:`.planning`
 (:func:`plan_task`, :class:`PlanOutcome`), :mod:`.adaptation_report` (the margins and
@@ -50,10 +52,12 @@ from torchrec_dreamshard.calibration.auto import VerificationSettings
 from torchrec_dreamshard.calibration.calibrating_agent import CalibratingAgent
 from torchrec_dreamshard.calibration.fine_tuning import (
     FIT_RESERVE_S,
-    HEAD_PARAMETERS,
     CalibrationConfig,
     CalibrationResult,
     calibrate,
+)
+from torchrec_dreamshard.calibration.head_fitting import (
+    HEAD_PARAMETERS,
     fine_tune,
     kernel_accuracy,
     scale_comm,
@@ -82,12 +86,12 @@ from torchrec_dreamshard.calibration.store_keys import (
     table_signature,
 )
 from torchrec_dreamshard.calibration.verification import (
-    Timing,
     VerifyOptions,
     verify,
     verify_candidates,
 )
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
+from torchrec_dreamshard.calibration.verify_timing import Timing
 
 __all__ = [
     "FIT_RESERVE_S",

@@ -99,5 +99,12 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
     notes = adaptation.get("measuring_notes") or []
     failures = adaptation.get("measure_failures") or []
     lines += [f"not measured: {n}" for n in notes if not adaptation.get("profile_given")]
-    lines += [f"measuring failed, planned without it: {f}" for f in failures]
+    lines += [f"measuring failed, planned without it: {failure_words(f)}" for f in failures]
     return lines + spent_lines(adaptation.get("spent_s", {}))
+
+
+def failure_words(failure: Any) -> str:
+    """One failed measurement (a ``MeasureFailure``'s dict, or words) in words."""
+    if isinstance(failure, dict):
+        return f"{failure.get('what')}: {failure.get('error')}: {failure.get('message')}"
+    return str(failure)

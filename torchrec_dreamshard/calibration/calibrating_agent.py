@@ -169,8 +169,11 @@ class CalibratingAgent:
         return None
 
     def adaptation(self) -> dict[str, Any]:
-        """How planning adapted to this machine: whether it calibrated, why, and the
-        cost network's error before and after (JSON-able; logged with the plan)."""
+        """How planning adapted to this machine: whether it calibrated, why, the cost
+        network's error before and after, and the measurements that failed on this
+        machine (``measure_failures``: each a
+        :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict; planning went on
+        without them) (JSON-able; logged with the plan)."""
         out: dict[str, Any] = {"mode": "auto" if self._auto is not None else "on"}
         if self.calibration is None:
             out.update(mode="off", why="verification only")
@@ -215,6 +218,9 @@ class CalibratingAgent:
             )
         if self.last_outcome is not None and self.last_outcome.margins:
             out["margins"] = self.last_outcome.margins
+        failed = [*(cal.failures if cal is not None else [])]
+        failed += [ver.failure] if ver is not None and ver.failure is not None else []
+        out["measure_failures"] = [f.to_dict() for f in failed]
         return out
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:

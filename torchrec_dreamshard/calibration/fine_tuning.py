@@ -1,11 +1,13 @@
-"""Calibrating: measure a task's kernels within the budget, then fine-tune the cost
-network's device heads on them with the bundled weights as the prior (see the package
-docstring for the loss), and the model's accuracy on those kernels.
+"""Calibrating (:func:`calibrate`): measure a task's kernels within the budget, then
+fine-tune the cost network's device heads on them with the bundled weights as the prior
+(:mod:`.head_fitting`; the package docstring has the loss). A measurement that fails on
+this machine (:mod:`torchrec_dreamshard.measure.guard`) is skipped and its cause recorded
+in the :class:`~.calibration_result.CalibrationResult`; a calibration that fails as a
+whole gives the prior agent as it is, with the cause.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import time
@@ -14,11 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
+from torchrec_dreamshard.calibration.calibration_result import CalibrationResult
+from torchrec_dreamshard.calibration.head_fitting import (
+    fine_tune,
+    kernel_accuracy,
+    observation_weights,
+    with_comm_model,
+)
 from torchrec_dreamshard.calibration.kernel_samples import (
-    OBSERVED,
     informative_groups,
     load_kernel_samples,
     measure_kernels,
@@ -26,25 +33,22 @@ from torchrec_dreamshard.calibration.kernel_samples import (
 )
 from torchrec_dreamshard.calibration.noise import DRIFT_LIMIT, lasting_drift, reference_ms
 from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
-from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet
 from torchrec_dreamshard.cost.fitting import (
     CostSample,
-    bootstrap_weights,
-    log_targets,
-    pack,
-    predict_samples,
-    weighted_log_loss,
 )
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.guard import (
+    MeasureFailure,
+    guarded,
+    warn_failures,
+)
 from torchrec_dreamshard.measure.spent import spent_on
-from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import CandidateSource, DreamShard
 
-HEAD_PARAMETERS = ("c_raw", "W_raw", "U_raw", "u", "V_raw")  # fine-tuned; the rest frozen
 FIT_RESERVE_S = 3.0  # seconds of the budget kept for fine-tuning
 
 
@@ -101,166 +105,6 @@ class CalibrationConfig:
         return Path(self.store) if self.store is not None else default_store_path()
 
 
-@dataclass
-class CalibrationResult:
-    """What :func:`calibrate` did.
-
-    Attributes:
-        agent: the calibrated agent (the prior's policy, the fine-tuned cost network).
-        measured: kernels measured now.
-        reused: kernels found in the store.
-        skipped: kernels left unmeasured for lack of budget.
-        seconds: wall time of the calibration.
-        measure_s: of which measuring.
-        samples: the kernels fitted on.
-        before: the prior's accuracy on them (``cost/mape``, ``cost/log_std``).
-        after: the calibrated model's (in-sample).
-        store: the store's path.
-        drift: the reference kernel's ``after / before - 1`` around the measuring
-            (``None``: not timed, nothing was measured or the check is off).
-        discarded: kernels measured now and discarded because the reference drifted
-            beyond the config's ``drift_limit`` (the machine was busy).
-    """
-
-    agent: DreamShard
-    measured: int
-    reused: int
-    skipped: int
-    seconds: float
-    measure_s: float
-    samples: int
-    before: dict[str, float]
-    after: dict[str, float]
-    store: str
-    drift: float | None = None
-    discarded: int = 0
-
-    @property
-    def note(self) -> str:
-        """What the drift check did, for people (``""``: nothing)."""
-        if not self.discarded:
-            return ""
-        return (
-            f"the reference kernel drifted {self.drift:+.0%} while calibrating: the machine "
-            f"was busy, so the {self.discarded} kernels measured were discarded, not learned "
-            "as this machine's speed"
-            + ("" if self.samples else "; the checkpoint is used as it is")
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items() if k != "agent"}
-
-    def lines(self) -> list[str]:
-        return [
-            f"calibration: {self.measured} kernels measured, {self.reused} reused from "
-            f"{self.store}, {self.skipped} skipped (budget) in {self.seconds:.1f}s "
-            f"(measuring {self.measure_s:.1f}s)",
-            f"  kernel time MAPE on the {self.samples} calibration kernels: "
-            f"{self.before.get('cost/mape', float('nan')):.1f}% before, "
-            f"{self.after.get('cost/mape', float('nan')):.1f}% after (in-sample)",
-            *([f"  {self.note}"] if self.note else []),
-        ]
-
-
-def fine_tune(
-    net: CostNet,
-    samples: Sequence[CostSample],
-    epochs: int = 400,
-    lr: float = 0.05,
-    prior: float = 1e-3,
-    seed: int = 0,
-    weights: Sequence[float] | None = None,
-) -> CostNet:
-    """A copy of ``net`` whose device heads are fitted to ``samples`` with an L2 pull
-    towards ``net``'s own head weights (see the package docstring); the encoder is frozen.
-    ``weights`` (one per sample, default 1) scale each sample's bootstrap weights.
-    """
-    tuned = copy.deepcopy(net)
-    if not samples or epochs == 0:
-        return tuned.eval()
-    heads = [p for n, p in tuned.named_parameters() if n in HEAD_PARAMETERS]
-    anchors = [p.detach().clone() for p in heads]
-    for n, p in tuned.named_parameters():
-        p.requires_grad_(n in HEAD_PARAMETERS)
-    rng = np.random.default_rng(seed)
-    boot = bootstrap_weights(rng, len(samples), net.members)
-    boot[:, 0] = 1.0  # one member sees every sample once
-    if weights is not None:
-        boot = boot * torch.tensor(list(weights), dtype=boot.dtype)[:, None]
-    batch = pack(samples)
-    log_dev = log_targets(samples)
-    opt = torch.optim.Adam(heads, lr=lr)
-    numel = sum(p.numel() for p in heads)
-    with single_thread():
-        tuned.train()
-        for _ in range(epochs):
-            loss = weighted_log_loss(tuned, batch, log_dev, boot)
-            pull = sum(((p - a) ** 2).sum() for p, a in zip(heads, anchors, strict=True))
-            loss = loss + prior * pull / numel
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    for p in tuned.parameters():
-        p.requires_grad_(True)
-    return tuned.eval()
-
-
-def observation_weights(groups: Sequence[str]) -> list[float]:
-    """Per sample (by its store job key), its weight in the fine-tuning: kernels observed
-    in a running job (:data:`~.kernel_samples.OBSERVED`) weigh together as much as every other
-    kernel together, at least 1 each: they are the job's own kernels, measured under its
-    real load, and few."""
-    observed = sum(OBSERVED in g for g in groups)
-    if not observed:
-        return [1.0] * len(groups)
-    heavy = max(1.0, (len(groups) - observed) / observed)
-    return [heavy if OBSERVED in g else 1.0 for g in groups]
-
-
-def _scale_softplus(raw: torch.Tensor, factor: float, floor: float) -> None:
-    """Rewrite ``raw`` (in place, a parameter or a view of one) so that ``softplus(raw)``
-    is ``factor`` times what it was, at least ``floor``."""
-    with torch.no_grad():
-        value = (torch.nn.functional.softplus(raw) * float(factor)).clamp(min=floor)
-        raw.copy_(value + torch.log(-torch.expm1(-value)))
-
-
-def scale_comm(net: CostNet, factor: float) -> CostNet:
-    """``net`` with its all-to-all head's prediction scaled by ``factor`` (in place)."""
-    _scale_softplus(net.comm_raw, factor, 1e-6)
-    return net
-
-
-def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
-    """``net`` with its all-to-all head set to the machine's fitted all-to-all ``model``
-    (:class:`~torchrec_dreamshard.cost.comm_model.CommModel`, what the local backend charges) at
-    ``batch_size``: a forward and a backward all-to-all of
-    ``latency + per_peer (D - 1) + ms_per_mb * MB``, where a device of pooled width ``w``
-    among D devices of total width W moves ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)``.
-    That is the head's own form with ``p = 2 per_peer``, ``r = 2 latency`` and
-    ``q = 2 ms_per_mb elem_bytes B / 1000``. The head has no batch input, so the prior
-    predicts one all-to-all for every batch size; this fits the task's."""
-    p = 2.0 * model.per_peer_ms
-    q = 2.0 * model.ms_per_mb * elem_bytes * batch_size / 1000.0
-    r = 2.0 * model.latency_ms
-    target = torch.tensor([p, q, r], dtype=torch.float64).clamp(min=1e-6)
-    raw = target + torch.log(-torch.expm1(-target))  # softplus^-1, stable for small and large
-    with torch.no_grad():
-        net.comm_raw.copy_(raw.to(net.comm_raw.dtype))
-    return net
-
-
-def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
-    """MAPE (%) of the predicted fwd + bwd of the kernels and the members' mean spread."""
-    if not samples:
-        return {}
-    with torch.no_grad(), single_thread():
-        _, step, spread = predict_samples(net, samples)
-    true = np.array([s.step_ms for s in samples])
-    mape = float(np.mean(np.abs(step - true) / np.maximum(true, EPS_MS)) * 100)
-    return {"cost/mape": mape, "cost/log_std": float(np.mean(spread))}
-
-
 def _all_to_all_model(config: MeasureConfig) -> Any:
     """The machine's all-to-all model for the comm head: ``config``'s file, else the one
     measured on the job's group (while rank 0 drives it), else this machine's cached fit
@@ -280,16 +124,6 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
         if skip_measuring(default_collectives_path("gloo"), keep):
             return None
     return load_all_to_all_model(path)
-
-
-def scale_compute(net: CostNet, factors: Sequence[float]) -> CostNet:
-    """``net`` with its forward and backward predictions scaled by ``factors`` (in place):
-    the device heads' terms are each a softplus of a parameter, summed, so scaling every
-    term of an output scales the output."""
-    for raw in (net.c_raw, net.W_raw, net.V_raw):
-        for out, factor in enumerate(factors):
-            _scale_softplus(raw[..., out], factor, 1e-9)
-    return net
 
 
 def stored_observations(config: CalibrationConfig, task: Task) -> int:
@@ -328,15 +162,51 @@ def calibrate(
             measured (``None``: the agent's own); the calibrated agent keeps the agent's.
 
     Returns:
-        The calibrated agent and what was measured, reused and skipped.
+        The calibrated agent and what was measured, reused and skipped. A measurement that
+        fails on this machine (:func:`~torchrec_dreamshard.measure.guard.is_measuring_failure`)
+        raises nothing: its kernel is skipped, the cause is in ``failures`` and one warning
+        names it; where nothing could be fitted, or the calibration failed as a whole,
+        the agent is ``agent`` itself.
 
     Raises:
         ValueError: the store cannot be opened, or another process collects into it.
     """
-    from torchrec_dreamshard.measure.store import CostStore
-    from torchrec_dreamshard.policy import DreamShard
-
     config = config or CalibrationConfig()
+    start = time.perf_counter()
+    failures: list[MeasureFailure] = []
+    result = guarded(
+        "calibration",
+        lambda: _calibrate(agent, task, config, sources, failures),
+        device=config.measure.device,
+        warn=False,
+    )
+    if isinstance(result, MeasureFailure):
+        failures.append(result)
+        warn_failures(failures, "the checkpoint is used as it is")
+        seconds = time.perf_counter() - start
+        return CalibrationResult.failed(agent, failures, str(config.store_path()), seconds)
+    warn_failures(result.failures, _going_on(result))
+    return result
+
+
+def _going_on(result: CalibrationResult) -> str:
+    """What calibration did without the measurements that failed, for the warning."""
+    if not result.samples:
+        return "the checkpoint is used as it is"
+    return f"calibrated on the {result.samples} kernels measured or stored without them"
+
+
+def _calibrate(
+    agent: DreamShard,
+    task: Task,
+    config: CalibrationConfig,
+    sources: Sequence[CandidateSource] | None,
+    failures: list[MeasureFailure],
+) -> CalibrationResult:
+    """:func:`calibrate`'s work; each measurement that fails on this machine is appended
+    to ``failures`` and calibration goes on without it."""
+    from torchrec_dreamshard.measure.store import CostStore
+
     start = time.perf_counter()
     deadline = start + config.budget_s - FIT_RESERVE_S
     path = config.store_path()
@@ -355,36 +225,101 @@ def calibrate(
         todo = [(j, t) for j, t in kernels.items() if j not in done]
         todo = todo if config.measure_missing else []
         check = bool(todo) and math.isfinite(config.drift_limit)
-        before = reference_ms(mcfg) if check else None
-        measured, measure_s = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
-        drift = lasting_drift(before, mcfg, config.drift_limit) if check else None
+        before = _reference_or_none(mcfg, failures, "before") if check else None
+        run = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
+        failures += run.failures
+        drift = _drift_or_none(before, mcfg, config.drift_limit, failures)
         discarded = 0
-        if drift is not None and abs(drift) > config.drift_limit and measured:
+        if drift is not None and abs(drift) > config.drift_limit and run.jobs:
             # measured while the machine changed speed: not this machine's kernels
-            discarded = store.forget_jobs([j for j, _ in todo[:measured]])  # not loaded below
+            discarded = store.forget_jobs(run.jobs)  # not loaded below
         observed = observed_jobs(store, prefix, task.tables, mcfg, B)
         samples = load_kernel_samples(store, set(kernels) | observed, mcfg, B)
+    fitted = _fitted_agent(agent, task, config, samples, failures)
+    return CalibrationResult(
+        agent=fitted,
+        measured=len(run.jobs) - discarded,
+        reused=len(kernels) - len(todo) + len(observed),
+        skipped=len(todo) - len(run.jobs),
+        seconds=time.perf_counter() - start,
+        measure_s=run.seconds,
+        samples=len(samples),
+        before=kernel_accuracy(agent.cost_net, samples),
+        after=kernel_accuracy(fitted.cost_net, samples),
+        store=str(path),
+        drift=drift,
+        discarded=discarded,
+        failures=failures,
+    )
+
+
+def _fitted_agent(
+    agent: DreamShard,
+    task: Task,
+    config: CalibrationConfig,
+    samples: Sequence[CostSample],
+    failures: list[MeasureFailure],
+) -> DreamShard:
+    """``agent`` with its cost network fine-tuned on ``samples`` and its all-to-all head
+    set to the machine's model; the prior ``agent`` itself where measuring failed and
+    nothing could be fitted."""
+    from torchrec_dreamshard.policy import DreamShard
+
+    if failures and not samples:
+        return agent
     weights = observation_weights([s.group for s in samples])
     net = fine_tune(
         agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed, weights
     )
-    comm = _all_to_all_model(mcfg) if task.num_devices > 1 else None
+    comm = None
+    if task.num_devices > 1:
+        comm = guarded(
+            "calibration: the all-to-all model",
+            lambda: _all_to_all_model(config.measure),
+            device=config.measure.device,
+            warn=False,
+        )
+        if isinstance(comm, MeasureFailure):
+            failures.append(comm)  # the checkpoint's all-to-all head is kept
+            comm = None
     if comm is not None:
-        net = with_comm_model(net, comm, B)
+        net = with_comm_model(net, comm, task.batch_size)
     meta = dict(agent.meta)
     meta["calibrated"] = {"kernels": len(samples), "budget_s": float(config.budget_s)}
-    tuned = DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)
-    return CalibrationResult(
-        agent=tuned,
-        measured=measured - discarded,
-        reused=len(kernels) - len(todo) + len(observed),
-        skipped=len(todo) - measured,
-        seconds=time.perf_counter() - start,
-        measure_s=measure_s,
-        samples=len(samples),
-        before=kernel_accuracy(agent.cost_net, samples),
-        after=kernel_accuracy(net, samples),
-        store=str(path),
-        drift=drift,
-        discarded=discarded,
+    return DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)
+
+
+def _reference_or_none(
+    config: MeasureConfig, failures: list[MeasureFailure], when: str
+) -> float | None:
+    """The reference kernel's fwd + bwd now, or ``None`` where timing it failed (the
+    failure appended to ``failures``: the drift check is then off)."""
+    ms = guarded(
+        f"calibration: the reference kernel ({when})",
+        lambda: reference_ms(config),
+        device=config.device,
+        warn=False,
     )
+    if isinstance(ms, MeasureFailure):
+        failures.append(ms)
+        return None
+    return ms
+
+
+def _drift_or_none(
+    before: float | None, config: MeasureConfig, limit: float, failures: list[MeasureFailure]
+) -> float | None:
+    """:func:`~.noise.lasting_drift` since ``before`` (``None``: not timed before, or
+    timing it after failed, the failure appended to ``failures``)."""
+    if before is None:
+        return None
+    drift = guarded(
+        "calibration: the reference kernel (after)",
+        lambda: lasting_drift(before, config, limit),
+        device=config.device,
+        warn=False,
+    )
+    if isinstance(drift, MeasureFailure):
+        failures.append(drift)
+        return None
+    return drift

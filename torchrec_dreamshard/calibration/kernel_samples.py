@@ -2,7 +2,8 @@
 
 Which fused groups are worth measuring (:func:`informative_groups`), timing kernels in
 interleaved batches with the reference kernel until the deadline (:func:`measure_kernels`,
-one store row per kernel) and reading the stored kernels as cost samples
+one store row per kernel; a kernel that cannot be measured here is skipped, its cause
+recorded) and reading the stored kernels as cost samples
 (:func:`load_kernel_samples`).
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,6 +27,7 @@ from torchrec_dreamshard.measure.distributed_job_group import (
     group_task,
     run_on_group,
 )
+from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 from torchrec_dreamshard.measure.progress import progress_bar
 from torchrec_dreamshard.threads import single_thread
 
@@ -131,6 +134,25 @@ def store_kernel(store, tables, batch_size, fb, reference_ms, spread, config, jo
     store.append(one, [0] * len(tables), m, config, job=job)
 
 
+@dataclass
+class KernelsMeasured:
+    """What :func:`measure_kernels` did.
+
+    Attributes:
+        jobs: the job keys of the kernels measured and stored, in order.
+        seconds: wall time.
+        failures: the measurements that failed (a batch of kernels, a kernel timed alone
+            after its batch failed): their kernels were skipped.
+        attempted: kernels tried (measured, failed or not), the rest left for lack of
+            budget or after a batch whose every kernel failed.
+    """
+
+    jobs: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    failures: list[MeasureFailure] = field(default_factory=list)
+    attempted: int = 0
+
+
 def measure_kernels(
     store: Any,
     kernels: Sequence[tuple[str, list[TableSpec]]],
@@ -138,41 +160,90 @@ def measure_kernels(
     config: MeasureConfig,
     deadline: float,
     progress: bool = False,
-) -> tuple[int, float]:
+) -> KernelsMeasured:
     """Time ``kernels`` (job key, tables) in batches of :data:`KERNELS_PER_CALL`, each
     batch in interleaved rounds with the reference kernel, appending one store row per
     kernel, until the ``deadline`` (``time.perf_counter()``) would be passed (the first
     batch always runs). While rank 0 of a job drives measurements on its group, each rank
     times one batch of a wave on its own device, and rank 0 stores the wave's rows before
-    the next. Returns the kernels measured and the seconds it took."""
+    the next.
+
+    Measuring never raises out of here where it fails on this machine
+    (:func:`~torchrec_dreamshard.measure.guard.guarded`): a wave that fails is timed again
+    one kernel at a time, a kernel that fails alone is skipped and its cause recorded,
+    and where every kernel of a wave failed (the cause is not one kernel: an operator
+    missing from the build, a broken device) measuring stops."""
     group = active_group()
     wave = KERNELS_PER_CALL * (group.world if group is not None else 1)
     start = time.perf_counter()
-    done = 0
+    out = KernelsMeasured()
     bar = progress_bar(len(kernels), "calibrate: measuring kernels", progress and bool(kernels))
     try:
         for lo in range(0, len(kernels), wave):
             chunk = kernels[lo : lo + wave]
-            if done and time.perf_counter() + _chunk_estimate(start, done, chunk) > deadline:
+            if lo and time.perf_counter() + _chunk_estimate(start, lo, chunk) > deadline:
                 break
-            tables = [t for _, t in chunk]
-            if group is not None:
-                timed = [
-                    k
-                    for share in run_on_group(_group_kernel_times, tables, batch_size, config)
-                    for k in share
-                ]
-            else:
-                timed = _time_kernels(tables, batch_size, config)
-            for (job, tables), (fb, spread, ref) in zip(chunk, timed, strict=True):
+            timed = _timed_wave(chunk, batch_size, config, group, out.failures)
+            for job, tables, (fb, spread, ref) in timed:
                 store_kernel(store, tables, batch_size, fb, ref, spread, config, job)
-            done += len(chunk)
+                out.jobs.append(job)
+            out.attempted += len(chunk)
             if bar is not None:
                 bar.update(len(chunk))
+            if not timed:
+                break
     finally:
         if bar is not None:
             bar.close()
-    return done, time.perf_counter() - start
+    out.seconds = time.perf_counter() - start
+    return out
+
+
+def kernel_words(tables: Sequence[TableSpec]) -> str:
+    """``"the kernel of t0+t3"`` (the first three names, then how many more)."""
+    names = [t.name for t in tables]
+    more = f"+{len(names) - 3} more" if len(names) > 3 else ""
+    return "the kernel of " + "+".join(names[:3]) + more
+
+
+def _timed_wave(
+    chunk: Sequence[tuple[str, list[TableSpec]]],
+    batch_size: int,
+    config: MeasureConfig,
+    group: JobGroup | None,
+    failures: list[MeasureFailure],
+) -> list[tuple[str, list[TableSpec], tuple[Any, float, float]]]:
+    """``(job, tables, timing)`` of each kernel of ``chunk`` that could be timed: the
+    whole wave at once, else (where it failed) each kernel alone on this rank's device;
+    every failure is appended to ``failures``."""
+    tables = [t for _, t in chunk]
+
+    def wave() -> list[tuple[Any, float, float]]:
+        if group is None:
+            return _time_kernels(tables, batch_size, config)
+        shares = run_on_group(_group_kernel_times, tables, batch_size, config)
+        return [k for share in shares for k in share]
+
+    what = f"calibration: {len(chunk)} kernels"
+    whole = guarded(what, wave, device=config.device, warn=False)
+    if not isinstance(whole, MeasureFailure):
+        return [(j, t, r) for (j, t), r in zip(chunk, whole, strict=True)]
+    failures.append(whole)
+    if len(chunk) == 1:
+        return []
+    out = []
+    for job, t in chunk:
+        one = guarded(
+            f"calibration: {kernel_words(t)}",
+            lambda t=t: _time_kernels([t], batch_size, config),
+            device=config.device,
+            warn=False,
+        )
+        if isinstance(one, MeasureFailure):
+            failures.append(one)
+        else:
+            out.append((job, t, one[0]))
+    return out
 
 
 def _time_kernels(

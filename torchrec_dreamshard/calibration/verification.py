@@ -11,6 +11,12 @@ If they are noisy too, both passes' rounds decide together, and the safer plan
 (TorchRec's, else the fastest heuristic's) is kept unless a plan beat it beyond the noise
 over all of them (:func:`~.plan_ranking.keep`); the result says so.
 
+A measurement that fails on this machine (a CUDA error, an out-of-memory, an FBGEMM
+operator missing from the build, a collective's failure:
+:mod:`torchrec_dreamshard.measure.guard`) ends the verification: nothing it measured is
+compared, the planner's chosen plan (the first ``extra`` plan, else the best-rated) is
+kept, one warning names the cause and the result records it (``VerifyResult.failure``).
+
 What was measured and its words: :mod:`.verify_result`; this machine's cache of the
 rounds: :mod:`.verify_cache`.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +39,16 @@ from torchrec_dreamshard.calibration.verify_cache import (
     write_rounds,
 )
 from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
-from torchrec_dreamshard.cost.collective_models import local_all_to_all
+from torchrec_dreamshard.calibration.verify_timing import (
+    MeasuringFailed,
+    Timing,
+    guarded_reference,
+    guarded_step,
+    kernel_timing,
+)
 from torchrec_dreamshard.data.tasks import NoPlanError, Task
-from torchrec_dreamshard.measure import placement_timing, reference_speed
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.guard import warn_failures
 from torchrec_dreamshard.measure.progress import progress_bar
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
@@ -134,36 +146,6 @@ class VerifyOptions:
     deadline_s: float | None = None
 
 
-@dataclass(frozen=True)
-class Timing:
-    """What :func:`verify` measures with: ``step_ms(task, placement)``, one measured step
-    of a plan, and ``reference_ms()``, the reference kernel now (``None``: not timed).
-    :func:`kernel_timing` gives the real kernels'; tests pass others."""
-
-    step_ms: Callable[[Task, list[int]], float]
-    reference_ms: Callable[[], float] | None = None
-
-
-def kernel_timing(config: MeasureConfig) -> Timing:
-    """Real FBGEMM kernels:
-    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``
-    and the machine's all-to-all model,
-    and the reference kernel's fwd + bwd
-    (:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`)."""
-
-    def step_ms(task: Task, placement: list[int]) -> float:
-        comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
-        m = placement_timing.measure_placement(task, placement, config, comm=comm)
-        if not m.ok:
-            raise RuntimeError(str(m.error))
-        return float(m.step_ms)
-
-    def reference_ms() -> float:
-        return float(sum(reference_speed.measure_reference_ms(config.device)))
-
-    return Timing(step_ms, reference_ms)
-
-
 def verify(
     agent: PlacementAgent,
     task: Task,
@@ -188,8 +170,12 @@ def verify(
         options: rounds, budget, cache, incumbent, progress and noise limits.
         timing: what measures (default :func:`kernel_timing`).
 
+    A measurement that fails on this machine raises nothing: the result keeps the plans
+    in the order proposed (the ``extra`` plans first), measured in no round, with the
+    ``failure`` (see the module docstring).
+
     Raises:
-        RuntimeError: a measurement failed (the plan and its error are named).
+        ValueError: ``k`` or ``options.rounds`` below 1.
     """
     options = options or VerifyOptions()
     if k < 1 or options.rounds < 1:
@@ -202,9 +188,14 @@ def verify(
         passes = read_rounds(path, plans)
         if passes is not None:
             return _result(plans, options, passes, time.perf_counter() - start, cached=True)
-    measured, rounds, passes = _measure_passes(
-        task, plans, options, timing or kernel_timing(config)
-    )
+    try:
+        measured, rounds, passes = _measure_passes(
+            task, plans, options, timing or kernel_timing(config), config.device
+        )
+    except MeasuringFailed as failed:
+        warn_failures([failed.failure], "the planner's chosen plan is kept, not measured")
+        seconds = time.perf_counter() - start
+        return VerifyResult(list(plans), seconds, failure=failed.failure)
     for i, p in enumerate(measured):  # the last pass decides; a noisy first is kept apart
         p.rounds_ms = [r[i] for r in rounds[-1]]
         p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
@@ -231,15 +222,23 @@ def _result(
 
 
 def _measure_passes(
-    task: Task, plans: Sequence[VerifiedPlan], options: VerifyOptions, timing: Timing
+    task: Task,
+    plans: Sequence[VerifiedPlan],
+    options: VerifyOptions,
+    timing: Timing,
+    device: str = "cpu",
 ) -> tuple[list[VerifiedPlan], list[list[dict[int, float]]], list[Noise]]:
     """The plans measured (all, unless the task is too slow for all of them: see
     :func:`_too_slow_for_all`), every pass's rounds (``{index among them: ms}`` each) and
     noise: the first pass, and where it was noisy a second (when it measured a whole
-    round), which decides."""
+    round), which decides. Every measurement is :func:`~torchrec_dreamshard.measure.guard.guarded`
+    (on ``device``); the first that fails raises :class:`MeasuringFailed`."""
     limits = options.noise
     end = None if options.deadline_s is None else time.perf_counter() + options.deadline_s
-    reference = timing.reference_ms if math.isfinite(limits.drift) else None
+    reference = None
+    if timing.reference_ms is not None and math.isfinite(limits.drift):
+        reference = guarded_reference(timing.reference_ms, device)
+    timing = Timing(guarded_step(timing.step_ms, plans, device), timing.reference_ms)
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
     try:
@@ -320,10 +319,7 @@ def _one_pass(
         expected = now + float(np.mean(took or [0.0]))
         if (limit is not None and expected > limit) or (end is not None and expected > end):
             raise _OutOfTime
-        try:
-            ms = timing.step_ms(task, plans[i].placement)
-        except RuntimeError as exc:
-            raise RuntimeError(f"verification of plan {plans[i].name} failed: {exc}") from exc
+        ms = timing.step_ms(task, plans[i].placement)
         took.append(time.perf_counter() - now)
         if bar is not None:
             bar.update(1)

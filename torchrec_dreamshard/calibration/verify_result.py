@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchrec_dreamshard.calibration.noise import Noise
+from torchrec_dreamshard.measure.guard import MeasureFailure
 
 
 @dataclass
@@ -41,6 +42,9 @@ class VerifyResult:
         fallback: why the safer plan was kept regardless of the ranking (``None``: not).
         left_out: plans not measured because the task was too slow to measure all of
             them in the budget (the last of ``plans``, with no rounds).
+        failure: a measurement that failed on this machine and ended the verification
+            (``None``: none failed); the plans are then in the order proposed, the
+            planner's choice first, none measured.
     """
 
     plans: list[VerifiedPlan]
@@ -49,6 +53,7 @@ class VerifyResult:
     passes: list[Noise] = field(default_factory=list)
     fallback: str | None = None
     left_out: int = 0
+    failure: MeasureFailure | None = None
 
     @property
     def winner(self) -> VerifiedPlan:
@@ -87,6 +92,11 @@ class VerifyResult:
         and 2.3% faster than the best heuristic's, measured``. ``describe`` names a plan
         for people (default :func:`plan_words`)."""
         describe = describe or plan_words
+        if self.failure is not None:
+            return (
+                f"verification failed ({self.failure.describe()}): kept "
+                f"{describe(self.winner.name)}, not measured"
+            )
         how = "read from this machine's cache" if self.cached else f"in {self.seconds:.1f} s"
         rounds = len(self.winner.rounds_ms)
         count = (
@@ -122,6 +132,7 @@ class VerifyResult:
             "passes": [n.to_dict() for n in self.passes],
             "fallback": self.fallback,
             "left_out": self.left_out,
+            "failure": None if self.failure is None else self.failure.to_dict(),
             "margins": self.margins(),
             "plans": [
                 {
@@ -138,6 +149,8 @@ class VerifyResult:
         }
 
     def lines(self) -> list[str]:
+        if self.failure is not None:
+            return [f"verification: {self.summary()}"]
         rounds = len(self.winner.rounds_ms)
         how = "read from this machine's cache" if self.cached else f"({self.seconds:.1f}s)"
         out = [

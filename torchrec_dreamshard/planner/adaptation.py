@@ -73,7 +73,8 @@ def plan_adaptation(
     if profile is not None:
         out["profile"] = profile.summary()
         out["measuring_notes"] = [*profile.notes, *notes]
-        out["measure_failures"] = list(profile.failures)
+        failed = [dict(f) for f in profile.failures]
+        out["measure_failures"] = [*failed, *out.get("measure_failures", [])]
     return out
 
 

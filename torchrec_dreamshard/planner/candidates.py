@@ -84,7 +84,9 @@ def default_sources(reserved: bool = False) -> tuple[CandidateSource, ...]:
     return (TorchRecCandidate(reserved=reserved),)
 
 
-def torchrec_placement(task: Task, seed: int = 0, accounting: Accounting = "torchrec") -> list[int]:
+def torchrec_placement(
+    task: Task, seed: int = 0, accounting: Accounting = "torchrec", compute_device: str = "cpu"
+) -> list[int]:
     """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
     :func:`torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`).
 
@@ -94,6 +96,8 @@ def torchrec_placement(task: Task, seed: int = 0, accounting: Accounting = "torc
         accounting: how TorchRec's planner counts memory (see
             :func:`~torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`):
             TorchRec's defaults, its estimate with nothing reserved, or weights' bytes only.
+        compute_device: the topology TorchRec plans on, ``"cpu"`` or ``"cuda"`` (the
+            task's memory as each GPU's HBM; no GPU is needed to plan for one).
 
     Raises:
         NoPlanError: TorchRec's planner found no plan (its message is kept).
@@ -107,7 +111,7 @@ def torchrec_placement(task: Task, seed: int = 0, accounting: Accounting = "torc
         batch_size=task.batch_size,
     )
     try:
-        ranks = plan_with_torchrec(renamed, accounting)
+        ranks = plan_with_torchrec(renamed, accounting, compute_device)
     except PlannerError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NoPlanError(f"TorchRec's planner found no plan: {first}") from None

@@ -167,7 +167,9 @@ class WeightsOnlyEnumerator(EmbeddingEnumerator):
         return options
 
 
-def plan_with_torchrec(task: Task, accounting: Accounting = "torchrec") -> dict[str, int]:
+def plan_with_torchrec(
+    task: Task, accounting: Accounting = "torchrec", compute_device: str = "cpu"
+) -> dict[str, int]:
     """TorchRec's ``EmbeddingShardingPlanner`` on ``task``, table-wise fused only; the rank
     of every table it placed.
 
@@ -180,6 +182,9 @@ def plan_with_torchrec(task: Task, accounting: Accounting = "torchrec") -> dict[
             nothing reserved (the task's memory is what a storage reservation left);
             ``"weights"``, a table costs its weights' bytes and nothing is reserved (our
             accounting).
+        compute_device: the topology's device, ``"cpu"`` (the task's memory is each
+            device's DDR) or ``"cuda"`` (its HBM; TorchRec prices CUDA kernels and links,
+            and needs no GPU to plan for them).
 
     Raises:
         PlannerError: TorchRec's planner found no plan.
@@ -191,9 +196,18 @@ def plan_with_torchrec(task: Task, accounting: Accounting = "torchrec") -> dict[
         tables=embedding_bag_configs(task.tables), device=torch.device("meta")
     )
     constraints = table_wise_constraints(task.tables)
-    topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=max(task.memory))
+    if compute_device not in ("cpu", "cuda"):
+        raise ValueError(f"compute_device must be 'cpu' or 'cuda', got {compute_device!r}")
+    on_cuda = compute_device == "cuda"
+    cap = max(task.memory)
+    topology = torchrec_topology(
+        task.num_devices, compute_device, hbm_cap=cap if on_cuda else None, ddr_cap=cap
+    )
     for dev, cap in zip(topology.devices, task.memory, strict=True):
-        dev.storage.ddr = int(cap)
+        if on_cuda:
+            dev.storage.hbm = int(cap)
+        else:
+            dev.storage.ddr = int(cap)
     kwargs = {}
     if accounting == "weights":
         kwargs["enumerator"] = WeightsOnlyEnumerator(

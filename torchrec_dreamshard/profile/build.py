@@ -9,8 +9,9 @@ The parts, in order, each taken only when asked for and while the budget lasts:
    the checkpoint misprices this machine (every kernel kept in the calibration store).
 
 A part that fails (a kernel error, an out-of-memory, a collective that times out, an op
-missing from this FBGEMM build) is left out: the planner goes on with the checkpoint as it
-is, one warning names the cause, and the profile's ``failures`` keeps it. A CUDA topology
+missing from this FBGEMM build: :func:`~torchrec_dreamshard.measure.guard.guarded`) is
+left out: the planner goes on with the checkpoint as it is, one warning names the cause,
+and the profile's ``failures`` keeps it. A CUDA topology
 on a machine without CUDA is never timed on the CPU as a stand-in: nothing is measured.
 """
 
@@ -22,8 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-
 from torchrec_dreamshard.calibration.auto import check_machine
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
@@ -34,7 +33,7 @@ from torchrec_dreamshard.calibration.fine_tuning import (
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.gate import MeasuringForbidden
+from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile, ProfileCalibration
 from torchrec_dreamshard.profile.stamp import MachineStamp
@@ -83,28 +82,26 @@ class ProfileRequest:
 class _Log:
     """What a profile's measuring noted, failed and spent."""
 
-    def __init__(self, budget: Budget) -> None:
+    def __init__(self, budget: Budget, device: str) -> None:
         self.budget = budget
+        self.device = device
         self.notes: list[str] = []
-        self.failures: list[str] = []
+        self.failures: list[MeasureFailure] = []
         self.spent: dict[str, float] = {}
 
     def attempt(self, what: str, fn: Callable[[], T]) -> T | None:
-        """``fn()``, or ``None`` where it failed (the cause noted and warned once)."""
+        """``fn()``, or ``None`` where measuring failed
+        (:func:`~torchrec_dreamshard.measure.guard.guarded`: the cause warned once and
+        kept)."""
         start = self.budget.elapsed()
         try:
-            return fn()
-        except (MeasuringForbidden, KeyboardInterrupt):
-            raise
-        except Exception as exc:  # measuring must never fail the plan
-            cause = f"{what}: {type(exc).__name__}: {exc}"
-            if isinstance(exc, torch.OutOfMemoryError) and torch.cuda.is_available():
-                torch.cuda.empty_cache()  # what the timing allocated; the job's is untouched
-            self.failures.append(cause)
-            logger.warning("measuring failed, planning without it: %s", cause)
-            return None
+            out = guarded(f"profile: {what}", fn, device=self.device)
         finally:
             self.spent[what] = self.spent.get(what, 0.0) + self.budget.elapsed() - start
+        if isinstance(out, MeasureFailure):
+            self.failures.append(out)
+            return None
+        return out
 
 
 def unmeasured_profile(
@@ -123,7 +120,7 @@ def unmeasured_profile(
 def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) -> MachineProfile:
     """Measure the profile ``request`` asks for, within ``budget``
     (see the module docstring). Never raises for a measurement that fails."""
-    log = _Log(budget)
+    log = _Log(budget, request.stamp.device)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
     collectives = None
@@ -142,7 +139,7 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
         dense_kernel=dense,
         calibration=cal,
         notes=tuple(log.notes),
-        failures=tuple(log.failures),
+        failures=tuple(f.to_dict() for f in log.failures),
         spent_s=dict(log.spent),
     )
 
@@ -182,6 +179,7 @@ def _calibration(
     result = log.attempt("calibration", lambda: calibrate(prior, task, config, request.sources))
     if result is None:
         return None
+    log.failures.extend(result.failures)  # kernels that failed alone, left out
     if not result.samples:
         log.notes.append(
             "calibration kept no kernel (" + (result.note or "none measured") + "): "

@@ -72,7 +72,8 @@ class MachineProfile:
         dense_kernel: the dense kernel's model (``None``: analytic).
         calibration: the calibrated cost network (``None``: the checkpoint's as it is).
         notes: what was not measured, and why (budget, ``measure=False``, no CUDA, ...).
-        failures: measurements that failed, with their cause.
+        failures: measurements that failed, with their cause (each a
+            :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict).
         spent_s: seconds each part took to measure or load.
     """
 
@@ -84,7 +85,7 @@ class MachineProfile:
     dense_kernel: DenseKernelModel | None = None
     calibration: ProfileCalibration | None = None
     notes: tuple[str, ...] = ()
-    failures: tuple[str, ...] = ()
+    failures: tuple[dict[str, Any], ...] = ()
     spent_s: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -121,7 +122,7 @@ class MachineProfile:
             "calibrated": cal is not None,
             "calibration": dict(cal.summary) if cal is not None else None,
             "notes": list(self.notes),
-            "failures": list(self.failures),
+            "failures": [dict(f) for f in self.failures],
             "spent_s": dict(self.spent_s),
         }
 
@@ -147,7 +148,7 @@ class MachineProfile:
                     if cal is None
                     else {"prior": cal.prior, "meta": cal.meta, "summary": cal.summary},
                     "notes": list(self.notes),
-                    "failures": list(self.failures),
+                    "failures": [dict(f) for f in self.failures],
                     "spent_s": dict(self.spent_s),
                 }
             ),
@@ -211,7 +212,7 @@ class MachineProfile:
             dense_kernel=None if dense is None else DenseKernelModel.from_dict(dense),
             calibration=calibration,
             notes=tuple(str(n) for n in payload["notes"]),
-            failures=tuple(str(f) for f in payload["failures"]),
+            failures=tuple(dict(f) for f in payload["failures"]),
             spent_s={str(k): float(v) for k, v in payload["spent_s"].items()},
         )
 
