@@ -486,9 +486,8 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
             )
             report["plan"] = str(plan)
             report["placement"] = planner.last_placement
-            outcome = planner.agent.last_outcome  # a CalibratingAgent (calibrate=...)
-            report["calibrated"] = outcome is not None and outcome.calibration is not None
-            report["verified"] = outcome is not None and outcome.verification is not None
+            report["calibrated"] = planner.adaptation["calibrated"]
+            report["verified"] = planner.adaptation["verified"]
         except Exception as exc:
             report["error"] = f"{type(exc).__name__}: {exc}"
     report["seconds"] = time.monotonic() - start
@@ -599,15 +598,17 @@ def test_calibration_sets_the_all_to_all_to_the_machines_model_at_the_tasks_batc
 
 
 def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
-    """When the search space offers other sharding types, the planner calibrates before
-    the type choice, which then prices with the calibrated cost network, and placing the
-    table-wise tables reuses that calibration instead of measuring again."""
+    """When the search space offers other sharding types, the planner calibrates once, in
+    the profile step before TorchRec's loop; the type choice then prices with the
+    calibrated cost network, and placing the table-wise tables uses that calibration
+    instead of measuring again."""
     from test_planner_distributed import LOCAL_BATCH, build_model
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning, planning
     from torchrec_dreamshard.planner import DreamShardPlanner, proposers
+    from torchrec_dreamshard.profile import build
 
     runs = []
 
@@ -615,7 +616,8 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
         runs.append(args[1])
         return fine_tuning.calibrate(*args, **kwargs)
 
-    for module in (calibrating_agent, planning):  # prepare() and plan_task() calibrate
+    # the profile step calibrates; prepare() and plan_task() would, were it not frozen
+    for module in (calibrating_agent, planning, build):
         monkeypatch.setattr(module, "calibrate", counted)
     # three tables may only be table-wise, so the policy places them whatever this
     # machine's calibrated kernels make the type choice do with the other three
@@ -639,9 +641,9 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
         warnings.simplefilter("ignore")
         planner.plan(build_model(), [EmbeddingBagCollectionSharder()])
     assert len(runs) == 1, "calibrated more than once"
-    outcome = planner.agent.last_outcome
-    assert outcome is not None and outcome.calibration is not None
-    assert priced == [outcome.agent]  # the type choice priced with the calibrated agent
+    assert planner.adaptation["calibrated"]
+    # the type choice priced with the calibrated agent, which placed too
+    assert priced == [planner.agent.current]
     assert priced[0] is not planner.agent.prior
 
 

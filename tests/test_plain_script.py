@@ -113,5 +113,10 @@ def test_a_script_without_a_main_guard_plans_on_a_cold_cache_and_starts_no_proce
     names = {p.name for p in (cache / "torchrec_dreamshard").iterdir()}
     assert any(n.startswith("collectives_gloo") for n in names), names
     if calibrate == "true":  # the calibrating path, also without a process
-        assert adaptation["calibrated"], adaptation
-        assert adaptation["kernels_measured"] > 0 and spent["calibration"] > 0, adaptation
+        assert spent["calibration"] > 0, adaptation
+        notes = " ".join(adaptation["measuring_notes"])
+        # on a busy machine the drift check may discard every kernel it measured: then the
+        # plan is the checkpoint's, and the stats say why
+        assert adaptation["calibrated"] or "calibration kept no kernel" in notes, adaptation
+        if adaptation["calibrated"]:
+            assert adaptation["kernels_measured"] > 0, adaptation
