@@ -3,6 +3,7 @@ one short timing round)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -760,3 +761,24 @@ def test_the_planner_splits_a_table_bigger_than_every_rank_on_the_calibrating_pa
         for shard in option.shards:
             used[shard.rank] += shard.storage.ddr
     assert all(u <= c for u, c in zip(used, caps, strict=True)), (used, caps)
+
+
+def test_only_the_window_measured_while_the_machine_drifted_is_discarded(tmp_path, monkeypatch):
+    """The reference kernel is timed after each window of kernels: the first window (the
+    machine steady) is kept, the second (the reference 50% slower, for good) discarded."""
+    from torchrec_dreamshard.calibration import fine_tuning
+
+    drifts = iter([0.0, 0.5, 0.5, 0.5])
+    monkeypatch.setattr(fine_tuning, "reference_ms", lambda config: 1.0)
+    monkeypatch.setattr(fine_tuning, "lasting_drift", lambda before, config, limit: next(drifts))
+    n = fine_tuning.WINDOW_KERNELS + 8  # two windows of single-table kernels
+    tables = [TableSpec(name=f"w{i}", rows=64 + i, dim=4, pooling_factor=1.0) for i in range(n)]
+    task = Task(tables=tables, num_devices=1, memory_bytes=2**30, batch_size=16)
+    settings = dataclasses.replace(
+        config(store=str(tmp_path / "c.sqlite"), drift_limit=0.2), max_groups=0
+    )
+    result = fine_tuning.calibrate(DreamShard.untrained(seed=0), task, settings)
+    assert result.measured == fine_tuning.WINDOW_KERNELS  # the steady window, kept
+    assert result.discarded == 8  # the window that drifted
+    assert result.samples == fine_tuning.WINDOW_KERNELS and result.drift == 0.5
+    assert "measured while it was steady kept" in result.note

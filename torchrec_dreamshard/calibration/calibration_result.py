@@ -78,8 +78,9 @@ class CalibrationResult:
         if self.discarded:
             notes.append(
                 f"the reference kernel drifted {self.drift:+.0%} while calibrating: the "
-                f"machine was busy, so the {self.discarded} kernels measured were "
+                f"machine was busy, so the {self.discarded} kernels measured then were "
                 "discarded, not learned as this machine's speed"
+                + (f" ({self.measured} measured while it was steady kept)" if self.measured else "")
             )
         if self.failures:
             more = f" ({len(self.failures)} measurements failed)" if len(self.failures) > 1 else ""

@@ -26,6 +26,8 @@ from torchrec_dreamshard.calibration.head_fitting import (
     with_comm_model,
 )
 from torchrec_dreamshard.calibration.kernel_samples import (
+    KERNELS_PER_CALL,
+    KernelsMeasured,
     informative_groups,
     load_kernel_samples,
     measure_kernels,
@@ -49,6 +51,7 @@ from torchrec_dreamshard.measure.spent import spent_on
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import CandidateSource, DreamShard
 
+WINDOW_KERNELS = 4 * KERNELS_PER_CALL  # kernels measured between two reference timings
 FIT_RESERVE_S = 3.0  # seconds of the budget kept for fine-tuning
 
 
@@ -224,23 +227,15 @@ def _calibrate(
         done = store.done_jobs(prefix)
         todo = [(j, t) for j, t in kernels.items() if j not in done]
         todo = todo if config.measure_missing else []
-        check = bool(todo) and math.isfinite(config.drift_limit)
-        before = _reference_or_none(mcfg, failures, "before") if check else None
-        run = measure_kernels(store, todo, B, mcfg, deadline, config.progress)
-        failures += run.failures
-        drift = _drift_or_none(before, mcfg, config.drift_limit, failures)
-        discarded = 0
-        if drift is not None and abs(drift) > config.drift_limit and run.jobs:
-            # measured while the machine changed speed: not this machine's kernels
-            discarded = store.forget_jobs(run.jobs)  # not loaded below
+        run, drift, discarded = _measure_in_windows(store, todo, B, config, deadline, failures)
         observed = observed_jobs(store, prefix, task.tables, mcfg, B)
         samples = load_kernel_samples(store, set(kernels) | observed, mcfg, B)
     fitted = _fitted_agent(agent, task, config, samples, failures)
     return CalibrationResult(
         agent=fitted,
-        measured=len(run.jobs) - discarded,
+        measured=len(run.jobs),
         reused=len(kernels) - len(todo) + len(observed),
-        skipped=len(todo) - len(run.jobs),
+        skipped=len(todo) - len(run.jobs) - discarded,
         seconds=time.perf_counter() - start,
         measure_s=run.seconds,
         samples=len(samples),
@@ -251,6 +246,45 @@ def _calibrate(
         discarded=discarded,
         failures=failures,
     )
+
+
+def _measure_in_windows(
+    store: Any,
+    todo: Sequence[tuple[str, list[TableSpec]]],
+    batch_size: int,
+    config: CalibrationConfig,
+    deadline: float,
+    failures: list[MeasureFailure],
+) -> tuple[KernelsMeasured, float | None, int]:
+    """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, the reference kernel timed
+    before the first and after each: a window across which it moved beyond
+    ``config.drift_limit`` for good (:func:`~.noise.lasting_drift`: the machine was busy
+    then) is discarded from the store, and the windows measured while the machine was
+    steady are kept. Returns what was kept, the largest drift seen (``None``: not timed)
+    and how many kernels were discarded; failures are appended to ``failures``."""
+    kept = KernelsMeasured()
+    mcfg, check = config.measure, bool(todo) and math.isfinite(config.drift_limit)
+    before = _reference_or_none(mcfg, failures, "before") if check else None
+    worst, discarded = None, 0
+    for lo in range(0, len(todo), WINDOW_KERNELS):
+        if lo and time.perf_counter() >= deadline:
+            break
+        window = todo[lo : lo + WINDOW_KERNELS]
+        run = measure_kernels(store, window, batch_size, mcfg, deadline, config.progress)
+        failures += run.failures
+        kept.seconds += run.seconds
+        kept.attempted += run.attempted
+        drift = _drift_or_none(before, mcfg, config.drift_limit, failures)
+        if drift is not None and (worst is None or abs(drift) > abs(worst)):
+            worst = drift
+        if drift is not None and abs(drift) > config.drift_limit:
+            # measured while the machine changed speed: not this machine's kernels
+            discarded += store.forget_jobs(run.jobs)  # not loaded below
+        else:
+            kept.jobs += run.jobs
+        if run.attempted < len(window):  # the budget, or a wave that failed whole
+            break
+    return kept, worst, discarded
 
 
 def _fitted_agent(
