@@ -25,7 +25,7 @@ DreamShard's message, naming the tables and what to change, as its last error.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +151,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
             :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
+        reuse_hists: each table's reuse histogram (17 fractions of its rows by access
+            count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
+            (``"module.path.table"``), where the sample batches do not measure it: what a
+            task file declares.
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -185,6 +189,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
+        reuse_hists: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
@@ -207,7 +212,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
                 None, [], heuristical_storage_reservation_percentage
             )
         reservation = storage_reservation or self._own_reservation
-        self.table_specs = OptionSpecs(sample_batches, topology.world_size)
+        self.table_specs = OptionSpecs(sample_batches, topology.world_size, reuse_hists)
         scope = PlanningScope(
             self.agent, topology, batch_size, reservation, constraints, self.table_specs
         )
