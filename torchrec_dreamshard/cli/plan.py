@@ -260,7 +260,9 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
         plan, planner.best_options, prediction, device_capacity(topology), memory_tier(topology)
     )
     report = planner.agent.last_report
-    if report is not None and report.candidates:
+    # the safety net's report describes a whole-table placement: where tables were split,
+    # the policy placed their shards again after it, so only unsplit plans carry it
+    if report is not None and report.candidates and not summary.get("shards"):
         summary["candidates"] = report.to_dict()
     summary["adaptation"] = planner.adaptation
     wrapper = calibrating(planner.agent)
