@@ -183,3 +183,14 @@ def test_a_dmp_job_on_two_gloo_ranks_trains_with_the_loaded_plan(planned):
         assert res["proposals"] == 0  # loaded on every rank, not planned
         assert torch.isfinite(torch.tensor(res["loss"]))
         assert res["changed"] > 0  # the step trained the embeddings
+
+
+def test_a_table_that_fits_no_device_whole_may_be_split_below_torchrecs_128_columns():
+    big = TableSpec(name="big", rows=20_000, dim=64, pooling_factor=4.0)
+    tables = [big, *make_task().tables[1:]]
+    memory = int(0.9 * big.size_bytes)  # fits no device: it is split, as a task file means
+    task = Task(tables=tables, num_devices=2, memory_bytes=memory, batch_size=64,
+                allow_oversized=True)  # fmt: skip
+    constraints = task_inputs(task).constraints
+    assert constraints["big"].min_partition == 4
+    assert all(constraints[f"t{i}"].min_partition is None for i in range(1, 6))

@@ -13,7 +13,13 @@ A task (:mod:`torchrec_dreamshard.data.tasks`) says what TorchRec says another w
 * ``batch_size``, the global batch, becomes TorchRec's per-rank batch
   ``batch_size // num_devices`` (it must divide evenly);
 * each table's ``pooling_factor`` a ``ParameterConstraints(pooling_factors=[...])``, and its
-  ``reuse_hist`` the planner's ``reuse_hists``.
+  ``reuse_hist`` the planner's ``reuse_hists``;
+* a table that fits no device whole (its weights over :data:`WHOLE_SHARE` of the largest
+  device's memory: TorchRec's default storage reservation keeps 15%) may be split into
+  column-wise shards down to :data:`~torchrec_dreamshard.data.splits.SHARD_COLUMN_MULTIPLE`
+  columns (``min_partition``), as a task file means: a table bigger than every device is
+  split. Every other table keeps TorchRec's narrowest column-wise shard (``MIN_CW_DIM``,
+  128 columns).
 
 A table's ``bag_length_cv`` has no TorchRec counterpart and is not planned from.
 """
@@ -29,11 +35,13 @@ from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.modules.embedding_configs import DataType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
+from torchrec_dreamshard.data.splits import SHARD_COLUMN_MULTIPLE
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.topology import torchrec_topology
 
 MODULE_PATH = ""  # the collection is the model itself
+WHOLE_SHARE = 0.85  # of a device's memory, what a table's weights may take and fit whole
 
 
 def table_fqn(name: str) -> str:
@@ -104,8 +112,13 @@ def task_inputs(task: Task, device: str | torch.device = "meta") -> TaskInputs:
     """
     batch = per_rank_batch(task)
     topology = torchrec_topology(task.num_devices, "cpu", ddr_caps=[int(m) for m in task.memory])
+    whole = WHOLE_SHARE * max(task.memory)
     constraints = {
-        t.name: ParameterConstraints(pooling_factors=[float(t.pooling_factor)]) for t in task.tables
+        t.name: ParameterConstraints(
+            pooling_factors=[float(t.pooling_factor)],
+            min_partition=SHARD_COLUMN_MULTIPLE if t.size_bytes > whole else None,
+        )
+        for t in task.tables
     }
     reuse = {table_fqn(t.name): tuple(t.reuse_hist) for t in task.tables if t.reuse_hist}
     return TaskInputs(task_model(task, device), topology, batch, constraints, reuse)
