@@ -70,6 +70,19 @@ def test_evaluate_names_a_broken_plan_file(files, capsys):
     assert "broken.json" in capsys.readouterr().err
 
 
+def test_evaluate_names_the_tables_of_other_sharding_types(files, capsys):
+    """A ``dreamshard plan`` summary whose tables are not all table-wise or column-wise on
+    the fused kernel (``"sharding"``) is refused, naming them and their types."""
+    plan = {
+        "placement": {f"t{i}": i % 2 for i in range(1, 6)},
+        "sharding": {"t0": {"sharding_type": "data_parallel", "ranks": [0, 1]}},
+    }
+    (files / "typed.json").write_text(json.dumps(plan))
+    assert main(["evaluate", str(files / "task.json"), str(files / "typed.json")]) == 2
+    err = capsys.readouterr().err
+    assert "'t0': 'data_parallel'" in err and "--no-splits" in err
+
+
 def test_collect_fills_the_count_and_a_rerun_skips_done_jobs(files, capsys):
     db = files / "c.sqlite"
     args = [

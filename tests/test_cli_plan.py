@@ -1,4 +1,6 @@
-"""``dreamshard plan`` through its entry point."""
+"""``dreamshard plan`` through its entry point: it plans with ``DreamShardPlanner`` and
+writes a summary and, beside it, the plan TorchRec's ``PlanLoader`` loads
+(tests/test_plan_files.py loads it into planners and a DMP job)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ def files(tmp_path):
         TableSpec(name=f"t{i}", rows=1000 * (i + 1), dim=16, pooling_factor=2.0 + i)
         for i in range(6)
     ]
-    task = Task(tables=tables, num_devices=3, memory_bytes=2_000_000, batch_size=256)
+    # the global batch divides among the devices (TorchRec plans a per-rank batch)
+    task = Task(tables=tables, num_devices=3, memory_bytes=2_000_000, batch_size=255)
     task.save(tmp_path / "task.json")
     save_checkpoint(DreamShard.untrained(seed=0), tmp_path / "agent.pt")
     return tmp_path
@@ -38,7 +41,10 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
         "per_device",
         "candidates",
         "adaptation",
+        "torchrec_plan",
     }
+    assert plan["torchrec_plan"] == "plan.torchrec.json"
+    assert json.loads((files / "plan.torchrec.json").read_text())["options"]
     assert plan["adaptation"]["mode"] == "auto" and not plan["adaptation"]["calibrated"]
     names = [c["name"] for c in plan["candidates"]["candidates"]]
     assert plan["candidates"]["winner"] == names[0]  # the winner is listed first
@@ -47,35 +53,60 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
     assert all(0 <= d < 3 for d in plan["placement"].values())
     assert plan["predicted_cost_ms"] > 0
     assert len(plan["per_device"]) == 3
-    for dev in plan["per_device"]:
-        assert dev["bytes"] <= dev["memory_bytes"]
-        assert {"fwd_ms", "bwd_ms", "comm_ms", "total_ms", "tables"} <= set(dev)
+    for dev in plan["per_device"]:  # bytes: TorchRec's storage estimate of its shards
+        assert 0 < dev["bytes"] <= dev["memory_bytes"]
+        assert {"fwd_ms", "bwd_ms", "comm_ms", "other_ms", "total_ms", "tables"} <= set(dev)
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
 @pytest.mark.parametrize(
-    "flags, splits, verify_k",
-    [([], True, 0), (["--no-splits"], False, 0), (["--verify", "2"], True, 2)],
+    "flags, expected",
+    [
+        ([], {"calibrate": None, "verify": None, "timeout_seconds": None, "mode": "safe"}),
+        (["--no-calibrate", "--verify", "2"], {"calibrate": False, "verify": 2}),
+        (["--mode", "greedy", "--num-samples", "3", "--seed", "7"], {"mode": "greedy"}),
+        (["--timeout", "30"], {"timeout_seconds": 30.0}),
+        (["--no-splits"], {}),
+    ],
 )
-def test_plan_calibrates_places_and_verifies_through_plan_task(
-    files, monkeypatch, run_cli, flags, splits, verify_k
-):
-    """``dreamshard plan`` plans through ``calibration.plan_task``, the planner's path, with
-    splits unless ``--no-splits`` and the verification ``--verify`` asks for."""
-    from torchrec_dreamshard import calibration
+def test_plan_plans_through_dreamshard_planner(files, monkeypatch, run_cli, flags, expected):
+    """``dreamshard plan`` plans with ``DreamShardPlanner``: the task's model, topology,
+    per-rank batch and pooling factors, and the flags with the planner's meaning."""
+    from torchrec_dreamshard.planner import DreamShardPlanner
 
-    calls, real = [], calibration.plan_task
+    made, real = [], DreamShardPlanner.__init__
 
-    def spy(agent, task, **kwargs):
-        calls.append(kwargs)
-        return real(agent, task, **{**kwargs, "verification": None})  # nothing measured here
+    def spy(self, *args, **kwargs):
+        made.append(kwargs)
+        real(self, *args, **kwargs)
 
-    monkeypatch.setattr(calibration, "plan_task", spy)
+    monkeypatch.setattr(DreamShardPlanner, "__init__", spy)
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert run_cli([*argv, "--no-calibrate", *flags]) == 0
-    assert [(c["splits"], c["verification"].k, c["calibration"]) for c in calls] == [
-        (splits, verify_k, None)
-    ]
+    assert run_cli([*argv, *flags]) == 0
+    [kw] = made
+    assert {k: kw[k] for k in expected} == expected
+    assert kw["batch_size"] == 255 // 3 and kw["topology"].world_size == 3
+    assert [d.storage.ddr for d in kw["topology"].devices] == [2_000_000] * 3
+    assert kw["checkpoint"] == str(files / "agent.pt")
+    assert {n: c.pooling_factors for n, c in kw["constraints"].items()} == {
+        f"t{i}": [2.0 + i] for i in range(6)
+    }
+    types = {tuple(c.sharding_types or ()) for c in kw["constraints"].values()}
+    assert types == ({("table_wise",)} if "--no-splits" in flags else {()})
+
+
+def test_a_global_batch_that_does_not_divide_names_both_numbers(files, capsys, run_cli):
+    doc = json.loads((files / "task.json").read_text())
+    (files / "odd.json").write_text(json.dumps({**doc, "batch_size": 256}))
+    assert run_cli(["plan", str(files / "odd.json")]) == 2
+    err = capsys.readouterr().err
+    assert "batch_size 256" in err and "num_devices 3" in err
+
+
+def test_budget_and_store_without_calibrate_are_refused(files, capsys, run_cli):
+    argv = ["plan", str(files / "task.json"), "--budget-s", "5"]
+    assert run_cli(argv) == 2
+    assert "--budget-s and --store apply to --calibrate" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -86,25 +117,29 @@ def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
     """Here this machine runs the reference kernel 10x slower than the checkpoint predicts:
     by default `dreamshard plan` calibrates (and says why); --no-calibrate never does."""
     from torchrec_dreamshard.calibration import auto
+    from torchrec_dreamshard.planner import defaults
 
     agent = DreamShard.untrained(seed=0)
     fwd, bwd = auto.check_machine(agent, None).predicted_ms
-    monkeypatch.setattr(auto, "measured_reference_ms", lambda device="cpu": (10 * fwd, 10 * bwd))
+    monkeypatch.setattr(defaults, "load_reference_ms", lambda device="cpu": (10 * fwd, 10 * bwd))
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    argv += ["--out", str(out), "--budget-s", "5", "--store", str(files / "cal.sqlite")]
+    argv += ["--out", str(out)]
+    if flag == "--calibrate":  # the automatic calibration's budget and store are fixed
+        argv += ["--budget-s", "5", "--store", str(files / "cal.sqlite")]
     assert run_cli([*argv, *([flag] if flag else [])]) == 0
+    printed = capsys.readouterr().out
     adaptation = json.loads(out.read_text())["adaptation"]
     assert adaptation["mode"] == {None: "auto", "--no-calibrate": "off"}.get(flag, "on")
     assert adaptation["calibrated"] is (flag != "--no-calibrate")
     if flag is None:
         assert adaptation["reference_error"] == pytest.approx(-0.9)
-        assert "calibrating on this machine" in capsys.readouterr().out
+        assert "calibrating on this machine" in printed
     if adaptation["calibrated"] and adaptation["kernels_discarded"]:
         # the machine changed speed while calibrating (the reference kernel drifted):
         # what was measured is not learned, and the output says so
         assert "drifted" in adaptation["calibration_note"]
-        assert adaptation["calibration_note"] in adaptation["summary"][0]
+        assert adaptation["calibration_note"] in printed
     elif adaptation["calibrated"]:
         assert adaptation["kernel_mape_after"] < adaptation["kernel_mape_before"]
 
@@ -125,29 +160,25 @@ def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):
 
 
 def test_plan_search_mode(files, monkeypatch, run_cli):
-    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
-
-    calls = []
+    """``--mode search --num-samples 4 --seed 5`` reach the policy's every placement, and
+    the plan holds the placement it made last."""
+    calls, placed = [], []
     place = DreamShard.place
 
-    def spy(self, task, mode="greedy", num_samples=16, seed=0):
+    def spy(self, task, mode="greedy", num_samples=16, seed=0, **kwargs):
         calls.append((mode, num_samples, seed))
-        return place(self, task, mode, num_samples, seed)
+        placement = place(self, task, mode, num_samples, seed, **kwargs)
+        placed.append({t.name: d for t, d in zip(task.tables, placement, strict=True)})
+        return placement
 
     monkeypatch.setattr(DreamShard, "place", spy)
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
-    assert (
-        run_cli([*argv, "--mode", "search", "--num-samples", "4", "--seed", "5", "--out", str(out)])
-        == 0
-    )
-    # the split search may run the policy again on tasks of shards, always as asked
+    argv += ["--mode", "search", "--num-samples", "4", "--seed", "5", "--no-calibrate"]
+    assert run_cli([*argv, "--out", str(out)]) == 0
     assert calls and set(calls) == {("search", 4, 5)}
-    task = Task.load(files / "task.json")
-    expected = place(load_checkpoint(files / "agent.pt"), task, "search", 4, 5)
-    assert json.loads(out.read_text())["placement"] == {
-        t.name: d for t, d in zip(task.tables, expected, strict=True)
-    }
+    plan = json.loads(out.read_text())["placement"]
+    assert plan and plan == {name[1:]: d for name, d in placed[-1].items() if name[1:] in plan}
 
 
 def test_plan_errors_name_the_input(files, capsys, run_cli):
@@ -238,7 +269,7 @@ def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, mon
     def boom(*a, **k):
         raise PermissionError(13, "Permission denied", "somewhere.json")
 
-    monkeypatch.setattr(plan_cli, "plan_dict", boom)
+    monkeypatch.setattr(plan_cli, "plan_summary_dict", boom)
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     assert run_cli(argv) == 2
     assert "Permission denied: 'somewhere.json'" in capsys.readouterr().err
@@ -246,23 +277,20 @@ def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, mon
         run_cli([*argv, "--debug"])
 
 
-def test_non_finite_prediction_names_the_tables(files):
-    from torchrec_dreamshard.cli.plan import plan_dict
+def test_non_finite_prediction_names_the_tables():
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plan_summary import check_finite
 
-    task = Task.load(files / "task.json")
-
-    class Bad:
-        step_ms = float("nan")
-        fwd_ms = [float("nan"), 1.0, 1.0]
-        bwd_ms = comm_ms = [1.0, 1.0, 1.0]
-
-    placement = [0, 1, 2, 0, 1, 2]
+    nan = float("nan")
+    bad = PlanPrediction([nan, 1.0, 1.0], [1.0] * 3, [1.0] * 3, [0.0] * 3, nan)
     with pytest.raises(ValueError, match=r"not finite.*\['t0', 't3'\]"):
-        plan_dict(task, placement, Bad())
+        check_finite(bad, [["t0", "t3"], ["t1", "t4"], ["t2", "t5"]])
+    check_finite(PlanPrediction([1.0], [1.0], [1.0], [0.0], 3.0), [["t0"]])  # finite: passes
 
 
 def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys, run_cli):
-    tables = [TableSpec(name="big", rows=20_000, dim=64, pooling_factor=4.0)] + [
+    # TorchRec's narrowest column-wise shard is 128 columns (MIN_CW_DIM): 4 shards of 512
+    tables = [TableSpec(name="big", rows=10_000, dim=512, pooling_factor=4.0)] + [
         TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=2.0) for i in range(6)
     ]
     total = sum(t.size_bytes for t in tables)
@@ -281,33 +309,29 @@ def test_plan_splits_a_table_too_big_for_every_device(tmp_path, capsys, run_cli)
         f"t{i}" for i in range(6)
     ]
     cols = [s["columns"] for s in plan["shards"]["big"]]
-    assert cols[0][0] == 0 and cols[-1][1] == 64
+    assert cols[0][0] == 0 and cols[-1][1] == 512
     assert all(a[1] == b[0] for a, b in zip(cols, cols[1:], strict=False))
     assert all(d["bytes"] <= d["memory_bytes"] for d in plan["per_device"])
     assert run_cli([*argv, "--no-splits"]) == 2
     assert "bigger than every device" in capsys.readouterr().err
 
 
-def test_cli_plan_verifies_by_default_only_where_it_calibrates_automatically():
-    from torchrec_dreamshard.calibration import (
-        CalibrationConfig,
-        VerificationSettings,
-        VerifyOptions,
+def test_the_planner_verifies_by_default_only_where_it_calibrates_automatically():
+    """The verification ``dreamshard plan`` gets through the planner: ``--verify K`` as
+    given, else automatic (2 plans within 25 s, cached) only where the automatic check
+    calibrates."""
+    from torchrec_dreamshard.calibration import VerificationSettings, VerifyOptions
+    from torchrec_dreamshard.calibration.auto import (
+        AUTO_VERIFY_K,
+        AUTO_VERIFY_S,
+        verification_settings,
     )
-    from torchrec_dreamshard.calibration.auto import AUTO_VERIFY_K, AUTO_VERIFY_S
-    from torchrec_dreamshard.cli.plan import verify_settings
 
-    config = CalibrationConfig()
-    none, three = VerificationSettings(0), VerificationSettings(3)
     auto = VerifyOptions(budget_s=AUTO_VERIFY_S, cache=True, incumbent="chosen")
-    default = VerificationSettings(AUTO_VERIFY_K, None, auto)
-    assert verify_settings(None, {"mode": "auto"}, config) == default
-    assert verify_settings(None, {"mode": "auto"}, None) == none  # priced right
-    assert verify_settings(None, {"mode": "on"}, config) == none  # --calibrate
-    assert verify_settings(3, {"mode": "off"}, None) == three  # --verify 3
-    assert (
-        verify_settings(3, {"mode": "off"}, None, rounds=5).options.rounds == 5
-    )  # --verify-rounds
+    assert verification_settings(None, True) == VerificationSettings(AUTO_VERIFY_K, None, auto)
+    assert verification_settings(None, False) == VerificationSettings(0)  # priced right
+    assert verification_settings(3, False) == VerificationSettings(3)  # --verify 3
+    assert verification_settings(3, False, rounds=5).options.rounds == 5  # --verify-rounds
 
 
 def test_plan_says_what_its_measuring_took_and_bought(files, capsys, run_cli):
@@ -325,13 +349,67 @@ def test_plan_says_what_its_measuring_took_and_bought(files, capsys, run_cli):
     assert re.match(r"verified \d+ plans in \d+\.\d s \(2 rounds\): kept ", line), line
     plan = json.loads(out.read_text())
     margins = plan["adaptation"]["margins"]
-    assert margins["measured"] and plan["adaptation"]["summary"] == [line]
+    assert margins["measured"] and margins["line"] == line
     assert any(p["torchrec"] and len(p["rounds_ms"]) == 2 for p in plan["verification"]["plans"])
     if plan["verification"]["plans"][0]["torchrec"]:  # the kept plan is TorchRec's own
         assert "kept TorchRec's plan" in line or "the same as TorchRec's" in line
     else:
         assert margins["vs_torchrec"] < 1.0 and "faster than TorchRec's" in line
+    # without verification the planner measures no plan and predicts no margins: no line
     assert run_cli(argv) == 0
     printed = capsys.readouterr().out
-    line = next(x for x in printed.splitlines() if x.startswith("kept "))
-    assert "TorchRec's" in line and "(not measured)" in line
+    assert not any(x.startswith(("kept ", "verified ")) for x in printed.splitlines())
+
+
+class FakeClock:
+    """A clock the verification reads (FAKE: no kernel is timed): each measured step of
+    a plan takes :attr:`STEP_S` seconds on it."""
+
+    STEP_S = 1.0
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def step_ms(self, task: Task, placement: list[int]) -> float:
+        self.now += self.STEP_S
+        return 10.0 + sum(d * (i + 1) for i, d in enumerate(placement)) % 7
+
+
+def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
+    files, monkeypatch, capsys, run_cli
+):
+    """A verification whose budget (2 s, one step 1 s on a clock the test controls) leaves
+    plans unmeasured: the plan is written as strict JSON, the plans left out are
+    ``"measured": false`` with ``"measured_ms": null`` and named in ``not_measured``, and
+    the printed table says "not measured" (it was a NaN that refused to be written)."""
+    import dataclasses
+
+    from torchrec_dreamshard.calibration import calibrating_agent, verification
+    from torchrec_dreamshard.io import read_json
+
+    clock, settings = FakeClock(), calibrating_agent.verification_settings
+    monkeypatch.setattr(verification, "time", clock)
+    timing = verification.Timing(clock.step_ms, lambda: 1.0)
+    monkeypatch.setattr(verification, "kernel_timing", lambda config: timing)
+
+    def small_budget(*args, **kwargs):
+        given = settings(*args, **kwargs)
+        return dataclasses.replace(given, options=dataclasses.replace(given.options, budget_s=2.0))
+
+    monkeypatch.setattr(calibrating_agent, "verification_settings", small_budget)
+    out = files / "plan.json"
+    argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
+    argv += ["--no-calibrate", "--no-splits", "--verify", "4", "--out", str(out)]
+    assert run_cli(argv) == 0
+    printed = capsys.readouterr().out
+    ver = read_json(out, "plan")["verification"]  # strict: a NaN would be refused here
+    left = [p for p in ver["plans"] if not p["measured"]]
+    assert left and ver["left_out"] == len(left)
+    assert ver["not_measured"] == [p["name"] for p in left]
+    assert all(p["measured_ms"] is None and p["rounds_ms"] == [] for p in left)
+    assert all(p["measured_ms"] > 0 for p in ver["plans"] if p["measured"])
+    assert printed.count("not measured") >= len(left)
+    assert f"verified {len(ver['plans']) - len(left)} of {len(ver['plans'])} plans" in printed

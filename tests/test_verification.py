@@ -266,6 +266,14 @@ def test_a_task_too_slow_to_measure_every_plan_measures_the_ones_that_matter():
     assert f"verified {len(measured)} of {len(res.plans)} plans" in res.summary()
     assert "predicted slower were not measured" in res.summary()
     assert any(p.heuristic for p in measured)  # the heuristic predicted fastest went third
+    # the plans left out are "not measured": null in JSON (never NaN), and in the table
+    from torchrec_dreamshard.io import dumps_strict, loads_strict
+
+    written = loads_strict(dumps_strict(res.to_dict()))
+    left = [p for p in written["plans"] if not p["measured"]]
+    assert len(left) == res.left_out and all(p["measured_ms"] is None for p in left)
+    assert written["not_measured"] == [p["name"] for p in left]
+    assert sum("not measured" in line for line in res.lines()) == res.left_out
 
 
 def test_measuring_priority():

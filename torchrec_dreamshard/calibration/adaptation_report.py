@@ -67,10 +67,9 @@ def calibration_summary(calibration: dict[str, Any]) -> str:
     )
     measured = calibration.get("kernels_measured", calibration.get("measured", 0))
     reused = calibration.get("kernels_reused", calibration.get("reused", 0))
-    line = (
-        f"calibrated in {calibration.get('seconds', float('nan')):.1f} s: {measured} kernels "
-        f"measured, {reused} reused; {error}"
-    )
+    seconds = calibration.get("seconds")
+    took = f" in {seconds:.1f} s" if isinstance(seconds, int | float) else ""
+    line = f"calibrated{took}: {measured} kernels measured, {reused} reused; {error}"
     note = calibration.get("note") or calibration.get("calibration_note")
     return f"{line}; {note}" if note else line
 

@@ -85,8 +85,8 @@ def _rank_incumbent(
     """:func:`rank_measured` before its baseline rule."""
     rounds = min((len(p.rounds_ms) for p in plans), default=0)
     for p in plans:
-        p.measured_ms = float(np.median(p.rounds_ms)) if p.rounds_ms else float("nan")
-    ordered = sorted(plans, key=lambda p: p.measured_ms) if rounds else list(plans)
+        p.measured_ms = float(np.median(p.rounds_ms)) if p.rounds_ms else None
+    ordered = sorted(plans, key=lambda p: p.measured_ms or 0.0) if rounds else list(plans)
     if incumbent is not None:
         named = [p for p in ordered if p.name == incumbent or p.name.startswith(f"{incumbent}=")]
         if not named:
@@ -181,5 +181,5 @@ def pooled(p: VerifiedPlan) -> VerifiedPlan:
     """A copy of ``p`` measured over every pass's rounds (the earlier, then the deciding),
     its median over all of them."""
     rounds = [*p.earlier_ms, *p.rounds_ms]
-    median = float(np.median(rounds)) if rounds else float("nan")
+    median = float(np.median(rounds)) if rounds else None
     return replace(p, rounds_ms=rounds, earlier_ms=[], measured_ms=median)

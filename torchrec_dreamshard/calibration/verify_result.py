@@ -20,11 +20,17 @@ class VerifiedPlan:
     placement: list[int]
     predicted_ms: float
     log_std: float
-    measured_ms: float = float("nan")  # median measured step over the deciding rounds
+    measured_ms: float | None = None  # median measured step over the deciding rounds
     rounds_ms: list[float] = field(default_factory=list)
     earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
     heuristic: bool = False  # a classic heuristic's plan (the reference)
     baseline: bool = False  # TorchRec's plan: the kept plan must not measure slower
+
+    @property
+    def measured(self) -> bool:
+        """Whether the plan was measured (``False``: a slow task's budget left it out, or
+        no whole round fitted; its ``measured_ms`` is then ``None``)."""
+        return bool(self.rounds_ms) and self.measured_ms is not None
 
 
 @dataclass
@@ -41,7 +47,8 @@ class VerifyResult:
         passes: each pass's noise (a second where the first was noisy).
         fallback: why the safer plan was kept regardless of the ranking (``None``: not).
         left_out: plans not measured because the task was too slow to measure all of
-            them in the budget (the last of ``plans``, with no rounds).
+            them in the budget (the last of ``plans``, with no rounds and no
+            ``measured_ms``).
         failure: a measurement that failed on this machine and ended the verification
             (``None``: none failed); the plans are then in the order proposed, the
             planner's choice first, none measured.
@@ -67,23 +74,30 @@ class VerifyResult:
     @property
     def best_heuristic(self) -> VerifiedPlan | None:
         """The heuristic plan of lowest median measured step (``None``: none measured)."""
-        heur = [p for p in self.plans if p.heuristic and p.rounds_ms]
-        return min(heur, key=lambda p: p.measured_ms) if heur else None
+        heur = [p for p in self.plans if p.heuristic and p.measured]
+        return min(heur, key=lambda p: p.measured_ms or 0.0) if heur else None
+
+    @property
+    def not_measured(self) -> list[str]:
+        """The names of the plans that were not measured (their ``measured_ms`` is
+        ``None``)."""
+        return [p.name for p in self.plans if not p.measured]
 
     def margins(self) -> dict[str, Any]:
         """The kept plan's median measured step over TorchRec's plan's and over the best
         heuristic's (``None`` where not measured)."""
 
         def ratio(other: VerifiedPlan | None) -> float | None:
-            if other is None or not other.rounds_ms or not self.winner.rounds_ms:
+            kept, against = self.winner.measured_ms, other.measured_ms if other else None
+            if kept is None or against is None or not (other and other.measured):
                 return None
-            return self.winner.measured_ms / other.measured_ms
+            return kept / against
 
         return {
             "kept": self.winner.name,
             "vs_torchrec": ratio(self.baseline),
             "vs_best_heuristic": ratio(self.best_heuristic),
-            "measured": bool(self.winner.rounds_ms),
+            "measured": self.winner.measured,
         }
 
     def summary(self, describe: Callable[[str], str] | None = None) -> str:
@@ -125,6 +139,8 @@ class VerifyResult:
         return line
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-able: a plan not measured has ``"measured": false`` and ``"measured_ms":
+        null`` (never a NaN), and ``not_measured`` names every such plan."""
         return {
             "winner": self.winner.name,
             "seconds": self.seconds,
@@ -133,12 +149,14 @@ class VerifyResult:
             "fallback": self.fallback,
             "left_out": self.left_out,
             "failure": None if self.failure is None else self.failure.to_dict(),
+            "not_measured": self.not_measured,
             "margins": self.margins(),
             "plans": [
                 {
                     "name": p.name,
                     "predicted_ms": p.predicted_ms,
-                    "measured_ms": p.measured_ms,
+                    "measured": p.measured,
+                    "measured_ms": p.measured_ms if p.measured else None,
                     "rounds_ms": p.rounds_ms,
                     "earlier_ms": p.earlier_ms,
                     "heuristic": p.heuristic,
@@ -149,16 +167,23 @@ class VerifyResult:
         }
 
     def lines(self) -> list[str]:
+        """A table of the plans, predicted against measured ms; a plan not measured says
+        ``not measured``."""
         if self.failure is not None:
             return [f"verification: {self.summary()}"]
         rounds = len(self.winner.rounds_ms)
         how = "read from this machine's cache" if self.cached else f"({self.seconds:.1f}s)"
+        measured = len(self.plans) - len(self.not_measured)
+        count = f"{measured} of {len(self.plans)}" if measured < len(self.plans) else measured
         out = [
-            f"verification: {len(self.plans)} plans measured in {rounds} interleaved rounds "
+            f"verification: {count} plans measured in {rounds} interleaved rounds "
             f"{how}; chosen: {self.winner.name}",
             f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
         ]
         for p in self.plans:
+            if p.measured_ms is None or not p.measured:
+                out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {'not measured':>12s}")
+                continue
             err = (p.predicted_ms / p.measured_ms - 1.0) * 100.0
             out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%")
         return out

@@ -42,6 +42,17 @@ def load_plan(path: str) -> dict:
         raise ValueError(f'plan file {path!r} must hold {{"placement": {{"table": device}}}}')
     if not isinstance(data.get("shards", {}), dict):
         raise ValueError(f'plan file {path!r}: "shards" must be {{"table": [shards]}}')
+    other = data.get("sharding") or {}
+    if other:  # dreamshard plan's tables of other sharding types
+        kinds = {
+            name: t.get("sharding_type") if isinstance(t, dict) else t for name, t in other.items()
+        }
+        raise ValueError(
+            f"plan file {path!r} shards tables {dict(list(kinds.items())[:10])} otherwise than "
+            "table-wise or column-wise on the fused kernel, which is all evaluate measures; "
+            "plan with --no-splits for a table-wise plan, or time the plan's training steps "
+            "(dreamshard steptime)"
+        )
     return data
 
 

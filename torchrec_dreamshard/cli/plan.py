@@ -1,38 +1,45 @@
-"""``dreamshard plan``: place a task's tables with a trained DreamShard agent."""
+"""``dreamshard plan``: plan a task's tables with :class:`DreamShardPlanner`, as a training
+job plans its model, and write the plan TorchRec loads beside a summary of it."""
 
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.calibration import PlanOutcome, VerificationSettings
-    from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.policy import PlacementAgent, SafetyReport
-    from torchrec_dreamshard.policy.split_search import SplitPlan
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.task_inputs import TaskInputs
 
 EXAMPLES = """examples:
   dreamshard plan task.json
-  dreamshard plan task.json --out plan.json --plot plan.png
+  dreamshard plan task.json --out plan.json --plot plan.png   # also writes plan.torchrec.json
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
   dreamshard plan task.json --no-splits      # whole tables only (table-wise)
   dreamshard plan task.json --calibrate --budget-s 60 --verify 4
   dreamshard plan task.json --no-calibrate   # the checkpoint as it is, measuring nothing
+  dreamshard plan task.json --timeout 30     # TorchRec's planner timeout_seconds
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
-(batch_size is the global batch; memory_bytes one number or one per device).
-Without --checkpoint the checkpoint bundled with the package is used. By default the
-checkpoint's prediction of a reference kernel is checked against this machine (measured
-once, cached) and, where it is more than 25% off, the cost network is calibrated on the
-task's tables first (20 s; measurements are kept, so re-planning them measures nothing).
-Tables may be split column-wise (a table bigger than every device always is; others when
-the cost network predicts a faster step); PLAN.json then also holds
-"shards": {"t0": [{"device": 0, "columns": [0, 64]}, {"device": 3, "columns": [64, 128]}]}.
+(batch_size is the global batch, a multiple of num_devices: TorchRec's planner gets
+batch_size / num_devices per rank; memory_bytes one number or one per device: each CPU
+rank's memory, of which TorchRec's storage reservation keeps its share.)
+The task is planned by DreamShardPlanner: its tables as one EmbeddingBagCollection
+(table t0 fed by feature f_t0), the sharding-type choice and TorchRec's storage estimate
+included. Without --checkpoint the checkpoint bundled with the package is used. By
+default the checkpoint's prediction of a reference kernel is checked against this
+machine and, where it is more than 25% off, the cost network is calibrated on the task's
+tables first (20 s; measurements are kept, so re-planning them measures nothing).
+--out PLAN.json writes a summary: {"placement": {"t0": 2, ...}, "predicted_cost_ms": ...,
+"per_device": [...], "adaptation": {...}}; tables split column-wise in
+"shards": {"t0": [{"device": 0, "columns": [0, 64]}, ...]}, tables of other sharding
+types in "sharding": {"t1": {"sharding_type": "data_parallel", "ranks": [0, 1]}}. Beside
+it, PLAN.torchrec.json is the plan TorchRec's planner loads:
+torchrec_dreamshard.planner.plan_files.FilePlanLoader(path) as its plan_loader, in a
+planner of the same inputs (torchrec_dreamshard.planner.task_inputs).
 """
 
 
@@ -45,7 +52,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("task", metavar="TASK.json", help="the task file")
     p.add_argument("--checkpoint", metavar="PATH", help="agent checkpoint (default: bundled)")
-    p.add_argument("--out", metavar="PLAN.json", help="write the plan as JSON")
+    p.add_argument(
+        "--out",
+        metavar="PLAN.json",
+        help="write the plan's summary as JSON, and beside it PLAN.torchrec.json, the plan "
+        "TorchRec's planner loads (FilePlanLoader)",
+    )
     p.add_argument("--plot", metavar="PLAN.png", help="per-device stacked bar chart")
     p.add_argument(
         "--mode",
@@ -71,9 +83,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
     p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the planner's timeout_seconds (TorchRec's: the proposers after DreamShard's "
+        "stop proposing when it is reached)",
+    )
+    p.add_argument(
         "--no-splits",
         action="store_true",
-        help="place whole tables only (no column-wise splits)",
+        help="place whole tables only (every table table-wise: no column-wise splits, no "
+        "other sharding type)",
     )
     p.set_defaults(func=run)
 
@@ -93,7 +114,7 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
         "--budget-s",
         type=float,
         default=None,
-        help="calibration time budget in seconds (default 60; 20 when calibrating automatically)",
+        help="calibration time budget in seconds (default 60)",
     )
     p.add_argument(
         "--store",
@@ -104,233 +125,203 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.io import check_writable
-    from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.sharding_plan import get_default_sharders
 
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.planner.task_inputs import task_inputs
+    from torchrec_dreamshard.planner.torchrec_adapter import quiet_torchrec
+
+    check_arguments(args)
+    torchrec_out = torchrec_plan_path(args.out) if args.out else None
+    check_outputs(args, torchrec_out)
+    task = Task.load(args.task, allow_oversized=not args.no_splits)
+    inputs = task_inputs(task)
+    planner = task_planner(inputs, args)
+    start = time.perf_counter()
+    try:
+        with quiet_torchrec():
+            plan = planner.plan(inputs.model, get_default_sharders())
+    except PlannerError as exc:  # the tables do not fit: a message for the user
+        raise ValueError(f"{args.task}: {exc}") from exc
+    seconds = time.perf_counter() - start
+    summary = plan_summary_dict(planner, plan, inputs)
+    print(
+        f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
+        f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
+    )
+    show_plan(args, planner, summary)
+    if torchrec_out is not None:
+        write_torchrec_plan(planner, torchrec_out)
+    return 0
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse flags out of range, and ``--budget-s`` / ``--store`` where they have no
+    effect (the automatic calibration's budget and store are the planner's defaults)."""
     if args.num_samples < 0:
         raise ValueError(f"--num-samples must be >= 0, got {args.num_samples}")
-    # outputs are checked before planning, so a bad path never costs the work
-    for path, what in ((args.out, "--out file"), (args.plot, "--plot file")):
-        if path:
-            check_writable(path, what)
-    if args.plot:
-        check_plot_format(args.plot)
-    task = Task.load(args.task, allow_oversized=not args.no_splits)
-    from torchrec_dreamshard.calibration import plan_task
-    from torchrec_dreamshard.policy.protocol import PlaceSettings
-
     if (args.verify is not None and args.verify < 0) or args.verify_rounds < 1:
         raise ValueError(
             f"--verify must be >= 0 and --verify-rounds >= 1, got {args.verify}, "
             f"{args.verify_rounds}"
         )
-    agent = load_checkpoint(args.checkpoint, sources=default_sources())
-    start = time.perf_counter()
-    calibration, adaptation = calibration_settings(agent, args)
-    verification = verify_settings(args.verify, adaptation, calibration, args.verify_rounds)
-    k = verification.k
-    outcome = plan_task(
-        agent,
-        task,
-        how=PlaceSettings(args.mode, args.num_samples, args.seed),
-        calibration=calibration,
-        verification=verification,
-        progress=True,
-        splits=not args.no_splits,
-    )
-    if outcome.calibration is not None:
-        adaptation.update(
-            calibrated=True,
-            kernel_mape_before=outcome.calibration.before.get("cost/mape"),
-            kernel_mape_after=outcome.calibration.after.get("cost/mape"),
-            kernels_discarded=outcome.calibration.discarded,
-            calibration_note=outcome.calibration.note,
+    if args.timeout is not None and not args.timeout > 0:
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout}")
+    if not args.calibrate and (args.budget_s is not None or args.store is not None):
+        raise ValueError(
+            "--budget-s and --store apply to --calibrate; the automatic calibration measures "
+            "for 20 s into the default store ($DREAMSHARD_CALIBRATION_STORE or "
+            "~/.cache/torchrec_dreamshard/calibration.sqlite)"
         )
-    if outcome.margins:
-        adaptation["margins"] = outcome.margins
-    adaptation["summary"] = outcome.summary()
-    plan, report = plan_file(task, outcome, adaptation)
-    if k and plan.get("shards"):
-        print("--verify: skipped, it compares whole-table plans and this plan splits tables")
-    seconds = time.perf_counter() - start
-    print(
-        f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
-        f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
+
+
+def check_outputs(args: argparse.Namespace, torchrec_out: Path | None) -> None:
+    """Fail before planning where an output cannot be written, so a bad path never costs
+    the work."""
+    from torchrec_dreamshard.io import check_writable
+
+    outputs = ((args.out, "--out file"), (torchrec_out, "TorchRec plan file"))
+    for path, what in (*outputs, (args.plot, "--plot file")):
+        if path:
+            check_writable(path, what)
+    if args.plot:
+        check_plot_format(args.plot)
+
+
+def torchrec_plan_path(out: str | Path) -> Path:
+    """Where the plan TorchRec loads goes beside the summary ``out``:
+    ``plan.json`` -> ``plan.torchrec.json``."""
+    path = Path(out)
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    return path.with_name(f"{stem}.torchrec.json")
+
+
+def calibrate_argument(args: argparse.Namespace) -> Any:
+    """The planner's ``calibrate``: ``None`` (automatic) unless ``--calibrate`` (a
+    ``CalibrationConfig`` of ``--budget-s``, default 60, and ``--store``) or
+    ``--no-calibrate`` (``False``)."""
+    from torchrec_dreamshard.calibration import CalibrationConfig
+    from torchrec_dreamshard.measure.config import MeasureConfig
+
+    if args.calibrate is None or args.calibrate is False:
+        return args.calibrate
+    budget = 60.0 if args.budget_s is None else args.budget_s
+    return CalibrationConfig(
+        budget_s=budget, store=args.store, seed=args.seed, measure=MeasureConfig(device="cpu")
     )
-    for line in adaptation["summary"]:  # what the measuring took and bought
-        print(line)
-    show_plan(args, plan, report, outcome)
-    return 0
 
 
-def plan_file(
-    task: Task, outcome: PlanOutcome, adaptation: dict[str, Any]
-) -> tuple[dict[str, Any], SafetyReport | None]:
-    """The PLAN.json contents of ``outcome`` (the split search's plan, whole tables in
-    ``placement`` and split ones in ``shards``, unless verification chose another), with
-    the safety net's report, the ``adaptation`` and what calibration and verification
-    did; and that report."""
-    agent = outcome.agent
-    if outcome.split is not None and outcome.verification is None:
-        plan = split_plan_dict(agent, outcome.split)
-    else:
-        plan = plan_dict(task, outcome.placement, agent.predict(task, outcome.placement))
-    # the safety net's report describes the whole-table placement it chose; a split plan
-    # is re-placed after the search, so only unsplit plans carry it
-    report = None if plan.get("shards") else agent.last_report
-    if report is not None:
-        plan["candidates"] = report.to_dict()
-    plan["adaptation"] = adaptation
-    if outcome.calibration is not None:
-        plan["calibration"] = outcome.calibration.to_dict()
-    if outcome.verification is not None:
-        plan["verification"] = outcome.verification.to_dict()
-    return plan, report
+def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlanner:
+    """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags: ``--checkpoint``,
+    ``--mode``, ``--num-samples``, ``--seed``, ``--calibrate``, ``--verify`` (its rounds:
+    ``--verify-rounds``), ``--timeout`` (``timeout_seconds``); ``--no-splits`` constrains
+    every table to table-wise."""
+    import dataclasses
+
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.adaptation import calibrating
+
+    arguments = inputs.planner_arguments()
+    if args.no_splits:
+        arguments["constraints"] = {
+            name: dataclasses.replace(c, sharding_types=["table_wise"])
+            for name, c in inputs.constraints.items()
+        }
+    planner = DreamShardPlanner(
+        **arguments,
+        timeout_seconds=args.timeout,
+        checkpoint=args.checkpoint,
+        mode=args.mode,
+        num_samples=args.num_samples,
+        seed=args.seed,
+        calibrate=calibrate_argument(args),
+        verify=args.verify,
+    )
+    wrapper = calibrating(planner.agent)
+    if wrapper is not None:
+        wrapper.verify_rounds = args.verify_rounds
+    return planner
 
 
-def calibration_settings(
-    agent: PlacementAgent, args: argparse.Namespace
-) -> tuple[Any, dict[str, Any]]:
-    """The calibration to run (``None``: none) and what decided it: ``--calibrate``
-    always, ``--no-calibrate`` never, neither where the checkpoint misprices this
-    machine's reference kernel (measured once, cached)."""
-    from torchrec_dreamshard.calibration import CalibrationConfig, auto
+def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs) -> dict[str, Any]:
+    """The ``--out`` summary: :func:`~torchrec_dreamshard.planner.plan_summary.plan_summary`
+    of the plan, the safety net's candidates, how the planner adapted to this machine and
+    what calibration and verification did."""
+    from torchrec_dreamshard.planner.adaptation import calibrating
+    from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier
+    from torchrec_dreamshard.planner.plan_summary import plan_summary
 
-    if args.calibrate is False:
-        return None, {"mode": "off", "calibrated": False, "why": "--no-calibrate"}
-    budget = args.budget_s
-    if args.calibrate:
-        adaptation = {"mode": "on", "calibrated": False, "why": "--calibrate"}
-        budget = 60.0 if budget is None else budget
-    else:
-        check = auto.check_machine(agent, auto.measured_reference_ms())
-        adaptation = {"mode": "auto", "calibrated": False, **check.to_dict(), "why": check.why()}
-        print(check.why())
-        if not check.mispriced:
-            return None, adaptation
-        budget = auto.AUTO_BUDGET_S if budget is None else budget
-    config = CalibrationConfig(budget_s=budget, store=args.store, seed=args.seed)
-    return config, adaptation
+    prediction = planner.last_prediction
+    if prediction is None:
+        raise ValueError("the planner made no prediction of its plan (no table to plan)")
+    topology = inputs.topology
+    summary = plan_summary(
+        plan, planner.best_options, prediction, device_capacity(topology), memory_tier(topology)
+    )
+    report = planner.agent.last_report
+    # the safety net's report describes a whole-table placement: where tables were split,
+    # the policy placed their shards again after it, so only unsplit plans carry it
+    if report is not None and report.candidates and not summary.get("shards"):
+        summary["candidates"] = report.to_dict()
+    summary["adaptation"] = planner.adaptation
+    wrapper = calibrating(planner.agent)
+    if wrapper is not None and wrapper.last_calibration is not None:
+        summary["calibration"] = wrapper.last_calibration.to_dict()
+    if wrapper is not None and wrapper.last_verification is not None:
+        summary["verification"] = wrapper.last_verification.to_dict()
+    return summary
 
 
-def show_plan(args: argparse.Namespace, plan: dict[str, Any], report: Any, outcome: Any) -> None:
-    """Print the plan, the safety net's report and what calibration and verification did,
-    then write ``--out`` and ``--plot``."""
+def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dict) -> None:
+    """Print what the planning's measuring took and bought, the plan, the safety net's
+    report and what calibration and verification did; then write ``--out`` and
+    ``--plot``."""
+    from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
     from torchrec_dreamshard.io import atomic_write, dumps_strict
+    from torchrec_dreamshard.planner.adaptation import calibrating
 
-    if plan.get("shards"):
-        split = ", ".join(f"{name} x{len(s)}" for name, s in plan["shards"].items())
+    print("\n".join(line for line in adaptation_lines(summary["adaptation"]) if line))
+    if summary.get("shards"):
+        split = ", ".join(f"{name} x{len(s)}" for name, s in summary["shards"].items())
         print(f"split column-wise: {split}")
-    print(format_plan(plan))
-    if report is not None:
-        print("\n".join(report.lines()))
-    if outcome.lines():
-        print("\n".join(outcome.lines()))
+    for name, other in summary.get("sharding", {}).items():
+        print(f"{name}: {other['sharding_type']} on ranks {other['ranks']}")
+    print(format_plan(summary))
+    if "candidates" in summary:
+        print("\n".join(planner.agent.last_report.lines()))
+    wrapper = calibrating(planner.agent)
+    for done in (wrapper.last_calibration, wrapper.last_verification) if wrapper else ():
+        if done is not None:
+            print("\n".join(done.lines()))
     if args.out:
-        atomic_write(args.out, dumps_strict(plan), "--out file")
+        summary["torchrec_plan"] = torchrec_plan_path(args.out).name
+        atomic_write(args.out, dumps_strict(summary), "--out file")
         print(f"wrote {args.out}")
     if args.plot:
-        plot_per_device(plan["per_device"], args.plot, f"{Path(args.task).name}: predicted")
+        plot_per_device(summary["per_device"], args.plot, f"{Path(args.task).name}: predicted")
         print(f"wrote {args.plot}")
 
 
-def plan_dict(task: Any, placement: Sequence[int], prediction: Any) -> dict[str, Any]:
-    """The PLAN.json contents: placement by table name, predicted step cost (ms) and
-    each device's tables, bytes and predicted forward/backward/communication ms."""
-    from torchrec_dreamshard.data.tasks import device_bytes, device_tables, placement_to_dict
+def write_torchrec_plan(planner: DreamShardPlanner, path: Path) -> None:
+    """Write the plan TorchRec's planner loads
+    (:func:`~torchrec_dreamshard.planner.plan_files.write_plan_file`) to ``path``."""
+    from torchrec_dreamshard.planner.plan_files import write_plan_file
 
-    check_finite_prediction(task, placement, prediction)
-    used = device_bytes(task, placement)
-    per_device = []
-    for d, idx in enumerate(device_tables(task, placement)):
-        fwd, bwd, comm = prediction.fwd_ms[d], prediction.bwd_ms[d], prediction.comm_ms[d]
-        per_device.append(
-            {
-                "device": d,
-                "tables": [task.tables[i].name for i in idx],
-                "bytes": used[d],
-                "memory_bytes": task.memory[d],
-                "fwd_ms": fwd,
-                "bwd_ms": bwd,
-                "comm_ms": comm,
-                "total_ms": fwd + bwd + comm,
-            }
-        )
-    return {
-        "placement": placement_to_dict(task, placement),
-        "predicted_cost_ms": float(prediction.step_ms),
-        "per_device": per_device,
-    }
-
-
-def verify_settings(
-    verify: int | None, adaptation: dict[str, Any], calibration: Any, rounds: int = 3
-) -> VerificationSettings:
-    """The verification's settings
-    (:func:`~torchrec_dreamshard.calibration.auto.verification_settings`): ``--verify K``
-    as given, else automatic where the automatic check calibrates; ``rounds``:
-    ``--verify-rounds``."""
-    from torchrec_dreamshard.calibration.auto import verification_settings
-
-    auto_calibrates = adaptation.get("mode") == "auto" and calibration is not None
-    return verification_settings(verify, auto_calibrates, rounds)
-
-
-def split_plan_dict(agent: PlacementAgent, found: SplitPlan) -> dict[str, Any]:
-    """The PLAN.json contents of a plan the split search found
-    (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`): whole tables in
-    ``placement``, split ones in ``shards`` (only when some table is split); ``per_device``
-    lists shards by their names (``t0@0:64``)."""
-    from torchrec_dreamshard.data.splits import plan_entries
-
-    shards_task = found.sharded.shards
-    plan = plan_dict(shards_task, found.placement, agent.predict(shards_task, found.placement))
-    whole, shards = plan_entries(found.sharded, found.placement)
-    plan["placement"] = whole
-    if shards:
-        plan = {"placement": whole, "shards": shards, **plan}
-    return plan
-
-
-def check_finite_prediction(task: Any, placement: Sequence[int], prediction: Any) -> None:
-    """Refuse a prediction holding NaN or infinity, naming the tables that caused it.
-
-    Raises:
-        ValueError: the device(s) whose predicted times are not finite and their tables
-            (those whose own features are not finite first).
-    """
-    from torchrec_dreamshard.data.tables import table_features
-    from torchrec_dreamshard.data.tasks import device_tables
-
-    figures = [prediction.step_ms, *prediction.fwd_ms, *prediction.bwd_ms, *prediction.comm_ms]
-    if all(math.isfinite(float(x)) for x in figures):
-        return
-    feats = table_features(task.tables, task.batch_size)
-    culprits = [
-        t.name
-        for t, row in zip(task.tables, feats, strict=True)
-        if not all(map(math.isfinite, row))
-    ]
-    if not culprits:
-        for d, idx in enumerate(device_tables(task, placement)):
-            per = (prediction.fwd_ms[d], prediction.bwd_ms[d], prediction.comm_ms[d])
-            if not all(math.isfinite(float(x)) for x in per):
-                culprits += [task.tables[i].name for i in idx]
-    raise ValueError(
-        f"the cost network's prediction is not finite (NaN or infinity) for tables "
-        f"{culprits[:20]}{' ...' if len(culprits) > 20 else ''}: their figures are outside "
-        "what the checkpoint was trained on"
-    )
+    write_plan_file(path, planner.best_options, planner.hash_planner_context_inputs_str())
+    print(f"wrote {path} (TorchRec's PlanLoader: torchrec_dreamshard.planner.plan_files)")
 
 
 def format_plan(plan: dict[str, Any]) -> str:
-    """A per-device table of a PLAN.json dict."""
+    """A per-device table of a summary (``other ms``: TorchRec's estimate of the tables
+    it placed, where there are any)."""
     from torchrec_dreamshard.device_report import device_table
 
     rows = [{**dev, "tables": len(dev["tables"])} for dev in plan["per_device"]]
-    lines = device_table(rows, memory=True)
+    figures = ("fwd_ms", "bwd_ms", "comm_ms")
+    if any(dev.get("other_ms") for dev in plan["per_device"]):
+        figures += ("other_ms",)
+    lines = device_table(rows, figures=figures, memory=True)
     lines.append(f"predicted step cost: {plan['predicted_cost_ms']:.3f} ms")
     return "\n".join(lines)
 
@@ -349,7 +340,8 @@ def check_plot_format(path: str | Path) -> None:
 
 
 def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Stacked bars (forward, backward, communication) per device, written to ``path``."""
+    """Stacked bars (forward, backward, communication and TorchRec's estimate of the
+    tables it placed, where any) per device, written to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -362,12 +354,19 @@ def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, titl
     fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(devices) + 2), 4.0))
     ax.bar(devices, fwd, label="forward")
     ax.bar(devices, bwd, bottom=fwd, label="backward")
-    ax.bar(devices, comm, bottom=[f + b for f, b in zip(fwd, bwd, strict=True)], label="comm")
+    below = [f + b for f, b in zip(fwd, bwd, strict=True)]
+    ax.bar(devices, comm, bottom=below, label="comm")
+    other = [d.get("other_ms", 0.0) for d in per_device]
+    if any(other):
+        below = [x + c for x, c in zip(below, comm, strict=True)]
+        ax.bar(devices, other, bottom=below, label="other (TorchRec's estimate)")
     ax.set_xlabel("device")
     ax.set_ylabel("ms")
     ax.set_title(title)
     ax.set_xticks(devices)
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    ax.legend(
+        loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=4 if any(other) else 3, frameon=False
+    )
     fig.tight_layout()
     from torchrec_dreamshard.io import save_figure
 

@@ -18,6 +18,7 @@ from torchrec.distributed.planner.types import (
     PerfModel,
     PlanLoader,
     Proposer,
+    StorageReservation,
     Topology,
 )
 from torchrec.distributed.utils import get_device_type
@@ -36,7 +37,10 @@ from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.measure.spawn import skip_measuring
 from torchrec_dreamshard.planner.profile_step import MachineSources
 from torchrec_dreamshard.planner.proposers import MachineModels
-from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+from torchrec_dreamshard.planner.torchrec_adapter import (
+    heuristical_reservation,
+    torchrec_topology,
+)
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
@@ -77,6 +81,14 @@ def default_topology() -> Topology:
     return torchrec_topology(
         dist.get_world_size(), get_device_type(), local_world_size=get_local_size()
     )
+
+
+def own_reservation(
+    given: StorageReservation | None, percentage: float
+) -> StorageReservation | None:
+    """TorchRec's default storage reservation at ``percentage`` where the user gave none
+    (its dense estimate is filled in from each model the planner plans), else ``None``."""
+    return heuristical_reservation(None, [], percentage) if given is None else None
 
 
 def load_agent(checkpoint: str | Path | None) -> PlacementAgent:

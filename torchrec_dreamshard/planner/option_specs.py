@@ -72,22 +72,32 @@ class OptionSpecs:
             model's sparse features; consecutive groups of ``world_size`` batches are taken
             together as the global batch a table-wise kernel sees.
         world_size: ranks in the topology.
+        declared: reuse histograms the user gives (17 fractions each, by fully qualified
+            name: a task file's ``reuse_hist``), for tables the sample batches do not
+            measure.
 
     :meth:`learn` takes pooling factors and reuse over the options' own (what a running job
     fed its tables).
     """
 
-    def __init__(self, sample_batches: Iterable[Any] | None = None, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        sample_batches: Iterable[Any] | None = None,
+        world_size: int = 1,
+        declared: Mapping[str, Sequence[float]] | None = None,
+    ) -> None:
         self._samples = list(sample_batches) if sample_batches is not None else []
         self._world = world_size
+        self._declared = {fqn: tuple(float(x) for x in h) for fqn, h in (declared or {}).items()}
         self._pooling: dict[str, float] = {}
-        self._reuse: dict[str, tuple[float, ...]] = {}
+        self._reuse: dict[str, tuple[float, ...]] = dict(self._declared)
         self.specs: dict[str, TableSpec] = {}
 
     def observe(self, module: nn.Module) -> None:
-        """Measure the reuse statistics of ``module``'s tables and forget earlier specs."""
+        """Measure the reuse statistics of ``module``'s tables (over the declared ones) and
+        forget earlier specs."""
         self.specs = {}
-        self._reuse = reuse_hists(module, self._samples, self._world)
+        self._reuse = {**self._declared, **reuse_hists(module, self._samples, self._world)}
 
     @property
     def reuse(self) -> dict[str, tuple[float, ...]]:

@@ -1,12 +1,6 @@
 """``DreamShardPlanner``: a TorchRec ``EmbeddingShardingPlanner`` whose table-wise
 placements come from a trained DreamShard policy.
 
-Usage, in an existing TorchRec training job::
-
-    planner = DreamShardPlanner(topology=topology, batch_size=B, constraints=constraints)
-    plan = planner.collective_plan(model, sharders, pg)
-    model = DistributedModelParallel(model, device=device, plan=plan)
-
 It is TorchRec's planner, with TorchRec's planning loop and each step where TorchRec has
 it (the enumerator, proposer, partitioner, performance model and stats of
 :mod:`torchrec_dreamshard.planner.components`), between the two steps that measure
@@ -17,7 +11,7 @@ raises its ``PlannerError`` with DreamShard's message, naming the tables and wha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +56,7 @@ from torchrec_dreamshard.planner.defaults import (
     default_topology,
     load_or_defer,
     machine_models,
+    own_reservation,
     with_calibration,
 )
 from torchrec_dreamshard.planner.measuring_steps import MeasuringSteps
@@ -75,7 +70,6 @@ from torchrec_dreamshard.planner.profile_step import (
 from torchrec_dreamshard.planner.search_space import plan_layout
 from torchrec_dreamshard.planner.torchrec_adapter import (
     fill_dense_estimate,
-    heuristical_reservation,
 )
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
@@ -116,8 +110,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             the plan as TorchRec passes it.
         debug: TorchRec's per-table stats.
         callbacks: TorchRec plan callbacks, applied to the chosen plan.
-        timeout_seconds: TorchRec's planning timeout (the proposers after ours stop
-            proposing when it is reached; the policy's one proposal is always made).
+        timeout_seconds: bounds the whole ``plan()``, measuring included (TorchRec's
+            proposers after ours stop at it too; the policy's proposal is always made).
         plan_loader: a TorchRec ``PlanLoader``: a plan whose context hash matches
             :meth:`hash_planner_context_inputs_str` is loaded instead of planned; a
             mismatch raises ``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
@@ -146,6 +140,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
             :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
+        reuse_hists: each table's reuse histogram (17 fractions of its rows by access
+            count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
+            (``"module.path.table"``), where the sample batches do not measure it: what a
+            task file declares.
         profile: a ``MachineProfile`` or its file (``dreamshard profile --out``) to plan
             from: nothing is measured before TorchRec's loop, nothing written.
         measure: ``False``: nothing measured at all (the checkpoint's kernels and
@@ -185,6 +183,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
+        reuse_hists: Mapping[str, Sequence[float]] | None = None,
         profile: str | Path | MachineProfile | None = None,
         measure: bool = True,
         cache_dir: str | Path | None = None,
@@ -197,21 +196,17 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         )
         topology = topology if topology is not None else default_topology()
         batch_size = batch_size or BATCH_SIZE
-        self._load_error: str | None = None
-        if agent is None:
-            agent, self._load_error = load_or_defer(checkpoint)
+        agent, self._load_error = (agent, None) if agent is not None else load_or_defer(checkpoint)
         self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
         self.settings = DreamShardSettings(mode, num_samples, seed, repr(calibrate), verify)
         self._devices, self._per_rank_batch = topology, batch_size
         # TorchRec's default reservation, its dense estimate filled in from each model
-        self._own_reservation = None
-        if storage_reservation is None:
-            self._own_reservation = heuristical_reservation(
-                None, [], heuristical_storage_reservation_percentage
-            )
+        self._own_reservation = own_reservation(
+            storage_reservation, heuristical_storage_reservation_percentage
+        )
         reservation = storage_reservation or self._own_reservation
         self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds, cache_dir)
-        self.table_specs = OptionSpecs(sample_batches, topology.world_size)
+        self.table_specs = OptionSpecs(sample_batches, topology.world_size, reuse_hists)
         scope = PlanningScope(
             self.agent, topology, batch_size, reservation, constraints, self.table_specs
         )
@@ -320,15 +315,13 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return [self.agent.fingerprint(), *self.settings.context(), reuse, self._steps.context()]
 
     def hash_planner_context_inputs(self) -> int:
-        """TorchRec's context hash (topology, batch, search space, storage reservation,
-        constraints) combined with :meth:`dreamshard_context`."""
+        """TorchRec's context hash combined with :meth:`dreamshard_context`."""
         return hash_sha256_to_int(
             [super().hash_planner_context_inputs(), self.dreamshard_context()]
         )
 
     def hash_planner_context_inputs_str(self) -> str:
-        """The string form of :meth:`hash_planner_context_inputs` (what a ``PlanLoader``
-        stores and TorchRec compares before loading a plan)."""
+        """:meth:`hash_planner_context_inputs` as TorchRec's ``PlanLoader`` compares it."""
         return hash_sha256_str(
             [super().hash_planner_context_inputs_str(), self.dreamshard_context()]
         )

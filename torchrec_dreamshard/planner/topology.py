@@ -6,7 +6,10 @@ only.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torchrec.distributed.planner.types import (
+    CustomTopologyData,
     KernelConfig,
     Topology,
     TopologyFactory,
@@ -21,6 +24,8 @@ def torchrec_topology(
     local_world_size: int | None = None,
     hbm_cap: int | None = None,
     ddr_cap: int | None = None,
+    hbm_caps: Sequence[int] | None = None,
+    ddr_caps: Sequence[int] | None = None,
 ) -> Topology:
     """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
     ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
@@ -34,13 +39,34 @@ def torchrec_topology(
         local_world_size: ranks per host (``None``: all of them).
         hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
         ddr_cap: DDR bytes of each device.
+        hbm_caps, ddr_caps: HBM / DDR bytes of each device, one per rank (devices that
+            differ: TorchRec's ``CustomTopologyData``); over ``hbm_cap`` / ``ddr_cap``.
+
+    Raises:
+        ValueError: ``hbm_caps`` or ``ddr_caps`` does not hold one positive whole number
+            per rank.
     """
+    per_device = {}
+    for key, caps in (("hbm_cap", hbm_caps), ("ddr_cap", ddr_caps)):
+        if caps is None:
+            continue
+        caps = list(caps)
+        if len(caps) != world_size or not all(isinstance(c, int) and c > 0 for c in caps):
+            raise ValueError(
+                f"{key}s must be {world_size} positive whole numbers of bytes (one per rank), "
+                f"got {caps[:8]}{' ...' if len(caps) > 8 else ''}"
+            )
+        per_device[key] = caps
+    extra = (
+        {"custom_topology_data": CustomTopologyData(per_device, world_size)} if per_device else {}
+    )
     return TopologyFactory.create_topology(
         trainer_config=TrainerConfig(
             world_size=world_size,
             local_world_size=local_world_size,
             hbm_cap_bytes=hbm_cap,
             ddr_cap_bytes=ddr_cap,
+            additional_params=extra,
         ),
         kernel_config=KernelConfig(compute_device=compute_device),
     )
