@@ -487,8 +487,9 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
             )
             report["plan"] = str(plan)
             report["placement"] = planner.last_placement
-            report["calibrated"] = planner.adaptation["calibrated"]
+            report["calibrated"] = planner.adaptation["calibrated"]  # rank 0's, sent
             report["verified"] = planner.adaptation["verified"]
+            report["own_calibration"] = planner.agent.current is not planner.agent.prior
         except Exception as exc:
             report["error"] = f"{type(exc).__name__}: {exc}"
     report["seconds"] = time.monotonic() - start
@@ -517,7 +518,8 @@ def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
     assert reports[0]["plan"] == reports[1]["plan"]
     assert reports[0]["placement"] == reports[1]["placement"]
     assert reports[0]["calibrated"] and reports[0]["verified"]
-    assert not reports[1]["calibrated"]  # only rank 0 measured
+    assert reports[1]["calibrated"]  # every rank reports rank 0's adaptation
+    assert reports[0]["own_calibration"] and not reports[1]["own_calibration"]  # rank 0's
 
 
 def test_planner_calibrate_and_verify_arguments():
