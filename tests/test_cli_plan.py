@@ -67,6 +67,11 @@ def test_plan_writes_json_and_png(files, capsys, run_cli):
         (["--mode", "greedy", "--num-samples", "3", "--seed", "7"], {"mode": "greedy"}),
         (["--timeout", "30"], {"timeout_seconds": 30.0}),
         (["--no-splits"], {}),
+        (["--no-measure"], {"measure": False, "profile": None}),
+        (
+            ["--cache-dir", "/tmp/dreamshard-test-cache"],
+            {"cache_dir": "/tmp/dreamshard-test-cache"},
+        ),
     ],
 )
 def test_plan_plans_through_dreamshard_planner(files, monkeypatch, run_cli, flags, expected):
@@ -413,3 +418,18 @@ def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
     assert all(p["measured_ms"] > 0 for p in ver["plans"] if p["measured"])
     assert printed.count("not measured") >= len(left)
     assert f"verified {len(ver['plans']) - len(left)} of {len(ver['plans'])} plans" in printed
+
+
+def test_plan_from_a_profile_times_nothing(files, run_cli, tmp_path):
+    """``--profile``: the plan comes from a profile file, with nothing timed."""
+    from torchrec_dreamshard.measure.gate import no_measuring
+    from torchrec_dreamshard.profile.machine_profile import MachineProfile
+    from torchrec_dreamshard.profile.stamp import MachineStamp
+
+    path = tmp_path / "machine.profile"
+    MachineProfile(stamp=MachineStamp.here("cpu", 3, 3)).save(path)
+    argv = ["plan", str(files / "task.json"), "--profile", str(path)]
+    with no_measuring("a plan from a profile times nothing"):
+        assert run_cli([*argv, "--out", str(tmp_path / "plan.json")]) == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["adaptation"]["profile_given"]

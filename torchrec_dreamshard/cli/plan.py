@@ -20,7 +20,9 @@ EXAMPLES = """examples:
   dreamshard plan task.json --no-splits      # whole tables only (table-wise)
   dreamshard plan task.json --calibrate --budget-s 60 --verify 4
   dreamshard plan task.json --no-calibrate   # the checkpoint as it is, measuring nothing
-  dreamshard plan task.json --timeout 30     # TorchRec's planner timeout_seconds
+  dreamshard plan task.json --timeout 30     # the whole plan, measuring included
+  dreamshard plan task.json --profile machine.profile   # plan from it: nothing timed
+  dreamshard plan task.json --no-measure     # nothing timed: the checkpoint as it is
 
 TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
@@ -87,9 +89,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="the planner's timeout_seconds (TorchRec's: the proposers after DreamShard's "
-        "stop proposing when it is reached)",
+        help="the planner's timeout_seconds: it bounds the whole plan, measuring included",
     )
+    p.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="a machine profile (dreamshard profile --out) to plan from, measuring nothing",
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="measure nothing: the checkpoint's kernels and analytic collectives",
+    )
+    p.add_argument("--cache-dir", metavar="DIR", help="where measurements are cached")
     p.add_argument(
         "--no-splits",
         action="store_true",
@@ -215,7 +227,8 @@ def calibrate_argument(args: argparse.Namespace) -> Any:
 def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlanner:
     """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags: ``--checkpoint``,
     ``--mode``, ``--num-samples``, ``--seed``, ``--calibrate``, ``--verify`` (its rounds:
-    ``--verify-rounds``), ``--timeout`` (``timeout_seconds``); ``--no-splits`` constrains
+    ``--verify-rounds``), ``--timeout`` (``timeout_seconds``), ``--profile``,
+    ``--no-measure`` (``measure=False``), ``--cache-dir``; ``--no-splits`` constrains
     every table to table-wise."""
     import dataclasses
 
@@ -237,6 +250,9 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
         seed=args.seed,
         calibrate=calibrate_argument(args),
         verify=args.verify,
+        profile=args.profile,
+        measure=not args.no_measure,
+        cache_dir=args.cache_dir,
     )
     wrapper = calibrating(planner.agent)
     if wrapper is not None:
