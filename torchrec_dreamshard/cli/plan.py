@@ -84,24 +84,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "0: never)",
     )
     p.add_argument("--verify-rounds", type=int, default=3, help="rounds of the verification")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="the planner's timeout_seconds: it bounds the whole plan, measuring included",
-    )
-    p.add_argument(
-        "--profile",
-        metavar="PATH",
-        help="a machine profile (dreamshard profile --out) to plan from, measuring nothing",
-    )
-    p.add_argument(
-        "--no-measure",
-        action="store_true",
-        help="measure nothing: the checkpoint's kernels and analytic collectives",
-    )
-    p.add_argument("--cache-dir", metavar="DIR", help="where measurements are cached")
+    add_measuring_args(p)
     p.add_argument(
         "--no-splits",
         action="store_true",
@@ -134,6 +117,29 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
         help="calibration store (default: $DREAMSHARD_CALIBRATION_STORE or "
         "~/.cache/torchrec_dreamshard/calibration.sqlite)",
     )
+
+
+def add_measuring_args(p: argparse.ArgumentParser) -> None:
+    """What bounds and feeds the planner's measuring: ``--timeout``, ``--profile``,
+    ``--no-measure``, ``--cache-dir``."""
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the planner's timeout_seconds: it bounds the whole plan, measuring included",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="a machine profile (dreamshard profile --out) to plan from, measuring nothing",
+    )
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="measure nothing: the checkpoint's kernels and analytic collectives",
+    )
+    p.add_argument("--cache-dir", metavar="DIR", help="where measurements are cached")
 
 
 def run(args: argparse.Namespace) -> int:
