@@ -242,3 +242,24 @@ def test_a_cache_dir_that_is_a_file_is_a_clear_error(tmp_path):
     path.write_text("")
     with pytest.raises(ValueError, match="a_file"):
         DreamShardPlanner(topology=torchrec_topology(2, "cpu"), cache_dir=path)
+
+
+@pytest.mark.slow
+def test_timeout_seconds_bounds_the_measuring_of_a_plan_that_would_take_longer(cold_cache):
+    """A plan that asks for 60 s of calibration and a verification of 3 plans, given
+    ``timeout_seconds=10``: what it measures (profile and verification) stays within the
+    10 s, give or take the one batch of kernels a calibration always measures; the stats
+    say what the budget cut."""
+    calibration = CalibrationConfig(budget_s=60.0, drift_limit=math.inf, progress=False)
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(4, "cpu"),
+        batch_size=256,
+        calibrate=calibration,
+        verify=3,
+        timeout_seconds=10,
+    )
+    planner.plan(model(40), get_default_sharders())
+    spent = planner.adaptation["spent_s"]
+    measuring = sum(s for what, s in spent.items() if what != "planning")
+    assert measuring <= 10 * 1.3, spent
+    assert planner.adaptation["measuring_notes"], planner.adaptation  # what was cut, said
