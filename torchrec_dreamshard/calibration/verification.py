@@ -137,11 +137,15 @@ class VerifyOptions:
 @dataclass(frozen=True)
 class Timing:
     """What :func:`verify` measures with: ``step_ms(task, placement)``, one measured step
-    of a plan, and ``reference_ms()``, the reference kernel now (``None``: not timed).
-    :func:`kernel_timing` gives the real kernels'; tests pass others."""
+    of a plan, ``reference_ms()``, the reference kernel now (``None``: not timed), and
+    ``clock()``, the seconds its budget is kept by (``time.perf_counter``).
+    :func:`kernel_timing` gives the real kernels'; tests pass others (and a clock they
+    move themselves, so that what the budget decides does not hang on the machine's
+    load)."""
 
     step_ms: Callable[[Task, list[int]], float]
     reference_ms: Callable[[], float] | None = None
+    clock: Callable[[], float] = time.perf_counter
 
 
 def kernel_timing(config: MeasureConfig) -> Timing:
@@ -194,14 +198,15 @@ def verify(
     options = options or VerifyOptions()
     if k < 1 or options.rounds < 1:
         raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {options.rounds}")
-    start = time.perf_counter()
+    clock = timing.clock if timing is not None else time.perf_counter
+    start = clock()
     config = replace(config or MeasureConfig(), rounds=1)
     plans = verify_candidates(agent, task, k, extra, baselines)
     path = verification_cache_path(task, plans, config, options.rounds) if options.cache else None
     if path is not None:
         passes = read_rounds(path, plans)
         if passes is not None:
-            return _result(plans, options, passes, time.perf_counter() - start, cached=True)
+            return _result(plans, options, passes, clock() - start, cached=True)
     measured, rounds, passes = _measure_passes(
         task, plans, options, timing or kernel_timing(config)
     )
@@ -210,7 +215,7 @@ def verify(
         p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
     if path is not None:
         write_rounds(path, plans, passes)
-    return _result(plans, options, passes, time.perf_counter() - start)
+    return _result(plans, options, passes, clock() - start)
 
 
 def _result(
@@ -238,7 +243,7 @@ def _measure_passes(
     noise: the first pass, and where it was noisy a second (when it measured a whole
     round), which decides."""
     limits = options.noise
-    end = None if options.deadline_s is None else time.perf_counter() + options.deadline_s
+    end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     reference = timing.reference_ms if math.isfinite(limits.drift) else None
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
@@ -307,14 +312,14 @@ def _one_pass(
     devices, big tables) grows with the task rather than leave the plans unranked. With
     ``probe``, where the first measurement says those rounds of every plan would not fit
     even so, :class:`_TooSlow` is raised (with that measurement's seconds) for the caller
-    to measure fewer plans. ``end`` (``time.perf_counter()``): no measurement starts that
+    to measure fewer plans. ``end`` (on ``timing.clock``): no measurement starts that
     would end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
-    start = time.perf_counter()
+    start = timing.clock()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
 
     def measure(_: int, i: int) -> float:
-        now = time.perf_counter()
+        now = timing.clock()
         stretch = BUDGET_STRETCH if len(done) < min(MIN_ROUNDS, rounds) else 1.0
         limit = None if budget_s is None else start + budget_s * stretch
         expected = now + float(np.mean(took or [0.0]))
@@ -324,7 +329,7 @@ def _one_pass(
             ms = timing.step_ms(task, plans[i].placement)
         except RuntimeError as exc:
             raise RuntimeError(f"verification of plan {plans[i].name} failed: {exc}") from exc
-        took.append(time.perf_counter() - now)
+        took.append(timing.clock() - now)
         if bar is not None:
             bar.update(1)
         if probe and budget_s is not None and len(took) == 1 and len(plans) > MIN_PLANS:
