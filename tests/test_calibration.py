@@ -228,13 +228,23 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     assert "predicted ms" in text and "measured ms" in text and res.winner.name in text
 
 
-def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_stands():
+def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_stands(clock):
+    """Real kernels. A budget of 1 us on a clock that moves 1 s whenever it is read: out of
+    time before the first measurement, whatever the machine's speed; then a budget that
+    never runs out, on the machine's own clock: every round measured."""
+    from torchrec_dreamshard.calibration.verification import kernel_timing
+
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
     chosen = {"chosen": agent.place(task)}
-    res = cal.verify(
-        agent, task, 2, FAST, quiet(rounds=3, budget_s=1e-6, incumbent="chosen"), extra=chosen
-    )
+
+    def ticking() -> float:
+        clock.advance(1.0)
+        return clock()
+
+    timing = cal.Timing(kernel_timing(FAST).step_ms, None, ticking)
+    options = quiet(rounds=3, budget_s=1e-6, incumbent="chosen")
+    res = cal.verify(agent, task, 2, FAST, options, extra=chosen, timing=timing)
     assert {len(p.rounds_ms) for p in res.plans} == {0}  # out of time before the first
     assert res.winner.name.split("=")[0] == "chosen"
     res = cal.verify(

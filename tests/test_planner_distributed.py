@@ -211,17 +211,15 @@ def failing_worker(rank: int, world: int, port: int, out_dir: str, checkpoint: s
 
 @pytest.mark.slow
 def test_a_failure_on_one_rank_reaches_every_rank(tmp_path):
-    import time
-
+    """No rank is left waiting: every rank returns (a hang would never reach the asserts;
+    how long planning takes is the benchmarks')."""
     from torchrec_dreamshard.policy import DreamShard
     from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 
     checkpoint = str(tmp_path / "agent.pt")
     save_checkpoint(DreamShard.untrained(seed=0), checkpoint)
-    start = time.monotonic()
     args = (2, free_port(), str(tmp_path), checkpoint)
     mp.spawn(failing_worker, args=args, nprocs=2, join=True)
-    assert time.monotonic() - start < 60
     reports = [json.loads((tmp_path / f"fail{r}.json").read_text()) for r in range(2)]
     for report in reports:
         assert report["load"].startswith("ValueError: rank 1: checkpoint"), report

@@ -347,6 +347,7 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
     """Real kernels, a tiny task: TorchRec's plan (handed in as a baseline source, as the
     planner does) is among the plans measured in the same rounds, and the kept plan did
     not measure slower than it (it beat it beyond the noise, or it is TorchRec's)."""
+    from torchrec_dreamshard.calibration.plan_ranking import pooled
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -367,7 +368,10 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
     assert {len(p.rounds_ms) for p in measured} == {len(base.rounds_ms)} and base.rounds_ms
     assert len(measured) + ver.left_out == len(ver.plans)
     kept = ver.winner
-    assert kept is base or cal.beats_beyond_noise(kept, base)
+    # where the rounds were noisy (a loaded machine), the rounds of every pass together
+    # decide (plan_ranking.keep), not the last pass's alone
+    judged = pooled if ver.fallback else (lambda p: p)
+    assert kept is base or cal.beats_beyond_noise(judged(kept), judged(base))
     assert kept.measured_ms <= base.measured_ms
     assert out.placement == kept.placement
     assert any(line.startswith("verified ") for line in out.summary())
