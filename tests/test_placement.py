@@ -19,8 +19,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import NoPlanError, Task
-InsufficientMemoryError = ValueError
+from torchrec_dreamshard.data.tasks import InsufficientMemoryError, NoPlanError, Task
 from torchrec_dreamshard.planner import DreamShardPlanner
 from torchrec_dreamshard.planner.placement import PolicyPlacer
 from torchrec_dreamshard.policy import DreamShard, PlacementError, PlaceSettings
