@@ -167,3 +167,28 @@ def fixed_collectives() -> Iterator[CollectiveModels]:
         # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)
         patch.setattr(defaults, "load_reference_ms", lambda **kw: None)
         yield GLOO_LIKE
+
+
+class FakeClock:
+    """A clock the test moves itself: ``clock()`` reads it (seconds), ``clock.advance(s)``
+    moves it on. Code under test that takes a clock (``spending(clock=...)``, a
+    verification ``Timing``'s ``clock``, a ``StepSampler``'s ``clock``) then decides the
+    same on a loaded CI core as on an idle one, and no test asserts how fast anything ran
+    (timings are ``benchmarks/``' job)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError(f"a clock does not go back: advance({seconds})")
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A :class:`FakeClock` at 1000 s."""
+    return FakeClock()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import time
 import warnings
 from pathlib import Path
 
@@ -96,56 +95,78 @@ def test_sampling_keeps_its_cost_within_its_share_of_the_job():
     assert sampling_interval(30.0, 0.0, 20, 0.01) == 20  # no plain step yet
 
 
-def test_the_observer_samples_less_often_where_sampling_is_dear(tmp_path):
-    """A job of ~1 ms steps on a real one-rank group: the profiler's start and stop cost
-    far more than 0.1% of such a step, so the observer spaces its samples beyond
-    ``every`` and says what observing cost; unbounded, it keeps to ``every``."""
+PLAIN_S = 2.0**-10  # a plain step on the test's clock (0.98 ms; powers of two add exactly)
+
+
+def observed_steps(observer, clock, steps: int, sampled_extra_s: float, pause_s: float = 0.0):
+    """``steps`` training steps on ``clock``: :data:`PLAIN_S` each, ``sampled_extra_s`` more
+    where the step is sampled (the profiler recording it), and one pause of ``pause_s``
+    inside the first sample after step 10 (an evaluation, a checkpoint). Returns whether
+    it paused."""
+    paused = False
+    for _ in range(steps):
+        clock.advance(PLAIN_S)
+        if observer.sampling:
+            clock.advance(sampled_extra_s)
+            if pause_s and not paused and observer.steps > 10:
+                clock.advance(pause_s)
+                paused = True
+        observer.step()
+    observer.close()  # no sample left running under the next observer's profiler
+    return paused
+
+
+def test_the_observer_samples_less_often_where_sampling_is_dear(clock):
+    """On a real one-rank group, the real profiler, and steps timed on the test's clock: a
+    sampled step costs 8 plain steps more, far more than 0.1% of the job, so the observer
+    spaces its samples to keep within it, and says what observing cost; unbounded, it keeps
+    to ``every``. (What sampling costs on real steps is ``benchmarks/feedback.py``'s.)"""
     from types import SimpleNamespace
 
     from torchrec_dreamshard.feedback.observer import JobObserver
+    from torchrec_dreamshard.feedback.sampling import sampling_interval
 
+    extra_s = 8 * PLAIN_S  # below a pause's 10 plain steps: a sample, not a pause
     record = SimpleNamespace(plan=object(), prediction=object(), model=None)
-    intervals, overheads = [], []
+    intervals, overheads, samples = [], [], []
     with local_process_group(0, 1, free_port()):
-        for max_overhead in (0.001, None):  # 0.1%: a sample's cost is far above it
+        for max_overhead in (0.001, None):
             observer = JobObserver(record, None, every=5, warmup=5, max_overhead=max_overhead)
-            x = torch.randn(64, 64)
-            for _ in range(120):
-                end = time.perf_counter() + 1e-3
-                while time.perf_counter() < end:
-                    x = torch.tanh(x @ x)  # a short step that the profiler records
-                observer.step()
-            observer.close()  # no sample left running under the next observer's profiler
+            observer.sampler.clock = clock
+            observed_steps(observer, clock, 120, extra_s)
             intervals.append(observer.interval)
             overheads.append(observer.overhead)
-    assert intervals[0] > 5 and intervals[1] == 5, (intervals, overheads)
-    assert overheads[0] > 0 and overheads[1] > overheads[0]
+            samples.append(len(observer.profiles))
+    assert observer.dropped == 0
+    assert intervals == [sampling_interval(extra_s * 1e3, PLAIN_S * 1e3, 5, 0.001), 5]
+    assert intervals[0] > 5000  # 8 plain steps' cost at 0.1%: one sample in 8000 steps
+    # the cost said: every sample's extra over the job's plain steps
+    for n, overhead in zip(samples, overheads, strict=True):
+        total = 120 * PLAIN_S + n * extra_s  # the clock from the first step to the last
+        plain = total - PLAIN_S - n * extra_s  # (the first step() starts the count)
+        assert overhead == pytest.approx(n * extra_s / plain)
+    assert samples[0] < samples[1] and overheads[0] < overheads[1]
 
 
-def test_a_sample_that_spans_a_pause_is_dropped_not_counted():
+def test_a_sample_that_spans_a_pause_is_dropped_not_counted(clock):
     """A sample left open across a pause (an evaluation, a checkpoint) is not one step:
     dropped, and its time is neither a sample's measure nor what sampling costs."""
     from types import SimpleNamespace
 
     from torchrec_dreamshard.feedback.observer import JobObserver
 
+    extra_s = 4 * PLAIN_S
     record = SimpleNamespace(plan=object(), prediction=object(), model=None)
     with local_process_group(0, 1, free_port()):
         observer = JobObserver(record, None, every=5, warmup=5, max_overhead=None)
-        paused = False
-        for _ in range(40):
-            end = time.perf_counter() + 1e-3
-            while time.perf_counter() < end:
-                pass
-            if observer.sampling and not paused and observer.steps > 10:
-                time.sleep(0.5)  # 500 plain steps' time inside an open sample
-                paused = True
-            observer.step()
-        observer.close()
+        observer.sampler.clock = clock
+        paused = observed_steps(observer, clock, 40, extra_s, pause_s=0.5)
     assert paused and observer.dropped == 1
-    assert len(observer.profiles) >= 5  # one sample in about 6 steps, one dropped
-    assert all(p.step_ms < 100 for p in observer.profiles)
-    assert observer.sampling_ms < 400  # the pause is not counted as sampling's cost
+    profiles = observer.profiles
+    assert len(profiles) >= 5  # one sample in about 6 steps, one dropped
+    assert all(p.step_ms == pytest.approx((PLAIN_S + extra_s) * 1e3) for p in profiles)
+    # each kept sample cost its extra; the dropped one, the median of those (not 500 ms)
+    assert observer.sampling_ms == pytest.approx((len(profiles) + 1) * extra_s * 1e3)
 
 
 def worker(rank: int, world: int, port: int, out_dir: str) -> None:

@@ -10,14 +10,14 @@ device has 5 GB (or 4 GB: tighter still): the largest table fits none whole, and
 fill the devices to within a few percent of what TorchRec's storage reservation leaves.
 
 The test asserts a valid plan (every table placed, whole, on ranks that exist, no device
-over its memory) and bounds the time loosely: the README's figure is about 1.5 s on an
-idle machine, and a shared CI core may be many times slower.
+over its memory) and that the bounded path is the one taken. It bounds no time: a shared
+CI core may be many times slower than an idle one, and the README's figure (about 1.5 s on
+an idle machine) is ``benchmarks/planning_time.py --compare --tables 1000 --devices 64``'s.
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -40,7 +40,6 @@ HBM_CAP = 5 * 2**30  # the largest table (4.1 GB of weights) fits no device whol
 # narrow to split) fits a device by its own storage, but not by the weight-to-storage ratio
 # of all the tables together (the partitioner's policy_caps)
 TIGHT_HBM_CAP = 4 * 2**30
-PLAN_BOUND_S = 120  # a hang or a fall into the unbounded path, not a speed claim
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -66,11 +65,7 @@ def test_1000_tables_on_64_devices_with_every_sharding_type_get_a_valid_plan(hbm
     assert offered == {t.value for t in ShardingType}, offered  # every type TorchRec has
     topology = Topology(world_size=DEVICES, compute_device="cuda", hbm_cap=hbm_cap)
     planner = DreamShardPlanner(topology=topology, batch_size=LOCAL_BATCH, constraints=constraints)
-    start = time.perf_counter()
     plan = planner.plan(model, [sharder])
-    seconds = time.perf_counter() - start
-    print(f"planned {TABLES} tables on {DEVICES} devices in {seconds:.2f} s")
-    assert seconds < PLAN_BOUND_S, seconds
 
     # every table placed, on ranks that exist, every row and column of it once
     module_plan = plan.plan[""]

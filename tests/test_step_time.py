@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 
 import numpy as np
 import pytest
@@ -177,11 +176,10 @@ def test_dreamshard_plans_bags_and_sequences_that_train_under_dmp_on_two_ranks()
 def test_a_failing_plan_raises_on_the_caller_without_hanging():
     plans = {"ok": NamedPlanner("torchrec-tw"), "bad": failing_planner}
     config = StepTimerConfig(batch_size=8, rounds=1, warmup_steps=0, steps=1, timeout_s=120)
-    start = time.monotonic()
+    # the plan's own error, not the timer's timeout: nothing waited for the failed rank
     with pytest.raises(StepTimerError, match=r"plan 'bad' \(on rank 0\): ValueError") as err:
         time_plans(tiny_spec(), plans, world_size=2, config=config)
     assert "this planner has no plan for you" in str(err.value)
-    assert time.monotonic() - start < 120
 
 
 def test_steptime_command_prints_the_comparison_and_writes_the_rounds(

@@ -5,9 +5,10 @@ on an empty cache, planned by the default ``DreamShardPlanner`` through
 On a cold cache the planner measures what it needs on the job's own process group (the
 collectives, the dense and reference kernels, and calibration kernels where the checkpoint
 misprices this machine). Before, rank 0 spawned processes that inherited torchrun's
-rendezvous and the job hung; the time bound here catches a hang, and the stats say what the
-planner did. The job's next run, on the same cache, measures nothing again and plans
-alike, on every host (whether or not the checkpoint priced it right and so calibrated).
+rendezvous and the job hung; the launch's timeout catches a hang (no assertion bounds how
+long planning took: that is the benchmarks'), and the stats say what the planner did. The
+job's next run, on the same cache, measures nothing again and plans alike, on every host
+(whether or not the checkpoint priced it right and so calibrated).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import pytest
 JOB = Path(__file__).with_name("torchrun_job.py")
 WORLD = 2
 JOB_TIMEOUT_S = 300  # the whole launch; a hang ends here instead of in CI's limit
-COLD_PLAN_BOUND_S = 90  # planning on a cold cache (measured about 10 s on 2 busy cores)
 
 
 def launch(out: Path, cache: Path, world: int = WORLD) -> list[dict]:
@@ -50,7 +50,6 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
     assert len(first["types"]) == 8
     for r in results:
         assert len(r["losses"]) == 4 and all(math.isfinite(x) for x in r["losses"])
-        assert r["plan_s"] < COLD_PLAN_BOUND_S, r["plan_s"]
     adaptation = first["adaptation"]
     assert adaptation["mode"] == "auto" and adaptation["reference_measured_ms"] > 0
     # what was measured on the job's group is cached for the next run of this topology

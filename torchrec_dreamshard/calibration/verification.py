@@ -180,28 +180,29 @@ def verify(
     options = options or VerifyOptions()
     if k < 1 or options.rounds < 1:
         raise ValueError(f"verify needs k >= 1 and rounds >= 1, got {k}, {options.rounds}")
-    start = time.perf_counter()
+    clock = timing.clock if timing is not None else time.perf_counter
+    start = clock()
     config = replace(config or MeasureConfig(), rounds=1)
     plans = verify_candidates(agent, task, k, extra, baselines)
     path = verification_cache_file(task, plans, config, options.rounds) if options.cache else None
     if path is not None:
         passes = read_rounds(path, plans)
         if passes is not None:
-            return _result(plans, options, passes, time.perf_counter() - start, cached=True)
+            return _result(plans, options, passes, clock() - start, cached=True)
     try:
         measured, rounds, passes = _measure_passes(
             task, plans, options, timing or kernel_timing(config), config.device
         )
     except MeasuringFailed as failed:
         warn_failures([failed.failure], "the planner's chosen plan is kept, not measured")
-        seconds = time.perf_counter() - start
+        seconds = clock() - start
         return VerifyResult(list(plans), seconds, failure=failed.failure)
     for i, p in enumerate(measured):  # the last pass decides; a noisy first is kept apart
         p.rounds_ms = [r[i] for r in rounds[-1]]
         p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
     if path is not None:
         write_rounds(path, plans, passes)
-    return _result(plans, options, passes, time.perf_counter() - start)
+    return _result(plans, options, passes, clock() - start)
 
 
 def _result(
@@ -234,11 +235,11 @@ def _measure_passes(
     round), which decides. Every measurement is :func:`~torchrec_dreamshard.measure.guard.guarded`
     (on ``device``); the first that fails raises :class:`MeasuringFailed`."""
     limits = options.noise
-    end = None if options.deadline_s is None else time.perf_counter() + options.deadline_s
+    end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     reference = None
     if timing.reference_ms is not None and math.isfinite(limits.drift):
         reference = guarded_reference(timing.reference_ms, device)
-    timing = Timing(guarded_step(timing.step_ms, plans, device), timing.reference_ms)
+    timing = Timing(guarded_step(timing.step_ms, plans, device), timing.reference_ms, timing.clock)
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
     try:
@@ -306,21 +307,21 @@ def _one_pass(
     devices, big tables) grows with the task rather than leave the plans unranked. With
     ``probe``, where the first measurement says those rounds of every plan would not fit
     even so, :class:`_TooSlow` is raised (with that measurement's seconds) for the caller
-    to measure fewer plans. ``end`` (``time.perf_counter()``): no measurement starts that
+    to measure fewer plans. ``end`` (on ``timing.clock``): no measurement starts that
     would end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
-    start = time.perf_counter()
+    start = timing.clock()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
 
     def measure(_: int, i: int) -> float:
-        now = time.perf_counter()
+        now = timing.clock()
         stretch = BUDGET_STRETCH if len(done) < min(MIN_ROUNDS, rounds) else 1.0
         limit = None if budget_s is None else start + budget_s * stretch
         expected = now + float(np.mean(took or [0.0]))
         if (limit is not None and expected > limit) or (end is not None and expected > end):
             raise _OutOfTime
         ms = timing.step_ms(task, plans[i].placement)
-        took.append(time.perf_counter() - now)
+        took.append(timing.clock() - now)
         if bar is not None:
             bar.update(1)
         if probe and budget_s is not None and len(took) == 1 and len(plans) > MIN_PLANS:

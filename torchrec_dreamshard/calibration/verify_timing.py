@@ -7,6 +7,7 @@ which ends the verification."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -24,12 +25,15 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 @dataclass(frozen=True)
 class Timing:
     """What :func:`~.verification.verify` measures with: ``step_ms(task, placement)``,
-    one measured step of a plan, and ``reference_ms()``, the reference kernel now
-    (``None``: not timed).
-    :func:`kernel_timing` gives the real kernels'; tests pass others."""
+    one measured step of a plan, ``reference_ms()``, the reference kernel now (``None``:
+    not timed), and ``clock()``, the seconds its budget is kept by
+    (``time.perf_counter``). :func:`kernel_timing` gives the real kernels'; tests pass
+    others (and a clock they move themselves, so that what the budget decides does not
+    hang on the machine's load)."""
 
     step_ms: Callable[[Task, list[int]], float]
     reference_ms: Callable[[], float] | None = None
+    clock: Callable[[], float] = time.perf_counter
 
 
 def kernel_timing(config: MeasureConfig) -> Timing:

@@ -27,6 +27,17 @@ class NoPlanError(ValueError):
     source of the safety net)."""
 
 
+class InsufficientMemoryError(NoPlanError):
+    """The tables do not fit the devices' memory: a table bigger than every device, more
+    bytes than all devices hold, or a placement step that finds no device with room (the
+    message names the tables and the bytes).
+
+    The one error of placing that means "does not fit": the planner's partitioner turns it,
+    and only it, into TorchRec's ``PlannerError`` of insufficient storage, which TorchRec's
+    loop takes as a proposal that does not partition. Any other error of placing (a wrong
+    length, a bug, a numpy error) raises as itself."""
+
+
 # Upper bounds of a task's fields (see the README's "Limits and errors").
 MAX_DEVICES = 4096  # devices D
 MAX_BATCH_SIZE = 2**24  # global batch (samples)
@@ -74,12 +85,12 @@ class Task:
         biggest = max(self.memory)
         too_big = [t.name for t in self.tables if t.size_bytes > biggest]
         if too_big and not self.allow_oversized:
-            raise ValueError(
+            raise InsufficientMemoryError(
                 f"tables {too_big} are bigger than every device ({biggest} bytes at most)"
             )
         total = sum(t.size_bytes for t in self.tables)
         if total > sum(self.memory):
-            raise ValueError(
+            raise InsufficientMemoryError(
                 f"the tables need {total} bytes but the {self.num_devices} devices hold "
                 f"{sum(self.memory)} bytes in total"
             )
@@ -246,7 +257,7 @@ def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator
         seed: a seed or a numpy generator.
 
     Raises:
-        NoPlanError: some table fits on no device.
+        InsufficientMemoryError: some table fits on no device.
     """
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     free = list(task.memory)
@@ -256,7 +267,7 @@ def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator
         size = task.tables[i].size_bytes
         legal = [d for d in range(task.num_devices) if free[d] >= size]
         if not legal:
-            raise NoPlanError(
+            raise InsufficientMemoryError(
                 f"table {task.tables[i].name!r} ({size} bytes) fits on no device: the devices "
                 f"have {free} bytes left"
             )

@@ -26,7 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, random_placement
+from torchrec_dreamshard.data.tasks import (
+    InsufficientMemoryError,
+    NoPlanError,
+    Task,
+    check_placement,
+    random_placement,
+)
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.candidates import torchrec_placement
 from torchrec_dreamshard.policy import PlacementAgent, PlacementError, PlaceSettings
@@ -86,7 +92,7 @@ def _dreamshard_split(task: Task, seed: int, inputs: PlacingInputs) -> Plan:
         found = plan_with_splits(
             agent, task, PlaceSettings(num_samples=inputs.num_samples, seed=seed)
         )
-    except ValueError as exc:  # no placement even after splitting (the message says why)
+    except InsufficientMemoryError as exc:  # no placement even after splitting (says why)
         raise NoPlanError(str(exc)) from None
     placement = [int(d) for d in found.placement]
     if not found.sharded.columns:

@@ -13,7 +13,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -84,6 +84,8 @@ class StepSampler:
         warmup: steps before the first sample.
         max_overhead: the share of the job's time sampling may cost (``None``: one step
             in ``every``, whatever it costs).
+        clock: the clock the steps are timed by (seconds; ``time.perf_counter``). It is
+            the :attr:`clock` attribute, which a test may set to a clock it moves itself.
     """
 
     def __init__(
@@ -93,19 +95,21 @@ class StepSampler:
         every: int = EVERY,
         warmup: int = WARMUP,
         max_overhead: float | None = MAX_OVERHEAD,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if every < 1 or warmup < 0:
             raise ValueError(f"every must be >= 1 and warmup >= 0, got {every}, {warmup}")
         if max_overhead is not None and not 0 < max_overhead < 1:
             raise ValueError(f"max_overhead must be in (0, 1) or None, got {max_overhead!r}")
         self._group = group
+        self.clock = clock
         self.every, self.warmup, self.max_overhead = every, warmup, max_overhead
         self.steps = 0
         self.interval = every  # steps between samples now (see sampling_interval)
         self._next = warmup  # the step count at which the next sample starts
-        self._first: float | None = None  # perf_counter at the first step() call
-        self._last: float | None = None  # perf_counter at the end of the last step() call
-        self._entered = 0.0  # perf_counter before the open sample's profiler started
+        self._first: float | None = None  # the clock at the first step() call
+        self._last: float | None = None  # the clock at the end of the last step() call
+        self._entered = 0.0  # the clock before the open sample's profiler started
         self._plain: deque[float] = deque(maxlen=PLAIN_STEPS)  # plain steps' ms
         self._extra_ms = 0.0  # what sampling cost so far
         self._extras: deque[float] = deque(maxlen=EXTRAS)  # the last kept samples' costs
@@ -113,7 +117,7 @@ class StepSampler:
         self._burst = BURST  # samples still to take at the burst's spacing
         self._samples: deque[Any] = deque(maxlen=MAX_SAMPLES)  # raw, read when gathered
         self._profiler: Any = None
-        self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
+        self._started = (0.0, 0.0)  # the clock and wall clock at the sampled step's start
         self.inputs = InputRecorder(dmp)  # what the sampled steps feed the tables
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
         self.close()
@@ -121,7 +125,7 @@ class StepSampler:
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
         profiler when the next step is to be sampled."""
-        now = time.perf_counter()
+        now = self.clock()
         if self._first is None:
             self._first = now
         if self._profiler is not None:
@@ -131,7 +135,7 @@ class StepSampler:
         self.steps += 1
         if self.steps >= self._next:
             self._start_sample()
-        self._last = time.perf_counter()
+        self._last = self.clock()
 
     @property
     def sampling(self) -> bool:
@@ -166,19 +170,19 @@ class StepSampler:
             activities.append(ProfilerActivity.CUDA)
         for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
             other.close()
-        self._entered = time.perf_counter()
+        self._entered = self.clock()
         self._profiler = profile(activities=activities)
         _OPEN.add(self)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
         with record_function(MARK):
-            self._started = (time.perf_counter(), time.time())
+            self._started = (self.clock(), time.time())
         self.inputs.start()
 
     def _finish_sample(self) -> None:
         if self._group.device.type == "cuda":
             torch.cuda.synchronize(self._group.device)
-        step_ms = (time.perf_counter() - self._started[0]) * 1e3
+        step_ms = (self.clock() - self._started[0]) * 1e3
         profiler = self._profiler
         plain = statistics.median(self._plain) if self._plain else None
         # a "step" far longer than the job's steps spans a pause (an evaluation, a
@@ -189,7 +193,7 @@ class StepSampler:
         self.close()
         # the sampled step, the profiler's start and stop included, beyond a plain step:
         # what sampling it cost (for a dropped one, what samples have cost so far)
-        cost_ms = (time.perf_counter() - self._entered) * 1e3
+        cost_ms = (self.clock() - self._entered) * 1e3
         extra = max(0.0, cost_ms - (plain if plain is not None else cost_ms))
         wanted = self.every
         if not long:

@@ -6,13 +6,17 @@ dense kernel, the reference kernel), calibration, verification, and the rest (pl
 seconds exclude those of the blocks inside it (the collectives timed while calibrating are
 the collectives', not the calibration's), so the figures add up to the plan's wall time.
 Outside a ledger, :func:`spent_on` costs a context-variable read.
+
+A ledger reads one clock, :func:`time.perf_counter` unless :func:`spending` is given
+another (``clock=``: the tests hand it one they advance themselves, so what the ledger
+decides is tested without timing anything).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 
 PLANNING = "planning"  # what no measurement claimed: search, pricing, TorchRec's planner
@@ -21,11 +25,20 @@ PLANNING = "planning"  # what no measurement claimed: search, pricing, TorchRec'
 _LEDGER: ContextVar[Spending | None] = ContextVar("dreamshard_spending", default=None)
 
 
-class Spending:
-    """Seconds per activity (:data:`PLANNING` for the rest) since the ledger was opened."""
+Clock = Callable[[], float]
+"""A clock: seconds, from any origin, never going back (``time.perf_counter``)."""
 
-    def __init__(self) -> None:
-        self._start = time.perf_counter()
+
+class Spending:
+    """Seconds per activity (:data:`PLANNING` for the rest) since the ledger was opened.
+
+    Args:
+        clock: the clock every block of the ledger reads.
+    """
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        self._clock = clock
+        self._start = clock()
         self._spent: dict[str, float] = {}
         self._end: float | None = None  # set when the ledger's block ends
         self._nested = [0.0]  # per open block (the ledger itself first): its blocks' seconds
@@ -33,31 +46,32 @@ class Spending:
     def seconds(self) -> dict[str, float]:
         """Seconds per activity, so far or (once the ledger's block ended) in all: each
         measured activity, then :data:`PLANNING`."""
-        total = (self._end or time.perf_counter()) - self._start
+        total = (self._clock() if self._end is None else self._end) - self._start
         return {**self._spent, PLANNING: max(0.0, total - sum(self._spent.values()))}
 
     @contextlib.contextmanager
     def _block(self, what: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start = self._clock()
         self._nested.append(0.0)
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - start
+            elapsed = self._clock() - start
             inner = self._nested.pop()
             self._nested[-1] += elapsed
             self._spent[what] = self._spent.get(what, 0.0) + max(0.0, elapsed - inner)
 
 
 @contextlib.contextmanager
-def spending() -> Iterator[Spending]:
-    """A new ledger for the block (an enclosing one is set aside and restored after)."""
-    ledger = Spending()
+def spending(clock: Clock = time.perf_counter) -> Iterator[Spending]:
+    """A new ledger for the block (an enclosing one is set aside and restored after),
+    reading ``clock``."""
+    ledger = Spending(clock)
     token = _LEDGER.set(ledger)
     try:
         yield ledger
     finally:
-        ledger._end = time.perf_counter()
+        ledger._end = ledger._clock()
         _LEDGER.reset(token)
 
 

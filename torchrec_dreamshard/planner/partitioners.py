@@ -18,9 +18,12 @@ by its tables' weight-to-storage ratio; if TorchRec's estimate still overflows a
 that device's share is shrunk and the policy places again (a few times at most).
 
 Then every device's shards must fit the storage it has after TorchRec's storage
-reservation. When they do not, or the tables cannot be placed, it raises TorchRec's
+reservation. When they do not, or the tables do not fit the memory (the placer's
+:class:`~torchrec_dreamshard.data.tasks.InsufficientMemoryError`), it raises TorchRec's
 ``PlannerError`` naming the tables and what to change, and TorchRec's planner treats the
-proposal as it treats any that does not partition.
+proposal as it treats any that does not partition. Any other error (a bug, a wrong length,
+a numpy error, a user component's own) is not a proposal that does not fit: it raises as
+itself, and TorchRec's loop, which skips only ``PlannerError``, lets it out of ``plan``.
 
 Other proposals (a user's proposers', such as TorchRec's ``GreedyProposer``) carry no ranks
 and go to the fallback partitioner, as they would in TorchRec's planner; a proposal whose
@@ -100,9 +103,9 @@ class DreamShardPartitioner(Partitioner):
         """``proposal`` with a rank in every shard (see the module docstring).
 
         Raises:
-            PlannerError: the tables cannot be placed (named, with what to change), a
-                shard has a rank out of range, or a device's shards need more storage than
-                it has (the device and its tables are named).
+            PlannerError: the tables do not fit (named, with what to change), a shard has
+                a rank out of range, or a device's shards need more storage than it has
+                (the device and its tables are named). Any other error raises as itself.
         """
         if isinstance(proposal, DreamShardProposal):
             plan = self._place(proposal, storage_constraint)

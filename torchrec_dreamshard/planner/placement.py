@@ -8,6 +8,12 @@ and, for a calibrating agent, its calibration); where tables may be split column
 split search (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`), which cuts
 a table too big for every device to fit and others when the cost network predicts a faster
 step.
+
+Only a placement that does not fit (:class:`~torchrec_dreamshard.data.tasks.
+InsufficientMemoryError`: the task's memory check, the policy's roll-outs, the split
+search) becomes TorchRec's ``PlannerError`` of insufficient storage, which TorchRec's loop
+takes as a proposal that does not partition. Any other error raises as itself, out of the
+planner's ``plan``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 
 from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
@@ -59,7 +65,8 @@ class PolicyPlacer:
         ``widths`` (shards at least that many columns wide) where it pays.
 
         Raises:
-            PlannerError: the policy found no placement (``INSUFFICIENT_STORAGE``).
+            PlannerError: the tables do not fit (``INSUFFICIENT_STORAGE``; the
+                ``InsufficientMemoryError`` that said so is its cause).
         """
         try:
             task = Task(
@@ -70,7 +77,7 @@ class PolicyPlacer:
                 allow_oversized=bool(widths),
             )
             return self._split(task, widths) if widths else self._whole(task)
-        except ValueError as exc:  # PlacementError is a ValueError
+        except InsufficientMemoryError as exc:  # the policy's PlacementError is one
             raise PlannerError(
                 f"DreamShard could not place the tables: {exc}",
                 PlannerErrorType.INSUFFICIENT_STORAGE,

@@ -5,10 +5,10 @@ dim x pooling factor; dim x pooling factor x log10(rows)), descending, and puts 
 the device with the least proxy load that still has room (:func:`greedy_by_costs`); the
 four heuristics are those greedies, by name (:data:`HEURISTICS`).
 
-They raise :class:`NoPlanError` when they find no placement. The policy's safety net
-builds on them, and so does the registry of every placer by name
-(:mod:`torchrec_dreamshard.evaluation.placers`), which adds a random placement, TorchRec's
-planner and DreamShard's modes.
+They raise :class:`InsufficientMemoryError` (a :class:`NoPlanError`, re-exported here) when
+a table finds no device with room. The policy's safety net builds on them, and so does the
+registry of every placer by name (:mod:`torchrec_dreamshard.evaluation.placers`), which adds
+a random placement, TorchRec's planner and DreamShard's modes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import NoPlanError, Task
+from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
+from torchrec_dreamshard.data.tasks import NoPlanError as NoPlanError  # re-exported
 
 PROXIES: dict[str, Callable[[TableSpec], float]] = {
     "size": lambda t: float(t.size_bytes),
@@ -46,7 +47,7 @@ def greedy_by_costs(task: Task, costs: Sequence[float]) -> list[int]:
         size = task.tables[i].size_bytes
         legal = np.flatnonzero(free >= size)
         if legal.size == 0:
-            raise NoPlanError(_no_room(task.tables[i], free))
+            raise InsufficientMemoryError(_no_room(task.tables[i], free))
         d = int(legal[np.argmin(load[legal])])
         out[i] = d
         free[d] -= size

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.cost.cost_net import EPS_MS, CostNet, FrozenHeads, device_context
-from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
 from torchrec_dreamshard.policy.packing import can_pack
 from torchrec_dreamshard.policy.policy_net import NUM_SCALARS, FrozenPolicy, PolicyNet
 
@@ -28,8 +28,8 @@ LOG_EPS_32 = np.float32(LOG_EPS)  # what float32 state holds of it
 NO_DEVICE_32 = np.float32(-1e30)  # an empty device's log total, below any real one
 
 
-class PlacementError(ValueError):
-    """No device has room for a table (the message names it)."""
+class PlacementError(InsufficientMemoryError):
+    """No device has room for a table (the message names it): the tables do not fit."""
 
 
 @dataclass

@@ -39,7 +39,7 @@ from torchrec_dreamshard.data.splits import (
     shard_task,
     split_counts,
 )
-from torchrec_dreamshard.data.tasks import Task, device_bytes
+from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task, device_bytes
 from torchrec_dreamshard.policy.protocol import PlaceSettings
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -91,8 +91,10 @@ def plan_with_splits(
         max_shards: shards of one table at most (capped at the number of devices).
 
     Raises:
-        ValueError: a table bigger than every device that may not be split or cannot be
-            split small enough, or no placement even after splitting (the agent's error).
+        InsufficientMemoryError: a table bigger than every device that may not be split
+            or cannot be split small enough, or no placement even after splitting (the
+            agent's error).
+        ValueError: ``splittable`` names a table the task lacks.
     """
     limit = max(1, min(max_shards, task.num_devices))
     allowed = _splittable(task, splittable)
@@ -140,7 +142,8 @@ def fitting_task(task: Task, max_shards: int = MAX_SHARDS) -> Task:
     no device is never run as one kernel, and a placement of it fits nowhere).
 
     Raises:
-        ValueError: a table that cannot be split small enough (as :func:`plan_with_splits`).
+        InsufficientMemoryError: a table that cannot be split small enough (as
+            :func:`plan_with_splits`).
     """
     limit = max(1, min(max_shards, task.num_devices))
     counts = _forced_counts(task, _splittable(task, None), limit)
@@ -164,14 +167,14 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
         if spec.size_bytes <= biggest:
             continue
         if spec.name not in allowed:
-            raise ValueError(
+            raise InsufficientMemoryError(
                 f"table {spec.name!r} ({spec.size_bytes} bytes) is bigger than every device "
                 f"({biggest} bytes at most) and may not be split column-wise"
             )
         options = split_counts(spec, limit, allowed[spec.name])
         fits = [n for n in options if column_shards(spec, n)[0].size_bytes <= biggest]
         if not fits:
-            raise ValueError(
+            raise InsufficientMemoryError(
                 f"table {spec.name!r} ({spec.size_bytes} bytes, dim {spec.dim}) fits no "
                 f"device ({biggest} bytes at most) even cut into the most column-wise "
                 f"shards allowed ({options[-1] if options else 1}, at most {limit}: one per "
@@ -184,12 +187,12 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
 def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: PlaceSettings):
     """Place the shard task, splitting the table with the largest shards further while the
     agent finds no placement."""
-    error: ValueError | None = None
+    error: InsufficientMemoryError | None = None
     for _ in range(FIT_ATTEMPTS + 1):
         sharded = shard_task(task, counts)
         try:
             return sharded, how.place(agent, sharded.shards)
-        except ValueError as exc:  # the policy's PlacementError is a ValueError
+        except InsufficientMemoryError as exc:  # the policy's PlacementError is one
             error = exc
         tables = sharded.shards.tables
         for k in sorted(range(len(tables)), key=lambda k: -tables[k].size_bytes):
@@ -200,7 +203,9 @@ def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: P
                 break
         else:
             break
-    raise ValueError(f"no placement fits, even with column-wise splits: {error}") from error
+    raise InsufficientMemoryError(
+        f"no placement fits, even with column-wise splits: {error}"
+    ) from error
 
 
 def _improve(agent: PlacementAgent, best: SplitPlan, next_count, replace=None) -> SplitPlan:
@@ -262,7 +267,7 @@ def _candidates(best, table, n, load, compute, costs, replace):
         )
         try:
             placement = replace(sharded.shards)
-        except ValueError:  # the policy finds no placement of these shards
+        except InsufficientMemoryError:  # the policy finds no placement of these shards
             return
         if _shards_apart(sharded, placement):
             yield sharded, placement
