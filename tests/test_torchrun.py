@@ -27,12 +27,14 @@ WORLD = 2
 JOB_TIMEOUT_S = 300  # the whole launch; a hang ends here instead of in CI's limit
 
 
-def launch(out: Path, cache: Path, world: int = WORLD) -> list[dict]:
-    """Run the job under torchrun with ``cache`` as XDG_CACHE_HOME; every rank's result."""
+def launch(out: Path, cache: Path, world: int = WORLD, profile: Path | None = None) -> list[dict]:
+    """Run the job under torchrun with ``cache`` as XDG_CACHE_HOME (and the machine
+    profile at ``profile`` where given); every rank's result."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd = [*launcher, f"--nproc_per_node={world}", str(JOB), str(out)]
+    cmd += [str(profile)] if profile is not None else []
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
@@ -85,3 +87,31 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
 def cache_files(cache: Path) -> dict[str, bytes]:
     """The per-machine cache files under ``cache`` (the calibration store aside), by name."""
     return {p.name: p.read_bytes() for p in (cache / "torchrec_dreamshard").glob("*.json")}
+
+
+@pytest.mark.slow
+def test_a_job_planned_from_a_profile_measures_nothing_and_plans_alike(tmp_path, cold_cache):
+    """A profile (one node measured it; here it is made of the test's fixed models) hands
+    every job the same plan: the same on every rank, run after run, on 2 ranks and on 4;
+    nothing is measured and nothing written in the job's cache."""
+    from conftest import CPU_DENSE_LIKE, GLOO_LIKE, bundled_reference_ms
+
+    from torchrec_dreamshard.profile.machine_profile import MachineProfile
+    from torchrec_dreamshard.profile.stamp import MachineStamp
+
+    path = tmp_path / "machine.profile"
+    MachineProfile(
+        stamp=MachineStamp.here("cpu", 4, 4),
+        reference_ms=bundled_reference_ms(),
+        collectives=GLOO_LIKE,
+        collectives_source="tests: fixed",
+        dense_kernel=CPU_DENSE_LIKE,
+    ).save(path)
+    plans = {}
+    for run, world in (("a", 2), ("b", 2), ("c", 4)):
+        results = launch(tmp_path / run, cold_cache, world, profile=path)
+        assert len({r["plan"] for r in results}) == 1, "ranks got different plans"
+        assert all(r["adaptation"]["profile_given"] for r in results)
+        plans[run] = results[0]["plan"]
+    assert plans["a"] == plans["b"]  # the same job, the same plan, byte for byte
+    assert not cold_cache.exists() or not any(cold_cache.rglob("*"))  # nothing written

@@ -74,7 +74,7 @@ def make_batch(rank: int, step: int):
     )
 
 
-def main(out_dir: Path) -> None:
+def main(out_dir: Path, profile: str | None = None) -> None:
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -89,7 +89,8 @@ def main(out_dir: Path) -> None:
     _apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
     sharders = [EmbeddingBagCollectionSharder()]
     start = time.perf_counter()
-    planner = DreamShardPlanner(batch_size=LOCAL_BATCH)  # the topology of the job's group
+    # the topology of the job's group; with a profile, nothing measured
+    planner = DreamShardPlanner(batch_size=LOCAL_BATCH, profile=profile)
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
     plan_s = time.perf_counter() - start
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
@@ -118,6 +119,6 @@ def main(out_dir: Path) -> None:
 
 if __name__ == "__main__":
     warnings.simplefilter("ignore")
-    main(Path(sys.argv[1]))
+    main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
     sys.stdout.flush()
     os._exit(0)  # see torchrec_dreamshard.measure.spawn.exit_spawned_rank
