@@ -17,8 +17,8 @@ CUDA topology (no GPU is needed to plan for one) and every classic heuristic's p
    TorchRec's intra-host bandwidth, unmeasured: one GPU has no peer);
 5. writes ``results.json`` (device model, versions, the cost network's error before and
    after calibration, each plan's measured step against TorchRec's plan and the best
-   heuristic's) and the profile it learned (``profile.pt``, the calibrated agent in the
-   checkpoint format, and ``profile.json``, the reference kernel's time).
+   heuristic's) and the profile it learned (``profile.pt``, a ``MachineProfile`` the
+   planner plans from with ``profile=``, and ``profile.json``, its summary).
 
 A measurement that fails (a CUDA error, an out-of-memory, an FBGEMM operator missing from
 the build) is recorded in the results and the run goes on without it.
@@ -446,7 +446,7 @@ def run(args: argparse.Namespace) -> int:
         "failures": [f.to_dict() for f in failures],
         "seconds": time.perf_counter() - _START,
     }
-    write_results(data, cal.agent, out)
+    write_results(data, prior, cal, out)
     return 0
 
 
@@ -496,12 +496,12 @@ def measure_step(
     return results, rounds
 
 
-def write_results(data: dict, agent: Any, out: Path) -> None:
-    """Step 5: ``results.json`` and the profile."""
+def write_results(data: dict, prior: Any, cal: Any, out: Path) -> None:
+    """Step 5: ``results.json`` and the profile (``cal``: the calibration's result)."""
     from torchrec_dreamshard.io import atomic_write, dumps_strict
 
     atomic_write(out / "results.json", dumps_strict(data), "results file")
-    save_profile(agent, data, out)
+    save_profile(prior, cal, data, out)
     errors = data["cost_error"]["plan_kernels"]
     say(
         f"5/5 wrote {out / 'results.json'} and the profile {out / 'profile.pt'}; the plans' "
@@ -524,16 +524,34 @@ def comm_model(path: str | None, device: str, failures: list) -> Any:
     return model
 
 
-def save_profile(agent: Any, data: dict, out: Path) -> None:
-    """The profile it learned: the calibrated agent (checkpoint format) and, beside it, the
-    reference kernel's time and the machine (the lead's ``MachineProfile`` replaces it)."""
+def save_profile(prior: Any, cal: Any, data: dict, out: Path) -> None:
+    """The profile it learned (``profile.pt``, a ``MachineProfile``: the reference kernel
+    and the cost network calibrated on this device's kernels, stamped with the device and
+    versions; ``DreamShardPlanner(profile=...)`` plans from it) and its summary beside it
+    (``profile.json``)."""
     from torchrec_dreamshard.io import atomic_write, dumps_strict
-    from torchrec_dreamshard.policy.checkpoint import save_checkpoint
+    from torchrec_dreamshard.profile.build import calibration_summary
+    from torchrec_dreamshard.profile.machine_profile import MachineProfile, ProfileCalibration
+    from torchrec_dreamshard.profile.stamp import MachineStamp
 
-    keys = ("device", "device_model", "versions", "reference_ms")
-    save_checkpoint(agent, out / "profile.pt", extra={"gpu_check": {k: data[k] for k in keys}})
-    profile = {k: data[k] for k in keys} | {"checkpoint": "profile.pt", "format": FORMAT}
-    atomic_write(out / "profile.json", dumps_strict(profile), "profile file")
+    ref = data["reference_ms"]
+    calibration = None
+    if cal.agent is not prior and cal.samples:
+        calibration = ProfileCalibration(
+            prior=prior.fingerprint(),
+            cost_net={k: v.detach().clone() for k, v in cal.agent.cost_net.state_dict().items()},
+            meta=dict(cal.agent.meta),
+            summary=calibration_summary(cal),
+        )
+    profile = MachineProfile(
+        stamp=MachineStamp.here(data["device"], 1, 1),
+        reference_ms=None if ref is None else (ref["fwd"], ref["bwd"]),
+        calibration=calibration,
+        notes=("measured by benchmarks/gpu_check.py on one device: no collectives",),
+    )
+    profile.save(out / "profile.pt")
+    summary = profile.summary() | {"file": "profile.pt", "format": FORMAT}
+    atomic_write(out / "profile.json", dumps_strict(summary), "profile file")
 
 
 def fmt(x: float | None) -> str:

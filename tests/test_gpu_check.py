@@ -58,7 +58,7 @@ def test_the_measuring_cost_policy_and_calibration_layers_import_without_torchre
     out = run_hidden(
         """
         import importlib, pkgutil
-        for layer in ("measure", "cost", "policy", "calibration"):
+        for layer in ("measure", "cost", "policy", "calibration", "profile"):
             package = importlib.import_module(f"torchrec_dreamshard.{layer}")
             for mod in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
                 importlib.import_module(mod.name)
@@ -115,11 +115,13 @@ def test_prepare_then_run_on_cpu_without_torchrec_writes_results_and_a_profile(
     assert errors["kernels"] > 0 and errors["before"] > 0 and errors["after"] > 0
     assert results["reference_ms"]["fwd"] > 0 and results["failures"] == []
 
-    from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+    from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
-    profile = json.loads((out / "profile.json").read_text())
-    assert profile["reference_ms"] == results["reference_ms"]
-    load_checkpoint(out / profile["checkpoint"])
+    summary = json.loads((out / "profile.json").read_text())
+    ref = results["reference_ms"]
+    assert summary["reference_ms"] == [ref["fwd"], ref["bwd"]]
+    profile = MachineProfile.load(out / summary["file"])  # what a planner plans from
+    assert profile.stamp.device == "cpu" and profile.reference_ms == (ref["fwd"], ref["bwd"])
 
 
 def test_run_on_cuda_without_a_gpu_says_so(tmp_path):

@@ -76,14 +76,19 @@ def test_measure_must_be_a_bool():
         DreamShardPlanner(topology=torchrec_topology(2, "cpu"), measure="no")
 
 
-def test_a_cuda_topology_without_cuda_times_nothing(cold_cache):
+@pytest.mark.parametrize("asked", [{}, {"calibrate": True, "verify": 2}])
+def test_a_cuda_topology_without_cuda_times_nothing(cold_cache, asked):
+    """Neither by default nor where calibration and verification are asked for: nothing is
+    timed on this CPU as a stand-in for the GPUs, and the first line says so."""
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with no_measuring("a CUDA topology must not be timed on this CPU"):
-        planner = DreamShardPlanner(topology=torchrec_topology(4, "cuda"), batch_size=64)
+        planner = DreamShardPlanner(topology=torchrec_topology(4, "cuda"), batch_size=64, **asked)
         planner.plan(model(), get_default_sharders())
     notes = " ".join(planner.adaptation["measuring_notes"])
     assert "without CUDA" in notes and "nothing is timed" in notes
+    assert "without CUDA" in planner.adaptation["why"]  # the first line of the stats
+    assert not planner.adaptation["calibrated"] and not planner.adaptation["verified"]
     assert files_under(cold_cache) == {}
 
 

@@ -72,6 +72,8 @@ def plan_adaptation(
         out["spent_s"] = spent
     if profile is not None:
         out["profile"] = profile.summary()
+        if profile.reference_ms is None and profile.notes and not given:
+            out["why"] = profile.notes[0]  # nothing measured here, and why
         out["measuring_notes"] = [*profile.notes, *notes]
         failed = [dict(f) for f in profile.failures]
         out["measure_failures"] = [*failed, *out.get("measure_failures", [])]

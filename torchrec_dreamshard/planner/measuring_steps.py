@@ -128,6 +128,8 @@ class MeasuringSteps:
         ours_won = log.winner == OURS
         if self._given is not None:  # a given profile plans with nothing timed
             return plan
+        if self.profile_step.unmeasured is not None:  # measure=False, no CUDA here, ...
+            return plan
         if self._measure and verify_after_loop(agent, budget, self.sources, ours_won, self.notes):
             log.reset()
             plan = self._loop(loop)

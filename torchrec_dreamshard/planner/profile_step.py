@@ -140,6 +140,7 @@ class ProfileStep:
         self._sources = sources
         self.calibration_sources: Sequence[Any] | None = None  # the planner's candidates
         self.last: MachineProfile | None = None
+        self.unmeasured: str | None = None  # why the last plan may measure nothing
 
     def stamp(self) -> MachineStamp:
         t = self._topology
@@ -158,6 +159,9 @@ class ProfileStep:
         on it. ``types_offered``: whether the search space may offer types the type
         choice prices; ``task``: the tables calibration would measure (asked for only
         where it calibrates); ``loads_plan``: a plan loader is given."""
+        self.unmeasured = (
+            None if self._given is not None else self._why_not_measured(self.stamp(), loads_plan)
+        )
         profile = self._profile(agent, budget, types_offered, task, loads_plan)
         freeze(agent, profile)
         self.last = profile
