@@ -159,10 +159,11 @@ class ProfileStep:
         on it. ``types_offered``: whether the search space may offer types the type
         choice prices; ``task``: the tables calibration would measure (asked for only
         where it calibrates); ``loads_plan``: a plan loader is given."""
-        self.unmeasured = (
-            None if self._given is not None else self._why_not_measured(self.stamp(), loads_plan)
-        )
-        profile = self._profile(agent, budget, types_offered, task, loads_plan)
+        stamp = self.stamp()
+        self.unmeasured = None
+        if self._given is None:
+            self.unmeasured = self._why_not_measured(stamp, loads_plan)
+        profile = self._profile(agent, budget, types_offered, task, stamp)
         freeze(agent, profile)
         self.last = profile
         return profile
@@ -173,12 +174,11 @@ class ProfileStep:
         budget: Budget,
         types_offered: bool,
         task: Callable[[], Task | None],
-        loads_plan: bool,
+        stamp: MachineStamp,
     ) -> MachineProfile:
-        stamp = self.stamp()
         if self._given is not None:
             return self._checked(self._given, stamp)
-        why = self._why_not_measured(stamp, loads_plan)
+        why = self.unmeasured
         if why is not None:
             analytic = analytic_models(CommTopology.from_torchrec(self._topology))
             source = "analytic, from the topology's bandwidths (not measured)"
