@@ -396,8 +396,7 @@ def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
     from torchrec_dreamshard.io import read_json
 
     clock, settings = FakeClock(), calibrating_agent.verification_settings
-    monkeypatch.setattr(verification, "time", clock)
-    timing = verification.Timing(clock.step_ms, lambda: 1.0)
+    timing = verification.Timing(clock.step_ms, lambda: 1.0, clock.perf_counter)
     monkeypatch.setattr(verification, "kernel_timing", lambda config: timing)
 
     def small_budget(*args, **kwargs):

@@ -287,12 +287,22 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
     if report is not None and report.candidates and not summary.get("shards"):
         summary["candidates"] = report.to_dict()
     summary["adaptation"] = planner.adaptation
+    calibration = measured_calibration(planner)
+    if calibration is not None:
+        summary["calibration"] = {k: v for k, v in calibration.items() if k != "lines"}
     wrapper = calibrating(planner.agent)
-    if wrapper is not None and wrapper.last_calibration is not None:
-        summary["calibration"] = wrapper.last_calibration.to_dict()
     if wrapper is not None and wrapper.last_verification is not None:
         summary["verification"] = wrapper.last_verification.to_dict()
     return summary
+
+
+def measured_calibration(planner: DreamShardPlanner) -> dict[str, Any] | None:
+    """What this plan's profile step calibrated (its record and printed ``lines``), or
+    ``None`` where it calibrated nothing here (none, or a given profile)."""
+    profile = planner.profile
+    if profile is None or profile.calibration is None or planner.adaptation.get("profile_given"):
+        return None
+    return profile.calibration.record or None
 
 
 def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dict) -> None:
@@ -312,10 +322,12 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
     print(format_plan(summary))
     if "candidates" in summary:
         print("\n".join(planner.agent.last_report.lines()))
+    calibration = measured_calibration(planner)
+    if calibration is not None:
+        print("\n".join(calibration.get("lines", [])))
     wrapper = calibrating(planner.agent)
-    for done in (wrapper.last_calibration, wrapper.last_verification) if wrapper else ():
-        if done is not None:
-            print("\n".join(done.lines()))
+    if wrapper is not None and wrapper.last_verification is not None:
+        print("\n".join(wrapper.last_verification.lines()))
     if args.out:
         summary["torchrec_plan"] = torchrec_plan_path(args.out).name
         atomic_write(args.out, dumps_strict(summary), "--out file")

@@ -196,6 +196,7 @@ def _calibration(
         cost_net={k: v.detach().clone() for k, v in result.agent.cost_net.state_dict().items()},
         meta=dict(result.agent.meta),
         summary=calibration_summary(result),
+        record={**result.to_dict(), "lines": result.lines()},
     )
 
 

@@ -48,12 +48,15 @@ class ProfileCalibration:
         meta: the calibrated agent's metadata.
         summary: what calibration measured and bought (kernels measured, reused,
             skipped, discarded; the kernel error before and after; seconds).
+        record: the calibration's whole record (``CalibrationResult.to_dict``) and its
+            printed ``lines``, for ``dreamshard plan``'s output.
     """
 
     prior: str
     cost_net: dict[str, torch.Tensor]
     meta: dict[str, Any]
     summary: dict[str, Any]
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,7 +149,12 @@ class MachineProfile:
                     else self.dense_kernel.to_dict(),
                     "calibration": None
                     if cal is None
-                    else {"prior": cal.prior, "meta": cal.meta, "summary": cal.summary},
+                    else {
+                        "prior": cal.prior,
+                        "meta": cal.meta,
+                        "summary": cal.summary,
+                        "record": cal.record,
+                    },
                     "notes": list(self.notes),
                     "failures": [dict(f) for f in self.failures],
                     "spent_s": dict(self.spent_s),
@@ -200,7 +208,11 @@ class MachineProfile:
             if not all(isinstance(v, torch.Tensor) for v in net.values()):
                 raise ValueError("the cost network's weights must be tensors")
             calibration = ProfileCalibration(
-                str(cal["prior"]), dict(net), dict(cal["meta"]), dict(cal["summary"])
+                str(cal["prior"]),
+                dict(net),
+                dict(cal["meta"]),
+                dict(cal["summary"]),
+                dict(cal.get("record") or {}),
             )
         collectives, dense = payload["collectives"], payload["dense_kernel"]
         return cls(
