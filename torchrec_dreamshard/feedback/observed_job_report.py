@@ -15,8 +15,9 @@ Per rank, over the sampled steps (medians):
 
 The report also names the rank that bounds the step, measured and predicted, the tables
 each rank holds, and (``inputs``) each table's pooling factor as the planner was told and
-as the job fed it, with the tables that differ by more than 10% (``mispriced``). It is a
-plain JSON-able dict.
+as the job fed it, with the tables that differ by more than 10% (``mispriced``), and
+(``memory``) each rank's and table's memory, the plan's storage estimate against what the
+rank holds (:mod:`.memory_report`). It is a plain JSON-able dict.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from torchrec_dreamshard.feedback.memory_report import memory_lines
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split
 
 
@@ -162,6 +164,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         lines.append(input_line(inputs))
     if report.get("replan"):
         lines.append(f"re-plan: {report['replan']['why']}")
+    if report.get("memory"):
+        lines.extend(memory_lines(report["memory"]))
     observer = report.get("observer")
     if observer:
         lines.append(

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.inputs import InputRecorder
+from torchrec_dreamshard.feedback.memory import MemoryRecorder, transient_peak
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
 from torchrec_dreamshard.measure.distributed_job_group import JobGroup
 
@@ -115,6 +116,7 @@ class StepSampler:
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
         self.inputs = InputRecorder(dmp)  # what the sampled steps feed the tables
+        self.memory = MemoryRecorder(dmp)  # what the ranks hold (named by attach(plan))
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
         self.close()
 
@@ -167,13 +169,14 @@ class StepSampler:
         for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
             other.close()
         self._entered = time.perf_counter()
-        self._profiler = profile(activities=activities)
+        self._profiler = profile(activities=activities, profile_memory=True)
         _OPEN.add(self)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
         with record_function(MARK):
             self._started = (time.perf_counter(), time.time())
         self.inputs.start()
+        self.memory.start(self._group.device)
 
     def _finish_sample(self) -> None:
         if self._group.device.type == "cuda":
@@ -186,6 +189,7 @@ class StepSampler:
         # a measure of what sampling costs; every rank drops it if any rank would
         long = plain is not None and len(self._plain) >= 5 and step_ms > LONG_STEP * plain
         fed = self.inputs.take()
+        self.memory.recording = False
         self.close()
         # the sampled step, the profiler's start and stop included, beyond a plain step:
         # what sampling it cost (for a dropped one, what samples have cost so far)
@@ -198,6 +202,7 @@ class StepSampler:
             typical = statistics.median(self._extras)
             wanted = sampling_interval(typical, plain or cost_ms, self.every, self.max_overhead)
         self.interval, dropped = self._agreed(wanted, long)
+        self.memory.finish(self._group.device, keep=not dropped)
         if dropped:
             self._extra_ms += statistics.median(self._extras) if self._extras else 0.0
             self.dropped += 1
@@ -225,13 +230,17 @@ class StepSampler:
         for i, sample in enumerate(self._samples):
             if not isinstance(sample, StepProfile):
                 profiler, step_ms, wall = sample
-                self._samples[i] = sample = step_profile(profiler.events(), step_ms, wall)
+                events = profiler.events()
+                sample = step_profile(events, step_ms, wall)
+                sample.peak_bytes = transient_peak(events, self._group.device.type == "cuda")
+                self._samples[i] = sample
             out.append(sample)
         return out
 
     def clear(self) -> None:
         """Drop the samples kept (they measured a plan no longer run)."""
         self._samples.clear()
+        self.memory.clear()
 
     def restart(self, dmp: Any) -> None:
         """Sample ``dmp``, a job restarted in this process, from now on, as a new job:
@@ -239,6 +248,8 @@ class StepSampler:
         close samples start again."""
         self.close()
         self.inputs.attach(dmp)
+        self.memory.attach(dmp)
+        self.memory.clear()
         self._samples.clear()
         self.inputs.steps.clear()
         self._plain.clear()
@@ -250,6 +261,7 @@ class StepSampler:
         """Stop a sample still open (dropped, not half-counted); at exit too: a profiler
         left running when the process ends crashes it in PyTorch's teardown."""
         self.inputs.stop(keep=False)
+        self.memory.recording = False
         if self._profiler is not None:
             with quiet_stderr():
                 self._profiler.__exit__(None, None, None)

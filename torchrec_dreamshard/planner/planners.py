@@ -51,6 +51,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
@@ -151,6 +152,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
             :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
+        storage_correction: factors over TorchRec's storage estimate, measured in a
+            running job (``observer.storage_correction()``); every storage checked
+            against a device's capacity is the corrected one (not with a user's
+            enumerator).
 
     The context hash (:meth:`hash_planner_context_inputs_str`) covers TorchRec's inputs and
     what only DreamShard depends on: the agent's weights (:meth:`DreamShard.fingerprint`),
@@ -185,6 +190,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
+        storage_correction: StorageCorrection | None = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
@@ -208,9 +214,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             )
         reservation = storage_reservation or self._own_reservation
         self.table_specs = OptionSpecs(sample_batches, topology.world_size)
-        scope = PlanningScope(
-            self.agent, topology, batch_size, reservation, constraints, self.table_specs
-        )
+        self.storage_correction = storage_correction
+        scope = PlanningScope(self.agent, topology, batch_size, reservation, constraints,
+                              self.table_specs, storage_correction)  # fmt: skip
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
         parts = build_components(
             scope,
@@ -296,7 +302,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     def dreamshard_context(self) -> list[Any]:
         """What only DreamShard's plans depend on: the agent's fingerprint, the mode,
         samples, seed, calibration and verification settings, and the measured reuse."""
-        return [self.agent.fingerprint(), *self.settings.context(), self.table_specs.reuse_key()]
+        correction = [c.fingerprint()] if (c := self.storage_correction) is not None else []
+        return [self.agent.fingerprint(), *self.settings.context(), self.table_specs.reuse_key(),
+                *correction]  # fmt: skip
 
     def hash_planner_context_inputs(self) -> int:
         """TorchRec's context hash (topology, batch, search space, storage reservation,

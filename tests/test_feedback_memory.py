@@ -1,0 +1,116 @@
+"""Memory the job really uses: each rank's and table's measured bytes (weights and fused
+optimizer state read off the FBGEMM kernels' tensors, per-step buffers on the sampled
+steps, the step's peak) beside the plan's storage estimate; the correction learnt from
+them, which later plans apply; and the check before the job, which builds each rank's
+kernels in one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
+from torchrec_dreamshard.feedback.memory_report import (
+    build_memory_report,
+    corrected_report,
+    learn_correction,
+    memory_lines,
+)
+from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+
+EBC = "model.sparse_arch.embedding_bag_collection"
+
+
+# -- the correction, a plain value ---------------------------------------------------------
+
+
+def test_a_storage_correction_round_trips_through_json_and_refuses_bad_values():
+    c = StorageCorrection({"t0": 2.0, "t1": 0.5}, {"fused": 1.5}, "job 1")
+    again = StorageCorrection.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c and again.fingerprint() == c.fingerprint()
+    assert c.factor("t0", "fused") == 2.0 and c.factor("t9", "fused") == 1.5
+    assert c.factor("t9", "dense") == 1.0 and c.corrected("t1", "fused", 101) == 51
+    assert c.merged(StorageCorrection({"t0": 3.0})).tables == {"t0": 3.0, "t1": 0.5}
+    for bad in ({"version": 1, "tables": {"t0": -1}}, {"version": 1, "tables": {"t0": "x"}},
+                {"version": 9}, [1]):  # fmt: skip
+        with pytest.raises(ValueError, match="storage correction"):
+            StorageCorrection.from_dict(bad)
+
+
+def test_the_planners_storage_is_the_corrected_estimate():
+    """The enumerator's options carry TorchRec's storage estimate times the factor of
+    their table (and kernel), for every shard."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
+    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.policy import DreamShard
+
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=1000 * (i + 1),
+                           feature_names=[f"f{i}"])
+        for i in range(3)
+    ]  # fmt: skip
+    model = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    topology = torchrec_topology(2, "cpu")
+    agent = DreamShard.untrained(seed=0)
+    sharders = [EmbeddingBagCollectionSharder()]
+    correction = StorageCorrection({"t0": 2.0}, {"fused": 1.25})
+    plain = DreamShardEnumerator(topology, 64, agent=agent).enumerate(model, sharders)
+    fixed = DreamShardEnumerator(topology, 64, agent=agent, storage_correction=correction)
+    corrected = fixed.enumerate(model, sharders)
+    assert len(plain) == len(corrected)
+    for a, b in zip(plain, corrected, strict=True):
+        factor = correction.factor(a.name, a.compute_kernel)
+        for sa, sb in zip(a.shards, b.shards, strict=True):
+            assert sb.storage.ddr == math.ceil(sa.storage.ddr * factor), (a.name, factor)
+
+
+# -- the report ----------------------------------------------------------------------------
+
+
+def _estimate(rank, table, total, weights, optimizer):
+    parts = {"total": total, "weights": weights, "optimizer": optimizer,
+             "buffers": total - weights - optimizer}  # fmt: skip
+    return {"rank": rank, "table": table, "kernel": "fused", "uncorrected": total,
+            "predicted": parts}  # fmt: skip
+
+
+def _measured(tables, held, transient):
+    return {"tables": tables, "held": held, "transient": transient, "peak": held + transient,
+            "steps": 3}  # fmt: skip
+
+
+def test_the_report_names_the_part_that_was_off_and_warns_near_the_cap():
+    """Rank 1's table holds twice the optimizer state TorchRec counted: the report names
+    the rank, the table and the part; its peak is within the margin of its cap, so it is
+    warned of. After learning, every rank is predicted as measured."""
+    estimates = [_estimate(0, "m.a", 3000, 1000, 1000), _estimate(1, "m.b", 3000, 1000, 0)]
+    parts = {"weights": 1000, "optimizer": 1000, "inputs": 500, "outputs": 400, "grads": 100}
+    measured = [
+        _measured({"m.a": parts}, 5000, 1000),
+        _measured({"m.b": dict(parts, inputs=1000, outputs=800, grads=200)}, 9000, 500),
+    ]
+    report = build_memory_report(estimates, measured, [20000, 10000], 0.15, 0.10)
+    json.dumps(report)
+    r0, r1 = report["ranks"]
+    assert r0["error"] == 0 and r0["off"] == [] and not r0["near_cap"]
+    assert r1["error"] == pytest.approx(1000 / 3000) and r1["off"][0] == "optimizer"
+    assert r1["tables"][0]["off"] == "optimizer" and r1["tables"][0]["difference"] == 1000
+    assert report["near_cap"] == [1] and r1["near_cap"]
+    lines = "\n".join(memory_lines(report))
+    assert "rank 1 m.b" in lines and "optimizer off" in lines
+    assert "WARNING: rank 1 peaks at" in lines
+    learned = learn_correction(report)
+    assert learned.tables == {"a": 1.0, "b": pytest.approx(4000 / 3000)}
+    after = corrected_report(report, learned)
+    assert after["worst_error"] == pytest.approx(0, abs=1e-9)
