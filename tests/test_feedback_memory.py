@@ -114,3 +114,109 @@ def test_the_report_names_the_part_that_was_off_and_warns_near_the_cap():
     assert learned.tables == {"a": 1.0, "b": pytest.approx(4000 / 3000)}
     after = corrected_report(report, learned)
     assert after["worst_error"] == pytest.approx(0, abs=1e-9)
+
+
+# -- a DMP job on gloo ranks ---------------------------------------------------------------
+
+JOB_STEPS = 22  # 4 sampled steps: the first after 5, then one in 5
+
+
+def job_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    with local_process_group(rank, world, port):
+        result = observed_memory(rank, world)
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    exit_spawned_rank()
+
+
+def observed_memory(rank: int, world: int) -> dict:
+    from conftest import CPU_DENSE_LIKE, GLOO_LIKE
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrun_job import LOCAL_BATCH, TABLES, build_model, make_batch
+
+    from torchrec_dreamshard import observe
+    from torchrec_dreamshard.feedback.memory_check import check_plan
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward, lookup_kernels
+
+    sharders = [EmbeddingBagCollectionSharder()]
+    model = build_model()
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(world, "cpu"),
+        batch_size=LOCAL_BATCH,
+        calibrate=False,
+        collectives=GLOO_LIKE,
+        dense_kernel=CPU_DENSE_LIKE,
+    )
+    plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
+    opt = torch.optim.SGD([p for n, p in dmp.named_parameters() if "embedding_bag" not in n], 0.05)
+    observer = observe(planner, dmp, every=5, warmup=5, max_overhead=None)
+    for step in range(JOB_STEPS):
+        loss, _ = dmp(make_batch(rank, step))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        observer.step()
+    report = observer.report()
+    # what this rank's kernels hold, straight off their tensors
+    state = 0
+    for module in dmp.modules():
+        for kernel in lookup_kernels(module) if hasattr(module, "input_dist") else []:
+            for states in kernel.emb_module.get_all_states():
+                state += sum(t.numel() * t.element_size() for t in states[:3])
+    shards = {}
+    for name, ps in plan.plan[EBC].items():
+        for shard in ps.sharding_spec.shards:
+            if shard.placement.rank() == rank:
+                shards[f"{EBC}.{name}"] = math.prod(shard.shard_sizes) * 4
+    check = None
+    if rank == 0:
+        pooling = {f"{EBC}.t{i}": p for i, (_, p) in enumerate(TABLES)}
+        check = check_plan(plan, build_model_with_adagrad(), LOCAL_BATCH, world, pooling=pooling)
+    return {"report": report, "state": state, "shards": shards, "check": check}
+
+
+def build_model_with_adagrad():
+    from torchrun_job import build_model
+
+    from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward
+
+    model = build_model()
+    ebc = model.model.sparse_arch.embedding_bag_collection
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.05})
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_dmp_job_reports_predicted_and_measured_memory_per_rank_and_table(
+    tmp_path, comm_model, world
+):
+    mp.spawn(job_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    memory = results[0]["report"]["memory"]
+    assert all(r["report"]["memory"] == memory for r in results)  # the same on every rank
+    assert [r["rank"] for r in memory["ranks"]] == list(range(world))
+    assert memory["steps"] == 4
+    for r, result in zip(memory["ranks"], results, strict=True):
+        tables = {t["table"]: t for t in r["tables"]}
+        assert set(tables) == set(result["shards"]), (r["rank"], sorted(tables))
+        # weights and optimizer state: exactly the kernels' tensors, table by table
+        held = sum(t["measured"]["weights"] + t["measured"]["optimizer"] for t in tables.values())
+        assert held == result["state"]
+        for name, weight_bytes in result["shards"].items():
+            t = tables[name]
+            assert t["measured"]["weights"] == weight_bytes
+            assert t["measured"]["optimizer"] == weight_bytes  # Adagrad: one value a weight
+            assert t["predicted"]["total"] > 0 and t["measured"]["inputs"] > 0
+            assert t["measured"]["outputs"] > 0 and t["measured"]["grads"] > 0
+        assert r["predicted"] > 0 and r["peak"] >= r["held"] > r["measured"] / 2
+    # the check before the job: each rank's bytes within 5% of the job's
+    for r, checked in zip(memory["ranks"], results[0]["check"], strict=True):
+        assert checked["total"] == pytest.approx(r["measured"], rel=0.05), (r, checked)
