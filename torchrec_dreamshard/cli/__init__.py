@@ -15,6 +15,7 @@ SUBCOMMANDS = [
     "collect",
     "demo",
     "evaluate",
+    "memory",
     "plan",
     "pool",
     "report",
