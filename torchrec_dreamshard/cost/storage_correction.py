@@ -2,7 +2,7 @@
 
 TorchRec's planner estimates each shard's memory (``ShardingOption.shards[i].storage``:
 weights, the optimizer state it knows of, input and output buffers). A job measures what
-its ranks really hold (:mod:`torchrec_dreamshard.feedback.memory`). The correction is the
+its ranks really hold (:mod:`torchrec_dreamshard.feedback.rank_memory`). The correction is the
 ratio of the two, measured over estimated, per table and, for tables the job did not run,
 per compute kernel (the median of that kernel's tables); a plan made with it scales the
 storage the planner checks against each device's capacity

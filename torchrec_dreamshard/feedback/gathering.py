@@ -22,7 +22,7 @@ def gather(
 ) -> dict[str, list[Any]]:
     """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
     were fed, the model's tables (``tables``: rank 0's), what the rank holds in memory
-    (:meth:`~.memory.MemoryRecorder.snapshot`) and the plan's storage estimates
+    (:meth:`~.rank_memory.MemoryRecorder.snapshot`) and the plan's storage estimates
     (``estimates``: rank 0's), in one collective; where
     ``with_inputs``, each rank's recorded inputs too, to rank 0 only (a second
     collective: up to tens of MB a rank, which the other ranks have no use for)."""

@@ -8,7 +8,7 @@ them: one FBGEMM fused kernel (``SplitTableBatchedEmbeddingBagsCodegen``, on the
 over the rank's fused shards, with the job's optimizer (the one
 ``_apply_optimizer_in_backward`` set on the tables, or the sharder's ``fused_params``), and
 the data-parallel tables' dense kernel. Its weights and optimizer state are read off the
-built tensors (:func:`~.memory.kernel_state_bytes`, as the job's observer reads them), and
+built tensors (:func:`~.rank_memory.kernel_state_bytes`, as the job's observer reads them), and
 one forward and backward on ids drawn to the tables' pooling factors (the constraints', 1
 where none) gives the per-step buffers: the ids a kernel is fed (every rank's batch, for a
 table-wise or column-wise shard), its pooled output and that output's gradient. The rank's
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from torchrec_dreamshard.feedback.memory import BUFFERS
+from torchrec_dreamshard.feedback.rank_memory import BUFFERS
 
 DATA_PARALLEL = "data_parallel"
 
@@ -101,7 +101,7 @@ def _kernel(specs: list[tuple[int, int]], optimizer: Any, dense: bool) -> nn.Mod
 def _state(module: nn.Module, names: list[str]) -> dict[str, dict[str, int]]:
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.feedback.memory import kernel_state_bytes
+    from torchrec_dreamshard.feedback.rank_memory import kernel_state_bytes
 
     tables = [SimpleNamespace(name=n) for n in names]
     kernel = SimpleNamespace(emb_module=module, config=SimpleNamespace(embedding_tables=tables))

@@ -9,7 +9,7 @@ Per rank and per table shard (:func:`build_memory_report`):
   TorchRec counts (its multiplier of the weights) and the rest, the buffers (TorchRec's
   input and output sizes);
 * ``measured``: the weights and optimizer state the rank's kernels hold, and the
-  per-step buffers of the sampled steps (:mod:`.memory`);
+  per-step buffers of the sampled steps (:mod:`.rank_memory`);
 * ``difference`` (measured - predicted) and ``off``: the part with the largest
   difference, where the total is more than :data:`TOLERANCE` off.
 
@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
-from torchrec_dreamshard.feedback.memory import BUFFERS
+from torchrec_dreamshard.feedback.rank_memory import BUFFERS
 
 PARTS = ("weights", "optimizer", "buffers")
 TOLERANCE = 0.10  # a table or rank whose measured bytes are this far off is named
@@ -136,7 +136,7 @@ def _off(predicted: Mapping[str, float], measured: Mapping[str, float]) -> str |
 
 def table_rows(estimates: list[dict[str, Any]], measured: Mapping[str, Any]) -> list[dict]:
     """One rank's tables: predicted beside measured (``measured``: the rank's snapshot,
-    :meth:`~.memory.MemoryRecorder.snapshot`)."""
+    :meth:`~.rank_memory.MemoryRecorder.snapshot`)."""
     tables = measured.get("tables", {})
     rows = []
     for e in estimates:

@@ -51,7 +51,7 @@ class StepProfile:
             clock, and its duration.
         dp_ms: the data-parallel tables' dense kernel, forward and backward.
         peak_bytes: the step's transient memory peak beyond what the rank held at its
-            start (:func:`~torchrec_dreamshard.feedback.memory.transient_peak`).
+            start (:func:`~torchrec_dreamshard.feedback.rank_memory.transient_peak`).
     """
 
     step_ms: float

@@ -252,8 +252,7 @@ def learn_and_replan(
 
     spec_fn, arguments, config = job_inputs(record, config, inputs)
     correction, memory_bound = memory_correction(record, memory, arguments, inputs)
-    if correction is not None:
-        arguments = dict(arguments, storage_correction=correction)
+    arguments = {**arguments, **({"storage_correction": correction} if correction else {})}
     kernels = rank_kernels(record, spec_fn)
     stored = store_observations(record, measured, config, kernels)
     specs = list(itertools.chain.from_iterable(kernels[0]))
