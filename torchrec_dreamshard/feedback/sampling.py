@@ -20,8 +20,8 @@ import torch
 import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.inputs import InputRecorder
-from torchrec_dreamshard.feedback.rank_memory import MemoryRecorder, transient_peak
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
+from torchrec_dreamshard.feedback.rank_memory import MemoryRecorder, transient_peak
 from torchrec_dreamshard.measure.distributed_job_group import JobGroup
 
 EVERY = 20  # sample at most one step in this many
