@@ -335,3 +335,54 @@ def test_a_cap_the_estimate_fits_warns_in_the_job_and_the_corrected_replan_fits(
     for r in after["ranks"]:
         assert r["peak"] < r["cap"], r
         assert abs(r["error"]) < 0.05, r  # predicted (corrected) within 5% of measured
+
+
+def test_dreamshard_memory_checks_a_plan_before_the_job(tmp_path, capsys, run_cli):
+    """Each device's bytes, built on FBGEMM's CPU kernels: Adagrad's state as large as the
+    weights, a device over its memory named; a plan that does not match the task refused."""
+    tables = [
+        {"name": "t0", "rows": 100_000, "dim": 16, "pooling_factor": 2.0},
+        {"name": "t1", "rows": 1_000, "dim": 32, "pooling_factor": 20.0},
+    ]
+    task = {"num_devices": 2, "memory_bytes": 8_000_000, "batch_size": 256, "tables": tables}
+    (tmp_path / "task.json").write_text(json.dumps(task))
+    (tmp_path / "plan.json").write_text(json.dumps({"placement": {"t0": 0, "t1": 1}}))
+    out = tmp_path / "memory.json"
+    args = ["memory", str(tmp_path / "task.json"), str(tmp_path / "plan.json"), "--out", str(out)]
+    assert run_cli(args) == 0
+    devices = json.loads(out.read_text())
+    d0, d1 = devices["devices"]
+    assert d0["tables"]["t0"]["weights"] == 100_000 * 16 * 4 == d0["tables"]["t0"]["optimizer"]
+    assert d1["tables"]["t1"]["inputs"] > 0 and d1["tables"]["t1"]["grads"] > 0
+    assert devices["over"] == [0] and "devices over their memory: [0]" in capsys.readouterr().out
+    (tmp_path / "plan.json").write_text(json.dumps({"placement": {"t0": 0}}))
+    assert run_cli(args[:3]) == 2
+    assert "placement does not match the task" in capsys.readouterr().err
+
+
+def test_dreamshard_report_prints_and_plots_the_memory(tmp_path, capsys, run_cli):
+    from torchrec_dreamshard.feedback.observed_job_report import build_report
+    from torchrec_dreamshard.feedback.profiling import StepProfile
+    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+
+    prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
+    steps = [
+        [StepProfile(20.0, 1.0, 2.0, [(0.0, 1.0)])],
+        [StepProfile(21.0, 2.0, 5.0, [(0.0, 1.0)])],
+    ]
+    report = build_report(steps, prediction, [["m.a"], ["m.b"]], "checkpoint")
+    parts = {"weights": 1000, "optimizer": 1000, "inputs": 500, "outputs": 400, "grads": 100}
+    report["memory"] = build_memory_report(
+        [_estimate(0, "m.a", 3000, 1000, 1000), _estimate(1, "m.b", 3000, 1000, 0)],
+        [
+            _measured({"m.a": parts}, 5000, 1000),
+            _measured({"m.b": dict(parts, inputs=1000)}, 9500, 100),
+        ],
+        [20000, 10000],
+    )
+    path, png = tmp_path / "report.json", tmp_path / "report.png"
+    path.write_text(json.dumps(report))
+    assert run_cli(["report", str(path), "--plot", str(png)]) == 0
+    printed = capsys.readouterr().out
+    assert "memory predicted (the plan's storage estimate) against measured" in printed
+    assert "WARNING: rank 1 peaks at" in printed and png.read_bytes()[:4] == b"\x89PNG"

@@ -170,8 +170,10 @@ def rank_row(
     parts = {p: sum(r["measured"][p] - r["predicted"][p] for r in rows) for p in PARTS}
     reserved = int(cap * reserved_share) if cap else 0
     beyond = max(0, peak - got)
-    off = [p for p in PARTS if abs(parts[p]) > TOLERANCE * max(predicted, 1)]
-    off.sort(key=lambda p: -abs(parts[p]))
+    off = []  # the parts of a rank whose tables are more than TOLERANCE off in all
+    if abs(got - predicted) > TOLERANCE * max(predicted, 1):
+        off = [p for p in PARTS if abs(parts[p]) > TOLERANCE * max(predicted, 1)]
+        off.sort(key=lambda p: -abs(parts[p]))
     if cap and beyond > reserved:
         off.append("reservation")
     return {
@@ -303,7 +305,7 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
     """The memory report as a table, like TorchRec's planner stats."""
     lines = [
         f"DreamShard: memory predicted (the plan's storage estimate) against measured per "
-        f"rank, {report['steps']} sampled steps (MB)",
+        f"rank, {report['steps']} sampled steps (MiB)",
         "rank  predicted  measured   error   peak     cap  off",
     ]
     for r in report["ranks"]:
@@ -319,8 +321,8 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
                 p, m = t["predicted"], t["measured"]
                 lines.append(
                     f"  rank {r['rank']} {t['table']}: predicted {_mb(p['total'])}, measured "
-                    f"{_mb(m['total'])} MB; {t['off']} off ({_mb(p[t['off']])} -> "
-                    f"{_mb(m[t['off']])} MB)"
+                    f"{_mb(m['total'])} MiB; {t['off']} off ({_mb(p[t['off']])} -> "
+                    f"{_mb(m[t['off']])} MiB)"
                 )
     for r in report["ranks"]:
         if r["near_cap"]:
@@ -331,7 +333,7 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
 def near_cap_warning(rank: Mapping[str, Any], margin: float) -> str:
     """The warning of a rank whose peak is within ``margin`` of its cap."""
     return (
-        f"WARNING: rank {rank['rank']} peaks at {_mb(rank['peak'])} MB, within {margin:.0%} of "
-        f"its cap of {_mb(rank['cap'])} MB: it may run out of memory (re-plan: "
+        f"WARNING: rank {rank['rank']} peaks at {_mb(rank['peak'])} MiB, within {margin:.0%} of "
+        f"its cap of {_mb(rank['cap'])} MiB: it may run out of memory (re-plan: "
         "observer.replan() corrects the storage estimate with what was measured)"
     )

@@ -115,7 +115,7 @@ class JobObserver:
         arguments = getattr(getattr(record, "replanner", None), "arguments", {})
         self.planned_correction: StorageCorrection | None = arguments.get("storage_correction")
         self.learned_correction: StorageCorrection | None = None
-        self._options = record.options  # the observed plan's options (rank 0)
+        self._options = getattr(record, "options", None)  # the observed plan's options (rank 0)
         self._replanned: list[Any] | None = None  # the last replan()'s options (rank 0)
 
     def step(self) -> None:
@@ -197,8 +197,6 @@ class JobObserver:
                 ],
                 "correction": self.learned_correction.to_dict(),
             }
-        for rank in report["near_cap"]:
-            logger.warning(near_cap_warning(report["ranks"][rank], self.margin))
         return report
 
     def storage_correction(self) -> StorageCorrection | None:
@@ -230,6 +228,8 @@ class JobObserver:
         memory = self.memory_report(gathered)
         if memory is not None:
             report["memory"] = memory
+            for rank in memory["near_cap"]:
+                logger.warning(near_cap_warning(memory["ranks"][rank], self.margin))
         for line in report_lines(report):
             logger.info(line)
         return report
