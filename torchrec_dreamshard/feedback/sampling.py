@@ -33,6 +33,7 @@ EXTRAS = 5  # the last samples' costs whose median sets the interval (one outlie
 LONG_STEP = 10.0  # a sampled "step" this many plain steps long spans a pause: dropped
 BURST = 4  # the first samples of a job (or of a followed restart) come closer together,
 BURST_EVERY = 5  # one step in this many: a re-plan soon after the start has a few to learn from
+MEMORY_EVERY = 4  # one sample in this many also records allocations (the step's peak)
 
 
 def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
@@ -117,8 +118,10 @@ class StepSampler:
         self._started = (0.0, 0.0)  # perf_counter and wall clock at the sampled step's start
         self.inputs = InputRecorder(dmp)  # what the sampled steps feed the tables
         self.memory = MemoryRecorder(dmp)  # what the ranks hold (named by attach(plan))
+        self._memory_sampled = 0  # samples started, for MEMORY_EVERY
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
         self.close()
+        self._memory_sampled = 0  # the job's first sample records allocations
 
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
@@ -169,7 +172,11 @@ class StepSampler:
         for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
             other.close()
         self._entered = time.perf_counter()
-        self._profiler = profile(activities=activities, profile_memory=True)
+        # allocations (for the step's memory peak) on one sample in MEMORY_EVERY, the first
+        # included: recording them costs the sampled step more
+        memory = self._memory_sampled % MEMORY_EVERY == 0
+        self._memory_sampled += 1
+        self._profiler = profile(activities=activities, profile_memory=memory)
         _OPEN.add(self)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
@@ -250,6 +257,7 @@ class StepSampler:
         self.inputs.attach(dmp)
         self.memory.attach(dmp)
         self.memory.clear()
+        self._memory_sampled = 0
         self._samples.clear()
         self.inputs.steps.clear()
         self._plain.clear()
