@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 import warnings
@@ -59,18 +58,26 @@ EBC = "model.sparse_arch.embedding_bag_collection"
 
 
 def build_model():
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-    from test_planner_distributed import dlrm_train
+    """TorchRec's DLRM (in its training wrapper) over :data:`TABLES` on the meta device."""
+    from torchrec.models.dlrm import DLRM, DLRMTrain
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    return dlrm_train(
-        [
-            EmbeddingBagConfig(
-                name=f"t{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
-            )
-            for i, (rows, _) in enumerate(TABLES)
-        ]
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
+        )
+        for i, (rows, _) in enumerate(TABLES)
+    ]
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    dlrm = DLRM(
+        embedding_bag_collection=ebc,
+        dense_in_features=4,
+        dense_arch_layer_sizes=[DIM, DIM],
+        over_arch_layer_sizes=[DIM, 1],
+        dense_device=torch.device("cpu"),
     )
+    return DLRMTrain(dlrm)
 
 
 def make_batch(rank: int, step: int):

@@ -117,6 +117,7 @@ class JobObserver:
         self.learned_correction: StorageCorrection | None = None
         self._options = getattr(record, "options", None)  # the observed plan's options (rank 0)
         self._replanned: list[Any] | None = None  # the last replan()'s options (rank 0)
+        self._replanned_plan = ""  # and its plan, as text (every rank)
 
     def step(self) -> None:
         """Call once per training step, after it (see :meth:`StepSampler.step`)."""
@@ -266,6 +267,7 @@ class JobObserver:
         if isinstance(sent, str):
             raise RuntimeError(f"rank 0 could not re-plan: {sent}")
         plan, self.prediction, self.proposed, self.last_replan = sent
+        self._replanned_plan = str(plan)
         self.model = "updated"
         learned = self.last_replan.get("storage_correction")
         if learned is not None:
@@ -289,7 +291,7 @@ class JobObserver:
         self.sampler.memory.attach(self._dmp, plan)
         if moved:
             self.plan, self.prediction = plan, self.proposed
-            self._options = self.last_replan_options()
+            self._options = self.last_replan_options(plan)
             self.sampler.clear()
         return moved
 
@@ -304,15 +306,16 @@ class JobObserver:
         self.sampler.close()
         if str(plan) != str(self.plan):
             self.plan, self.prediction = plan, self.proposed
-            self._options = self.last_replan_options()
+            self._options = self.last_replan_options(plan)
         self._dmp = dmp
         self.sampler.memory.attach(dmp, plan)
         self.sampler.restart(dmp)
 
-    def last_replan_options(self) -> list[Any] | None:
-        """The options of the plan the last :meth:`replan` returned (rank 0), with the
-        storage it was planned with: the learnt correction from then on."""
-        if self._replanned is None:
+    def last_replan_options(self, plan: ShardingPlan) -> list[Any] | None:
+        """The options of ``plan`` where it is the one the last :meth:`replan` returned
+        (rank 0), with the storage it was planned with (the learnt correction from then
+        on); ``None`` for another plan (its memory is measured, not predicted)."""
+        if self._replanned is None or str(plan) != self._replanned_plan:
             return None
         self.planned_correction = self.learned_correction
         return list(self._replanned)

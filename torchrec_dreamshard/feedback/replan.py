@@ -308,8 +308,8 @@ def learn_and_replan(
         "memory_bound": memory_bound,
         "why": _why(changed, gain, spread, memory_bound),
     }
-    plan = plan if changed else record.plan
-    return Replan(plan, changed, observed, proposed, decision, fresh.best_options)
+    taken = (plan, fresh.best_options) if changed else (record.plan, None)
+    return Replan(taken[0], changed, observed, proposed, decision, taken[1])
 
 
 def _why(changed: bool, gain: float, spread: float, memory_bound: bool) -> str:
