@@ -331,9 +331,10 @@ def memory_lines(report: Mapping[str, Any]) -> list[str]:
 
 
 def near_cap_warning(rank: Mapping[str, Any], margin: float) -> str:
-    """The warning of a rank whose peak is within ``margin`` of its cap."""
+    """The warning of a rank whose peak is within ``margin`` of its cap (or beyond it)."""
+    where = "beyond" if rank["peak"] > rank["cap"] else f"within {margin:.0%} of"
     return (
-        f"WARNING: rank {rank['rank']} peaks at {_mb(rank['peak'])} MiB, within {margin:.0%} of "
-        f"its cap of {_mb(rank['cap'])} MiB: it may run out of memory (re-plan: "
-        "observer.replan() corrects the storage estimate with what was measured)"
+        f"WARNING: rank {rank['rank']} peaks at {_mb(rank['peak'])} MiB, {where} its cap of "
+        f"{_mb(rank['cap'])} MiB: it may run out of memory (re-plan: observer.replan() "
+        "corrects the storage estimate with what was measured)"
     )
