@@ -25,7 +25,7 @@ import torch
 import torchrec
 from torch import nn
 from torch.distributed import optim as torch_optim
-from torchrec.distributed import model_parallel
+from torchrec.distributed import embedding_lookup, embeddingbag, model_parallel
 from torchrec.distributed.planner import planners, storage_reservations
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ShardingOption, StorageReservation, Topology
@@ -148,6 +148,8 @@ def _checks() -> list[tuple[str, bool]]:
         _signature(
             torch_optim, "_apply_optimizer_in_backward", "optimizer_class, params, optimizer_kwargs"
         ),
+        _uses(embeddingbag.ShardedEmbeddingBagCollection, "_lookups"),
+        _uses(embedding_lookup.GroupedPooledEmbeddingsLookup, "_emb_modules"),
     ]
 
 
@@ -334,6 +336,13 @@ def wrap_input_dist(module: ShardedModule, wrap: Callable[[Callable], Callable])
     module.input_dist = wrap(module.input_dist)
 
 
+def lookup_kernels(module: ShardedModule) -> list[nn.Module]:
+    """The kernels (``.emb_module``: FBGEMM's) of ``module``'s lookups, out of the module
+    tree (``_lookups``, ``_emb_modules``; DDP around a data-parallel one's)."""
+    lookups = [getattr(lk, "module", lk) for lk in getattr(module, "_lookups", [])]
+    return [k for lookup in lookups for k in getattr(lookup, "_emb_modules", [])]
+
+
 def pipelined_modules(pipeline: train_pipelines.TrainPipelineSparseDist) -> list[nn.Module]:
     """The sharded modules whose input distribution ``pipeline`` overlaps with compute."""
     return list(pipeline._pipelined_modules)
@@ -375,20 +384,12 @@ def process_independent_tag(
 def process_independent_reshard_tags() -> Iterator[None]:
     """Within the block, TorchRec's reshard tags its sends and recvs alike on every rank.
 
-    The bug (TorchRec 1.8.0 and 1.9.2, ``torchrec/distributed/sharding/dynamic_sharding.py``,
-    ``_generate_tag``): each point-to-point send and recv of
-    ``DistributedModelParallel.reshard`` is tagged ``hash((src, shard, local_shard, dst,
-    table_name, is_optimizer))``, and Python salts the hash of a str per process, so the
-    sender's and the receiver's tags differ unless every rank started with the same
-    ``PYTHONHASHSEED``. Gloo pairs a send with the recv of the same tag, so both ranks wait
-    forever in ``update_state_dictionaries`` (NCCL does not match tags).
-
-    No seam avoids it (the reshard looks ``_generate_tag`` up in its module), so this, the
-    package's one patch of TorchRec, swaps that global for :func:`process_independent_tag`
-    for the block and restores it after, under a lock (two of our reshards never
-    interleave the swap; another thread's reshard during the block gets tags alike on
-    every rank too). ``tests/test_torchrec_compat.py`` fails once TorchRec's own tag is
-    the same in two processes: then this workaround can go.
+    The bug (TorchRec 1.8.0 and 1.9.2, ``dynamic_sharding._generate_tag``): a reshard's
+    sends and recvs are tagged with ``hash()`` of a key holding the table's name, salted
+    per process, so gloo pairs no send with its recv and both ranks wait forever.
+    No seam avoids it, so this, the package's one patch of TorchRec, swaps that global
+    for :func:`process_independent_tag` for the block, under a lock; a test fails once
+    TorchRec fixes it (docs/torchrec_compatibility.md#the-reshard-tag-bug).
     """
     with _TAG_LOCK:
         original = dynamic_sharding._generate_tag

@@ -16,6 +16,7 @@ SUBCOMMANDS = [
     "collect",
     "demo",
     "evaluate",
+    "memory",
     "plan",
     "pool",
     "profile",

@@ -11,14 +11,19 @@ EXAMPLES = """examples:
 REPORT.json: what `observer.report()` returned, saved with json.dump (see docs/feedback.md):
 {"ranks": [{"rank": 0, "predicted_ms": ..., "measured_ms": ..., "error": ...,
             "predicted": {...}, "measured": {...}, "tables": [...]}, ...],
- "bound_rank": 0, "predicted_bound_rank": 0, "steps_observed": 8, "model": "checkpoint"}
+ "bound_rank": 0, "predicted_bound_rank": 0, "steps_observed": 8, "model": "checkpoint",
+ "memory": {"ranks": [{"rank": 0, "predicted": ..., "measured": ..., "peak": ..., "cap": ...,
+            "off": [...], "tables": [...]}, ...], "near_cap": [...]}}
+With "memory", it also prints each rank's memory (the plan's storage estimate against what
+the rank held), the tables and parts that were off and a warning for a rank near its cap,
+and --plot draws it beside the time.
 """
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="show a running job's report: each rank's predicted against measured cost",
+        help="show a running job's report: each rank's predicted against measured cost and memory",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

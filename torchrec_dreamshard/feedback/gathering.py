@@ -14,18 +14,27 @@ from torchrec_dreamshard.measure.distributed_job_group import JobGroup
 
 
 def gather(
-    sampler: StepSampler, group: JobGroup, tables: Any, with_inputs: bool = False
+    sampler: StepSampler,
+    group: JobGroup,
+    tables: Any,
+    with_inputs: bool = False,
+    estimates: Any = None,
 ) -> dict[str, list[Any]]:
     """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
-    were fed and the model's tables (``tables``: rank 0's), in one collective; where
+    were fed, the model's tables (``tables``: rank 0's), what the rank holds in memory
+    (:meth:`~.rank_memory.MemoryRecorder.snapshot`) and the plan's storage estimates
+    (``estimates``: rank 0's), in one collective; where
     ``with_inputs``, each rank's recorded inputs too, to rank 0 only (a second
     collective: up to tens of MB a rank, which the other ranks have no use for)."""
     sampler.close()
+    profiles = sampler.profiles
     mine = {
-        "profiles": sampler.profiles,
+        "profiles": profiles,
         "overhead": sampler.overhead,
         "sums": pooling_sums(sampler.inputs.steps),
         "tables": tables,
+        "memory": sampler.memory.snapshot([p.peak_bytes for p in profiles]),
+        "estimates": estimates,
     }
     out: list[Any] = [None] * group.world
     dist.all_gather_object(out, mine, group=group.pg)

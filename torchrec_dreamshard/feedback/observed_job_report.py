@@ -15,8 +15,9 @@ Per rank, over the sampled steps (medians):
 
 The report also names the rank that bounds the step, measured and predicted, the tables
 each rank holds, and (``inputs``) each table's pooling factor as the planner was told and
-as the job fed it, with the tables that differ by more than 10% (``mispriced``). It is a
-plain JSON-able dict.
+as the job fed it, with the tables that differ by more than 10% (``mispriced``), and
+(``memory``) each rank's and table's memory, the plan's storage estimate against what the
+rank holds (:mod:`.memory_report`). It is a plain JSON-able dict.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from torchrec_dreamshard.feedback.memory_report import memory_lines
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split
 
 
@@ -162,6 +164,8 @@ def report_lines(report: dict[str, Any]) -> list[str]:
         lines.append(input_line(inputs))
     if report.get("replan"):
         lines.append(f"re-plan: {report['replan']['why']}")
+    if report.get("memory"):
+        lines.extend(memory_lines(report["memory"]))
     observer = report.get("observer")
     if observer:
         lines.append(
@@ -189,8 +193,29 @@ def input_line(inputs: dict[str, Any], shown: int = 4) -> str:
     )
 
 
+def plot_memory(ax: Any, memory: dict[str, Any]) -> None:
+    """Per-rank bars of memory: the plan's estimate, the measured tables' bytes stacked
+    by part, the peak, and each rank's cap."""
+    ranks = memory["ranks"]
+    x = list(range(len(ranks)))
+    bottom = [0.0] * len(ranks)
+    for part in ("weights", "optimizer", "buffers"):
+        heights = [sum(t["measured"][part] for t in r["tables"]) / 2**20 for r in ranks]
+        ax.bar([i - 0.2 for i in x], heights, 0.4, bottom=bottom, label=f"measured {part}")
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    ax.bar([i + 0.2 for i in x], [r["predicted"] / 2**20 for r in ranks], 0.4, label="predicted")
+    ax.scatter(x, [r["peak"] / 2**20 for r in ranks], marker="_", s=400, c="k", label="peak")
+    caps = [r["cap"] / 2**20 for r in ranks if r["cap"]]
+    if caps:
+        ax.scatter(x, caps, marker="_", s=400, c="r", label="cap")
+    ax.set_xticks(x, [f"rank {r['rank']}" for r in ranks])
+    ax.set_ylabel("MiB")
+    ax.legend(fontsize=7)
+
+
 def plot_report(report: dict[str, Any], path: str) -> None:
-    """Per-rank bars: predicted against measured, the measured split stacked."""
+    """Per-rank bars: predicted against measured, the measured split stacked (and, where
+    the report has memory, a second panel of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -198,7 +223,12 @@ def plot_report(report: dict[str, Any], path: str) -> None:
 
     ranks = report["ranks"]
     x = range(len(ranks))
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(ranks) + 2), 3.5))
+    memory = report.get("memory")
+    panels = 2 if memory else 1
+    fig, axes = plt.subplots(1, panels, figsize=(panels * max(4, 1.2 * len(ranks) + 2), 3.5))
+    ax = axes[0] if memory else axes
+    if memory:
+        plot_memory(axes[1], memory)
     bottom = [0.0] * len(ranks)
     parts = (("fwd_ms", "fwd"), ("bwd_ms", "bwd"), ("comm_ms", "comm"), ("dp_ms", "dp"))
     for key, label in parts:

@@ -40,8 +40,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.feedback.gathering import gather, observed_inputs
 from torchrec_dreamshard.feedback.inputs import embedding_tables
+from torchrec_dreamshard.feedback.memory_report import (
+    MARGIN,
+    build_memory_report,
+    corrected_report,
+    near_cap_warning,
+    option_estimates,
+    reserved_share,
+)
 from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.profiling import StepProfile
 from torchrec_dreamshard.feedback.sampling import (
@@ -73,6 +82,8 @@ class JobObserver:
         warmup: steps before the first sample.
         max_overhead: sample less often where a sample would cost more than this share
             of the job's time (``None``: one step in ``every``, whatever it costs).
+        margin: the report warns of a rank whose measured memory peak is within this
+            share of its device's capacity.
     """
 
     def __init__(
@@ -83,7 +94,10 @@ class JobObserver:
         every: int = EVERY,
         warmup: int = WARMUP,
         max_overhead: float | None = MAX_OVERHEAD,
+        margin: float = MARGIN,
     ) -> None:
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin must be in [0, 1), got {margin!r}")
         self.record = record
         self._dmp = dmp
         self._group = JobGroup.of(pg if pg is not None else dist.GroupMember.WORLD)
@@ -95,6 +109,15 @@ class JobObserver:
         # the model's tables and their features, known where the model was planned (rank 0)
         self._tables = embedding_tables(record.model) if record.model is not None else None
         self.sampler = StepSampler(self._group, dmp, every, warmup, max_overhead)
+        self.sampler.memory.attach(dmp, record.plan)
+        self.margin = margin
+        # the correction the observed plan was made with, and the one learnt from the job
+        arguments = getattr(getattr(record, "replanner", None), "arguments", {})
+        self.planned_correction: StorageCorrection | None = arguments.get("storage_correction")
+        self.learned_correction: StorageCorrection | None = None
+        self._options = getattr(record, "options", None)  # the observed plan's options (rank 0)
+        self._replanned: list[Any] | None = None  # the last replan()'s options (rank 0)
+        self._replanned_plan = ""  # and its plan, as text (every rank)
 
     def step(self) -> None:
         """Call once per training step, after it (see :meth:`StepSampler.step`)."""
@@ -140,10 +163,54 @@ class JobObserver:
         and :meth:`replan`, and at exit."""
         self.sampler.close()
 
+    def _estimates(self) -> list[dict[str, Any]] | None:
+        """The observed plan's storage estimate per shard (rank 0, which planned)."""
+        if self._options is None:
+            return None
+        world = self.record.topology.world_size
+        return option_estimates(self._options, self._tier(), world, self.planned_correction)
+
+    def _tier(self) -> str:
+        from torchrec_dreamshard.planner.device_memory import memory_tier
+
+        return memory_tier(self.record.topology)
+
+    def memory_report(self, gathered: dict[str, list[Any]]) -> dict[str, Any] | None:
+        """Predicted against measured memory from :func:`gather`'s result (``None``
+        where the plan's estimates are unknown: not planned through ``collective_plan``),
+        with the learnt correction's prediction beside it after :meth:`replan`."""
+        from torchrec_dreamshard.planner.device_memory import device_capacity
+
+        estimates = gathered["estimates"][0]
+        if estimates is None:
+            return None
+        caps = device_capacity(self.record.topology)
+        report = build_memory_report(
+            estimates, gathered["memory"], caps, reserved_share(self.record), self.margin
+        )
+        if self.learned_correction is not None:
+            corrected = corrected_report(report, self.learned_correction)
+            report["after_learning"] = {
+                "worst_error": corrected["worst_error"],
+                "ranks": [
+                    {k: r[k] for k in ("rank", "predicted", "measured", "error", "off")}
+                    for r in corrected["ranks"]
+                ],
+                "correction": self.learned_correction.to_dict(),
+            }
+        return report
+
+    def storage_correction(self) -> StorageCorrection | None:
+        """What the last :meth:`report` or :meth:`replan` learnt of TorchRec's storage
+        estimate (``DreamShardPlanner(storage_correction=...)`` plans with it; save it
+        with ``to_dict``); ``None`` before."""
+        return self.learned_correction
+
     def report(self) -> dict[str, Any]:
-        """Every rank's predicted and measured embedding cost (collective; the same dict
-        on every rank; see :mod:`.observed_job_report`)."""
-        gathered = gather(self.sampler, self._group, self._tables)
+        """Every rank's predicted and measured embedding cost and memory (collective;
+        the same dict on every rank; see :mod:`.observed_job_report` and
+        :mod:`.memory_report`)."""
+        gathered = gather(self.sampler, self._group, self._tables, estimates=self._estimates())
         profiles, overheads = gathered["profiles"], gathered["overhead"]
         tables = rank_tables(self.plan, self._group.world)
         report = build_report(profiles, self.prediction, tables, self.model)
@@ -159,6 +226,11 @@ class JobObserver:
             report["inputs"] = inputs.to_dict()
         if self.last_replan is not None:
             report["replan"] = self.last_replan
+        memory = self.memory_report(gathered)
+        if memory is not None:
+            report["memory"] = memory
+            for rank in memory["near_cap"]:
+                logger.warning(near_cap_warning(memory["ranks"][rank], self.margin))
         for line in report_lines(report):
             logger.info(line)
         return report
@@ -172,7 +244,9 @@ class JobObserver:
         from torchrec_dreamshard.feedback.observed_job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import replan_on_rank0
 
-        gathered = gather(self.sampler, self._group, self._tables, with_inputs=True)
+        gathered = gather(
+            self.sampler, self._group, self._tables, with_inputs=True, estimates=self._estimates()
+        )
         profiles = gathered["profiles"]
         if min(len(p) for p in profiles) == 0:
             raise ValueError(
@@ -183,14 +257,21 @@ class JobObserver:
             with driving(self._group):
                 measured = measured_by_rank(profiles)
                 inputs = observed_inputs(gathered, self.record.constraints)
-                sent = replan_on_rank0(self.record, measured, inputs)
+                memory = self.memory_report(gathered)
+                sent = replan_on_rank0(self.record, measured, inputs, memory)
+                if not isinstance(sent, str):
+                    sent, self._replanned = sent[:4], sent[4]
             broadcast(self._group, sent)
         else:
             sent = serve(self._group)
         if isinstance(sent, str):
             raise RuntimeError(f"rank 0 could not re-plan: {sent}")
         plan, self.prediction, self.proposed, self.last_replan = sent
+        self._replanned_plan = str(plan)
         self.model = "updated"
+        learned = self.last_replan.get("storage_correction")
+        if learned is not None:
+            self.learned_correction = StorageCorrection.from_dict(learned)
         if not self.last_replan.get("changed"):
             plan = self.plan  # the observed plan itself, on every rank: `new is not plan`
         return plan
@@ -207,8 +288,10 @@ class JobObserver:
 
         moved = apply_in_place(self._dmp, plan)
         self.sampler.inputs.attach(self._dmp)  # modules a reshard rebuilt
+        self.sampler.memory.attach(self._dmp, plan)
         if moved:
             self.plan, self.prediction = plan, self.proposed
+            self._options = self.last_replan_options(plan)
             self.sampler.clear()
         return moved
 
@@ -223,8 +306,19 @@ class JobObserver:
         self.sampler.close()
         if str(plan) != str(self.plan):
             self.plan, self.prediction = plan, self.proposed
+            self._options = self.last_replan_options(plan)
         self._dmp = dmp
+        self.sampler.memory.attach(dmp, plan)
         self.sampler.restart(dmp)
+
+    def last_replan_options(self, plan: ShardingPlan) -> list[Any] | None:
+        """The options of ``plan`` where it is the one the last :meth:`replan` returned
+        (rank 0), with the storage it was planned with (the learnt correction from then
+        on); ``None`` for another plan (its memory is measured, not predicted)."""
+        if self._replanned is None or str(plan) != self._replanned_plan:
+            return None
+        self.planned_correction = self.learned_correction
+        return list(self._replanned)
 
 
 def observe(
@@ -234,6 +328,7 @@ def observe(
     every: int = EVERY,
     warmup: int = WARMUP,
     max_overhead: float | None = MAX_OVERHEAD,
+    margin: float = MARGIN,
 ) -> JobObserver:
     """A :class:`JobObserver` of the job ``planner`` planned (call it on every rank, after
     ``DistributedModelParallel``; also ``torchrec_dreamshard.observe``):
@@ -249,6 +344,10 @@ def observe(
         warmup: steps before the first sample.
         max_overhead: sample less often where sampling would cost more than this share
             of the job's time (``None``: one step in ``every`` whatever it costs).
+        margin: warn of a rank whose measured memory peak is within this share of its
+            device's capacity.
     """
     record = planner.plan_record
-    return JobObserver(record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead)
+    return JobObserver(
+        record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead, margin=margin
+    )

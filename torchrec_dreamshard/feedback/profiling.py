@@ -50,6 +50,8 @@ class StepProfile:
         a2a: every all-to-all as ``(start, ms)``: its start in seconds on this host's wall
             clock, and its duration.
         dp_ms: the data-parallel tables' dense kernel, forward and backward.
+        peak_bytes: the step's transient memory peak beyond what the rank held at its
+            start (:func:`~torchrec_dreamshard.feedback.rank_memory.transient_peak`).
     """
 
     step_ms: float
@@ -57,6 +59,7 @@ class StepProfile:
     bwd_ms: float = 0.0
     a2a: list[tuple[float, float]] = field(default_factory=list)
     dp_ms: float = 0.0
+    peak_bytes: int = 0
 
     @property
     def a2a_ms(self) -> float:

@@ -27,6 +27,14 @@
    taken only where its predicted gain is larger than the network's uncertainty about
    either plan (the ensemble's spread of the log step cost); otherwise the observed plan
    stays.
+4. **Memory.** Where the job's memory was measured (:mod:`.memory_report`), the ratio of
+   each table's measured bytes to TorchRec's storage estimate becomes a
+   :class:`~torchrec_dreamshard.cost.storage_correction.StorageCorrection` the re-plan
+   plans with (``DreamShardPlanner(storage_correction=...)``): where the estimate was too
+   small the new plan moves tables before a rank runs out, where too generous it may use
+   the memory. Where the observed plan does not fit under the correction (a rank measured
+   within the margin of its cap, or predicted beyond what the reservation leaves), the
+   new plan is taken whatever its predicted speed.
 """
 
 from __future__ import annotations
@@ -121,7 +129,10 @@ class Replan:
         changed: whether ``plan`` is a new plan.
         observed: the updated network's prediction of the observed plan.
         proposed: its prediction of the new plan.
-        decision: JSON-able: gain, uncertainty, kernels learnt from, why.
+        decision: JSON-able: gain, uncertainty, kernels learnt from, the storage
+            correction learnt, why.
+        options: the new plan's sharding options (rank 0), with the storage it was
+            planned with.
     """
 
     plan: ShardingPlan
@@ -129,6 +140,7 @@ class Replan:
     observed: PlanPrediction
     proposed: PlanPrediction
     decision: dict[str, Any]
+    options: list[Any] | None = None
 
 
 def perf_model(
@@ -229,13 +241,18 @@ def learn_and_replan(
     measured: list[dict[str, float]],
     config: Any,
     inputs: ObservedInputs | None = None,
+    memory: dict[str, Any] | None = None,
 ) -> Replan:
-    """Steps 1 to 3 (see the module docstring), on rank 0. ``inputs``: what the job fed
-    its tables (:func:`job_inputs`)."""
+    """Steps 1 to 4 (see the module docstring), on rank 0. ``inputs``: what the job fed
+    its tables (:func:`job_inputs`); ``memory``: the job's memory report
+    (:mod:`.memory_report`)."""
     from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
+    from torchrec_dreamshard.feedback.memory_report import memory_correction
     from torchrec_dreamshard.planner.plan_prediction import prediction_task
 
     spec_fn, arguments, config = job_inputs(record, config, inputs)
+    correction, memory_bound = memory_correction(record, memory, arguments, inputs)
+    arguments = {**arguments, **({"storage_correction": correction} if correction else {})}
     kernels = rank_kernels(record, spec_fn)
     stored = store_observations(record, measured, config, kernels)
     specs = list(itertools.chain.from_iterable(kernels[0]))
@@ -269,7 +286,7 @@ def learn_and_replan(
     proposed, plan, fresh = min(candidates, key=lambda c: c[0].step_ms)
     gain = 1.0 - proposed.step_ms / observed.step_ms
     spread = max(observed.step_log_std, proposed.step_log_std, MIN_GAIN)
-    changed = str(plan) != str(record.plan) and gain > spread
+    changed = str(plan) != str(record.plan) and (gain > spread or memory_bound)
     decision = {
         "kernels_observed": stored,
         "comm_scale": factor,
@@ -287,14 +304,32 @@ def learn_and_replan(
         "predicted_gain": gain,
         "uncertainty": spread,
         "changed": changed,
-        "why": (
+        "storage_correction": correction.to_dict() if correction is not None else None,
+        "memory_bound": memory_bound,
+        "why": _why(changed, gain, spread, memory_bound),
+    }
+    taken = (plan, fresh.best_options) if changed else (record.plan, None)
+    return Replan(taken[0], changed, observed, proposed, decision, taken[1])
+
+
+def _why(changed: bool, gain: float, spread: float, memory_bound: bool) -> str:
+    """The re-plan's decision in words."""
+    if changed and gain <= spread:
+        return (
+            "the observed plan does not fit the memory measured (a rank at or near its "
+            f"cap): the new plan fits with the corrected storage (predicted gain {gain:.1%})"
+        )
+    if changed:
+        return (
             f"the new plan is predicted {gain:.1%} faster, beyond the model's uncertainty "
             f"({spread:.1%})"
-            if changed
-            else f"no new plan pays: predicted gain {gain:.1%}, uncertainty {spread:.1%}"
-        ),
-    }
-    return Replan(plan if changed else record.plan, changed, observed, proposed, decision)
+        )
+    if memory_bound:
+        return (
+            "the observed plan does not fit the memory measured, and no other plan was "
+            "found that fits with the corrected storage"
+        )
+    return f"no new plan pays: predicted gain {gain:.1%}, uncertainty {spread:.1%}"
 
 
 def observed_types(given: dict[str, Any] | None, options: list[Any]) -> dict[str, Any]:
@@ -332,15 +367,19 @@ def _kept(record: PlanRecord, measured: list[dict[str, float]], why: str) -> Rep
 
 
 def replan_on_rank0(
-    record: PlanRecord, measured: list[dict[str, float]], inputs: ObservedInputs | None
-) -> tuple[ShardingPlan, PlanPrediction, PlanPrediction, dict[str, Any]] | str:
-    """:func:`learn_and_replan` with the record's calibration settings, as rank 0 sends it
-    to every rank: the plan, the observed and proposed predictions and the decision, or
-    the error's text (every rank raises it after the broadcast)."""
+    record: PlanRecord,
+    measured: list[dict[str, float]],
+    inputs: ObservedInputs | None,
+    memory: dict[str, Any] | None = None,
+) -> tuple[ShardingPlan, PlanPrediction, PlanPrediction, dict[str, Any], Any] | str:
+    """:func:`learn_and_replan` with the record's calibration settings: the plan, the
+    observed and proposed predictions and the decision (what rank 0 sends every rank),
+    and the new plan's options (which rank 0 keeps), or the error's text (every rank
+    raises it after the broadcast)."""
     try:
-        out = learn_and_replan(record, measured, record.calibration, inputs)
+        out = learn_and_replan(record, measured, record.calibration, inputs, memory)
     except Exception as exc:  # every rank raises it after the broadcast
         logger.exception("re-planning failed")
         return f"{type(exc).__name__}: {exc}"
     logger.info("re-plan: %s", out.decision["why"])
-    return out.plan, out.observed, out.proposed, out.decision
+    return out.plan, out.observed, out.proposed, out.decision, out.options

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.inputs import InputRecorder
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
+from torchrec_dreamshard.feedback.rank_memory import MemoryRecorder, transient_peak
 from torchrec_dreamshard.measure.distributed_job_group import JobGroup
 
 EVERY = 20  # sample at most one step in this many
@@ -32,6 +33,7 @@ EXTRAS = 5  # the last samples' costs whose median sets the interval (one outlie
 LONG_STEP = 10.0  # a sampled "step" this many plain steps long spans a pause: dropped
 BURST = 4  # the first samples of a job (or of a followed restart) come closer together,
 BURST_EVERY = 5  # one step in this many: a re-plan soon after the start has a few to learn from
+MEMORY_EVERY = 4  # one sample in this many also records allocations (the step's peak)
 
 
 def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
@@ -119,8 +121,11 @@ class StepSampler:
         self._profiler: Any = None
         self._started = (0.0, 0.0)  # the clock and wall clock at the sampled step's start
         self.inputs = InputRecorder(dmp)  # what the sampled steps feed the tables
+        self.memory = MemoryRecorder(dmp)  # what the ranks hold (named by attach(plan))
+        self._memory_sampled = 0  # samples started, for MEMORY_EVERY
         self._start_sample()  # the profiler's first start takes ~1 s: not in a training step
         self.close()
+        self._memory_sampled = 0  # the job's first sample records allocations
 
     def step(self) -> None:
         """Call once per training step, after it: ends a sampled step, and starts the
@@ -171,13 +176,18 @@ class StepSampler:
         for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
             other.close()
         self._entered = self.clock()
-        self._profiler = profile(activities=activities)
+        # allocations (for the step's memory peak) on one sample in MEMORY_EVERY, the first
+        # included: recording them costs the sampled step more
+        memory = self._memory_sampled % MEMORY_EVERY == 0
+        self._memory_sampled += 1
+        self._profiler = profile(activities=activities, profile_memory=memory)
         _OPEN.add(self)
         with quiet_stderr():  # Kineto prints two lines to stderr per start and stop
             self._profiler.__enter__()
         with record_function(MARK):
             self._started = (self.clock(), time.time())
         self.inputs.start()
+        self.memory.start(self._group.device)
 
     def _finish_sample(self) -> None:
         if self._group.device.type == "cuda":
@@ -190,6 +200,7 @@ class StepSampler:
         # a measure of what sampling costs; every rank drops it if any rank would
         long = plain is not None and len(self._plain) >= 5 and step_ms > LONG_STEP * plain
         fed = self.inputs.take()
+        self.memory.recording = False
         self.close()
         # the sampled step, the profiler's start and stop included, beyond a plain step:
         # what sampling it cost (for a dropped one, what samples have cost so far)
@@ -202,6 +213,7 @@ class StepSampler:
             typical = statistics.median(self._extras)
             wanted = sampling_interval(typical, plain or cost_ms, self.every, self.max_overhead)
         self.interval, dropped = self._agreed(wanted, long)
+        self.memory.finish(self._group.device, keep=not dropped)
         if dropped:
             self._extra_ms += statistics.median(self._extras) if self._extras else 0.0
             self.dropped += 1
@@ -229,13 +241,17 @@ class StepSampler:
         for i, sample in enumerate(self._samples):
             if not isinstance(sample, StepProfile):
                 profiler, step_ms, wall = sample
-                self._samples[i] = sample = step_profile(profiler.events(), step_ms, wall)
+                events = profiler.events()
+                sample = step_profile(events, step_ms, wall)
+                sample.peak_bytes = transient_peak(events, self._group.device.type == "cuda")
+                self._samples[i] = sample
             out.append(sample)
         return out
 
     def clear(self) -> None:
         """Drop the samples kept (they measured a plan no longer run)."""
         self._samples.clear()
+        self.memory.clear()
 
     def restart(self, dmp: Any) -> None:
         """Sample ``dmp``, a job restarted in this process, from now on, as a new job:
@@ -243,6 +259,9 @@ class StepSampler:
         close samples start again."""
         self.close()
         self.inputs.attach(dmp)
+        self.memory.attach(dmp)
+        self.memory.clear()
+        self._memory_sampled = 0
         self._samples.clear()
         self.inputs.steps.clear()
         self._plain.clear()
@@ -254,6 +273,7 @@ class StepSampler:
         """Stop a sample still open (dropped, not half-counted); at exit too: a profiler
         left running when the process ends crashes it in PyTorch's teardown."""
         self.inputs.stop(keep=False)
+        self.memory.recording = False
         if self._profiler is not None:
             with quiet_stderr():
                 self._profiler.__exit__(None, None, None)

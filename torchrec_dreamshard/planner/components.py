@@ -25,6 +25,7 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
@@ -47,6 +48,8 @@ class PlanningScope:
         reservation: the storage reservation.
         constraints: TorchRec's constraints by table name.
         specs: the table spec of every option.
+        storage_correction: factors over TorchRec's storage estimate, measured in a
+            running job (``None``: TorchRec's estimate as it is).
     """
 
     agent: PlacementAgent
@@ -55,6 +58,7 @@ class PlanningScope:
     reservation: StorageReservation
     constraints: dict[str, ParameterConstraints] | None
     specs: OptionSpecs
+    storage_correction: StorageCorrection | None = None
 
     @property
     def global_batch(self) -> int:
@@ -119,7 +123,13 @@ def build_components(
     )
     proposers, log = tracked([proposer, *user.proposers])
     enumerator = user.enumerator or DreamShardEnumerator(
-        topology, scope.batch_size, scope.constraints, agent, scope.reservation, specs
+        topology,
+        scope.batch_size,
+        scope.constraints,
+        agent,
+        scope.reservation,
+        specs,
+        storage_correction=scope.storage_correction,
     )
     placer = PolicyPlacer(agent, scope.global_batch, how)
     partitioner = DreamShardPartitioner(

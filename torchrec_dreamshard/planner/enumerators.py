@@ -56,7 +56,9 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.data.splits import column_shards, split_counts
+from torchrec_dreamshard.planner.corrected_storage import CorrectedStorage
 from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
 from torchrec_dreamshard.planner.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
@@ -93,6 +95,8 @@ class DreamShardEnumerator(HookedEnumerator):
             measured reuse statistics); default: shapes and pooling only.
         estimator: override the estimators (default: the cost network plus TorchRec's
             storage estimator).
+        storage_correction: factors over TorchRec's storage estimate, measured in a
+            running job (applied after the estimators, :class:`CorrectedStorage`).
     """
 
     def __init__(
@@ -104,6 +108,7 @@ class DreamShardEnumerator(HookedEnumerator):
         storage_reservation: StorageReservation | None = None,
         spec_fn: SpecFn | None = None,
         estimator: ShardEstimator | list[ShardEstimator] | None = None,
+        storage_correction: StorageCorrection | None = None,
     ) -> None:
         self._topology = topology
         self._reservation = storage_reservation
@@ -128,6 +133,9 @@ class DreamShardEnumerator(HookedEnumerator):
                 perf,
                 EmbeddingStorageEstimator(topology=topology, constraints=constraints),
             ]
+        if storage_correction is not None:  # after TorchRec's storage estimate
+            given = estimator if isinstance(estimator, list) else [estimator]
+            estimator = [*given, CorrectedStorage(storage_correction)]
         super().__init__(topology, batch_size, constraints, estimator)
 
     def enumerate(

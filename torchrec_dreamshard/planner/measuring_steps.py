@@ -16,6 +16,7 @@ from typing import Any
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingPlan
 
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.planner.adaptation import plan_adaptation
@@ -75,6 +76,7 @@ class MeasuringSteps:
         self.sources: Sequence[Any] = ()
         self.parts: tuple[Any, Any, Any] | None = None
         self.notes: list[str] = []  # what the last plan did not measure, and why
+        self.storage_correction: StorageCorrection | None = None  # the planner's, if given
 
     @property
     def profile(self) -> MachineProfile | None:
@@ -96,10 +98,12 @@ class MeasuringSteps:
         return plan_adaptation(out, spent, self.profile, self.notes, self.given)
 
     def context(self) -> list[Any]:
-        """What the plan depends on besides the agent: whether it measures, and the
-        given profile's stamp (the planner's context hash)."""
+        """What the plan depends on besides the agent: whether it measures, the given
+        profile's stamp and the storage correction's fingerprint (the planner's context
+        hash)."""
         stamp = self._given.stamp.to_dict() if self._given is not None else None
-        return [self._measure, stamp]
+        correction = self.storage_correction
+        return [self._measure, stamp, correction.fingerprint() if correction else None]
 
     def plan(
         self,

@@ -37,6 +37,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.spent import Spending, spending
 from torchrec_dreamshard.planner.adaptation import (
     adaptation,
@@ -88,22 +89,18 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         batch_size: TorchRec's per-rank batch size (default TorchRec's 512). Under
             table-wise sharding each rank's kernels see the global batch, so the policy
             plans for ``batch_size * world_size``.
-        enumerator: the search space (default :class:`DreamShardEnumerator`). A user's
-            enumerator replaces ours: the policy places the table-wise fused options of
-            ``EmbeddingBagCollection`` tables in it (and splits those it also offers
-            column-wise), TorchRec's machinery plans the rest from its options.
+        enumerator: the search space (default :class:`DreamShardEnumerator`); a user's
+            replaces ours, the policy placing its table-wise fused options of
+            ``EmbeddingBagCollection`` tables and TorchRec's machinery the rest.
         storage_reservation: TorchRec storage reservation (default
             ``HeuristicalStorageReservation(heuristical_storage_reservation_percentage)``).
-        proposer: one or a list of TorchRec proposers. They add to DreamShard's:
-            DreamShard's proposal comes first, then theirs; every proposal that partitions is
-            rated by ``performance_model`` and the best kept, as in TorchRec. What a user's
-            proposal sets on an option (kernel, cache parameters) is in the plan when it
-            wins. :class:`CostNetStats` logs which proposer won.
+        proposer: one or a list of TorchRec proposers, added to DreamShard's (ours first):
+            every proposal is rated by ``performance_model`` and the best kept, with what
+            it sets on its options; :class:`CostNetStats` logs which proposer won.
         partitioner: places what the policy does not (the user proposers' proposals,
             and the other tables of ours) in place of TorchRec's ``GreedyPerfPartitioner``.
-        performance_model: rates every proposal (default :class:`CostNetPerfModel`: the
-            cost network, penalised by its uncertainty). A user's replaces ours as the
-            judge between proposals; the policy still places with the cost network.
+        performance_model: rates every proposal (default :class:`CostNetPerfModel`); a
+            user's replaces ours as the judge, the policy still places with the cost net.
         stats: stats loggers (default TorchRec's ``EmbeddingStats``); :class:`CostNetStats`
             is always appended.
         constraints: TorchRec ``ParameterConstraints`` by table name; every field reaches
@@ -148,8 +145,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             from: nothing is measured before TorchRec's loop, nothing written.
         measure: ``False``: nothing measured at all (the checkpoint's kernels and
             analytic collectives, or the given profile).
-        cache_dir: where measurements are cached (default ``$XDG_CACHE_HOME``, see
-            :mod:`~torchrec_dreamshard.measure.cache_location`); ``dreamshard cache``.
+        cache_dir: where measurements are cached (default: ``$XDG_CACHE_HOME``'s).
+        storage_correction: factors over TorchRec's storage estimate measured in a running
+            job (``observer.storage_correction()``), applied to every storage checked.
 
     Measuring happens in two steps only, around TorchRec's loop, within one budget
     (:mod:`~torchrec_dreamshard.planner.measuring_steps`). The context hash covers
@@ -187,6 +185,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         profile: str | Path | MachineProfile | None = None,
         measure: bool = True,
         cache_dir: str | Path | None = None,
+        storage_correction: StorageCorrection | None = None,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
@@ -207,8 +206,15 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         reservation = storage_reservation or self._own_reservation
         self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds, cache_dir)
         self.table_specs = OptionSpecs(sample_batches, topology.world_size, reuse_hists)
+        self.storage_correction = self._steps.storage_correction = storage_correction
         scope = PlanningScope(
-            self.agent, topology, batch_size, reservation, constraints, self.table_specs
+            self.agent,
+            topology,
+            batch_size,
+            reservation,
+            constraints,
+            self.table_specs,
+            storage_correction,
         )
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
         how = PlaceSettings(mode, num_samples, seed, default_sources(reserved=True))
@@ -310,7 +316,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
     def dreamshard_context(self) -> list[Any]:
         """What only DreamShard's plans depend on: the agent's fingerprint, the settings,
-        the measured reuse, and whether it measures (and on which profile)."""
+        the measured reuse, and what the measuring steps plan from
+        (:meth:`MeasuringSteps.context`)."""
         reuse = self.table_specs.reuse_key()
         return [self.agent.fingerprint(), *self.settings.context(), reuse, self._steps.context()]
 
