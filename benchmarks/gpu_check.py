@@ -120,9 +120,9 @@ def prepare(args: argparse.Namespace) -> int:
     import torch
     import torchrec
 
-    from torchrec_dreamshard.calibration.verification import heuristic_plans
     from torchrec_dreamshard.io import atomic_write, dumps_strict
     from torchrec_dreamshard.measure.hardware import fbgemm_version
+    from torchrec_dreamshard.verification.verification import heuristic_plans
     from torchrec_dreamshard.version import __version__
 
     warnings.filterwarnings("ignore")

@@ -233,7 +233,7 @@ def test_verification_measures_nothing_past_its_budget_and_the_chosen_plan_then_
     """Real kernels. A budget of 1 us on a clock that moves 1 s whenever it is read: out of
     time before the first measurement, whatever the machine's speed; then a budget that
     never runs out, on the machine's own clock: every round measured."""
-    from torchrec_dreamshard.calibration.verification import kernel_timing
+    from torchrec_dreamshard.verification.verification import kernel_timing
 
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
@@ -259,7 +259,7 @@ def test_a_round_the_budget_cuts_short_is_dropped(clock):
     and the budget ends 1.5 measurements into the fourth round (past the first three,
     which may stretch it). The fourth round is cut short and dropped: every plan keeps
     the same 3 whole rounds, and nothing was measured past the budget."""
-    from torchrec_dreamshard.calibration.verification import kernel_timing
+    from torchrec_dreamshard.verification.verification import kernel_timing
 
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)

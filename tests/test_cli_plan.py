@@ -392,8 +392,9 @@ def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
     the printed table says "not measured" (it was a NaN that refused to be written)."""
     import dataclasses
 
-    from torchrec_dreamshard.calibration import calibrating_agent, verification
+    from torchrec_dreamshard.calibration import calibrating_agent
     from torchrec_dreamshard.io import read_json
+    from torchrec_dreamshard.verification import verification
 
     clock, settings = FakeClock(), calibrating_agent.verification_settings
     timing = verification.Timing(clock.step_ms, lambda: 1.0, clock.perf_counter)

@@ -16,11 +16,11 @@ import pytest
 from conftest import FakeClock
 
 from torchrec_dreamshard import calibration as cal
-from torchrec_dreamshard.calibration.noise import sign_test_wins
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure import MeasureConfig
 from torchrec_dreamshard.policy import DreamShard, FixedPlan, PlaceSettings
+from torchrec_dreamshard.verification.noise import sign_test_wins
 
 FAST = MeasureConfig(rounds=1, iters=2, warmup=1)
 
@@ -355,8 +355,8 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
     """Real kernels, a tiny task: TorchRec's plan (handed in as a baseline source, as the
     planner does) is among the plans measured in the same rounds, and the kept plan did
     not measure slower than it (it beat it beyond the noise, or it is TorchRec's)."""
-    from torchrec_dreamshard.calibration.plan_ranking import pooled
     from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
+    from torchrec_dreamshard.verification.plan_ranking import pooled
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     agent, task = DreamShard.untrained(seed=0), tiny_task()

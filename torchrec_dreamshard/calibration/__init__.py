@@ -30,7 +30,8 @@ Verification (:func:`verify`): the ``k`` candidate plans the cost model rates be
 safety net's report), every classic heuristic's plan and TorchRec's own plan are measured
 on real kernels in interleaved rounds; the incumbent stands unless another plan measured
 faster than it in every round, and no plan that did not beat TorchRec's beyond the noise
-is kept (:func:`rank_measured`). Noisy measurements (:mod:`.noise`: repeats that disagree,
+is kept (:func:`rank_measured`). Noisy measurements
+(:mod:`torchrec_dreamshard.verification.noise`: repeats that disagree,
 a reference kernel that drifts) are measured again or give way to the safer plan, and
 calibration discards kernels measured while the reference drifted.
 
@@ -39,13 +40,11 @@ The package, one concept per module: :mod:`.store_keys` (the store's path and jo
 :mod:`.fine_tuning` (:func:`calibrate`), :mod:`.head_fitting` (fine-tuning the heads,
 accuracy), :mod:`.auto` (whether the
 checkpoint prices this machine right), :mod:`.fed_inputs_store` (what running jobs fed their
-tables, kept for the next plan), :mod:`.noise` (when measurements are too noisy),
-:mod:`.verification` (:func:`verify`, its measuring rounds), :mod:`.verify_timing` (what it
-measures with, guarded), :mod:`.verify_result`
-(what it measured, in words), :mod:`.plan_ranking` (which measured plan is kept),
-:mod:`.verify_cache` (this machine's cache of its rounds), :mod:`.planning`
+tables, kept for the next plan), :mod:`.planning`
 (:func:`plan_task`, :class:`PlanOutcome`), :mod:`.adaptation_report` (the margins and
 lines of what adapting bought) and :mod:`.calibrating_agent` (:class:`CalibratingAgent`).
+Verification's modules are :mod:`torchrec_dreamshard.verification`'s; this package
+re-exports its public names.
 """
 
 from torchrec_dreamshard.calibration.auto import VerificationSettings
@@ -70,12 +69,6 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     load_kernel_samples,
     measure_kernels,
 )
-from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
-from torchrec_dreamshard.calibration.plan_ranking import (
-    beats_beyond_noise,
-    measuring_priority,
-    rank_measured,
-)
 from torchrec_dreamshard.calibration.planning import PlanOutcome, plan_task
 from torchrec_dreamshard.calibration.store_keys import (
     JOB_ROOT,
@@ -85,13 +78,19 @@ from torchrec_dreamshard.calibration.store_keys import (
     kernel_job,
     table_signature,
 )
-from torchrec_dreamshard.calibration.verification import (
+from torchrec_dreamshard.verification.noise import Noise, NoiseLimits
+from torchrec_dreamshard.verification.plan_ranking import (
+    beats_beyond_noise,
+    measuring_priority,
+    rank_measured,
+)
+from torchrec_dreamshard.verification.verification import (
     VerifyOptions,
     verify,
     verify_candidates,
 )
-from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
-from torchrec_dreamshard.calibration.verify_timing import Timing
+from torchrec_dreamshard.verification.verify_result import VerifiedPlan, VerifyResult
+from torchrec_dreamshard.verification.verify_timing import Timing
 
 __all__ = [
     "FIT_RESERVE_S",

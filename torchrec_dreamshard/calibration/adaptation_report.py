@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from torchrec_dreamshard.calibration.verification import heuristic_plans
-from torchrec_dreamshard.calibration.verify_result import TORCHREC_WORDS, percent, plan_words
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.spent import spent_lines
+from torchrec_dreamshard.verification.verification import heuristic_plans
+from torchrec_dreamshard.verification.verify_result import TORCHREC_WORDS, percent, plan_words
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from torchrec_dreamshard.calibration.verification import VerifyOptions
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.verification.verification import VerifyOptions
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent

@@ -30,9 +30,9 @@ from torchrec_dreamshard.calibration.fine_tuning import (
     stored_observations,
 )
 from torchrec_dreamshard.calibration.planning import PlanOutcome, plan_task
-from torchrec_dreamshard.calibration.verify_result import VerifyResult
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy.protocol import PlaceSettings
+from torchrec_dreamshard.verification.verify_result import VerifyResult
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import CandidateSource, CostPrediction, DreamShard, SafetyReport

@@ -33,7 +33,6 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
     observed_jobs,
 )
-from torchrec_dreamshard.calibration.noise import DRIFT_LIMIT, lasting_drift, reference_ms
 from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.cost.fitting import (
     CostSample,
@@ -47,6 +46,7 @@ from torchrec_dreamshard.measure.guard import (
     warn_failures,
 )
 from torchrec_dreamshard.measure.spent import spent_on
+from torchrec_dreamshard.verification.noise import DRIFT_LIMIT, lasting_drift, reference_ms
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import CandidateSource, DreamShard

@@ -17,12 +17,12 @@ from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationResult,
     calibrate,
 )
-from torchrec_dreamshard.calibration.verification import verify
-from torchrec_dreamshard.calibration.verify_result import VerifyResult, plan_words
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.policy.protocol import PlaceSettings
 from torchrec_dreamshard.policy.split_search import fitting_task
+from torchrec_dreamshard.verification.verification import verify
+from torchrec_dreamshard.verification.verify_result import VerifyResult, plan_words
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import DreamShard

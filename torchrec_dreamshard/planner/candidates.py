@@ -42,7 +42,7 @@ class TorchRecCandidate:
     than the rest of the safety net there.
 
     It is a *baseline* (``baseline``): wherever plans are measured
-    (:func:`~torchrec_dreamshard.calibration.verification.verify`) it is measured too, and
+    (:func:`~torchrec_dreamshard.verification.verification.verify`) it is measured too, and
     no plan that measured slower than it is kept; where nothing is measured, the planner's
     stats give the kept plan's predicted margin over it.
 

@@ -105,7 +105,7 @@ class CandidateSource(Protocol):
     A source may also have ``baseline = True`` (read with ``getattr``, default
     ``False``): its plan is the one the user would have without DreamShard (TorchRec's
     planner's), which the verification always measures and never keeps a slower plan
-    than (:func:`~torchrec_dreamshard.calibration.plan_ranking.rank_measured`).
+    than (:func:`~torchrec_dreamshard.verification.plan_ranking.rank_measured`).
     """
 
     name: str

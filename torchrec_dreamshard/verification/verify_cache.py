@@ -7,8 +7,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchrec_dreamshard.calibration.noise import Noise
-from torchrec_dreamshard.calibration.verify_result import VerifiedPlan
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
 from torchrec_dreamshard.measure.machine_cache import (
@@ -17,6 +15,8 @@ from torchrec_dreamshard.measure.machine_cache import (
     read_cached_data,
     write_cached_data,
 )
+from torchrec_dreamshard.verification.noise import Noise
+from torchrec_dreamshard.verification.verify_result import VerifiedPlan
 
 WHAT = "verification cache"
 

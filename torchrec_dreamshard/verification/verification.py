@@ -31,26 +31,26 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.noise import Noise, NoiseLimits
-from torchrec_dreamshard.calibration.plan_ranking import keep, measuring_priority
-from torchrec_dreamshard.calibration.verify_cache import (
+from torchrec_dreamshard.data.tasks import NoPlanError, Task
+from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.guard import warn_failures
+from torchrec_dreamshard.measure.progress import progress_bar
+from torchrec_dreamshard.measure.rounds import measure_in_rounds
+from torchrec_dreamshard.verification.noise import Noise, NoiseLimits
+from torchrec_dreamshard.verification.plan_ranking import keep, measuring_priority
+from torchrec_dreamshard.verification.verify_cache import (
     read_rounds,
     verification_cache_file,
     write_rounds,
 )
-from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, VerifyResult
-from torchrec_dreamshard.calibration.verify_timing import (
+from torchrec_dreamshard.verification.verify_result import VerifiedPlan, VerifyResult
+from torchrec_dreamshard.verification.verify_timing import (
     MeasuringFailed,
     Timing,
     guarded_reference,
     guarded_step,
     kernel_timing,
 )
-from torchrec_dreamshard.data.tasks import NoPlanError, Task
-from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.guard import warn_failures
-from torchrec_dreamshard.measure.progress import progress_bar
-from torchrec_dreamshard.measure.rounds import measure_in_rounds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent

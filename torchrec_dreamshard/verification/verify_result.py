@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from torchrec_dreamshard.calibration.noise import Noise
 from torchrec_dreamshard.measure.guard import MeasureFailure
+from torchrec_dreamshard.verification.noise import Noise
 
 
 @dataclass

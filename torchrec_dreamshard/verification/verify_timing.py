@@ -19,7 +19,7 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from torchrec_dreamshard.calibration.verify_result import VerifiedPlan
+    from torchrec_dreamshard.verification.verify_result import VerifiedPlan
 
 
 @dataclass(frozen=True)

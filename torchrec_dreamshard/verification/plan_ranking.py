@@ -30,8 +30,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.noise import Noise, sign_test_wins
-from torchrec_dreamshard.calibration.verify_result import VerifiedPlan, plan_words
+from torchrec_dreamshard.verification.noise import Noise, sign_test_wins
+from torchrec_dreamshard.verification.verify_result import VerifiedPlan, plan_words
 
 MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
 REPLACE_MARGIN = 0.03  # ... and by this much at the median: identical plans move 3% here
