@@ -386,3 +386,50 @@ def test_dreamshard_report_prints_and_plots_the_memory(tmp_path, capsys, run_cli
     printed = capsys.readouterr().out
     assert "memory predicted (the plan's storage estimate) against measured" in printed
     assert "WARNING: rank 1 peaks at" in printed and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_profile_keeps_the_storage_correction_and_plans_from_it_apply_it(tmp_path):
+    """A plan made with a storage correction keeps it in its machine profile; a planner
+    given that profile (and no correction of its own) checks the corrected storage."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    from torchrec_dreamshard import DreamShardPlanner
+    from torchrec_dreamshard.measure.gate import no_measuring
+    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.profile.machine_profile import MachineProfile
+
+    tables = [
+        EmbeddingBagConfig(name=f"t{i}", embedding_dim=16, num_embeddings=1000 * (i + 1),
+                           feature_names=[f"f{i}"])
+        for i in range(3)
+    ]  # fmt: skip
+    model = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    sharders = [EmbeddingBagCollectionSharder()]
+    correction = StorageCorrection({"t0": 3.0}, {})
+
+    def t0_storage(planner) -> int:
+        return sum(s.storage.ddr for o in planner.best_options if o.name == "t0" for s in o.shards)
+
+    topology = torchrec_topology(2, "cpu")
+    plain = DreamShardPlanner(topology=topology, batch_size=32, measure=False)
+    plain.plan(model, sharders)
+    first = DreamShardPlanner(
+        topology=topology, batch_size=32, measure=False, storage_correction=correction
+    )
+    first.plan(model, sharders)
+    assert first.profile.storage_correction == correction
+    path = tmp_path / "machine.profile"
+    first.profile.save(path)
+    assert MachineProfile.load(path).storage_correction == correction
+    with no_measuring("a planner given a profile times nothing"):
+        later = DreamShardPlanner(topology=topology, batch_size=32, profile=path)
+        later.plan(model, sharders)
+    assert t0_storage(later) == t0_storage(first) > 2.5 * t0_storage(plain)
+    bare = DreamShardPlanner(
+        topology=topology, batch_size=32, profile=MachineProfile(stamp=first.profile.stamp)
+    )
+    bare.plan(model, sharders)
+    # the profile's correction is part of the plan's context
+    assert later.hash_planner_context_inputs_str() != bare.hash_planner_context_inputs_str()

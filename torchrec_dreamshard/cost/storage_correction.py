@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,3 +99,7 @@ class StorageCorrection:
             if not isinstance(data.get(key, {}), Mapping):
                 raise ValueError(f"storage correction: {key!r} must be an object")
         return cls(data.get("tables", {}), data.get("kernels", {}), str(data.get("source", "")))
+
+
+# a correction, or what gives one when storage is estimated (a planner's profile's)
+CorrectionSource = StorageCorrection | Callable[[], StorageCorrection | None]

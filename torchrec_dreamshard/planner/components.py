@@ -25,7 +25,7 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
-from torchrec_dreamshard.cost.storage_correction import StorageCorrection
+from torchrec_dreamshard.cost.storage_correction import CorrectionSource
 from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
@@ -58,7 +58,7 @@ class PlanningScope:
     reservation: StorageReservation
     constraints: dict[str, ParameterConstraints] | None
     specs: OptionSpecs
-    storage_correction: StorageCorrection | None = None
+    storage_correction: CorrectionSource | None = None
 
     @property
     def global_batch(self) -> int:

@@ -6,6 +6,7 @@ partitioners', the policy's weight-to-storage ratio) is the corrected one."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torchrec.distributed.planner.types import (
@@ -24,14 +25,16 @@ class CorrectedStorage(ShardEstimator):
     table and compute kernel.
 
     Args:
-        correction: the factors.
+        correction: the factors, or what gives them when the options are estimated
+            (``None`` from it: nothing is scaled), so a planner can take its machine
+            profile's correction, known only once the profile step has run.
         topology: unused (TorchRec's estimator signature).
         constraints: unused.
     """
 
     def __init__(
         self,
-        correction: StorageCorrection,
+        correction: StorageCorrection | Callable[[], StorageCorrection | None],
         topology: Topology | None = None,
         constraints: dict[str, ParameterConstraints] | None = None,
     ) -> None:
@@ -42,8 +45,11 @@ class CorrectedStorage(ShardEstimator):
     ) -> None:
         """Scale the shards' storage of ``sharding_options`` in place (a new ``Storage``
         each: copied options share theirs)."""
+        correction = self.correction() if callable(self.correction) else self.correction
+        if correction is None:
+            return
         for option in sharding_options:
-            factor = self.correction.factor(option.name, option.compute_kernel)
+            factor = correction.factor(option.name, option.compute_kernel)
             if factor == 1.0:
                 continue
             for shard in option.shards:

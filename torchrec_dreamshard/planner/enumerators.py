@@ -56,7 +56,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
-from torchrec_dreamshard.cost.storage_correction import StorageCorrection
+from torchrec_dreamshard.cost.storage_correction import CorrectionSource
 from torchrec_dreamshard.data.splits import column_shards, split_counts
 from torchrec_dreamshard.planner.corrected_storage import CorrectedStorage
 from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
@@ -108,7 +108,7 @@ class DreamShardEnumerator(HookedEnumerator):
         storage_reservation: StorageReservation | None = None,
         spec_fn: SpecFn | None = None,
         estimator: ShardEstimator | list[ShardEstimator] | None = None,
-        storage_correction: StorageCorrection | None = None,
+        storage_correction: CorrectionSource | None = None,
     ) -> None:
         self._topology = topology
         self._reservation = storage_reservation

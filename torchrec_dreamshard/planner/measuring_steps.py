@@ -9,6 +9,7 @@ TorchRec's loop runs behind the measuring gate
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,15 @@ class MeasuringSteps:
         hash)."""
         stamp = self._given.stamp.to_dict() if self._given is not None else None
         correction = self.storage_correction
+        if correction is None and self._given is not None:
+            correction = self._given.storage_correction
         return [self._measure, stamp, correction.fingerprint() if correction else None]
+
+    def correction(self) -> StorageCorrection | None:
+        """The storage correction the plan applies: the planner's, else its profile's."""
+        if self.storage_correction is not None:
+            return self.storage_correction
+        return self.profile.storage_correction if self.profile is not None else None
 
     def plan(
         self,
@@ -128,6 +137,10 @@ class MeasuringSteps:
             lambda: policy_tables(inputs, constraints, self.parts),
             loads_plan=loads_plan,
         )
+        if self.storage_correction is not None:  # kept with the profile, for other plans
+            self.profile_step.last = dataclasses.replace(
+                self.profile_step.last, storage_correction=self.storage_correction
+            )
         plan = self._loop(loop)
         ours_won = log.winner == OURS
         if self._given is not None:  # a given profile plans with nothing timed

@@ -147,7 +147,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             analytic collectives, or the given profile).
         cache_dir: where measurements are cached (default: ``$XDG_CACHE_HOME``'s).
         storage_correction: factors over TorchRec's storage estimate measured in a running
-            job (``observer.storage_correction()``), applied to every storage checked.
+            job (``observer.storage_correction()``), applied to every storage checked
+            (default: the given profile's, if it has one).
 
     Measuring happens in two steps only, around TorchRec's loop, within one budget
     (:mod:`~torchrec_dreamshard.planner.measuring_steps`). The context hash covers
@@ -214,7 +215,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             reservation,
             constraints,
             self.table_specs,
-            storage_correction,
+            self._steps.correction,
         )
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
         how = PlaceSettings(mode, num_samples, seed, default_sources(reserved=True))

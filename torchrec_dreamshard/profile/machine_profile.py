@@ -27,6 +27,7 @@ import torch
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.profile.stamp import MachineStamp
 
@@ -78,6 +79,9 @@ class MachineProfile:
         failures: measurements that failed, with their cause (each a
             :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict).
         spent_s: seconds each part took to measure or load.
+        storage_correction: factors over TorchRec's storage estimate measured in a running
+            job on this hardware (``observer.storage_correction()``), which plans from
+            this profile apply (``None``: none).
     """
 
     stamp: MachineStamp
@@ -90,6 +94,7 @@ class MachineProfile:
     notes: tuple[str, ...] = ()
     failures: tuple[dict[str, Any], ...] = ()
     spent_s: dict[str, float] = field(default_factory=dict)
+    storage_correction: StorageCorrection | None = None
 
     @property
     def calibrated(self) -> bool:
@@ -127,6 +132,7 @@ class MachineProfile:
             "notes": list(self.notes),
             "failures": [dict(f) for f in self.failures],
             "spent_s": dict(self.spent_s),
+            "storage_correction": self.storage_correction is not None,
         }
 
     # -- the file -------------------------------------------------------------------------
@@ -158,6 +164,9 @@ class MachineProfile:
                     "notes": list(self.notes),
                     "failures": [dict(f) for f in self.failures],
                     "spent_s": dict(self.spent_s),
+                    "storage_correction": None
+                    if self.storage_correction is None
+                    else self.storage_correction.to_dict(),
                 }
             ),
             "cost_net": None if cal is None else dict(cal.cost_net),
@@ -215,6 +224,7 @@ class MachineProfile:
                 dict(cal.get("record") or {}),
             )
         collectives, dense = payload["collectives"], payload["dense_kernel"]
+        correction = payload.get("storage_correction")
         return cls(
             stamp=MachineStamp.from_dict(payload["stamp"]),
             reference_ms=_tuple_or_none(payload["reference_ms"]),
@@ -226,6 +236,9 @@ class MachineProfile:
             notes=tuple(str(n) for n in payload["notes"]),
             failures=tuple(dict(f) for f in payload["failures"]),
             spent_s={str(k): float(v) for k, v in payload["spent_s"].items()},
+            storage_correction=None
+            if correction is None
+            else StorageCorrection.from_dict(correction),
         )
 
 
