@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from torchrec_dreamshard.calibration.planning import verify_chosen
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.adaptation import calibrating
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
@@ -28,6 +30,19 @@ logger = logging.getLogger("torchrec_dreamshard.planner")
 MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
 HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes (the loop runs after)
+MIN_MEASUREMENTS = 4  # the fewest measurements worth starting: two plans, two rounds
+
+
+def measurement_seconds(agent: Any, task: Task, placement: Sequence[int]) -> float:
+    """Predicted seconds of one measurement of ``placement``: the local backend times each
+    device's fused kernel in turn, ``warmup + iters`` iterations of its forward and
+    backward (:class:`~torchrec_dreamshard.measure.config.MeasureConfig`'s defaults)."""
+    if not placement:
+        return 0.0
+    config = MeasureConfig()
+    cost = agent.predict(task, list(placement))
+    per_pass = sum(cost.fwd_ms) + sum(cost.bwd_ms)
+    return (config.warmup + config.iters) * per_pass / 1000.0
 
 
 def verify_after_loop(
@@ -55,6 +70,14 @@ def verify_after_loop(
         notes.append(
             f"verification skipped: {left:.1f} s of the plan's budget left "
             f"(it needs {MIN_VERIFY_S:.0f} s); the plan is the policy's, unmeasured"
+        )
+        return False
+    one = measurement_seconds(wrapper.current, wrapper.last_task, wrapper.last_chosen or [])
+    if math.isfinite(left) and MIN_MEASUREMENTS * one > left * HARD_SHARE:
+        notes.append(
+            f"verification skipped: one measurement of a plan of this task takes about "
+            f"{one:.1f} s (predicted), and {MIN_MEASUREMENTS} of them do not fit the "
+            f"{left:.1f} s left of the plan's budget; the plan is the policy's, unmeasured"
         )
         return False
     if math.isfinite(left):
