@@ -25,11 +25,13 @@ from torchrec_dreamshard.cost.sharding import (
     CostContext,
     Exchange,
     KernelCall,
+    OfferScope,
     SpansEveryRank,
     TableChoice,
     Terms,
     kernel_group,
     kernel_view,
+    output_width_bytes,
 )
 from torchrec_dreamshard.data.tables import TableSpec
 
@@ -53,7 +55,22 @@ class DataParallel(SpansEveryRank):
     def candidate_key(self, table: TableSpec, single_ms: float) -> tuple[float, ...]:
         return (table.size_bytes,)
 
+    def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
+        """A bound: replicating a table gains nothing on the kernels (its lookups at the
+        local batch on every rank are, summed, its table-wise lookups, and it adds the
+        dense passes), so it may gain only if its gradients' all-reduce moves less than
+        the table-wise outputs it saves a rank that receives them, forward and backward:
+        on the wire (send plus receive) ``4 (W-1)/W S <= 2 b w o (W-1)/W``, or across
+        hosts (``H`` hosts of ``L``) ``2 (H-1)/H S / L <= 2 b w o (W-L)/W``; it is
+        offered if either holds."""
+        topo = scope.topology
+        w, lw, h = topo.world_size, topo.local_world_size, topo.num_hosts
+        outputs = scope.local_batch * output_width_bytes(table, table.dim, pooled)
+        within = 2.0 * table.size_bytes <= outputs
+        across = h > 1 and (h - 1) / h * table.size_bytes / lw <= outputs * (w - lw) / w
+        return within or across
+
     def reserve(self, shard_bytes: Sequence[float], free: np.ndarray) -> None:
         """A replica on every rank: shard ``k`` on rank ``k``."""
-        for k, nbytes in enumerate(shard_bytes):
-            free[k % len(free)] -= nbytes
+        n = len(free)
+        np.add.at(free, np.arange(len(shard_bytes)) % n, -np.asarray(shard_bytes, dtype=float))
