@@ -7,7 +7,7 @@ enough to fit) gets its table-wise fused option, the column-wise options of its 
 (below) and one option of every other type its constraints allow that the type choice
 may offer, on that type's kernel (the cost strategies' ``alternative_kernel``), where the
 type's strategy says it may gain (``may_gain``:
-:func:`~torchrec_dreamshard.planner.type_choice.offered_types`). Every other table gets the options
+:func:`~torchrec_dreamshard.planner.type_offers.offered_types`). Every other table gets the options
 TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
 device), and TorchRec's machinery plans it.
 On CPU ranks no sequence table (``EmbeddingCollection``) is offered data-parallel: it
@@ -69,7 +69,7 @@ from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
 from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
-from torchrec_dreamshard.planner.type_choice import offered_types
+from torchrec_dreamshard.planner.type_offers import offered_types
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.torchrec_compat import HookedEnumerator
 
@@ -116,7 +116,7 @@ class DreamShardEnumerator(HookedEnumerator):
         self._types: dict[str, list[str]] = {}
         self._ours: set[str] = set()  # the tables the policy places
         self._offered: dict[str, dict[str, str]] = {}  # other types offered, by table
-        self._batch_size = batch_size
+        self._local_batch = batch_size
         if estimator is None:
             perf = CostNetShardEstimator(
                 topology,
@@ -143,7 +143,7 @@ class DreamShardEnumerator(HookedEnumerator):
             return copy_options(stored)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
         self._offered = offered_types(
-            module, self._topology, self._batch_size, self._constraints_by_name
+            module, self._topology, self._local_batch, self._constraints_by_name
         )
         self._ours.clear()  # cleared in place: the estimator holds it
         options = self._enumerate_once(module, sharders)
