@@ -282,20 +282,33 @@ def test_flow_totals_are_the_flow_matrix_summed(world, local):
         assert getattr(cross, name) == pytest.approx(getattr(ref, name)), name
 
 
-def test_offers_are_pruned_by_the_strategies(agent):
-    """Data-parallel is offered only to a table whose all-reduce may move less than its
-    outputs (a small table, not a big one); row-wise only to a table heavy enough to load
-    a device; table-row-wise to every table."""
+def test_offers_are_pruned_by_the_strategies_on_large_models(agent):
+    """On a large model data-parallel is offered only to a table whose all-reduce moves
+    less than its outputs (a small table, not a big one), row-wise only to a table heavy
+    enough to load a device, table-row-wise to every table; a small model is offered
+    every type."""
+    from torchrec_dreamshard.cost.comm_topology import CommTopology
+    from torchrec_dreamshard.cost.sharding import OfferScope
+    from torchrec_dreamshard.cost.sharding_types import STRATEGIES
+    from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.planner.type_offers import offered_types
 
-    tables = tiny_and_big(4) + [
-        EmbeddingBagConfig(name="wide", embedding_dim=256, num_embeddings=1000, feature_names=["w"])
-    ]
-    topo = Topology(world_size=16, local_world_size=4, compute_device="cuda")
-    offers = offered_types(Model(tables), topo, 512)
-    assert "data_parallel" in offers["tiny0"] and "data_parallel" not in offers["big0"]
-    assert "row_wise" in offers["wide"] and "row_wise" not in offers["tiny0"]
-    assert all("table_row_wise" in o for o in offers.values())
+    topo = CommTopology(world_size=128, local_world_size=8)
+    scope = OfferScope(topology=topo, local_batch=8192.0, mean_lookups=800.0)
+    small = TableSpec(name="small", rows=10_000, dim=64, pooling_factor=1.0)
+    big = TableSpec(name="big", rows=10_000_000, dim=64, pooling_factor=1.0)
+    wide = TableSpec(name="wide", rows=1000, dim=256, pooling_factor=1.0)
+    dp, rw, twrw = (STRATEGIES[k] for k in ("data_parallel", "row_wise", "table_row_wise"))
+    assert dp.may_gain(small, True, scope) and not dp.may_gain(big, True, scope)
+    assert rw.may_gain(wide, True, scope) and not rw.may_gain(small, True, scope)
+    assert all(twrw.may_gain(t, True, scope) for t in (small, big, wide))
+    loose = OfferScope(topology=topo, local_batch=8192.0, mean_lookups=800.0, prune=False)
+    assert dp.may_gain(big, True, loose) and rw.may_gain(small, True, loose)
+
+    topology = Topology(world_size=16, local_world_size=4, compute_device="cuda")
+    offers = offered_types(Model(tiny_and_big(4)), topology, 512)
+    every = {"data_parallel", "row_wise", "table_row_wise"}
+    assert all(set(o) == every for o in offers.values()), offers
 
 
 def test_screening_rates_candidates_as_the_full_rating_does(agent, monkeypatch):
@@ -330,8 +343,7 @@ def test_screening_rates_candidates_as_the_full_rating_does(agent, monkeypatch):
         p.plan(Model(many + tiny_and_big(4)), get_default_sharders())
     assert len(seen) > 10
     for fast, full in seen:
-        assert fast == pytest.approx(full, rel=0.05)
-    assert sum(fast == pytest.approx(full, rel=1e-6) for fast, full in seen) > len(seen) / 2
+        assert fast == pytest.approx(full, rel=1e-9)
 
 
 def test_the_summary_explains_the_plan_per_type(agent):

@@ -173,12 +173,14 @@ class Terms:
 @dataclass(frozen=True)
 class OfferScope:
     """What the pruning of a type's offers reads besides the table: the topology, the
-    local batch ``b`` and the mean device's lookups per sample (the sum over the model's
-    tables of ``p d``, elements gathered per sample, over ``W``)."""
+    local batch ``b``, the mean device's lookups per sample (the sum over the model's
+    tables of ``p d``, elements gathered per sample, over ``W``), and whether to prune at
+    all (``False``: every type is offered, on models small enough to rate them all)."""
 
     topology: CommTopology
     local_batch: float
     mean_lookups: float
+    prune: bool = True
 
 
 class ShardingCost:

@@ -13,6 +13,7 @@ from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.sharding import OfferScope
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels, alternative_types
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.policy.agent import LARGE_TASK
 
 
 def offered_types(
@@ -23,10 +24,11 @@ def offered_types(
 ) -> dict[str, dict[str, str]]:
     """Per table of ``module``'s ``EmbeddingBagCollection``s, the other types the type
     choice may offer it and their kernels: those of the alternative types whose strategy
-    says moving it there may lower the step (``may_gain``: data-parallel by a bound on
-    its all-reduce, row-wise by a rule on its share of a device's lookups; see each
-    strategy). The enumerator offers a table only these, so that the search space stays
-    small on models of thousands of tables over hundreds of ranks."""
+    says moving it there may lower the step (``may_gain``). On models of more than
+    :data:`~torchrec_dreamshard.policy.agent.LARGE_TASK` tables x devices the strategies
+    prune (data-parallel by a rule on its all-reduce against its outputs, row-wise by a
+    rule on its share of a device's lookups), so that the search space stays small at
+    thousands of tables over hundreds of ranks; smaller models are offered every type."""
     constraints = constraints or {}
     tables = []
     for m in module.modules():
@@ -46,7 +48,10 @@ def offered_types(
         return {}
     topo = CommTopology.from_torchrec(topology)
     lookups = sum(t.pooling_factor * t.dim for t in tables) / topo.world_size
-    scope = OfferScope(topology=topo, local_batch=float(local_batch), mean_lookups=lookups)
+    prune = len(tables) * topo.world_size > LARGE_TASK
+    scope = OfferScope(
+        topology=topo, local_batch=float(local_batch), mean_lookups=lookups, prune=prune
+    )
     kernels = alternative_kernels()
     return {
         t.name: {s.name: kernels[s.name] for s in alternative_types() if s.may_gain(t, True, scope)}

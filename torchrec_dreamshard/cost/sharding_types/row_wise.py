@@ -64,13 +64,15 @@ class RowWise(SpansEveryRank):
         return (-single_ms,)
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """A pruning rule, not a bound: offered only to a table whose lookups (``p d``
-        elements gathered per sample) are at least :data:`ROW_SPLIT_SHARE` of the mean
-        device's. Spreading a table's rows over
-        every rank puts a reduce-scatter of the global batch's partial sums, ``W`` times
-        its table-wise outputs, on every rank: only a table heavy enough to set a device's
+        """A pruning rule for large models (``scope.prune``), not a bound: offered only
+        to a table whose lookups (``p d`` elements gathered per sample) are at least
+        :data:`ROW_SPLIT_SHARE` of the mean device's. Spreading a table's rows over every
+        rank puts a reduce-scatter of the global batch's partial sums, ``W`` times its
+        table-wise outputs, on every rank: only a table heavy enough to set a device's
         load may pay for it. It keeps the search space at a few hundred such options on
         models of thousands of tables (each has one shard per rank)."""
+        if not scope.prune:
+            return True
         return table.pooling_factor * table.dim >= ROW_SPLIT_SHARE * scope.mean_lookups
 
 
