@@ -19,9 +19,10 @@ at the global batch, the row-wise and table-row-wise shards on their share of th
 the global batch, the data-parallel tables at the local batch plus their dense passes
 charged analytically at the device's HBM bandwidth). Rows are scaled by one factor, the
 same for every plan, so that the fullest device of any plan fits ``--device-gb``; the
-batch is scaled by ``1 / --batch-div`` (CPU kernels at a million bags per table would
-take hours for 128 devices), and the collectives are priced at that batch too, by the
-hierarchical models the planner prices with (within a host at TorchRec's intra-host
+batch is scaled by the same factor (``--batch-div``: CPU kernels at a million bags per
+table would take hours for 128 devices), so that every byte count (gathers, all-to-alls,
+all-reduces, dense passes) scales alike; the collectives are priced for that scaled
+model by the hierarchical models the planner prices with (within a host at TorchRec's intra-host
 bandwidth, across hosts at its inter-host bandwidth: analytic, unmeasured). Reported per
 plan: planning time, types, the slowest device's measured compute and the step with
 modelled collectives (the slowest device's compute plus its collectives): each device's
@@ -244,8 +245,10 @@ def measure_plans(rows: dict, shapes: dict, args, scale: float, hbm_bw: float) -
 
 
 def modelled_comm(plan: dict, shapes: dict, args) -> np.ndarray:
-    """``[devices]`` ms of every collective each device joins, at the measured batch, by
-    the hierarchical models the planner prices with."""
+    """``[devices]`` ms of every collective each device joins, by the hierarchical models
+    the planner prices with, for the model as measured: rows scaled by ``args.row_scale``,
+    the batch divided by ``args.batch_div`` (so data-parallel's all-reduce of the scaled
+    tables' bytes stands to the all-to-alls of the scaled batch as at full scale)."""
     from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
     from torchrec_dreamshard.cost.plans import plan_breakdown
     from torchrec_dreamshard.cost.sharding import CostContext, TableChoice
@@ -266,7 +269,8 @@ def modelled_comm(plan: dict, shapes: dict, args) -> np.ndarray:
         ranks = strategy.option_ranks([s[-1] for s in e["shards"]])
         if strategy.name == "table_row_wise":
             ranks = tuple(sorted(ranks))
-        table = TableSpec(name=name, rows=rows, dim=dim, pooling_factor=1.0)
+        scaled = max(1, round(rows * args.row_scale))  # as the measured kernels' tables
+        table = TableSpec(name=name, rows=scaled, dim=dim, pooling_factor=1.0)
         choices.append(TableChoice(table=table, sharding_type=strategy.name, ranks=ranks))
     br = plan_breakdown(choices, ctx)
     return sum(br.comm_ms.values(), np.zeros(args.devices))
@@ -293,6 +297,8 @@ def score(row: dict, compute: np.ndarray, shapes: dict, args) -> None:
     slowest device; the range is the slowest device's of each round."""
     comm = modelled_comm(row["plan"], shapes, args)
     best = compute.min(axis=0)
+    row["device_compute_ms"] = compute.tolist()  # [rounds][devices], raw
+    row["device_comm_ms"] = comm.tolist()
     row["compute_ms"] = {"figure": float(best.max()), "rounds": compute.max(axis=1).tolist()}
     row["step_ms"] = {
         "figure": float((best + comm).max()),
@@ -312,7 +318,10 @@ def main() -> None:
     ap.add_argument("--torchrec-plan", help="a TorchRec plan from a longer run, to score")
     ap.add_argument("--wait", type=int, default=1800, help="s to wait for --torchrec-plan")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batch-div", type=int, default=64)
+    ap.add_argument(
+        "--batch-div", type=int, default=0, help="default: 1 / the row scale (bytes alike)"
+    )
+    ap.add_argument("--plans", help="an earlier raw file: score its plans, plan nothing")
     ap.add_argument("--device-gb", type=float, default=0.5)
     ap.add_argument("--name", default="at_scale")
     args = ap.parse_args()
@@ -323,6 +332,29 @@ def main() -> None:
     from torchrec_dreamshard.cost.sharding_types.data_parallel import DENSE_UPDATE_PASSES
 
     assert DENSE_UPDATE_PASSES == 4.0  # device_kernels charges four passes
+    if args.plans:
+        rows = json.loads(Path(args.plans).read_text())["planners"]
+        for row in rows.values():
+            for key in ("compute_ms", "step_ms", "device_compute_ms", "device_comm_ms"):
+                row.pop(key, None)
+    else:
+        rows = plan_all(args)
+    shapes = {n: (r, d) for n, r, d in table_shapes(args.tables)}
+    scored = {k: v for k, v in rows.items() if "plan" in v}
+    args.row_scale = row_scale([v["plan"] for v in scored.values()], shapes, args)
+    args.batch_div = args.batch_div or round(1 / args.row_scale)
+    hbm_bw = float(topology(args.devices, args.local).hbm_mem_bw)
+    measured = measure_plans(scored, shapes, args, args.row_scale, hbm_bw)
+    for name, row in scored.items():
+        score(row, measured[name], shapes, args)
+        print(name, row["compute_ms"], row["step_ms"], flush=True)
+    settings = vars(args) | {"local_batch": LOCAL_BATCH}
+    out = {"machine": machine(), "settings": settings, "planners": rows}
+    write(args.name, out, report(out))
+
+
+def plan_all(args) -> dict:
+    """Every planner's plan and time (TorchRec's from a longer run where it is stopped)."""
     rows = {"dreamshard": plan_ours(args, False), "dreamshard_table_wise": plan_ours(args, True)}
     for name, row in rows.items():
         print(name, f"{row['seconds']:.1f} s", row["types"], flush=True)
@@ -336,17 +368,7 @@ def main() -> None:
             time.sleep(10)
         longer = json.loads(Path(args.torchrec_plan).read_text())
         rows["torchrec_longer_run"] = longer | {"stopped": False, "file": args.torchrec_plan}
-    shapes = {n: (r, d) for n, r, d in table_shapes(args.tables)}
-    scored = {k: v for k, v in rows.items() if "plan" in v}
-    scale = row_scale([v["plan"] for v in scored.values()], shapes, args)
-    hbm_bw = float(topology(args.devices, args.local).hbm_mem_bw)
-    measured = measure_plans(scored, shapes, args, scale, hbm_bw)
-    for name, row in scored.items():
-        score(row, measured[name], shapes, args)
-        print(name, row["compute_ms"], row["step_ms"], flush=True)
-    settings = vars(args) | {"local_batch": LOCAL_BATCH, "row_scale": scale}
-    out = {"machine": machine(), "settings": settings, "planners": rows}
-    write(args.name, out, report(out))
+    return rows
 
 
 def report(out: dict) -> str:
@@ -358,8 +380,9 @@ def report(out: dict) -> str:
         f"{s['devices']} GPUs, {s['local']} per host, per-rank batch {s['local_batch']}, "
         "`get_default_sharders()`, no constraints. Scored alike: each device's kernels "
         f"measured in turn on this CPU ({s['rounds']} rounds; rows x{s['row_scale']:.4g}, "
-        f"batch / {s['batch_div']}), collectives by the hierarchical models at that batch "
-        "(analytic). The machine was shared with other jobs: timings are noisy.",
+        f"batch / {s['batch_div']}: every byte count scaled alike), collectives by the "
+        "hierarchical models for that scaled model (analytic). The machine was shared with "
+        "other jobs: timings are noisy.",
         "",
         "| planner | planning s (cpu s) | sharding types | slowest device's compute ms "
         "(rounds' range) | step with modelled collectives ms (range) |",
