@@ -561,7 +561,11 @@ def test_the_cases_exercise_what_they_are_for(recorded):
     for name in ("hosts_mixed_w8_l4", "hosts_mixed_w16_l8"):
         assert {"table_wise", "table_row_wise", "data_parallel"} <= _types(recorded, name)
     assert recorded["sequences_dear"]["tables"]["ec.hist"]["type"] == "data_parallel"
-    assert recorded["user_proposer_with_types"]["winner"] == "GreedyProposer#0"
+    # a user's proposer can win (its plan rated better than DreamShard's); with the type
+    # choice's table-wise balance by kernel and sent bytes, DreamShard's own typed plan
+    # now rates better than GreedyProposer's in user_proposer_with_types
+    assert recorded["user_partitioner_and_perf_model"]["winner"] == "GreedyProposer#0"
+    assert recorded["user_proposer_with_types"]["winner"] == "DreamShardProposer"
     assert recorded["error_table_wise_only_too_big"]["error"][1] == "STRICT_CONSTRAINTS"
     assert recorded["error_model_too_big"]["error"][1] == "INSUFFICIENT_STORAGE"
 

@@ -1,4 +1,5 @@
-"""Planning at the scale the README quotes: 1000 tables on 64 devices.
+"""Planning at the scale the README quotes: 1000 tables on 64 devices; and at production
+scale with every sharding type: 1000 tables on 128 GPUs over hosts of 8, 4 and 2.
 
 The model is ``benchmarks/planning_time.py``'s (an ``EmbeddingBagCollection`` of 1000
 full-scale tables of the synthetic DLRM-shaped pool on the meta device, their pooling
@@ -26,11 +27,11 @@ from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.enumerators import offers_types
 from torchrec_dreamshard.planner.torchrec_adapter import (
     planner_best_plan,
     planner_reserved_topology,
 )
+from torchrec_dreamshard.planner.type_offers import offered_types
 from torchrec_dreamshard.policy.agent import LARGE_TASK
 
 TABLES, DEVICES = 1000, 64
@@ -59,7 +60,7 @@ def model_and_constraints():
 @pytest.mark.parametrize("hbm_cap", [HBM_CAP, TIGHT_HBM_CAP], ids=["5GB", "4GB"])
 def test_1000_tables_on_64_devices_with_every_sharding_type_get_a_valid_plan(hbm_cap):
     model, constraints = model_and_constraints()
-    assert TABLES * DEVICES > LARGE_TASK and not offers_types(model, DEVICES)  # the large path
+    assert TABLES * DEVICES > LARGE_TASK  # the safe mode's bounded path
     sharder = EmbeddingBagCollectionSharder()
     offered = set(sharder.sharding_types("cuda"))
     assert offered == {t.value for t in ShardingType}, offered  # every type TorchRec has
@@ -91,3 +92,100 @@ def test_1000_tables_on_64_devices_with_every_sharding_type_get_a_valid_plan(hbm
     for rank, ((hbm, ddr), device) in enumerate(zip(used, devices, strict=True)):
         assert hbm <= device.storage.hbm and ddr <= device.storage.ddr, (rank, hbm, ddr)
     assert max(hbm / d.storage.hbm for (hbm, _), d in zip(used, devices, strict=True)) > 0.5
+
+
+# --- production scale, every sharding type -------------------------------------------------
+
+PROD_DEVICES, PROD_BATCH = 128, 8192
+
+
+def production_model(tables: int = TABLES):
+    """An ``EmbeddingBagCollection`` on meta: 1e3-5e7 rows log-uniform, dims 16-256,
+    pooling factor 1 (``benchmarks/at_scale.py``'s model)."""
+    import numpy as np
+    import torch
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    rng = np.random.default_rng(0)
+    rows = np.exp(rng.uniform(np.log(1e3), np.log(5e7), tables)).astype(int)
+    dims = rng.choice([16, 32, 64, 128, 256], tables)
+    configs = [
+        EmbeddingBagConfig(
+            name=f"t{i}", embedding_dim=int(d), num_embeddings=int(r), feature_names=[f"f{i}"]
+        )
+        for i, (r, d) in enumerate(zip(rows, dims, strict=True))
+    ]
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+    return Model()
+
+
+def check_sharding_plan(plan, model, devices: int) -> None:
+    """The plan as TorchRec code that consumes a ``ShardingPlan`` reads it: the module's
+    plan by path, every table once, each sharded table's shards (validated by torch's
+    ``EnumerableShardingSpec``: no overlap) covering it exactly, on the ranks it names."""
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+
+    module_plan = plan.get_plan_for_module("ebc")
+    tables = {t.name: t for t in model.ebc.embedding_bag_configs()}
+    assert sorted(module_plan) == sorted(tables)
+    for name, ps in module_plan.items():
+        ranks = ps.ranks
+        assert ranks and all(0 <= r < devices for r in ranks), (name, ranks)
+        if ps.sharding_type == "data_parallel":
+            assert sorted(ranks) == list(range(devices)), name
+            continue
+        spec = ps.sharding_spec
+        EnumerableShardingSpec(list(spec.shards))  # raises on overlapping shards
+        size = [tables[name].num_embeddings, tables[name].embedding_dim]
+        assert sum(s.shard_sizes[0] * s.shard_sizes[1] for s in spec.shards) == size[0] * size[1]
+        for s in spec.shards:
+            assert all(
+                o + n <= m for o, n, m in zip(s.shard_offsets, s.shard_sizes, size, strict=True)
+            ), name
+        assert sorted(s.placement.rank() for s in spec.shards) == sorted(ranks), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("local", [8, 4, 2])
+def test_1000_tables_on_128_gpus_choose_types_and_plan_a_valid_sharding(local):
+    """1000 production-shaped tables on 128 GPUs of 80 GB, ``local`` per host, every type
+    allowed: the type choice runs (and is timed); where it predicts a gain beyond its
+    uncertainty the plan has more than one type; no device over its memory; every
+    table-row-wise table within one host; the ``ShardingPlan`` reads as TorchRec reads it."""
+    from torchrec.distributed.sharding_plan import get_default_sharders
+
+    model = production_model()
+    topology = Topology(
+        world_size=PROD_DEVICES, local_world_size=local, compute_device="cuda", hbm_cap=80 * 2**30
+    )
+    offers = offered_types(model, topology, PROD_BATCH)
+    assert sum(bool(o) for o in offers.values()) == TABLES  # every table offered another type
+    planner = DreamShardPlanner(topology=topology, batch_size=PROD_BATCH)
+    # how long it takes is benchmarks/planning_time.py's and at_scale.py's to say
+    plan = planner.plan(model, get_default_sharders())
+
+    chosen = planner.proposer.last_types
+    assert chosen is not None and chosen.decisions  # the type choice ran
+    types = {ps.sharding_type for ps in plan.plan["ebc"].values()}
+    if any(d.kept for d in chosen.decisions):
+        assert len(types) > 1, types
+        assert chosen.step_ms < chosen.table_wise_ms
+    assert planner.adaptation["types"]["summary"]["tables"]
+
+    check_sharding_plan(plan, model, PROD_DEVICES)
+    for name, ps in plan.plan["ebc"].items():
+        if ps.sharding_type in ("table_row_wise", "grid_shard"):
+            assert len({r // local for r in ps.ranks}) == 1, (name, ps.ranks)
+
+    used = [0] * PROD_DEVICES
+    for option in planner_best_plan(planner):
+        for shard in option.shards:
+            used[shard.rank] += shard.storage.hbm
+    devices = planner_reserved_topology(planner).devices
+    assert all(u <= d.storage.hbm for u, d in zip(used, devices, strict=True))

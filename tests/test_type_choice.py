@@ -93,10 +93,12 @@ def test_constraints_bound_the_choice(agent):
     assert {types[f"tiny{i}"] for i in range(6, 12)} == {"data_parallel"}
 
 
-def test_across_hosts_a_hot_table_is_spread(agent):
-    """16 GPUs in 2 hosts, a slow network between them (analytic, unmeasured here): the
-    hottest tables leave table-wise for row-wise or table-row-wise; TorchRec's
-    validations pass on the plan."""
+@pytest.mark.parametrize("local", [8, 4, 2])
+def test_across_hosts_a_hot_table_is_spread(agent, local):
+    """16 GPUs in hosts of 8, 4 or 2, a slow network between them (analytic, unmeasured
+    here): the hottest tables leave table-wise for row-wise or table-row-wise, and a
+    table-row-wise table's shards stay on one host's ranks; TorchRec's validations pass
+    on the plan."""
     hot = [
         EmbeddingBagConfig(
             name=f"hot{i}", embedding_dim=128, num_embeddings=2_000_000, feature_names=[f"h{i}"]
@@ -104,11 +106,16 @@ def test_across_hosts_a_hot_table_is_spread(agent):
         for i in range(2)
     ]
     cons = {f"hot{i}": ParameterConstraints(pooling_factors=[200.0]) for i in range(2)}
-    topo = Topology(world_size=16, local_world_size=8, compute_device="cuda", hbm_cap=32 * 2**30)
+    topo = Topology(
+        world_size=16, local_world_size=local, compute_device="cuda", hbm_cap=32 * 2**30
+    )
     p = DreamShardPlanner(topo, 512, agent=agent, debug=False, constraints=cons)
     plan = p.plan(Model(hot + tiny_and_big(4)), get_default_sharders())
     types = {n: ps.sharding_type for n, ps in plan.plan["ebc"].items()}
     assert {types["hot0"], types["hot1"]} <= {"row_wise", "table_row_wise"}, types
+    for ps in plan.plan["ebc"].values():
+        if ps.sharding_type == "table_row_wise":
+            assert len(ps.ranks) == local and len({r // local for r in ps.ranks}) == 1, ps.ranks
 
 
 class WithSequences(torch.nn.Module):
@@ -222,3 +229,136 @@ def test_the_breakdown_by_source_adds_up_to_the_plan_cost(agent):
     whole = plan_cost(choices, ctx)
     assert parts.total_ms == pytest.approx([r.total_ms for r in whole.ranks], rel=1e-9)
     assert parts.dense_ms.min() > 0 and set(parts.comm_ms) >= {"all_to_all", "all_reduce"}
+
+
+# --- at scale: the pieces that keep the choice fast --------------------------------------
+
+
+@pytest.mark.parametrize(("world", "local"), [(16, 4), (10, 4), (8, 8), (12, 2)])
+def test_flow_totals_are_the_flow_matrix_summed(world, local):
+    """An all-to-all priced from its per-rank totals costs what it costs from its ``[W, W]``
+    flows, hosts of unequal size included; so do the one-to-all and cross-host shortcuts."""
+    import numpy as np
+
+    from torchrec_dreamshard.cost.comm_topology import (
+        CommTopology,
+        FlowTotals,
+        all_to_all_ms,
+        analytic_models,
+    )
+    from torchrec_dreamshard.cost.sharding_types.table_row_wise import cross_host_totals
+
+    topo = CommTopology(world_size=world, local_world_size=local, inter_host_bw=1e6)
+    rng = np.random.default_rng(world)
+    flows = rng.random((world, world)) * 1e6
+    models = analytic_models(topo)
+    every = range(world)
+    totals = FlowTotals.from_matrix(topo, flows)
+    assert all_to_all_ms(topo, models, every, totals) == pytest.approx(
+        all_to_all_ms(topo, models, every, flows)
+    )
+    u, v = rng.random(world), rng.random(world)
+    outer = FlowTotals.outer(topo, u, v)
+    for name in FlowTotals.FIELDS:
+        assert getattr(outer, name) == pytest.approx(
+            getattr(FlowTotals.from_matrix(topo, np.outer(u, v)), name)
+        )
+    for rank in range(world):
+        one = FlowTotals.one_to_all(topo, rank, 3.0)
+        dense = np.zeros((world, world))
+        dense[rank, :] = 3.0
+        ref = FlowTotals.from_matrix(topo, dense)
+        for name in FlowTotals.FIELDS:
+            assert getattr(one, name) == pytest.approx(getattr(ref, name)), (rank, name)
+    host = topo.host_ranks(topo.num_hosts - 1)
+    cross = cross_host_totals(topo, host, 5.0)
+    dense = np.zeros((world, world))
+    local_idx = np.arange(world) % local
+    for r in host:
+        peers = (local_idx == r % local) & topo.remote_mask()[r]
+        dense[r, peers] = 5.0
+    ref = FlowTotals.from_matrix(topo, dense)
+    for name in FlowTotals.FIELDS:
+        assert getattr(cross, name) == pytest.approx(getattr(ref, name)), name
+
+
+def test_offers_are_pruned_by_the_strategies_on_large_models(agent):
+    """On a large model data-parallel is offered only to a table whose all-reduce moves
+    less than its outputs (a small table, not a big one), row-wise only to a table heavy
+    enough to load a device, table-row-wise to every table; a small model is offered
+    every type."""
+    from torchrec_dreamshard.cost.comm_topology import CommTopology
+    from torchrec_dreamshard.cost.sharding import OfferScope
+    from torchrec_dreamshard.cost.sharding_types import STRATEGIES
+    from torchrec_dreamshard.data.tables import TableSpec
+    from torchrec_dreamshard.planner.type_offers import offered_types
+
+    topo = CommTopology(world_size=128, local_world_size=8)
+    scope = OfferScope(topology=topo, local_batch=8192.0, mean_lookups=800.0)
+    small = TableSpec(name="small", rows=10_000, dim=64, pooling_factor=1.0)
+    big = TableSpec(name="big", rows=10_000_000, dim=64, pooling_factor=1.0)
+    wide = TableSpec(name="wide", rows=1000, dim=256, pooling_factor=1.0)
+    dp, rw, twrw = (STRATEGIES[k] for k in ("data_parallel", "row_wise", "table_row_wise"))
+    assert dp.may_gain(small, True, scope) and not dp.may_gain(big, True, scope)
+    assert rw.may_gain(wide, True, scope) and not rw.may_gain(small, True, scope)
+    assert all(twrw.may_gain(t, True, scope) for t in (small, big, wide))
+    loose = OfferScope(topology=topo, local_batch=8192.0, mean_lookups=800.0, prune=False)
+    assert dp.may_gain(big, True, loose) and rw.may_gain(small, True, loose)
+
+    topology = Topology(world_size=16, local_world_size=4, compute_device="cuda")
+    offers = offered_types(Model(tiny_and_big(4)), topology, 512)
+    every = {"data_parallel", "row_wise", "table_row_wise"}
+    assert all(set(o) == every for o in offers.values()), offers
+
+
+def test_screening_rates_candidates_as_the_full_rating_does(agent, monkeypatch):
+    """The fast screening (per-rank sums, table-wise parts relabelled from rank 0) rates
+    every candidate the sweep tries as the screening of the whole plan's terms does,
+    on hosts of 4 (the relabelling) and on hosts of unequal size (none: each choice
+    reduced)."""
+    from torchrec_dreamshard.planner import type_choice
+    from torchrec_dreamshard.planner.type_screening import ScreeningRater
+
+    seen = []
+
+    class Checked(ScreeningRater):
+        def __call__(self, moved):
+            fast = super().__call__(moved)
+            seen.append((fast, self.rater(moved)))
+            return fast
+
+    monkeypatch.setattr(type_choice, "ScreeningRater", Checked)
+    many = [
+        EmbeddingBagConfig(
+            name=f"m{i}",
+            embedding_dim=16 * (1 + i % 4),
+            num_embeddings=1000 * (1 + i),
+            feature_names=[f"m{i}"],
+        )
+        for i in range(40)
+    ]
+    for world, local in ((8, 4), (10, 4)):
+        topo = Topology(world_size=world, local_world_size=local, compute_device="cuda")
+        p = DreamShardPlanner(topo, 512, agent=agent, debug=False)
+        p.plan(Model(many + tiny_and_big(4)), get_default_sharders())
+    assert len(seen) > 10
+    for fast, full in seen:
+        assert fast == pytest.approx(full, rel=1e-9)
+
+
+def test_the_summary_explains_the_plan_per_type(agent):
+    """The chosen plan per type: every table counted once, the types' shares of the
+    slowest rank add up to its predicted step, inter-host bytes reported; the stats rows
+    say it."""
+    from torchrec_dreamshard.planner.stats import type_choice_lines
+
+    p, types = plan_types(agent, models(0.0, 100.0))
+    summary = p.proposer.last_types.summary
+    assert sum(summary.tables.values()) == len(types)
+    assert summary.tables.get("data_parallel", 0) == sum(
+        t == "data_parallel" for t in types.values()
+    )
+    assert sum(summary.share_ms.values()) == pytest.approx(summary.step_ms, rel=1e-6)
+    assert summary.step_ms == pytest.approx(p.proposer.last_types.step_ms, rel=1e-6)
+    rows = type_choice_lines(p.adaptation["types"])
+    assert any("slowest rank" in r and "inter-host traffic" in r for r in rows), rows

@@ -170,6 +170,19 @@ class Terms:
         )
 
 
+@dataclass(frozen=True)
+class OfferScope:
+    """What the pruning of a type's offers reads besides the table: the topology, the
+    local batch ``b``, the mean device's lookups per sample (the sum over the model's
+    tables of ``p d``, elements gathered per sample, over ``W``), and whether to prune at
+    all (``False``: every type is offered, on models small enough to rate them all)."""
+
+    topology: CommTopology
+    local_batch: float
+    mean_lookups: float
+    prune: bool = True
+
+
 class ShardingCost:
     """One sharding type's cost strategy: what a table of that type costs each rank and
     which collectives it joins (:meth:`terms`), the rules its ranks follow
@@ -207,6 +220,12 @@ class ShardingCost:
         """Where ``table`` comes in the order the type choice moves tables to this type
         (ascending; ``single_ms`` is its predicted single-table cost)."""
         raise NotImplementedError(f"the type choice does not offer {self.name}")
+
+    def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
+        """Whether moving ``table`` off table-wise to this type may lower the step at all
+        (the enumerator offers the type only then: ``False`` prunes it, by a bound or a
+        rule its strategy's docstring states)."""
+        return True
 
     def candidate_ranks(self, turn: int, topo: CommTopology) -> tuple[int, ...]:
         """The ranks of the ``turn``-th table a candidate moves to this type."""

@@ -4,9 +4,10 @@ Every table the policy can place (an ``EmbeddingBagCollection`` table whose cons
 allow table-wise sharding on the fused kernel, and whose table-wise storage fits at least
 one device after TorchRec's storage reservation, or which may be split column-wise small
 enough to fit) gets its table-wise fused option, the column-wise options of its splits
-(below) and, on models of at most ``LARGE_TASK`` tables x devices, one option of every
-other type its constraints allow that the type choice may offer, on that type's kernel
-(the cost strategies' ``alternative_kernel``). Every other table gets the options
+(below) and one option of every other type its constraints allow that the type choice
+may offer, on that type's kernel (the cost strategies' ``alternative_kernel``), where the
+type's strategy says it may gain (``may_gain``:
+:func:`~torchrec_dreamshard.planner.type_offers.offered_types`). Every other table gets the options
 TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
 device), and TorchRec's machinery plans it.
 On CPU ranks no sequence table (``EmbeddingCollection``) is offered data-parallel: it
@@ -70,7 +71,7 @@ from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
 from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
-from torchrec_dreamshard.policy.agent import LARGE_TASK
+from torchrec_dreamshard.planner.type_offers import offered_types
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.torchrec_compat import HookedEnumerator
 
@@ -119,7 +120,8 @@ class DreamShardEnumerator(HookedEnumerator):
         self._too_big: set[str] = set()
         self._types: dict[str, list[str]] = {}
         self._ours: set[str] = set()  # the tables the policy places
-        self._offer_types = True  # offer them other types (see offers_types)
+        self._offered: dict[str, dict[str, str]] = {}  # other types offered, by table
+        self._local_batch = batch_size
         if estimator is None:
             perf = CostNetShardEstimator(
                 topology,
@@ -148,7 +150,9 @@ class DreamShardEnumerator(HookedEnumerator):
         if stored is not None:
             return copy_options(stored)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
-        self._offer_types = offers_types(module, self._topology.world_size)
+        self._offered = offered_types(
+            module, self._topology, self._local_batch, self._constraints_by_name
+        )
         self._ours.clear()  # cleared in place: the estimator holds it
         options = self._enumerate_once(module, sharders)
         too_big = self._too_big_tables(options)
@@ -184,7 +188,7 @@ class DreamShardEnumerator(HookedEnumerator):
             self._ours.add(name)
             if self._eligible(name, types, sharder_key, SPLIT_SHARDING_TYPE):
                 self._cw_widths[name] = min_shard_width(self._constraints_by_name, name)
-            offered = alternative_kernels() if self._offer_types else {}
+            offered = self._offered.get(name, {})
             others = [t for t in types if t in offered]
             return [DREAMSHARD_SHARDING_TYPE, *others]
         return types
@@ -295,20 +299,6 @@ class DreamShardEnumerator(HookedEnumerator):
     def _has_other_type(self, option: ShardingOption) -> bool:
         """Whether the table's constraints and sharder allow a type other than table-wise."""
         return any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(option.name, []))
-
-
-def offers_types(module: nn.Module, world_size: int) -> bool:
-    """Whether the policy's tables are offered the other sharding types: on models of at
-    most :data:`~torchrec_dreamshard.policy.LARGE_TASK` tables x devices, where the safe
-    mode plans in full. Beyond, TorchRec's estimates of one shard per rank for every table
-    and type alone take longer than the whole plan may (1000 tables on 64 ranks: 12 s), so
-    the tables stay table-wise, as the safe mode there leaves TorchRec's candidate out."""
-    tables = sum(
-        len(m.embedding_bag_configs())
-        for m in module.modules()
-        if isinstance(m, EmbeddingBagCollection)
-    )
-    return tables * world_size <= LARGE_TASK
 
 
 def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:

@@ -44,6 +44,29 @@ def type_choice_lines(types: dict[str, Any]) -> list[str]:
             f"{d['margin_ms']:.3f} ms: {verdict}, tipped by {d['tipped_by']} "
             f"({d['tipped_ms']:+.3f} ms)"
         )
+    summary = types.get("summary")
+    if summary:
+        out += ["  The plan at scale, as the type choice predicts it (its own placement):"]
+        out += scale_lines(summary)
+    return out
+
+
+def scale_lines(summary: dict[str, Any]) -> list[str]:
+    """The type choice's ``TypeSummary.to_dict()`` as rows: per type its tables, bytes
+    and share of the slowest rank's step; the slowest rank; the inter-host traffic."""
+    step = summary["step_ms"]
+    out = []
+    for kind in sorted(summary["tables"]):
+        share = summary["share_ms"].get(kind, 0.0)
+        pct = 100.0 * share / step if step > 0 else 0.0
+        out.append(
+            f"    {kind}: {summary['tables'][kind]} tables, "
+            f"{summary['bytes'][kind] / 1e9:.2f} GB, {share:.2f} ms of the step ({pct:.0f}%)"
+        )
+    out.append(
+        f"    slowest rank {summary['slowest_rank']}: {step:.2f} ms; inter-host traffic "
+        f"{summary['inter_host_bytes'] / 1e9:.2f} GB per step"
+    )
     return out
 
 

@@ -70,9 +70,11 @@ from torchrec_dreamshard.planner.type_margin import (
     Z_SCORE,
     ModelErrors,
     TypeDecision,
+    TypeSummary,
     model_errors,
 )
 from torchrec_dreamshard.planner.type_rating import CandidateRater, typed_choices
+from torchrec_dreamshard.planner.type_screening import ScreeningRater
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
@@ -120,6 +122,8 @@ class TypePlan:
         speed: the factors (fwd, bwd) the cost network's kernels were scaled by.
         decisions: each type's best candidate against all-table-wise, as decided.
         errors: the model errors the margins used.
+        summary: the chosen plan explained per type (tables, bytes, share of the step),
+            its slowest rank and its inter-host traffic.
     """
 
     moved: dict[str, ShardingOption] = field(default_factory=dict)
@@ -129,6 +133,7 @@ class TypePlan:
     speed: tuple[float, float] = (1.0, 1.0)
     decisions: list[TypeDecision] = field(default_factory=list)
     errors: ModelErrors | None = None
+    summary: TypeSummary | None = None
 
     def to_dict(self) -> dict:
         """JSON-able: what moved, the two steps and every decision."""
@@ -140,6 +145,7 @@ class TypePlan:
             "speed": list(self.speed),
             "decisions": [d.to_dict() for d in self.decisions],
             "errors": self.errors.to_dict() if self.errors is not None else None,
+            "summary": self.summary.to_dict() if self.summary is not None else None,
         }
 
     def lines(self) -> list[str]:
@@ -157,6 +163,7 @@ class TypePlan:
                 else ""
             ),
             *(d.line() for d in self.decisions),
+            *(self.summary.lines() if self.summary is not None else []),
         ]
 
 
@@ -202,6 +209,7 @@ class TypeChooser:
         self.ctx = CostContext(
             batch_size=batch_size,
             topology=CommTopology.from_torchrec(topology),
+            mem_bw=dense_pass_bandwidth(topology),
             collectives=collectives,
             kernel_ms=kernel,
             kernels_ms=kernels,
@@ -221,10 +229,13 @@ class TypeChooser:
         screen = ScreeningKernels(self.ctx.kernels_ms)
         exact = CandidateRater(self.ctx, ours, specs, costs, capacity, tier)
         screening = dataclasses.replace(self.ctx, kernels_ms=screen)
-        rate = CandidateRater(screening, ours, specs, costs, capacity, tier, exact.terms)
+        slow = CandidateRater(
+            screening, ours, specs, costs, capacity, tier, exact.terms, exact.loads
+        )
         base_exact = exact({})
-        rate({})  # the all-table-wise plan's kernels set the screening's fusion ratios
+        slow({})  # the all-table-wise plan's kernels set the screening's fusion ratios
         screen.calibrate(screen.last_calls)
+        rate = ScreeningRater(slow, screen)
         base = rate({})
         rated = [(base, {})]
         for kind, order in self._orders(ours, alts, specs, costs):
@@ -242,7 +253,7 @@ class TypeChooser:
             fits = [(exact(m), m) for _, m in rated[1:] if m]
             fits = [(step, m) for step, m in fits if math.isfinite(step)]
             step, moved = min(fits, key=lambda x: x[0]) if fits else (base_exact, {})
-            count = rate.count + exact.count
+            count = rate.count + slow.count + exact.count
             return TypePlan(moved, step, base_exact, count, self.speed, [], errors)
         base_parts = exact.breakdown({}).at_slowest()
         decisions, kept = [], []
@@ -256,8 +267,9 @@ class TypeChooser:
             if decision.kept:
                 kept.append((base_exact - decision.gain_ms, moved))
         step, moved = min(kept, key=lambda x: x[0]) if kept else (base_exact, {})
-        count = rate.count + exact.count
-        return TypePlan(moved, step, base_exact, count, self.speed, decisions, errors)
+        count = rate.count + slow.count + exact.count
+        summary = exact.summary(moved)
+        return TypePlan(moved, step, base_exact, count, self.speed, decisions, errors, summary)
 
     def _spread(self, exact: CandidateRater) -> float:
         """The cost network's ensemble spread (``step_log_std``) on the all-table-wise plan."""
@@ -288,6 +300,15 @@ class TypeChooser:
             if idx:
                 out.append((kind, [ours[i].fqn for i in idx]))
         return out
+
+
+def dense_pass_bandwidth(topology: Topology) -> float:
+    """Bytes/ms data-parallel's analytic dense passes stream at (where the dense kernel is
+    not fitted): the devices' own memory, HBM on accelerators, DDR on CPU ranks, as the
+    topology gives them (TorchRec's ``hbm_mem_bw``, ``ddr_mem_bw``)."""
+    if topology.compute_device == "cpu":
+        return float(topology.ddr_mem_bw)
+    return float(topology.hbm_mem_bw)
 
 
 def _decide(

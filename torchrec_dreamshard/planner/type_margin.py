@@ -151,3 +151,46 @@ def model_errors(
         f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
     )
     return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
+
+
+@dataclass
+class TypeSummary:
+    """What explains a typed plan at scale, as the typed cost model predicts it (with the
+    type choice's own placement of the table-wise tables).
+
+    Attributes:
+        tables: tables per sharding type.
+        bytes: their weights' bytes per type (every replica counted once).
+        share_ms: per type, the slowest rank's predicted ms that its tables cause (their
+            kernels and their collectives; collectives shared by types, such as the
+            input all-to-all of ids, are split by the types' tags).
+        slowest_rank: the rank that sets the predicted step.
+        step_ms: its predicted total.
+        inter_host_bytes: bytes that cross hosts per step, all ranks together, both ways.
+    """
+
+    tables: dict[str, int]
+    bytes: dict[str, float]
+    share_ms: dict[str, float]
+    slowest_rank: int
+    step_ms: float
+    inter_host_bytes: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def lines(self) -> list[str]:
+        """One row per type, then the slowest rank and the inter-host traffic."""
+        out = []
+        for kind in sorted(self.tables):
+            share = self.share_ms.get(kind, 0.0)
+            pct = 100.0 * share / self.step_ms if self.step_ms > 0 else 0.0
+            out.append(
+                f"  {kind}: {self.tables[kind]} tables, {self.bytes[kind] / 1e9:.2f} GB, "
+                f"{share:.2f} ms of the slowest rank's step ({pct:.0f}%)"
+            )
+        out.append(
+            f"  slowest rank {self.slowest_rank}: {self.step_ms:.2f} ms predicted; "
+            f"inter-host traffic {self.inter_host_bytes / 1e9:.2f} GB per step"
+        )
+        return out

@@ -33,7 +33,7 @@ HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes (the loop
 MIN_MEASUREMENTS = 4  # the fewest measurements worth starting: two plans, two rounds
 
 
-def measurement_seconds(agent: Any, task: Task, placement: Sequence[int]) -> float:
+def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:
     """Predicted seconds of one measurement of ``placement``: the local backend times each
     device's fused kernel in turn, ``warmup + iters`` iterations of its forward and
     backward (:class:`~torchrec_dreamshard.measure.config.MeasureConfig`'s defaults)."""

@@ -18,22 +18,26 @@ from dataclasses import replace
 
 import numpy as np
 
+from torchrec_dreamshard.cost.comm_topology import FlowTotals
 from torchrec_dreamshard.cost.physics import mean_access_count
 from torchrec_dreamshard.cost.sharding import (
     OUTPUT_BYTES,
     CostContext,
     Exchange,
     KernelCall,
+    OfferScope,
     SpansEveryRank,
     TableChoice,
     Terms,
     both_ways,
-    input_flows,
     kernel_group,
     kernel_view,
     output_width_bytes,
 )
+from torchrec_dreamshard.cost.sharding_types.table_wise import input_totals
 from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, TableSpec
+
+ROW_SPLIT_SHARE = 0.25  # of the mean device's lookups: below it, row-wise is not offered
 
 
 class RowWise(SpansEveryRank):
@@ -52,11 +56,24 @@ class RowWise(SpansEveryRank):
                 )
             )
         rows_back = ctx.local_batch * output_width_bytes(t, t.dim, False) / len(every)
-        flows = np.full((len(every),) * 2, rows_back)
-        return terms + Terms(exchanges=both_ways("row_wise/out", every, flows))
+        ones = np.ones(ctx.topology.world_size)
+        flows = FlowTotals.outer(ctx.topology, ones * rows_back, ones)
+        return terms + Terms(exchanges=both_ways("row_wise/out", every, flows))  # type: ignore[arg-type]
 
     def candidate_key(self, table: TableSpec, single_ms: float) -> tuple[float, ...]:
         return (-single_ms,)
+
+    def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
+        """A pruning rule for large models (``scope.prune``), not a bound: offered only
+        to a table whose lookups (``p d`` elements gathered per sample) are at least
+        :data:`ROW_SPLIT_SHARE` of the mean device's. Spreading a table's rows over every
+        rank puts a reduce-scatter of the global batch's partial sums, ``W`` times its
+        table-wise outputs, on every rank: only a table heavy enough to set a device's
+        load may pay for it. It keeps the search space at a few hundred such options on
+        models of thousands of tables (each has one shard per rank)."""
+        if not scope.prune:
+            return True
+        return table.pooling_factor * table.dim >= ROW_SPLIT_SHARE * scope.mean_lookups
 
 
 def routed_share(table: TableSpec, batch_size: int, num_shards: int) -> float:
@@ -83,14 +100,14 @@ def row_shard_terms(choice: TableChoice, ctx: CostContext, ranks: tuple[int, ...
     """The shard kernels and the input all-to-all of a table split by rows over ``ranks``."""
     t, n = choice.table, len(ranks)
     share = routed_share(t, ctx.batch_size, n) if ctx.skew else 1.0 / n
-    shard = replace(t, rows=-(-t.rows // n), pooling_factor=t.pooling_factor * share)
-    kernels = []
-    for r in ranks:
-        named = replace(shard, name=f"{t.name}/rw{r}")
-        spec, bags = kernel_view(named, choice.pooled, ctx.batch_size)
-        kernels.append(KernelCall(r, kernel_group(choice), bags, spec))
+    shard = replace(
+        t, name=f"{t.name}/rw", rows=-(-t.rows // n), pooling_factor=t.pooling_factor * share
+    )
+    spec, bags = kernel_view(shard, choice.pooled, ctx.batch_size)  # every rank's shard alike
+    kernels = [KernelCall(r, kernel_group(choice), bags, spec) for r in ranks]
     exchanges: tuple[Exchange, ...] = ()
     if ctx.input_dist:
-        flows = input_flows(ctx, t, dict.fromkeys(ranks, 1.0 / n))
-        exchanges = (Exchange(f"{choice.sharding_type}/in", "all_to_all", ctx.every_rank, flows),)
+        flows = input_totals(ctx, t, dict.fromkeys(ranks, 1.0 / n))
+        kind = choice.sharding_type
+        exchanges = (Exchange(f"{kind}/in", "all_to_all", ctx.every_rank, flows),)  # type: ignore[arg-type]
     return Terms(tuple(kernels), exchanges)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.comm_topology import CommTopology, FlowTotals
 from torchrec_dreamshard.cost.sharding import (
     OUTPUT_BYTES,
     CostContext,
@@ -41,12 +41,8 @@ class TableRowWise(ShardingCost):
             Exchange("table_row_wise/out/bwd", "all_gather", host, buffer_bytes=partial),
         )
         if topo.num_hosts > 1:
-            flows = np.zeros((topo.world_size,) * 2)
-            local = np.arange(topo.world_size) % topo.local_world_size
-            for r in host:
-                peers = (local == r % topo.local_world_size) & topo.remote_mask()[r]
-                flows[r, peers] = ctx.local_batch * t.dim * OUTPUT_BYTES
-            exchanges += both_ways("table_row_wise/cross", ctx.every_rank, flows)
+            flows = cross_host_totals(topo, host, ctx.local_batch * t.dim * OUTPUT_BYTES)
+            exchanges += both_ways("table_row_wise/cross", ctx.every_rank, flows)  # type: ignore[arg-type]
         return terms + Terms(exchanges=exchanges)
 
     def check_ranks(self, choice: TableChoice, topo: CommTopology) -> tuple[int, ...]:
@@ -63,3 +59,17 @@ class TableRowWise(ShardingCost):
 
     def candidate_ranks(self, turn: int, topo: CommTopology) -> tuple[int, ...]:
         return topo.host_ranks(turn % topo.num_hosts)
+
+
+def cross_host_totals(topo: CommTopology, host: tuple[int, ...], nbytes: float) -> FlowTotals:
+    """Each rank ``r`` of ``host`` sends ``nbytes`` to the rank of its local index on
+    every other host, as :class:`FlowTotals` (every such flow crosses hosts)."""
+    sent, recv = np.zeros(topo.world_size), np.zeros(topo.world_size)
+    local = np.arange(topo.world_size) % topo.local_world_size
+    home = topo.host_of(host[0])
+    others = np.arange(topo.world_size) // topo.local_world_size != home
+    for r in host:
+        peers = np.flatnonzero(others & (local == r % topo.local_world_size))
+        sent[r] += nbytes * len(peers)
+        recv[peers] += nbytes
+    return FlowTotals(sent, recv, sent, recv)

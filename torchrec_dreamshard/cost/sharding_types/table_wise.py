@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from torchrec_dreamshard.cost.comm_topology import CommTopology
+from torchrec_dreamshard.cost.comm_topology import CommTopology, FlowTotals
 from torchrec_dreamshard.cost.sharding import (
+    ID_BYTES,
+    LENGTH_BYTES,
     CostContext,
     Exchange,
     KernelCall,
@@ -18,7 +20,6 @@ from torchrec_dreamshard.cost.sharding import (
     TableChoice,
     Terms,
     both_ways,
-    input_flows,
     kernel_group,
     kernel_view,
     output_width_bytes,
@@ -41,12 +42,28 @@ class TableWise(ShardingCost):
 
 def one_rank_terms(choice: TableChoice, ctx: CostContext, table: TableSpec, rank: int) -> Terms:
     """A table (or column shard) looked up whole on ``rank``: table-wise terms."""
-    every, kind = ctx.every_rank, choice.sharding_type
+    every, kind, topo = ctx.every_rank, choice.sharding_type, ctx.topology
     spec, bags = kernel_view(table, choice.pooled, ctx.batch_size)
-    out = np.zeros((len(every),) * 2)
-    out[rank, :] = ctx.local_batch * output_width_bytes(table, table.dim, choice.pooled)
-    exchanges = both_ways(f"{kind}/out", every, out)
+    width = output_width_bytes(table, table.dim, choice.pooled)
+    out = FlowTotals.one_to_all(topo, rank, ctx.local_batch * width)
+    exchanges = both_ways(f"{kind}/out", every, out)  # type: ignore[arg-type]
     if ctx.input_dist:
-        flows = input_flows(ctx, table, {rank: 1.0})
-        exchanges += (Exchange(f"{kind}/in", "all_to_all", every, flows),)
+        flows = input_totals(ctx, table, {rank: 1.0})
+        exchanges += (Exchange(f"{kind}/in", "all_to_all", every, flows),)  # type: ignore[arg-type]
     return Terms((KernelCall(rank, kernel_group(choice), bags, spec),), exchanges)
+
+
+def input_totals(ctx: CostContext, table: TableSpec, shares: dict[int, float]) -> FlowTotals:
+    """The input all-to-all of ids, ``F[i, j] = b (p s_j I + N)`` from every rank to each
+    rank ``j`` holding a share ``s_j`` of the table's ids, as :class:`FlowTotals`."""
+    topo = ctx.topology
+    each = {
+        j: ctx.local_batch * (table.pooling_factor * s * ID_BYTES + LENGTH_BYTES)
+        for j, s in shares.items()
+    }
+    if len(each) == 1:  # one owner: the reverse of one rank sending to all
+        ((j, nbytes),) = each.items()
+        return FlowTotals.one_to_all(topo, j, nbytes).T
+    dst = np.zeros(topo.world_size)
+    dst[list(each)] = list(each.values())
+    return FlowTotals.outer(topo, np.ones(topo.world_size), dst)
