@@ -324,6 +324,11 @@ def main() -> None:
     ap.add_argument("--plans", help="an earlier raw file: score its plans, plan nothing")
     ap.add_argument("--device-gb", type=float, default=0.5)
     ap.add_argument("--name", default="at_scale")
+    ap.add_argument(
+        "--plan-only",
+        action="store_true",
+        help="time our planner (every type, and held to table-wise) and measure nothing",
+    )
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     import logging
@@ -332,6 +337,17 @@ def main() -> None:
     from torchrec_dreamshard.cost.sharding_types.data_parallel import DENSE_UPDATE_PASSES
 
     assert DENSE_UPDATE_PASSES == 4.0  # device_kernels charges four passes
+    if args.plan_only:
+        times = plan_times(args)
+        lines = [
+            f"# Our planner on {args.tables} tables, {args.devices} GPUs ({args.local} a host)"
+        ]
+        lines += [
+            f"- {name}: {row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s CPU, {row['types']}"
+            for name, row in times["planners"].items()
+        ]
+        write(args.name, {"machine": machine(), "settings": vars(args)} | times, "\n".join(lines))
+        return
     if args.plans:
         rows = json.loads(Path(args.plans).read_text())["planners"]
         for row in rows.values():
@@ -351,6 +367,17 @@ def main() -> None:
     settings = vars(args) | {"local_batch": LOCAL_BATCH}
     out = {"machine": machine(), "settings": settings, "planners": rows}
     write(args.name, out, report(out))
+
+
+def plan_times(args) -> dict:
+    """Our planner's wall and CPU seconds on the model, every type allowed and held to
+    table-wise (the plans' types; nothing measured)."""
+    rows = {}
+    for name, table_wise in (("dreamshard", False), ("dreamshard_table_wise", True)):
+        row = plan_ours(args, table_wise)
+        rows[name] = {k: row[k] for k in ("seconds", "cpu_seconds", "types")}
+        print(name, f"{row['seconds']:.1f} s wall, {row['cpu_seconds']:.1f} s CPU", row["types"])
+    return {"planners": rows}
 
 
 def plan_all(args) -> dict:
