@@ -97,7 +97,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
         )
     notes = adaptation.get("measuring_notes") or []
     failures = adaptation.get("measure_failures") or []
-    lines += [f"not measured: {n}" for n in notes if not adaptation.get("profile_given")]
+    lines += [f"measuring: {n}" for n in notes if not adaptation.get("profile_given")]
     lines += [f"measuring failed, planned without it: {failure_words(f)}" for f in failures]
     return lines + spent_lines(adaptation.get("spent_s", {}))
 

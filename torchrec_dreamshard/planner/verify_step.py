@@ -86,6 +86,11 @@ def verify_after_loop(
         options = dataclasses.replace(
             settings.options, budget_s=share, deadline_s=left * HARD_SHARE
         )
+        if cap is None or share < cap:
+            notes.append(
+                f"verification given {share:.0f} s (at most {left * HARD_SHARE:.0f} s with a "
+                "noisy second pass) of the plan's budget: plans that do not fit are not measured"
+            )
         settings = dataclasses.replace(settings, options=options)
     measure = wrapper.calibration.measure if wrapper.calibration is not None else None
     chosen = list(wrapper.last_chosen or [])

@@ -175,7 +175,12 @@ def _calibration(
         return None
     seconds = min(config.budget_s, left * CALIBRATION_SHARE) if left != float("inf") else None
     if seconds is not None and seconds < config.budget_s:
-        config = dataclasses.replace(config, budget_s=max(MIN_CALIBRATION_S, seconds))
+        given = max(MIN_CALIBRATION_S, seconds)
+        log.notes.append(
+            f"calibration given {given:.0f} s of the {config.budget_s:.0f} s it asks for "
+            "(the plan's budget): kernels it had no time for are priced by the network"
+        )
+        config = dataclasses.replace(config, budget_s=given)
     result = log.attempt("calibration", lambda: calibrate(prior, task, config, request.sources))
     if result is None:
         return None
