@@ -24,13 +24,17 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.adaptation import calibrating
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
+from torchrec_dreamshard.verification.plan_ranking import MIN_ROUNDS_TO_REPLACE
+from torchrec_dreamshard.verification.verification import MIN_PLANS
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
 MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
 HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes (the loop runs after)
-MIN_MEASUREMENTS = 4  # the fewest measurements worth starting: two plans, two rounds
+# the fewest measurements worth starting: the planner's choice, TorchRec's plan and a
+# heuristic's, in the two rounds a plan must win to replace the choice
+MIN_MEASUREMENTS = MIN_PLANS * MIN_ROUNDS_TO_REPLACE
 
 
 def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:

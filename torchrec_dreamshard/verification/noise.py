@@ -104,7 +104,10 @@ class Noise:
 
     def describe(self) -> str:
         """``"rounds spread 31% (limit 20%), reference kernel drifted +25% (limit 20%)"``."""
-        out = [f"rounds spread {self.spread:.0%} (limit {self.spread_limit:.0%})"]
+        if math.isnan(self.spread):
+            out = ["no whole round measured"]
+        else:
+            out = [f"rounds spread {self.spread:.0%} (limit {self.spread_limit:.0%})"]
         if self.drift is not None:
             out.append(f"reference kernel drifted {self.drift:+.0%} (limit {self.drift_limit:.0%})")
         return ", ".join(out)
