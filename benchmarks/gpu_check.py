@@ -530,7 +530,6 @@ def save_profile(prior: Any, cal: Any, data: dict, out: Path) -> None:
     versions; ``DreamShardPlanner(profile=...)`` plans from it) and its summary beside it
     (``profile.json``)."""
     from torchrec_dreamshard.io import atomic_write, dumps_strict
-    from torchrec_dreamshard.profile.build import calibration_summary
     from torchrec_dreamshard.profile.machine_profile import MachineProfile, ProfileCalibration
     from torchrec_dreamshard.profile.stamp import MachineStamp
 
@@ -541,7 +540,7 @@ def save_profile(prior: Any, cal: Any, data: dict, out: Path) -> None:
             prior=prior.fingerprint(),
             cost_net={k: v.detach().clone() for k, v in cal.agent.cost_net.state_dict().items()},
             meta=dict(cal.agent.meta),
-            summary=calibration_summary(cal),
+            summary=cal.summary(),
         )
     profile = MachineProfile(
         stamp=MachineStamp.here(data["device"], 1, 1),

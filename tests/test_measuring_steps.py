@@ -101,6 +101,9 @@ def test_a_saved_profile_plans_with_nothing_timed_and_the_same_plan_each_time(co
     first = DreamShardPlanner(topology=topology, batch_size=64, calibrate=calibration, verify=0)
     first.plan(model(), get_default_sharders())
     assert first.profile is not None and first.profile.calibrated
+    # the calibrated kernels' error, which the type choice's margin takes for them
+    mape = first.agent.meta["calibrated"]["kernel_mape"]
+    assert math.isfinite(mape) and mape == first.adaptation["kernel_mape_after"]
     path = tmp_path / "machine.profile"
     first.profile.save(path)
     loaded = MachineProfile.load(path)
@@ -114,6 +117,7 @@ def test_a_saved_profile_plans_with_nothing_timed_and_the_same_plan_each_time(co
     assert files_under(cold_cache) == before  # nothing written
     assert plans[0] == plans[1] == plans[2]
     assert planner.adaptation["calibrated"]  # the profile's calibrated network
+    assert planner.agent.meta["calibrated"]["kernel_mape"] == mape
 
 
 def test_a_profile_file_that_is_not_one_is_a_clear_error(tmp_path):

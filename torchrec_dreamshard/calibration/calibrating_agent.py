@@ -191,19 +191,9 @@ class CalibratingAgent:
             out["calibrated"] = self._frozen.calibrated
             out.update(self._frozen.summary)
         if cal is not None:
-            out.update(
-                seconds=cal.seconds,
-                kernels_measured=cal.measured,
-                kernels_reused=cal.reused,
-                kernel_mape_before=cal.before.get("cost/mape"),
-                kernel_mape_after=cal.after.get("cost/mape"),
-                calibration_drift=cal.drift,
-                kernels_discarded=cal.discarded,
-                calibration_note=cal.note,
-            )
-            reference = check_machine(cal.agent, self.check.measured_ms) if self.check else None
-            if reference is not None:
-                out["reference_error_after"] = reference.error
+            out.update(cal.summary())
+        if out["calibrated"] and self.check is not None:
+            out["reference_error_after"] = check_machine(self.current, self.check.measured_ms).error
         ver = self.last_verification
         out["verified"] = ver is not None
         if ver is not None:
@@ -293,15 +283,10 @@ class CalibratingAgent:
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The current agent's metadata (the calibrated agent's records the calibration,
-        here with its kernel MAPE after fitting: the error the type choice's margin takes
-        for the calibrated kernels)."""
-        meta = self.current.meta
-        cal = self.last_calibration
-        if cal is None or cal.agent is not self.current or "calibrated" not in meta:
-            return meta
-        mape = cal.after.get("cost/mape")
-        return {**meta, "calibrated": {**meta["calibrated"], "kernel_mape": mape}}
+        """The current agent's metadata (a calibrated agent's records its calibration, with
+        its kernel MAPE after fitting: the error the type choice's margin takes for the
+        calibrated kernels)."""
+        return self.current.meta
 
     @property
     def last_report(self) -> SafetyReport | None:

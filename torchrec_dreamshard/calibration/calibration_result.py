@@ -89,6 +89,20 @@ class CalibrationResult:
             notes.append("the checkpoint is used as it is")
         return "; ".join(notes)
 
+    def summary(self) -> dict[str, Any]:
+        """What it measured and bought, as the planner's adaptation record reports it."""
+        return {
+            "seconds": self.seconds,
+            "kernels_measured": self.measured,
+            "kernels_reused": self.reused,
+            "kernels_skipped": self.skipped,
+            "kernel_mape_before": self.before.get("cost/mape"),
+            "kernel_mape_after": self.after.get("cost/mape"),
+            "calibration_drift": self.drift,
+            "kernels_discarded": self.discarded,
+            "calibration_note": self.note,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k != "agent"}
         out["failures"] = failures_to_dicts(self.failures)

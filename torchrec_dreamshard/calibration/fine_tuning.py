@@ -231,6 +231,9 @@ def _calibrate(
         observed = observed_jobs(store, prefix, task.tables, mcfg, B)
         samples = load_kernel_samples(store, set(kernels) | observed, mcfg, B)
     fitted = _fitted_agent(agent, task, config, samples, failures)
+    after = kernel_accuracy(fitted.cost_net, samples)
+    if fitted is not agent:  # its kernel error: what the type choice's margin takes for it
+        fitted.meta["calibrated"]["kernel_mape"] = after.get("cost/mape")
     return CalibrationResult(
         agent=fitted,
         measured=len(run.jobs),
@@ -240,7 +243,7 @@ def _calibrate(
         measure_s=run.seconds,
         samples=len(samples),
         before=kernel_accuracy(agent.cost_net, samples),
-        after=kernel_accuracy(fitted.cost_net, samples),
+        after=after,
         store=str(path),
         drift=drift,
         discarded=discarded,

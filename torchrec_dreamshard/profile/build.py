@@ -21,12 +21,11 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from torchrec_dreamshard.calibration.auto import check_machine
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
-    CalibrationResult,
     calibrate,
     stored_observations,
 )
@@ -200,21 +199,6 @@ def _calibration(
         prior=prior.fingerprint(),
         cost_net={k: v.detach().clone() for k, v in result.agent.cost_net.state_dict().items()},
         meta=dict(result.agent.meta),
-        summary=calibration_summary(result),
+        summary=result.summary(),
         record={**result.to_dict(), "lines": result.lines()},
     )
-
-
-def calibration_summary(result: CalibrationResult) -> dict[str, Any]:
-    """What a calibration measured and bought, as plain values."""
-    return {
-        "seconds": result.seconds,
-        "kernels_measured": result.measured,
-        "kernels_reused": result.reused,
-        "kernels_skipped": result.skipped,
-        "kernel_mape_before": result.before.get("cost/mape"),
-        "kernel_mape_after": result.after.get("cost/mape"),
-        "calibration_drift": result.drift,
-        "kernels_discarded": result.discarded,
-        "calibration_note": result.note,
-    }
