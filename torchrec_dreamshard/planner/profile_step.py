@@ -34,6 +34,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_dreamshard.calibration.auto import MachineCheck
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
+from torchrec_dreamshard.data.table_stats import table_configs
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.adaptation import calibrating, prior_agent
 from torchrec_dreamshard.policy import DreamShard
@@ -98,23 +99,12 @@ def offers_priced_types(
         offered |= set(sharder.sharding_types(device))
     if not offered & _PRICED_TYPES:
         return False
-    names = _table_names(module)
-    for name in names or [None]:
-        allowed = (constraints or {}).get(name) if name is not None else None
-        types = getattr(allowed, "sharding_types", None) if allowed is not None else None
+    constraints = constraints or {}
+    for _, config in table_configs(module):
+        types = getattr(constraints.get(config.name), "sharding_types", None)
         if types is None or set(types) & _PRICED_TYPES & offered:
             return True
     return False
-
-
-def _table_names(module: nn.Module) -> list[str]:
-    names = []
-    for sub in module.modules():
-        for config in getattr(sub, "embedding_bag_configs", lambda: [])() or []:
-            names.append(config.name)
-        for config in getattr(sub, "embedding_configs", lambda: [])() or []:
-            names.append(config.name)
-    return names
 
 
 class ProfileStep:
