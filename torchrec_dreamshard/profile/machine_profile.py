@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +28,7 @@ from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.io import atomic_path
+from torchrec_dreamshard.policy.checkpoint import plain
 from torchrec_dreamshard.profile.stamp import MachineStamp
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -143,7 +143,7 @@ class MachineProfile:
         payload = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            **_plain(
+            **plain(
                 {
                     "stamp": self.stamp.to_dict(),
                     "reference_ms": _pair(self.reference_ms),
@@ -251,9 +251,3 @@ def _tuple_or_none(value: Any) -> tuple[float, float] | None:
         return None
     fwd, bwd = value
     return float(fwd), float(bwd)
-
-
-def _plain(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` as plain JSON types, all that ``weights_only`` loading accepts besides
-    tensors."""
-    return json.loads(json.dumps(data, default=str))
