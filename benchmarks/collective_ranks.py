@@ -12,6 +12,7 @@ import time
 
 from torchrec_dreamshard.cost import collective_models as coll
 from torchrec_dreamshard.evaluation.results_files import machine, write
+from torchrec_dreamshard.measure import collective_timing as timing
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.measure.collectives import RANK_KINDS
 
@@ -56,11 +57,13 @@ def main() -> None:
         for kind in KINDS
     )
     seconds = {how: statistics.median(f["seconds"] for f in by[how]) for how in HOW}
-    out = {"machine": machine(), "repeats": coll._CALIBRATION_REPEATS, "fits": fits}
+    repeats = {"passes": timing.PASSES, "runs_per_pass": timing.REPEATS_PER_PASS}
+    out = {"machine": machine(), "repeats": repeats, "fits": fits}
     summary = f"""# Collectives timed on threads or on spawned processes
 
-{args.fits} interleaved fits of each; {coll._CALIBRATION_REPEATS} timings per buffer size
-and group, the median fitted; medians of the fits, their range in brackets.
+{args.fits} interleaved fits of each; {timing.PASSES} interleaved passes of
+{timing.REPEATS_PER_PASS} timings per buffer size and group, their lower quartile fitted;
+medians of the fits, their range in brackets.
 
 | collective | ms/MB threads | ms/MB processes | fixed ms threads | fixed ms processes |
 |---|---|---|---|---|

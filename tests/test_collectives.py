@@ -135,3 +135,29 @@ def test_threads_and_spawned_processes_time_the_same_collectives():
             m = models.models[kind]
             assert m.samples == sum(range(2, ranks + 1)) * len(CALIBRATION_BYTES), kind
             assert models.ms(kind, 2, 10.0) > 0, (how, kind, m)
+
+
+def test_collective_runs_are_interleaved_in_passes_and_their_lower_quartile_is_fitted():
+    """A stall that hits some runs of a size (the scheduler on a loaded CPU) moves the
+    fitted figure little: the lower quartile of every pass's runs is fitted, and every
+    pass visits every kind and size before the next one starts."""
+    from torchrec_dreamshard.measure import collective_timing as timing
+
+    order: list[tuple[str, int]] = []
+
+    def time_one(kind: str, size: int) -> list[float]:
+        order.append((kind, size))
+        base = 1.0 + size / 2**20
+        # the first pass of every size stalled 3 ms in most of its runs
+        stalled = sum(1 for k, s in order if (k, s) == (kind, size)) == 1
+        return [base + (3.0 if stalled and i % 4 else 0.0) for i in range(timing.REPEATS_PER_PASS)]
+
+    samples = timing.interleaved_samples(time_one, 2)
+    per_pass = len(timing.COLLECTIVES) * len(timing.CALIBRATION_BYTES)
+    assert len(order) == timing.PASSES * per_pass
+    assert order[:per_pass] == order[per_pass : 2 * per_pass]  # whole passes, in turn
+    for kind, d, mb, ms in samples:
+        size = next(s for s in timing.CALIBRATION_BYTES if timing.wire_megabytes(kind, 2, s) == mb)
+        assert d == 2 and ms == pytest.approx(1.0 + size / 2**20)
+    with pytest.raises(ValueError, match="no collective runs"):
+        timing.steady_ms([])

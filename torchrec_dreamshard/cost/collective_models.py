@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.cost.comm_model import CommModel, fit_comm_model
-from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, check_kind
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, check_kind, runs_key
 from torchrec_dreamshard.measure.collectives import (
     default_backend,
     group_collective_samples,
@@ -172,7 +172,7 @@ def collectives_cache_file(backend: str | None = None) -> CacheFile:
     backend = backend or default_backend()
     largest = largest_group(MAX_RANKS, backend)
     topology = {"backend": backend, "ranks": _ranks(backend), "max_ranks": largest}
-    extra = {"format": FORMAT_VERSION, "topology": topology}
+    extra = {"format": FORMAT_VERSION, "topology": topology, "runs": runs_key()}
     return machine_cache_file("collectives", _device(backend), backend, **extra)
 
 
@@ -217,7 +217,7 @@ def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
         "hosts": hosts,
     }
     label = f"{backend}_{len(hosts)}ranks"
-    extra = {"format": FORMAT_VERSION, "topology": topology}
+    extra = {"format": FORMAT_VERSION, "topology": topology, "runs": runs_key()}
     return machine_cache_file("collectives", _device(backend), label, **extra)
 
 

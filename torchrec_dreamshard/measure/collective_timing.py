@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrec_dreamshard.measure.gate import check_may_measure
@@ -32,7 +33,15 @@ from torchrec_dreamshard.measure.torch_compat import (
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
 CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-_CALIBRATION_REPEATS = 15  # per size and group; the median is fitted
+# Each collective and size is timed in PASSES interleaved passes of REPEATS_PER_PASS runs
+# (a busy spell then hits one pass of every size, not every run of one size), and the
+# lower quartile of all its runs is fitted (steady_ms): on a CPU the runs of one size are
+# bimodal, most near the collective's cost and some stalled several milliseconds by the
+# scheduler, so a median flips between the two modes from one measurement to the next
+# and so did the fitted model (benchmarks/results/type_stability_r38.json).
+PASSES = 6
+REPEATS_PER_PASS = 4
+STEADY_QUANTILE = 0.25
 
 
 def check_kind(kind: str) -> str:
@@ -132,15 +141,45 @@ def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend
             Path(out_path).write_text(json.dumps([s for part in gathered for s in part]))
 
 
+def runs_key() -> dict[str, Any]:
+    """How a collective's figure is taken from its runs, for the cache keys of the models
+    fitted to them: a fit of other figures is measured again, not reused."""
+    return {"passes": PASSES, "runs_per_pass": REPEATS_PER_PASS, "quantile": STEADY_QUANTILE}
+
+
+def steady_ms(times: Sequence[float]) -> float:
+    """The figure fitted from one collective's runs: their lower quartile
+    (:data:`STEADY_QUANTILE`; see :data:`PASSES` for why not the median)."""
+    if not times:
+        raise ValueError("no collective runs to take a figure from")
+    return float(np.quantile(np.asarray(times, dtype=np.float64), STEADY_QUANTILE))
+
+
+def interleaved_samples(time_one: Callable[[str, int], list[float]], d: int) -> list[tuple]:
+    """``(kind, D, MB, steady ms)`` of every collective and calibration size on ``d``
+    ranks, ``time_one(kind, buffer_bytes)`` timing :data:`REPEATS_PER_PASS` runs, in
+    :data:`PASSES` passes over every kind and size (every rank calls it alike)."""
+    runs: dict[tuple[str, int], list[float]] = {}
+    for _ in range(PASSES):
+        for kind in COLLECTIVES:
+            for size in CALIBRATION_BYTES:
+                runs.setdefault((kind, size), []).extend(time_one(kind, size))
+    return [
+        (kind, d, wire_megabytes(kind, d, size), steady_ms(runs[kind, size]))
+        for kind in COLLECTIVES
+        for size in CALIBRATION_BYTES
+    ]
+
+
 def time_every_collective(group, d: int, device: torch.device) -> list[tuple]:
-    """``(kind, D, MB, median ms)`` of every collective and calibration size, on this
-    rank of ``group`` (``d`` ranks; every rank calls it)."""
-    samples = []
-    for kind in COLLECTIVES:
-        for size in CALIBRATION_BYTES:
-            t = time_collective(kind, size, _CALIBRATION_REPEATS, group=group, device=device)
-            samples.append((kind, d, wire_megabytes(kind, d, size), statistics.median(t)))
-    return samples
+    """``(kind, D, MB, steady ms)`` of every collective and calibration size, on this
+    rank of ``group`` (``d`` ranks; every rank calls it): :func:`interleaved_samples`."""
+    return interleaved_samples(
+        lambda kind, size: time_collective(
+            kind, size, REPEATS_PER_PASS, group=group, device=device
+        ),
+        d,
+    )
 
 
 def spawned_samples(max_devices: int, backend: str) -> list[tuple]:
@@ -205,11 +244,9 @@ def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
     in ``results[rank]``."""
     try:
         pg = loopback_gloo_group(store, rank, world, _THREAD_TIMEOUT)
-        out = []
-        for kind in COLLECTIVES:
-            for size in CALIBRATION_BYTES:
-                t = _time_on_backend(pg, kind, size, _CALIBRATION_REPEATS)
-                out.append((kind, world, wire_megabytes(kind, world, size), statistics.median(t)))
+        out = interleaved_samples(
+            lambda kind, size: _time_on_backend(pg, kind, size, REPEATS_PER_PASS), world
+        )
         pg.barrier().wait()  # no rank tears its group down while a peer still uses it
         results[rank] = out
     except BaseException as exc:  # raised by the thread that started the ranks

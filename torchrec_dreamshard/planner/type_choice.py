@@ -13,7 +13,10 @@ the type's strategy:
 * candidates are prefixes of one order per type (its ``candidate_key``: data-parallel the
   smallest tables first, row-wise and table-row-wise the hottest first, by the cost
   network's single-table cost); prefixes of 1, 4, 16, ... tables and all of them, then
-  halving the gaps beside the best, and the best of each type together;
+  halving the gaps beside the best; of those, the fewest tables of the coarse grid rated
+  within the best's margin (:mod:`~torchrec_dreamshard.planner.type_prefixes`: a count
+  the model cannot tell from the best goes to the simpler plan, so that a machine
+  measured again keeps the same count); and the best of each type together;
 * each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
   memory (``reserve``); its table-wise tables are balanced greedily by their single-table
   cost in the memory left, and the whole plan is rated;
@@ -33,6 +36,7 @@ come out of the rating, and how much they pay depends on the collectives' speed.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,11 +77,15 @@ from torchrec_dreamshard.planner.type_margin import (
     TypeSummary,
     model_errors,
 )
+from torchrec_dreamshard.planner.type_prefixes import (
+    PREFIX_TOLERANCE,
+    best_prefix,
+    rate_prefixes,
+    simplest_within,
+)
 from torchrec_dreamshard.planner.type_rating import CandidateRater, typed_choices
 from torchrec_dreamshard.planner.type_screening import ScreeningRater
 from torchrec_dreamshard.policy.protocol import PlacementAgent
-
-PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
 
 
 def alternatives(
@@ -236,33 +244,32 @@ class TypeChooser:
         slow({})  # the all-table-wise plan's kernels set the screening's fusion ratios
         screen.calibrate(screen.last_calls)
         rate = ScreeningRater(slow, screen)
-        base = rate({})
-        rated = [(base, {})]
-        for kind, order in self._orders(ours, alts, specs, costs):
-            moves = [{f: alts[f][kind] for f in order[:k]} for k in range(len(order) + 1)]
-            step, k = _best_prefix(lambda k, moves=moves: rate(moves[k]), len(order))
-            rated.append((step, moves[k]))
-        winners = [m for step, m in rated[1:] if step < base]
-        if len(winners) > 1:  # the best of each type together (the first type keeps a table)
-            union = {k: v for m in reversed(winners) for k, v in m.items()}
-            rated.append((rate(union), union))
         errors = model_errors(
             self._agent, self._spread(exact), self.ctx.collectives, self.ctx.dense_kernel
         )
-        if not math.isfinite(base_exact):  # all-table-wise does not fit: no margin to clear
-            fits = [(exact(m), m) for _, m in rated[1:] if m]
-            fits = [(step, m) for step, m in fits if math.isfinite(step)]
-            step, moved = min(fits, key=lambda x: x[0]) if fits else (base_exact, {})
+        fits = math.isfinite(base_exact)
+        base_parts = exact.breakdown({}).at_slowest() if fits else {}
+        decide = functools.partial(
+            _decide, exact=exact, base_ms=base_exact, base_parts=base_parts, errors=errors
+        )
+        orders = self._orders(ours, alts, specs, costs)
+        # the count moves only where the inputs were measured: collectives fitted to timings
+        simplify = fits and bool(errors.collectives)
+        rated, fewest_of = _candidates(orders, alts, rate, decide if simplify else None)
+        if not fits:  # all-table-wise does not fit: no margin to clear
+            fitting = [(exact(m), m) for _, m in rated[1:] if m]
+            fitting = [(step, m) for step, m in fitting if math.isfinite(step)]
+            step, moved = min(fitting, key=lambda x: x[0]) if fitting else (base_exact, {})
             count = rate.count + slow.count + exact.count
             return TypePlan(moved, step, base_exact, count, self.speed, [], errors)
-        base_parts = exact.breakdown({}).at_slowest()
         decisions, kept = [], []
         for _, moved in rated[1:]:
             if not moved:
                 continue
-            decision = _decide(moved, exact, base_exact, base_parts, errors)
+            decision = decide(moved)
             if decision is None:
                 continue
+            decision.fewest_of = fewest_of.get(decision.kind)
             decisions.append(decision)
             if decision.kept:
                 kept.append((base_exact - decision.gain_ms, moved))
@@ -335,27 +342,54 @@ def _decide(
     return TypeDecision(name, len(moved), total, u, margin, total > margin, gain, err)
 
 
-def _best_prefix(rate: Callable[[int], float], n: int) -> tuple[float, int]:
-    """The lowest-rated prefix length ``k`` in ``1..n``: a coarse sweep
-    (:func:`_prefix_sizes`), then halving the gaps on either side of the best."""
-    seen = {k: rate(k) for k in _prefix_sizes(n)}
-    while True:
-        best = min(seen, key=lambda k: (seen[k], k))
-        lower = max((k for k in seen if k < best), default=0)
-        upper = min((k for k in seen if k > best), default=best)
-        trial = [k for k in ((lower + best) // 2, (best + upper) // 2) if k > 0 and k not in seen]
-        if not trial:
-            return seen[best], best
-        seen.update({k: rate(k) for k in trial})
+def _candidates(
+    orders: list[tuple[str, list[str]]],
+    alts: dict[str, dict[str, ShardingOption]],
+    rate: Callable[[dict[str, ShardingOption]], float],
+    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None] | None,
+) -> tuple[list[tuple[float, dict[str, ShardingOption]]], dict[str, int]]:
+    """The rated candidates, all-table-wise first: each type's prefix
+    (:func:`_simplest_kept`, or its best where ``decide`` is ``None``: all-table-wise does
+    not fit, or nothing was measured) and the best of each type together; and, by type,
+    the best-rated count where fewer tables were kept."""
+    base = rate({})
+    rated: list[tuple[float, dict[str, ShardingOption]]] = [(base, {})]
+    fewest_of: dict[str, int] = {}
+    for kind, order in orders:
+        moves = [{f: alts[f][kind] for f in order[:k]} for k in range(len(order) + 1)]
+        seen = rate_prefixes(lambda k, moves=moves: rate(moves[k]), len(order))
+        if decide is None:
+            k = best_prefix(seen)
+        else:
+            k = _simplest_kept(seen, moves, decide)
+        if k != best_prefix(seen):
+            fewest_of[kind] = best_prefix(seen)
+        rated.append((seen[k], moves[k]))
+    winners = [m for step, m in rated[1:] if step < base]
+    if len(winners) > 1:  # the best of each type together (the first type keeps a table)
+        union = {k: v for m in reversed(winners) for k, v in m.items()}
+        rated.append((rate(union), union))
+    return rated, fewest_of
 
 
-def _prefix_sizes(n: int) -> list[int]:
-    """1, 4, 16, ... tables, and all ``n``."""
-    sizes, k = [], 1
-    while k < n:
-        sizes.append(k)
-        k *= PREFIX_GROWTH
-    return sizes + [n] if n else []
+def _simplest_kept(
+    seen: dict[int, float],
+    moves: list[dict[str, ShardingOption]],
+    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
+) -> int:
+    """The prefix length a type keeps of its rated ``seen``: the fewest tables of the
+    coarse grid within the best's margin, or within
+    :data:`~.type_prefixes.PREFIX_TOLERANCE` of its gain where that is more
+    (:func:`~.type_prefixes.simplest_within`), where the best clears its margin and so
+    does the shorter prefix; else the best."""
+    best = best_prefix(seen)
+    decision = decide(moves[best])
+    if decision is None or not decision.kept:
+        return best
+    within = max(decision.margin_ms, PREFIX_TOLERANCE * decision.gain_ms)
+    k = simplest_within(seen, len(moves) - 1, within)
+    shorter = decide(moves[k]) if k != best else decision
+    return k if shorter is not None and shorter.kept else best
 
 
 def typed_step_ms(plan: Sequence[ShardingOption], chooser: TypeChooser, spec_fn: SpecFn) -> float:

@@ -49,6 +49,8 @@ class TypeDecision:
         kept: whether it cleared the margin.
         contributions: the gain by source (ms at the slowest ranks; they sum to it).
         errors: ``U`` by source (ms).
+        fewest_of: where the type kept fewer tables than its best-rated count (rated
+            within the best's margin: the simpler plan), that count; else ``None``.
     """
 
     kind: str
@@ -59,6 +61,7 @@ class TypeDecision:
     kept: bool
     contributions: dict[str, float] = field(default_factory=dict)
     errors: dict[str, float] = field(default_factory=dict)
+    fewest_of: int | None = None
 
     @property
     def tipped_by(self) -> tuple[str, float]:
@@ -87,6 +90,7 @@ class TypeDecision:
             "tipped_ms": ms,
             "contributions_ms": dict(self.contributions),
             "errors_ms": dict(self.errors),
+            "fewest_of": self.fewest_of,
         }
 
     def line(self) -> str:
@@ -96,6 +100,12 @@ class TypeDecision:
             f"  {self.kind} ({self.tables} tables): predicted gain {self.gain_ms:.3f} ms, "
             f"margin {self.margin_ms:.3f} ms (uncertainty {self.uncertainty_ms:.3f} ms): "
             f"{verdict}; tipped by {name} ({ms:+.3f} ms)"
+            + (
+                f"; {self.tables} tables rather than the best-rated {self.fewest_of}, "
+                "within its margin: the simpler plan"
+                if self.fewest_of is not None
+                else ""
+            )
         )
 
 

@@ -40,8 +40,6 @@ from torchrec_dreamshard.planner.option_kinds import DREAMSHARD_SHARDING_TYPE
 from torchrec_dreamshard.planner.option_specs import SpecFn
 from torchrec_dreamshard.planner.type_margin import TypeSummary
 
-PREFIX_GROWTH = 4  # each candidate of a type moves this many times the tables of the last
-
 
 class CandidateRater:
     """Rates a candidate (which tables move to which option): the moved tables' memory
