@@ -160,7 +160,7 @@ def run_family(spec: Any, args: dict) -> dict:
 
 
 def _rank(rank: int, world: int, port: int, job: tuple) -> None:
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
+    from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     spec, args, out = job
     warnings.filterwarnings("ignore")
@@ -174,7 +174,7 @@ def _rank(rank: int, world: int, port: int, job: tuple) -> None:
 def measure_family(name: str, args: dict) -> dict:
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.measure.spawn import free_port
+    from torchrec_dreamshard.ranks.spawn import free_port
 
     spec = family_spec(name, BATCH)
     with tempfile.TemporaryDirectory() as tmp:

@@ -125,9 +125,9 @@ def rank_job(rank: int, world: int, port: int, out: str, steps: int) -> None:
     from torchrec.distributed.planner.types import ParameterConstraints, Storage
 
     from torchrec_dreamshard.feedback.memory_check import check_plan
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -239,7 +239,7 @@ def markdown(result: dict) -> str:
 
 
 def main() -> None:
-    from torchrec_dreamshard.measure.spawn import free_port
+    from torchrec_dreamshard.ranks.spawn import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=22)

@@ -119,7 +119,7 @@ def test_calibration_fits_kernels_as_measured_whatever_their_reference_kernel_ti
     must not rescale the kernels by it."""
     import sqlite3
 
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     task = tiny_task()
     cal.calibrate(DreamShard.untrained(seed=0), task, config())
@@ -503,8 +503,8 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
     from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -541,7 +541,7 @@ def planner_worker(rank: int, world: int, port: int, out_dir: str, store: str) -
 def test_planner_calibrates_on_rank_0_under_two_gloo_ranks(fail, tmp_path):
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.measure.spawn import free_port
+    from torchrec_dreamshard.ranks.spawn import free_port
 
     store = tmp_path / ("missing" if fail else "") / "calibration.sqlite"
     # no wall-clock bound: a hang never reaches an assertion after the spawn, and a bound

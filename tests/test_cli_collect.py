@@ -16,7 +16,7 @@ from torchrec_dreamshard.cli import main
 from torchrec_dreamshard.data.sampler import make_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.device_report import device_table
-from torchrec_dreamshard.measure import CostStore
+from torchrec_dreamshard.store import CostStore
 
 FAST = ["--warmup", "1", "--iters", "2", "--rounds", "1"]
 

@@ -79,7 +79,7 @@ def test_resume_after_sigkill(tmp_path):
 
 
 def _jobs_and_placements(store_path) -> dict[str, list[int]]:
-    from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.store import CostStore
 
     with CostStore(store_path) as store:
         return {ex.meta["job"]: ex.placement for ex in store.placement_examples()}

@@ -88,7 +88,7 @@ def _refuse(*args, **kwargs):
 
 @pytest.mark.slow
 def test_calibrated_collectives_cost_time_and_never_less_for_more_bytes(tmp_path, monkeypatch):
-    from torchrec_dreamshard.measure.spawn import measuring_ranks
+    from torchrec_dreamshard.ranks.spawn import measuring_ranks
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(coll, "_LOADED", {})
@@ -125,7 +125,7 @@ def test_calibrating_refuses_unknown_rank_kinds_threads_for_nccl_and_fewer_than_
 def test_threads_and_spawned_processes_time_the_same_collectives():
     """Both ways of running the ranks give a fit of every collective on every group size,
     every rank's median of every size (what they measure is compared in docs/guide.md)."""
-    from torchrec_dreamshard.measure.spawn import measuring_ranks
+    from torchrec_dreamshard.ranks.spawn import measuring_ranks
 
     ranks = measuring_ranks(4)
     for how in ("threads", "processes"):

@@ -44,7 +44,7 @@ from test_planner_distributed import (
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.types import ShardingType
 
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 WORLD = 2
 ROW_TYPES = [ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value]

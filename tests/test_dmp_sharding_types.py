@@ -37,7 +37,7 @@ from test_planner_distributed import (
     train_steps,
 )
 
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 WORLD = 2
 EBC = "model.sparse_arch.embedding_bag_collection"

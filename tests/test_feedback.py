@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 
 from torchrec_dreamshard.feedback.observed_job_report import build_report
 from torchrec_dreamshard.feedback.profiling import StepProfile, a2a_split, category
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 STEPS = 45  # 8 sampled steps: the first after 5, then one in 5
 
@@ -392,8 +392,8 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
     from torchrec_dreamshard.calibration.store_keys import job_prefix
     from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure.store import CostStore
     from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     agent = DreamShard.untrained(seed=0)
     reference = check_machine(agent, None).predicted_ms
@@ -449,8 +449,8 @@ def test_a_gpu_topology_planned_without_a_gpu_looks_for_no_observations(tmp_path
     from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.measure.config import MeasureConfig
-    from torchrec_dreamshard.measure.store import CostStore
     from torchrec_dreamshard.policy import DreamShard
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     store = tmp_path / "store.sqlite"
     CostStore(store).close()

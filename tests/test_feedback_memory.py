@@ -23,7 +23,7 @@ from torchrec_dreamshard.feedback.memory_report import (
     learn_correction,
     memory_lines,
 )
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 EBC = "model.sparse_arch.embedding_bag_collection"
 

@@ -204,14 +204,14 @@ def test_distributed_and_local_agree_on_compute(num_devices, comm_model):
 
 @pytest.mark.slow
 def test_distributed_entry_point_under_torchrun(tmp_path):
-    """``torchrun -m torchrec_dreamshard.measure.distributed TASK PLAN --db``: rank 0
+    """``torchrun -m torchrec_dreamshard.cli.torchrun_measure TASK PLAN --db``: rank 0
     prints the measurement and appends it to the store."""
     import subprocess
     import sys
     from pathlib import Path
 
     from torchrec_dreamshard.data.tasks import placement_to_dict
-    from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.store import CostStore
 
     task = small_task(num_devices=2, memory_factor=3.0)
     placement = [0, 1, 0, 1, 0, 1]
@@ -220,7 +220,7 @@ def test_distributed_entry_point_under_torchrun(tmp_path):
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     torchrun = Path(sys.executable).parent / "torchrun"
     cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m"]
-    cmd += ["torchrec_dreamshard.measure.distributed", str(tmp_path / "task.json")]
+    cmd += ["torchrec_dreamshard.cli.torchrun_measure", str(tmp_path / "task.json")]
     cmd += [str(tmp_path / "plan.json"), "--db", str(tmp_path / "d.sqlite")]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]

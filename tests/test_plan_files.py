@@ -159,7 +159,7 @@ def train_with_loaded_plan(rank: int, folder: str) -> dict:
 
 
 def dmp_worker(rank: int, world: int, port: int, folder: str) -> None:
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
+    from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -174,7 +174,7 @@ def dmp_worker(rank: int, world: int, port: int, folder: str) -> None:
 def test_a_dmp_job_on_two_gloo_ranks_trains_with_the_loaded_plan(planned):
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.measure.spawn import free_port
+    from torchrec_dreamshard.ranks.spawn import free_port
 
     mp.spawn(dmp_worker, args=(WORLD, free_port(), str(planned)), nprocs=WORLD, join=True)
     results = [json.loads((planned / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 NUM_TABLES = 6
 DIM = 8

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from torchrec_dreamshard.feedback.reshard import apply_in_place
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 WORLD = 2
 ROWS = [20, 30, 40]

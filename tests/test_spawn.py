@@ -10,8 +10,8 @@ import pytest
 from conftest import GLOO_LIKE
 
 from torchrec_dreamshard.cost import collective_models as collectives
-from torchrec_dreamshard.measure import spawn
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.ranks import spawn
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_only_a_rank_of_a_job_without_a_cached_fit_skips_measuring(private_cache
     private_cache(False)
     assert not spawn.skip_measuring(cache, "the fallback")  # measures it (threads, no process)
     private_cache(True)
-    with caplog.at_level(logging.INFO, logger="torchrec_dreamshard.measure.spawn"):
+    with caplog.at_level(logging.INFO, logger="torchrec_dreamshard.ranks.spawn"):
         assert spawn.skip_measuring(cache, "the fallback")
     assert "the fallback: this rank of a running job has no cached fit" in caplog.text
     _cache_gloo_like()

@@ -1,4 +1,4 @@
-"""Tests of the SQLite cost dataset (torchrec_dreamshard.measure.store)."""
+"""Tests of the SQLite cost dataset (torchrec_dreamshard.store.cost_store)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pytest
 from torchrec_dreamshard.data.sampler import make_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure import (
-    CostStore,
     DeviceCost,
     MeasureConfig,
     PlacementMeasurement,
     hardware_fingerprint,
 )
+from torchrec_dreamshard.store import CostStore
 
 
 def task():

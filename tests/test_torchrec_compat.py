@@ -4,7 +4,7 @@
   missing fails the import with the version, the supported releases and what to do.
 - The same for the private names of torch itself that ``torch_compat`` reads.
 - A scan of the package's source (``ast``, nothing imported): no private TorchRec or torch
-  name is read outside ``torchrec_compat.py`` and ``measure/torch_compat.py``, and no
+  name is read outside ``torchrec_compat.py`` and ``ranks/torch_compat.py``, and no
   attribute of a torch, TorchRec or FBGEMM module is assigned anywhere but in the one
   documented workaround.
 - ``HookedEnumerator`` enumerates what TorchRec's enumerator does, without its copy.
@@ -34,7 +34,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard import torchrec_compat
-from torchrec_dreamshard.measure import torch_compat
+from torchrec_dreamshard.ranks import torch_compat
 from torchrec_dreamshard.torchrec_compat import (
     HookedEnumerator,
     process_independent_reshard_tags,
@@ -44,7 +44,7 @@ from torchrec_dreamshard.torchrec_compat import (
 REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "torchrec_dreamshard"
 COMPAT = PACKAGE / "torchrec_compat.py"
-TORCH_COMPAT = PACKAGE / "measure" / "torch_compat.py"  # torch's own private names
+TORCH_COMPAT = PACKAGE / "ranks" / "torch_compat.py"  # torch's own private names
 THIRD_PARTY = ("torch", "torchrec", "fbgemm_gpu")  # whose modules nothing may patch
 PRIVATE_OWNERS = ("torchrec", "fbgemm_gpu", "torch")  # whose private names stay in COMPAT
 # the one function allowed to assign a TorchRec module's attribute (docstring: the bug)

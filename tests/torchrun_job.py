@@ -121,4 +121,4 @@ if __name__ == "__main__":
     warnings.simplefilter("ignore")
     main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
     sys.stdout.flush()
-    os._exit(0)  # see torchrec_dreamshard.measure.spawn.exit_spawned_rank
+    os._exit(0)  # see torchrec_dreamshard.ranks.spawn.exit_spawned_rank

@@ -34,7 +34,7 @@ from torchrec_dreamshard.measure.machine_cache import (
     is_envelope,
     measurement_key,
 )
-from torchrec_dreamshard.measure.store import CostStore
+from torchrec_dreamshard.store.cost_store import CostStore
 
 # What each kind holds; ``dreamshard cache --clear KIND`` takes these names.
 KINDS = {

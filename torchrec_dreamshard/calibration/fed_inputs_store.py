@@ -3,7 +3,7 @@
 A re-plan (``JobObserver.replan``) that found the job feeding its tables other pooling
 factors than the planner was told keeps, per table, the ids per sample of each feature
 and the reuse histogram of its ids, in the calibration store's file (table
-``observed_inputs``, which :class:`~torchrec_dreamshard.measure.store.CostStore` keeps beside
+``observed_inputs``, which :class:`~torchrec_dreamshard.store.cost_store.CostStore` keeps beside
 the measurements). A learning planner's next plan of the same
 model (a restarted job) takes them over the declared ones, so that the kernels observed in
 the job, stored under the tables as fed, are found again.
@@ -22,7 +22,7 @@ from pathlib import Path
 from torch import nn
 
 from torchrec_dreamshard.data.table_stats import table_configs
-from torchrec_dreamshard.measure.store import CostStore
+from torchrec_dreamshard.store.cost_store import CostStore
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS observed_inputs (

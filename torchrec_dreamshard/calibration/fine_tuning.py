@@ -118,8 +118,8 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
         default_collectives_path,
         load_all_to_all_model,
     )
-    from torchrec_dreamshard.measure.distributed_job_group import active_group
-    from torchrec_dreamshard.measure.spawn import skip_measuring
+    from torchrec_dreamshard.ranks.job_group import active_group
+    from torchrec_dreamshard.ranks.spawn import skip_measuring
 
     path = config.comm_model_path
     keep = "calibration keeps the checkpoint's all-to-all head"
@@ -132,7 +132,7 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
 def stored_observations(config: CalibrationConfig, task: Task) -> int:
     """How many kernels observed in running jobs over ``task``'s tables the store holds
     (this machine, ``config``'s workload at the task's batch)."""
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     path = config.store_path()
     if not path.exists() or (config.measure.device == "cuda" and not torch.cuda.is_available()):
@@ -208,7 +208,7 @@ def _calibrate(
 ) -> CalibrationResult:
     """:func:`calibrate`'s work; each measurement that fails on this machine is appended
     to ``failures`` and calibration goes on without it."""
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     start = time.perf_counter()
     deadline = start + config.budget_s - FIT_RESERVE_S

@@ -21,14 +21,14 @@ from torchrec_dreamshard.cost.fitting import CostSample, sample_from_measurement
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.distributed_job_group import (
+from torchrec_dreamshard.measure.group_tasks import run_on_group
+from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
+from torchrec_dreamshard.measure.progress import progress_bar
+from torchrec_dreamshard.ranks.job_group import (
     JobGroup,
     active_group,
     group_task,
-    run_on_group,
 )
-from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
-from torchrec_dreamshard.measure.progress import progress_bar
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

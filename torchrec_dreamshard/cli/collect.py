@@ -91,7 +91,7 @@ def _collection_key(args: argparse.Namespace, config, tasks: list) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from torchrec_dreamshard.measure import CostStore
+    from torchrec_dreamshard.store import CostStore
 
     if args.num < 1 or args.per_task < 1:
         raise ValueError("-n and --per-task must be >= 1")

@@ -275,7 +275,7 @@ def train_demo(task, args: argparse.Namespace, profile: str | None = None) -> di
     machine profile in ``profile`` (``None``: the job measures its own); rank 0's report."""
     import torch.multiprocessing as mp
 
-    from torchrec_dreamshard.measure.spawn import free_port
+    from torchrec_dreamshard.ranks.spawn import free_port
 
     world = args.train_ranks
     print(f"\n== training {args.train_steps} steps under DistributedModelParallel ==")
@@ -300,7 +300,7 @@ def train_demo(task, args: argparse.Namespace, profile: str | None = None) -> di
 def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
     import torch
 
-    from torchrec_dreamshard.measure.spawn import exit_spawned_rank, local_process_group
+    from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)

@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.cost.collective_models import local_all_to_all
     from torchrec_dreamshard.data.splits import plan_from_entries
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.measure import CostStore, measure_placement
+    from torchrec_dreamshard.measure import measure_placement
+    from torchrec_dreamshard.store import CostStore
 
     config = config_from_args(args)
     task = Task.load(args.task, allow_oversized=True)

@@ -48,7 +48,6 @@ from torchrec_dreamshard.measure.collectives import (
     largest_group,
     time_collectives,
 )
-from torchrec_dreamshard.measure.distributed_job_group import JobGroup, active_group
 from torchrec_dreamshard.measure.machine_cache import (
     CacheFile,
     load_cached,
@@ -57,6 +56,7 @@ from torchrec_dreamshard.measure.machine_cache import (
     named_file,
 )
 from torchrec_dreamshard.measure.spent import spent_on
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
 

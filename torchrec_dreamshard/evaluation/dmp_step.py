@@ -45,8 +45,8 @@ from torchrec_dreamshard.evaluation.step_model import (
     make_batch,
 )
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
-from torchrec_dreamshard.measure.spawn import exit_spawned_rank, free_port, local_process_group
 from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)
 DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two batches ahead

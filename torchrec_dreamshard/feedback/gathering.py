@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from torchrec_dreamshard.feedback.inputs import ObservedInputs, pooling_sums
 from torchrec_dreamshard.feedback.sampling import StepSampler
-from torchrec_dreamshard.measure.distributed_job_group import JobGroup
+from torchrec_dreamshard.ranks.job_group import JobGroup
 
 
 def gather(

@@ -59,8 +59,8 @@ from torchrec_dreamshard.feedback.sampling import (
     WARMUP,
     StepSampler,
 )
-from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.plan_record import PlanRecord
+from torchrec_dreamshard.ranks.job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan

@@ -98,7 +98,7 @@ def store_observations(
     from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
     from torchrec_dreamshard.calibration.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.measure.config import stable_key
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
     groups, clean = kernels
     batch = record.global_batch

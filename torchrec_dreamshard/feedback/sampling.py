@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torchrec_dreamshard.feedback.inputs import InputRecorder
 from torchrec_dreamshard.feedback.profiling import MARK, StepProfile, step_profile
 from torchrec_dreamshard.feedback.rank_memory import MemoryRecorder, transient_peak
-from torchrec_dreamshard.measure.distributed_job_group import JobGroup
+from torchrec_dreamshard.ranks.job_group import JobGroup
 
 EVERY = 20  # sample at most one step in this many
 WARMUP = 5  # steps before the first sample (allocations, caches, autotuning)

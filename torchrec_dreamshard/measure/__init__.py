@@ -1,4 +1,4 @@
-"""Measuring placements on real FBGEMM kernels and keeping every measurement.
+"""Measuring placements on real FBGEMM kernels.
 
 * :func:`measure_placement` runs one fused table-batched embedding kernel per device
   (forward, and backward with the fused optimizer) and the all-to-all of pooled embeddings,
@@ -7,8 +7,9 @@
   :func:`torchrec_dreamshard.cost.collective_models.load_all_to_all_model`);
 * :func:`time_fused_kernel` times one fused kernel over a set of tables;
 * :func:`measure_in_rounds` / :func:`measure_plans` measure plans against each other in
-  interleaved rounds;
-* :class:`CostStore` appends every measurement to SQLite and reads training examples back.
+  interleaved rounds.
+
+Every measurement is kept by :class:`torchrec_dreamshard.store.CostStore`, the layer above.
 """
 
 from torchrec_dreamshard.data.tasks import random_placement
@@ -19,16 +20,12 @@ from torchrec_dreamshard.measure.hardware import hardware_fingerprint
 from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
 from torchrec_dreamshard.measure.placement_timing import BACKENDS, measure_placement, measure_plans
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds, round_order
-from torchrec_dreamshard.measure.store import CostStore, DeviceExample, PlacementExample
 
 __all__ = [
     "BACKENDS",
     "AllToAllCost",
-    "CostStore",
     "DeviceCost",
-    "DeviceExample",
     "MeasureConfig",
-    "PlacementExample",
     "PlacementMeasurement",
     "REFERENCE_TABLES",
     "balanced_order",

@@ -18,13 +18,13 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.measure.gate import check_may_measure
-from torchrec_dreamshard.measure.spawn import (
+from torchrec_dreamshard.ranks.spawn import (
     check_may_spawn,
     free_port,
     launcher_free_env,
     local_process_group,
 )
-from torchrec_dreamshard.measure.torch_compat import (
+from torchrec_dreamshard.ranks.torch_compat import (
     flat_all_gather,
     flat_reduce_scatter,
     loopback_gloo_group,

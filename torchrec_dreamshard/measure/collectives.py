@@ -43,14 +43,14 @@ from torchrec_dreamshard.measure.collective_timing import (
     thread_samples,
     time_every_collective,
 )
-from torchrec_dreamshard.measure.distributed_job_group import (
+from torchrec_dreamshard.measure.gate import check_may_measure
+from torchrec_dreamshard.measure.group_tasks import run_on_group
+from torchrec_dreamshard.measure.hardware import device_name
+from torchrec_dreamshard.ranks.job_group import (
     JobGroup,
     group_task,
-    run_on_group,
 )
-from torchrec_dreamshard.measure.gate import check_may_measure
-from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.spawn import measuring_ranks
+from torchrec_dreamshard.ranks.spawn import measuring_ranks
 
 RANK_KINDS = ("threads", "processes")  # how time_collectives runs its ranks
 Sample = tuple[str, int, float, float]  # (kind, D, MB, ms)

@@ -21,15 +21,15 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.distributed_job_group import (
+from torchrec_dreamshard.measure.embedding_kernels import fused_ring
+from torchrec_dreamshard.measure.gate import check_may_measure
+from torchrec_dreamshard.measure.group_tasks import run_on_group
+from torchrec_dreamshard.ranks.job_group import (
     JobGroup,
     active_group,
     group_task,
     my_share,
-    run_on_group,
 )
-from torchrec_dreamshard.measure.embedding_kernels import fused_ring
-from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.threads import single_thread
 
 _FIT_SETS = 28  # random table sets timed to fit the model

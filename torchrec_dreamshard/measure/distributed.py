@@ -9,9 +9,9 @@ compute; the all-to-all always runs on all ranks together.
 Three ways in:
 
 * inside an initialised process group (e.g. under ``torchrun``): :func:`measure_rank` on
-  every rank; or the module's command line::
+  every rank; or the command line :mod:`torchrec_dreamshard.cli.torchrun_measure`::
 
-      torchrun --nproc-per-node 4 -m torchrec_dreamshard.measure.distributed TASK.json PLAN.json
+      torchrun --nproc-per-node 4 -m torchrec_dreamshard.cli.torchrun_measure TASK.json PLAN.json
 
 * from one process: :func:`measure_distributed` spawns ``num_devices`` gloo ranks (kept alive
   in a :class:`RankPool` for the next placement with the same number of devices).
@@ -19,11 +19,8 @@ Three ways in:
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import json
 import queue
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -31,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrec_dreamshard.data.tasks import Task, device_tables, placement_from_dict
+from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import time_all_to_all
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.embedding_kernels import (
@@ -42,9 +39,8 @@ from torchrec_dreamshard.measure.embedding_kernels import (
     state_numel,
 )
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
-from torchrec_dreamshard.measure.spawn import free_port, local_process_group
-from torchrec_dreamshard.measure.store import CostStore
 from torchrec_dreamshard.measure.summary import summarise
+from torchrec_dreamshard.ranks.spawn import free_port, local_process_group
 from torchrec_dreamshard.threads import single_thread
 
 _RESULT_TIMEOUT_S = 1800.0
@@ -265,7 +261,7 @@ def measure_distributed(
     if config.device != "cpu":
         raise ValueError(
             "spawned distributed measurement runs gloo on CPU; for CUDA launch with torchrun "
-            "(python -m torchrec_dreamshard.measure.distributed)"
+            "(python -m torchrec_dreamshard.cli.torchrun_measure)"
         )
     pool = _POOLS.get(task.num_devices)
     if pool is None or not pool.alive():
@@ -281,38 +277,3 @@ def close_pools() -> None:
 
 
 atexit.register(close_pools)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``torchrun ... -m torchrec_dreamshard.measure.distributed TASK.json PLAN.json``."""
-    import torch.distributed as dist
-
-    p = argparse.ArgumentParser(prog="torchrec_dreamshard.measure.distributed")
-    p.add_argument("task")
-    p.add_argument("plan")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--optimizer", default="rowwise_adagrad")
-    p.add_argument("--precision", default="fp32")
-    p.add_argument("--db", default=None, help="append the measurement to this SQLite store")
-    args = p.parse_args(argv)
-    config = MeasureConfig(device=args.device, optimizer=args.optimizer, precision=args.precision)
-    if args.device == "cuda":
-        import os
-
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    try:
-        task = Task.load(args.task)
-        placement = placement_from_dict(task, json.loads(open(args.plan).read())["placement"])
-        out = measure_rank(task, placement, config)
-        if out is not None:
-            print(json.dumps(out.to_dict(), indent=1))
-            if args.db:
-                CostStore(args.db).append(task, placement, out, config)
-    finally:
-        dist.destroy_process_group()
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -60,9 +60,8 @@ def measure_placement(
     try:
         if backend == "local":
             return measure_local(task, placement, config, comm)
-        # imported when used, on purpose: ``python -m torchrec_dreamshard.measure.distributed``
-        # runs that module as ``__main__``, and the package importing it first would have
-        # it imported twice (runpy warns)
+        # imported when used, on purpose: importing the distributed backend registers its
+        # rank pools' exit hook, which a process that never measures distributed needs not
         from torchrec_dreamshard.measure.distributed import measure_distributed
 
         return measure_distributed(task, placement, config)

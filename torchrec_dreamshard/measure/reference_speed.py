@@ -21,18 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.distributed_job_group import (
-    JobGroup,
-    active_group,
-    group_task,
-    run_on_group,
-)
 from torchrec_dreamshard.measure.embedding_kernels import (
     REFERENCE_BATCH_SIZE,
     REFERENCE_TABLES,
     time_fused_kernel,
 )
 from torchrec_dreamshard.measure.gate import check_may_measure
+from torchrec_dreamshard.measure.group_tasks import run_on_group
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.machine_cache import (
     CacheFile,
@@ -42,6 +37,11 @@ from torchrec_dreamshard.measure.machine_cache import (
     named_file,
 )
 from torchrec_dreamshard.measure.spent import spent_on
+from torchrec_dreamshard.ranks.job_group import (
+    JobGroup,
+    active_group,
+    group_task,
+)
 
 FORMAT_VERSION = 1
 

@@ -31,10 +31,8 @@ from torchrec_dreamshard.cost.collective_models import (
 )
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
-from torchrec_dreamshard.measure.distributed_job_group import active_group
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
-from torchrec_dreamshard.measure.spawn import skip_measuring
 from torchrec_dreamshard.planner.profile_step import MachineSources
 from torchrec_dreamshard.planner.proposers import MachineModels
 from torchrec_dreamshard.planner.torchrec_adapter import (
@@ -44,6 +42,8 @@ from torchrec_dreamshard.planner.torchrec_adapter import (
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
+from torchrec_dreamshard.ranks.job_group import active_group
+from torchrec_dreamshard.ranks.spawn import skip_measuring
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.measure.distributed_job_group import JobGroup, broadcast, driving, serve
 from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+from torchrec_dreamshard.ranks.job_group import JobGroup, broadcast, driving, serve
 
 logger = logging.getLogger("torchrec_dreamshard.planner.planners")
 
@@ -119,7 +119,7 @@ def plan_on_rank0(
     First every rank shares ``load_error``, whether its checkpoint failed to load (one
     small ``all_gather_object``): if any did, every rank raises the same ``ValueError``
     naming the ranks and the reasons. While rank 0 plans, the other ranks serve its
-    measurements (:mod:`torchrec_dreamshard.measure.distributed_job_group`)."""
+    measurements (:mod:`torchrec_dreamshard.ranks.job_group`)."""
     if pg is None:
         if not dist.is_initialized():
             raise ValueError(

@@ -24,7 +24,7 @@ from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
 JobKind = Literal["one", "random", "safe", "greedy", "sample"]
 _TASK_MARK = "-task"  # keys of task jobs: f"{phase}-task{j}-{k}"

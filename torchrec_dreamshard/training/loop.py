@@ -52,7 +52,7 @@ from torchrec_dreamshard.training.train_config import TrainConfig, seed_everythi
 from torchrec_dreamshard.version import __version__
 
 if TYPE_CHECKING:
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -147,8 +147,8 @@ def train(cfg: TrainConfig) -> DreamShard:
     Every iteration ends with ``out_dir/checkpoint.pt`` (and a numbered copy), a row in
     ``metrics.csv`` and ``curves.png``.
     """
-    from torchrec_dreamshard.measure import CostStore
     from torchrec_dreamshard.policy.checkpoint import save_checkpoint
+    from torchrec_dreamshard.store import CostStore
 
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

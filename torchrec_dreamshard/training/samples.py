@@ -15,7 +15,7 @@ from torchrec_dreamshard.training.collection_jobs import is_task_group, job_grou
 from torchrec_dreamshard.training.train_config import TrainConfig
 
 if TYPE_CHECKING:
-    from torchrec_dreamshard.measure.store import CostStore
+    from torchrec_dreamshard.store.cost_store import CostStore
 
 
 def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:

@@ -1,4 +1,4 @@
-"""Measuring inside a distributed job, on the job's own process group.
+"""The distributed job's own process group, and the messages rank 0 drives it with.
 
 Under ``collective_plan`` rank 0 plans while every other rank waits for the plan. Whatever
 the plan needs measured on this machine (the collectives, the dense kernel, the reference
@@ -6,8 +6,10 @@ kernel, calibration kernels) is measured by the whole group: rank 0 *drives*
 (:func:`driving`), and the other ranks *serve* (:func:`serve`) until the plan arrives.
 
 A measurement is a *group task*, a function registered with :func:`group_task`. Rank 0
-calls it through :func:`run_on_group` with picklable arguments; the call is broadcast, and
-every rank of the group runs the same function with the same arguments. A task is either
+calls it through :func:`call_on_group` with picklable arguments (measurements do so
+through :func:`torchrec_dreamshard.measure.group_tasks.run_on_group`, which passes the
+measuring gate first); the call is broadcast, and every rank of the group runs the same
+function with the same arguments. A task is either
 collective (it times collectives on the group, every rank taking part) or shared (each
 rank measures its own share of the items, ``items[rank::world]``, on its own device). Each
 rank's result, or its error, is gathered to every rank, so an error on one rank neither
@@ -28,8 +30,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-
-from torchrec_dreamshard.measure.gate import check_may_measure
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def _resolve(name: str) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def driving(group: JobGroup) -> Iterator[JobGroup]:
-    """Rank 0: within the block, measurements made through :func:`run_on_group` run on
+    """Rank 0: within the block, group tasks called through :func:`call_on_group` run on
     ``group``. The serving ranks leave :func:`serve` when rank 0 broadcasts anything
     that is not a request (the plan)."""
     if group.rank != 0:
@@ -142,8 +142,10 @@ def serve(group: JobGroup) -> Any:
         _run(group, payload)
 
 
-def run_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run the group task ``fn(group, *args)`` on every rank of the driven group.
+def call_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
+    """Run the group task ``fn(group, *args)`` on every rank of the driven group (a
+    measurement calls it through :func:`torchrec_dreamshard.measure.group_tasks.run_on_group`,
+    which checks the measuring gate first).
 
     Returns:
         Every rank's result, in rank order.
@@ -151,12 +153,9 @@ def run_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
     Raises:
         RuntimeError: a rank's task failed (every rank's error is named).
     """
-    check_may_measure("run_on_group")
     group = active_group()
     if group is None:
-        raise RuntimeError(
-            "run_on_group needs a driven group (measure.distributed_job_group.driving)"
-        )
+        raise RuntimeError("call_on_group needs a driven group (ranks.job_group.driving)")
     request = _Request(_name(fn), tuple(args))
     _resolve(request.name)  # a task not registered fails here, before any rank is asked
     broadcast(group, request)

@@ -102,7 +102,7 @@ def launcher_free_env() -> Iterator[None]:
 def in_distributed_job() -> bool:
     """Whether this process is a rank of an initialised ``torch.distributed`` job, where
     nothing may be spawned to measure (see
-    :mod:`torchrec_dreamshard.measure.distributed_job_group`)."""
+    :mod:`torchrec_dreamshard.ranks.job_group`)."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
@@ -133,7 +133,7 @@ def skip_measuring(cache_file: Path, fallback: str) -> bool:
     that ``fallback`` stands in for it.
 
     A caller that measures on the job's own group while rank 0 drives one
-    (:func:`~torchrec_dreamshard.measure.distributed_job_group.active_group`) takes that path first.
+    (:func:`~torchrec_dreamshard.ranks.job_group.active_group`) takes that path first.
     """
     if not in_distributed_job() or cache_file.exists():
         return False

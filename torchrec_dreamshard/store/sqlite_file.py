@@ -1,6 +1,6 @@
 """The cost store's SQLite file: opening it (write-ahead log, full sync, its schema and
 schema version) and SQLite's errors on it as a ``ValueError`` naming the file. The one
-connection to the file is :class:`~torchrec_dreamshard.measure.store.CostStore`'s, which
+connection to the file is :class:`~torchrec_dreamshard.store.cost_store.CostStore`'s, which
 also keeps other parts' tables beside the measurements."""
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.hardware import fingerprint_key, hardware_fingerprint
 from torchrec_dreamshard.measure.measurements import DeviceCost, PlacementMeasurement
-from torchrec_dreamshard.measure.store_file import connect, sqlite_errors
-from torchrec_dreamshard.measure.store_lock import collector_lock
 from torchrec_dreamshard.measure.summary import reference_scales
+from torchrec_dreamshard.store.collector_lock import collector_lock
+from torchrec_dreamshard.store.sqlite_file import connect, sqlite_errors
 
 __all__ = [
     "CostStore",
@@ -215,7 +215,7 @@ class CostStore:
 
     def collector_lock(self, who: str) -> contextlib.AbstractContextManager[None]:
         """Hold the store's collector lock: one collecting process per store (see
-        :func:`~torchrec_dreamshard.measure.store_lock.collector_lock`).
+        :func:`~torchrec_dreamshard.store.collector_lock.collector_lock`).
 
         Raises:
             ValueError: another process holds the lock (its pid and command are named).
