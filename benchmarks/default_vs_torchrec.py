@@ -7,7 +7,9 @@ Per task, each figure is the median over rounds of the per-round ratio of measur
 planner's plan (``torchrec``: TorchRec's ``EmbeddingShardingPlanner`` as shipped, default
 storage reservation; where it finds no plan the task has no figure) and to the per-task best
 heuristic's (the lowest median of the four). Also: what the default's verification kept and
-said, and its interval of per-round ratios against TorchRec's.
+said (or why it found no plan, or did not verify), its interval of per-round ratios against
+TorchRec's, and each first plan's seconds against the default budget
+(``FIRST_PLAN_BUDGET_S``): the longest, and the tasks over it.
 
 Usage: python benchmarks/default_vs_torchrec.py generalisation_r32 [--metric step]
        (reads results/NAME_raw.json, writes results/NAME_vs_torchrec.md and .json;
@@ -23,6 +25,7 @@ import statistics
 
 from torchrec_dreamshard.data.families import HELDOUT_FAMILIES
 from torchrec_dreamshard.evaluation.results_files import RESULTS, write
+from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
 
 HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 
@@ -46,16 +49,35 @@ def task_row(task: dict, metric: str) -> dict:
     }
     best = min(medians, key=medians.get)
     vs_best, vs_torchrec = ratios(best), ratios("torchrec")
-    adaptation = task["secs"].get("default_adaptation") or {}
+    secs = task["secs"]
+    adaptation = secs.get("default_adaptation") or {}
+    plan_s = secs.get("default")
+    budget = secs.get("default_budget_s", FIRST_PLAN_BUDGET_S)
     return {
         "family": task["family"],
         "rounds": len(rounds),
         "vs_best_heuristic": statistics.median(vs_best) if vs_best else None,
         "vs_torchrec": statistics.median(vs_torchrec) if vs_torchrec else None,
         "vs_torchrec_range": [min(vs_torchrec), max(vs_torchrec)] if vs_torchrec else None,
-        "kept": (adaptation.get("margins") or {}).get("line"),
+        "kept": kept_line(secs, adaptation),
         "spent_s": adaptation.get("spent_s"),
+        "plan_s": plan_s,
+        "budget_s": budget,
+        "within_budget": None if plan_s is None else plan_s <= budget,
     }
+
+
+def kept_line(secs: dict, adaptation: dict) -> str:
+    """What the default's plan said it bought: the verification's line; else why it found
+    no plan, or what it did not measure (its measuring notes) and why it did not verify."""
+    line = (adaptation.get("margins") or {}).get("line")
+    if line:
+        return line
+    if secs.get("default_error"):
+        return f"no plan: {secs['default_error']}"
+    notes = "; ".join(adaptation.get("measuring_notes") or [])
+    why = adaptation.get("why") or "no reason recorded"
+    return f"not verified ({why})" + (f"; {notes}" if notes else "")
 
 
 def geomean(xs: list[float | None]) -> float | None:
@@ -72,15 +94,18 @@ def summary(name: str, rows: list[dict], metric: str) -> str:
         "ratio; [min, max] over rounds). TorchRec: its planner as shipped; n/a where it found "
         "no plan. Below 1: the default is faster.",
         "",
-        "| family | held out | default / best heuristic | default / TorchRec [range] | rounds |",
-        "|---|---|---|---|---|",
+        "| family | held out | default / best heuristic | default / TorchRec [range] | rounds "
+        "| plan s |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         rng = r["vs_torchrec_range"]
         tr = fmt(r["vs_torchrec"]) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
         held = "yes" if r["family"] in HELDOUT_FAMILIES else ""
+        plan_s = "n/a" if r["plan_s"] is None else f"{r['plan_s']:.1f}"
         lines.append(
-            f"| {r['family']} | {held} | {fmt(r['vs_best_heuristic'])} | {tr} | {r['rounds']} |"
+            f"| {r['family']} | {held} | {fmt(r['vs_best_heuristic'])} | {tr} | {r['rounds']} "
+            f"| {plan_s} |"
         )
     held = [r for r in rows if r["family"] in HELDOUT_FAMILIES]
     rest = [r for r in rows if r["family"] not in HELDOUT_FAMILIES]
@@ -92,11 +117,28 @@ def summary(name: str, rows: list[dict], metric: str) -> str:
         f"{fmt(geomean([r['vs_best_heuristic'] for r in rest]))}. Geomean default / TorchRec "
         f"where TorchRec planned: {fmt(geomean([r['vs_torchrec'] for r in rows]))}.",
         "",
+        budget_line(rows),
+        "",
         "What the default's first plan said it bought, per task:",
         "",
     ]
     lines += [f"- {r['family']}: {r['kept']}" for r in rows]
     return "\n".join(lines)
+
+
+def budget_line(rows: list[dict]) -> str:
+    """Each first plan's seconds against the default budget: the longest, and the tasks
+    over the budget."""
+    timed = [r for r in rows if r["plan_s"] is not None]
+    if not timed:
+        return "No default plan seconds recorded."
+    worst = max(timed, key=lambda r: r["plan_s"])
+    over = [f"{r['family']} ({r['plan_s']:.1f} s)" for r in timed if not r["within_budget"]]
+    return (
+        f"Each first plan against the default budget ({worst['budget_s']:g} s, measuring "
+        f"included): the longest took {worst['plan_s']:.1f} s ({worst['family']}); over the "
+        f"budget: {', '.join(over) if over else 'none'} ({len(over)} of {len(timed)} tasks)."
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -35,6 +35,14 @@ and the heuristics' plans (``calibrated_B_verifyK``). Each budget has its own ca
 store (started afresh with the raw results), so a budget's model knows only what it
 measured. The calibrated model's tau and MAPE are reported beside the prior's.
 
+With ``--default`` every task is also planned by ``DreamShardPlanner`` with no flags, as
+a user's first plan on this machine (``default``: each task from a fresh, empty cache,
+within the planner's default budget for a first plan; its tables held to table-wise, the
+task's memory given as what a storage reservation left: see
+:func:`~torchrec_dreamshard.evaluation.method_roster.plan_default`), and
+``default_unverified`` is its policy's choice before the verification step. The report
+sets each default plan's seconds against that budget.
+
 With ``--busy-core`` another process spins on one core throughout, planning and
 measuring (:func:`~torchrec_dreamshard.evaluation.busy_core.keep_core_busy`): a user's
 machine is rarely idle while they plan.
@@ -53,7 +61,6 @@ import contextlib
 import time
 from pathlib import Path
 
-from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
 from torchrec_dreamshard.data import families
 from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
 from torchrec_dreamshard.evaluation.family_report import report
@@ -96,8 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--default",
         action="store_true",
-        help="also plan as DreamShardPlanner does with no flags (automatic calibration and "
-        "verification where the checkpoint misprices this machine)",
+        help="also plan with DreamShardPlanner and no flags, each task a first plan from an "
+        "empty cache within the planner's default budget (whole tables; the task's memory as "
+        "what a storage reservation left)",
     )
     ap.add_argument(
         "--busy-core",
@@ -120,6 +128,8 @@ def run_settings(args: argparse.Namespace) -> dict:
         # raw results of another method list are not resumed
         "methods": methods(args.calibrate_budget, args.verify, args.default),
     }
+    if args.default:  # not resumed from a run whose default was the standalone agent's
+        settings["default"] = "DreamShardPlanner, a fresh cache per task"
     if args.busy_core:  # rounds taken beside a busy core are not mixed with quiet ones
         settings["busy_core"] = True
     if args.calibrate_budget:
@@ -132,10 +142,8 @@ def plan_tasks(agent, tasks, raw: dict, config, args, path: Path) -> None:
     """Plan the tasks ``raw`` does not hold yet (every budget's calibration store started
     afresh with fresh raw results), saving after each."""
     if not raw["tasks"]:  # a fresh run: every budget's calibration starts from nothing
-        stores = [(args.name, budget) for budget in args.calibrate_budget]
-        stores += [(f"{args.name}_default", AUTO_BUDGET_S)] if args.default else []
-        for name, budget in stores:
-            store = calibration_store(name, budget)
+        for budget in args.calibrate_budget:  # the default plans from a fresh cache per task
+            store = calibration_store(args.name, budget)
             for suffix in ("", "-wal", "-shm", ".lock"):
                 Path(str(store) + suffix).unlink(missing_ok=True)
     for i, (fam, task) in enumerate(tasks):
@@ -144,7 +152,7 @@ def plan_tasks(agent, tasks, raw: dict, config, args, path: Path) -> None:
         plans, secs = plan_every_method(agent, task, config, args.seed + i)
         plan_calibrated(agent, task, config, args, args.seed + i, plans, secs)
         if args.default:
-            plan_default(agent, task, args.name, args.seed + i, plans, secs)
+            plan_default(agent, task, plans, secs)
         raw["tasks"].append({"family": fam, "plans": plans, "secs": secs, "rounds": []})
         save_raw(path, raw)
         print(f"planned {fam} T={len(task.tables)} D={task.num_devices}", flush=True)

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.evaluation.default_planning import plan_whole_tables
 from torchrec_dreamshard.evaluation.placers import plan_each
 from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds, plan_key
 from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw
@@ -41,29 +42,9 @@ MEMORY_FACTOR = 3.0  # each device's memory over an even share of the tables' by
 def budget_plan(task: Task, budget: float, cache: Path) -> tuple[list[int], dict]:
     """The default planner's placement of ``task`` within ``budget`` seconds, from an
     empty cache at ``cache``, and what it spent (wall seconds and its adaptation)."""
-    import dataclasses
-
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    from torchrec_dreamshard.evaluation.dmp_step import table_shardings
-    from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.task_inputs import task_inputs
-
-    inputs = task_inputs(task)
-    arguments = inputs.planner_arguments()
-    arguments["constraints"] = {
-        name: dataclasses.replace(c, sharding_types=["table_wise"], compute_kernels=["fused"])
-        for name, c in inputs.constraints.items()
-    }
-    planner = DreamShardPlanner(**arguments, timeout_seconds=budget, cache_dir=cache)
-    start = time.perf_counter()
-    plan = planner.plan(inputs.model, [EmbeddingBagCollectionSharder()])
-    wall = time.perf_counter() - start
-    tables = table_shardings(plan)
-    placement = [int(tables[t.name]["ranks"][0]) for t in task.tables]
-    adaptation = planner.adaptation
+    out = plan_whole_tables(task, cache, timeout_seconds=budget)
     keep = ("calibrated", "verified", "verify_chosen", "measuring_notes", "spent_s")
-    return placement, {"wall_s": wall, **{k: adaptation.get(k) for k in keep}}
+    return out.placement, {"wall_s": out.seconds, **{k: out.adaptation.get(k) for k in keep}}
 
 
 def plan_task_every_way(task: Task, budgets: list[float], seed: int) -> dict:

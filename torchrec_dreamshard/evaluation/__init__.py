@@ -12,6 +12,9 @@ share, one responsibility per module:
   every task's distinct plans in interleaved rounds, resumably;
 * :mod:`~torchrec_dreamshard.evaluation.method_roster`: the generalisation benchmark's
   methods, calibrated ones included, and how each plans a task;
+* :mod:`~torchrec_dreamshard.evaluation.default_planning`: a task's whole tables planned
+  by ``DreamShardPlanner`` as the benchmarks measure it (the default method, the plan
+  budgets);
 * :mod:`~torchrec_dreamshard.evaluation.family_statistics`: ratios to the best heuristic,
   geometric means per family, the cost network's rank agreement;
 * :mod:`~torchrec_dreamshard.evaluation.family_report`: the generalisation benchmark's

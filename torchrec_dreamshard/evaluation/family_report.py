@@ -102,20 +102,24 @@ def family_line(fam: str, f: dict, cols: Sequence[str]) -> str:
 
 def default_report(fams: dict, methods: Sequence[str]) -> list[str]:
     """The default planner's table (compute and step / the best heuristic's, before and
-    after its verification) and its geomean over every task, and over the held-out
-    families' tasks (none where the run did not plan as the default does)."""
+    after its verification, and its plan seconds) and its geomean over every task, and
+    over the held-out families' tasks, and its plans' seconds against the default budget
+    for a first plan (none where the run did not plan as the default does)."""
     if "default" not in methods:
         return []
     cols = [("compute", "default"), ("compute", "default_unverified"), ("step", "default")]
     lines = [
         "",
-        "## The default planner (no flags: automatic calibration and verification)",
+        "## The default planner (DreamShardPlanner, no flags: a first plan from an empty cache)",
         "",
-        "| family | held out | " + " | ".join(f"{k}: {m}" for k, m in cols) + " |",
-        "|---|---|" + "---|" * len(cols),
+        "| family | held out | "
+        + " | ".join(f"{k}: {m}" for k, m in cols)
+        + " | plan s: mean [max] |",
+        "|---|---|" + "---|" * (len(cols) + 1),
     ]
     for fam, f in fams.items():
-        cells = [ratio_cell(f, f"{k}/{m}") for k, m in cols]
+        cells = [ratio_cell(f, f"{k}/{m}") + no_plan_note(f, f"{k}/{m}") for k, m in cols]
+        cells.append(seconds_cell(f))
         lines.append(f"| {fam} | {'yes' if f['heldout'] else ''} | " + " | ".join(cells) + " |")
 
     def geomean(key: str, held: bool | None = None) -> float:
@@ -130,7 +134,37 @@ def default_report(fams: dict, methods: Sequence[str]) -> list[str]:
             f"\nGeomean of {key} over every task: {geomean(key):.3f} (held-out families "
             f"{geomean(key, True):.3f}, the others {geomean(key, False):.3f})."
         )
-    return lines
+    return [*lines, "", budget_line(fams)]
+
+
+def no_plan_note(f: dict, key: str) -> str:
+    """`` (N no plan)`` where the family has tasks without a plan of ``key``, else ``""``."""
+    missing = f.get(f"{key}/no_plan", 0)
+    return f" ({missing} no plan)" if missing else ""
+
+
+def seconds_cell(f: dict) -> str:
+    """A family's default plan seconds: the mean [the longest]."""
+    if "seconds/default" not in f:
+        return "-"
+    return f"{f['seconds/default']:.1f} [{f['seconds/default/max']:.1f}]"
+
+
+def budget_line(fams: dict) -> str:
+    """Whether each first plan stayed within the default budget: the longest plan, its
+    family, and how many tasks took longer than the budget."""
+    timed = {fam: f for fam, f in fams.items() if "seconds/default" in f}
+    if not timed:
+        return "The run holds no default plan seconds."
+    worst = max(timed, key=lambda fam: timed[fam]["seconds/default/max"])
+    over = sum(f["seconds/default/over_budget"] for f in timed.values())
+    tasks = sum(f["tasks"] for f in timed.values())
+    budget = max(f["default_budget_s"] for f in timed.values())
+    return (
+        f"Each first plan against the default budget ({budget:g} s, measuring included): "
+        f"the longest took {timed[worst]['seconds/default/max']:.1f} s ({worst}); "
+        f"{over} of {tasks} tasks took longer than the budget."
+    )
 
 
 def report(

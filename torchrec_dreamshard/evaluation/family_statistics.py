@@ -144,8 +144,30 @@ def family_rows(rows: list[dict], methods: Sequence[str]) -> dict:
             f[key] = float(np.nanmean([r[key] for r in rs]))
         for key in [k for k in rs[0]["planning_s"] if k.startswith("calibrated_")]:
             f[f"seconds/{key}"] = float(np.mean([r["planning_s"][key] for r in rs]))
+        f.update(default_seconds(rs))
         out[fam] = f
     return out
+
+
+def default_seconds(rs: list[dict]) -> dict:
+    """The default planner's plan seconds over a family's tasks (``rs``) against the budget
+    it planned within: ``seconds/default`` (mean), ``/max``, ``/over_budget`` (how many
+    tasks took longer) and ``default_budget_s`` (the raw entry's, else the planner's
+    :data:`~torchrec_dreamshard.planner.profile_step.FIRST_PLAN_BUDGET_S`); empty where
+    the run did not plan as the default does."""
+    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+
+    timed = [r["planning_s"] for r in rs if "default" in r["planning_s"]]
+    if not timed:
+        return {}
+    seconds = [float(t["default"]) for t in timed]
+    budgets = [float(t.get("default_budget_s", FIRST_PLAN_BUDGET_S)) for t in timed]
+    return {
+        "seconds/default": float(np.mean(seconds)),
+        "seconds/default/max": max(seconds),
+        "seconds/default/over_budget": sum(s > b for s, b in zip(seconds, budgets, strict=True)),
+        "default_budget_s": max(budgets),
+    }
 
 
 def method_figures(rs: list[dict], kind: str, methods: Sequence[str]) -> dict:

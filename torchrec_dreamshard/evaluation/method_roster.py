@@ -1,19 +1,20 @@
 """The generalisation benchmark's methods and how each plans a task: the heuristics,
 TorchRec, DreamShard's modes, measured-greedy and two random placements (all from the
 placers' registry), and, with calibration budgets, the agent calibrated on this machine
-(``calibrated_B``) and verified by measuring (``calibrated_B_verifyK``). Each budget has its
-own calibration store, so a budget's model knows only what it measured.
+(``calibrated_B``) and verified by measuring (``calibrated_B_verifyK``), through
+:func:`~torchrec_dreamshard.calibration.plan_task`. Each budget has its own calibration
+store, so a budget's model knows only what it measured.
 
-``default`` is what ``DreamShardPlanner`` and ``dreamshard plan`` do with no flags: the
-machine check, and where the checkpoint misprices this machine the automatic calibration
-and verification (``default_unverified``: the plan the calibrated model chose, before the
-verification), in a store of its own.
+``default`` is ``DreamShardPlanner`` with no flags, a user's first plan on this machine
+(:func:`plan_default`: a fresh cache per task, the planner's own budget), and
+``default_unverified`` the plan its policy chose before the verification step.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,25 +54,69 @@ def methods(
     return out
 
 
-def plan_default(
-    agent: DreamShard, task: Task, name: str, seed: int, plans: dict, secs: dict
-) -> None:
-    """The default planner's placement (``default``), the calibrated model's choice before
-    verification (``default_unverified``, the same where nothing was verified) and what
-    the default did (``secs["default_adaptation"]``)."""
-    from torchrec_dreamshard.calibration import CalibratingAgent
-    from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S, measured_reference_ms
+def plan_default(agent: DreamShard, task: Task, plans: dict, secs: dict) -> None:
+    """Plan ``task`` as a user's first plan with ``DreamShardPlanner`` and no flags
+    (:func:`~torchrec_dreamshard.evaluation.default_planning.plan_whole_tables`), and add
+    what it did to ``plans`` and ``secs``.
 
-    config = calibration_config(f"{name}_default", AUTO_BUDGET_S, seed)
-    wrapped = CalibratingAgent(
-        agent, config, verify_k=None, progress=False, auto=measured_reference_ms
+    The planner is given ``agent`` (the run's checkpoint: the bundled one unless the run
+    names another, what a user's planner loads) and no other flag but two, which make it
+    plan what the task means and what the harness measures:
+
+    * every table is held to table-wise on the fused kernel (``dreamshard plan
+      --no-splits``): the harness measures whole tables, a device per table;
+    * ``storage_reservation=FixedPercentageStorageReservation(0.0)``: a task's memory is
+      the memory left for its tables (the families draw it against the tables' weights),
+      that is, what a storage reservation left, so nothing more is reserved. With
+      TorchRec's default reservation (15% and the dense and input estimates) the planner
+      finds no plan on 5 of the 11 families' first tasks (pool, zipf, tight, bursty,
+      heavy_pooling), where the task's memory is tight by design; with nothing reserved it
+      plans 10 of them. The planner's own enumerator and TorchRec's storage estimate
+      (weights, optimizer state, input and output buffers) are kept: a user's enumerator
+      would replace ours and drop its type choice. So a task whose tables fit the memory
+      by their weights but not by TorchRec's estimate has no plan here (the first
+      ``heavy_pooling`` task: its pooling's input buffers take the estimate 0.04% past
+      the devices' memory), as TorchRec's own planner has none.
+
+    Each task is planned from a fresh, empty cache directory of its own (``cache_dir``),
+    deleted after: every plan is a first plan on this machine, measuring its profile (and
+    calibrating and verifying where the checkpoint misprices the machine) from nothing,
+    within the planner's default budget for a first plan
+    (:data:`~torchrec_dreamshard.planner.profile_step.FIRST_PLAN_BUDGET_S`).
+
+    Adds ``plans["default"]`` (the device per table, in task order; ``None`` where the
+    planner found no plan, with ``secs["default_error"]`` saying why),
+    ``plans["default_unverified"]`` (the policy's choice in TorchRec's loop, before the
+    verification: the same where nothing was verified or the verification kept it),
+    ``secs["default"]`` (the seconds of ``plan()``, measuring included),
+    ``secs["default_budget_s"]`` (the budget it planned within) and
+    ``secs["default_adaptation"]`` (the planner's ``adaptation``: what it measured, spent
+    and skipped, and the verification's ``margins``)."""
+    from torchrec.distributed.planner.storage_reservations import (
+        FixedPercentageStorageReservation,
     )
-    t0 = time.perf_counter()
-    plans["default"] = [int(d) for d in wrapped.place(task, mode="safe", seed=seed)]
-    secs["default"] = time.perf_counter() - t0
-    secs["default_adaptation"] = wrapped.adaptation()
-    outcome = wrapped.last_outcome
-    plans["default_unverified"] = [int(d) for d in outcome.chosen] if outcome else plans["default"]
+
+    from torchrec_dreamshard.data.tasks import NoPlanError
+    from torchrec_dreamshard.evaluation.default_planning import plan_whole_tables
+    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+
+    secs["default_budget_s"] = FIRST_PLAN_BUDGET_S
+    start = time.perf_counter()
+    try:
+        with tempfile.TemporaryDirectory(prefix="dreamshard_first_plan_") as cache:
+            out = plan_whole_tables(
+                task,
+                Path(cache),
+                agent=agent,
+                storage_reservation=FixedPercentageStorageReservation(0.0),
+            )
+    except NoPlanError as exc:
+        secs["default"] = time.perf_counter() - start
+        secs["default_error"] = str(exc)
+        plans["default"] = plans["default_unverified"] = None
+        return
+    plans["default"], plans["default_unverified"] = out.placement, out.unverified
+    secs["default"], secs["default_adaptation"] = out.seconds, out.adaptation
 
 
 def plan_every_method(
