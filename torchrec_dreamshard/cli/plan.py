@@ -40,7 +40,9 @@ The task is planned by DreamShardPlanner: its tables as one EmbeddingBagCollecti
 included. Without --checkpoint the checkpoint bundled with the package is used. By
 default the checkpoint's prediction of a reference kernel is checked against this
 machine and, where it is more than 25% off, the cost network is calibrated on the task's
-tables first (20 s; measurements are kept, so re-planning them measures nothing).
+tables first (half of what is left of the plan's budget, at most 20 s: the whole plan
+measures for at most 25 s, --timeout sets it; measurements are kept, so re-planning them
+measures nothing).
 --out PLAN.json writes a summary: {"placement": {"t0": 2, ...}, "predicted_cost_ms": ...,
 "per_device": [...], "adaptation": {...}}; tables split column-wise in
 "shards": {"t0": [{"device": 0, "columns": [0, 64]}, ...]}, tables of other sharding
@@ -195,7 +197,7 @@ def check_arguments(args: argparse.Namespace) -> None:
     if not args.calibrate and (args.budget_s is not None or args.store is not None):
         raise ValueError(
             "--budget-s and --store apply to --calibrate; the automatic calibration measures "
-            "for 20 s into the default store ($DREAMSHARD_CALIBRATION_STORE or "
+            "for at most 20 s into the default store ($DREAMSHARD_CALIBRATION_STORE or "
             "~/.cache/torchrec_dreamshard/calibration.sqlite)"
         )
 
