@@ -1,6 +1,7 @@
 """Candidates clearly behind after a round drop out (:class:`Dropping`).
 
-The rule, after every round of a pass from the :data:`DROP_FROM_ROUND`-th on: a plan whose
+The rule, after every round of a pass from the :data:`DROP_FROM_ROUND`-th on but its last
+(after the first pass's last round only where a second pass follows): a plan whose
 median over the pass's rounds so far is behind the fastest plan's median by more than
 ``max(DROP_SPREADS x spread, DROP_FLOOR)`` (``spread``: the rounds' spread as
 :class:`~.noise.Noise` measures it, the median over plans of ``(max - min) / median``),

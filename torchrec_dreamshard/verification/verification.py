@@ -291,6 +291,7 @@ def _measure_passes(
         after = reference() if reference is not None else None
         passes = [Noise.of(rounds[0], (before, after), limits)]
         if passes[0].noisy and extra > 0 and rounds[0]:
+            m.dropping.after_round(rounds[0], 0)  # what the first pass's last round showed
             m.dropping.next_pass(rounds[0])
             if bar is not None:
                 bar.total += extra * len(m.dropping.active())
@@ -315,8 +316,8 @@ def _one_pass(
     pass_index: int = 0,
 ) -> list[dict[int, float]]:
     """``rounds`` interleaved rounds of every plan still measured (see :mod:`.dropping`:
-    after each round, the plans clearly behind drop out) within ``budget_s`` (whole rounds
-    only).
+    after each round but the last, the plans clearly behind drop out) within ``budget_s``
+    (whole rounds only).
 
     The first :data:`MIN_ROUNDS` rounds (the fewest a sign test can decide on) may run on
     to :data:`BUDGET_STRETCH` times the budget: a budget that does not fit them (many
@@ -349,6 +350,8 @@ def _one_pass(
             if m.shared is not None:
                 m.shared.new_round()  # a round's figures are shared within it only
             done[:] = measure_in_rounds([m.dropping.active()], measure, r + 1, done=[done])[0]
+            if r == rounds - 1:
+                break  # after the last round, nothing is left to save (a second pass drops)
             before = len(m.dropping.dropped)
             m.dropping.after_round(done, pass_index)
             if m.bar is not None:
