@@ -194,8 +194,8 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     chosen = agent.place(task)
     calls, real = [], placement_timing.measure_placement
 
-    def spy(t, placement, config=None, backend="local", comm=None):
-        m = real(t, placement, config, backend, comm)
+    def spy(t, placement, config=None, backend="local", comm=None, shared=None):
+        m = real(t, placement, config, backend, comm, shared)
         calls.append((list(placement), float(m.step_ms)))
         return m
 

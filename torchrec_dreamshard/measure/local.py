@@ -17,6 +17,7 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, device_tables
 from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.device_sets import DeviceSetTimes
 from torchrec_dreamshard.measure.embedding_kernels import (
     ARENA,
     FusedKernel,
@@ -31,13 +32,19 @@ from torchrec_dreamshard.threads import single_thread
 
 
 def measure_local(
-    task: Task, placement: Sequence[int], config: MeasureConfig, comm: AllToAllCost | None
+    task: Task,
+    placement: Sequence[int],
+    config: MeasureConfig,
+    comm: AllToAllCost | None,
+    shared: DeviceSetTimes | None = None,
 ) -> PlacementMeasurement:
     """Measure a (checked) placement with one process.
 
     Every device's kernel and the reference kernel are built at once in disjoint slices of
     one written arena, then timed in interleaved rounds; ``comm`` prices the all-to-all
-    (needed for more than one device).
+    (needed for more than one device). With ``shared`` (one round's
+    :class:`~.device_sets.DeviceSetTimes`), a device whose set of tables that round
+    already timed takes that figure, and only the other sets are timed.
 
     Raises:
         ValueError: more than one device and no ``comm``.
@@ -45,7 +52,12 @@ def measure_local(
     check_comm(task, comm)
     start = time.perf_counter()
     groups = [[task.tables[i] for i in idx] for idx in device_tables(task, placement)]
-    compute = _time_devices(groups, task.batch_size, config)
+    if shared is None:
+        compute = _time_devices(groups, task.batch_size, config)
+    else:
+        compute = shared.compute(
+            task, placement, config.rounds, lambda g: _time_devices(g, task.batch_size, config)
+        )
     dims = [sum(t.dim for t in g) for g in groups]
     if comm is not None and task.num_devices > 1:
         comm_row = comm.device_comm_ms(dims, task.batch_size)

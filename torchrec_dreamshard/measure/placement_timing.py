@@ -10,6 +10,7 @@ from typing import TypeVar
 from torchrec_dreamshard.data.tasks import Task, check_placement
 from torchrec_dreamshard.measure.comm import AllToAllCost
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.device_sets import DeviceSetTimes
 from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.local import check_comm, measure_local
 from torchrec_dreamshard.measure.measurements import PlacementMeasurement
@@ -25,6 +26,7 @@ def measure_placement(
     config: MeasureConfig | None = None,
     backend: str = "local",
     comm: AllToAllCost | None = None,
+    shared: DeviceSetTimes | None = None,
 ) -> PlacementMeasurement:
     """Measure a placement on real fused kernels and a real (or modelled) all-to-all.
 
@@ -39,6 +41,9 @@ def measure_placement(
             :func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`, or
             ``local_all_to_all`` there); needed by the local backend for more than one
             device, unused by the distributed one.
+        shared: the local backend only: one round's device-set timings
+            (:class:`~.device_sets.DeviceSetTimes`); a device whose set of tables was
+            timed in the round takes that figure instead of being timed again.
 
     Returns:
         The measurement. An out-of-memory or kernel error gives ``ok=False`` with the error,
@@ -47,7 +52,8 @@ def measure_placement(
     Raises:
         ValueError: a bad backend, a placement that does not fit (refused before any
             kernel runs, naming the device and its tables), or the local backend over
-            several devices without ``comm``.
+            several devices without ``comm``, or ``shared`` with the distributed
+            backend.
     """
     check_may_measure("measure_placement")
     config = config or MeasureConfig()
@@ -56,10 +62,12 @@ def measure_placement(
     placement = check_placement(task, placement)
     if backend == "local":
         check_comm(task, comm)
+    elif shared is not None:
+        raise ValueError("shared device-set timings are the local backend's, not the distributed")
     start = time.perf_counter()
     try:
         if backend == "local":
-            return measure_local(task, placement, config, comm)
+            return measure_local(task, placement, config, comm, shared)
         # imported when used, on purpose: importing the distributed backend registers its
         # rank pools' exit hook, which a process that never measures distributed needs not
         from torchrec_dreamshard.measure.distributed import measure_distributed

@@ -40,7 +40,12 @@ MIN_MEASUREMENTS = MIN_PLANS * MIN_ROUNDS_TO_REPLACE
 def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:
     """Predicted seconds of one measurement of ``placement``: the local backend times each
     device's fused kernel in turn, ``warmup + iters`` iterations of its forward and
-    backward (:class:`~torchrec_dreamshard.measure.config.MeasureConfig`'s defaults)."""
+    backward (:class:`~torchrec_dreamshard.measure.config.MeasureConfig`'s defaults).
+    An upper bound of what the verification pays for each plan of a round: a device
+    table-set that plans share is timed once per round
+    (:mod:`~torchrec_dreamshard.measure.device_sets`), and the verification's own budget
+    counts that in from its first measurement (:mod:`~torchrec_dreamshard.verification.
+    round_cost`)."""
     if not placement:
         return 0.0
     config = MeasureConfig()

@@ -86,11 +86,11 @@ class Noise:
         reference: tuple[float | None, float | None],
         limits: NoiseLimits,
     ) -> Noise:
-        """The noise of ``rounds`` (``{plan index: ms}`` each) and the reference kernel
-        ``(before, after)``."""
+        """The noise of ``rounds`` (``{plan index: ms}`` each; a plan that dropped out
+        after some is in those only) and the reference kernel ``(before, after)``."""
         spreads = []
         for i in rounds[0] if rounds else ():
-            ms = np.array([r[i] for r in rounds], dtype=np.float64)
+            ms = np.array([r[i] for r in rounds if i in r], dtype=np.float64)
             if len(ms) >= 2 and np.median(ms) > 0:
                 spreads.append(float((ms.max() - ms.min()) / np.median(ms)))
         spread = float(np.median(spreads)) if spreads else float("nan")

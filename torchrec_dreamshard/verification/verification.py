@@ -11,6 +11,12 @@ If they are noisy too, both passes' rounds decide together, and the safer plan
 (TorchRec's, else the fastest heuristic's) is kept unless a plan beat it beyond the noise
 over all of them (:func:`~.plan_ranking.keep`); the result says so.
 
+The measuring buys the most per second: within a round, a device table-set that several
+plans hold is timed once and its figure shared (the real kernels' timing:
+:mod:`~torchrec_dreamshard.measure.device_sets`; the result counts the sets timed against
+the plans' devices), and a plan clearly behind after a round drops out of later rounds
+(:mod:`.dropping`: never TorchRec's plan, nor the plan the ranking would keep).
+
 A measurement that fails on this machine (a CUDA error, an out-of-memory, an FBGEMM
 operator missing from the build, a collective's failure:
 :mod:`torchrec_dreamshard.measure.guard`) ends the verification: nothing it measured is
@@ -25,19 +31,31 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.data.tasks import NoPlanError, Task
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.device_sets import DeviceSetTimes
 from torchrec_dreamshard.measure.guard import warn_failures
 from torchrec_dreamshard.measure.progress import progress_bar
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
+from torchrec_dreamshard.verification.candidate_plans import heuristic_plans as heuristic_plans
+from torchrec_dreamshard.verification.candidate_plans import verify_candidates
+from torchrec_dreamshard.verification.dropping import Dropping
 from torchrec_dreamshard.verification.noise import Noise, NoiseLimits
-from torchrec_dreamshard.verification.plan_ranking import keep, measuring_priority
+from torchrec_dreamshard.verification.plan_ranking import keep
+from torchrec_dreamshard.verification.round_cost import (
+    BUDGET_STRETCH,
+    MIN_PLANS,
+    MIN_ROUNDS,
+    first_rounds_seconds,
+    too_slow_for_all,
+    unit_seconds,
+)
 from torchrec_dreamshard.verification.verify_cache import (
     read_rounds,
     verification_cache_file,
@@ -54,64 +72,6 @@ from torchrec_dreamshard.verification.verify_timing import (
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
-
-
-MIN_ROUNDS = 3  # rounds a pass may stretch its budget for (a sign test needs 3)
-BUDGET_STRETCH = 3.0  # ... up to this many times the budget
-FIT_HEADROOM = 0.8  # a slow task measures the plans whose rounds fill this much of it
-MIN_PLANS = 3  # ... and at least these: the planner's choice, TorchRec's, a heuristic's
-
-
-def heuristic_plans(task: Task) -> dict[str, tuple[int, ...]]:
-    """Every classic heuristic's plan of ``task`` by heuristic name (those that find one)."""
-    from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
-
-    out = {}
-    for h, proxy in HEURISTICS.items():
-        try:
-            out[h] = tuple(proxy_greedy(task, proxy))
-        except NoPlanError:
-            continue
-    return out
-
-
-def verify_candidates(
-    agent: PlacementAgent,
-    task: Task,
-    k: int,
-    extra: Mapping[str, Sequence[int]] | None = None,
-    baselines: Mapping[str, Sequence[int]] | None = None,
-) -> list[VerifiedPlan]:
-    """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
-    safety-net report (run ``agent.place`` first), the ``baselines`` (TorchRec's plan,
-    not counted among the ``k``) and every heuristic's plan, named, with their
-    predictions. A plan proposed twice keeps its first name and gains the others'
-    (``chosen=torchrec_ours``)."""
-    report = agent.last_report
-    named: dict[tuple[int, ...], str] = {}
-    for name, p in (extra or {}).items():
-        named.setdefault(tuple(int(d) for d in p), name)
-    if report is not None:
-        for c in report.candidates:
-            if len(named) >= k:  # the extra plans count among the k
-                break
-            named.setdefault(tuple(int(d) for d in c.placement), c.label)
-    base: set[tuple[int, ...]] = set()
-    for name, p in (baselines or {}).items():
-        key = tuple(int(d) for d in p)
-        base.add(key)
-        named[key] = f"{named[key]}={name}" if key in named else name
-    heuristic: set[tuple[int, ...]] = set()
-    for h, p in heuristic_plans(task).items():
-        heuristic.add(p)
-        named[p] = f"{named[p]}={h}" if p in named else f"heuristic:{h}"
-    out = []
-    for p, name in named.items():
-        pred = agent.predict(task, list(p))
-        plan = VerifiedPlan(name, list(p), pred.step_ms, pred.step_log_std)
-        plan.heuristic, plan.baseline = p in heuristic, p in base
-        out.append(plan)
-    return out
 
 
 @dataclass(frozen=True)
@@ -135,6 +95,8 @@ class VerifyOptions:
             included: no measurement starts that would end past it, whatever
             ``budget_s`` lets the first rounds stretch to (``None``: none). The planner
             sets it from what is left of ``timeout_seconds``.
+        drop: a plan clearly behind after a round drops out of later rounds
+            (:mod:`.dropping`; ``False``: every plan is measured in every round).
     """
 
     rounds: int = 3
@@ -144,6 +106,7 @@ class VerifyOptions:
     progress: bool = False
     noise: NoiseLimits = field(default_factory=NoiseLimits)
     deadline_s: float | None = None
+    drop: bool = True
 
 
 def verify(
@@ -190,19 +153,22 @@ def verify(
         if passes is not None:
             return _result(plans, options, passes, clock() - start, cached=True)
     try:
-        measured, rounds, passes = _measure_passes(
-            task, plans, options, timing or kernel_timing(config), config.device
-        )
+        run = _measure_passes(task, plans, options, timing or kernel_timing(config), config.device)
     except MeasuringFailed as failed:
         warn_failures([failed.failure], "the planner's chosen plan is kept, not measured")
         seconds = clock() - start
         return VerifyResult(list(plans), seconds, failure=failed.failure)
-    for i, p in enumerate(measured):  # the last pass decides; a noisy first is kept apart
-        p.rounds_ms = [r[i] for r in rounds[-1]]
-        p.earlier_ms = [r[i] for r in rounds[0]] if len(rounds) > 1 else []
+    rounds = run.rounds
+    for i, p in enumerate(run.plans):  # the last pass decides; a noisy first is kept apart
+        p.rounds_ms = [r[i] for r in rounds[-1] if i in r]
+        p.earlier_ms = [r[i] for r in rounds[0] if i in r] if len(rounds) > 1 else []
+        p.dropped = run.dropping.dropped.get(i)
     if path is not None:
-        write_rounds(path, plans, passes)
-    return _result(plans, options, passes, clock() - start)
+        write_rounds(path, plans, run.passes)
+    result = _result(plans, options, run.passes, clock() - start)
+    if run.shared is not None:
+        result.devices_timed, result.candidate_devices = run.shared.timed, run.shared.devices
+    return result
 
 
 def _result(
@@ -212,14 +178,76 @@ def _result(
     seconds: float,
     cached: bool = False,
 ) -> VerifyResult:
-    """The plans kept and ranked (:func:`~.plan_ranking.keep`) among those measured; the
-    plans a slow task left out (:func:`_too_slow_for_all`) after them."""
-    measured = [p for p in plans if p.rounds_ms] or list(plans)
-    left_out = [p for p in plans if all(p is not m for m in measured)]
+    """The plans kept and ranked (:func:`~.plan_ranking.keep`) among those measured in
+    every round; the plans that dropped out (:mod:`.dropping`) after them, by median over
+    their rounds; then the plans a slow task left out (:func:`~.round_cost.too_slow_for_all`)."""
+    dropped = [p for p in plans if p.dropped is not None]
+    for p in dropped:
+        p.measured_ms = float(np.median([*p.earlier_ms, *p.rounds_ms]))
+    dropped.sort(key=lambda p: p.measured_ms or 0.0)
+    ranked_ = [p for p in plans if p.dropped is None]
+    measured = [p for p in ranked_ if p.rounds_ms] or ranked_
+    left_out = [p for p in ranked_ if all(p is not m for m in measured)]
     ranked, why = keep(measured, options.incumbent, passes)
     return VerifyResult(
-        [*ranked, *left_out], seconds, cached, passes, fallback=why, left_out=len(left_out)
+        [*ranked, *dropped, *left_out],
+        seconds,
+        cached,
+        passes,
+        fallback=why,
+        left_out=len(left_out),
     )
+
+
+@dataclass
+class _Measuring:
+    """What every pass of one verification measures with."""
+
+    task: Task
+    plans: Sequence[VerifiedPlan]
+    step_ms: Callable[[Task, list[int]], float]  # guarded
+    clock: Callable[[], float]
+    bar: Any
+    end: float | None  # the hard cap, on ``clock``
+    dropping: Dropping
+    shared: DeviceSetTimes | None  # one round's device-set timings, where the timing shares
+
+
+@dataclass
+class _Measured:
+    """What :func:`_measure_passes` measured: the plans measured, every pass's rounds
+    (``{index among them: ms}`` each), their noise, the plans that dropped out and the
+    device sets timed."""
+
+    plans: list[VerifiedPlan]
+    rounds: list[list[dict[int, float]]]
+    passes: list[Noise]
+    dropping: Dropping
+    shared: DeviceSetTimes | None
+
+
+def _measuring(
+    task: Task,
+    plans: Sequence[VerifiedPlan],
+    options: VerifyOptions,
+    timing: Timing,
+    device: str,
+    bar: Any,
+) -> _Measuring:
+    """The guarded step (sharing device sets within a round where ``timing`` can), the
+    hard cap and the drop rule of one verification of ``plans``."""
+    end = None if options.deadline_s is None else timing.clock() + options.deadline_s
+    shared = DeviceSetTimes() if timing.shared_step_ms is not None else None
+    shared_step = timing.shared_step_ms
+
+    def step(task: Task, placement: list[int]) -> float:
+        if shared is None or shared_step is None:
+            return timing.step_ms(task, placement)
+        return shared_step(task, placement, shared)
+
+    dropping = Dropping(plans, options.incumbent, options.drop)
+    guarded = guarded_step(step, plans, device)
+    return _Measuring(task, plans, guarded, timing.clock, bar, end, dropping, shared)
 
 
 def _measure_passes(
@@ -228,42 +256,48 @@ def _measure_passes(
     options: VerifyOptions,
     timing: Timing,
     device: str = "cpu",
-) -> tuple[list[VerifiedPlan], list[list[dict[int, float]]], list[Noise]]:
+) -> _Measured:
     """The plans measured (all, unless the task is too slow for all of them: see
-    :func:`_too_slow_for_all`), every pass's rounds (``{index among them: ms}`` each) and
-    noise: the first pass, and where it was noisy a second (when it measured a whole
-    round), which decides. Every measurement is :func:`~torchrec_dreamshard.measure.guard.guarded`
-    (on ``device``); the first that fails raises :class:`MeasuringFailed`."""
+    :func:`~.round_cost.too_slow_for_all`), every pass's rounds and noise: the first pass,
+    and where it was noisy a second (when it measured a whole round), which decides. Every
+    measurement is :func:`~torchrec_dreamshard.measure.guard.guarded` (on ``device``); the
+    first that fails raises :class:`MeasuringFailed`."""
     limits = options.noise
-    end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     reference = None
     if timing.reference_ms is not None and math.isfinite(limits.drift):
         reference = guarded_reference(timing.reference_ms, device)
-    timing = Timing(guarded_step(timing.step_ms, plans, device), timing.reference_ms, timing.clock)
     extra = options.rounds if limits.extra_rounds is None else limits.extra_rounds
     bar = progress_bar(options.rounds * len(plans), "verify: measuring plans", options.progress)
+    m = _measuring(task, plans, options, timing, device, bar)
     try:
         before = reference() if reference is not None else None
         try:
-            rounds = [
-                _one_pass(task, plans, options.rounds, options.budget_s, timing, bar, True, end)
-            ]
+            rounds = [_one_pass(m, options.rounds, options.budget_s, probe=True)]
         except _TooSlow as slow:
-            plans = _too_slow_for_all(plans, options, slow.seconds)
+            sharing = m.shared is not None
+            chosen = too_slow_for_all(
+                task,
+                plans,
+                (options.budget_s, options.rounds, options.incumbent),
+                slow.unit_s,
+                sharing,
+            )
+            m.plans = chosen
+            m.dropping = Dropping(chosen, options.incumbent, options.drop)
             if bar is not None:
-                bar.reset(total=options.rounds * len(plans))
-                bar.set_description(f"verify: a slow task, measuring {len(plans)} plans")
-            rounds = [
-                _one_pass(task, plans, options.rounds, options.budget_s, timing, bar, end=end)
-            ]
+                bar.reset(total=options.rounds * len(chosen))
+                bar.set_description(f"verify: a slow task, measuring {len(chosen)} plans")
+            rounds = [_one_pass(m, options.rounds, options.budget_s)]
         after = reference() if reference is not None else None
         passes = [Noise.of(rounds[0], (before, after), limits)]
         if passes[0].noisy and extra > 0 and rounds[0]:
+            m.dropping.after_round(rounds[0], 0)  # what the first pass's last round showed
+            m.dropping.next_pass(rounds[0])
             if bar is not None:
-                bar.total += extra * len(plans)
+                bar.total += extra * len(m.dropping.active())
                 bar.set_description("verify: noisy, measuring again")
             budget = None if options.budget_s is None else options.budget_s * limits.extra_budget
-            more = _one_pass(task, plans, extra, budget, timing, bar, end=end)
+            more = _one_pass(m, extra, budget, pass_index=1)
             if more:
                 again = reference() if reference is not None else None
                 passes.append(Noise.of(more, (after, again), limits))
@@ -271,71 +305,69 @@ def _measure_passes(
     finally:
         if bar is not None:
             bar.close()
-    return list(plans), rounds, passes
-
-
-def _too_slow_for_all(
-    plans: Sequence[VerifiedPlan], options: VerifyOptions, seconds: float
-) -> list[VerifiedPlan]:
-    """The plans measured where one measurement takes ``seconds`` and the first
-    :data:`MIN_ROUNDS` rounds of all of them would not fit :data:`BUDGET_STRETCH` times the
-    budget: as many as fit (at least :data:`MIN_PLANS`), in the order of
-    :func:`~.plan_ranking.measuring_priority` (the planner's choice, TorchRec's plan, the
-    heuristic plan predicted fastest, then by predicted step). Fewer plans measured in
-    rounds a sign test can decide on say more than many plans measured in none."""
-    budget = (options.budget_s or math.inf) * BUDGET_STRETCH * FIT_HEADROOM
-    fit = int(budget // (min(MIN_ROUNDS, options.rounds) * seconds))
-    order = measuring_priority(plans, options.incumbent)
-    chosen = set(order[: max(MIN_PLANS, fit)])
-    return [p for i, p in enumerate(plans) if i in chosen]
+    return _Measured(list(m.plans), rounds, passes, m.dropping, m.shared)
 
 
 def _one_pass(
-    task: Task,
-    plans: Sequence[VerifiedPlan],
+    m: _Measuring,
     rounds: int,
     budget_s: float | None,
-    timing: Timing,
-    bar: Any,
     probe: bool = False,
-    end: float | None = None,
+    pass_index: int = 0,
 ) -> list[dict[int, float]]:
-    """``rounds`` interleaved rounds of every plan within ``budget_s`` (whole rounds only).
+    """``rounds`` interleaved rounds of every plan still measured (see :mod:`.dropping`:
+    after each round but the last, the plans clearly behind drop out) within ``budget_s``
+    (whole rounds only).
 
     The first :data:`MIN_ROUNDS` rounds (the fewest a sign test can decide on) may run on
     to :data:`BUDGET_STRETCH` times the budget: a budget that does not fit them (many
     devices, big tables) grows with the task rather than leave the plans unranked. With
     ``probe``, where the first measurement says those rounds of every plan would not fit
-    even so, :class:`_TooSlow` is raised (with that measurement's seconds) for the caller
-    to measure fewer plans. ``end`` (on ``timing.clock``): no measurement starts that
-    would end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
-    start = timing.clock()
+    even so, :class:`_TooSlow` is raised (with a device timing's seconds) for the caller
+    to measure fewer plans. ``m.end`` (on ``m.clock``): no measurement starts that would
+    end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
+    start = m.clock()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
 
     def measure(_: int, i: int) -> float:
-        now = timing.clock()
+        now = m.clock()
         stretch = BUDGET_STRETCH if len(done) < min(MIN_ROUNDS, rounds) else 1.0
         limit = None if budget_s is None else start + budget_s * stretch
         expected = now + float(np.mean(took or [0.0]))
-        if (limit is not None and expected > limit) or (end is not None and expected > end):
+        if (limit is not None and expected > limit) or (m.end is not None and expected > m.end):
             raise _OutOfTime
-        ms = timing.step_ms(task, plans[i].placement)
-        took.append(timing.clock() - now)
-        if bar is not None:
-            bar.update(1)
-        if probe and budget_s is not None and len(took) == 1 and len(plans) > MIN_PLANS:
-            first_rounds = min(MIN_ROUNDS, rounds) * len(plans) * took[0]
-            if first_rounds > budget_s * BUDGET_STRETCH:
-                raise _TooSlow(took[0])
+        ms = m.step_ms(m.task, m.plans[i].placement)
+        took.append(m.clock() - now)
+        if m.bar is not None:
+            m.bar.update(1)
+        if probe and budget_s is not None and len(took) == 1 and len(m.plans) > MIN_PLANS:
+            _probe(m, rounds, budget_s, i, took[0])
         return float(ms)
 
     try:
         for r in range(rounds):
-            done[:] = measure_in_rounds([list(range(len(plans)))], measure, r + 1, done=[done])[0]
+            if m.shared is not None:
+                m.shared.new_round()  # a round's figures are shared within it only
+            done[:] = measure_in_rounds([m.dropping.active()], measure, r + 1, done=[done])[0]
+            if r == rounds - 1:
+                break  # after the last round, nothing is left to save (a second pass drops)
+            before = len(m.dropping.dropped)
+            m.dropping.after_round(done, pass_index)
+            if m.bar is not None:
+                m.bar.total -= (len(m.dropping.dropped) - before) * (rounds - r - 1)
     except _OutOfTime:
         pass  # the round cut short is not in ``done``
     return done
+
+
+def _probe(m: _Measuring, rounds: int, budget_s: float, first: int, seconds: float) -> None:
+    """Raise :class:`_TooSlow` where the first measurement (of plan ``first``, ``seconds``)
+    says the first rounds of every plan would not fit the stretched budget."""
+    sharing = m.shared is not None
+    unit_s = unit_seconds(m.task, m.plans[first], seconds, sharing)
+    if first_rounds_seconds(m.task, m.plans, rounds, unit_s, sharing) > budget_s * BUDGET_STRETCH:
+        raise _TooSlow(seconds, unit_s)
 
 
 class _OutOfTime(Exception):
@@ -346,6 +378,6 @@ class _TooSlow(Exception):
     """The first measurement says the first rounds of every plan would not fit even the
     stretched budget."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, seconds: float, unit_s: float) -> None:
         super().__init__(f"one measurement took {seconds:.1f} s")
-        self.seconds = seconds
+        self.seconds, self.unit_s = seconds, unit_s

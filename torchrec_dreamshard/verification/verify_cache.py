@@ -16,7 +16,7 @@ from torchrec_dreamshard.measure.machine_cache import (
     write_cached_data,
 )
 from torchrec_dreamshard.verification.noise import Noise
-from torchrec_dreamshard.verification.verify_result import VerifiedPlan
+from torchrec_dreamshard.verification.verify_result import Dropped, VerifiedPlan
 
 WHAT = "verification cache"
 
@@ -47,9 +47,16 @@ def read_rounds(file: CacheFile, plans: Sequence[VerifiedPlan]) -> list[Noise] |
         passes = [Noise.from_dict(n) for n in data.get("passes", [])]
     except (KeyError, TypeError):
         return None
-    for p, s in zip(plans, stored, strict=True):
+    try:
+        dropped = [
+            None if s.get("dropped") is None else Dropped.from_dict(s["dropped"]) for s in stored
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None
+    for p, s, d in zip(plans, stored, dropped, strict=True):
         p.rounds_ms = [float(ms) for ms in s["rounds_ms"]]
         p.earlier_ms = [float(ms) for ms in s.get("earlier_ms", [])]
+        p.dropped = d
     return passes
 
 
@@ -62,8 +69,10 @@ def _holds(stored: Any, plans: Sequence[VerifiedPlan]) -> bool:
             return False
         if not isinstance(s.get("rounds_ms"), list):
             return False
-    # every plan measured has as many rounds (a slow task's left out none)
-    return len({len(s["rounds_ms"]) for s in stored if s["rounds_ms"]}) <= 1
+    # every plan measured in every round has as many (a slow task's left out none; a
+    # plan that dropped out has fewer)
+    ranked = [s for s in stored if s["rounds_ms"] and s.get("dropped") is None]
+    return len({len(s["rounds_ms"]) for s in ranked}) <= 1
 
 
 def write_rounds(file: CacheFile, plans: Sequence[VerifiedPlan], passes: Sequence[Noise]) -> None:
@@ -71,7 +80,12 @@ def write_rounds(file: CacheFile, plans: Sequence[VerifiedPlan], passes: Sequenc
     :func:`read_rounds`)."""
     data = {
         "plans": [
-            {"placement": p.placement, "rounds_ms": p.rounds_ms, "earlier_ms": p.earlier_ms}
+            {
+                "placement": p.placement,
+                "rounds_ms": p.rounds_ms,
+                "earlier_ms": p.earlier_ms,
+                "dropped": None if p.dropped is None else p.dropped.to_dict(),
+            }
             for p in plans
         ],
         "passes": [{k: v for k, v in n.to_dict().items() if k != "noisy"} for n in passes],

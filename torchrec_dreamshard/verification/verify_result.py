@@ -12,6 +12,48 @@ from torchrec_dreamshard.measure.guard import MeasureFailure
 from torchrec_dreamshard.verification.noise import Noise
 
 
+@dataclass(frozen=True)
+class Dropped:
+    """A plan clearly behind after a round, not measured in later rounds
+    (:mod:`.dropping`).
+
+    Attributes:
+        after_round: rounds of its pass it was measured in.
+        pass_index: the pass it dropped out of (0: the first).
+        behind: its median over those rounds over the fastest plan's, less 1.
+        limit: how far behind a plan had to be to drop out then.
+        fastest: the fastest plan's name.
+    """
+
+    after_round: int
+    pass_index: int
+    behind: float
+    limit: float
+    fastest: str
+
+    def describe(self) -> str:
+        """``"dropped after round 2: 34% behind the size_greedy heuristic's plan (limit
+        10%)"``."""
+        again = " of the second pass" if self.pass_index else ""
+        return (
+            f"dropped after round {self.after_round}{again}: {self.behind:.0%} behind "
+            f"{plan_words(self.fastest)} (limit {self.limit:.0%})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Dropped:
+        return cls(
+            int(data["after_round"]),
+            int(data["pass_index"]),
+            float(data["behind"]),
+            float(data["limit"]),
+            str(data["fastest"]),
+        )
+
+
 @dataclass
 class VerifiedPlan:
     """One plan measured by :func:`~.verification.verify`."""
@@ -25,12 +67,14 @@ class VerifiedPlan:
     earlier_ms: list[float] = field(default_factory=list)  # a noisy first pass's rounds
     heuristic: bool = False  # a classic heuristic's plan (the reference)
     baseline: bool = False  # TorchRec's plan: the kept plan must not measure slower
+    dropped: Dropped | None = None  # clearly behind after a round: measured no more
 
     @property
     def measured(self) -> bool:
         """Whether the plan was measured (``False``: a slow task's budget left it out, or
-        no whole round fitted; its ``measured_ms`` is then ``None``)."""
-        return bool(self.rounds_ms) and self.measured_ms is not None
+        no whole round fitted; its ``measured_ms`` is then ``None``). A plan that dropped
+        out was measured, in fewer rounds."""
+        return bool(self.rounds_ms or self.earlier_ms) and self.measured_ms is not None
 
 
 @dataclass
@@ -52,6 +96,11 @@ class VerifyResult:
         failure: a measurement that failed on this machine and ended the verification
             (``None``: none failed); the plans are then in the order proposed, the
             planner's choice first, none measured.
+        devices_timed: device table-sets timed (each set once per round, whichever plans
+            shared it: :mod:`~torchrec_dreamshard.measure.device_sets`).
+        candidate_devices: the plans' non-empty devices measured, as many timings as
+            measuring each plan on its own would have taken (0: not counted, e.g. a
+            timing that does not share, or rounds read from the cache).
     """
 
     plans: list[VerifiedPlan]
@@ -61,6 +110,8 @@ class VerifyResult:
     fallback: str | None = None
     left_out: int = 0
     failure: MeasureFailure | None = None
+    devices_timed: int = 0
+    candidate_devices: int = 0
 
     @property
     def winner(self) -> VerifiedPlan:
@@ -74,7 +125,7 @@ class VerifyResult:
     @property
     def best_heuristic(self) -> VerifiedPlan | None:
         """The heuristic plan of lowest median measured step (``None``: none measured)."""
-        heur = [p for p in self.plans if p.heuristic and p.measured]
+        heur = [p for p in self.plans if p.heuristic and p.measured and not p.dropped]
         return min(heur, key=lambda p: p.measured_ms or 0.0) if heur else None
 
     @property
@@ -82,6 +133,19 @@ class VerifyResult:
         """The names of the plans that were not measured (their ``measured_ms`` is
         ``None``)."""
         return [p.name for p in self.plans if not p.measured]
+
+    @property
+    def dropped(self) -> list[VerifiedPlan]:
+        """The plans that dropped out clearly behind after a round."""
+        return [p for p in self.plans if p.dropped is not None]
+
+    def sharing(self) -> str | None:
+        """``"timed 23 device sets for 42 candidate devices"`` (``None``: not counted)."""
+        if not self.candidate_devices:
+            return None
+        return (
+            f"timed {self.devices_timed} device sets for {self.candidate_devices} candidate devices"
+        )
 
     def margins(self) -> dict[str, Any]:
         """The kept plan's median measured step over TorchRec's plan's and over the best
@@ -132,6 +196,11 @@ class VerifyResult:
             line += " (no whole round fitted in the budget)"
         if self.left_out:
             line += f"; a slow task: {self.left_out} plans predicted slower were not measured"
+        if self.dropped:
+            n = len(self.dropped)
+            line += f"; {n} plan{'s' if n > 1 else ''} clearly behind dropped out"
+        if self.sharing():
+            line += f"; {self.sharing()}"
         if len(self.passes) > 1:
             line += f"; the first rounds were noisy ({self.passes[0].describe()}): measured again"
         if self.fallback:
@@ -151,6 +220,8 @@ class VerifyResult:
             "failure": None if self.failure is None else self.failure.to_dict(),
             "not_measured": self.not_measured,
             "margins": self.margins(),
+            "devices_timed": self.devices_timed,
+            "candidate_devices": self.candidate_devices,
             "plans": [
                 {
                     "name": p.name,
@@ -161,6 +232,7 @@ class VerifyResult:
                     "earlier_ms": p.earlier_ms,
                     "heuristic": p.heuristic,
                     "torchrec": p.baseline,
+                    "dropped": None if p.dropped is None else p.dropped.to_dict(),
                 }
                 for p in self.plans
             ],
@@ -178,6 +250,7 @@ class VerifyResult:
         out = [
             f"verification: {count} plans measured in {rounds} interleaved rounds "
             f"{how}; chosen: {self.winner.name}",
+            *([f"  {self.sharing()}"] if self.sharing() else []),
             f"  {'plan':30s} {'predicted ms':>12s} {'measured ms':>12s} {'error':>7s}",
         ]
         for p in self.plans:
@@ -185,7 +258,8 @@ class VerifyResult:
                 out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {'not measured':>12s}")
                 continue
             err = (p.predicted_ms / p.measured_ms - 1.0) * 100.0
-            out.append(f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%")
+            row = f"  {p.name:30s} {p.predicted_ms:12.3f} {p.measured_ms:12.3f} {err:+6.1f}%"
+            out.append(row + (f"  {p.dropped.describe()}" if p.dropped else ""))
         return out
 
 

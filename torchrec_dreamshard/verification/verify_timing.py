@@ -16,6 +16,7 @@ from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure import placement_timing, reference_speed
 from torchrec_dreamshard.measure.config import MeasureConfig
+from torchrec_dreamshard.measure.device_sets import DeviceSetTimes
 from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -29,31 +30,39 @@ class Timing:
     not timed), and ``clock()``, the seconds its budget is kept by
     (``time.perf_counter``). :func:`kernel_timing` gives the real kernels'; tests pass
     others (and a clock they move themselves, so that what the budget decides does not
-    hang on the machine's load)."""
+    hang on the machine's load). ``shared_step_ms(task, placement, shared)``, where
+    given, is ``step_ms`` that takes the device sets the round's
+    :class:`~torchrec_dreamshard.measure.device_sets.DeviceSetTimes` already timed as
+    they are (the verification then shares them within each round; ``None``: every
+    plan is measured on its own)."""
 
     step_ms: Callable[[Task, list[int]], float]
     reference_ms: Callable[[], float] | None = None
     clock: Callable[[], float] = time.perf_counter
+    shared_step_ms: Callable[[Task, list[int], DeviceSetTimes], float] | None = None
 
 
 def kernel_timing(config: MeasureConfig) -> Timing:
     """Real FBGEMM kernels:
     :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``
-    and the machine's all-to-all model,
+    and the machine's all-to-all model, on its own or sharing a round's device sets,
     and the reference kernel's fwd + bwd
     (:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`)."""
 
-    def step_ms(task: Task, placement: list[int]) -> float:
+    def shared_step_ms(task: Task, placement: list[int], shared: DeviceSetTimes | None) -> float:
         comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
-        m = placement_timing.measure_placement(task, placement, config, comm=comm)
+        m = placement_timing.measure_placement(task, placement, config, comm=comm, shared=shared)
         if not m.ok:
             raise RuntimeError(str(m.error))
         return float(m.step_ms)
 
+    def step_ms(task: Task, placement: list[int]) -> float:
+        return shared_step_ms(task, placement, None)
+
     def reference_ms() -> float:
         return float(sum(reference_speed.measure_reference_ms(config.device)))
 
-    return Timing(step_ms, reference_ms)
+    return Timing(step_ms, reference_ms, shared_step_ms=shared_step_ms)
 
 
 def guarded_step(
