@@ -830,3 +830,31 @@ def test_only_the_window_measured_while_the_machine_drifted_is_discarded(tmp_pat
     assert result.discarded == 8  # the window that drifted
     assert result.samples == fine_tuning.WINDOW_KERNELS and result.drift == 0.5
     assert "measured while it was steady kept" in result.note
+
+
+def test_a_lasting_change_of_speed_loses_only_the_window_it_happened_in(tmp_path, monkeypatch):
+    """Each window is set against the reference timed just before it: the machine 50%
+    slower from the second window on (or the first timing the odd one) discards the second
+    window only, and the third, measured at the new speed, is kept."""
+    from torchrec_dreamshard.calibration import fine_tuning
+
+    levels = iter([1.0, 1.5, 1.5])  # the reference after each window, ms
+    seen: list[float] = []
+
+    def lasting_drift(before, config, limit):
+        seen.append(before)
+        return next(levels) / before - 1.0
+
+    monkeypatch.setattr(fine_tuning, "reference_ms", lambda config: 1.0)
+    monkeypatch.setattr(fine_tuning, "lasting_drift", lasting_drift)
+    n = 2 * fine_tuning.WINDOW_KERNELS + 8  # three windows of single-table kernels
+    tables = [TableSpec(name=f"w{i}", rows=64 + i, dim=4, pooling_factor=1.0) for i in range(n)]
+    task = Task(tables=tables, num_devices=1, memory_bytes=2**30, batch_size=16)
+    settings = dataclasses.replace(
+        config(store=str(tmp_path / "c.sqlite"), drift_limit=0.2), max_groups=0
+    )
+    result = fine_tuning.calibrate(DreamShard.untrained(seed=0), task, settings)
+    assert seen == pytest.approx([1.0, 1.0, 1.5])  # each window against the one before it
+    assert result.discarded == fine_tuning.WINDOW_KERNELS  # the window the speed moved in
+    assert result.measured == fine_tuning.WINDOW_KERNELS + 8  # before it and after it
+    assert result.drift == pytest.approx(0.5)

@@ -75,3 +75,10 @@ def test_fewer_tables_only_where_the_best_and_the_shorter_prefix_clear_their_mar
         return decision(len(m), gains[len(m)], 0.01)
 
     assert type_choice._simplest_kept(tight, moves, small) == 64
+
+
+def test_the_simplest_count_never_moves_more_tables_than_the_best():
+    """All the tables rated within the margin of a best of fewer is not the simpler plan:
+    the best is kept."""
+    seen = {1: 5.9, 4: 5.5, 16: 4.9, 64: 4.6, 82: 4.0, 100: 4.1}
+    assert simplest_within(seen, 100, 0.2) == 82

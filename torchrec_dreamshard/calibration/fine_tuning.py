@@ -261,10 +261,14 @@ def _measure_in_windows(
 ) -> tuple[KernelsMeasured, float | None, int]:
     """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, the reference kernel timed
     before the first and after each: a window across which it moved beyond
-    ``config.drift_limit`` for good (:func:`~.noise.lasting_drift`: the machine was busy
-    then) is discarded from the store, and the windows measured while the machine was
-    steady are kept. Returns what was kept, the largest drift seen (``None``: not timed)
-    and how many kernels were discarded; failures are appended to ``failures``."""
+    ``config.drift_limit`` for good (:func:`~.noise.lasting_drift`: the machine changed
+    speed then) is discarded from the store, and the windows measured while the machine was
+    steady are kept. Each window is set against the reference timed just before it, not
+    against the first: where the machine's speed moved once and stayed (or the first
+    timing was the odd one), only the window it moved in is lost, and the windows after it
+    are measured at the speed the plan then runs at. Returns what was kept, the largest
+    drift seen (``None``: not timed) and how many kernels were discarded; failures are
+    appended to ``failures``."""
     kept = KernelsMeasured()
     mcfg, check = config.measure, bool(todo) and math.isfinite(config.drift_limit)
     before = _reference_or_none(mcfg, failures, "before") if check else None
@@ -280,6 +284,8 @@ def _measure_in_windows(
         drift = _drift_or_none(before, mcfg, config.drift_limit, failures)
         if drift is not None and (worst is None or abs(drift) > abs(worst)):
             worst = drift
+        # the next window starts from the speed this one ended at (unknown: from the last known)
+        before = before * (1.0 + drift) if before is not None and drift is not None else before
         if drift is not None and abs(drift) > config.drift_limit:
             # measured while the machine changed speed: not this machine's kernels
             discarded += store.forget_jobs(run.jobs)  # not loaded below
