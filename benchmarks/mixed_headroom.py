@@ -1,5 +1,5 @@
-"""Headroom on the step-time benchmark's mixed family: is any plan much faster than
-TorchRec's on this machine?
+"""Headroom on a step-time family (``--family``, default mixed): is any plan much faster
+than TorchRec's on this machine, and what does our count of replicated tiny tables cost?
 
 The step-time benchmark asks ``DreamShardPlanner`` for 0.90x TorchRec's step on the mixed
 family (80 tiny, 2 huge hot and 8 medium tables). Whether that is within reach depends on
@@ -10,13 +10,17 @@ could spend the step differently:
 
 - ``all_tiny_dp``: every tiny table data-parallel (TorchRec replicates some);
 - ``no_dp``: every table table-wise (no all-reduce, every tiny table in the all-to-all);
-- ``cw_huge``: both huge tables column-wise over both ranks (each rank half of each).
+- ``cw_huge``: both huge tables column-wise over both ranks (each rank half of each);
+- ``dreamshard_all_tiny_dp``: ``DreamShardPlanner`` with every tiny table held to
+  data-parallel, beside ``dreamshard`` (its own count, the fewest tables of its coarse grid
+  within the decision's margin: ``planner/type_prefixes.py``).
 
 Ratios are to TorchRec's plan, per round, with order-statistic intervals.
 
-    python benchmarks/mixed_headroom.py [--rounds 30]
+    python benchmarks/mixed_headroom.py [--rounds 30] [--family tiny]
 
-Writes ``results/mixed_headroom.json`` (every round) and ``.md``.
+Writes ``results/mixed_headroom.json`` (every round) and ``.md`` (another family:
+``results/<family>_headroom.*``).
 """
 
 from __future__ import annotations
@@ -67,23 +71,39 @@ class Forced:
         )
 
 
+@dataclasses.dataclass
+class OursAllTinyDP:
+    """``DreamShardPlanner`` (no other flag) with every tiny table held to data-parallel."""
+
+    def __call__(self, topology, batch_size, constraints):
+        cons = {
+            name: dataclasses.replace(c, sharding_types=["data_parallel"])
+            if name.startswith("tiny")
+            else c
+            for name, c in constraints.items()
+        }
+        return NamedPlanner("dreamshard")(topology, batch_size, cons)
+
+
 PLANS = {
     "torchrec": NamedPlanner("torchrec"),
     "dreamshard": NamedPlanner("dreamshard"),
+    "dreamshard_all_tiny_dp": OursAllTinyDP(),
     "all_tiny_dp": Forced("all_tiny_dp"),
     "no_dp": Forced("no_dp"),
     "cw_huge": Forced("cw_huge"),
 }
+FAMILY_PLANS = {"tiny": [n for n in PLANS if n != "cw_huge"]}  # tiny has no huge table
 
 
-def summary(times: dict[str, list[float]], types: dict[str, dict], rounds: int) -> str:
+def summary(times: dict[str, list[float]], types: dict[str, dict], rounds: int, family: str) -> str:
     lines = [
-        "# Headroom on the mixed family: plans timed against TorchRec's",
+        f"# Headroom on the {family} family: plans timed against TorchRec's",
         "",
         f"Real DMP training steps on {WORLD} gloo ranks, per-rank batch {BATCH}, {rounds} "
         "alternating rounds of 3 warm-up and 10 timed steps; ratios per round to TorchRec's "
         "plan, medians with order-statistic intervals. Produced by "
-        "`python benchmarks/mixed_headroom.py`. " + machine()["note"],
+        f"`python benchmarks/mixed_headroom.py --family {family}`. " + machine()["note"],
         "",
         "| plan | sharding types | median step ms [interval] | / torchrec [interval] |",
         "|---|---|---|---|",
@@ -103,18 +123,26 @@ def _cell(iv, digits: int = 3) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--family", choices=("mixed", "tiny"), default="mixed")
     args = ap.parse_args(argv)
     prepare_machine_models()
-    spec = family_spec("mixed", BATCH)
+    spec = family_spec(args.family, BATCH)
+    names = FAMILY_PLANS.get(args.family, list(PLANS))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        plans = {name: make_plan(spec, p, WORLD, BATCH) for name, p in PLANS.items()}
+        plans = {name: make_plan(spec, PLANS[name], WORLD, BATCH) for name in names}
     summaries = {name: table_shardings(plan) for name, plan in plans.items()}
     types = {n: dict(Counter(v["sharding_type"] for v in s.values())) for n, s in summaries.items()}
     times = time_plans(spec, plans, WORLD, StepTimerConfig(rounds=args.rounds, batch_size=BATCH))
     ms = {name: [float(x) for x in times.step_ms(name)] for name in plans}
-    raw = {"machine": machine(), "rounds": args.rounds, "plans": summaries, "step_ms": ms}
-    write("mixed_headroom", raw, summary(ms, types, args.rounds))
+    raw = {
+        "machine": machine(),
+        "family": args.family,
+        "rounds": args.rounds,
+        "plans": summaries,
+        "step_ms": ms,
+    }
+    write(f"{args.family}_headroom", raw, summary(ms, types, args.rounds, args.family))
     best = min(ms, key=lambda n: float(np.median(ms[n])))
     print(f"fastest median: {best}")
 
