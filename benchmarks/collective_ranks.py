@@ -1,7 +1,7 @@
 """Gloo collectives timed with the ranks as threads of one process (what ``plan()`` does:
 it starts no process) against ranks that are spawned processes, in interleaved fits.
 
-Run: .venv/bin/python benchmarks/collective_ranks.py [--fits 4]
+Run: .venv/bin/python benchmarks/collective_ranks.py [--fits 4] [--name STEM]
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.measure.collectives import RANK_KINDS
 
 KINDS = COLLECTIVES
+HEADER = (
+    "| collective | ms/MB threads | ms/MB processes | fixed ms threads | fixed ms processes "
+    "| RMSE ms threads | RMSE ms processes |\n|---|---|---|---|---|---|---|"
+)
 HOW = RANK_KINDS  # ("threads", "processes")
 
 
@@ -46,6 +50,7 @@ def _cell(fits: list[dict], kind: str, key: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fits", type=int, default=4, help="fits of each kind, interleaved")
+    parser.add_argument("--name", default="collective_ranks", help="results file stem")
     args = parser.parse_args()
     fits = [one_fit(how) for _ in range(args.fits) for how in HOW]
     by = {how: [f for f in fits if f["ranks"] == how] for how in HOW}
@@ -53,7 +58,8 @@ def main() -> None:
         f"| {kind} | {_cell(by['threads'], kind, 'ms_per_mb')} | "
         f"{_cell(by['processes'], kind, 'ms_per_mb')} | "
         f"{_cell(by['threads'], kind, 'latency_ms')} | "
-        f"{_cell(by['processes'], kind, 'latency_ms')} |"
+        f"{_cell(by['processes'], kind, 'latency_ms')} | "
+        f"{_cell(by['threads'], kind, 'rmse_ms')} | {_cell(by['processes'], kind, 'rmse_ms')} |"
         for kind in KINDS
     )
     seconds = {how: statistics.median(f["seconds"] for f in by[how]) for how in HOW}
@@ -65,15 +71,15 @@ def main() -> None:
 {timing.REPEATS_PER_PASS} timings per buffer size and group, their lower quartile fitted;
 medians of the fits, their range in brackets.
 
-| collective | ms/MB threads | ms/MB processes | fixed ms threads | fixed ms processes |
-|---|---|---|---|---|
+{HEADER}
 {rows}
 
 One fit: {seconds["threads"]:.1f} s on threads, {seconds["processes"]:.1f} s on processes
 (medians). {out["machine"]["note"]}
-Raw: collective_ranks.json. Script: benchmarks/collective_ranks.py.
+The RMSE of a fit is the error the type choice's margin takes for that collective.
+Raw: {args.name}.json. Script: benchmarks/collective_ranks.py.
 """
-    write("collective_ranks", out, summary)
+    write(args.name, out, summary)
 
 
 if __name__ == "__main__":
