@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from torchrec_dreamshard.evaluation.dlrm_jobs import dlrm_train, poisson_batch, table_configs
 from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
 
@@ -59,44 +60,11 @@ EBC = "model.sparse_arch.embedding_bag_collection"
 
 def build_model():
     """TorchRec's DLRM (in its training wrapper) over :data:`TABLES` on the meta device."""
-    from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    configs = [
-        EmbeddingBagConfig(
-            name=f"t{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
-        )
-        for i, (rows, _) in enumerate(TABLES)
-    ]
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=4,
-        dense_arch_layer_sizes=[DIM, DIM],
-        over_arch_layer_sizes=[DIM, 1],
-        dense_device=torch.device("cpu"),
-    )
-    return DLRMTrain(dlrm)
+    return dlrm_train(table_configs(TABLES, DIM))
 
 
 def make_batch(rank: int, step: int):
-    from torchrec.datasets.utils import Batch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    lengths, values = [], []
-    for rows, pooling in TABLES:
-        n = torch.poisson(torch.full((BATCH,), pooling), generator=g).long()
-        lengths.append(n)
-        values.append(torch.randint(0, rows, (int(n.sum()),), generator=g))
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f{i}" for i in range(len(TABLES))],
-        values=torch.cat(values),
-        lengths=torch.cat(lengths),
-    )
-    dense = torch.randn(BATCH, 4, generator=g)
-    return Batch(dense, kjt, torch.randint(0, 2, (BATCH,), generator=g).float())
+    return poisson_batch(TABLES, BATCH, rank, step)
 
 
 def _job(rank: int, planner, plan, sharders, steps: int):

@@ -39,24 +39,11 @@ def build_model():
 
 
 def dlrm_train(tables, is_weighted: bool = False):
-    """TorchRec's DLRM (in its training wrapper) over meta-device ``tables``, the tests' one
-    DLRM (``tests/torchrun_job.py`` builds it too): 4 dense features, dense and over arches
-    as wide as the tables' one embedding dim (TorchRec's DLRM needs one for all), a weighted
-    EmbeddingBagCollection with ``is_weighted``."""
-    from torchrec.models.dlrm import DLRM, DLRMTrain
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    """The tests' one DLRM over meta-device ``tables``
+    (:func:`torchrec_dreamshard.evaluation.dlrm_jobs.dlrm_train`)."""
+    from torchrec_dreamshard.evaluation import dlrm_jobs
 
-    meta = torch.device("meta")
-    dim = tables[0].embedding_dim
-    ebc = EmbeddingBagCollection(tables=tables, is_weighted=is_weighted, device=meta)
-    dlrm = DLRM(
-        embedding_bag_collection=ebc,
-        dense_in_features=4,
-        dense_arch_layer_sizes=[dim, dim],
-        over_arch_layer_sizes=[dim, 1],
-        dense_device=torch.device("cpu"),
-    )
-    return DLRMTrain(dlrm)
+    return dlrm_jobs.dlrm_train(tables, is_weighted)
 
 
 def make_batch(rank: int, step: int):

@@ -34,44 +34,21 @@ TABLES = [  # (rows, mean ids per sample): tiny to medium, so every type is on o
     (80_000, 8.0),
 ]
 LOCAL_BATCH = 64
-DENSE_IN = 4  # dlrm_train's dense features
 STEPS = 4
 
 
 def build_model():
-    """The tests' DLRM (:func:`test_planner_distributed.dlrm_train`) over :data:`TABLES`."""
-    from test_planner_distributed import dlrm_train
-    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+    """TorchRec's DLRM (:func:`~torchrec_dreamshard.evaluation.dlrm_jobs.dlrm_train`) over
+    :data:`TABLES`."""
+    from torchrec_dreamshard.evaluation.dlrm_jobs import dlrm_train, table_configs
 
-    configs = [
-        EmbeddingBagConfig(
-            name=f"t{i}", embedding_dim=DIM, num_embeddings=rows, feature_names=[f"f{i}"]
-        )
-        for i, (rows, _) in enumerate(TABLES)
-    ]
-    return dlrm_train(configs)
+    return dlrm_train(table_configs(TABLES, DIM))
 
 
 def make_batch(rank: int, step: int):
-    from torchrec.datasets.utils import Batch
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+    from torchrec_dreamshard.evaluation.dlrm_jobs import poisson_batch
 
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    lengths, values = [], []
-    for rows, pooling in TABLES:
-        n = torch.poisson(torch.full((LOCAL_BATCH,), pooling), generator=g).long()
-        lengths.append(n)
-        values.append(torch.randint(0, rows, (int(n.sum()),), generator=g))
-    kjt = KeyedJaggedTensor.from_lengths_sync(
-        keys=[f"f{i}" for i in range(len(TABLES))],
-        values=torch.cat(values),
-        lengths=torch.cat(lengths),
-    )
-    return Batch(
-        dense_features=torch.randn(LOCAL_BATCH, DENSE_IN, generator=g),
-        sparse_features=kjt,
-        labels=torch.randint(0, 2, (LOCAL_BATCH,), generator=g).float(),
-    )
+    return poisson_batch(TABLES, LOCAL_BATCH, rank, step)
 
 
 def main(out_dir: Path, profile: str | None = None) -> None:
