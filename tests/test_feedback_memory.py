@@ -121,11 +121,13 @@ def test_the_report_names_the_part_that_was_off_and_warns_near_the_cap():
 JOB_STEPS = 22  # 4 sampled steps: the first after 5, then one in 5
 
 
-def job_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def rank_worker(rank: int, world: int, port: int, out_dir: str, job) -> None:
+    """One spawned rank: ``job(rank, world)`` in the local process group, its result
+    written to ``out_dir/rank<r>.json``."""
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
     with local_process_group(rank, world, port):
-        result = observed_memory(rank, world)
+        result = job(rank, world)
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
     exit_spawned_rank()
 
@@ -198,7 +200,12 @@ def build_model_with_adagrad():
 def test_a_dmp_job_reports_predicted_and_measured_memory_per_rank_and_table(
     tmp_path, comm_model, world
 ):
-    mp.spawn(job_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(
+        rank_worker,
+        args=(world, free_port(), str(tmp_path), observed_memory),
+        nprocs=world,
+        join=True,
+    )
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     memory = results[0]["report"]["memory"]
     assert all(r["report"]["memory"] == memory for r in results)  # the same on every rank
@@ -226,15 +233,6 @@ def test_a_dmp_job_reports_predicted_and_measured_memory_per_rank_and_table(
 
 CAP_TABLES, CAP_ROWS, CAP_BATCH = 8, 20_000, 64
 SMALL_CAP = 4_600_000  # rank 1: three tables by TorchRec's estimate, one by what they hold
-
-
-def cap_worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    with local_process_group(rank, world, port):
-        result = capped_job(rank, world)
-        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    exit_spawned_rank()
 
 
 def _cap_batch(rank: int, step: int):
@@ -322,7 +320,12 @@ def test_a_cap_the_estimate_fits_warns_in_the_job_and_the_corrected_replan_fits(
     tmp_path, comm_model
 ):
     world = 2
-    mp.spawn(cap_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    mp.spawn(
+        rank_worker,
+        args=(world, free_port(), str(tmp_path), capped_job),
+        nprocs=world,
+        join=True,
+    )
     first = json.loads((tmp_path / "rank0.json").read_text())
     before, after = first["before"]["memory"], first["after"]["memory"]
     r1 = before["ranks"][1]
