@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from torchrec_dreamshard.planner import type_choice
 from torchrec_dreamshard.planner.type_margin import TypeDecision
 from torchrec_dreamshard.planner.type_prefixes import (
     PREFIX_TOLERANCE,
     coarse_sizes,
     rate_prefixes,
+    simplest_kept,
     simplest_within,
 )
 
@@ -59,13 +59,13 @@ def test_fewer_tables_only_where_the_best_and_the_shorter_prefix_clear_their_mar
         return decision(len(m), gains[len(m)], 0.1)
 
     # within the best's margin (0.1 ms) 64 tables are not told from 80: the simpler
-    assert type_choice._simplest_kept(seen, moves, decide) == 64
+    assert simplest_kept(seen, moves, decide) == 64
 
     # a best that does not clear its margin keeps its count (the type is declined anyway)
     def unsure(m):
         return decision(len(m), gains[len(m)], 5.0)
 
-    assert type_choice._simplest_kept(seen, moves, unsure) == 80
+    assert simplest_kept(seen, moves, unsure) == 80
 
     # the share of the gain widens a margin smaller than the inputs' noise
     tight = {**seen, 64: 4.0 + 0.9 * PREFIX_TOLERANCE * gains[80]}
@@ -74,7 +74,7 @@ def test_fewer_tables_only_where_the_best_and_the_shorter_prefix_clear_their_mar
     def small(m):
         return decision(len(m), gains[len(m)], 0.01)
 
-    assert type_choice._simplest_kept(tight, moves, small) == 64
+    assert simplest_kept(tight, moves, small) == 64
 
 
 def test_the_simplest_count_never_moves_more_tables_than_the_best():

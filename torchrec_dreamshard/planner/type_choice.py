@@ -38,7 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -77,12 +77,7 @@ from torchrec_dreamshard.planner.type_margin import (
     TypeSummary,
     model_errors,
 )
-from torchrec_dreamshard.planner.type_prefixes import (
-    PREFIX_TOLERANCE,
-    best_prefix,
-    rate_prefixes,
-    simplest_within,
-)
+from torchrec_dreamshard.planner.type_prefixes import decided_once, type_candidates
 from torchrec_dreamshard.planner.type_rating import CandidateRater, typed_choices
 from torchrec_dreamshard.planner.type_screening import ScreeningRater
 from torchrec_dreamshard.policy.protocol import PlacementAgent
@@ -249,13 +244,15 @@ class TypeChooser:
         )
         fits = math.isfinite(base_exact)
         base_parts = exact.breakdown({}).at_slowest() if fits else {}
-        decide = functools.partial(
-            _decide, exact=exact, base_ms=base_exact, base_parts=base_parts, errors=errors
+        decide = decided_once(
+            functools.partial(
+                _decide, exact=exact, base_ms=base_exact, base_parts=base_parts, errors=errors
+            )
         )
         orders = self._orders(ours, alts, specs, costs)
         # the count moves only where the inputs were measured: collectives fitted to timings
         simplify = fits and bool(errors.collectives)
-        rated, fewest_of = _candidates(orders, alts, rate, decide if simplify else None)
+        rated, fewest_of = type_candidates(orders, alts, rate, decide if simplify else None)
         if not fits:  # all-table-wise does not fit: no margin to clear
             fitting = [(exact(m), m) for _, m in rated[1:] if m]
             fitting = [(step, m) for step, m in fitting if math.isfinite(step)]
@@ -340,56 +337,6 @@ def _decide(
     margin = max(Z_SCORE * u, TYPE_MARGIN * base_ms)
     total = base_ms - step
     return TypeDecision(name, len(moved), total, u, margin, total > margin, gain, err)
-
-
-def _candidates(
-    orders: list[tuple[str, list[str]]],
-    alts: dict[str, dict[str, ShardingOption]],
-    rate: Callable[[dict[str, ShardingOption]], float],
-    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None] | None,
-) -> tuple[list[tuple[float, dict[str, ShardingOption]]], dict[str, int]]:
-    """The rated candidates, all-table-wise first: each type's prefix
-    (:func:`_simplest_kept`, or its best where ``decide`` is ``None``: all-table-wise does
-    not fit, or nothing was measured) and the best of each type together; and, by type,
-    the best-rated count where fewer tables were kept."""
-    base = rate({})
-    rated: list[tuple[float, dict[str, ShardingOption]]] = [(base, {})]
-    fewest_of: dict[str, int] = {}
-    for kind, order in orders:
-        moves = [{f: alts[f][kind] for f in order[:k]} for k in range(len(order) + 1)]
-        seen = rate_prefixes(lambda k, moves=moves: rate(moves[k]), len(order))
-        if decide is None:
-            k = best_prefix(seen)
-        else:
-            k = _simplest_kept(seen, moves, decide)
-        if k != best_prefix(seen):
-            fewest_of[kind] = best_prefix(seen)
-        rated.append((seen[k], moves[k]))
-    winners = [m for step, m in rated[1:] if step < base]
-    if len(winners) > 1:  # the best of each type together (the first type keeps a table)
-        union = {k: v for m in reversed(winners) for k, v in m.items()}
-        rated.append((rate(union), union))
-    return rated, fewest_of
-
-
-def _simplest_kept(
-    seen: dict[int, float],
-    moves: list[dict[str, ShardingOption]],
-    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
-) -> int:
-    """The prefix length a type keeps of its rated ``seen``: the fewest tables of the
-    coarse grid within the best's margin, or within
-    :data:`~.type_prefixes.PREFIX_TOLERANCE` of its gain where that is more
-    (:func:`~.type_prefixes.simplest_within`), where the best clears its margin and so
-    does the shorter prefix; else the best."""
-    best = best_prefix(seen)
-    decision = decide(moves[best])
-    if decision is None or not decision.kept:
-        return best
-    within = max(decision.margin_ms, PREFIX_TOLERANCE * decision.gain_ms)
-    k = simplest_within(seen, len(moves) - 1, within)
-    shorter = decide(moves[k]) if k != best else decision
-    return k if shorter is not None and shorter.kept else best
 
 
 def typed_step_ms(plan: Sequence[ShardingOption], chooser: TypeChooser, spec_fn: SpecFn) -> float:

@@ -16,11 +16,19 @@ lowest rating picks there moves with every measurement of the machine. So:
   does not depend on the ratings, and its steps are steep where the ratings are, so the same
   inputs measured again keep the same count (``benchmarks/type_stability.py``). Models that
   were given (a user's, analytic ones) do not move between plans: the best count is kept.
+
+:func:`type_candidates` is the type choice's candidate list built this way, each type's
+count kept by :func:`simplest_kept`, with every candidate decided once
+(:func:`decided_once`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+
+from torchrec.distributed.planner.types import ShardingOption
+
+from torchrec_dreamshard.planner.type_margin import TypeDecision
 
 PREFIX_GROWTH = 4  # each coarse candidate of a type moves this many times the tables of the last
 # counts whose gain over all-table-wise lies within this share of the best's gain are not
@@ -75,3 +83,68 @@ def simplest_within(seen: Mapping[int, float], n: int, margin_ms: float) -> int:
     limit = seen[best] + margin_ms
     close = [k for k in coarse_sizes(n) if k <= best and k in seen and seen[k] <= limit]
     return min(close, default=best)
+
+
+def type_candidates(
+    orders: list[tuple[str, list[str]]],
+    alts: dict[str, dict[str, ShardingOption]],
+    rate: Callable[[dict[str, ShardingOption]], float],
+    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None] | None,
+) -> tuple[list[tuple[float, dict[str, ShardingOption]]], dict[str, int]]:
+    """The rated candidates, all-table-wise first: each type's prefix
+    (:func:`simplest_kept`, or its best where ``decide`` is ``None``: all-table-wise does
+    not fit, or nothing was measured) and the best of each type together; and, by type,
+    the best-rated count where fewer tables were kept."""
+    base = rate({})
+    rated: list[tuple[float, dict[str, ShardingOption]]] = [(base, {})]
+    fewest_of: dict[str, int] = {}
+    for kind, order in orders:
+        moves = [{f: alts[f][kind] for f in order[:k]} for k in range(len(order) + 1)]
+        seen = rate_prefixes(lambda k, moves=moves: rate(moves[k]), len(order))
+        best = best_prefix(seen)
+        k = best if decide is None else simplest_kept(seen, moves, decide)
+        if k != best:
+            fewest_of[kind] = best
+        rated.append((seen[k], moves[k]))
+    winners = [m for step, m in rated[1:] if step < base]
+    if len(winners) > 1:  # the best of each type together (the first type keeps a table)
+        union = {k: v for m in reversed(winners) for k, v in m.items()}
+        rated.append((rate(union), union))
+    return rated, fewest_of
+
+
+def decided_once(
+    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
+) -> Callable[[dict[str, ShardingOption]], TypeDecision | None]:
+    """``decide``, each candidate (its moved tables and their types) rated exactly once:
+    the count's choice decides the best and the shorter prefix before the decisions are
+    recorded, and each would otherwise be rated again."""
+    seen: dict[frozenset, TypeDecision | None] = {}
+
+    def once(moved: dict[str, ShardingOption]) -> TypeDecision | None:
+        key = frozenset((fqn, o.sharding_type) for fqn, o in moved.items())
+        if key not in seen:
+            seen[key] = decide(moved)
+        return seen[key]
+
+    return once
+
+
+def simplest_kept(
+    seen: dict[int, float],
+    moves: list[dict[str, ShardingOption]],
+    decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
+) -> int:
+    """The prefix length a type keeps of its rated ``seen``: the fewest tables of the
+    coarse grid within the best's margin, or within
+    :data:`PREFIX_TOLERANCE` of its gain where that is more
+    (:func:`simplest_within`), where the best clears its margin and so
+    does the shorter prefix; else the best."""
+    best = best_prefix(seen)
+    decision = decide(moves[best])
+    if decision is None or not decision.kept:
+        return best
+    within = max(decision.margin_ms, PREFIX_TOLERANCE * decision.gain_ms)
+    k = simplest_within(seen, len(moves) - 1, within)
+    shorter = decide(moves[k]) if k != best else decision
+    return k if shorter is not None and shorter.kept else best
