@@ -155,13 +155,13 @@ def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
 
 def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):
     """`dreamshard plan` hands the planner side's candidate sources to the agent."""
-    from torchrec_dreamshard.planner.candidates import TorchRecCandidate
+    from torchrec_dreamshard.planner.candidates import TorchRecOwnPlan
     from torchrec_dreamshard.policy import NoPlanError
 
     def probe(self, task):
         raise NoPlanError("asked")
 
-    monkeypatch.setattr(TorchRecCandidate, "propose", probe)
+    monkeypatch.setattr(TorchRecOwnPlan, "propose", probe)
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     assert run_cli([*argv, "--no-splits", "--out", str(out)]) == 0

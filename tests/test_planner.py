@@ -455,8 +455,12 @@ def test_partitioner_shrinks_an_overfull_device_and_places_again(monkeypatch):
 
 
 def test_partitioner_gives_up_after_its_memory_rounds(monkeypatch):
+    """Where TorchRec's planner finds no plan either, a policy that keeps overflowing a
+    device ends in TorchRec's storage error, naming the tables and the device."""
     from torchrec_dreamshard.planner.partitioners import MAX_MEMORY_ROUNDS
+    from torchrec_dreamshard.planner.placement import PolicyPlacer
 
+    monkeypatch.setattr(PolicyPlacer, "torchrec_plan", lambda self, specs, memory: None)
     agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
     partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
     with pytest.raises(PlannerError, match=r"tables \['t0', 't1', 't2'\] on devices \[0\]"):

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from torchrec.distributed.planner.types import PlannerError
 
-from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
+from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, device_bytes
 from torchrec_dreamshard.planner.torchrec_adapter import Accounting, plan_with_torchrec
 from torchrec_dreamshard.policy import CandidateSource, is_large
 
@@ -78,10 +78,84 @@ class TorchRecCandidate:
                 raise exc from None
 
 
+class TorchRecOwnPlan:
+    """TorchRec's own plan of the planner's tables: the baseline candidate of
+    ``DreamShardPlanner`` (``baseline``, as :class:`TorchRecCandidate`).
+
+    The policy counts a table's weights against each device's memory scaled down to
+    weights (the partitioner's ``policy_caps``); TorchRec counts its storage estimate
+    (weights, optimizer state, input and output buffers) against the memory the storage
+    reservation left. TorchRec's planner run in the policy's view would count the estimate
+    against the scaled memory, and on a task whose big tables nearly fill their devices
+    find no plan there, or another one. So the partitioner first asks for TorchRec's plan
+    in the memory TorchRec counts (:meth:`plan_in`), gives the policy caps that admit it,
+    and :meth:`propose` then offers that plan for the same tables; for tables it was not
+    asked about (the type choice's calibration task, the split search's trials), it is
+    :class:`TorchRecCandidate` with ``reserved=True``.
+    """
+
+    name: str = TORCHREC_CANDIDATE
+    baseline: bool = True
+    reserved: bool = True
+
+    def __init__(self) -> None:
+        self._plans: dict[tuple, tuple[int, ...]] = {}
+        self._otherwise = TorchRecCandidate(reserved=True)
+
+    def plan_in(self, task: Task) -> list[int] | None:
+        """TorchRec's plan of ``task``'s tables, ``task.memory`` being what the storage
+        reservation left of each device (TorchRec's storage estimate, nothing reserved
+        again), remembered for :meth:`propose`; ``None`` (and nothing remembered) on a
+        large task or where TorchRec's planner finds no plan."""
+        key = _tables_key(task)
+        self._plans.pop(key, None)
+        if is_large(task):
+            return None
+        try:
+            placement = torchrec_placement(task, accounting="unreserved")
+        except NoPlanError:
+            return None
+        self._plans[key] = tuple(placement)
+        return placement
+
+    @property
+    def plans(self) -> dict[tuple[str, ...], tuple[int, ...]]:
+        """The plans :meth:`plan_in` found, by the names of their tables (in order)."""
+        return {tuple(t.name for t in key[0]): plan for key, plan in self._plans.items()}
+
+    def propose(self, task: Task) -> list[int] | None:
+        """The plan :meth:`plan_in` found for these tables, else
+        :class:`TorchRecCandidate`'s (``reserved=True``).
+
+        Raises:
+            NoPlanError: as :meth:`TorchRecCandidate.propose`, or the plan
+                :meth:`plan_in` found does not fit ``task``'s memory (a device's share the
+                partitioner shrank).
+        """
+        found = self._plans.get(_tables_key(task))
+        if found is None:
+            return self._otherwise.propose(task)
+        used = device_bytes(task, found)
+        over = [d for d, (u, cap) in enumerate(zip(used, task.memory, strict=True)) if u > cap]
+        if over:  # a share the partitioner shrank
+            raise NoPlanError(
+                f"TorchRec's plan puts more weights on devices {over} than the policy's "
+                "share of their memory"
+            )
+        return check_placement(task, list(found))
+
+
+def _tables_key(task: Task) -> tuple:
+    """What a remembered plan is for: the tables (their specs), the device count and the
+    batch."""
+    return tuple(task.tables), task.num_devices, task.batch_size
+
+
 def default_sources(reserved: bool = False) -> tuple[CandidateSource, ...]:
-    """The candidate sources of every safe-mode plan: TorchRec's planner (``reserved``: see
-    :class:`TorchRecCandidate`)."""
-    return (TorchRecCandidate(reserved=reserved),)
+    """The candidate sources of every safe-mode plan: TorchRec's planner as it ships
+    (:class:`TorchRecCandidate`), or, ``reserved`` (inside ``DreamShardPlanner``, whose
+    storage reservation has already been taken), :class:`TorchRecOwnPlan`."""
+    return (TorchRecOwnPlan(),) if reserved else (TorchRecCandidate(),)
 
 
 def torchrec_placement(

@@ -15,7 +15,12 @@ A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
 Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
 optimizer state and input/output buffers. The policy is given each device's memory scaled
 by its tables' weight-to-storage ratio; if TorchRec's estimate still overflows a device,
-that device's share is shrunk and the policy places again (a few times at most).
+that device's share is shrunk and the policy places again (a few times at most). TorchRec's
+own plan of the same tables, in the memory TorchRec counts, is found first (the placer's
+``torchrec_plan``) and is one of the safety net's candidates: the policy's first shares are
+raised to admit it (a share shrunk later may shut it out), and where the policy's placements
+still overflow, that plan is the plan. So the planner finds a plan wherever TorchRec's
+planner finds one, and its baseline is the plan the user had before swapping planners.
 
 Then every device's shards must fit the storage it has after TorchRec's storage
 reservation. When they do not, or the tables do not fit the memory (the placer's
@@ -160,7 +165,9 @@ class DreamShardPartitioner(Partitioner):
         specs = [self._spec(o) for o in ours]
         need = [option_bytes(o, tier) for o in ours]
         check_fits(ours, need, left, widths)
-        caps = policy_caps(specs, need, left)
+        own = self.placer.torchrec_plan(specs, left) if min(left) > 0 else None
+        floor = weights_per_device(specs, own, len(left))
+        caps = [max(c, f) for c, f in zip(policy_caps(specs, need, left), floor, strict=True)]
         by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
         for _ in range(MAX_MEMORY_ROUNDS):
             found = self.placer.place(specs, caps, widths)
@@ -170,6 +177,8 @@ class DreamShardPartitioner(Partitioner):
                 return self._ranked_options(ours, found)
             for d in over:
                 caps[d] = max(1, int(caps[d] * max(left[d], 0) / used[d] * MEMORY_SHRINK))
+        if own is not None:  # TorchRec's own plan fits by TorchRec's own count
+            return self._ranked_options(ours, self.placer.fixed(specs, caps, own))
         names = sorted({name for d in over for name in holders[d]})
         raise PlannerError(
             f"DreamShard could not fit the tables {names} on devices {over}: TorchRec's "
@@ -222,6 +231,18 @@ class DreamShardPartitioner(Partitioner):
                 PlannerErrorType.OTHER,
             )
         return column_wise_option(self._enumerator, option, columns)
+
+
+def weights_per_device(
+    specs: list[TableSpec], placement: list[int] | None, world: int
+) -> list[int]:
+    """The weight bytes ``placement`` puts on each device (zeros where there is none)."""
+    out = [0] * world
+    if placement is None:
+        return out
+    for spec, d in zip(specs, placement, strict=True):
+        out[d] += spec.size_bytes
+    return out
 
 
 def policy_caps(specs: list[TableSpec], need: list[int], left: list[int]) -> list[int]:

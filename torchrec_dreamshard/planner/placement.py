@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.candidates import TorchRecOwnPlan, default_sources
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import SafetyReport
@@ -69,19 +69,42 @@ class PolicyPlacer:
                 ``InsufficientMemoryError`` that said so is its cause).
         """
         try:
-            task = Task(
-                tables=list(specs),
-                num_devices=len(memory),
-                memory_bytes=memory,
-                batch_size=self._batch_size,
-                allow_oversized=bool(widths),
-            )
+            task = self._task(specs, memory, oversized=bool(widths))
             return self._split(task, widths) if widths else self._whole(task)
         except InsufficientMemoryError as exc:  # the policy's PlacementError is one
             raise PlannerError(
                 f"DreamShard could not place the tables: {exc}",
                 PlannerErrorType.INSUFFICIENT_STORAGE,
             ) from exc
+
+    def torchrec_plan(self, specs: Sequence[TableSpec], memory: list[int]) -> list[int] | None:
+        """TorchRec's own plan of ``specs`` on devices of ``memory`` bytes as TorchRec counts
+        them (what its storage reservation left), from the placer's
+        :class:`~torchrec_dreamshard.planner.candidates.TorchRecOwnPlan` source, which then
+        offers it to the safety net for the same tables; ``None`` where there is no such
+        source or TorchRec's planner finds no plan."""
+        own = [s for s in self.how.sources or () if isinstance(s, TorchRecOwnPlan)]
+        if not own:
+            return None
+        return own[0].plan_in(self._task(specs, memory, oversized=True))
+
+    def fixed(
+        self, specs: Sequence[TableSpec], memory: list[int], placement: list[int]
+    ) -> SplitPlan:
+        """``placement`` of ``specs`` as a plan of whole tables (nothing split)."""
+        task = self._task(specs, memory, oversized=True)
+        return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
+
+    def _task(self, specs: Sequence[TableSpec], memory: list[int], oversized: bool) -> Task:
+        """``specs`` on devices of ``memory`` bytes at the placer's batch (``oversized``:
+        tables bigger than every device are accepted)."""
+        return Task(
+            tables=list(specs),
+            num_devices=len(memory),
+            memory_bytes=memory,
+            batch_size=self._batch_size,
+            allow_oversized=oversized,
+        )
 
     def _whole(self, task: Task) -> SplitPlan:
         """The agent's placement as it is (nothing may be split)."""
