@@ -56,10 +56,15 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
     assert adaptation["mode"] == "auto" and adaptation["reference_measured_ms"] > 0
     # what was measured on the job's group is cached for the next run of this topology
     cached = sorted(p.name.split("_")[0] for p in (cache / "torchrec_dreamshard").glob("*.json"))
-    # where it calibrated, it also verified its plan on real kernels (cached per plan set)
-    verified = ["verification"] if adaptation["calibrated"] else []
+    # where it calibrated, it also verified its plan on real kernels (cached per plan set),
+    # unless the plan's budget ran out first (a loaded machine): then it says so
+    notes = adaptation["measuring_notes"]
+    cut_short = adaptation.get("kernels_skipped") or [
+        n for n in notes if "skipped" in n or "unmeasured" in n
+    ]
+    verified = ["verification"] if adaptation["verified"] else []
     assert cached == ["collectives", "dense", "reference", *verified], cached
-    assert adaptation["verified"] is adaptation["calibrated"]
+    assert adaptation["verified"] is adaptation["calibrated"] or cut_short, adaptation
     if adaptation["calibrated"]:
         # kernels measured: kept, or discarded where the reference kernel drifted while they
         # were timed (a busy machine: its load is not learnt as this machine's speed)
@@ -74,8 +79,8 @@ def test_a_torchrun_job_plans_and_trains_on_a_cold_cache(tmp_path, cold_cache):
     # the reference kernel's time is the cached one, so the same decision to calibrate
     assert warm["reference_measured_ms"] == adaptation["reference_measured_ms"]
     assert warm["calibrated"] is adaptation["calibrated"]
-    if adaptation["calibrated"] and adaptation["kernels_discarded"]:
-        return  # what the busy machine measured was discarded: the warm run measures it again
+    if adaptation["calibrated"] and adaptation["kernels_discarded"] or cut_short:
+        return  # what the busy machine discarded or had no time for, the warm run measures
     assert again[0]["plan"] == first["plan"]  # the same plan as the cold run
     assert cache_files(cache) == files  # no cached measurement taken or written again
     if adaptation["calibrated"]:  # the same calibration, from the store

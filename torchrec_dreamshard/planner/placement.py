@@ -81,10 +81,11 @@ class PolicyPlacer:
         """TorchRec's own plan of ``specs`` on devices of ``memory`` bytes as TorchRec counts
         them (what its storage reservation left), from the placer's
         :class:`~torchrec_dreamshard.planner.candidates.TorchRecOwnPlan` source, which then
-        offers it to the safety net for the same tables; ``None`` where there is no such
-        source or TorchRec's planner finds no plan."""
+        offers it to the safety net for the same tables; ``None`` in greedy mode (which
+        weighs no candidates), where there is no such source or where TorchRec's planner
+        finds no plan."""
         own = [s for s in self.how.sources or () if isinstance(s, TorchRecOwnPlan)]
-        if not own:
+        if not own or self.how.mode == "greedy":
             return None
         return own[0].plan_in(self._task(specs, memory, oversized=True))
 
