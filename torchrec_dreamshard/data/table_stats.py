@@ -1,16 +1,23 @@
-"""Table specs from real data: access statistics of id streams and the TorchRec
-constructors (from an ``EmbeddingBagConfig`` and ``KeyedJaggedTensor`` batches).
+"""Table specs from real data: access statistics of id streams, the bag-length variance of
+``KeyedJaggedTensor`` batches (:func:`gamma_poisson_cv`), and the TorchRec constructors
+(from an ``EmbeddingBagConfig`` and ``KeyedJaggedTensor`` batches).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from torchrec_dreamshard.data.tables import NUM_REUSE_BINS, TableSpec, reuse_bin
+from torchrec_dreamshard.data.tables import (
+    MAX_BAG_LENGTH_CV,
+    NUM_REUSE_BINS,
+    TableSpec,
+    reuse_bin,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.planner.types import ParameterConstraints
@@ -91,16 +98,87 @@ def group_stats(
     """
     ids = []
     for by_key in batches:
-        missing = [f for f in feature_names if f not in by_key]
-        if missing:
-            raise ValueError(
-                f"table {table!r}: features {missing} are not in the batch (keys: {list(by_key)})"
-            )
+        check_features(table, feature_names, by_key)
         ids += [by_key[f].values() for f in feature_names]
     flat = torch.cat(ids)
     if flat.numel() == 0:
         return None
     return flat.numel() / batch_size, hist_from_ids(flat.cpu().numpy()), flat.numel()
+
+
+def check_features(table: str, feature_names: Sequence[str], by_key: Mapping[str, Any]) -> None:
+    """Raise a ``ValueError`` naming ``table`` where a feature is missing from a batch."""
+    missing = [f for f in feature_names if f not in by_key]
+    if missing:
+        raise ValueError(
+            f"table {table!r}: features {missing} are not in the batch (keys: {list(by_key)})"
+        )
+
+
+def group_lengths(
+    table: str, feature_names: Sequence[str], batches: Sequence[Mapping[str, Any]]
+) -> np.ndarray:
+    """Ids per sample of one table over KJT batches taken together (e.g. every rank's local
+    batch: the global batch), as the fused kernel's bags hold them: the lengths of all the
+    table's features summed per sample.
+
+    Args:
+        table: the table's name (for the error messages).
+        feature_names: the features that feed it.
+        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
+
+    Raises:
+        ValueError: a feature is missing from a batch, or the table's features have
+            different numbers of samples in one (a variable batch per feature).
+    """
+    out = []
+    for by_key in batches:
+        check_features(table, feature_names, by_key)
+        lengths = [by_key[f].lengths().reshape(-1).to(torch.int64) for f in feature_names]
+        sizes = sorted({int(x.numel()) for x in lengths})
+        if len(sizes) > 1:
+            raise ValueError(
+                f"table {table!r}: its features {list(feature_names)} hold different numbers "
+                f"of samples in one batch ({sizes}): no bag of the table is known"
+            )
+        out.append(torch.stack(lengths).sum(0).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+CV_SIGNIFICANCE = 4.0  # standard errors the lengths' excess variance must clear
+
+
+def gamma_poisson_cv(groups: Sequence[np.ndarray]) -> float | None:
+    """The ``bag_length_cv`` of a :class:`TableSpec` whose bags vary as these do.
+
+    ``groups`` are the per-sample lengths of global batches (:func:`group_lengths`).
+    :mod:`~torchrec_dreamshard.data.workloads` deals a spec's ids by gamma shares of
+    coefficient of variation ``cv``: its lengths are gamma-Poisson, of variance
+    ``m + cv**2 * m**2`` about their mean ``m``. So a group's ``cv**2`` is the lengths'
+    squared std/mean less ``1 / m`` (what dealing the ids at random adds); the groups' are
+    averaged, weighted by samples, over the groups holding ids.
+
+    Returns:
+        The cv (at most :data:`~torchrec_dreamshard.data.tables.MAX_BAG_LENGTH_CV`), or
+        ``None`` where the excess is within :data:`CV_SIGNIFICANCE` standard errors of 0:
+        bags as even as ids dealt at random (a spec's ``None``).
+
+    Raises:
+        ValueError: no group holds an id.
+    """
+    used = [np.asarray(g, dtype=np.float64) for g in groups if np.sum(g) > 0]
+    if not used:
+        raise ValueError("no sample holds an id: the bags' lengths are unknown")
+    total = sum(g.size for g in used)
+    excess = var = 0.0
+    for g in used:
+        mean, weight = float(g.mean()), g.size / total
+        excess += weight * (float(g.var()) - mean) / mean**2
+        # the sample variance's variance where the lengths are Poisson (m + 2 m^2) / n
+        var += weight**2 * (2.0 + 1.0 / mean) / (g.size * mean**2)
+    if excess <= CV_SIGNIFICANCE * math.sqrt(var):
+        return None
+    return min(math.sqrt(excess), MAX_BAG_LENGTH_CV)
 
 
 # ----------------------------------------------------------------------------------------

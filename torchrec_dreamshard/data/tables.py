@@ -85,8 +85,11 @@ class TableSpec:
             access count per batch; ``None`` means unknown (uniform access is assumed).
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
         bag_length_cv: optional coefficient of variation (std / mean) of the number of ids
-            per sample, for bursty bags; ``None`` means the ids are dealt to the samples
-            uniformly at random (multinomial lengths, CV about ``1 / sqrt(pooling_factor)``).
+            per sample, for bursty bags: of each sample's gamma-distributed share of the
+            ids, which are then dealt at random (gamma-Poisson lengths, whose own CV is
+            about ``sqrt(bag_length_cv**2 + 1 / pooling_factor)``); ``None`` means the ids
+            are dealt to the samples uniformly at random (multinomial lengths, CV about
+            ``1 / sqrt(pooling_factor)``).
     """
 
     name: str

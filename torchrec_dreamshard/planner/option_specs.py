@@ -7,7 +7,10 @@ The enumerator, the proposer, the partitioner, the perf model and the stats all 
 the same way:
 its shape and element size from the option's tensor, its pooling factor from the option's
 ``input_lengths`` (``ParameterConstraints.pooling_factors``), and, when the planner was
-given sample batches, the reuse histogram measured from them. The planner calls
+given sample batches, the reuse histogram and the bag-length cv (how bursty its bags are,
+:func:`~torchrec_dreamshard.data.table_stats.gamma_poisson_cv`) measured from them, else
+those declared. The cost network sees no cv, but every kernel the planner measures
+(calibration, verification) is fed bags of it. The planner calls
 :meth:`OptionSpecs.observe` with the module before it plans, so the statistics are there
 whichever enumerator (ours or a user's) builds the search space.
 """
@@ -15,6 +18,7 @@ whichever enumerator (ours or a user's) builds the search space.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,8 +27,14 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 from torchrec_dreamshard.data.splits import shard_spec
-from torchrec_dreamshard.data.table_stats import group_stats, merge_stats, table_configs
-from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.table_stats import (
+    gamma_poisson_cv,
+    group_lengths,
+    group_stats,
+    merge_stats,
+    table_configs,
+)
+from torchrec_dreamshard.data.tables import MAX_BAG_LENGTH_CV, TableSpec, short_repr
 from torchrec_dreamshard.planner.option_kinds import is_split_option
 
 SpecFn = Callable[[ShardingOption], TableSpec]
@@ -32,8 +42,13 @@ SpecFn = Callable[[ShardingOption], TableSpec]
 planner's :class:`OptionSpecs`)."""
 
 
-def spec_for_option(option: ShardingOption, reuse_hist: Sequence[float] | None = None) -> TableSpec:
-    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name.
+def spec_for_option(
+    option: ShardingOption,
+    reuse_hist: Sequence[float] | None = None,
+    bag_length_cv: float | None = None,
+) -> TableSpec:
+    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name,
+    with ``reuse_hist`` and ``bag_length_cv`` (``None``: unknown, even bags).
 
     The pooling factor is the sum of the option's ``input_lengths`` (the
     ``ParameterConstraints.pooling_factors`` of its features, TorchRec's default 1.0 each),
@@ -48,6 +63,7 @@ def spec_for_option(option: ShardingOption, reuse_hist: Sequence[float] | None =
         pooling_factor=float(sum(option.input_lengths)) or 1.0,
         reuse_hist=None if reuse_hist is None else tuple(reuse_hist),
         bytes_per_element=bpe if bpe in (2, 4) else 4,
+        bag_length_cv=bag_length_cv,
     )
 
 
@@ -65,7 +81,8 @@ def shard_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
 
 
 class OptionSpecs:
-    """Table specs by fully qualified name, with reuse measured from sample batches.
+    """Table specs by fully qualified name, with reuse and bag-length cv measured from
+    sample batches.
 
     Args:
         sample_batches: optional ``KeyedJaggedTensor`` batches (per-rank batches) of the
@@ -75,6 +92,12 @@ class OptionSpecs:
         declared: reuse histograms the user gives (17 fractions each, by fully qualified
             name: a task file's ``reuse_hist``), for tables the sample batches do not
             measure.
+        declared_cvs: bag-length cvs the user gives (by fully qualified name: a task file's
+            ``bag_length_cv``), for tables the sample batches do not measure.
+
+    Raises:
+        ValueError: a declared cv is not a number in ``[0, MAX_BAG_LENGTH_CV]`` (the
+            message names its table).
 
     :meth:`learn` takes pooling factors and reuse over the options' own (what a running job
     fed its tables).
@@ -85,24 +108,35 @@ class OptionSpecs:
         sample_batches: Iterable[Any] | None = None,
         world_size: int = 1,
         declared: Mapping[str, Sequence[float]] | None = None,
+        declared_cvs: Mapping[str, float] | None = None,
     ) -> None:
         self._samples = list(sample_batches) if sample_batches is not None else []
         self._world = world_size
         self._declared = {fqn: tuple(float(x) for x in h) for fqn, h in (declared or {}).items()}
         self._pooling: dict[str, float] = {}
         self._reuse: dict[str, tuple[float, ...]] = dict(self._declared)
+        self._declared_cvs = checked_cvs(declared_cvs)
+        self._cvs: dict[str, float | None] = dict(self._declared_cvs)
         self.specs: dict[str, TableSpec] = {}
 
     def observe(self, module: nn.Module) -> None:
-        """Measure the reuse statistics of ``module``'s tables (over the declared ones) and
-        forget earlier specs."""
+        """Measure the reuse statistics and bag-length cvs of ``module``'s tables (over the
+        declared ones; a table measured as even keeps no declared cv) and forget earlier
+        specs."""
         self.specs = {}
         self._reuse = {**self._declared, **reuse_hists(module, self._samples, self._world)}
+        self._cvs = {**self._declared_cvs, **bag_length_cvs(module, self._samples, self._world)}
 
     @property
     def reuse(self) -> dict[str, tuple[float, ...]]:
         """The reuse histograms measured or taken, by fully qualified name."""
         return dict(self._reuse)
+
+    @property
+    def bag_length_cvs(self) -> dict[str, float]:
+        """The bag-length cvs measured or declared (tables of bursty bags only), by fully
+        qualified name."""
+        return {fqn: cv for fqn, cv in self._cvs.items() if cv is not None}
 
     def learn(self, pooling: Mapping[str, float], reuse: Mapping[str, Sequence[float]]) -> None:
         """Take these pooling factors and reuse histograms (by fully qualified name; what a
@@ -112,19 +146,82 @@ class OptionSpecs:
         self._reuse.update({fqn: tuple(h) for fqn, h in reuse.items()})
 
     def reuse_key(self) -> list[tuple[str, Any]]:
-        """The measured reuse histograms and the pooling factors taken over the options',
-        sorted by table (part of the planner's context)."""
-        return sorted(self._reuse.items()) + sorted(("pooling", *p) for p in self._pooling.items())
+        """The measured reuse histograms, the pooling factors taken over the options' and
+        the bag-length cvs (nothing where no table has one), sorted by table (part of the
+        planner's context)."""
+        cvs = sorted(("bag_length_cv", *c) for c in self.bag_length_cvs.items())
+        pooling = sorted(("pooling", *p) for p in self._pooling.items())
+        return sorted(self._reuse.items()) + pooling + cvs
 
     def __call__(self, option: ShardingOption) -> TableSpec:
-        """The spec of ``option``'s table (with measured reuse, if any)."""
+        """The spec of ``option``'s table (with measured reuse and cv, if any)."""
         spec = self.specs.get(option.fqn)
         if spec is None:
-            spec = spec_for_option(option, self._reuse.get(option.fqn))
+            fqn = option.fqn
+            spec = spec_for_option(option, self._reuse.get(fqn), self._cvs.get(fqn))
             if option.fqn in self._pooling:
                 spec = dataclasses.replace(spec, pooling_factor=self._pooling[option.fqn])
             self.specs[option.fqn] = spec
         return spec
+
+
+def checked_cvs(cvs: Mapping[str, float] | None) -> dict[str, float]:
+    """The declared bag-length cvs, as floats by fully qualified name.
+
+    Raises:
+        ValueError: ``cvs`` is not a mapping, or a cv is no number in
+            ``[0, MAX_BAG_LENGTH_CV]`` (named with its table).
+    """
+    if cvs is None:
+        return {}
+    if not isinstance(cvs, Mapping):
+        raise ValueError(
+            "bag_length_cvs must map tables' fully qualified names to cvs, got "
+            f"{type(cvs).__name__}"
+        )
+    out = {}
+    for fqn, cv in cvs.items():
+        number = isinstance(cv, numbers.Real) and not isinstance(cv, bool)
+        # compared exactly (10**400 is no float); NaN and infinity fail the comparison
+        if not (number and 0 <= cv <= MAX_BAG_LENGTH_CV):
+            raise ValueError(
+                f"bag_length_cvs[{fqn!r}]: a table's bag-length cv (std / mean of its ids per "
+                f"sample) must be a number in [0, {MAX_BAG_LENGTH_CV}], got {short_repr(cv)}"
+            )
+        out[str(fqn)] = float(cv)
+    return out
+
+
+def global_batches(batches: Sequence[Any], world_size: int) -> list[tuple[list[Any], int]]:
+    """The sample batches' ``to_dict()``s in consecutive groups of ``world_size`` (the
+    global batch a table-wise kernel sees), each with its samples."""
+    dicts = [kjt.to_dict() for kjt in batches]
+    sizes = [kjt.stride() for kjt in batches]
+    starts = range(0, len(dicts), world_size)
+    return [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
+
+
+def bag_tables(module: nn.Module) -> list[tuple[str, EmbeddingBagConfig]]:
+    """``module``'s EmbeddingBagCollection tables, ``(fqn, config)``."""
+    return [(f, c) for f, c in table_configs(module) if isinstance(c, EmbeddingBagConfig)]
+
+
+def bag_length_cvs(
+    module: nn.Module, batches: Sequence[Any], world_size: int
+) -> dict[str, float | None]:
+    """Bag-length cv (:func:`~torchrec_dreamshard.data.table_stats.gamma_poisson_cv`;
+    ``None``: even bags) of every EmbeddingBagCollection table whose features are all in
+    the sample batches and hold ids, by the table's fully qualified name."""
+    groups = global_batches(batches, world_size)
+    out: dict[str, float | None] = {}
+    for fqn, config in bag_tables(module) if groups else []:
+        try:
+            lengths = [group_lengths(config.name, config.feature_names, g) for g, _ in groups]
+        except ValueError:  # a feature missing from the samples, or variable batches
+            continue
+        if any(x.sum() > 0 for x in lengths):
+            out[fqn] = gamma_poisson_cv(lengths)
+    return out
 
 
 def reuse_hists(
@@ -134,14 +231,9 @@ def reuse_hists(
     sample batches, by the table's fully qualified name."""
     if not batches:
         return {}
-    dicts = [kjt.to_dict() for kjt in batches]
-    sizes = [kjt.stride() for kjt in batches]
-    starts = range(0, len(dicts), world_size)
-    groups = [(dicts[i : i + world_size], sum(sizes[i : i + world_size])) for i in starts]
+    groups = global_batches(batches, world_size)
     out: dict[str, tuple[float, ...]] = {}
-    for fqn, config in table_configs(module):
-        if not isinstance(config, EmbeddingBagConfig):
-            continue
+    for fqn, config in bag_tables(module):
         try:
             stats = [group_stats(config.name, config.feature_names, g, n) for g, n in groups]
         except ValueError:  # a feature missing from the samples: TorchRec's defaults

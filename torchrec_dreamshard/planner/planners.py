@@ -46,11 +46,7 @@ from torchrec_dreamshard.planner.adaptation import (
     recall_inputs,
 )
 from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.components import (
-    PlanningScope,
-    UserComponents,
-    build_components,
-)
+from torchrec_dreamshard.planner.components import PlanningScope, UserComponents, build_components
 from torchrec_dreamshard.planner.defaults import (
     DreamShardSettings,
     check_arguments,
@@ -65,13 +61,9 @@ from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
 from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
-from torchrec_dreamshard.planner.profile_step import (
-    PlanInputs,
-)
+from torchrec_dreamshard.planner.profile_step import PlanInputs
 from torchrec_dreamshard.planner.search_space import plan_layout
-from torchrec_dreamshard.planner.torchrec_adapter import (
-    fill_dense_estimate,
-)
+from torchrec_dreamshard.planner.torchrec_adapter import fill_dense_estimate
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.torchrec_compat import best_plan
@@ -141,6 +133,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
             (``"module.path.table"``), where the sample batches do not measure it: what a
             task file declares.
+        bag_length_cvs: each table's bag-length cv (std / mean of ids per sample: bursty
+            bags; TorchRec has no field for it), by fully qualified name, where the sample
+            batches do not measure it: the bags the kernels the planner measures are fed.
         profile: a ``MachineProfile`` or its file (``dreamshard profile --out``) to plan
             from: nothing is measured before TorchRec's loop, nothing written.
         measure: ``False``: nothing measured at all (the checkpoint's kernels and
@@ -183,6 +178,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
         reuse_hists: Mapping[str, Sequence[float]] | None = None,
+        bag_length_cvs: Mapping[str, float] | None = None,
         profile: str | Path | MachineProfile | None = None,
         measure: bool = True,
         cache_dir: str | Path | None = None,
@@ -206,7 +202,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         )
         reservation = storage_reservation or self._own_reservation
         self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds, cache_dir)
-        self.table_specs = OptionSpecs(sample_batches, topology.world_size, reuse_hists)
+        self.table_specs = OptionSpecs(
+            sample_batches, topology.world_size, reuse_hists, bag_length_cvs
+        )
         self.storage_correction = self._steps.storage_correction = storage_correction
         scope = PlanningScope(
             self.agent,

@@ -1,7 +1,7 @@
 """A task file as what TorchRec's planner is given (:func:`task_inputs`): the model, the
-topology, the per-rank batch, the constraints and the declared reuse, so that
-``dreamshard plan`` plans a task through :class:`DreamShardPlanner` as a training job
-plans its model, and a job built from the same task loads that plan.
+topology, the per-rank batch, the constraints and the declared reuse and bag-length cvs,
+so that ``dreamshard plan`` plans a task through :class:`DreamShardPlanner` as a training
+job plans its model, and a job built from the same task loads that plan.
 
 A task (:mod:`torchrec_dreamshard.data.tasks`) says what TorchRec says another way:
 
@@ -12,22 +12,23 @@ A task (:mod:`torchrec_dreamshard.data.tasks`) says what TorchRec says another w
   (what TorchRec's storage reservation and estimate then take their share of);
 * ``batch_size``, the global batch, becomes TorchRec's per-rank batch
   ``batch_size // num_devices`` (it must divide evenly);
-* each table's ``pooling_factor`` a ``ParameterConstraints(pooling_factors=[...])``, and its
-  ``reuse_hist`` the planner's ``reuse_hists``;
+* each table's ``pooling_factor`` a ``ParameterConstraints(pooling_factors=[...])``, its
+  ``reuse_hist`` the planner's ``reuse_hists``, and its ``bag_length_cv`` (bursty bags,
+  which TorchRec has no field for) the planner's ``bag_length_cvs``: the cost network does
+  not see the cv, but the kernels the planner calibrates on and verifies with are fed bags
+  that vary as the task's do;
 * a table that fits no device whole (its weights over :data:`WHOLE_SHARE` of the largest
   device's memory: TorchRec's default storage reservation keeps 15%) may be split into
   column-wise shards down to :data:`~torchrec_dreamshard.data.splits.SHARD_COLUMN_MULTIPLE`
   columns (``min_partition``), as a task file means: a table bigger than every device is
   split. Every other table keeps TorchRec's narrowest column-wise shard (``MIN_CW_DIM``,
   128 columns).
-
-A table's ``bag_length_cv`` has no TorchRec counterpart and is not planned from.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -59,6 +60,8 @@ class TaskInputs:
         batch_size: TorchRec's per-rank batch.
         constraints: each table's pooling factor, by table name.
         reuse_hists: the declared reuse histograms, by fully qualified name.
+        bag_length_cvs: the declared bag-length cvs, by fully qualified name (tables of
+            bursty bags only).
     """
 
     model: EmbeddingBagCollection
@@ -66,15 +69,17 @@ class TaskInputs:
     batch_size: int
     constraints: dict[str, ParameterConstraints]
     reuse_hists: dict[str, tuple[float, ...]]
+    bag_length_cvs: dict[str, float] = field(default_factory=dict)
 
     def planner_arguments(self) -> dict[str, Any]:
         """The ``DreamShardPlanner`` arguments they are: ``topology``, ``batch_size``,
-        ``constraints`` and ``reuse_hists``."""
+        ``constraints``, ``reuse_hists`` and ``bag_length_cvs``."""
         return {
             "topology": self.topology,
             "batch_size": self.batch_size,
             "constraints": self.constraints,
             "reuse_hists": self.reuse_hists,
+            "bag_length_cvs": self.bag_length_cvs,
         }
 
 
@@ -121,4 +126,5 @@ def task_inputs(task: Task, device: str | torch.device = "meta") -> TaskInputs:
         for t in task.tables
     }
     reuse = {table_fqn(t.name): tuple(t.reuse_hist) for t in task.tables if t.reuse_hist}
-    return TaskInputs(task_model(task, device), topology, batch, constraints, reuse)
+    cvs = {table_fqn(t.name): t.bag_length_cv for t in task.tables if t.bag_length_cv is not None}
+    return TaskInputs(task_model(task, device), topology, batch, constraints, reuse, cvs)
