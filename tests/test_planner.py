@@ -454,6 +454,25 @@ def test_partitioner_shrinks_an_overfull_device_and_places_again(monkeypatch):
     assert second == [int(160_000 * 250_000 / 300_000 * MEMORY_SHRINK), 160_000]
 
 
+def test_a_shrunk_share_keeps_room_for_a_table_no_other_share_holds():
+    """Shrinking an overfull device never shuts its biggest table out of every device: the
+    share keeps that table's weights (the bursty task's first table, 48.9 MB of weights on
+    the one device whose share was raised to 50.2 MB, was shut out by a shrink to 48.2 MB
+    and the plan failed); the device's other tables are what must move."""
+    from torchrec_dreamshard.data.tables import TableSpec
+    from torchrec_dreamshard.planner.partitioners import MEMORY_SHRINK, shrunk_caps
+
+    big = TableSpec(name="big", rows=1000, dim=100, pooling_factor=1.0)  # 400 kB
+    small = TableSpec(name="small", rows=100, dim=100, pooling_factor=1.0)  # 40 kB
+    caps = [450_000, 300_000]
+    out = shrunk_caps(caps, {0: (450_000, 500_000)}, [big, small], {"big": 0, "small": 0})
+    assert int(450_000 * 450_000 / 500_000 * MEMORY_SHRINK) < big.size_bytes
+    assert out == [big.size_bytes, 300_000]
+    # where another share holds the table, the device shrinks in proportion
+    wider = shrunk_caps([450_000, 420_000], {0: (450_000, 500_000)}, [big, small], {"big": 0})
+    assert wider == [int(450_000 * 450_000 / 500_000 * MEMORY_SHRINK), 420_000]
+
+
 def test_partitioner_gives_up_after_its_memory_rounds(monkeypatch):
     """Where TorchRec's planner finds no plan either, a policy that keeps overflowing a
     device ends in TorchRec's storage error, naming the tables and the device."""

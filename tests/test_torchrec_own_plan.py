@@ -126,3 +126,24 @@ def test_the_first_shares_admit_torchrecs_plan_and_later_ones_may_not(monkeypatc
         own.propose(Task(tables=specs, num_devices=2, memory_bytes=first, batch_size=64))
         == expected
     )
+
+
+def test_torchrecs_plan_is_the_plan_where_the_shares_leave_a_table_no_room(monkeypatch):
+    """A placement the policy cannot make in its shares (a storage ``PlannerError`` from
+    the placer) ends the memory rounds; TorchRec's own plan, which fits, is the plan."""
+    from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
+
+    from torchrec_dreamshard.planner.placement import PolicyPlacer
+
+    partitioner, ours, agent, specs = _overflowing_partitioner(monkeypatch, [[0, 0, 0, 1]])
+
+    def no_room(self, specs, memory, widths):
+        agent.memory.append(list(memory))
+        raise PlannerError("no room", PlannerErrorType.INSUFFICIENT_STORAGE)
+
+    monkeypatch.setattr(PolicyPlacer, "place", no_room)
+    left = [250_000, 1_000_000]
+    placed = partitioner._place_policy(ours, left, "ddr", {})
+    task = Task(tables=specs, num_devices=2, memory_bytes=left, batch_size=64)
+    assert [o.shards[0].rank for o in placed] == torchrec_placement(task, accounting="unreserved")
+    assert len(agent.memory) == 1

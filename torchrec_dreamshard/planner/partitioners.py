@@ -15,12 +15,14 @@ A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
 Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
 optimizer state and input/output buffers. The policy is given each device's memory scaled
 by its tables' weight-to-storage ratio; if TorchRec's estimate still overflows a device,
-that device's share is shrunk and the policy places again (a few times at most). TorchRec's
+that device's share is shrunk and the policy places again (a few times at most), never
+below the weights of a table placed there that no other device's share holds. TorchRec's
 own plan of the same tables, in the memory TorchRec counts, is found first (the placer's
 ``torchrec_plan``) and is one of the safety net's candidates: the policy's first shares are
 raised to admit it (a share shrunk later may shut it out), and where the policy's placements
-still overflow, that plan is the plan. So the planner finds a plan wherever TorchRec's
-planner finds one, and its baseline is the plan the user had before swapping planners.
+still overflow (or the shares leave a table no room), that plan is the plan. So the
+planner finds a plan wherever TorchRec's planner finds one, and its baseline is the plan
+the user had before swapping planners.
 
 Then every device's shards must fit the storage it has after TorchRec's storage
 reservation. When they do not, or the tables do not fit the memory (the placer's
@@ -170,13 +172,18 @@ class DreamShardPartitioner(Partitioner):
         caps = [max(c, f) for c, f in zip(policy_caps(specs, need, left), floor, strict=True)]
         by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
         for _ in range(MAX_MEMORY_ROUNDS):
-            found = self.placer.place(specs, caps, widths)
+            try:
+                found = self.placer.place(specs, caps, widths)
+            except PlannerError:  # the shares left no room: TorchRec's plan, if it has one
+                if own is None:
+                    raise
+                break
             used, holders = self._storage_used(found, by_fqn, tier, len(left))
             over = [d for d, (u, cap) in enumerate(zip(used, left, strict=True)) if u > cap]
             if not over:
                 return self._ranked_options(ours, found)
-            for d in over:
-                caps[d] = max(1, int(caps[d] * max(left[d], 0) / used[d] * MEMORY_SHRINK))
+            whole, _ = plan_entries(found.sharded, found.placement)
+            caps = shrunk_caps(caps, {d: (left[d], used[d]) for d in over}, specs, whole)
         if own is not None:  # TorchRec's own plan fits by TorchRec's own count
             return self._ranked_options(ours, self.placer.fixed(specs, caps, own))
         names = sorted({name for d in over for name in holders[d]})
@@ -231,6 +238,29 @@ class DreamShardPartitioner(Partitioner):
                 PlannerErrorType.OTHER,
             )
         return column_wise_option(self._enumerator, option, columns)
+
+
+def shrunk_caps(
+    caps: list[int],
+    over: dict[int, tuple[int, int]],
+    specs: list[TableSpec],
+    whole: dict[str, int],
+) -> list[int]:
+    """The policy's shares after a placement overflowed TorchRec's estimate: each device
+    ``d`` in ``over`` (its memory left and TorchRec's estimate of what the placement put
+    there) shrunk in proportion, and a little more
+    (:data:`MEMORY_SHRINK`), but never below the weights of a whole table placed there
+    that no other device's share would hold (shrinking it away would leave that table
+    nowhere to go, where the other tables on the device could move)."""
+    out = list(caps)
+    for d, (left, used) in over.items():
+        out[d] = max(1, int(out[d] * max(left, 0) / used * MEMORY_SHRINK))
+    for spec in specs:
+        d = whole.get(spec.name)
+        others = [c for k, c in enumerate(out) if k != d]
+        if d is not None and d in over and spec.size_bytes > max(others, default=0):
+            out[d] = max(out[d], spec.size_bytes)
+    return out
 
 
 def weights_per_device(
