@@ -10,6 +10,9 @@ could spend the step differently:
 
 - ``all_tiny_dp``: every tiny table data-parallel (TorchRec replicates some);
 - ``no_dp``: every table table-wise (no all-reduce, every tiny table in the all-to-all);
+- ``one_tw`` (tiny only): every table data-parallel but one, table-wise: beside
+  ``all_tiny_dp``, what the table-wise path costs a step with a single table on it (the
+  input and output distribution TorchRec runs once per sharding type, whatever its tables);
 - ``cw_huge``: both huge tables column-wise over both ranks (each rank half of each);
 - ``dreamshard_all_tiny_dp``: ``DreamShardPlanner`` with every tiny table held to
   data-parallel, beside ``dreamshard`` (its own count, the fewest tables of its coarse grid
@@ -17,7 +20,7 @@ could spend the step differently:
 
 Ratios are to TorchRec's plan, per round, with order-statistic intervals.
 
-    python benchmarks/mixed_headroom.py [--rounds 30] [--family tiny]
+    python benchmarks/mixed_headroom.py [--rounds 30] [--family tiny] [--name NAME]
 
 Writes ``results/mixed_headroom.json`` (every round) and ``.md`` (another family:
 ``results/<family>_headroom.*``).
@@ -66,6 +69,9 @@ class Forced:
                 cons[name] = dataclasses.replace(c, sharding_types=["data_parallel"])
             elif self.kind == "no_dp":
                 cons[name] = dataclasses.replace(c, sharding_types=["table_wise"])
+            elif self.kind == "one_tw":
+                kind = "table_wise" if name == min(constraints) else "data_parallel"
+                cons[name] = dataclasses.replace(c, sharding_types=[kind])
         return EmbeddingShardingPlanner(
             topology=topology, batch_size=batch_size, constraints=cons, debug=False
         )
@@ -92,8 +98,11 @@ PLANS = {
     "all_tiny_dp": Forced("all_tiny_dp"),
     "no_dp": Forced("no_dp"),
     "cw_huge": Forced("cw_huge"),
+    "one_tw": Forced("one_tw"),
 }
-FAMILY_PLANS = {"tiny": [n for n in PLANS if n != "cw_huge"]}  # tiny has no huge table
+# tiny has no huge table; one_tw prices the table-wise path where every other table is tiny
+FAMILY_PLANS = {"tiny": [n for n in PLANS if n != "cw_huge"]}
+FAMILY_PLANS["mixed"] = [n for n in PLANS if n != "one_tw"]
 
 
 def summary(times: dict[str, list[float]], types: dict[str, dict], rounds: int, family: str) -> str:
@@ -123,11 +132,12 @@ def _cell(iv, digits: int = 3) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--name", help="results name (default: <family>_headroom)")
     ap.add_argument("--family", choices=("mixed", "tiny"), default="mixed")
     args = ap.parse_args(argv)
     prepare_machine_models()
     spec = family_spec(args.family, BATCH)
-    names = FAMILY_PLANS.get(args.family, list(PLANS))
+    names = FAMILY_PLANS[args.family]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plans = {name: make_plan(spec, PLANS[name], WORLD, BATCH) for name in names}
@@ -142,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         "plans": summaries,
         "step_ms": ms,
     }
-    write(f"{args.family}_headroom", raw, summary(ms, types, args.rounds, args.family))
+    write(args.name or f"{args.family}_headroom", raw, summary(ms, types, args.rounds, args.family))
     best = min(ms, key=lambda n: float(np.median(ms[n])))
     print(f"fastest median: {best}")
 
