@@ -172,3 +172,30 @@ def unverified(planner: Any, task: Task, placement: list[int]) -> list[int]:
         return list(placement)
     chosen = dict(zip((t.name for t in wrapper.last_task.tables), outcome.chosen, strict=True))
     return task_placement(task, chosen, "the verification's chosen placement")
+
+
+def torchrec_table_storage(task: Task) -> list[int]:
+    """TorchRec's storage estimate of each of ``task``'s tables held whole (table-wise on
+    the fused kernel, as :func:`plan_whole_tables` holds them: weights, optimizer state,
+    input and output buffers), in the task's order: the bytes the default planner counts
+    a table as."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    inputs = task_inputs(task)
+    enumerator = EmbeddingEnumerator(
+        inputs.topology, inputs.batch_size, constraints=whole_table_constraints(inputs)
+    )
+    options = enumerator.enumerate(inputs.model, [EmbeddingBagCollectionSharder()])
+    need = {o.fqn: sum(int(s.storage.ddr) for s in o.shards) for o in options}
+    return [need[table_fqn(t.name)] for t in task.tables]
+
+
+def fits_torchrec_storage(task: Task, placement: list[int], storage: list[int]) -> bool:
+    """Whether ``placement`` fits every device of ``task`` by TorchRec's ``storage``
+    estimate of each table (:func:`torchrec_table_storage`), nothing reserved (the task's
+    memory is what a reservation left): whether TorchRec's partitioner would accept it."""
+    used = [0] * task.num_devices
+    for d, nbytes in zip(placement, storage, strict=True):
+        used[d] += nbytes
+    return all(u <= m for u, m in zip(used, task.memory, strict=True))
