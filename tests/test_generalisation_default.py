@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.evaluation.family_report import default_report
 
 
@@ -91,12 +93,21 @@ def raw_task(family_name: str, secs: dict, default: list[int] | None) -> dict:
     return {"family": family_name, "plans": plans, "secs": secs, "rounds": [costs]}
 
 
+def two_tables(memory: list[int]) -> Task:
+    """Two tables of 64,000 bytes of weights (TorchRec's estimate: 68,608) on 2 devices."""
+    tables = [TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(2)]
+    return Task(tables=tables, num_devices=2, memory_bytes=memory, batch_size=64)
+
+
 def test_default_vs_torchrec_reports_each_plans_seconds_and_what_it_kept():
     module = default_vs_torchrec()
     verified = {"margins": {"line": "verified 5 plans in 1.4 s (3 rounds): kept TorchRec's"}}
+    roomy = two_tables([10**7, 10**7])
     rows = [
         module.task_row(
-            raw_task("pool", {"default": 7.5, "default_adaptation": verified}, [1, 0]), "compute"
+            raw_task("pool", {"default": 7.5, "default_adaptation": verified}, [1, 0]),
+            "compute",
+            roomy,
         ),
         module.task_row(
             raw_task(
@@ -105,6 +116,7 @@ def test_default_vs_torchrec_reports_each_plans_seconds_and_what_it_kept():
                 None,
             ),
             "compute",
+            roomy,
         ),
     ]
     assert rows[0]["vs_torchrec"] == 2.0 and rows[0]["within_budget"] is True
@@ -112,5 +124,16 @@ def test_default_vs_torchrec_reports_each_plans_seconds_and_what_it_kept():
     assert rows[1]["vs_torchrec"] is None and rows[1]["within_budget"] is False
     assert rows[1]["kept"] == "no plan: found no plan: x"
     text = module.summary("run", rows, "compute")
-    assert "| pool |  | 1.000 | 2.000 [2.000, 2.000] | 1 | 7.5 |" in text
+    assert "| pool |  | 1.000 | 1.000 | 2.000 [2.000, 2.000] | 1 | 7.5 |" in text
     assert "the longest took 31.0 s (tight); over the budget: tight (31.0 s) (1 of 2" in text
+
+
+def test_default_vs_torchrec_leaves_out_heuristics_over_torchrecs_storage_estimate():
+    """A heuristic's plan that puts more than a device holds by TorchRec's estimate (its
+    weights fit) is no comparison for the default, which TorchRec's estimate binds."""
+    module = default_vs_torchrec()
+    row = module.task_row(
+        raw_task("zipf", {"default": 5.0}, [0, 1]), "compute", two_tables([64_100, 140_000])
+    )
+    assert row["vs_best_heuristic"] == 0.5  # size_greedy's [1, 0] measured 4.0 against 2.0
+    assert row["vs_best_fitting_heuristic"] is None  # device 0 holds 64,100 < 68,608
