@@ -421,16 +421,22 @@ class _ScriptedAgent:
         return self.placements[min(len(self.memory), len(self.placements)) - 1]
 
 
+def _four_tables() -> dict:
+    """The scripted partitioner's tables, by name: 64,000 bytes of weights each."""
+    from torchrec_dreamshard.data.tables import TableSpec
+
+    return {
+        f"t{i}": TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(4)
+    }
+
+
 def _partitioner_with(monkeypatch, agent, need: int):
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.planner import partitioners
     from torchrec_dreamshard.planner.placement import PolicyPlacer
 
-    specs = {
-        f"t{i}": TableSpec(name=f"t{i}", rows=1000, dim=16, pooling_factor=1.0) for i in range(4)
-    }
+    specs = _four_tables()
     monkeypatch.setattr(partitioners, "option_bytes", lambda option, tier: need)
     partitioner = partitioners.DreamShardPartitioner(
         placer=PolicyPlacer(agent, 64), spec_fn=lambda option: specs[option.fqn]
@@ -487,6 +493,79 @@ def test_partitioner_gives_up_after_its_memory_rounds(monkeypatch):
     assert len(agent.memory) == MAX_MEMORY_ROUNDS
     caps0 = [m[0] for m in agent.memory]
     assert caps0 == sorted(caps0, reverse=True) and len(set(caps0)) == MAX_MEMORY_ROUNDS
+
+
+def test_torchrecs_plan_is_the_plan_where_the_policy_keeps_overflowing(monkeypatch):
+    """Where the policy keeps overflowing TorchRec's estimate, TorchRec's own plan of the
+    same tables in the memory left (which fits by TorchRec's count) is the plan."""
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.planner.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.partitioners import MAX_MEMORY_ROUNDS
+
+    agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
+    partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
+    specs = list(_four_tables().values())
+    left = [250_000, 1_000_000]
+    placed = partitioner._place_policy(ours, left, "ddr", {})
+    assert len(agent.memory) == MAX_MEMORY_ROUNDS
+    task = Task(tables=specs, num_devices=2, memory_bytes=left, batch_size=64)
+    expected = torchrec_placement(task, accounting="unreserved")
+    assert [o.shards[0].rank for o in placed] == expected
+
+
+def test_the_first_shares_admit_torchrecs_plan_and_later_ones_may_not(monkeypatch):
+    """The policy's first shares are raised to the weights TorchRec's plan puts on each
+    device; a share shrunk after an overflow is not, and the baseline then declines the
+    policy's task with its reason rather than offering a plan that does not fit it."""
+    from torchrec_dreamshard.data.tasks import NoPlanError, Task
+    from torchrec_dreamshard.planner.candidates import torchrec_placement
+
+    agent = _ScriptedAgent([[0, 0, 0, 1], [0, 1, 1, 1]])
+    partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
+    specs = list(_four_tables().values())
+    left = [250_000, 1_000_000]
+    partitioner._place_policy(ours, left, "ddr", {})
+    task = Task(tables=specs, num_devices=2, memory_bytes=left, batch_size=64)
+    expected = torchrec_placement(task, accounting="unreserved")
+    weights = [
+        sum(s.size_bytes for s, d in zip(specs, expected, strict=True) if d == k) for k in (0, 1)
+    ]
+    first, second = agent.memory[:2]
+    assert all(cap >= w for cap, w in zip(first, weights, strict=True))
+    own = partitioner.placer.how.sources[0]
+    assert second[0] < first[0] and second[1] == first[1]  # device 0's share shrank
+    below = Task(
+        tables=specs, num_devices=2, memory_bytes=[weights[0] - 1, second[1]], batch_size=64
+    )
+    with pytest.raises(NoPlanError, match=r"devices \[0\] than the policy's share"):
+        own.propose(below)
+    assert (
+        own.propose(Task(tables=specs, num_devices=2, memory_bytes=first, batch_size=64))
+        == expected
+    )
+
+
+def test_torchrecs_plan_is_the_plan_where_the_shares_leave_a_table_no_room(monkeypatch):
+    """A placement the policy cannot make in its shares (a storage ``PlannerError`` from
+    the placer) ends the memory rounds; TorchRec's own plan, which fits, is the plan."""
+    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.planner.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.placement import PolicyPlacer
+
+    agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
+    partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
+    specs = list(_four_tables().values())
+
+    def no_room(self, specs, memory, widths):
+        agent.memory.append(list(memory))
+        raise PlannerError("no room", PlannerErrorType.INSUFFICIENT_STORAGE)
+
+    monkeypatch.setattr(PolicyPlacer, "place", no_room)
+    left = [250_000, 1_000_000]
+    placed = partitioner._place_policy(ours, left, "ddr", {})
+    task = Task(tables=specs, num_devices=2, memory_bytes=left, batch_size=64)
+    assert [o.shards[0].rank for o in placed] == torchrec_placement(task, accounting="unreserved")
+    assert len(agent.memory) == 1
 
 
 def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog):

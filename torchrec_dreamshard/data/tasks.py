@@ -219,9 +219,17 @@ def check_placement(task: Task, placement: Sequence[int]) -> Placement:
 
 
 def device_bytes(task: Task, placement: Sequence[int]) -> list[int]:
-    used = [0] * task.num_devices
-    for t, d in zip(task.tables, placement, strict=True):
-        used[d] += t.size_bytes
+    """The weight bytes ``placement`` puts on each of ``task``'s devices."""
+    return placed_bytes([t.size_bytes for t in task.tables], placement, task.num_devices)
+
+
+def placed_bytes(sizes: Sequence[int], placement: Sequence[int], num_devices: int) -> list[int]:
+    """The bytes on each of ``num_devices`` devices where table ``i``, of ``sizes[i]``
+    bytes (its weights, or another count of it, such as TorchRec's storage estimate), is on
+    device ``placement[i]``."""
+    used = [0] * num_devices
+    for nbytes, d in zip(sizes, placement, strict=True):
+        used[d] += nbytes
     return used
 
 

@@ -31,7 +31,7 @@ from torchrec.distributed.planner.types import (
     StorageReservation,
 )
 
-from torchrec_dreamshard.data.tasks import NoPlanError, Task
+from torchrec_dreamshard.data.tasks import NoPlanError, Task, placed_bytes
 from torchrec_dreamshard.planner.adaptation import calibrating
 from torchrec_dreamshard.planner.task_inputs import TaskInputs, table_fqn, task_inputs
 from torchrec_dreamshard.policy.protocol import PlacementAgent
@@ -195,7 +195,5 @@ def fits_torchrec_storage(task: Task, placement: list[int], storage: list[int]) 
     """Whether ``placement`` fits every device of ``task`` by TorchRec's ``storage``
     estimate of each table (:func:`torchrec_table_storage`), nothing reserved (the task's
     memory is what a reservation left): whether TorchRec's partitioner would accept it."""
-    used = [0] * task.num_devices
-    for d, nbytes in zip(placement, storage, strict=True):
-        used[d] += nbytes
+    used = placed_bytes(storage, placement, task.num_devices)
     return all(u <= m for u, m in zip(used, task.memory, strict=True))

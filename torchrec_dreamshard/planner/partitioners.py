@@ -54,6 +54,7 @@ from torchrec.distributed.planner.types import (
 
 from torchrec_dreamshard.data.splits import plan_entries
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import placed_bytes
 from torchrec_dreamshard.planner.device_memory import (
     device_capacity,
     memory_tier,
@@ -168,8 +169,10 @@ class DreamShardPartitioner(Partitioner):
         need = [option_bytes(o, tier) for o in ours]
         check_fits(ours, need, left, widths)
         own = self.placer.torchrec_plan(specs, left) if min(left) > 0 else None
-        floor = weights_per_device(specs, own, len(left))
-        caps = [max(c, f) for c, f in zip(policy_caps(specs, need, left), floor, strict=True)]
+        caps = policy_caps(specs, need, left)
+        if own is not None:  # the first shares admit TorchRec's plan
+            floor = placed_bytes([t.size_bytes for t in specs], own, len(left))
+            caps = [max(c, f) for c, f in zip(caps, floor, strict=True)]
         by_fqn = {o.fqn: (o, n) for o, n in zip(ours, need, strict=True)}
         for _ in range(MAX_MEMORY_ROUNDS):
             try:
@@ -260,18 +263,6 @@ def shrunk_caps(
         others = [c for k, c in enumerate(out) if k != d]
         if d is not None and d in over and spec.size_bytes > max(others, default=0):
             out[d] = max(out[d], spec.size_bytes)
-    return out
-
-
-def weights_per_device(
-    specs: list[TableSpec], placement: list[int] | None, world: int
-) -> list[int]:
-    """The weight bytes ``placement`` puts on each device (zeros where there is none)."""
-    out = [0] * world
-    if placement is None:
-        return out
-    for spec, d in zip(specs, placement, strict=True):
-        out[d] += spec.size_bytes
     return out
 
 
