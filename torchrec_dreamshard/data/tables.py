@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -137,16 +138,8 @@ class TableSpec:
         object.__setattr__(self, "bytes_per_element", int(bpe))
         if self.reuse_hist is not None:
             object.__setattr__(self, "reuse_hist", _check_hist(self.reuse_hist, where))
-        cv = self.bag_length_cv
-        if cv is not None:
-            if isinstance(cv, bool) or not isinstance(cv, int | float | np.number):
-                raise ValueError(f"{where}: bag_length_cv must be a number, got {short_repr(cv)}")
-            if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float
-                raise ValueError(
-                    f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], "
-                    f"got {short_repr(cv)}"
-                )
-            object.__setattr__(self, "bag_length_cv", float(cv))
+        if self.bag_length_cv is not None:
+            object.__setattr__(self, "bag_length_cv", checked_cv(self.bag_length_cv, where))
 
     @property
     def size_bytes(self) -> int:
@@ -222,6 +215,22 @@ def short_repr(value: Any, limit: int = 60) -> str:
         return f"an integer of more than {limit} digits"
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def checked_cv(cv: Any, where: str) -> float:
+    """``cv`` as a bag-length cv (std / mean of a table's ids per sample), a float.
+
+    Raises:
+        ValueError: ``cv`` is no real number in ``[0, MAX_BAG_LENGTH_CV]`` (``where``
+            names it).
+    """
+    if isinstance(cv, bool) or not isinstance(cv, numbers.Real):
+        raise ValueError(f"{where}: bag_length_cv must be a number, got {short_repr(cv)}")
+    if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float; NaN fails
+        raise ValueError(
+            f"{where}: bag_length_cv must be in [0, {MAX_BAG_LENGTH_CV}], got {short_repr(cv)}"
+        )
+    return float(cv)
 
 
 def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:

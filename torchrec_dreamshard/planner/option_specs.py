@@ -18,7 +18,6 @@ whichever enumerator (ours or a user's) builds the search space.
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -34,7 +33,7 @@ from torchrec_dreamshard.data.table_stats import (
     merge_stats,
     table_configs,
 )
-from torchrec_dreamshard.data.tables import MAX_BAG_LENGTH_CV, TableSpec, short_repr
+from torchrec_dreamshard.data.tables import TableSpec, checked_cv
 from torchrec_dreamshard.planner.option_kinds import is_split_option
 
 SpecFn = Callable[[ShardingOption], TableSpec]
@@ -179,17 +178,7 @@ def checked_cvs(cvs: Mapping[str, float] | None) -> dict[str, float]:
             "bag_length_cvs must map tables' fully qualified names to cvs, got "
             f"{type(cvs).__name__}"
         )
-    out = {}
-    for fqn, cv in cvs.items():
-        number = isinstance(cv, numbers.Real) and not isinstance(cv, bool)
-        # compared exactly (10**400 is no float); NaN and infinity fail the comparison
-        if not (number and 0 <= cv <= MAX_BAG_LENGTH_CV):
-            raise ValueError(
-                f"bag_length_cvs[{fqn!r}]: a table's bag-length cv (std / mean of its ids per "
-                f"sample) must be a number in [0, {MAX_BAG_LENGTH_CV}], got {short_repr(cv)}"
-            )
-        out[str(fqn)] = float(cv)
-    return out
+    return {str(fqn): checked_cv(cv, f"bag_length_cvs[{fqn!r}]") for fqn, cv in cvs.items()}
 
 
 def global_batches(batches: Sequence[Any], world_size: int) -> list[tuple[list[Any], int]]:
