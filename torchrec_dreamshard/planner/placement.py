@@ -93,8 +93,7 @@ class PolicyPlacer:
         self, specs: Sequence[TableSpec], memory: list[int], placement: list[int]
     ) -> SplitPlan:
         """``placement`` of ``specs`` as a plan of whole tables (nothing split)."""
-        task = self._task(specs, memory, oversized=True)
-        return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
+        return whole_plan(self._task(specs, memory, oversized=True), placement)
 
     def _task(self, specs: Sequence[TableSpec], memory: list[int], oversized: bool) -> Task:
         """``specs`` on devices of ``memory`` bytes at the placer's batch (``oversized``:
@@ -111,7 +110,7 @@ class PolicyPlacer:
         """The agent's placement as it is (nothing may be split)."""
         placement = self.how.place(self._agent, task)
         self.last_report = self._agent.last_report
-        return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
+        return whole_plan(task, placement)
 
     def _split(self, task: Task, widths: dict[str, int]) -> SplitPlan:
         """The split search's plan."""
@@ -119,3 +118,8 @@ class PolicyPlacer:
         # the report describes the whole-table placement; a split plan is re-placed
         self.last_report = None if found.sharded.columns else self._agent.last_report
         return found
+
+
+def whole_plan(task: Task, placement: Sequence[int]) -> SplitPlan:
+    """``placement`` of ``task``'s tables as a plan of whole tables (nothing split)."""
+    return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)
