@@ -188,6 +188,7 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     import statistics
 
     from torchrec_dreamshard.measure import placement_timing
+    from torchrec_dreamshard.verification import plan_ranking
 
     agent = DreamShard.untrained(seed=0)
     task = tiny_task(6, 2)
@@ -215,12 +216,16 @@ def test_verify_measures_candidates_and_heuristics_and_ranks_them(monkeypatch):
     for p in res.plans:
         assert p.rounds_ms == [ms for pl, ms in calls if pl == p.placement]
     # the ranking, recomputed from those measurements: the heuristic plan of lowest median
-    # is kept unless plans beat it in both rounds (then the lowest median of those); the
-    # rest follow by median
+    # is kept unless plans beat it in both rounds and by the replacing margin at the median
+    # (then the lowest median of those); the rest follow by median
     median = {p.name: statistics.median(p.rounds_ms) for p in res.plans}
     ref = min((p for p in res.plans if p.heuristic), key=lambda p: median[p.name])
+    margin = 1.0 - plan_ranking.REPLACE_MARGIN
     faster = [
-        p for p in res.plans if all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+        p
+        for p in res.plans
+        if all(a < b for a, b in zip(p.rounds_ms, ref.rounds_ms, strict=True))
+        and median[p.name] < margin * median[ref.name]
     ]
     winner = min(faster, key=lambda p: median[p.name]) if faster else ref
     rest = sorted((p.name for p in res.plans if p is not winner), key=median.get)
