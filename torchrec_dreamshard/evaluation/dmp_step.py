@@ -44,6 +44,7 @@ from torchrec_dreamshard.evaluation.step_model import (
     StepModelSpec,
     make_batch,
 )
+from torchrec_dreamshard.measure.dmp_training import sharded_for_training, timed_steps
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
 from torchrec_dreamshard.planner.topology import torchrec_topology
 from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
@@ -218,26 +219,10 @@ def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, i
 def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
     """The model under ``DistributedModelParallel`` with ``plan`` (fused row-wise Adagrad on
     the embeddings, Adagrad on the rest) in a ``TrainPipelineSparseDist``."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-    from torchrec.optim import RowWiseAdagrad
-    from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward
 
     model = StepDLRM(spec, torch.device("meta"))
-    tables = [p for n, p in model.named_parameters() if n.startswith(("sparse.", "sequences."))]
-    apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
-    dmp = DistributedModelParallel(
-        model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
-    )
-    dense = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=lr),
-    )
-    optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    dmp, optimizer = sharded_for_training(model, plan, lr, ("sparse.", "sequences."))
     return TrainPipelineSparseDist(dmp, optimizer, torch.device("cpu"))
 
 
@@ -246,17 +231,7 @@ def time_round(pipeline: Any, batches: Sequence[StepBatch], warmup: int, steps: 
     the mean timed step in ms, the maximum over ranks."""
     n = warmup + steps + DRAIN_STEPS
     stream = iter([batches[i % len(batches)] for i in range(n)])
-    for _ in range(warmup):
-        pipeline.progress(stream)
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(steps):
-        pipeline.progress(stream)
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
-    for _ in range(DRAIN_STEPS):
-        pipeline.progress(stream)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return float(elapsed.item()) * 1000.0 / steps
+    return timed_steps(lambda: pipeline.progress(stream), warmup, steps, DRAIN_STEPS)
 
 
 def run_rounds(
