@@ -151,11 +151,13 @@ CPU_DENSE_LIKE = DenseKernelModel(
 @pytest.fixture(autouse=True, scope="session")
 def fixed_collectives() -> Iterator[CollectiveModels]:
     """The planner's CPU collective models are :data:`GLOO_LIKE`, its dense-kernel model
-    :data:`CPU_DENSE_LIKE` and its reference kernel unmeasured in every test (so the
-    default, automatic calibration plans with the checkpoint as it is): none calibrates
-    gloo's collectives (20 s) or times a kernel for the planner, and no plan depends on
-    the machine or its load. Ranks a test spawns or launches do not inherit this; they
-    pass what they pin, or measure what they assert."""
+    :data:`CPU_DENSE_LIKE`, its sharding path uncharged and its reference kernel
+    unmeasured in every test (so the default, automatic calibration plans with the
+    checkpoint as it is): none calibrates gloo's collectives (20 s), times a kernel or
+    spawns ranks to time the sharding path for the planner, and no plan depends on the
+    machine or its load (tests/test_sharding_path.py charges a fixed path cost). Ranks a
+    test spawns or launches do not inherit this; they pass what they pin, or measure what
+    they assert."""
     from torchrec_dreamshard.calibration import auto
     from torchrec_dreamshard.planner import defaults
 
@@ -164,6 +166,7 @@ def fixed_collectives() -> Iterator[CollectiveModels]:
         patch.setattr(auto, "measured_reference_ms", lambda device="cpu": None)
         patch.setattr(defaults, "load_collective_models", lambda **kw: GLOO_LIKE)
         patch.setattr(defaults, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
+        patch.setattr(defaults, "load_sharding_path_model", lambda **kw: None)
         # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)
         patch.setattr(defaults, "load_reference_ms", lambda **kw: None)
         yield GLOO_LIKE

@@ -40,6 +40,7 @@ from torchrec_dreamshard.store.cost_store import CostStore
 KINDS = {
     "reference_kernel": "the reference kernel's time",
     "dense_kernel": "the dense kernel's fitted model",
+    "sharding_path": "a sharding path's measured step cost",
     "collectives": "the collectives' fitted models",
     "verification": "a verification's measured rounds",
     "calibration": "a calibration store: measured kernels, what jobs fed their tables",
@@ -50,6 +51,7 @@ KINDS = {
 _PREFIXES = {
     "reference_kernel_": "reference_kernel",
     "dense_kernel_": "dense_kernel",
+    "sharding_path_": "sharding_path",
     "collectives_": "collectives",
     "comm_model_": "collectives",
     "verification_": "verification",

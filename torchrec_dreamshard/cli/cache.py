@@ -18,6 +18,7 @@ ran on, torch and FBGEMM versions, and for collectives the topology. An item who
 differs from this machine now is never read here. KIND is one of:
   reference_kernel  the reference kernel's time
   dense_kernel      the dense kernel's fitted model (data-parallel tables)
+  sharding_path     a sharding path's measured step cost (the type choice's)
   collectives       the collectives' fitted models (per backend and topology)
   verification      verifications' measured rounds (per task and plan set)
   calibration       the calibration store (calibration.sqlite): measured kernels, and

@@ -96,6 +96,7 @@ def measure_profile(args: argparse.Namespace):
         collectives=sources.collectives if args.devices > 1 else None,
         collectives_source=sources.collectives_source,
         dense_kernel=sources.dense_kernel,
+        sharding_path=sources.sharding_path if args.devices > 1 else None,
         calibration=calibration if task is not None else None,
         auto=False,
         task=(lambda: task) if task is not None else None,

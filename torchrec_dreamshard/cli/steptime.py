@@ -141,14 +141,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_machine_models() -> None:
-    """Fit (or load) this machine's gloo collective models and dense-kernel model before
-    the ranks start, so that DreamShardPlanner on rank 0 finds them cached instead of
-    measuring them while the other ranks wait."""
+    """Fit (or load) this machine's gloo collective models, dense-kernel model and
+    sharding-path cost before the ranks start, so that DreamShardPlanner on rank 0 finds
+    them cached instead of measuring them while the other ranks wait (or, for the
+    sharding path, which a rank of a job never spawns ranks to time, going without)."""
     from torchrec_dreamshard.cost.collective_models import load_collective_models
     from torchrec_dreamshard.cost.dense_kernel_model import load_dense_kernel_model
+    from torchrec_dreamshard.cost.sharding_path_model import load_sharding_path_model
 
     load_collective_models(backend="gloo")
     load_dense_kernel_model(device="cpu")
+    load_sharding_path_model(device="cpu")
 
 
 def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:

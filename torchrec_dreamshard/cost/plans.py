@@ -32,6 +32,7 @@ import numpy as np
 
 from torchrec_dreamshard.cost.comm_topology import all_to_all_ms, ring_ms
 from torchrec_dreamshard.cost.sharding import (
+    PATH_KIND,
     CostContext,
     Exchange,
     KernelFn,
@@ -39,6 +40,7 @@ from torchrec_dreamshard.cost.sharding import (
     TableChoice,
     Terms,
     job_terms,
+    path_cost,
 )
 from torchrec_dreamshard.cost.sharding_types import table_terms
 from torchrec_dreamshard.data.tables import TableSpec
@@ -113,7 +115,9 @@ def comm_costs(terms: Terms, ctx: CostContext) -> np.ndarray:
     """``[W]`` ms of every collective each rank takes part in, batched."""
     comm = np.zeros(ctx.topology.world_size)
     for e in merged_exchanges(terms.exchanges):
-        if e.kind == "all_to_all":
+        if e.kind == PATH_KIND:
+            comm += path_cost(e.ranks, ctx)
+        elif e.kind == "all_to_all":
             comm += all_to_all_ms(ctx.topology, ctx.collectives, e.ranks, e.flows)
         else:
             comm += ring_ms(ctx.topology, ctx.collectives, e.kind, e.ranks, e.buffer_bytes)

@@ -28,6 +28,7 @@ Every type but data-parallel also has the input all-to-all of ids, ``F[i, j] = b
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import ClassVar
@@ -94,6 +95,10 @@ class CostContext:
         dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
             run (``None``: DP is priced as the fused kernel plus dense passes at
             ``mem_bw``; see :mod:`~torchrec_dreamshard.cost.sharding_types.data_parallel`).
+        path_ms: what one sharding path other than data-parallel costs every rank per
+            step beyond its kernels and collectives
+            (:mod:`~torchrec_dreamshard.cost.sharding_path_model`), charged once per path a
+            plan runs (:func:`path_exchange`); 0: not charged.
     """
 
     batch_size: int
@@ -106,6 +111,7 @@ class CostContext:
     dense_grad_bytes: float = 0.0
     kernels_ms: KernelsFn | None = None
     dense_kernel: DenseKernelModel | None = None
+    path_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
@@ -117,6 +123,8 @@ class CostContext:
             )
         if not self.dense_grad_bytes >= 0:
             raise ValueError(f"dense_grad_bytes must be >= 0, got {self.dense_grad_bytes!r}")
+        if not (math.isfinite(self.path_ms) and self.path_ms >= 0):
+            raise ValueError(f"path_ms must be a finite number >= 0, got {self.path_ms!r}")
         if not self.mem_bw > 0:
             raise ValueError(f"mem_bw must be > 0 bytes/ms, got {self.mem_bw!r}")
 
@@ -285,6 +293,23 @@ def input_flows(ctx: CostContext, table: TableSpec, shares: dict[int, float]) ->
     for j, s in shares.items():
         f[:, j] = ctx.local_batch * (table.pooling_factor * s * ID_BYTES + LENGTH_BYTES)
     return f
+
+
+PATH_KIND = "sharding_path"  # the exchange kind of a sharding path's fixed cost
+
+
+def path_exchange(choice: TableChoice, ctx: CostContext) -> Exchange:
+    """The share of ``choice`` in its sharding path (its type's, pooled and sequence tables
+    apart): every table of a path carries the same one, so a plan pays each path once."""
+    module = "pooled" if choice.pooled else "sequence"
+    return Exchange(f"{choice.sharding_type}/{module}/path", PATH_KIND, ctx.every_rank)
+
+
+def path_cost(ranks: Sequence[int], ctx: CostContext) -> np.ndarray:
+    """``[W]`` ms of one sharding path: ``ctx.path_ms`` on each of ``ranks``."""
+    out = np.zeros(ctx.topology.world_size)
+    out[list(ranks)] = ctx.path_ms
+    return out
 
 
 def both_ways(tag: str, ranks: tuple[int, ...], flows: np.ndarray) -> tuple[Exchange, ...]:

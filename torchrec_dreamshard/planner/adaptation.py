@@ -58,13 +58,13 @@ def plan_adaptation(
     given: bool = False,
 ) -> dict[str, Any]:
     """:func:`adaptation` of a plan (``out``) with what the plan spent its seconds on
-    (``spent_s``: measuring the ``collectives``, the ``dense_kernel`` and the
-    ``reference_kernel``, ``calibration``, ``verification``, each without what the others
-    inside it took, and ``planning`` for the rest), the machine profile it planned from
-    (``profile``), what was not measured and why (``measuring_notes``: the profile's and
-    ``notes``, the verification's) and the measurements that failed
-    (``measure_failures``); ``given``: the profile was the user's (``profile_given``),
-    measured elsewhere or earlier."""
+    (``spent_s``: measuring the ``collectives``, the ``dense_kernel``, the
+    ``sharding_path`` and the ``reference_kernel``, ``calibration``, ``verification``,
+    each without what the others inside it took, and ``planning`` for the rest), the
+    machine profile it planned from (``profile``), what was not measured and why
+    (``measuring_notes``: the profile's and ``notes``, the verification's) and the
+    measurements that failed (``measure_failures``); ``given``: the profile was the
+    user's (``profile_given``), measured elsewhere or earlier."""
     out = dict(out)
     if given:
         out["profile_given"] = True

@@ -31,6 +31,11 @@ from torchrec_dreamshard.cost.collective_models import (
 )
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
+from torchrec_dreamshard.cost.sharding_path_model import (
+    ShardingPathModel,
+    default_sharding_path_path,
+    load_sharding_path_model,
+)
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.planner.profile_step import MachineSources
@@ -268,22 +273,29 @@ def machine_models(
         found = current()
         return found.reference_ms if found is not None else None
 
+    def profile_path() -> ShardingPathModel | None:
+        found = current()
+        return found.sharding_path if found is not None else None
+
     return MachineModels(
         profile_collectives if collectives is None else lambda: collectives,
         profile_dense if dense_kernel is None else lambda: dense_kernel,
         profile_reference,
+        profile_path,
     )
 
 
 def machine_sources(topology: Topology) -> MachineSources:
     """Where the profile step measures this machine's models from: the collectives
-    (:func:`default_collectives`), the dense kernel (:func:`default_dense_kernel`) and the
-    reference kernel (:func:`default_reference`), each cached per machine."""
+    (:func:`default_collectives`), the dense kernel (:func:`default_dense_kernel`), the
+    sharding path (:func:`default_sharding_path`) and the reference kernel
+    (:func:`default_reference`), each cached per machine."""
     return MachineSources(
         reference=default_reference(topology),
         collectives=default_collectives(topology),
         collectives_source=collectives_source(topology),
         dense_kernel=default_dense_kernel(topology),
+        sharding_path=default_sharding_path(topology),
     )
 
 
@@ -356,3 +368,26 @@ def default_reference(topology: Topology) -> Callable[[], tuple[float, float] | 
     if topology.compute_device == "cuda" and torch.cuda.is_available():
         return lambda: load_reference_ms(device="cuda")
     return lambda: None
+
+
+def default_sharding_path(
+    topology: Topology,
+) -> Callable[[bool], ShardingPathModel | None]:
+    """Where the type choice's cost of a sharding path comes from, as
+    ``load(may_measure)``: on CPU ranks, this machine's cached fit, else (where
+    ``may_measure``) timed on 2 gloo ranks this machine starts (once, about 6 s, then
+    cached: :func:`~torchrec_dreamshard.cost.sharding_path_model.load_sharding_path_model`);
+    inside a running job, only a cached fit (nothing is spawned there); on GPUs ``None``:
+    not timed there yet, so no path cost is charged."""
+
+    def load(may_measure: bool = True) -> ShardingPathModel | None:
+        if topology.compute_device != "cpu":
+            return None
+        cached = default_sharding_path_path("cpu")
+        if skip_measuring(cached, "charging no sharding-path cost"):
+            return None
+        if not may_measure and not cached.exists():
+            return None
+        return load_sharding_path_model(device="cpu")
+
+    return load

@@ -66,12 +66,15 @@ class MachineSources:
         collectives: measures (or loads) the collective models.
         collectives_source: where those come from, in words.
         dense_kernel: measures (or loads) the dense kernel's model.
+        sharding_path: ``sharding_path(may_measure)`` loads the cost of a sharding path,
+            or measures it where ``may_measure`` (giving ``None``: neither).
     """
 
     reference: Callable[[], tuple[float, float] | None]
     collectives: Callable[[], Any]
     collectives_source: str
     dense_kernel: Callable[[], Any]
+    sharding_path: Callable[[bool], Any] = lambda may_measure: None
 
 
 def given_profile(profile: str | Path | MachineProfile | None) -> MachineProfile | None:
@@ -181,6 +184,7 @@ class ProfileStep:
             collectives=self._sources.collectives if types_offered else None,
             collectives_source=self._sources.collectives_source,
             dense_kernel=self._sources.dense_kernel if types_offered else None,
+            sharding_path=self._sources.sharding_path if types_offered else None,
             calibration=wrapper.calibration if wrapper is not None else None,
             auto=wrapper.automatic if wrapper is not None else True,
             task=task,

@@ -41,6 +41,7 @@ from torchrec.distributed.planner.types import (
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.candidates import default_sources
 from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
@@ -72,11 +73,14 @@ class MachineModels:
             with (``None``, or giving ``None``: analytic).
         reference_ms: gives the reference kernel's time here, to price the cost network's
             kernels in this machine's time (``None``, or giving ``None``: as predicted).
+        sharding_path: gives the measured cost of a sharding path beyond its kernels and
+            collectives (``None``, or giving ``None``: not charged).
     """
 
     collectives: Callable[[], CollectiveModels | None] | None = None
     dense_kernel: Callable[[], DenseKernelModel | None] | None = None
     reference_ms: Callable[[], tuple[float, float] | None] | None = None
+    sharding_path: Callable[[], ShardingPathModel | None] | None = None
 
 
 class DreamShardProposer(Proposer):
@@ -129,6 +133,7 @@ class DreamShardProposer(Proposer):
         self._machine = (
             machine.dense_kernel or (lambda: None),
             machine.reference_ms or (lambda: None),
+            machine.sharding_path or (lambda: None),
         )
         self.sources: tuple[CandidateSource, ...] = sources or default_sources(reserved=True)
         self.last_types: TypePlan | None = None  # the type choice of the last proposal
@@ -227,7 +232,7 @@ class DreamShardProposer(Proposer):
     def _chooser(self) -> TypeChooser:
         """The type chooser, with this machine's models (a calibrating agent's kernels are
         this machine's already: they are not scaled by the reference kernel)."""
-        dense, reference = self._machine
+        dense, reference, path = self._machine
         return TypeChooser(
             self._agent,
             self._topology,
@@ -236,6 +241,7 @@ class DreamShardProposer(Proposer):
             self._collectives(),
             dense(),
             None if self._agent.calibration_enabled else reference(),
+            path(),
         )
 
 

@@ -56,6 +56,7 @@ from torchrec_dreamshard.cost.plans import (
     scaled_kernels,
 )
 from torchrec_dreamshard.cost.sharding import CostContext
+from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.cost.sharding_types import (
     alternative_kernels,
     alternative_types,
@@ -187,6 +188,8 @@ class TypeChooser:
             measured dense kernel and collectives
             (:mod:`torchrec_dreamshard.measure.reference_speed`). Not for an agent that
             calibrates (its kernels are this machine's already), nor when ``None``.
+        sharding_path: the measured cost of a sharding path beyond its kernels and
+            collectives, charged once per path a plan runs (``None``: not charged).
     """
 
     def __init__(
@@ -198,8 +201,10 @@ class TypeChooser:
         collectives: CollectiveModels,
         dense_kernel: DenseKernelModel | None = None,
         reference_ms: tuple[float, float] | None = None,
+        sharding_path: ShardingPathModel | None = None,
     ) -> None:
         self._agent = agent
+        self._path = sharding_path
         self._spec = spec_fn
         self._world = topology.world_size
         self._batch = batch_size
@@ -217,6 +222,7 @@ class TypeChooser:
             kernel_ms=kernel,
             kernels_ms=kernels,
             dense_kernel=dense_kernel,
+            path_ms=0.0 if sharding_path is None else sharding_path.unmodelled_ms(collectives),
         )
 
     def choose(
@@ -240,7 +246,11 @@ class TypeChooser:
         screen.calibrate(screen.last_calls)
         rate = ScreeningRater(slow, screen)
         errors = model_errors(
-            self._agent, self._spread(exact), self.ctx.collectives, self.ctx.dense_kernel
+            self._agent,
+            self._spread(exact),
+            self.ctx.collectives,
+            self.ctx.dense_kernel,
+            self._path,
         )
         fits = math.isfinite(base_exact)
         base_parts = exact.breakdown({}).at_slowest() if fits else {}

@@ -14,6 +14,9 @@ what the decision changes is its relative error times the change:
 * each collective kind whose volume changes: its fitted model's RMSE (one collective's
   error, ms), and nothing beyond the floor for a model not fitted on timings (given or
   analytic: no error is known);
+* the sharding paths, where a plan runs another number of them: the measured path cost's
+  standard error (:attr:`~torchrec_dreamshard.cost.sharding_path_model.ShardingPathModel.
+  error_ms`) times the change in paths;
 
 and, taking them as independent, ``U = sqrt(sum of squares)``. A typed candidate is kept
 only if ``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
@@ -27,6 +30,8 @@ from dataclasses import dataclass, field
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.sharding import PATH_KIND
+from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise
@@ -120,6 +125,8 @@ class ModelErrors:
     dense_source: str
     collectives: dict[str, float]
     collectives_source: str
+    path: float = 0.0
+    path_ms: float = 0.0
 
     def errors(self, base: dict[str, float], typed: dict[str, float]) -> dict[str, float]:
         """``U`` by source between the two plans' slowest-rank breakdowns."""
@@ -127,6 +134,9 @@ class ModelErrors:
             "fused_kernels": self.kernel * abs(base["fused_kernels"] - typed["fused_kernels"]),
             "dense_kernel": self.dense * abs(base["dense_kernel"] - typed["dense_kernel"]),
         }
+        if self.path_ms > 0:  # the path's error per path the plans differ by
+            paths = abs(base.get(PATH_KIND, 0.0) - typed.get(PATH_KIND, 0.0)) / self.path_ms
+            out[PATH_KIND] = self.path * round(paths)
         for kind in sorted(set(base) | set(typed) - {"fused_kernels", "dense_kernel"}):
             if kind in out:
                 continue
@@ -143,6 +153,7 @@ def model_errors(
     spread: float,
     collectives: CollectiveModels,
     dense_kernel: DenseKernelModel | None,
+    sharding_path: ShardingPathModel | None = None,
 ) -> ModelErrors:
     """The errors of the models the type choice prices with (see the module docstring)."""
     calibrated = (agent.meta or {}).get("calibrated") or {}
@@ -160,7 +171,12 @@ def model_errors(
     comm_how = (
         f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
     )
-    return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
+    if sharding_path is None:
+        return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
+    path_ms = sharding_path.unmodelled_ms(collectives)
+    return ModelErrors(
+        kernel, how, dense, dense_how, fitted, comm_how, sharding_path.error_ms, path_ms
+    )
 
 
 @dataclass

@@ -24,6 +24,7 @@ from torchrec_dreamshard.cost.plans import (
     plan_cost,
 )
 from torchrec_dreamshard.cost.sharding import (
+    PATH_KIND,
     CostContext,
     Exchange,
     KernelCall,
@@ -243,7 +244,10 @@ def _kernel_ms(calls: list[KernelCall], ctx: CostContext, rank: int) -> float:
 
 
 def _cross_bytes(e: Exchange, ctx: CostContext) -> float:
-    """Bytes one collective moves across hosts, all ranks together, one way each."""
+    """Bytes one collective moves across hosts, all ranks together, one way each (none for
+    a sharding path's fixed cost)."""
+    if e.kind == PATH_KIND:
+        return 0.0
     if isinstance(e.flows, FlowTotals):
         return float(e.flows.remote_sent.sum())
     if e.flows is not None:

@@ -32,7 +32,7 @@ from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_dreamshard.cost.comm_topology import FlowTotals, all_to_all_ms, ring_ms
 from torchrec_dreamshard.cost.plans import ScreeningKernels
-from torchrec_dreamshard.cost.sharding import TableChoice, Terms, job_terms
+from torchrec_dreamshard.cost.sharding import PATH_KIND, TableChoice, Terms, job_terms, path_cost
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.planner.option_kinds import DREAMSHARD_SHARDING_TYPE
 from torchrec_dreamshard.planner.type_rating import CandidateRater
@@ -205,6 +205,8 @@ class ScreeningRater:
         if key[0] == DENSE:
             return self._dense_ms(key[1], [c for v in values for c in v])
         kind, ranks = key[1], key[2]
+        if kind == PATH_KIND:
+            return path_cost(ranks, ctx)
         if kind != "all_to_all":
             return ring_ms(ctx.topology, ctx.collectives, kind, ranks, float(sum(values)))
         total = FlowTotals(

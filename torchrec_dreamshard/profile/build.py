@@ -5,7 +5,9 @@ The parts, in order, each taken only when asked for and while the budget lasts:
 1. the reference kernel (cached per machine), and the checkpoint's prediction of it;
 2. the collective models the type choice prices other sharding types with, and the dense
    kernel's model (both cached per machine and topology);
-3. calibration on the user's tables, where asked for or where the reference kernel says
+3. the cost of a sharding path (cached per machine; where not cached, timed on 2 spawned
+   ranks only while at least :data:`MIN_PATH_S` of the budget is left);
+4. calibration on the user's tables, where asked for or where the reference kernel says
    the checkpoint misprices this machine (every kernel kept in the calibration store).
 
 A part that fails (a kernel error, an out-of-memory, a collective that times out, an op
@@ -31,6 +33,7 @@ from torchrec_dreamshard.calibration.fine_tuning import (
 )
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 from torchrec_dreamshard.profile.budget import Budget
@@ -43,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 T = TypeVar("T")
 logger = logging.getLogger("torchrec_dreamshard.profile")
 
+MIN_PATH_S = 15.0  # fewer seconds left than this: the sharding path is not timed
 MIN_CALIBRATION_S = 6.0  # fewer seconds left than this: calibration is skipped
 CALIBRATION_SHARE = 0.5  # of the seconds left after the machine's models, for calibration
 
@@ -59,6 +63,10 @@ class ProfileRequest:
         collectives_source: where ``collectives`` takes them from, in words.
         dense_kernel: measures (or loads) the dense kernel's model (``None``: not
             needed).
+        sharding_path: ``sharding_path(may_measure)`` loads the cost of a sharding path
+            where cached, else measures it where ``may_measure`` (``None``: not needed;
+            giving ``None``: not cached and not measured, or not measured on this
+            machine).
         calibration: calibration settings (``None``: never calibrate).
         auto: calibrate only where the reference kernel is mispriced (or the store holds
             a running job's kernels of these tables, which costs no measuring).
@@ -72,6 +80,7 @@ class ProfileRequest:
     collectives: Callable[[], CollectiveModels] | None = None
     collectives_source: str = "none"
     dense_kernel: Callable[[], DenseKernelModel | None] | None = None
+    sharding_path: Callable[[bool], ShardingPathModel | None] | None = None
     calibration: CalibrationConfig | None = None
     auto: bool = True
     task: Callable[[], Task | None] | None = None
@@ -128,6 +137,7 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
     dense = None
     if request.dense_kernel is not None:
         dense = log.attempt("dense kernel", request.dense_kernel)
+    path = _sharding_path(request, log)
     cal = _calibration(prior, request, reference, log)
     return MachineProfile(
         stamp=request.stamp,
@@ -136,11 +146,29 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
         collectives=collectives,
         collectives_source=request.collectives_source if collectives is not None else "none",
         dense_kernel=dense,
+        sharding_path=path,
         calibration=cal,
         notes=tuple(log.notes),
         failures=tuple(f.to_dict() for f in log.failures),
         spent_s=dict(log.spent),
     )
+
+
+def _sharding_path(request: ProfileRequest, log: _Log) -> ShardingPathModel | None:
+    """The sharding path's cost where asked for: loaded where cached, else timed while
+    :data:`MIN_PATH_S` of the budget is left (see the module docstring)."""
+    if request.sharding_path is None:
+        return None
+    left = log.budget.remaining()
+    may_measure = left >= MIN_PATH_S
+    path = log.attempt("sharding path", lambda: request.sharding_path(may_measure))
+    if path is None and not may_measure:
+        log.notes.append(
+            f"sharding path not timed: {left:.1f} s of the plan's budget left (it needs "
+            f"{MIN_PATH_S:.0f} s); no path cost charged, so the type choice may keep a "
+            "table-wise path that every table data-parallel would save"
+        )
+    return path
 
 
 def _calibration(

@@ -6,7 +6,7 @@ A profile file is a ``torch.save`` of plain values and tensors only::
      "stamp": {...}, "reference_ms": [fwd, bwd] | None,
      "reference_predicted_ms": [fwd, bwd] | None,
      "collectives": {...} | None, "collectives_source": str,
-     "dense_kernel": {...} | None,
+     "dense_kernel": {...} | None, "sharding_path": {...} | None,
      "calibration": {"prior": fingerprint, "meta": {...}, "summary": {...}} | None,
      "cost_net": state_dict | None, "notes": [...], "failures": [...], "spent_s": {...}}
 
@@ -26,6 +26,7 @@ import torch
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
+from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.io import atomic_path
 from torchrec_dreamshard.policy.checkpoint import plain
@@ -74,6 +75,9 @@ class MachineProfile:
         collectives_source: where they came from (measured on the job's group, on
             threads, analytic from the topology, ...).
         dense_kernel: the dense kernel's model (``None``: analytic).
+        sharding_path: the measured cost of a sharding path beyond its kernels and
+            collectives (``None``: not charged). A file without it (written before it was
+            measured) loads with ``None``.
         calibration: the calibrated cost network (``None``: the checkpoint's as it is).
         notes: what was not measured, and why (budget, ``measure=False``, no CUDA, ...).
         failures: measurements that failed, with their cause (each a
@@ -90,6 +94,7 @@ class MachineProfile:
     collectives: CollectiveModels | None = None
     collectives_source: str = "none"
     dense_kernel: DenseKernelModel | None = None
+    sharding_path: ShardingPathModel | None = None
     calibration: ProfileCalibration | None = None
     notes: tuple[str, ...] = ()
     failures: tuple[dict[str, Any], ...] = ()
@@ -127,6 +132,9 @@ class MachineProfile:
             "reference_predicted_ms": _pair(self.reference_predicted_ms),
             "collectives_source": self.collectives_source,
             "dense_kernel": self.dense_kernel is not None,
+            "sharding_path_ms": None
+            if self.sharding_path is None
+            else self.sharding_path.median_ms,
             "calibrated": cal is not None,
             "calibration": dict(cal.summary) if cal is not None else None,
             "notes": list(self.notes),
@@ -153,6 +161,9 @@ class MachineProfile:
                     "dense_kernel": None
                     if self.dense_kernel is None
                     else self.dense_kernel.to_dict(),
+                    "sharding_path": None
+                    if self.sharding_path is None
+                    else self.sharding_path.to_dict(),
                     "calibration": None
                     if cal is None
                     else {
@@ -225,6 +236,7 @@ class MachineProfile:
             )
         collectives, dense = payload["collectives"], payload["dense_kernel"]
         correction = payload.get("storage_correction")
+        path = payload.get("sharding_path")
         return cls(
             stamp=MachineStamp.from_dict(payload["stamp"]),
             reference_ms=_tuple_or_none(payload["reference_ms"]),
@@ -232,6 +244,7 @@ class MachineProfile:
             collectives=None if collectives is None else CollectiveModels.from_dict(collectives),
             collectives_source=str(payload["collectives_source"]),
             dense_kernel=None if dense is None else DenseKernelModel.from_dict(dense),
+            sharding_path=None if path is None else ShardingPathModel.from_dict(path),
             calibration=calibration,
             notes=tuple(str(n) for n in payload["notes"]),
             failures=tuple(dict(f) for f in payload["failures"]),

@@ -1,9 +1,11 @@
 """Process groups of ranks spawned on this machine (gloo on CPU): the ``dreamshard``
 commands that measure on several ranks (the distributed measurement backend, the step
 timer, the demo), ``calibrate_collective_models(ranks="processes")`` and the tests start
-ranks this way; ``DreamShardPlanner`` and ``plan()`` never do (they time collectives on
-threads of their own process). And the rule of where nothing is spawned: inside a
-distributed job (:func:`check_may_spawn`, :func:`skip_measuring`)."""
+ranks this way; ``DreamShardPlanner`` and ``plan()`` time collectives on threads of their
+own process, and start ranks once per machine only to time the sharding path, as fresh
+interpreters (:mod:`torchrec_dreamshard.measure.sharding_path`). And the rule of where
+nothing is spawned: inside a distributed job (:func:`check_may_spawn`,
+:func:`skip_measuring`)."""
 
 from __future__ import annotations
 

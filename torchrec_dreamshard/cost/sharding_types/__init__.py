@@ -17,7 +17,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
-from torchrec_dreamshard.cost.sharding import CostContext, ShardingCost, TableChoice, Terms
+from torchrec_dreamshard.cost.sharding import (
+    CostContext,
+    ShardingCost,
+    TableChoice,
+    Terms,
+    path_exchange,
+)
 from torchrec_dreamshard.cost.sharding_types.column_wise import ColumnWise
 from torchrec_dreamshard.cost.sharding_types.data_parallel import DataParallel
 from torchrec_dreamshard.cost.sharding_types.row_wise import RowWise
@@ -84,7 +90,10 @@ def checked_choice(choice: TableChoice, topo: CommTopology) -> TableChoice:
 def table_terms(choice: TableChoice, ctx: CostContext) -> Terms:
     """The terms of ``choice`` (validated; see :func:`checked_choice`)."""
     choice = checked_choice(choice, ctx.topology)
-    return STRATEGIES[choice.sharding_type].terms(choice, ctx)
+    terms = STRATEGIES[choice.sharding_type].terms(choice, ctx)
+    if ctx.path_ms and choice.sharding_type != DataParallel.name:
+        terms = terms + Terms(exchanges=(path_exchange(choice, ctx),))
+    return terms
 
 
 class TermsCache:

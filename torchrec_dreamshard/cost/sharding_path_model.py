@@ -1,0 +1,160 @@
+"""The step cost of a sharding path beyond its kernels and collectives, from timings of
+this machine (:mod:`torchrec_dreamshard.measure.sharding_path` takes them), and its cache.
+
+A typed plan pays it once for each sharding path it runs: every sharding type other than
+data-parallel, pooled and sequence tables apart (TorchRec shards an
+``EmbeddingBagCollection`` and an ``EmbeddingCollection`` as modules of their own). The
+typed cost model (:mod:`torchrec_dreamshard.cost.plans`) charges it to every rank as a
+``sharding_path`` exchange per path, so that a plan that removes the last table-wise table
+gains it, and one that adds a row-wise path beside table-wise pays it.
+
+From the timings: the per-round difference between one table-wise path table and none
+(every table data-parallel), its median, less what the cost model already prices of that
+difference: the table-wise path's three all-to-alls (ids in; outputs out and back) at the
+timed world size (:meth:`ShardingPathModel.unmodelled_ms`). The path tables' kernels are a
+few microseconds, left out. The error the type choice's margin takes for it is the
+median's standard error (:meth:`ShardingPathModel.error_ms`). Data-parallel's own path is
+not charged: it has no input distribution, and its gradients join the dense all-reduce.
+
+Timed on 2 gloo ranks on CPU; applied as timed to every world size. Not timed on GPUs
+(:func:`~torchrec_dreamshard.planner.defaults.default_sharding_path`): there no path cost
+is charged, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.measure.hardware import device_name
+from torchrec_dreamshard.measure.machine_cache import (
+    CacheFile,
+    load_cached,
+    loaded_memo,
+    machine_cache_file,
+    named_file,
+)
+from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
+from torchrec_dreamshard.measure.spent import spent_on
+
+FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
+_ID_BYTES, _LENGTH_BYTES, _OUTPUT_BYTES = 8, 4, 4
+_MAD_TO_STD = 1.4826  # a normal's standard deviation over its median absolute deviation
+_MEDIAN_SE = 1.2533  # the median's standard error over the mean's, for a normal
+
+
+@dataclass(frozen=True)
+class ShardingPathModel:
+    """What one sharding path costs a step (see the module docstring).
+
+    Attributes:
+        timings: the measurement it was fitted to.
+        device: the device type it was timed on.
+        source: where it came from, in words.
+    """
+
+    timings: PathTimings
+    device: str = "cpu"
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def median_ms(self) -> float:
+        """The median per-round difference (ms) of one table-wise path table over none."""
+        return float(statistics.median(self.timings.deltas_ms))
+
+    @property
+    def error_ms(self) -> float:
+        """The median's standard error (ms), from the rounds' median absolute deviation."""
+        deltas = self.timings.deltas_ms
+        mad = statistics.median(abs(d - self.median_ms) for d in deltas)
+        return _MEDIAN_SE * _MAD_TO_STD * mad / math.sqrt(len(deltas))
+
+    def modelled_ms(self, collectives: CollectiveModels) -> float:
+        """What ``collectives`` price of the timed difference: the table-wise path table's
+        three all-to-alls (ids in, outputs out, their gradients back) at the timed world
+        size, each with what the table's rank moves."""
+        t = self.timings
+        _, dim, bag = t.tables[0]
+        peers = t.world_size - 1
+        ids_mb = peers * t.batch_size * (bag * _ID_BYTES + _LENGTH_BYTES) / 1e6
+        out_mb = peers * t.batch_size * dim * _OUTPUT_BYTES / 1e6
+        return sum(
+            collectives.ms("all_to_all", t.world_size, mb) for mb in (ids_mb, out_mb, out_mb)
+        )
+
+    def unmodelled_ms(self, collectives: CollectiveModels) -> float:
+        """The path's cost the typed cost model charges: :attr:`median_ms` less
+        :meth:`modelled_ms`, at least 0."""
+        return max(0.0, self.median_ms - self.modelled_ms(collectives))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": FORMAT_VERSION,
+            "timings": self.timings.to_dict(),
+            "device": self.device,
+            "source": self.source,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardingPathModel:
+        if data.get("version") != FORMAT_VERSION:
+            raise ValueError(
+                f"sharding path model version {data.get('version')!r}, expected {FORMAT_VERSION}"
+            )
+        return cls(
+            timings=PathTimings.from_dict(data["timings"]),
+            device=str(data["device"]),
+            source=str(data["source"]),
+            meta=dict(data.get("meta") or {}),
+        )
+
+
+@spent_on("sharding_path")
+def measure_sharding_path_model(device: str = "cpu") -> ShardingPathModel:
+    """Time the sharding path on this machine (:func:`time_sharding_path`, about 6 s on
+    2 CPU cores) and keep it."""
+    if device != "cpu":
+        raise ValueError(f"the sharding path is timed on CPU gloo ranks only, not {device!r}")
+    timings = time_sharding_path()
+    source = (
+        f"{timings.world_size} gloo ranks on {device_name(device)}: DMP steps, every table "
+        "data-parallel against one table-wise"
+    )
+    return ShardingPathModel(timings, device, source)
+
+
+def sharding_path_cache_file(device: str = "cpu") -> CacheFile:
+    """This machine's cache file of the model, keyed by
+    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the format."""
+    return machine_cache_file("sharding_path", device, device, format=FORMAT_VERSION)
+
+
+_LOADED: dict[str, ShardingPathModel] = loaded_memo()
+
+
+def load_sharding_path_model(
+    path: str | os.PathLike | None = None, device: str = "cpu"
+) -> ShardingPathModel:
+    """The model from ``path`` (default :func:`sharding_path_cache_file`), timing and
+    saving it first when the file does not exist."""
+    file = named_file(path) if path is not None else sharding_path_cache_file(device)
+    return load_cached(
+        file,
+        "sharding path model file",
+        ShardingPathModel.from_dict,
+        lambda: measure_sharding_path_model(device),
+        ShardingPathModel.to_dict,
+        _LOADED,
+    )
+
+
+def default_sharding_path_path(device: str = "cpu") -> Path:
+    """Where :func:`sharding_path_cache_file` is."""
+    return sharding_path_cache_file(device).path

@@ -1,0 +1,161 @@
+"""What a sharding path costs a training step beyond its kernels and collectives, timed on
+ranks of this machine (:func:`time_sharding_path`).
+
+TorchRec runs every sharding type of a module as a path of its own: an input distribution
+(the ids' splits, then their values, all-to-all), lookups, an output distribution and
+their backward, each behind awaitables and permutes. On this machine's gloo ranks one
+table-wise table beside tiny data-parallel ones costs a step several milliseconds more
+than all of them data-parallel, about as much as 36 or 100 table-wise tables
+(``benchmarks/results/tiny_path_cost.md``): a cost per path, not per table, that neither
+the cost network's kernels nor the collectives' fits hold.
+
+The measurement: real ``DistributedModelParallel`` training steps on 2 gloo ranks started
+as fresh interpreters (:mod:`.sharding_path_rank`), every table data-parallel against the
+first table-wise, in interleaved rounds. The path tables are tiny (a few microseconds of
+kernel, a few kilobytes per all-to-all), so the difference is the path. About 6 s on 2
+CPU cores, most of it the ranks importing TorchRec; cached per machine
+(:mod:`torchrec_dreamshard.cost.sharding_path_model`). Inside a distributed job nothing is
+spawned (:func:`~torchrec_dreamshard.ranks.spawn.check_may_spawn`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torchrec_dreamshard.measure.gate import check_may_measure
+from torchrec_dreamshard.ranks.spawn import check_may_spawn, free_port, launcher_free_env
+
+PATH_TABLES = ((64, 8, 1), (64, 8, 1), (64, 8, 1), (64, 8, 1))  # (rows, dim, ids per bag)
+PATH_WORLD = 2  # ranks
+PATH_BATCH = 512  # samples per rank per step (the step timer's)
+_STDERR_CHARS = 2000  # of a failed rank's stderr kept in the error
+
+
+class ShardingPathError(RuntimeError):
+    """A rank of the sharding-path measurement failed or ran past its time."""
+
+
+@dataclass(frozen=True)
+class PathTimings:
+    """Both plans' mean step (ms) in each round: ``data_parallel`` (every path table) and
+    ``one_table_wise`` (the first table-wise on rank 0)."""
+
+    data_parallel: tuple[float, ...]
+    one_table_wise: tuple[float, ...]
+    tables: tuple[tuple[int, int, int], ...] = PATH_TABLES
+    world_size: int = PATH_WORLD
+    batch_size: int = PATH_BATCH
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.data_parallel) != len(self.one_table_wise) or not self.data_parallel:
+            raise ValueError("the two plans need the same number of rounds, at least one")
+
+    @property
+    def deltas_ms(self) -> list[float]:
+        """Per round, the table-wise plan's step minus the data-parallel one's."""
+        return [b - a for a, b in zip(self.data_parallel, self.one_table_wise, strict=True)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PathTimings:
+        return cls(
+            data_parallel=tuple(float(x) for x in data["data_parallel"]),
+            one_table_wise=tuple(float(x) for x in data["one_table_wise"]),
+            tables=tuple(tuple(int(v) for v in t) for t in data["tables"]),  # type: ignore[misc]
+            world_size=int(data["world_size"]),
+            batch_size=int(data["batch_size"]),
+            meta=dict(data.get("meta") or {}),
+        )
+
+
+def time_sharding_path(
+    rounds: int = 8, warmup: int = 3, steps: int = 20, timeout_s: float = 90.0
+) -> PathTimings:
+    """Time the two plans (see the module docstring) in ``rounds`` interleaved rounds of
+    ``warmup`` untimed and ``steps`` timed steps each.
+
+    Raises:
+        ShardingPathError: a rank failed (its stderr in the message) or ``timeout_s``
+            passed (every rank is then ended).
+        ValueError: called inside a distributed job (nothing is spawned there).
+    """
+    check_may_measure("time_sharding_path")
+    check_may_spawn("timing the sharding path")
+    if rounds < 1 or steps < 1 or warmup < 0:
+        raise ValueError(f"need rounds >= 1, steps >= 1, warmup >= 0; got {rounds, steps, warmup}")
+    job = {
+        "world": PATH_WORLD, "port": free_port(), "tables": [list(t) for t in PATH_TABLES],
+        "batch_size": PATH_BATCH, "rounds": rounds, "warmup": warmup, "steps": steps,
+    }  # fmt: skip
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "path.json"
+        _run_ranks({**job, "out": str(out)}, Path(tmp), timeout_s)
+        times = json.loads(out.read_text())
+    return PathTimings(
+        data_parallel=tuple(times["data_parallel"]),
+        one_table_wise=tuple(times["one_table_wise"]),
+        meta={"rounds": rounds, "warmup": warmup, "steps": steps,
+              "seconds": time.perf_counter() - start},
+    )  # fmt: skip
+
+
+def _rank_env() -> dict[str, str]:
+    """This process's environment, with the package's folder first on ``PYTHONPATH`` (a
+    checkout that is not installed imports as it does here) and one intra-op thread."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run_ranks(job: dict[str, Any], tmp: Path, timeout_s: float) -> None:
+    """Start every rank, wait for all; a failure or the deadline ends them all and raises."""
+    module = "torchrec_dreamshard.measure.sharding_path_rank"
+    procs, logs = [], []
+    with launcher_free_env():
+        env = _rank_env()
+        for rank in range(job["world"]):
+            log = open(tmp / f"rank{rank}.err", "w+")  # noqa: SIM115 - closed below
+            logs.append(log)
+            args = [sys.executable, "-m", module, json.dumps({**job, "rank": rank})]
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise ShardingPathError(_failure(failed[0], procs, logs))
+            if time.monotonic() > deadline:
+                raise ShardingPathError(
+                    f"the sharding-path ranks did not finish in {timeout_s:g} s"
+                )
+            time.sleep(0.05)
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise ShardingPathError(_failure(failed[0], procs, logs))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+
+
+def _failure(rank: int, procs: list[subprocess.Popen], logs: list[Any]) -> str:
+    logs[rank].seek(0)
+    text = logs[rank].read()[-_STDERR_CHARS:].strip()
+    return f"sharding-path rank {rank} exited with status {procs[rank].returncode}: {text}"
