@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.sharding import ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
 from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.machine_cache import (
     CacheFile,
@@ -43,7 +44,6 @@ from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding
 from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
-_ID_BYTES, _LENGTH_BYTES, _OUTPUT_BYTES = 8, 4, 4
 _MAD_TO_STD = 1.4826  # a normal's standard deviation over its median absolute deviation
 _MEDIAN_SE = 1.2533  # the median's standard error over the mean's, for a normal
 
@@ -82,8 +82,8 @@ class ShardingPathModel:
         t = self.timings
         _, dim, bag = t.tables[0]
         peers = t.world_size - 1
-        ids_mb = peers * t.batch_size * (bag * _ID_BYTES + _LENGTH_BYTES) / 1e6
-        out_mb = peers * t.batch_size * dim * _OUTPUT_BYTES / 1e6
+        ids_mb = peers * t.batch_size * (bag * ID_BYTES + LENGTH_BYTES) / 1e6
+        out_mb = peers * t.batch_size * dim * OUTPUT_BYTES / 1e6
         return sum(
             collectives.ms("all_to_all", t.world_size, mb) for mb in (ids_mb, out_mb, out_mb)
         )

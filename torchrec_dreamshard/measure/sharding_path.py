@@ -122,18 +122,13 @@ def _rank_env() -> dict[str, str]:
 
 
 def _run_ranks(job: dict[str, Any], tmp: Path, timeout_s: float) -> None:
-    """Start every rank, wait for all; a failure or the deadline ends them all and raises."""
-    module = "torchrec_dreamshard.measure.sharding_path_rank"
-    procs, logs = [], []
-    with launcher_free_env():
-        env = _rank_env()
-        for rank in range(job["world"]):
-            log = open(tmp / f"rank{rank}.err", "w+")  # noqa: SIM115 - closed below
-            logs.append(log)
-            args = [sys.executable, "-m", module, json.dumps({**job, "rank": rank})]
-            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
-    deadline = time.monotonic() + timeout_s
+    """Start every rank, wait for all; a failure to start one, a rank's failure or the
+    deadline ends them all and raises."""
+    procs: list[subprocess.Popen] = []
+    logs: list[Any] = []
     try:
+        _start_ranks(job, tmp, procs, logs)
+        deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
             if failed:
@@ -153,6 +148,22 @@ def _run_ranks(job: dict[str, Any], tmp: Path, timeout_s: float) -> None:
                 p.wait()
         for log in logs:
             log.close()
+
+
+def _start_ranks(job: dict[str, Any], tmp: Path, procs: list, logs: list) -> None:
+    """Start each rank as ``python -m`` our rank module, its stderr to a file in ``tmp``
+    (appended to ``procs`` and ``logs`` as they start, so the caller ends what started)."""
+    module = "torchrec_dreamshard.measure.sharding_path_rank"
+    with launcher_free_env():
+        env = _rank_env()
+        for rank in range(job["world"]):
+            log = open(tmp / f"rank{rank}.err", "w+")  # noqa: SIM115 - the caller closes it
+            logs.append(log)
+            args = [sys.executable, "-m", module, json.dumps({**job, "rank": rank})]
+            try:
+                procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
+            except OSError as exc:  # no fork or exec allowed here, no memory, ...
+                raise ShardingPathError(f"could not start a sharding-path rank: {exc}") from exc
 
 
 def _failure(rank: int, procs: list[subprocess.Popen], logs: list[Any]) -> str:
