@@ -5,6 +5,7 @@ table-wise path costs more than they save)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import textwrap
 import pytest
 import torch
 from conftest import CPU_DENSE_LIKE, GLOO_LIKE
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
 
 from torchrec_dreamshard.cost.comm_topology import CommTopology
@@ -25,6 +27,7 @@ from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.planner import DreamShardPlanner
+from torchrec_dreamshard.planner.profile_step import sharding_paths_may_change
 from torchrec_dreamshard.planner.topology import torchrec_topology
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.profile.budget import Budget
@@ -216,3 +219,62 @@ def test_the_path_is_never_timed_from_inside_a_distributed_job(monkeypatch):
     monkeypatch.setattr(spawn, "in_distributed_job", lambda: True)
     with pytest.raises(ValueError, match="inside a distributed job"):
         time_sharding_path()
+
+
+def tiny_model():
+    spec = family_spec("tiny", 512)
+    return spec, StepDLRM(spec, torch.device("meta"))
+
+
+def test_the_path_is_timed_only_where_a_plan_may_run_another_number_of_paths():
+    spec, model = tiny_model()
+    sharders, constraints = get_default_sharders(), spec.planner_constraints()
+    roomy = torchrec_topology(2, "cpu")
+    assert sharding_paths_may_change(sharders, model, constraints, roomy)
+    # one table held to table-wise: a table-wise path in every plan (no row-wise on CPU)
+    held = dict(constraints)
+    name = spec.bags[0].name
+    held[name] = dataclasses.replace(held[name], sharding_types=["table_wise"])
+    assert not sharding_paths_may_change(sharders, model, held, roomy)
+    # the tables' weights do not fit one device: not every table can be replicated
+    weights = sum(t.rows * t.dim for t in spec.bags) * 2
+    tight = torchrec_topology(2, "cpu", ddr_cap=weights - 1)
+    assert not sharding_paths_may_change(sharders, model, constraints, tight)
+    # row-wise allowed somewhere (a sharder offering it): a path may be added beside
+    assert sharding_paths_may_change([RowWiseOffered()], model, held, tight)
+
+
+class RowWiseOffered(EmbeddingBagCollectionSharder):
+    """TorchRec's sharder of pooled collections, offering row-wise on CPU too."""
+
+    def sharding_types(self, compute_device_type: str) -> list[str]:
+        return [*super().sharding_types(compute_device_type), "row_wise"]
+
+
+def test_a_plan_whose_paths_cannot_change_never_times_the_path(cold_cache, monkeypatch):
+    from torchrec_dreamshard.planner import defaults
+
+    asked: list[str] = []
+
+    def load(**kw):
+        asked.append("load")
+        return model_of([20.0] * 5)
+
+    monkeypatch.setattr(defaults, "load_sharding_path_model", load)
+    spec, model = tiny_model()
+    held = dict(spec.planner_constraints())
+    name = spec.bags[0].name
+    held[name] = dataclasses.replace(held[name], sharding_types=["table_wise"])
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(2, "cpu"), batch_size=512, constraints=held
+    )
+    planner.plan(model, get_default_sharders())
+    assert asked == []  # neither timed nor (nothing cached) loaded
+    planner = DreamShardPlanner(
+        topology=torchrec_topology(2, "cpu"),
+        batch_size=512,
+        constraints=spec.planner_constraints(),
+    )
+    plan = planner.plan(model, get_default_sharders())
+    assert asked == ["load"]
+    assert sharding_type_counts(table_shardings(plan)) == {"data_parallel": 100}

@@ -190,18 +190,23 @@ def table_configs(model: Any) -> list[tuple[str, Any]]:
     """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
     tables; the fqn as TorchRec's ``ShardingOption.fqn`` has it (``"<module path>.<table>"``,
     ``".<table>"`` for a collection that is the model itself)."""
+    return [
+        (f"{path}.{c.name}", c)
+        for path, child in model.named_modules()
+        for c in collection_configs(child)
+    ]
+
+
+def collection_configs(module: Any) -> list[Any]:
+    """The table configs of ``module`` where it is an ``EmbeddingBagCollection`` or an
+    ``EmbeddingCollection`` (``[]`` for any other module)."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
-    out = []
-    for path, child in model.named_modules():
-        if isinstance(child, EmbeddingBagCollection):
-            configs = child.embedding_bag_configs()
-        elif isinstance(child, EmbeddingCollection):
-            configs = child.embedding_configs()
-        else:
-            continue
-        out += [(f"{path}.{c.name}", c) for c in configs]
-    return out
+    if isinstance(module, EmbeddingBagCollection):
+        return list(module.embedding_bag_configs())
+    if isinstance(module, EmbeddingCollection):
+        return list(module.embedding_configs())
+    return []
 
 
 def spec_from_config(

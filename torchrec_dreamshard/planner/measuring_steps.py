@@ -29,6 +29,7 @@ from torchrec_dreamshard.planner.profile_step import (
     offers_priced_types,
     plan_budget,
     policy_tables,
+    sharding_paths_may_change,
 )
 from torchrec_dreamshard.planner.tracked_proposers import ProposalLog
 from torchrec_dreamshard.planner.verify_step import verify_after_loop
@@ -136,6 +137,9 @@ class MeasuringSteps:
             offers_priced_types(inputs.sharders, inputs.module, constraints, device),
             lambda: policy_tables(inputs, constraints, self.parts),
             loads_plan=loads_plan,
+            paths_may_change=sharding_paths_may_change(
+                inputs.sharders, inputs.module, constraints, inputs.topology
+            ),
         )
         if self.storage_correction is not None:  # kept with the profile, for other plans
             self.profile_step.last = dataclasses.replace(

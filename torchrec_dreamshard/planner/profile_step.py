@@ -34,9 +34,10 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 
 from torchrec_dreamshard.calibration.auto import MachineCheck
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
-from torchrec_dreamshard.data.table_stats import table_configs
+from torchrec_dreamshard.data.table_stats import collection_configs, table_configs
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.adaptation import calibrating, prior_agent
+from torchrec_dreamshard.planner.device_memory import device_capacity
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
@@ -110,6 +111,58 @@ def offers_priced_types(
     return False
 
 
+# types whose path a plan may run beside table-wise's: a sharding path's cost may move them
+_PATH_ADDING_TYPES = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
+_FEWEST_BYTES_PER_WEIGHT = 2  # fp16: the gate below errs towards measuring
+
+
+def sharding_paths_may_change(
+    sharders: list[ModuleSharder[nn.Module]],
+    module: nn.Module,
+    constraints: dict[str, ParameterConstraints] | None,
+    topology: Topology,
+) -> bool:
+    """Whether the type choice may rate plans that run another number of sharding paths
+    than every table table-wise, so that the cost of a path could move it: some table may
+    take row-wise or table-row-wise (a path beside table-wise's), or every table of one
+    collection may be data-parallel and their weights together fit the smallest device
+    (then no table-wise path is left for that collection). The types a table may take
+    are its collection's sharder's (TorchRec matches sharders by module type) less what
+    its constraints rule out. Where neither holds, the sharding path is not timed: every
+    plan the type choice rates pays the same paths."""
+    device = topology.compute_device
+    by_type = {sharder.module_type: sharder for sharder in sharders}
+    smallest = min(device_capacity(topology), default=0)
+    constraints = constraints or {}
+    for collection in module.modules():
+        sharder = by_type.get(type(collection))
+        configs = collection_configs(collection)
+        if sharder is None or not configs:
+            continue
+        offered = set(sharder.sharding_types(device))
+        every_dp, weights = True, 0
+        for config in configs:
+            types = getattr(constraints.get(config.name), "sharding_types", None)
+            allowed = offered if types is None else offered & set(types)
+            if allowed & _PATH_ADDING_TYPES:
+                return True
+            every_dp &= ShardingType.DATA_PARALLEL.value in allowed
+            weights += config.num_embeddings * config.embedding_dim
+        if every_dp and weights * _FEWEST_BYTES_PER_WEIGHT <= smallest:
+            return True
+    return False
+
+
+def _cached_only(load: Callable[[bool], Any]) -> Callable[[bool], Any]:
+    """``load`` never measuring, whatever the budget allows."""
+
+    def cached(may_measure: bool) -> Any:
+        del may_measure
+        return load(False)
+
+    return cached
+
+
 class ProfileStep:
     """Builds (or loads) the profile of one plan and freezes the agent on it.
 
@@ -147,16 +200,23 @@ class ProfileStep:
         types_offered: bool,
         task: Callable[[], Task | None],
         loads_plan: bool = False,
+        paths_may_change: bool = True,
     ) -> MachineProfile:
         """The profile for this plan (see the module docstring), with ``agent`` frozen
         on it. ``types_offered``: whether the search space may offer types the type
         choice prices; ``task``: the tables calibration would measure (asked for only
-        where it calibrates); ``loads_plan``: a plan loader is given."""
+        where it calibrates); ``loads_plan``: a plan loader is given;
+        ``paths_may_change``: whether the type choice may rate plans of another number
+        of sharding paths (:func:`sharding_paths_may_change`; else the path is not
+        timed, only loaded where cached)."""
         stamp = self.stamp()
         self.unmeasured = None
         if self._given is None:
             self.unmeasured = self._why_not_measured(stamp, loads_plan)
-        profile = self._profile(agent, budget, types_offered, task, stamp)
+        path = self._sources.sharding_path
+        if not paths_may_change:  # every plan pays the same paths: loaded where cached
+            path = _cached_only(path)
+        profile = self._profile(agent, budget, types_offered, task, stamp, path)
         freeze(agent, profile)
         self.last = profile
         return profile
@@ -168,6 +228,7 @@ class ProfileStep:
         types_offered: bool,
         task: Callable[[], Task | None],
         stamp: MachineStamp,
+        path: Callable[[bool], Any],
     ) -> MachineProfile:
         if self._given is not None:
             return self._checked(self._given, stamp)
@@ -184,7 +245,7 @@ class ProfileStep:
             collectives=self._sources.collectives if types_offered else None,
             collectives_source=self._sources.collectives_source,
             dense_kernel=self._sources.dense_kernel if types_offered else None,
-            sharding_path=self._sources.sharding_path if types_offered else None,
+            sharding_path=path if types_offered else None,
             calibration=wrapper.calibration if wrapper is not None else None,
             auto=wrapper.automatic if wrapper is not None else True,
             task=task,
