@@ -159,16 +159,16 @@ def fixed_collectives() -> Iterator[CollectiveModels]:
     test spawns or launches do not inherit this; they pass what they pin, or measure what
     they assert."""
     from torchrec_dreamshard.calibration import auto
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
     with pytest.MonkeyPatch.context() as patch:
         # `dreamshard plan`'s automatic calibration plans with the checkpoint as it is
         patch.setattr(auto, "measured_reference_ms", lambda device="cpu": None)
-        patch.setattr(defaults, "load_collective_models", lambda **kw: GLOO_LIKE)
-        patch.setattr(defaults, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
-        patch.setattr(defaults, "load_sharding_path_model", lambda **kw: None)
+        patch.setattr(machine_sources, "load_collective_models", lambda **kw: GLOO_LIKE)
+        patch.setattr(machine_sources, "load_dense_kernel_model", lambda **kw: CPU_DENSE_LIKE)
+        patch.setattr(machine_sources, "load_sharding_path_model", lambda **kw: None)
         # the cost network's kernels as predicted (tests/test_reference_speed.py scales them)
-        patch.setattr(defaults, "load_reference_ms", lambda **kw: None)
+        patch.setattr(machine_sources, "load_reference_ms", lambda **kw: None)
         yield GLOO_LIKE
 
 

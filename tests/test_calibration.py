@@ -747,7 +747,7 @@ def test_the_default_on_a_mispriced_machine_splits_a_table_bigger_than_every_dev
     larger, and ``big`` still fits none."""
     import dataclasses
 
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
     task = oversized_task()
     memory = [int(m / 0.85) for m in task.memory]
@@ -755,7 +755,9 @@ def test_the_default_on_a_mispriced_machine_splits_a_table_bigger_than_every_dev
     dataclasses.replace(task, memory_bytes=memory).save(files / "big.json")
     agent = DreamShard.untrained(seed=0)
     fwd, bwd = cal.auto.check_machine(agent, None).predicted_ms
-    monkeypatch.setattr(defaults, "load_reference_ms", lambda device="cpu": (fwd * 10, bwd * 10))
+    monkeypatch.setattr(
+        machine_sources, "load_reference_ms", lambda device="cpu": (fwd * 10, bwd * 10)
+    )
     out = files / "plan.json"
     argv = ["plan", str(files / "big.json"), "--checkpoint", str(files / "agent.pt")]
     assert run_cli([*argv, "--out", str(out)]) == 0

@@ -122,11 +122,13 @@ def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
     """Here this machine runs the reference kernel 10x slower than the checkpoint predicts:
     by default `dreamshard plan` calibrates (and says why); --no-calibrate never does."""
     from torchrec_dreamshard.calibration import auto
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
     agent = DreamShard.untrained(seed=0)
     fwd, bwd = auto.check_machine(agent, None).predicted_ms
-    monkeypatch.setattr(defaults, "load_reference_ms", lambda device="cpu": (10 * fwd, 10 * bwd))
+    monkeypatch.setattr(
+        machine_sources, "load_reference_ms", lambda device="cpu": (10 * fwd, 10 * bwd)
+    )
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     argv += ["--out", str(out)]

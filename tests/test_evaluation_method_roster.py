@@ -97,14 +97,14 @@ def measured_machine(monkeypatch):
     the planner's reference kernel, collectives and dense kernel: conftest)."""
     from torchrec_dreamshard.cost import collective_models, dense_kernel_model
     from torchrec_dreamshard.measure import reference_speed
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
-    monkeypatch.setattr(defaults, "load_reference_ms", reference_speed.load_reference_ms)
+    monkeypatch.setattr(machine_sources, "load_reference_ms", reference_speed.load_reference_ms)
     monkeypatch.setattr(
-        defaults, "load_collective_models", collective_models.load_collective_models
+        machine_sources, "load_collective_models", collective_models.load_collective_models
     )
     monkeypatch.setattr(
-        defaults, "load_dense_kernel_model", dense_kernel_model.load_dense_kernel_model
+        machine_sources, "load_dense_kernel_model", dense_kernel_model.load_dense_kernel_model
     )
 
 

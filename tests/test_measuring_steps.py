@@ -185,7 +185,13 @@ MEASURING_ENTRY_POINTS = {
 }
 # the planner's modules allowed to name a measuring entry point: the two steps, and the
 # defaults that tell the profile step where to measure from
-MEASURING_MODULES = {"profile_step.py", "verify_step.py", "measuring_steps.py", "defaults.py"}
+MEASURING_MODULES = {
+    "profile_step.py",
+    "verify_step.py",
+    "measuring_steps.py",
+    "defaults.py",
+    "machine_sources.py",
+}
 QUIET_FOLDERS = ("planner", "policy", "cost", "data")
 
 

@@ -59,7 +59,7 @@ def test_a_slower_backward_here_replicates_what_the_prediction_keeps_table_wise(
     replicated (their dense kernel was measured here, the fused one was not)."""
     from test_type_choice import models, plan_types
 
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
     dense = DenseKernelModel(fwd=(0.0, 0.04, 0, 0, 0), bwd=(0.0, 0.04, 0, 0, 1.0))
     f, b = predicted_reference(agent)
@@ -67,7 +67,7 @@ def test_a_slower_backward_here_replicates_what_the_prediction_keeps_table_wise(
         warnings.simplefilter("ignore")
         # calibrate=False: the prediction scaled to this machine's time, not calibrated
         _, as_predicted = plan_types(agent, models(0.0, 0.5), dense_kernel=dense, calibrate=False)
-        monkeypatch.setattr(defaults, "load_reference_ms", lambda **kw: (f, 30 * b))
+        monkeypatch.setattr(machine_sources, "load_reference_ms", lambda **kw: (f, 30 * b))
         _, here = plan_types(agent, models(0.0, 0.5), dense_kernel=dense, calibrate=False)
     tiny = [f"tiny{i}" for i in range(12)]
     assert {as_predicted[t] for t in tiny} == {"table_wise"}

@@ -6,13 +6,17 @@ table-wise path costs more than they save)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from conftest import CPU_DENSE_LIKE, GLOO_LIKE
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
@@ -34,6 +38,7 @@ from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.build import MIN_PATH_S, ProfileRequest, build_profile
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.profile.stamp import MachineStamp
+from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 pytestmark = pytest.mark.usefixtures("quiet")
 
@@ -252,7 +257,7 @@ class RowWiseOffered(EmbeddingBagCollectionSharder):
 
 
 def test_a_plan_whose_paths_cannot_change_never_times_the_path(cold_cache, monkeypatch):
-    from torchrec_dreamshard.planner import defaults
+    from torchrec_dreamshard.planner import machine_sources
 
     asked: list[str] = []
 
@@ -260,7 +265,7 @@ def test_a_plan_whose_paths_cannot_change_never_times_the_path(cold_cache, monke
         asked.append("load")
         return model_of([20.0] * 5)
 
-    monkeypatch.setattr(defaults, "load_sharding_path_model", load)
+    monkeypatch.setattr(machine_sources, "load_sharding_path_model", load)
     spec, model = tiny_model()
     held = dict(spec.planner_constraints())
     name = spec.bags[0].name
@@ -278,3 +283,37 @@ def test_a_plan_whose_paths_cannot_change_never_times_the_path(cold_cache, monke
     plan = planner.plan(model, get_default_sharders())
     assert asked == ["load"]
     assert sharding_type_counts(table_shardings(plan)) == {"data_parallel": 100}
+
+
+def path_worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    with local_process_group(rank, world, port):
+        spec, model = tiny_model()
+        planner = DreamShardPlanner(
+            topology=torchrec_topology(world, "cpu"),
+            batch_size=512,
+            constraints=spec.planner_constraints(),
+        )
+        plan = planner.collective_plan(model, get_default_sharders(), dist.GroupMember.WORLD)
+        profile = planner.profile
+        path = None if profile is None or profile.sharding_path is None else profile.sharding_path
+        result = {
+            "types": sharding_type_counts(table_shardings(plan)),
+            "path": None if path is None else path.to_dict(),
+            "spent": planner.adaptation.get("spent_s"),
+        }
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    exit_spawned_rank()
+
+
+@pytest.mark.slow
+def test_under_collective_plan_the_path_is_timed_on_the_jobs_own_group(tmp_path, comm_model):
+    mp.spawn(path_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["types"] == ranks[1]["types"]  # (the fixture's dense kernel decides them)
+    path = ShardingPathModel.from_dict(ranks[0]["path"])
+    assert "2 gloo ranks of the job" in path.source, path.source
+    assert path.timings.world_size == 2 and path.timings.meta["ranks"] == "gloo"
+    assert ranks[0]["spent"]["sharding_path"] > 0  # timed there, no process started

@@ -70,7 +70,7 @@ def measure_profile(args: argparse.Namespace):
     from torchrec_dreamshard.io import check_writable
     from torchrec_dreamshard.measure.config import MeasureConfig
     from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.planner.defaults import machine_sources
+    from torchrec_dreamshard.planner.machine_sources import machine_sources
     from torchrec_dreamshard.planner.topology import torchrec_topology
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint
     from torchrec_dreamshard.profile.budget import Budget

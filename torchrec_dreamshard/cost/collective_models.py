@@ -209,16 +209,23 @@ def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
     ranks on ``hosts`` (rank order) with ``backend``: keyed by
     :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the topology
     (backend, world size, ranks on rank 0's host, the hosts)."""
+    label = f"{backend}_{len(hosts)}ranks"
+    topology = group_topology_key(backend, hosts)
+    extra = {"format": FORMAT_VERSION, "topology": topology, "runs": runs_key()}
+    return machine_cache_file("collectives", _device(backend), label, **extra)
+
+
+def group_topology_key(backend: str, hosts: Sequence[str]) -> dict[str, Any]:
+    """What a measurement on a job group of ``len(hosts)`` ranks on ``hosts`` (rank order)
+    with ``backend`` is keyed by beside the machine: the backend, the world size, the ranks
+    on rank 0's host and the hosts."""
     hosts = list(hosts)
-    topology = {
+    return {
         "backend": backend,
         "world_size": len(hosts),
         "local_world_size": hosts.count(hosts[0]) if hosts else 0,
         "hosts": hosts,
     }
-    label = f"{backend}_{len(hosts)}ranks"
-    extra = {"format": FORMAT_VERSION, "topology": topology, "runs": runs_key()}
-    return machine_cache_file("collectives", _device(backend), label, **extra)
 
 
 def group_collectives_path(backend: str, hosts: Sequence[str]) -> Path:

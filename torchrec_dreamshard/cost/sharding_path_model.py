@@ -16,9 +16,11 @@ few microseconds, left out. The error the type choice's margin takes for it is t
 median's standard error (:meth:`ShardingPathModel.error_ms`). Data-parallel's own path is
 not charged: it has no input distribution, and its gradients join the dense all-reduce.
 
-Timed on 2 gloo ranks on CPU; applied as timed to every world size. Not timed on GPUs
-(:func:`~torchrec_dreamshard.planner.defaults.default_sharding_path`): there no path cost
-is charged, as before.
+Timed under ``collective_plan`` on the job's own group (its backend, devices and world
+size; cached per machine and topology), else on 2 gloo ranks on CPU and applied as timed
+to every world size. Outside a job nothing is timed on GPUs
+(:func:`~torchrec_dreamshard.planner.machine_sources.default_sharding_path`): no path cost is
+charged there.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torchrec_dreamshard.cost.collective_models import CollectiveModels
+from torchrec_dreamshard.cost.collective_models import CollectiveModels, group_topology_key
 from torchrec_dreamshard.cost.sharding import ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
 from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.machine_cache import (
@@ -42,6 +44,7 @@ from torchrec_dreamshard.measure.machine_cache import (
 )
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.measure.spent import spent_on
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
 _MAD_TO_STD = 1.4826  # a normal's standard deviation over its median absolute deviation
@@ -118,16 +121,20 @@ class ShardingPathModel:
 
 @spent_on("sharding_path")
 def measure_sharding_path_model(device: str = "cpu") -> ShardingPathModel:
-    """Time the sharding path on this machine (:func:`time_sharding_path`, about 6 s on
-    2 CPU cores) and keep it."""
-    if device != "cpu":
-        raise ValueError(f"the sharding path is timed on CPU gloo ranks only, not {device!r}")
+    """Time the sharding path (:func:`time_sharding_path`): on the job's own group where
+    rank 0 drives measurements there, else on 2 gloo ranks this machine starts (CPU only;
+    about 6 s on 2 CPU cores)."""
+    group = active_group()
+    if group is None and device != "cpu":
+        raise ValueError(f"outside a job the sharding path is timed on CPU only, not {device!r}")
     timings = time_sharding_path()
-    source = (
-        f"{timings.world_size} gloo ranks on {device_name(device)}: DMP steps, every table "
-        "data-parallel against one table-wise"
+    ranks = (
+        f"{group.world} {group.backend} ranks of the job on {device_name(group.device.type)}"
+        if group is not None
+        else f"{timings.world_size} gloo ranks on {device_name(device)}"
     )
-    return ShardingPathModel(timings, device, source)
+    source = f"{ranks}: DMP steps, every table data-parallel against one table-wise"
+    return ShardingPathModel(timings, device if group is None else group.device.type, source)
 
 
 def sharding_path_cache_file(device: str = "cpu") -> CacheFile:
@@ -150,6 +157,32 @@ def load_sharding_path_model(
         "sharding path model file",
         ShardingPathModel.from_dict,
         lambda: measure_sharding_path_model(device),
+        ShardingPathModel.to_dict,
+        _LOADED,
+    )
+
+
+def group_sharding_path_file(group: JobGroup) -> CacheFile:
+    """This machine's cache file of the model timed on the job ``group``: keyed as
+    :func:`sharding_path_cache_file`, and by the group's topology
+    (:func:`~torchrec_dreamshard.cost.collective_models.group_topology_key`)."""
+    topology = group_topology_key(group.backend, group.hosts)
+    label = f"{group.backend}_{group.world}ranks"
+    device = group.device.type
+    return machine_cache_file(
+        "sharding_path", device, label, format=FORMAT_VERSION, topology=topology
+    )
+
+
+def load_group_sharding_path(group: JobGroup) -> ShardingPathModel:
+    """The model timed on the driven job ``group`` (cached per machine and topology),
+    timing it on the group first when there is no cache file. Every rank's call is the
+    same group request, so rank 0 decides."""
+    return load_cached(
+        group_sharding_path_file(group),
+        "sharding path model file",
+        ShardingPathModel.from_dict,
+        lambda: measure_sharding_path_model(group.device.type),
         ShardingPathModel.to_dict,
         _LOADED,
     )

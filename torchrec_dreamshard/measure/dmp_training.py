@@ -20,13 +20,20 @@ from torch import nn
 
 
 def sharded_for_training(
-    model: nn.Module, plan, lr: float, table_prefixes: tuple[str, ...]
+    model: nn.Module,
+    plan,
+    lr: float,
+    table_prefixes: tuple[str, ...],
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """``model`` (built on the meta device) under ``DistributedModelParallel`` with
-    ``plan`` on CPU, and its optimizer: fused row-wise Adagrad on the parameters whose
-    names start with ``table_prefixes`` (the embedding tables), Adagrad on the rest."""
+    ``plan`` on ``device`` (default CPU) over ``group`` (default: the default process
+    group), and its optimizer: fused row-wise Adagrad on the parameters whose names start
+    with ``table_prefixes`` (the embedding tables), Adagrad on the rest."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import get_default_sharders
+    from torchrec.distributed.types import ShardingEnv
     from torchrec.optim import RowWiseAdagrad
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
@@ -35,8 +42,13 @@ def sharded_for_training(
 
     tables = [p for n, p in model.named_parameters() if n.startswith(table_prefixes)]
     apply_optimizer_in_backward(RowWiseAdagrad, tables, {"lr": lr})
+    env = {} if group is None else {"env": ShardingEnv.from_process_group(group)}
     dmp = DistributedModelParallel(
-        model, device=torch.device("cpu"), plan=plan, sharders=get_default_sharders()
+        model,
+        device=device or torch.device("cpu"),
+        plan=plan,
+        sharders=get_default_sharders(),
+        **env,
     )
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
@@ -45,18 +57,31 @@ def sharded_for_training(
     return dmp, CombinedOptimizer([dmp.fused_optimizer, dense])
 
 
-def timed_steps(step: Callable[[], object], warmup: int, steps: int, drain: int = 0) -> float:
+def timed_steps(
+    step: Callable[[], object],
+    warmup: int,
+    steps: int,
+    drain: int = 0,
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+) -> float:
     """``warmup`` untimed calls of ``step``, ``steps`` timed ones, ``drain`` untimed ones
     after (a pipeline holding batches ahead); the mean timed step in ms, the maximum over
-    the ranks of the current process group."""
+    the ranks of ``group`` (default: the default process group). On a CUDA ``device`` the
+    clock is read once the device has finished."""
+    cuda = device is not None and device.type == "cuda"
     for _ in range(warmup):
         step()
-    dist.barrier()
+    if cuda:
+        torch.cuda.synchronize(device)
+    dist.barrier(group=group)
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+    if cuda:
+        torch.cuda.synchronize(device)
+    elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device=device)
     for _ in range(drain):
         step()
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
     return float(elapsed.item()) * 1000.0 / steps

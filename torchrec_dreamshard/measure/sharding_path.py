@@ -9,9 +9,11 @@ than all of them data-parallel, about as much as 36 or 100 table-wise tables
 (``benchmarks/results/tiny_path_cost.md``): a cost per path, not per table, that neither
 the cost network's kernels nor the collectives' fits hold.
 
-The measurement: real ``DistributedModelParallel`` training steps on 2 gloo ranks started
-as fresh interpreters (:mod:`.sharding_path_rank`), every table data-parallel against the
-first table-wise, in interleaved rounds. The path tables are tiny (a few microseconds of
+The measurement: real ``DistributedModelParallel`` training steps, every table
+data-parallel against the first table-wise, in interleaved rounds (:mod:`.sharding_path_rank`):
+under ``collective_plan``, on the job's own process group and devices, every rank taking
+part (NCCL on GPUs: written to be right, unmeasured here); elsewhere on 2 gloo ranks
+started as fresh interpreters. The path tables are tiny (a few microseconds of
 kernel, a few kilobytes per all-to-all), so the difference is the path. About 6 s on 2
 CPU cores, most of it the ranks importing TorchRec; cached per machine
 (:mod:`torchrec_dreamshard.cost.sharding_path_model`). Inside a distributed job nothing is
@@ -31,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.measure.gate import check_may_measure
+from torchrec_dreamshard.measure.group_tasks import run_on_group
+from torchrec_dreamshard.measure.sharding_path_rank import run_path_rounds
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group, group_task
 from torchrec_dreamshard.ranks.spawn import check_may_spawn, free_port, launcher_free_env
 
 PATH_TABLES = ((64, 8, 1), (64, 8, 1), (64, 8, 1), (64, 8, 1))  # (rows, dim, ids per bag)
@@ -83,32 +88,52 @@ def time_sharding_path(
     rounds: int = 8, warmup: int = 3, steps: int = 20, timeout_s: float = 90.0
 ) -> PathTimings:
     """Time the two plans (see the module docstring) in ``rounds`` interleaved rounds of
-    ``warmup`` untimed and ``steps`` timed steps each.
+    ``warmup`` untimed and ``steps`` timed steps each: on the job's own group and devices
+    while rank 0 of a job drives measurements there (every rank taking part), else on
+    :data:`PATH_WORLD` gloo ranks this machine starts.
 
     Raises:
-        ShardingPathError: a rank failed (its stderr in the message) or ``timeout_s``
-            passed (every rank is then ended).
-        ValueError: called inside a distributed job (nothing is spawned there).
+        ShardingPathError: a started rank failed (its stderr in the message) or
+            ``timeout_s`` passed (every rank is then ended).
+        ValueError: called inside a distributed job that is not driving its group
+            (nothing is spawned there).
     """
     check_may_measure("time_sharding_path")
-    check_may_spawn("timing the sharding path")
     if rounds < 1 or steps < 1 or warmup < 0:
         raise ValueError(f"need rounds >= 1, steps >= 1, warmup >= 0; got {rounds, steps, warmup}")
     job = {
-        "world": PATH_WORLD, "port": free_port(), "tables": [list(t) for t in PATH_TABLES],
-        "batch_size": PATH_BATCH, "rounds": rounds, "warmup": warmup, "steps": steps,
+        "tables": [list(t) for t in PATH_TABLES], "batch_size": PATH_BATCH,
+        "rounds": rounds, "warmup": warmup, "steps": steps,
     }  # fmt: skip
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "path.json"
-        _run_ranks({**job, "out": str(out)}, Path(tmp), timeout_s)
-        times = json.loads(out.read_text())
+    group = active_group()
+    if group is not None:
+        times, world, where = run_on_group(_group_path_rounds, job)[0], group.world, group.backend
+    else:
+        check_may_spawn("timing the sharding path")
+        times, world, where = _spawned_path_rounds(job, timeout_s), PATH_WORLD, "spawned gloo"
     return PathTimings(
         data_parallel=tuple(times["data_parallel"]),
         one_table_wise=tuple(times["one_table_wise"]),
-        meta={"rounds": rounds, "warmup": warmup, "steps": steps,
-              "seconds": time.perf_counter() - start},
-    )  # fmt: skip
+        world_size=world,
+        meta={**job, "ranks": where, "seconds": time.perf_counter() - start},
+    )
+
+
+@group_task
+def _group_path_rounds(group: JobGroup, job: dict[str, Any]) -> dict[str, list[float]]:
+    """Both plans' rounds on the driven job's group and devices, every rank taking part."""
+    local = group.hosts.count(group.hosts[group.rank])
+    return run_path_rounds(job, group.pg, group.device, local)
+
+
+def _spawned_path_rounds(job: dict[str, Any], timeout_s: float) -> dict[str, list[float]]:
+    """Both plans' rounds on :data:`PATH_WORLD` ranks started here as fresh interpreters."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "path.json"
+        spawned = {**job, "world": PATH_WORLD, "port": free_port(), "out": str(out)}
+        _run_ranks(spawned, Path(tmp), timeout_s)
+        return json.loads(out.read_text())
 
 
 def _rank_env() -> dict[str, str]:

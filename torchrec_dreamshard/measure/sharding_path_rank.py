@@ -25,6 +25,7 @@ from torch import nn
 from torchrec_dreamshard.measure.dmp_training import sharded_for_training, timed_steps
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
 from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
+from torchrec_dreamshard.threads import single_thread
 
 PLANS = ("data_parallel", "one_table_wise")  # the two plans, in the measurement's order
 LR = 0.01
@@ -52,8 +53,9 @@ class PathModel(nn.Module):
         return self.dense(self.sparse(kjt).values()).sum()
 
 
-def path_plan(model: PathModel, kind: str, world: int):
-    """Every table data-parallel, or (``one_table_wise``) the first table-wise on rank 0."""
+def path_plan(model: PathModel, kind: str, world: int, local: int, device_type: str):
+    """Every table data-parallel, or (``one_table_wise``) the first table-wise on rank 0,
+    over ``world`` ranks of ``local`` per host."""
     from torchrec.distributed.sharding_plan import (
         construct_module_sharding_plan,
         data_parallel,
@@ -89,34 +91,46 @@ def path_batch(tables: list[list[int]], batch: int, seed: int):
     return KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths)
 
 
-def run_path_rounds(job: dict[str, Any]) -> dict[str, list[float]]:
-    """The body every rank of an initialised group runs: both plans' mean step ms in each
-    of ``job["rounds"]`` interleaved rounds (every rank returns the same)."""
-    torch.set_num_threads(1)
-    world = dist.get_world_size()
+def run_path_rounds(
+    job: dict[str, Any],
+    group: dist.ProcessGroup | None = None,
+    device: torch.device | None = None,
+    local: int | None = None,
+) -> dict[str, list[float]]:
+    """The body every rank of a process group runs (``group``, default the default group,
+    of ``local`` ranks per host, default all): both plans' mean step ms on ``device``
+    (default CPU, one intra-op thread while it runs) in each of ``job["rounds"]``
+    interleaved rounds; every rank returns the same."""
+    device = device or torch.device("cpu")
+    world = dist.get_world_size(group)
     tables = job["tables"]
-    models = {}
-    for kind in PLANS:
-        model = PathModel(tables, torch.device("meta"))
-        plan = path_plan(model, kind, world)
-        models[kind] = sharded_for_training(model, plan, LR, ("sparse.",))
-    batch = path_batch(tables, job["batch_size"], seed=dist.get_rank())
-    times: dict[str, list[float]] = {k: [] for k in PLANS}
+    with single_thread(device.type == "cpu"):
+        models = {}
+        for kind in PLANS:
+            model = PathModel(tables, torch.device("meta"))
+            plan = path_plan(model, kind, world, local or world, device.type)
+            models[kind] = sharded_for_training(model, plan, LR, ("sparse.",), group, device)
+        batch = path_batch(tables, job["batch_size"], seed=dist.get_rank(group)).to(device)
+        times: dict[str, list[float]] = {k: [] for k in PLANS}
 
-    def step(kind: str) -> None:
-        dmp, optimizer = models[kind]
-        optimizer.zero_grad()
-        dmp(batch).backward()
-        optimizer.step()
+        def step(kind: str) -> None:
+            dmp, optimizer = models[kind]
+            optimizer.zero_grad()
+            dmp(batch).backward()
+            optimizer.step()
 
-    def measure(_: int, kind: str) -> float:
-        return timed_steps(lambda: step(kind), job["warmup"], job["steps"])
+        def measure(_: int, kind: str) -> float:
+            return timed_steps(
+                lambda: step(kind), job["warmup"], job["steps"], group=group, device=device
+            )
 
-    def kept(_: int, r: int, step_ms: dict[str, float]) -> None:
-        for kind, ms in step_ms.items():
-            times[kind].append(ms)
+        def kept(_: int, r: int, step_ms: dict[str, float]) -> None:
+            for kind, ms in step_ms.items():
+                times[kind].append(ms)
 
-    measure_in_rounds([list(PLANS)], measure, job["rounds"], on_group=kept, order=balanced_order)
+        measure_in_rounds(
+            [list(PLANS)], measure, job["rounds"], on_group=kept, order=balanced_order
+        )
     return times
 
 

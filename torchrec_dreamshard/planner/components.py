@@ -108,7 +108,7 @@ def build_components(
 ) -> Components:
     """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
     ``machine``: the type choice's models of this machine
-    (:func:`~torchrec_dreamshard.planner.defaults.machine_models`); ``adaptation``: how the
+    (:func:`~torchrec_dreamshard.planner.machine_sources.machine_models`); ``adaptation``: how the
     last plan adapted to this machine, for the stats."""
     agent, topology, specs = scope.agent, scope.topology, scope.specs
     proposer = DreamShardProposer(

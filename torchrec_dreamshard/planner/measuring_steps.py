@@ -21,7 +21,7 @@ from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.planner.adaptation import plan_adaptation
-from torchrec_dreamshard.planner.defaults import machine_sources
+from torchrec_dreamshard.planner.machine_sources import machine_sources
 from torchrec_dreamshard.planner.profile_step import (
     PlanInputs,
     ProfileStep,

@@ -52,10 +52,10 @@ from torchrec_dreamshard.planner.defaults import (
     check_arguments,
     default_topology,
     load_or_defer,
-    machine_models,
     own_reservation,
     with_calibration,
 )
+from torchrec_dreamshard.planner.machine_sources import machine_models
 from torchrec_dreamshard.planner.measuring_steps import MeasuringSteps
 from torchrec_dreamshard.planner.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
@@ -125,10 +125,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             beside the heuristics' and TorchRec's (0: none); ``None`` (default): where
             ``calibrate=None`` calibrated, two plans, cached per machine.
         collectives: the collective models the sharding-type choice rates plans with
-            (default :func:`~torchrec_dreamshard.planner.defaults.default_collectives`).
+            (default :func:`~torchrec_dreamshard.planner.machine_sources.default_collectives`).
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
-            :func:`~torchrec_dreamshard.planner.defaults.default_dense_kernel`).
+            :func:`~torchrec_dreamshard.planner.machine_sources.default_dense_kernel`).
         reuse_hists: each table's reuse histogram (17 fractions of its rows by access
             count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
             (``"module.path.table"``), where the sample batches do not measure it: what a

@@ -64,7 +64,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 class MachineModels:
     """Where the type choice's models of this machine come from, each asked for only when
     the type choice prices tables
-    (:func:`~torchrec_dreamshard.planner.defaults.machine_models`).
+    (:func:`~torchrec_dreamshard.planner.machine_sources.machine_models`).
 
     Attributes:
         collectives: gives the machine's fitted collective models (``None``, or giving
