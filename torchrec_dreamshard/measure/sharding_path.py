@@ -102,9 +102,12 @@ def time_sharding_path(
     if rounds < 1 or steps < 1 or warmup < 0:
         raise ValueError(f"need rounds >= 1, steps >= 1, warmup >= 0; got {rounds, steps, warmup}")
     job = {
-        "tables": [list(t) for t in PATH_TABLES], "batch_size": PATH_BATCH,
-        "rounds": rounds, "warmup": warmup, "steps": steps,
-    }  # fmt: skip
+        "tables": [list(t) for t in PATH_TABLES],
+        "batch_size": PATH_BATCH,
+        "rounds": rounds,
+        "warmup": warmup,
+        "steps": steps,
+    }
     start = time.perf_counter()
     group = active_group()
     if group is not None:
