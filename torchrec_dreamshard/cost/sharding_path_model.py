@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,6 @@ class ShardingPathModel:
     timings: PathTimings
     device: str = "cpu"
     source: str = ""
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def median_ms(self) -> float:
@@ -102,7 +101,6 @@ class ShardingPathModel:
             "timings": self.timings.to_dict(),
             "device": self.device,
             "source": self.source,
-            "meta": dict(self.meta),
         }
 
     @classmethod
@@ -115,7 +113,6 @@ class ShardingPathModel:
             timings=PathTimings.from_dict(data["timings"]),
             device=str(data["device"]),
             source=str(data["source"]),
-            meta=dict(data.get("meta") or {}),
         )
 
 
@@ -152,6 +149,12 @@ def load_sharding_path_model(
     """The model from ``path`` (default :func:`sharding_path_cache_file`), timing and
     saving it first when the file does not exist."""
     file = named_file(path) if path is not None else sharding_path_cache_file(device)
+    return _load_cached(file, device)
+
+
+def _load_cached(file: CacheFile, device: str) -> ShardingPathModel:
+    """The model in ``file``, timed on ``device`` (:func:`measure_sharding_path_model`) and
+    saved there first when it does not exist."""
     return load_cached(
         file,
         "sharding path model file",
@@ -178,14 +181,7 @@ def load_group_sharding_path(group: JobGroup) -> ShardingPathModel:
     """The model timed on the driven job ``group`` (cached per machine and topology),
     timing it on the group first when there is no cache file. Every rank's call is the
     same group request, so rank 0 decides."""
-    return load_cached(
-        group_sharding_path_file(group),
-        "sharding path model file",
-        ShardingPathModel.from_dict,
-        lambda: measure_sharding_path_model(group.device.type),
-        ShardingPathModel.to_dict,
-        _LOADED,
-    )
+    return _load_cached(group_sharding_path_file(group), group.device.type)
 
 
 def default_sharding_path_path(device: str = "cpu") -> Path:

@@ -119,7 +119,13 @@ def time_sharding_path(
         data_parallel=tuple(times["data_parallel"]),
         one_table_wise=tuple(times["one_table_wise"]),
         world_size=world,
-        meta={**job, "ranks": where, "seconds": time.perf_counter() - start},
+        meta={
+            "rounds": rounds,
+            "warmup": warmup,
+            "steps": steps,
+            "ranks": where,
+            "seconds": time.perf_counter() - start,
+        },
     )
 
 

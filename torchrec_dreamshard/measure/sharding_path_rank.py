@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +72,9 @@ def path_plan(model: PathModel, kind: str, world: int, local: int, device_type: 
     module_plan = construct_module_sharding_plan(
         model.sparse,
         per_param_sharding=per_table,
-        local_size=world,
+        local_size=local,
         world_size=world,
-        device_type="cpu",
+        device_type=device_type,
     )
     return ShardingPlan({"sparse": module_plan})
 
@@ -136,8 +137,6 @@ def run_path_rounds(
 
 def main(argv: list[str]) -> None:
     job = json.loads(argv[0])
-    import warnings
-
     warnings.filterwarnings("ignore")
     with local_process_group(job["rank"], job["world"], job["port"]):
         times = run_path_rounds(job)

@@ -204,7 +204,7 @@ class TypeChooser:
         sharding_path: ShardingPathModel | None = None,
     ) -> None:
         self._agent = agent
-        self._path = sharding_path
+        self._path_error_ms = 0.0 if sharding_path is None else sharding_path.error_ms
         self._spec = spec_fn
         self._world = topology.world_size
         self._batch = batch_size
@@ -250,7 +250,8 @@ class TypeChooser:
             self._spread(exact),
             self.ctx.collectives,
             self.ctx.dense_kernel,
-            self._path,
+            path_ms=self.ctx.path_ms,
+            path_error_ms=self._path_error_ms,
         )
         fits = math.isfinite(base_exact)
         base_parts = exact.breakdown({}).at_slowest() if fits else {}

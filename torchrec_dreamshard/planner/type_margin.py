@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.sharding import PATH_KIND
-from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 TYPE_MARGIN = 0.02  # a typed plan must be rated at least this much below all-table-wise
@@ -125,7 +124,7 @@ class ModelErrors:
     dense_source: str
     collectives: dict[str, float]
     collectives_source: str
-    path: float = 0.0
+    path_error: float = 0.0
     path_ms: float = 0.0
 
     def errors(self, base: dict[str, float], typed: dict[str, float]) -> dict[str, float]:
@@ -136,7 +135,7 @@ class ModelErrors:
         }
         if self.path_ms > 0:  # the path's error per path the plans differ by
             paths = abs(base.get(PATH_KIND, 0.0) - typed.get(PATH_KIND, 0.0)) / self.path_ms
-            out[PATH_KIND] = self.path * round(paths)
+            out[PATH_KIND] = self.path_error * round(paths)
         for kind in sorted(set(base) | set(typed) - {"fused_kernels", "dense_kernel"}):
             if kind in out:
                 continue
@@ -153,9 +152,12 @@ def model_errors(
     spread: float,
     collectives: CollectiveModels,
     dense_kernel: DenseKernelModel | None,
-    sharding_path: ShardingPathModel | None = None,
+    path_ms: float = 0.0,
+    path_error_ms: float = 0.0,
 ) -> ModelErrors:
-    """The errors of the models the type choice prices with (see the module docstring)."""
+    """The errors of the models the type choice prices with (see the module docstring);
+    ``path_ms``: the sharding path's charged cost (0: none), ``path_error_ms`` its
+    standard error."""
     calibrated = (agent.meta or {}).get("calibrated") or {}
     mape = calibrated.get("kernel_mape") if isinstance(calibrated, dict) else None
     if mape is not None and math.isfinite(mape):
@@ -171,12 +173,7 @@ def model_errors(
     comm_how = (
         f"fitted RMSE: {collectives.source}" if fitted else f"not fitted: {collectives.source}"
     )
-    if sharding_path is None:
-        return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how)
-    path_ms = sharding_path.unmodelled_ms(collectives)
-    return ModelErrors(
-        kernel, how, dense, dense_how, fitted, comm_how, sharding_path.error_ms, path_ms
-    )
+    return ModelErrors(kernel, how, dense, dense_how, fitted, comm_how, path_error_ms, path_ms)
 
 
 @dataclass
