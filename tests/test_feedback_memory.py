@@ -196,7 +196,7 @@ def build_model_with_adagrad():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.another_size)])
 def test_a_dmp_job_reports_predicted_and_measured_memory_per_rank_and_table(
     tmp_path, comm_model, world
 ):

@@ -172,7 +172,7 @@ def test_a2a_splits_follow_table_wise_sharding():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_devices", [2, 4])
+@pytest.mark.parametrize("num_devices", [2, pytest.param(4, marks=pytest.mark.another_size)])
 def test_distributed_and_local_agree_on_compute(num_devices, comm_model):
     task = small_task(num_devices=num_devices, batch_size=512)
     placement = random_placement(task, 1)

@@ -144,7 +144,7 @@ def train(rank: int, world: int, out_dir: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.another_size)])
 def test_dlrm_trains_under_dmp_with_dreamshard_plan(world, tmp_path):
     mp.spawn(worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
     results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]

@@ -152,7 +152,14 @@ def check_sharding_plan(plan, model, devices: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("local", [8, 4, 2])
+@pytest.mark.parametrize(
+    "local",
+    [
+        8,
+        pytest.param(4, marks=pytest.mark.another_size),
+        pytest.param(2, marks=pytest.mark.another_size),
+    ],
+)
 def test_1000_tables_on_128_gpus_choose_types_and_plan_a_valid_sharding(local):
     """1000 production-shaped tables on 128 GPUs of 80 GB, ``local`` per host, every type
     allowed: the type choice runs (and is timed); where it predicts a gain beyond its
