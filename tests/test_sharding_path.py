@@ -31,7 +31,7 @@ from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.profile_step import sharding_paths_may_change
+from torchrec_dreamshard.planner.model_needs import sharding_paths_may_change
 from torchrec_dreamshard.planner.topology import torchrec_topology
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.profile.budget import Budget

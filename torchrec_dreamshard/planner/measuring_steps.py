@@ -22,14 +22,13 @@ from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_
 from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.planner.adaptation import plan_adaptation
 from torchrec_dreamshard.planner.machine_sources import machine_sources
+from torchrec_dreamshard.planner.model_needs import offers_priced_types, sharding_paths_may_change
 from torchrec_dreamshard.planner.profile_step import (
     PlanInputs,
     ProfileStep,
     given_profile,
-    offers_priced_types,
     plan_budget,
     policy_tables,
-    sharding_paths_may_change,
 )
 from torchrec_dreamshard.planner.tracked_proposers import ProposalLog
 from torchrec_dreamshard.planner.verify_step import verify_after_loop

@@ -30,14 +30,12 @@ from typing import Any
 import torch
 from torch import nn
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.types import ModuleSharder, ShardingType
+from torchrec.distributed.types import ModuleSharder
 
 from torchrec_dreamshard.calibration.auto import MachineCheck
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
-from torchrec_dreamshard.data.table_stats import collection_configs, table_configs
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.adaptation import calibrating, prior_agent
-from torchrec_dreamshard.planner.device_memory import device_capacity
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
@@ -48,13 +46,6 @@ from torchrec_dreamshard.profile.stamp import HARDWARE_FIELDS, SETTING_FIELDS, M
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
 FIRST_PLAN_BUDGET_S = 25.0  # seconds a default plan may measure (profile and verification)
-
-# the sharding types whose pricing needs the collective and dense-kernel models
-_PRICED_TYPES = {
-    ShardingType.DATA_PARALLEL.value,
-    ShardingType.ROW_WISE.value,
-    ShardingType.TABLE_ROW_WISE.value,
-}
 
 
 @dataclass(frozen=True)
@@ -87,70 +78,6 @@ def given_profile(profile: str | Path | MachineProfile | None) -> MachineProfile
     raise ValueError(
         f"profile must be a MachineProfile or the path of a profile file, got {profile!r}"
     )
-
-
-def offers_priced_types(
-    sharders: list[ModuleSharder[nn.Module]],
-    module: nn.Module,
-    constraints: dict[str, ParameterConstraints] | None,
-    device: str,
-) -> bool:
-    """Whether some table may take a type the type choice prices with the collective and
-    dense-kernel models (data-parallel, row-wise, table-row-wise): a sharder offers one and
-    some table's constraints do not rule it out."""
-    offered = set()
-    for sharder in sharders:
-        offered |= set(sharder.sharding_types(device))
-    if not offered & _PRICED_TYPES:
-        return False
-    constraints = constraints or {}
-    for _, config in table_configs(module):
-        types = getattr(constraints.get(config.name), "sharding_types", None)
-        if types is None or set(types) & _PRICED_TYPES & offered:
-            return True
-    return False
-
-
-# types whose path a plan may run beside table-wise's: a sharding path's cost may move them
-_PATH_ADDING_TYPES = {ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value}
-_FEWEST_BYTES_PER_WEIGHT = 2  # fp16: the gate below errs towards measuring
-
-
-def sharding_paths_may_change(
-    sharders: list[ModuleSharder[nn.Module]],
-    module: nn.Module,
-    constraints: dict[str, ParameterConstraints] | None,
-    topology: Topology,
-) -> bool:
-    """Whether the type choice may rate plans that run another number of sharding paths
-    than every table table-wise, so that the cost of a path could move it: some table may
-    take row-wise or table-row-wise (a path beside table-wise's), or every table of one
-    collection may be data-parallel and their weights together fit the smallest device
-    (then no table-wise path is left for that collection). The types a table may take
-    are its collection's sharder's (TorchRec matches sharders by module type) less what
-    its constraints rule out. Where neither holds, the sharding path is not timed: every
-    plan the type choice rates pays the same paths."""
-    device = topology.compute_device
-    by_type = {sharder.module_type: sharder for sharder in sharders}
-    smallest = min(device_capacity(topology), default=0)
-    constraints = constraints or {}
-    for collection in module.modules():
-        sharder = by_type.get(type(collection))
-        configs = collection_configs(collection)
-        if sharder is None or not configs:
-            continue
-        offered = set(sharder.sharding_types(device))
-        every_dp, weights = True, 0
-        for config in configs:
-            types = getattr(constraints.get(config.name), "sharding_types", None)
-            allowed = offered if types is None else offered & set(types)
-            if allowed & _PATH_ADDING_TYPES:
-                return True
-            every_dp &= ShardingType.DATA_PARALLEL.value in allowed
-            weights += config.num_embeddings * config.embedding_dim
-        if every_dp and weights * _FEWEST_BYTES_PER_WEIGHT <= smallest:
-            return True
-    return False
 
 
 def _cached_only(load: Callable[[bool], Any]) -> Callable[[bool], Any]:
@@ -207,8 +134,8 @@ class ProfileStep:
         choice prices; ``task``: the tables calibration would measure (asked for only
         where it calibrates); ``loads_plan``: a plan loader is given;
         ``paths_may_change``: whether the type choice may rate plans of another number
-        of sharding paths (:func:`sharding_paths_may_change`; else the path is not
-        timed, only loaded where cached)."""
+        of sharding paths (:mod:`~torchrec_dreamshard.planner.model_needs`; else the
+        path is not timed, only loaded where cached)."""
         stamp = self.stamp()
         self.unmeasured = None
         if self._given is None:
