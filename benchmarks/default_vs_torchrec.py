@@ -14,7 +14,14 @@ said (or why it found no plan, or did not verify), its interval of per-round rat
 TorchRec's, and each first plan's seconds against the default budget
 (``FIRST_PLAN_BUDGET_S``): the longest, and the tasks over it.
 
+With ``--against METHOD`` (a method of the run, e.g. ``calibrated_20_verify4``: the
+calibrated agent's verified plan, counting weights only, what last round's default was),
+the default is also set against that method's plan in the same rounds, with whether that
+plan fits TorchRec's storage estimate: the like-for-like comparison with an earlier default
+is over the tasks where it does.
+
 Usage: python benchmarks/default_vs_torchrec.py generalisation_r32 [--metric step]
+       [--against METHOD]
        (reads results/NAME_raw.json, writes results/NAME_vs_torchrec.md and .json;
        by step, NAME_vs_torchrec_step.md and .json)
 """
@@ -39,9 +46,10 @@ from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
 HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 
 
-def task_row(task: dict, metric: str, drawn: Task) -> dict:
+def task_row(task: dict, metric: str, drawn: Task, against: str | None = None) -> dict:
     """One task's ratios (``None`` where a plan is missing) and the default's adaptation;
-    ``drawn``: the task itself (for TorchRec's storage estimate of its tables)."""
+    ``drawn``: the task itself (for TorchRec's storage estimate of its tables); with
+    ``against``, the ratio to that method's plan and whether that plan fits the estimate."""
     rounds = task["rounds"]
 
     def cost(name: str, rnd: dict) -> float | None:
@@ -66,6 +74,8 @@ def task_row(task: dict, metric: str, drawn: Task) -> dict:
         if task["plans"].get(h) and fits_torchrec_storage(drawn, task["plans"][h], storage)
     }
     vs_fitting = ratios(min(fitting, key=fitting.get)) if fitting else []
+    vs_against = ratios(against) if against else []
+    against_plan = task["plans"].get(against) if against else None
     secs = task["secs"]
     adaptation = secs.get("default_adaptation") or {}
     plan_s = secs.get("default")
@@ -77,6 +87,11 @@ def task_row(task: dict, metric: str, drawn: Task) -> dict:
         "vs_best_fitting_heuristic": statistics.median(vs_fitting) if vs_fitting else None,
         "vs_torchrec": statistics.median(vs_torchrec) if vs_torchrec else None,
         "vs_torchrec_range": [min(vs_torchrec), max(vs_torchrec)] if vs_torchrec else None,
+        "vs_against": statistics.median(vs_against) if vs_against else None,
+        "vs_against_range": [min(vs_against), max(vs_against)] if vs_against else None,
+        "against_fits": None
+        if against_plan is None
+        else fits_torchrec_storage(drawn, against_plan, storage),
         "kept": kept_line(secs, adaptation),
         "spent_s": adaptation.get("spent_s"),
         "plan_s": plan_s,
@@ -147,6 +162,33 @@ def summary(name: str, rows: list[dict], metric: str) -> str:
     return "\n".join(lines)
 
 
+def against_lines(rows: list[dict], against: str) -> list[str]:
+    """The default against ``against``'s plan per task, and the geomeans over every task
+    and over those where that plan fits TorchRec's storage estimate (like for like)."""
+    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = [
+        f"The default against `{against}` in the same rounds (below 1: the default is faster):",
+        "",
+        f"| family | held out | default / {against} [range] | {against}'s plan fits "
+        "TorchRec's storage estimate |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        rng = r["vs_against_range"]
+        ratio = fmt(r["vs_against"]) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
+        fits = {None: "no plan", True: "yes", False: "no"}[r["against_fits"]]
+        held = "yes" if r["family"] in HELDOUT_FAMILIES else ""
+        lines.append(f"| {r['family']} | {held} | {ratio} | {fits} |")
+    like = [r for r in rows if r["against_fits"]]
+    lines += [
+        "",
+        f"Geomean default / {against}: every task "
+        f"{fmt(geomean([r['vs_against'] for r in rows]))}; where its plan fits TorchRec's "
+        f"estimate ({len(like)} tasks) {fmt(geomean([r['vs_against'] for r in like]))}.",
+    ]
+    return lines
+
+
 def budget_line(rows: list[dict]) -> str:
     """Each first plan's seconds against the default budget: the longest, and the tasks
     over the budget."""
@@ -166,17 +208,21 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", help="the generalisation run's results stem")
     ap.add_argument("--metric", choices=("compute", "step"), default="compute")
+    ap.add_argument("--against", default=None, metavar="METHOD", help="also against this method")
     args = ap.parse_args(argv)
     raw = json.loads((RESULTS / f"{args.name}_raw.json").read_text())
     settings = raw["settings"]
     drawn = roster(settings["families"], settings["per_family"], settings["seed"])
     rows = [
-        task_row(t, args.metric, task)
+        task_row(t, args.metric, task, args.against)
         for t, (_, task) in zip(raw["tasks"], drawn, strict=True)
         if t["rounds"]
     ]
     stem = f"{args.name}_vs_torchrec" + ("_step" if args.metric == "step" else "")
-    write(stem, {"rows": rows}, summary(args.name, rows, args.metric))
+    text = summary(args.name, rows, args.metric)
+    if args.against:
+        text += "\n\n" + "\n".join(against_lines(rows, args.against))
+    write(stem, {"rows": rows, "against": args.against}, text)
 
 
 if __name__ == "__main__":
