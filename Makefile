@@ -6,8 +6,8 @@
 #   1.9  torch 2.14.1, FBGEMM 1.9.0, torchrec 1.9.2 (today's)        -> .venv-1.9
 # `make test`, `make demo` use the default set; `make test-1.9` runs the whole suite on the
 # other but the parametrizations marked another_size (a path another parametrization runs,
-# at another world or host size: what a release changes shows at any size, and the suite
-# stays well under CI's 20 minutes); `make test-isa` runs the fast tests under another
+# at another world or host size: what a release changes shows at any size, and it saves
+# about a minute of CI's suite); `make test-isa` runs the fast tests under another
 # instruction set (see README).
 PYTHON_BOOT ?= $(shell command -v python3.11 || command -v python3)
 STACK       ?= 1.8
