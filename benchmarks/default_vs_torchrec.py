@@ -118,8 +118,22 @@ def geomean(xs: list[float | None]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
+def fmt(x: float | None) -> str:
+    """A ratio to three places, ``n/a`` where there is none."""
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def with_range(x: float | None, rng: list[float] | None) -> str:
+    """A ratio with its ``[min, max]`` over rounds, where there is one."""
+    return fmt(x) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
+
+
+def held_out(row: dict) -> str:
+    """``yes`` where the row's family is held out of training."""
+    return "yes" if row["family"] in HELDOUT_FAMILIES else ""
+
+
 def summary(name: str, rows: list[dict], metric: str) -> str:
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     lines = [
         f"# The default planner against TorchRec's and the best heuristic ({name})",
         "",
@@ -132,9 +146,8 @@ def summary(name: str, rows: list[dict], metric: str) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        rng = r["vs_torchrec_range"]
-        tr = fmt(r["vs_torchrec"]) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
-        held = "yes" if r["family"] in HELDOUT_FAMILIES else ""
+        tr = with_range(r["vs_torchrec"], r["vs_torchrec_range"])
+        held = held_out(r)
         plan_s = "n/a" if r["plan_s"] is None else f"{r['plan_s']:.1f}"
         lines.append(
             f"| {r['family']} | {held} | {fmt(r['vs_best_heuristic'])} "
@@ -165,7 +178,6 @@ def summary(name: str, rows: list[dict], metric: str) -> str:
 def against_lines(rows: list[dict], against: str) -> list[str]:
     """The default against ``against``'s plan per task, and the geomeans over every task
     and over those where that plan fits TorchRec's storage estimate (like for like)."""
-    fmt = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
     lines = [
         f"The default against `{against}` in the same rounds (below 1: the default is faster):",
         "",
@@ -174,10 +186,9 @@ def against_lines(rows: list[dict], against: str) -> list[str]:
         "|---|---|---|---|",
     ]
     for r in rows:
-        rng = r["vs_against_range"]
-        ratio = fmt(r["vs_against"]) + (f" [{rng[0]:.3f}, {rng[1]:.3f}]" if rng else "")
+        ratio = with_range(r["vs_against"], r["vs_against_range"])
         fits = {None: "no plan", True: "yes", False: "no"}[r["against_fits"]]
-        held = "yes" if r["family"] in HELDOUT_FAMILIES else ""
+        held = held_out(r)
         lines.append(f"| {r['family']} | {held} | {ratio} | {fits} |")
     like = [r for r in rows if r["against_fits"]]
     lines += [
