@@ -25,7 +25,7 @@ from torchrec_dreamshard.evaluation.plan_measuring import measure_fn
 from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
 from torchrec_dreamshard.measure import measure_in_rounds
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
 

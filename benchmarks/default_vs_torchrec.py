@@ -41,7 +41,7 @@ from torchrec_dreamshard.evaluation.default_planning import (
 )
 from torchrec_dreamshard.evaluation.results_files import RESULTS, write
 from torchrec_dreamshard.evaluation.task_draws import roster
-from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
 
 HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 

@@ -90,7 +90,7 @@ def run_family(spec: Any, args: dict) -> dict:
     from torchrec_dreamshard.feedback.observed_job_report import rank_tables
     from torchrec_dreamshard.feedback.observer import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 
     torch.set_num_threads(1)
 

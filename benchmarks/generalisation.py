@@ -77,7 +77,7 @@ from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds
 from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw, write
 from torchrec_dreamshard.evaluation.task_draws import PER_FAMILY, roster
 from torchrec_dreamshard.measure import MeasureConfig
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
 

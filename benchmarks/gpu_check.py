@@ -101,7 +101,7 @@ def torchrec_plan(task: Any) -> tuple[list[int] | None, str]:
     memory was counted: TorchRec's estimate with nothing reserved (the task's memory is
     what the job leaves each GPU), else weights only; ``None`` where it found none."""
     from torchrec_dreamshard.data.tasks import NoPlanError
-    from torchrec_dreamshard.planner.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.stages.candidates import torchrec_placement
 
     for accounting in ("unreserved", "weights"):
         try:

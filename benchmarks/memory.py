@@ -94,7 +94,7 @@ def rank_job(rank: int, world: int, port: int, out: str, steps: int) -> None:
 
     from torchrec_dreamshard.feedback.memory_check import check_plan
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
     from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, local_process_group
 
     warnings.simplefilter("ignore")

@@ -16,7 +16,7 @@ could spend the step differently:
 - ``cw_huge``: both huge tables column-wise over both ranks (each rank half of each);
 - ``dreamshard_all_tiny_dp``: ``DreamShardPlanner`` with every tiny table held to
   data-parallel, beside ``dreamshard`` (its own count, the fewest tables of its coarse grid
-  within the decision's margin: ``planner/type_prefixes.py``).
+  within the decision's margin: ``planner/type_choice/type_prefixes.py``).
 
 Ratios are to TorchRec's plan, per round, with order-statistic intervals.
 

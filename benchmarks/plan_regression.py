@@ -67,7 +67,7 @@ def plan_mode(agent, task, mode: str, seed: int) -> dict:
 
 def plan_all(checkpoint: str | None = None) -> dict:
     """Every roster task's plans in every mode, with the task's shape."""
-    from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     agent = load_checkpoint(checkpoint, sources=default_sources())

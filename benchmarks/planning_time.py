@@ -128,7 +128,7 @@ def make_planner(name: str, devices: int, constraints: dict, checkpoint: str | N
 
 def load_agent(checkpoint: str | None):
     """The given checkpoint, else the bundled one, else an untrained agent (same speed)."""
-    from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
     from torchrec_dreamshard.policy import DreamShard
     from torchrec_dreamshard.policy.checkpoint import BUNDLED_CHECKPOINT, load_checkpoint
 

@@ -54,7 +54,7 @@ from torchrec_dreamshard.evaluation.family_statistics import geomean
 from torchrec_dreamshard.evaluation.placers import place
 from torchrec_dreamshard.evaluation.plan_measuring import measure_costs, single_ms
 from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
 from torchrec_dreamshard.policy.split_search import plan_with_splits

@@ -35,7 +35,7 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec_dreamshard import DreamShardPlanner
 from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 
 spec = family_spec(sys.argv[1], 512)
 planner = DreamShardPlanner(

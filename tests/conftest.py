@@ -159,7 +159,7 @@ def fixed_collectives() -> Iterator[CollectiveModels]:
     test spawns or launches do not inherit this; they pass what they pin, or measure what
     they assert."""
     from torchrec_dreamshard.calibration import auto
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     with pytest.MonkeyPatch.context() as patch:
         # `dreamshard plan`'s automatic calibration plans with the checkpoint as it is

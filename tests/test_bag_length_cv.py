@@ -23,9 +23,9 @@ from torchrec_dreamshard.data.table_stats import gamma_poisson_cv, group_lengths
 from torchrec_dreamshard.data.tables import MAX_BAG_LENGTH_CV, TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.data.workloads import generate_batch
-from torchrec_dreamshard.planner.adaptation import calibrating
-from torchrec_dreamshard.planner.option_specs import OptionSpecs, bag_length_cvs, checked_cvs
-from torchrec_dreamshard.planner.task_inputs import task_inputs
+from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs, bag_length_cvs, checked_cvs
+from torchrec_dreamshard.planner.steps.adaptation import calibrating
 from torchrec_dreamshard.policy import DreamShard
 
 BURSTY = np.array([1, 1, 1, 5] * 256)  # mean 2, std sqrt(3): excess over Poisson cv 0.5

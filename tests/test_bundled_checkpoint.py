@@ -41,7 +41,7 @@ from torchrec_dreamshard.data.tasks import NoPlanError, Task
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.placement_timing import measure_placement
 from torchrec_dreamshard.measure.rounds import measure_in_rounds
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy import heuristics
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.protocol import PlaceSettings

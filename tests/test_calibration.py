@@ -747,7 +747,7 @@ def test_the_default_on_a_mispriced_machine_splits_a_table_bigger_than_every_dev
     larger, and ``big`` still fits none."""
     import dataclasses
 
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     task = oversized_task()
     memory = [int(m / 0.85) for m in task.memory]
@@ -780,7 +780,7 @@ def test_the_planner_splits_a_table_bigger_than_every_rank_on_the_calibrating_pa
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import (
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
         planner_best_plan,
         planner_reserved_topology,
     )

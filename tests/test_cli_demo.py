@@ -16,7 +16,7 @@ def test_demo_prints_the_side_by_side_and_trains(tmp_path, capsys, monkeypatch):
     """The default planner, on an untrained checkpoint that misprices any machine: it
     measures the reference kernel here, calibrates, and says so."""
     from torchrec_dreamshard.measure import reference_speed
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     monkeypatch.setenv("DREAMSHARD_CALIBRATION_STORE", str(tmp_path / "calibration.sqlite"))
     # this test measures the machine as a user's first run does (conftest pins it)

@@ -122,7 +122,7 @@ def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
     """Here this machine runs the reference kernel 10x slower than the checkpoint predicts:
     by default `dreamshard plan` calibrates (and says why); --no-calibrate never does."""
     from torchrec_dreamshard.calibration import auto
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     agent = DreamShard.untrained(seed=0)
     fwd, bwd = auto.check_machine(agent, None).predicted_ms
@@ -157,7 +157,7 @@ def test_plan_calibrates_by_default_where_the_checkpoint_misprices_this_machine(
 
 def test_plan_weighs_torchrecs_candidate(files, monkeypatch, run_cli):
     """`dreamshard plan` hands the planner side's candidate sources to the agent."""
-    from torchrec_dreamshard.planner.candidates import TorchRecOwnPlan
+    from torchrec_dreamshard.planner.stages.candidates import TorchRecOwnPlan
     from torchrec_dreamshard.policy import NoPlanError
 
     def probe(self, task):
@@ -289,8 +289,8 @@ def test_os_errors_are_one_line_and_debug_shows_the_traceback(files, capsys, mon
 
 
 def test_non_finite_prediction_names_the_tables():
-    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
-    from torchrec_dreamshard.planner.plan_summary import check_finite
+    from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plans.plan_summary import check_finite
 
     nan = float("nan")
     bad = PlanPrediction([nan, 1.0, 1.0], [1.0] * 3, [1.0] * 3, [0.0] * 3, nan)

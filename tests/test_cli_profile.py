@@ -15,7 +15,7 @@ from torchrec_dreamshard.cli import main
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.gate import no_measuring
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
 

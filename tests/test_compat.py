@@ -42,7 +42,7 @@ from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.torchrec_adapter import (
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
     heuristical_reservation,
     planner_best_plan,
     torchrec_topology,
@@ -328,8 +328,8 @@ def test_a_user_partitioner_places_what_carries_no_ranks(agent, monkeypatch):
     not (the data-parallel one, first) and every proposal of GreedyProposer's that
     TorchRec's planner partitions (it partitions each distinct set of options once: a
     proposal of the options DreamShard proposed is DreamShard's)."""
-    from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
-    from torchrec_dreamshard.planner.proposal import DreamShardProposal
+    from torchrec_dreamshard.planner.stages.partitioners import DreamShardPartitioner
+    from torchrec_dreamshard.planner.stages.proposal import DreamShardProposal
 
     cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
     partitioner = CountingPartitioner()

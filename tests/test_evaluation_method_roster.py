@@ -97,7 +97,7 @@ def measured_machine(monkeypatch):
     the planner's reference kernel, collectives and dense kernel: conftest)."""
     from torchrec_dreamshard.cost import collective_models, dense_kernel_model
     from torchrec_dreamshard.measure import reference_speed
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     monkeypatch.setattr(machine_sources, "load_reference_ms", reference_speed.load_reference_ms)
     monkeypatch.setattr(
@@ -124,8 +124,8 @@ def test_default_is_a_first_plan_of_the_planner_with_no_flags(
 
     from torchrec_dreamshard import planner as planner_package
     from torchrec_dreamshard.calibration import STORE_ENV
-    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
-    from torchrec_dreamshard.planner.task_inputs import task_model
+    from torchrec_dreamshard.planner.adapters.task_inputs import task_model
+    from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
     home = tmp_path / "home"

@@ -66,7 +66,7 @@ def test_an_all_to_all_is_its_last_start_to_its_first_end_and_the_rest_is_waitin
 
 
 def test_the_report_sets_each_rank_beside_its_prediction():
-    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [
@@ -190,7 +190,7 @@ def observe_and_replan(rank: int, world: int) -> dict:
 
     from torchrec_dreamshard import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
 
     sharders = [EmbeddingBagCollectionSharder()]
 
@@ -422,7 +422,7 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
 
 
 def test_dreamshard_report_prints_and_plots_a_saved_report(tmp_path, capsys, run_cli):
-    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [

@@ -131,7 +131,7 @@ def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
     from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
     from torchrec_dreamshard.feedback.inputs import embedding_tables
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
 
     configs = [
         EmbeddingBagConfig(
@@ -200,7 +200,7 @@ def test_table_names_are_torchrecs_option_names_for_a_collection_at_the_top():
 
     from torchrec_dreamshard.data.table_stats import table_configs
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
 
     ebc = EmbeddingBagCollection(
         tables=[

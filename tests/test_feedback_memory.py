@@ -51,8 +51,8 @@ def test_the_planners_storage_is_the_corrected_estimate():
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
-    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
+    from torchrec_dreamshard.planner.stages.enumerators import DreamShardEnumerator
     from torchrec_dreamshard.policy import DreamShard
 
     tables = [
@@ -141,7 +141,7 @@ def observed_memory(rank: int, world: int) -> dict:
     from torchrec_dreamshard import observe
     from torchrec_dreamshard.feedback.memory_check import check_plan
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
     from torchrec_dreamshard.torchrec_compat import apply_optimizer_in_backward, lookup_kernels
 
     sharders = [EmbeddingBagCollectionSharder()]
@@ -267,7 +267,7 @@ def capped_job(rank: int, world: int) -> dict:
 
     from torchrec_dreamshard import observe
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
 
     def model():
         return dlrm_train([
@@ -366,7 +366,7 @@ def test_dreamshard_memory_checks_a_plan_before_the_job(tmp_path, capsys, run_cl
 def test_dreamshard_report_prints_and_plots_the_memory(tmp_path, capsys, run_cli):
     from torchrec_dreamshard.feedback.observed_job_report import build_report
     from torchrec_dreamshard.feedback.profiling import StepProfile
-    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 
     prediction = PlanPrediction([1.0, 2.0], [2.0, 4.0], [1.0, 1.0], [0.0, 0.0], 7.0, [1, 2])
     steps = [
@@ -400,7 +400,7 @@ def test_a_profile_keeps_the_storage_correction_and_plans_from_it_apply_it(tmp_p
 
     from torchrec_dreamshard import DreamShardPlanner
     from torchrec_dreamshard.measure.gate import no_measuring
-    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
     from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
     tables = [

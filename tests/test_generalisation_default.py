@@ -40,7 +40,7 @@ def test_each_default_plan_is_set_against_the_budget_it_planned_within():
     """Per family the mean and longest plan seconds; over the run the longest plan and
     how many went over the budget (a raw entry without its budget: the planner's)."""
     from torchrec_dreamshard.evaluation.family_statistics import default_seconds
-    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+    from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
 
     pool = default_seconds(
         [

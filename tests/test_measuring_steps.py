@@ -19,7 +19,7 @@ import torchrec_dreamshard
 from torchrec_dreamshard import DreamShardPlanner
 from torchrec_dreamshard.calibration import CalibrationConfig
 from torchrec_dreamshard.measure.gate import MeasuringForbidden, check_may_measure, no_measuring
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.profile import budget as budget_module
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
@@ -221,7 +221,7 @@ def test_no_module_of_the_planning_loop_calls_a_timer():
 
 def test_only_the_measuring_steps_of_the_planner_name_a_measuring_entry_point():
     offenders = {}
-    for path in sorted((PACKAGE / "planner").glob("*.py")):
+    for path in sorted((PACKAGE / "planner").rglob("*.py")):
         _, names = _calls_and_imports(path)
         if names and path.name not in MEASURING_MODULES:
             offenders[path.name] = sorted(names)

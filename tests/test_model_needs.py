@@ -13,7 +13,10 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 
 from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
-from torchrec_dreamshard.planner.model_needs import collections_types, offers_priced_types
+from torchrec_dreamshard.planner.type_choice.model_needs import (
+    collections_types,
+    offers_priced_types,
+)
 
 
 def tiny():

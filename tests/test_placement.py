@@ -21,7 +21,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import InsufficientMemoryError, NoPlanError, Task
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.placement import PolicyPlacer
+from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
 from torchrec_dreamshard.policy import DreamShard, PlacementError, PlaceSettings
 from torchrec_dreamshard.policy.split_search import plan_with_splits
 
@@ -142,7 +142,7 @@ def test_a_numpy_error_in_placement_reaches_the_caller_of_plan(comm_model):
 def test_an_error_injected_where_the_placer_places_reaches_the_caller(comm_model, monkeypatch):
     """A ``ValueError`` raised inside ``PolicyPlacer.place`` (here by the shard task it
     builds) is not a placement that does not fit."""
-    from torchrec_dreamshard.planner import placement
+    from torchrec_dreamshard.planner.stages import placement
 
     def broken(task, columns):
         raise ValueError("zip() argument 2 is shorter than argument 1")

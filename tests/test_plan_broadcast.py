@@ -13,7 +13,7 @@ import pytest
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 
 from torchrec_dreamshard.data.tasks import InsufficientMemoryError
-from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, rebuild_error
+from torchrec_dreamshard.planner.plans.plan_broadcast import PlanBroadcast, rebuild_error
 
 
 class NotRebuiltError(Exception):

@@ -15,8 +15,8 @@ from torchrec.distributed.sharding_plan import get_default_sharders
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.plan_files import FilePlanLoader
-from torchrec_dreamshard.planner.task_inputs import task_inputs
+from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
+from torchrec_dreamshard.planner.plans.plan_files import FilePlanLoader
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 

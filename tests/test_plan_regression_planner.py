@@ -332,7 +332,7 @@ def _search_mode():
 def _sample_batches():
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
-    from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import table_wise_constraints
 
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
     batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]

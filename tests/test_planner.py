@@ -28,7 +28,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_dreamshard.planner import DreamShardPartitioner, DreamShardPlanner
-from torchrec_dreamshard.planner.torchrec_adapter import (
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
     planner_best_plan,
     planner_reserved_topology,
 )
@@ -109,7 +109,7 @@ def test_the_plan_record_is_a_value_and_its_factory_shares_no_user_component(age
     user's components: planning with it leaves the user's proposer as it was."""
     from torchrec.distributed.planner.proposers import GreedyProposer
 
-    from torchrec_dreamshard.planner.plan_record import PlanRecord
+    from torchrec_dreamshard.planner.plans.plan_record import PlanRecord
 
     with pytest.raises(ValueError, match="call collective_plan first"):
         _ = planner(agent).plan_record
@@ -228,8 +228,8 @@ def test_the_proposer_proposes_and_the_partitioner_places(agent):
     its own, and raises its own error when they do not fit."""
     import copy
 
-    from torchrec_dreamshard.planner.enumerators import copy_options
-    from torchrec_dreamshard.planner.proposal import DreamShardProposal
+    from torchrec_dreamshard.planner.stages.enumerators import copy_options
+    from torchrec_dreamshard.planner.stages.proposal import DreamShardProposal
 
     cons = {"t1": ParameterConstraints(sharding_types=["data_parallel"])}
     p = planner(agent, world=2, constraints=cons)
@@ -310,7 +310,7 @@ def test_demo_model_planned_from_its_sample_batches(agent):
     constraints and its reuse histogram measured from the KJT batches."""
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
-    from torchrec_dreamshard.planner.torchrec_adapter import table_wise_constraints
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import table_wise_constraints
 
     tables = synthetic_pool(6, scale=CPU_POOL_SCALE, seed=3)
     batches = [sample_kjt(tables, 32, seed=s) for s in range(2)]
@@ -433,8 +433,8 @@ def _four_tables() -> dict:
 def _partitioner_with(monkeypatch, agent, need: int):
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.planner import partitioners
-    from torchrec_dreamshard.planner.placement import PolicyPlacer
+    from torchrec_dreamshard.planner.stages import partitioners
+    from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
 
     specs = _four_tables()
     monkeypatch.setattr(partitioners, "option_bytes", lambda option, tier: need)
@@ -449,7 +449,7 @@ def test_partitioner_shrinks_an_overfull_device_and_places_again(monkeypatch):
     """TorchRec's estimate (100 kB a table) exceeds device 0's 250 kB after the first
     placement: device 0's share shrinks in proportion, the others' stay, and the policy
     places again."""
-    from torchrec_dreamshard.planner.partitioners import MEMORY_SHRINK
+    from torchrec_dreamshard.planner.stages.partitioners import MEMORY_SHRINK
 
     agent = _ScriptedAgent([[0, 0, 0, 1], [0, 0, 1, 1]])
     partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
@@ -466,7 +466,7 @@ def test_a_shrunk_share_keeps_room_for_a_table_no_other_share_holds():
     the one device whose share was raised to 50.2 MB, was shut out by a shrink to 48.2 MB
     and the plan failed); the device's other tables are what must move."""
     from torchrec_dreamshard.data.tables import TableSpec
-    from torchrec_dreamshard.planner.partitioners import MEMORY_SHRINK, shrunk_caps
+    from torchrec_dreamshard.planner.stages.partitioners import MEMORY_SHRINK, shrunk_caps
 
     big = TableSpec(name="big", rows=1000, dim=100, pooling_factor=1.0)  # 400 kB
     small = TableSpec(name="small", rows=100, dim=100, pooling_factor=1.0)  # 40 kB
@@ -482,8 +482,8 @@ def test_a_shrunk_share_keeps_room_for_a_table_no_other_share_holds():
 def test_partitioner_gives_up_after_its_memory_rounds(monkeypatch):
     """Where TorchRec's planner finds no plan either, a policy that keeps overflowing a
     device ends in TorchRec's storage error, naming the tables and the device."""
-    from torchrec_dreamshard.planner.partitioners import MAX_MEMORY_ROUNDS
-    from torchrec_dreamshard.planner.placement import PolicyPlacer
+    from torchrec_dreamshard.planner.stages.partitioners import MAX_MEMORY_ROUNDS
+    from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
 
     monkeypatch.setattr(PolicyPlacer, "torchrec_plan", lambda self, specs, memory: None)
     agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
@@ -499,8 +499,8 @@ def test_torchrecs_plan_is_the_plan_where_the_policy_keeps_overflowing(monkeypat
     """Where the policy keeps overflowing TorchRec's estimate, TorchRec's own plan of the
     same tables in the memory left (which fits by TorchRec's count) is the plan."""
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.planner.candidates import torchrec_placement
-    from torchrec_dreamshard.planner.partitioners import MAX_MEMORY_ROUNDS
+    from torchrec_dreamshard.planner.stages.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.stages.partitioners import MAX_MEMORY_ROUNDS
 
     agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
     partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
@@ -518,7 +518,7 @@ def test_the_first_shares_admit_torchrecs_plan_and_later_ones_may_not(monkeypatc
     device; a share shrunk after an overflow is not, and the baseline then declines the
     policy's task with its reason rather than offering a plan that does not fit it."""
     from torchrec_dreamshard.data.tasks import NoPlanError, Task
-    from torchrec_dreamshard.planner.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.stages.candidates import torchrec_placement
 
     agent = _ScriptedAgent([[0, 0, 0, 1], [0, 1, 1, 1]])
     partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
@@ -549,8 +549,8 @@ def test_torchrecs_plan_is_the_plan_where_the_shares_leave_a_table_no_room(monke
     """A placement the policy cannot make in its shares (a storage ``PlannerError`` from
     the placer) ends the memory rounds; TorchRec's own plan, which fits, is the plan."""
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.planner.candidates import torchrec_placement
-    from torchrec_dreamshard.planner.placement import PolicyPlacer
+    from torchrec_dreamshard.planner.stages.candidates import torchrec_placement
+    from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
 
     agent = _ScriptedAgent([[0, 0, 0, 1]])  # a policy that ignores the shrunk share
     partitioner, ours = _partitioner_with(monkeypatch, agent, need=100_000)
@@ -605,7 +605,7 @@ def test_a_big_table_that_fits_a_device_by_its_own_storage_gets_a_device_to_fit(
     its storage fits one: that device's cap is raised to its weights, one device per such
     table, and a table whose storage fits nowhere raises none."""
     from torchrec_dreamshard.data.tables import TableSpec
-    from torchrec_dreamshard.planner.partitioners import policy_caps
+    from torchrec_dreamshard.planner.stages.partitioners import policy_caps
 
     big = TableSpec(name="big", rows=225, dim=1, pooling_factor=1.0)  # 900 bytes
     small = [TableSpec(name=f"s{i}", rows=5, dim=1, pooling_factor=1.0) for i in range(25)]

@@ -268,7 +268,7 @@ def test_rank0s_value_error_reaches_rank1_with_its_type_and_traceback(tmp_path, 
         text = report["message"]
         assert text.startswith("rank 0 could not plan: ValueError: placement has 5 entries")
         assert "rank 0's traceback:\nTraceback (most recent call last):" in text
-        assert "in place_with_a_bug" in text and "planner/placement.py" in text
+        assert "in place_with_a_bug" in text and "planner/stages/placement.py" in text
         assert "insufficient storage" not in text.lower()
     assert reports[0]["message"] == reports[1]["message"]
 

@@ -27,11 +27,11 @@ from torchrec.distributed.planner.types import Topology
 from torchrec.distributed.types import ShardingType
 
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.torchrec_adapter import (
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
     planner_best_plan,
     planner_reserved_topology,
 )
-from torchrec_dreamshard.planner.type_offers import offered_types
+from torchrec_dreamshard.planner.type_choice.type_offers import offered_types
 from torchrec_dreamshard.policy.agent import LARGE_TASK
 
 TABLES, DEVICES = 1000, 64

@@ -269,7 +269,7 @@ def test_torchrecs_candidate_is_torchrecs_plan_as_it_ships_and_ours_where_that_h
     Handed memory a storage reservation already left, it reserves nothing more."""
     from torchrec_dreamshard.data.tasks import check_placement
     from torchrec_dreamshard.evaluation.placers import place
-    from torchrec_dreamshard.planner.candidates import (
+    from torchrec_dreamshard.planner.stages.candidates import (
         TorchRecCandidate,
         default_sources,
         torchrec_placement,
@@ -303,8 +303,8 @@ def test_torchrecs_candidate_is_torchrecs_plan_as_it_ships_and_ours_where_that_h
 
 
 def test_torchrecs_candidate_declines_large_tasks_and_reports_failures(monkeypatch):
-    from torchrec_dreamshard.planner import candidates
-    from torchrec_dreamshard.planner.candidates import TorchRecCandidate
+    from torchrec_dreamshard.planner.stages import candidates
+    from torchrec_dreamshard.planner.stages.candidates import TorchRecCandidate
     from torchrec_dreamshard.policy import is_large
 
     def no_plan(task, seed=0, accounting="torchrec"):

@@ -13,7 +13,7 @@ from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import cost_network_kernel
 from torchrec_dreamshard.measure import reference_speed as rs
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
-from torchrec_dreamshard.planner.type_choice import TypeChooser
+from torchrec_dreamshard.planner.type_choice.type_choice import TypeChooser
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 
 
@@ -59,7 +59,7 @@ def test_a_slower_backward_here_replicates_what_the_prediction_keeps_table_wise(
     replicated (their dense kernel was measured here, the fused one was not)."""
     from test_type_choice import models, plan_types
 
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     dense = DenseKernelModel(fwd=(0.0, 0.04, 0, 0, 0), bwd=(0.0, 0.04, 0, 0, 1.0))
     f, b = predicted_reference(agent)

@@ -297,7 +297,7 @@ def test_a_new_type_is_one_strategy_and_its_registration(registry):
     from torchrec_dreamshard.cost.sharding import ShardingCost, Terms
     from torchrec_dreamshard.cost.sharding_types.column_wise import column_dims
     from torchrec_dreamshard.cost.sharding_types.table_row_wise import TableRowWise
-    from torchrec_dreamshard.planner.type_choice import alternatives, typed_choices
+    from torchrec_dreamshard.planner.type_choice.type_choice import alternatives, typed_choices
 
     class GridShard(ShardingCost):
         name = "grid_shard"

@@ -31,8 +31,8 @@ from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.model_needs import sharding_paths_may_change
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
+from torchrec_dreamshard.planner.type_choice.model_needs import sharding_paths_may_change
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.build import MIN_PATH_S, ProfileRequest, build_profile
@@ -257,7 +257,7 @@ class RowWiseOffered(EmbeddingBagCollectionSharder):
 
 
 def test_a_plan_whose_paths_cannot_change_never_times_the_path(cold_cache, monkeypatch):
-    from torchrec_dreamshard.planner import machine_sources
+    from torchrec_dreamshard.planner.steps import machine_sources
 
     asked: list[str] = []
 

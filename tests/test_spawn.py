@@ -48,8 +48,8 @@ def test_the_planner_and_the_calibration_decide_alike_inside_a_job(private_cache
     """Inside a job without its group: analytic collectives and the checkpoint's own
     all-to-all head where nothing is cached; the cached fit where it is."""
     from torchrec_dreamshard.calibration.fine_tuning import _all_to_all_model
-    from torchrec_dreamshard.planner.machine_sources import default_collectives
-    from torchrec_dreamshard.planner.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.planner.steps.machine_sources import default_collectives
 
     load = default_collectives(torchrec_topology(2, "cpu"))
     private_cache(True)

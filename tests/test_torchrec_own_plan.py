@@ -1,5 +1,5 @@
 """The planner's baseline is TorchRec's own plan of the user's inputs
-(:class:`~torchrec_dreamshard.planner.candidates.TorchRecOwnPlan`): found in the memory
+(:class:`~torchrec_dreamshard.planner.stages.candidates.TorchRecOwnPlan`): found in the memory
 TorchRec counts and offered to the safety net (the partitioner's memory rounds that fall
 back to it are tested beside the others, in ``tests/test_planner.py``); and the benchmarks'
 check of a plan against TorchRec's storage estimate."""
@@ -15,13 +15,13 @@ from torchrec_dreamshard.evaluation.default_planning import (
 )
 from torchrec_dreamshard.evaluation.task_draws import roster
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.candidates import (
+from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import quiet_torchrec
+from torchrec_dreamshard.planner.stages.candidates import (
     TORCHREC_CANDIDATE,
     TorchRecOwnPlan,
     torchrec_placement,
 )
-from torchrec_dreamshard.planner.task_inputs import task_inputs
-from torchrec_dreamshard.planner.torchrec_adapter import quiet_torchrec
 
 
 def _planned(task: Task, tmp_path) -> DreamShardPlanner:

@@ -14,8 +14,8 @@ from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.comm_model import CommModel
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.planner import DreamShardPlanner
-from torchrec_dreamshard.planner.torchrec_adapter import planner_best_plan
-from torchrec_dreamshard.planner.type_choice import TYPE_MARGIN, typed_step_ms
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import planner_best_plan
+from torchrec_dreamshard.planner.type_choice.type_choice import TYPE_MARGIN, typed_step_ms
 from torchrec_dreamshard.policy import DreamShard
 
 META = torch.device("meta")
@@ -146,7 +146,7 @@ def plan_with_sequence(agent, device: str, sharding_types: list[str] | None = No
 def test_sequence_tables_join_the_choice_as_sequence_lookups(agent):
     """A small sequence table of 30 ids per sample: its all-to-all carries 30 rows per
     sample, so with dear bytes it is cheaper replicated; it is rated unpooled."""
-    from torchrec_dreamshard.planner.type_choice import typed_choices
+    from torchrec_dreamshard.planner.type_choice.type_choice import typed_choices
 
     p, plan = plan_with_sequence(agent, "cuda")
     assert plan.plan["ec"]["hist"].sharding_type == "data_parallel"
@@ -177,7 +177,7 @@ def fitted(latency_ms: float, ms_per_mb: float, rmse_ms: float) -> CollectiveMod
 def test_a_clear_decision_keeps_its_type_and_says_what_tipped_it(agent):
     """Dear all-to-all bytes, fitted with a small error: replicating the tiny tables wins
     by far more than its margin, is kept, and the decision names the all-to-all."""
-    from torchrec_dreamshard.planner.type_choice import Z_SCORE
+    from torchrec_dreamshard.planner.type_choice.type_choice import Z_SCORE
 
     p, types = plan_types(agent, fitted(0.0, 100.0, rmse_ms=0.01))
     assert {types[f"tiny{i}"] for i in range(12)} == {"data_parallel"}
@@ -291,7 +291,7 @@ def test_offers_are_pruned_by_the_strategies_on_large_models(agent):
     from torchrec_dreamshard.cost.sharding import OfferScope
     from torchrec_dreamshard.cost.sharding_types import STRATEGIES
     from torchrec_dreamshard.data.tables import TableSpec
-    from torchrec_dreamshard.planner.type_offers import offered_types
+    from torchrec_dreamshard.planner.type_choice.type_offers import offered_types
 
     topo = CommTopology(world_size=128, local_world_size=8)
     scope = OfferScope(topology=topo, local_batch=8192.0, mean_lookups=800.0)
@@ -316,8 +316,8 @@ def test_screening_rates_candidates_as_the_full_rating_does(agent, monkeypatch):
     every candidate the sweep tries as the screening of the whole plan's terms does,
     on hosts of 4 (the relabelling) and on hosts of unequal size (none: each choice
     reduced)."""
-    from torchrec_dreamshard.planner import type_choice
-    from torchrec_dreamshard.planner.type_screening import ScreeningRater
+    from torchrec_dreamshard.planner.type_choice import type_choice
+    from torchrec_dreamshard.planner.type_choice.type_screening import ScreeningRater
 
     seen = []
 
@@ -350,7 +350,7 @@ def test_the_summary_explains_the_plan_per_type(agent):
     """The chosen plan per type: every table counted once, the types' shares of the
     slowest rank add up to its predicted step, inter-host bytes reported; the stats rows
     say it."""
-    from torchrec_dreamshard.planner.stats import type_choice_lines
+    from torchrec_dreamshard.planner.stages.stats import type_choice_lines
 
     p, types = plan_types(agent, models(0.0, 100.0))
     summary = p.proposer.last_types.summary

@@ -1,4 +1,4 @@
-"""How many tables a sharding type takes (planner/type_prefixes.py and the type choice's
+"""How many tables a sharding type takes (planner/type_choice/type_prefixes.py and the type choice's
 use of it): a count the cost model cannot tell from the best goes to the fewest tables of a
 grid that does not depend on the ratings, so that noisy inputs keep the same count."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from torchrec_dreamshard.planner.type_margin import TypeDecision
-from torchrec_dreamshard.planner.type_prefixes import (
+from torchrec_dreamshard.planner.type_choice.type_margin import TypeDecision
+from torchrec_dreamshard.planner.type_choice.type_prefixes import (
     PREFIX_TOLERANCE,
     coarse_sizes,
     rate_prefixes,

@@ -356,7 +356,7 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
     """Real kernels, a tiny task: TorchRec's plan (handed in as a baseline source, as the
     planner does) is among the plans measured in the same rounds, and the kept plan did
     not measure slower than it (it beat it beyond the noise, or it is TorchRec's)."""
-    from torchrec_dreamshard.planner.candidates import TorchRecCandidate, default_sources
+    from torchrec_dreamshard.planner.stages.candidates import TorchRecCandidate, default_sources
     from torchrec_dreamshard.verification.plan_ranking import pooled
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -392,7 +392,7 @@ def test_real_kernels_torchrecs_plan_is_measured_and_the_kept_plan_is_not_slower
 def test_where_nothing_is_measured_the_predicted_margins_are_given():
     """No verification: the outcome names the kept plan and its predicted margins over
     TorchRec's plan and the best heuristic's."""
-    from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
 
     agent, task = DreamShard.untrained(seed=0), tiny_task()
     out = cal.plan_task(agent, task, how=PlaceSettings(sources=default_sources()))

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.calibration import CalibrationConfig, calibrate
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import check_writable
-    from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint, save_checkpoint
 
     budget = 60.0 if args.budget_s is None else args.budget_s

@@ -125,7 +125,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import (
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
         heuristical_reservation,
         planner_reserved_topology,
         table_wise_constraints,
@@ -202,7 +202,7 @@ def timed_placement(planner, model, sharders, task) -> dict[str, Any]:
 class planner_logs:
     """Show the planner's INFO logs (TorchRec's stats and ours) on stdout while open."""
 
-    NAMES = ("torchrec.distributed.planner.stats", "torchrec_dreamshard.planner.stats")
+    NAMES = ("torchrec.distributed.planner.stats", "torchrec_dreamshard.planner.stages.stats")
 
     def __enter__(self) -> None:
         self.handler = logging.StreamHandler(sys.stdout)
@@ -324,7 +324,7 @@ def _train(rank: int, world: int, task_dict: dict, settings: tuple, steps: int) 
     from torchrec_dreamshard.evaluation.dmp_step import table_shardings
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import (
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
         heuristical_reservation,
         table_wise_constraints,
         torchrec_topology,

@@ -16,7 +16,7 @@ from torchrec_dreamshard.cli._plan_display import (
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.task_inputs import TaskInputs
+    from torchrec_dreamshard.planner.adapters.task_inputs import TaskInputs
 
 
 EXAMPLES = """examples:
@@ -48,8 +48,8 @@ measures nothing).
 "shards": {"t0": [{"device": 0, "columns": [0, 64]}, ...]}, tables of other sharding
 types in "sharding": {"t1": {"sharding_type": "data_parallel", "ranks": [0, 1]}}. Beside
 it, PLAN.torchrec.json is the plan TorchRec's planner loads:
-torchrec_dreamshard.planner.plan_files.FilePlanLoader(path) as its plan_loader, in a
-planner of the same inputs (torchrec_dreamshard.planner.task_inputs).
+torchrec_dreamshard.planner.plans.plan_files.FilePlanLoader(path) as its plan_loader, in a
+planner of the same inputs (torchrec_dreamshard.planner.adapters.task_inputs).
 """
 
 
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> int:
     from torchrec.distributed.sharding_plan import get_default_sharders
 
     from torchrec_dreamshard.data.tasks import Task
-    from torchrec_dreamshard.planner.task_inputs import task_inputs
-    from torchrec_dreamshard.planner.torchrec_adapter import quiet_torchrec
+    from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import quiet_torchrec
 
     check_arguments(args)
     torchrec_out = torchrec_plan_path(args.out) if args.out else None
@@ -247,7 +247,7 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
     import dataclasses
 
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.adaptation import calibrating
+    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     arguments = inputs.planner_arguments()
     if args.no_splits:
@@ -275,12 +275,12 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
 
 
 def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs) -> dict[str, Any]:
-    """The ``--out`` summary: :func:`~torchrec_dreamshard.planner.plan_summary.plan_summary`
+    """The ``--out`` summary: :func:`~torchrec_dreamshard.planner.plans.plan_summary.plan_summary`
     of the plan, the safety net's candidates, how the planner adapted to this machine and
     what calibration and verification did."""
-    from torchrec_dreamshard.planner.adaptation import calibrating
-    from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier
-    from torchrec_dreamshard.planner.plan_summary import plan_summary
+    from torchrec_dreamshard.planner.adapters.device_memory import device_capacity, memory_tier
+    from torchrec_dreamshard.planner.plans.plan_summary import plan_summary
+    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     prediction = planner.last_prediction
     if prediction is None:
@@ -319,7 +319,7 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
     ``--plot``."""
     from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
     from torchrec_dreamshard.io import atomic_write, dumps_strict
-    from torchrec_dreamshard.planner.adaptation import calibrating
+    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     print("\n".join(line for line in adaptation_lines(summary["adaptation"]) if line))
     if summary.get("shards"):
@@ -347,8 +347,8 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
 
 def write_torchrec_plan(planner: DreamShardPlanner, path: Path) -> None:
     """Write the plan TorchRec's planner loads
-    (:func:`~torchrec_dreamshard.planner.plan_files.write_plan_file`) to ``path``."""
-    from torchrec_dreamshard.planner.plan_files import write_plan_file
+    (:func:`~torchrec_dreamshard.planner.plans.plan_files.write_plan_file`) to ``path``."""
+    from torchrec_dreamshard.planner.plans.plan_files import write_plan_file
 
     write_plan_file(path, planner.best_options, planner.hash_planner_context_inputs_str())
-    print(f"wrote {path} (TorchRec's PlanLoader: torchrec_dreamshard.planner.plan_files)")
+    print(f"wrote {path} (TorchRec's PlanLoader: torchrec_dreamshard.planner.plans.plan_files)")

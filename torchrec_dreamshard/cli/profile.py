@@ -69,9 +69,9 @@ def measure_profile(args: argparse.Namespace):
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.io import check_writable
     from torchrec_dreamshard.measure.config import MeasureConfig
-    from torchrec_dreamshard.planner.candidates import default_sources
-    from torchrec_dreamshard.planner.machine_sources import machine_sources
-    from torchrec_dreamshard.planner.topology import torchrec_topology
+    from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
+    from torchrec_dreamshard.planner.steps.machine_sources import machine_sources
     from torchrec_dreamshard.policy.checkpoint import load_checkpoint
     from torchrec_dreamshard.profile.budget import Budget
     from torchrec_dreamshard.profile.build import ProfileRequest, build_profile

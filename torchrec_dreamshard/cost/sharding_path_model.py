@@ -19,7 +19,7 @@ not charged: it has no input distribution, and its gradients join the dense all-
 Timed under ``collective_plan`` on the job's own group (its backend, devices and world
 size; cached per machine and topology), else on 2 gloo ranks on CPU and applied as timed
 to every world size. Outside a job nothing is timed on GPUs
-(:func:`~torchrec_dreamshard.planner.machine_sources.default_sharding_path`): no path cost is
+(:func:`~torchrec_dreamshard.planner.steps.machine_sources.default_sharding_path`): no path cost is
 charged there.
 """
 

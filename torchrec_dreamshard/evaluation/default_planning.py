@@ -3,7 +3,7 @@ benchmarks measure it (:func:`plan_whole_tables`): the one way the generalisatio
 benchmark's ``default`` method and the plan-budget benchmark run the planner.
 
 The task becomes what ``dreamshard plan`` gives the planner
-(:func:`~torchrec_dreamshard.planner.task_inputs.task_inputs`: the tables'
+(:func:`~torchrec_dreamshard.planner.adapters.task_inputs.task_inputs`: the tables'
 ``EmbeddingBagCollection``, the CPU topology with the task's memory, the per-rank batch,
 the pooling factors and the declared reuse), with every table held to table-wise on the
 fused kernel (:func:`whole_table_constraints`; ``dreamshard plan --no-splits`` holds them
@@ -12,7 +12,7 @@ table anyway): the measurement harness times whole tables on FBGEMM's fused kern
 placement of whole tables, a device per table, is what it can measure. Everything else is
 the planner's default, unless the caller says otherwise: its measuring (the profile step,
 TorchRec's loop behind the measuring gate, the verification), its budget
-(:data:`~torchrec_dreamshard.planner.profile_step.FIRST_PLAN_BUDGET_S` for a plan with no
+(:data:`~torchrec_dreamshard.planner.steps.profile_step.FIRST_PLAN_BUDGET_S` for a plan with no
 ``timeout_seconds``), its enumerator and its type choice.
 """
 
@@ -32,8 +32,8 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, placed_bytes
-from torchrec_dreamshard.planner.adaptation import calibrating
-from torchrec_dreamshard.planner.task_inputs import TaskInputs, table_fqn, task_inputs
+from torchrec_dreamshard.planner.adapters.task_inputs import TaskInputs, table_fqn, task_inputs
+from torchrec_dreamshard.planner.steps.adaptation import calibrating
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 WHOLE_TABLE = {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]}
@@ -101,7 +101,7 @@ def plan_whole_tables(
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.torchrec_adapter import quiet_torchrec
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import quiet_torchrec
 
     inputs = task_inputs(task)
     arguments = inputs.planner_arguments()

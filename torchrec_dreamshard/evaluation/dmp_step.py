@@ -46,7 +46,7 @@ from torchrec_dreamshard.evaluation.step_model import (
 )
 from torchrec_dreamshard.measure.dmp_training import sharded_for_training, timed_steps
 from torchrec_dreamshard.measure.rounds import balanced_order, measure_in_rounds
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
 
 PlanSource = Any  # a torchrec ShardingPlan, or a planner factory (see the module docstring)

@@ -153,9 +153,9 @@ def default_seconds(rs: list[dict]) -> dict:
     """The default planner's plan seconds over a family's tasks (``rs``) against the budget
     it planned within: ``seconds/default`` (mean), ``/max``, ``/over_budget`` (how many
     tasks took longer) and ``default_budget_s`` (the raw entry's, else the planner's
-    :data:`~torchrec_dreamshard.planner.profile_step.FIRST_PLAN_BUDGET_S`); empty where
+    :data:`~torchrec_dreamshard.planner.steps.profile_step.FIRST_PLAN_BUDGET_S`); empty where
     the run did not plan as the default does."""
-    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+    from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
 
     timed = [r["planning_s"] for r in rs if "default" in r["planning_s"]]
     if not timed:

@@ -82,7 +82,7 @@ def plan_default(agent: DreamShard, task: Task, plans: dict, secs: dict) -> None
     deleted after: every plan is a first plan on this machine, measuring its profile (and
     calibrating and verifying where the checkpoint misprices the machine) from nothing,
     within the planner's default budget for a first plan
-    (:data:`~torchrec_dreamshard.planner.profile_step.FIRST_PLAN_BUDGET_S`).
+    (:data:`~torchrec_dreamshard.planner.steps.profile_step.FIRST_PLAN_BUDGET_S`).
 
     Adds ``plans["default"]`` (the device per table, in task order; ``None`` where the
     planner found no plan, with ``secs["default_error"]`` saying why),
@@ -98,7 +98,7 @@ def plan_default(agent: DreamShard, task: Task, plans: dict, secs: dict) -> None
 
     from torchrec_dreamshard.data.tasks import NoPlanError
     from torchrec_dreamshard.evaluation.default_planning import plan_whole_tables
-    from torchrec_dreamshard.planner.profile_step import FIRST_PLAN_BUDGET_S
+    from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
 
     secs["default_budget_s"] = FIRST_PLAN_BUDGET_S
     start = time.perf_counter()

@@ -6,7 +6,7 @@ name (:data:`PLACERS`): a task and a seed in, a plan out, every device's memory 
   ``size_greedy``, ``dim_greedy``, ``lookup_greedy``, ``size_lookup_greedy``);
 * ``torchrec``: TorchRec's planner, table-wise fused, its default storage reservation;
   ``torchrec_ours``: the same with our memory accounting
-  (:func:`~torchrec_dreamshard.planner.candidates.torchrec_placement`);
+  (:func:`~torchrec_dreamshard.planner.stages.candidates.torchrec_placement`);
 * DreamShard's modes, which need an agent: ``dreamshard`` (the safe mode, the default),
   ``dreamshard_greedy``, ``dreamshard_search``, and ``dreamshard_split``: the safe mode
   with column-wise splits allowed (what ``dreamshard plan`` does), whose plan is
@@ -34,7 +34,7 @@ from torchrec_dreamshard.data.tasks import (
     random_placement,
 )
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.planner.candidates import torchrec_placement
+from torchrec_dreamshard.planner.stages.candidates import torchrec_placement
 from torchrec_dreamshard.policy import PlacementAgent, PlacementError, PlaceSettings
 from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
 

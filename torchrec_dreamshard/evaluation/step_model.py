@@ -1,7 +1,7 @@
 """The package's one DLRM-like TorchRec model, built from table specs, with its batches.
 Each table's config and the feature that feeds it are
 :mod:`torchrec_dreamshard.data.table_configs`'; the topology a model is planned on is
-:mod:`torchrec_dreamshard.planner.topology`'s. The end-to-end step timer (:mod:`.dmp_step`)
+:mod:`torchrec_dreamshard.planner.adapters.topology`'s. The end-to-end step timer (:mod:`.dmp_step`)
 trains it, ``dreamshard demo`` plans and trains it, and the tests plan it. Public TorchRec
 API only: TorchRec's internals are read by the planner's adapter.
 

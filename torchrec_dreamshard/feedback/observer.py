@@ -29,7 +29,7 @@ The report logs like TorchRec's planner stats (``logging.INFO`` on
 ``torchrec_dreamshard.feedback``).
 
 The observer reads nothing of the planner but its
-:class:`~torchrec_dreamshard.planner.plan_record.PlanRecord`: the plan, what it was planned
+:class:`~torchrec_dreamshard.planner.plans.plan_record.PlanRecord`: the plan, what it was planned
 from, and a factory of planners like it for the re-plan.
 """
 
@@ -59,7 +59,7 @@ from torchrec_dreamshard.feedback.sampling import (
     WARMUP,
     StepSampler,
 )
-from torchrec_dreamshard.planner.plan_record import PlanRecord
+from torchrec_dreamshard.planner.plans.plan_record import PlanRecord
 from torchrec_dreamshard.ranks.job_group import JobGroup, broadcast, driving, serve
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -171,7 +171,7 @@ class JobObserver:
         return option_estimates(self._options, self._tier(), world, self.planned_correction)
 
     def _tier(self) -> str:
-        from torchrec_dreamshard.planner.device_memory import memory_tier
+        from torchrec_dreamshard.planner.adapters.device_memory import memory_tier
 
         return memory_tier(self.record.topology)
 
@@ -179,7 +179,7 @@ class JobObserver:
         """Predicted against measured memory from :func:`gather`'s result (``None``
         where the plan's estimates are unknown: not planned through ``collective_plan``),
         with the learnt correction's prediction beside it after :meth:`replan`."""
-        from torchrec_dreamshard.planner.device_memory import device_capacity
+        from torchrec_dreamshard.planner.adapters.device_memory import device_capacity
 
         estimates = gathered["estimates"][0]
         if estimates is None:

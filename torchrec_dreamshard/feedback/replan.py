@@ -53,9 +53,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.distributed.types import ShardingPlan
 
     from torchrec_dreamshard.feedback.inputs import ObservedInputs
-    from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-    from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
-    from torchrec_dreamshard.planner.plan_record import PlanRecord
+    from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+    from torchrec_dreamshard.planner.plans.plan_record import PlanRecord
+    from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
     from torchrec_dreamshard.policy import PlacementAgent
 
 logger = logging.getLogger("torchrec_dreamshard.feedback")
@@ -69,8 +69,8 @@ def rank_kernels(
     """Per rank, the specs of the tables (and column shards) on the fused kernel that the
     cost network prices, and whether that is all the rank runs on the fused kernel.
     ``spec_fn`` gives each option's table spec (default: the planner's)."""
-    from torchrec_dreamshard.planner.option_kinds import is_policy_option, is_split_option
-    from torchrec_dreamshard.planner.option_specs import shard_specs
+    from torchrec_dreamshard.planner.stages.option_kinds import is_policy_option, is_split_option
+    from torchrec_dreamshard.planner.stages.option_specs import shard_specs
 
     spec_fn = spec_fn or record.specs
     world = record.topology.world_size
@@ -148,7 +148,7 @@ def perf_model(
 ) -> CostNetPerfModel:
     """The planner's performance model, with ``agent``'s cost network (and ``spec_fn``'s
     table specs, default the planner's; TorchRec's estimates scaled by ``other``)."""
-    from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
+    from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
 
     spec_fn = spec_fn or record.specs
     return CostNetPerfModel(agent, record.topology, record.global_batch, spec_fn, other)
@@ -182,7 +182,7 @@ def job_inputs(
     import dataclasses
 
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
-    from torchrec_dreamshard.planner.option_specs import OptionSpecs
+    from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 
     if inputs is None or not inputs.mispriced():
         return record.specs, {}, config
@@ -248,7 +248,7 @@ def learn_and_replan(
     (:mod:`.memory_report`)."""
     from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
     from torchrec_dreamshard.feedback.memory_report import memory_correction
-    from torchrec_dreamshard.planner.plan_prediction import prediction_task
+    from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
 
     spec_fn, arguments, config = job_inputs(record, config, inputs)
     correction, memory_bound = memory_correction(record, memory, arguments, inputs)

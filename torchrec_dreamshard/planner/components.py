@@ -26,14 +26,14 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.cost.storage_correction import CorrectionSource
-from torchrec_dreamshard.planner.enumerators import DreamShardEnumerator
-from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
-from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.proposers import DreamShardProposer, MachineModels
-from torchrec_dreamshard.planner.stats import CostNetStats
-from torchrec_dreamshard.planner.tracked_proposers import ProposalLog, tracked
+from torchrec_dreamshard.planner.stages.enumerators import DreamShardEnumerator
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.stages.partitioners import DreamShardPartitioner
+from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
+from torchrec_dreamshard.planner.stages.proposers import DreamShardProposer, MachineModels
+from torchrec_dreamshard.planner.stages.stats import CostNetStats
+from torchrec_dreamshard.planner.stages.tracked_proposers import ProposalLog, tracked
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 
 
@@ -108,8 +108,8 @@ def build_components(
 ) -> Components:
     """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
     ``machine``: the type choice's models of this machine
-    (:func:`~torchrec_dreamshard.planner.machine_sources.machine_models`); ``adaptation``: how the
-    last plan adapted to this machine, for the stats."""
+    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`);
+    ``adaptation``: how the last plan adapted to this machine, for the stats."""
     agent, topology, specs = scope.agent, scope.topology, scope.specs
     proposer = DreamShardProposer(
         agent,

@@ -23,11 +23,11 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.utils import get_device_type
 
 from torchrec_dreamshard.measure.hardware import cpu_name
-from torchrec_dreamshard.planner.machine_sources import default_reference
-from torchrec_dreamshard.planner.torchrec_adapter import (
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
     heuristical_reservation,
     torchrec_topology,
 )
+from torchrec_dreamshard.planner.steps.machine_sources import default_reference
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 

@@ -4,7 +4,7 @@ placements come from a trained DreamShard policy.
 It is TorchRec's planner, with TorchRec's planning loop and each step where TorchRec has
 it (the enumerator, proposer, partitioner, performance model and stats of
 :mod:`torchrec_dreamshard.planner.components`), between the two steps that measure
-(:mod:`torchrec_dreamshard.planner.measuring_steps`). What the job it planned is handed:
+(:mod:`torchrec_dreamshard.planner.steps.measuring_steps`). What the job it planned is handed:
 :attr:`DreamShardPlanner.plan_record`. When the tables cannot be placed, TorchRec's planner
 raises its ``PlannerError`` with DreamShard's message, naming the tables and what to change.
 """
@@ -39,13 +39,7 @@ from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.spent import Spending, spending
-from torchrec_dreamshard.planner.adaptation import (
-    adaptation,
-    calibration_config,
-    prior_agent,
-    recall_inputs,
-)
-from torchrec_dreamshard.planner.candidates import default_sources
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import fill_dense_estimate
 from torchrec_dreamshard.planner.components import PlanningScope, UserComponents, build_components
 from torchrec_dreamshard.planner.defaults import (
     DreamShardSettings,
@@ -55,15 +49,21 @@ from torchrec_dreamshard.planner.defaults import (
     own_reservation,
     with_calibration,
 )
-from torchrec_dreamshard.planner.machine_sources import machine_models
-from torchrec_dreamshard.planner.measuring_steps import MeasuringSteps
-from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.plan_broadcast import PlanBroadcast, plan_on_rank0
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
-from torchrec_dreamshard.planner.plan_record import PlannerFactory, PlanRecord, meta_copy
-from torchrec_dreamshard.planner.profile_step import PlanInputs
-from torchrec_dreamshard.planner.search_space import plan_layout
-from torchrec_dreamshard.planner.torchrec_adapter import fill_dense_estimate
+from torchrec_dreamshard.planner.plans.plan_broadcast import PlanBroadcast, plan_on_rank0
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.plans.plan_record import PlannerFactory, PlanRecord, meta_copy
+from torchrec_dreamshard.planner.stages.candidates import default_sources
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.stages.search_space import plan_layout
+from torchrec_dreamshard.planner.steps.adaptation import (
+    adaptation,
+    calibration_config,
+    prior_agent,
+    recall_inputs,
+)
+from torchrec_dreamshard.planner.steps.machine_sources import machine_models
+from torchrec_dreamshard.planner.steps.measuring_steps import MeasuringSteps
+from torchrec_dreamshard.planner.steps.profile_step import PlanInputs
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.torchrec_compat import best_plan
@@ -125,10 +125,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             beside the heuristics' and TorchRec's (0: none); ``None`` (default): where
             ``calibrate=None`` calibrated, two plans, cached per machine.
         collectives: the collective models the sharding-type choice rates plans with
-            (default :func:`~torchrec_dreamshard.planner.machine_sources.default_collectives`).
+            (default :func:`~.steps.machine_sources.default_collectives`).
         dense_kernel: the model of the dense kernel data-parallel tables run, that the
             type choice prices them with (default
-            :func:`~torchrec_dreamshard.planner.machine_sources.default_dense_kernel`).
+            :func:`~torchrec_dreamshard.planner.steps.machine_sources.default_dense_kernel`).
         reuse_hists: each table's reuse histogram (17 fractions of its rows by access
             count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
             (``"module.path.table"``), where the sample batches do not measure it: what a
@@ -146,7 +146,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             (default: the given profile's, if it has one).
 
     Measuring happens in two steps only, around TorchRec's loop, within one budget
-    (:mod:`~torchrec_dreamshard.planner.measuring_steps`). The context hash covers
+    (:mod:`~torchrec_dreamshard.planner.steps.measuring_steps`). The context hash covers
     TorchRec's inputs and what only DreamShard depends on (:meth:`dreamshard_context`).
     """
 
@@ -289,7 +289,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         rank) or rank 0's error, which every rank raises (a ``PlannerError`` of the same
         ``error_type``); a checkpoint that failed on any rank raises a ``ValueError`` on
         every rank. While rank 0 plans, the other ranks serve what it measures, on ``pg``
-        itself (:func:`~torchrec_dreamshard.planner.plan_broadcast.plan_on_rank0`)."""
+        itself (:func:`~torchrec_dreamshard.planner.plans.plan_broadcast.plan_on_rank0`)."""
         from torchrec.distributed.sharding_plan import get_default_sharders
 
         sharders = get_default_sharders() if sharders is None else sharders
@@ -354,7 +354,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     @property
     def adaptation(self) -> dict[str, Any]:
         """How the last plan adapted to this machine (JSON-able, on every rank after
-        ``collective_plan``): :func:`~torchrec_dreamshard.planner.adaptation.
+        ``collective_plan``): :func:`~torchrec_dreamshard.planner.steps.adaptation.
         plan_adaptation`."""
         if self._adaptation is not None:
             return self._adaptation

@@ -15,7 +15,7 @@
 * :mod:`~torchrec_dreamshard.policy.checkpoint`: saving and loading an agent.
 
 Nothing here imports TorchRec's planner: its plans are handed in as candidate sources from
-the planner side (:mod:`torchrec_dreamshard.planner.candidates`).
+the planner side (:mod:`torchrec_dreamshard.planner.stages.candidates`).
 """
 
 from torchrec_dreamshard.policy.agent import (

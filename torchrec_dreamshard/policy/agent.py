@@ -51,7 +51,7 @@ from torchrec_dreamshard.version import __version__
 PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
 LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
 # and refines only its best candidate, for half the steps (TorchRec's candidate source
-# declines these tasks too: torchrec_dreamshard.planner.candidates)
+# declines these tasks too: torchrec_dreamshard.planner.stages.candidates)
 
 
 def is_large(task: Task) -> bool:

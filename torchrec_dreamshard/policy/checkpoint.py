@@ -210,7 +210,7 @@ def load_checkpoint(
         path: the checkpoint file.
         sources: the agent's candidate sources (see ``DreamShard``); a checkpoint holds
             none. The planner side's defaults (TorchRec's plan) are
-            :func:`torchrec_dreamshard.planner.candidates.default_sources`.
+            :func:`torchrec_dreamshard.planner.stages.candidates.default_sources`.
 
     Raises:
         ValueError: the file is missing, corrupt, truncated, of another format or feature

@@ -4,7 +4,7 @@ reach its safety net (:class:`CandidateSource`).
 
 The policy knows nothing of TorchRec's planner. Plans from it, or from a user's proposer,
 are candidate sources handed in from the planner side
-(:mod:`torchrec_dreamshard.planner.candidates`): either for good, when the agent is built
+(:mod:`torchrec_dreamshard.planner.stages.candidates`): either for good, when the agent is built
 (``DreamShard(..., sources=...)``, ``load_checkpoint(path, sources=...)``), or for one call
 (``agent.place(task, sources=...)``). The safe mode rates a source's plan like every other
 candidate; a source that looked and found none raises :class:`NoPlanError`, which the

@@ -86,7 +86,7 @@ def agent_meta(cfg: TrainConfig, store: CostStore, n_samples: int, wall_s: float
 def candidate_sources() -> tuple[CandidateSource, ...]:
     """The candidate sources of the safe-mode placements training measures: the planner
     side's defaults (TorchRec's plan), as every safe-mode plan weighs them."""
-    from torchrec_dreamshard.planner.candidates import default_sources
+    from torchrec_dreamshard.planner.stages.candidates import default_sources
 
     return default_sources()
 

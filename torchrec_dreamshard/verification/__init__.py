@@ -1,6 +1,6 @@
 """Verification: candidate plans measured on real kernels in interleaved rounds, and the one
 kept (:func:`~.verification.verify`). The planner runs it after TorchRec's loop
-(:mod:`torchrec_dreamshard.planner.verify_step`), the second of its two measuring steps.
+(:mod:`torchrec_dreamshard.planner.steps.verify_step`), the second of its two measuring steps.
 
 :mod:`.verification` (``verify``: the candidates, TorchRec's plan among them, measured in
 rounds within a budget and a hard cap), :mod:`.verify_timing` (what it measures with,

@@ -5,7 +5,7 @@ Each of TorchRec's sharding types the planner prices is one
 table of that type costs each rank, which collectives it joins, its rank rules and, for the
 types the sharding-type choice may offer instead of table-wise, the order it tries tables
 in. The plan costing (:mod:`torchrec_dreamshard.cost.plans`), the type choice
-(:mod:`torchrec_dreamshard.planner.type_choice`) and the enumerator that offers the
+(:mod:`torchrec_dreamshard.planner.type_choice.type_choice`) and the enumerator that offers the
 alternatives read every type from here.
 
 To price another sharding type: write its strategy in a new module and add an instance to

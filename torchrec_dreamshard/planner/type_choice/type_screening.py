@@ -1,7 +1,8 @@
 """Screening the type choice's candidates fast, at thousands of tables on hundreds of ranks.
 
 :class:`ScreeningRater` rates a candidate as
-:class:`~torchrec_dreamshard.planner.type_rating.CandidateRater` does (the same placement,
+:class:`~torchrec_dreamshard.planner.type_choice.type_rating.CandidateRater` does (the
+same placement,
 the same terms from the sharding types' strategies), with the screening kernels, but never
 builds the whole plan's terms. Every term the models price is linear in a few per-rank
 quantities: a rank's kernel ms (screened: single-table kernels times their batch's fusion
@@ -34,8 +35,8 @@ from torchrec_dreamshard.cost.comm_topology import FlowTotals, all_to_all_ms, ri
 from torchrec_dreamshard.cost.plans import ScreeningKernels
 from torchrec_dreamshard.cost.sharding import PATH_KIND, TableChoice, Terms, job_terms, path_cost
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.option_kinds import DREAMSHARD_SHARDING_TYPE
-from torchrec_dreamshard.planner.type_rating import CandidateRater
+from torchrec_dreamshard.planner.stages.option_kinds import DREAMSHARD_SHARDING_TYPE
+from torchrec_dreamshard.planner.type_choice.type_rating import CandidateRater
 
 Part = list[tuple[tuple, Any]]  # (what it joins, its share): see ScreeningRater._reduce
 FUSED, DENSE = "fused kernel", "dense kernel"

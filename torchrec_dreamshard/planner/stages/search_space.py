@@ -24,20 +24,20 @@ from torchrec.distributed.planner.types import (
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.data.splits import split_counts
-from torchrec_dreamshard.planner.device_memory import (
+from torchrec_dreamshard.planner.adapters.device_memory import (
     device_capacity,
     memory_tier,
     option_bytes,
     storage_bytes,
 )
-from torchrec_dreamshard.planner.option_kinds import (
+from torchrec_dreamshard.planner.stages.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
     is_policy_option,
     is_split_option,
 )
-from torchrec_dreamshard.planner.option_specs import SpecFn
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn
 
 
 def by_table(search_space: Sequence[ShardingOption]) -> dict[str, list[ShardingOption]]:

@@ -1,7 +1,7 @@
 """The two steps of :meth:`DreamShardPlanner.plan` that measure, around TorchRec's loop
 (:class:`MeasuringSteps`): the machine profile before it
-(:mod:`~torchrec_dreamshard.planner.profile_step`), the verification after it
-(:mod:`~torchrec_dreamshard.planner.verify_step`), both within the plan's one budget
+(:mod:`~torchrec_dreamshard.planner.steps.profile_step`), the verification after it
+(:mod:`~torchrec_dreamshard.planner.steps.verify_step`), both within the plan's one budget
 (``timeout_seconds``, or :data:`~.profile_step.FIRST_PLAN_BUDGET_S` for a default plan).
 TorchRec's loop runs behind the measuring gate
 (:func:`~torchrec_dreamshard.measure.gate.no_measuring`): it times nothing."""
@@ -20,18 +20,21 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
-from torchrec_dreamshard.planner.adaptation import plan_adaptation
-from torchrec_dreamshard.planner.machine_sources import machine_sources
-from torchrec_dreamshard.planner.model_needs import offers_priced_types, sharding_paths_may_change
-from torchrec_dreamshard.planner.profile_step import (
+from torchrec_dreamshard.planner.stages.tracked_proposers import ProposalLog
+from torchrec_dreamshard.planner.steps.adaptation import plan_adaptation
+from torchrec_dreamshard.planner.steps.machine_sources import machine_sources
+from torchrec_dreamshard.planner.steps.profile_step import (
     PlanInputs,
     ProfileStep,
     given_profile,
     plan_budget,
     policy_tables,
 )
-from torchrec_dreamshard.planner.tracked_proposers import ProposalLog
-from torchrec_dreamshard.planner.verify_step import verify_after_loop
+from torchrec_dreamshard.planner.steps.verify_step import verify_after_loop
+from torchrec_dreamshard.planner.type_choice.model_needs import (
+    offers_priced_types,
+    sharding_paths_may_change,
+)
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
@@ -95,7 +98,7 @@ class MeasuringSteps:
 
     def report(self, out: dict[str, Any], spent: dict[str, float] | None) -> dict[str, Any]:
         """The planner's adaptation record ``out`` with what the last plan measured, spent
-        and skipped (:func:`~torchrec_dreamshard.planner.adaptation.plan_adaptation`)."""
+        and skipped (:func:`~torchrec_dreamshard.planner.steps.adaptation.plan_adaptation`)."""
         return plan_adaptation(out, spent, self.profile, self.notes, self.given)
 
     def context(self) -> list[Any]:

@@ -14,13 +14,13 @@ from typing import Any
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.device_memory import storage_bytes
-from torchrec_dreamshard.planner.option_kinds import (
+from torchrec_dreamshard.planner.adapters.device_memory import storage_bytes
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.stages.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
 )
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
 
 
 def table_layout(plan: ShardingPlan) -> dict[str, dict[str, Any]]:

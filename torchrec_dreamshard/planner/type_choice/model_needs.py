@@ -17,7 +17,7 @@ from torchrec.distributed.types import ModuleSharder, ShardingType
 from torchrec.modules.embedding_configs import BaseEmbeddingConfig
 
 from torchrec_dreamshard.data.table_stats import collection_configs
-from torchrec_dreamshard.planner.device_memory import device_capacity
+from torchrec_dreamshard.planner.adapters.device_memory import device_capacity
 
 # the sharding types whose pricing needs the collective and dense-kernel models
 PRICED_TYPES = frozenset(

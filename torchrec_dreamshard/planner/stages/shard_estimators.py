@@ -26,9 +26,9 @@ from torchrec.distributed.planner.types import (
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.option_kinds import is_dreamshard_option
-from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
-from torchrec_dreamshard.planner.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.stages.option_kinds import is_dreamshard_option
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 

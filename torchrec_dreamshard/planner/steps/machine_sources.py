@@ -25,8 +25,8 @@ from torchrec_dreamshard.cost.sharding_path_model import (
     load_sharding_path_model,
 )
 from torchrec_dreamshard.measure.reference_speed import load_reference_ms
-from torchrec_dreamshard.planner.profile_step import MachineSources
-from torchrec_dreamshard.planner.proposers import MachineModels
+from torchrec_dreamshard.planner.stages.proposers import MachineModels
+from torchrec_dreamshard.planner.steps.profile_step import MachineSources
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.ranks.job_group import active_group
 from torchrec_dreamshard.ranks.spawn import skip_measuring

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from torchrec.distributed.planner.types import PlannerError
 
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement, device_bytes
-from torchrec_dreamshard.planner.torchrec_adapter import Accounting, plan_with_torchrec
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import Accounting, plan_with_torchrec
 from torchrec_dreamshard.policy import CandidateSource, is_large
 
 TORCHREC_CANDIDATE = "torchrec_ours"  # its name in candidate reports and stats
@@ -162,13 +162,13 @@ def torchrec_placement(
     task: Task, seed: int = 0, accounting: Accounting = "torchrec", compute_device: str = "cpu"
 ) -> list[int]:
     """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only (see
-    :func:`torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`).
+    :func:`torchrec_dreamshard.planner.adapters.torchrec_adapter.plan_with_torchrec`).
 
     Args:
         task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
         seed: unused (the planner is deterministic).
         accounting: how TorchRec's planner counts memory (see
-            :func:`~torchrec_dreamshard.planner.torchrec_adapter.plan_with_torchrec`):
+            :func:`~torchrec_dreamshard.planner.adapters.torchrec_adapter.plan_with_torchrec`):
             TorchRec's defaults, its estimate with nothing reserved, or weights' bytes only.
         compute_device: the topology TorchRec plans on, ``"cpu"`` or ``"cuda"`` (the
             task's memory as each GPU's HBM; no GPU is needed to plan for one).

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 from torchrec_dreamshard.ranks.job_group import JobGroup, broadcast, driving, serve
 
 logger = logging.getLogger("torchrec_dreamshard.planner.planners")

@@ -39,7 +39,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.data.splits import SHARD_COLUMN_MULTIPLE
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 
 MODULE_PATH = ""  # the collection is the model itself
 WHOLE_SHARE = 0.85  # of a device's memory, what a table's weights may take and fit whole

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 
 from torchrec.distributed.planner.types import ShardingOption
 
-from torchrec_dreamshard.planner.type_margin import TypeDecision
+from torchrec_dreamshard.planner.type_choice.type_margin import TypeDecision
 
 PREFIX_GROWTH = 4  # each coarse candidate of a type moves this many times the tables of the last
 # counts whose gain over all-table-wise lies within this share of the best's gain are not

@@ -15,7 +15,7 @@ from torchrec.distributed.planner.types import Topology
 from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
 from torchrec_dreamshard.calibration.fed_inputs_store import recalled_inputs
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.planner.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 

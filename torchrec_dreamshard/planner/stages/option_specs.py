@@ -34,7 +34,7 @@ from torchrec_dreamshard.data.table_stats import (
     table_configs,
 )
 from torchrec_dreamshard.data.tables import TableSpec, checked_cv
-from torchrec_dreamshard.planner.option_kinds import is_split_option
+from torchrec_dreamshard.planner.stages.option_kinds import is_split_option
 
 SpecFn = Callable[[ShardingOption], TableSpec]
 """How a planner component sees an option's table (:func:`spec_for_option`, or the

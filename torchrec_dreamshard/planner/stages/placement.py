@@ -1,5 +1,5 @@
 """``PolicyPlacer``: the policy's placement of the tables it places, the seam the
-partitioner calls (:class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner`).
+partitioner calls (:class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner`).
 
 Given the tables' specs and each device's memory, it returns a
 :class:`~torchrec_dreamshard.policy.split_search.SplitPlan`: where nothing may be split, the
@@ -27,7 +27,7 @@ from torchrec.distributed.planner.types import PlannerError, PlannerErrorType
 from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
-from torchrec_dreamshard.planner.candidates import TorchRecOwnPlan, default_sources
+from torchrec_dreamshard.planner.stages.candidates import TorchRecOwnPlan, default_sources
 from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import SafetyReport
@@ -42,7 +42,7 @@ class PolicyPlacer:
         batch_size: the *global* batch the table-wise kernels process.
         how: the mode (``"safe"``, ``"greedy"`` or ``"search"``, see
             ``DreamShardPlanner``; ``None``: safe), sampled roll-outs, seed and candidate
-            sources (``None``: :func:`~torchrec_dreamshard.planner.candidates.
+            sources (``None``: :func:`~torchrec_dreamshard.planner.stages.candidates.
             default_sources`, TorchRec's plan on ``memory``, what the storage reservation
             left) of every ``agent.place``.
     """
@@ -80,7 +80,7 @@ class PolicyPlacer:
     def torchrec_plan(self, specs: Sequence[TableSpec], memory: list[int]) -> list[int] | None:
         """TorchRec's own plan of ``specs`` on devices of ``memory`` bytes as TorchRec counts
         them (what its storage reservation left), from the placer's
-        :class:`~torchrec_dreamshard.planner.candidates.TorchRecOwnPlan` source, which then
+        :class:`~torchrec_dreamshard.planner.stages.candidates.TorchRecOwnPlan` source, which then
         offers it to the safety net for the same tables; ``None`` in greedy mode (which
         weighs no candidates), where there is no such source or where TorchRec's planner
         finds no plan."""

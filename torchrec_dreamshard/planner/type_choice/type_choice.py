@@ -14,7 +14,7 @@ the type's strategy:
   smallest tables first, row-wise and table-row-wise the hottest first, by the cost
   network's single-table cost); prefixes of 1, 4, 16, ... tables and all of them, then
   halving the gaps beside the best; of those, the fewest tables of the coarse grid rated
-  within the best's margin (:mod:`~torchrec_dreamshard.planner.type_prefixes`: a count
+  within the best's margin (:mod:`~torchrec_dreamshard.planner.type_choice.type_prefixes`: a count
   the model cannot tell from the best goes to the simpler plan, so that a machine
   measured again keeps the same count); and the best of each type together;
 * each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
@@ -27,7 +27,7 @@ the type's strategy:
   margin, the uncertainty by source, and which source tipped it.
 
 The margin each decision must clear, and its record, are in
-:mod:`torchrec_dreamshard.planner.type_margin`.
+:mod:`torchrec_dreamshard.planner.type_choice.type_margin`.
 
 The rules of thumb (tiny tables replicated, hot tables spread) are not written here: they
 come out of the rating, and how much they pay depends on the collectives' speed.
@@ -64,13 +64,13 @@ from torchrec_dreamshard.cost.sharding_types import (
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 from torchrec_dreamshard.measure.reference_speed import speed_ratio
-from torchrec_dreamshard.planner.option_kinds import (
+from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.stages.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
 )
-from torchrec_dreamshard.planner.option_specs import SpecFn
-from torchrec_dreamshard.planner.plan_prediction import prediction_task
-from torchrec_dreamshard.planner.type_margin import (
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn
+from torchrec_dreamshard.planner.type_choice.type_margin import (
     TYPE_MARGIN,
     Z_SCORE,
     ModelErrors,
@@ -78,9 +78,9 @@ from torchrec_dreamshard.planner.type_margin import (
     TypeSummary,
     model_errors,
 )
-from torchrec_dreamshard.planner.type_prefixes import decided_once, type_candidates
-from torchrec_dreamshard.planner.type_rating import CandidateRater, typed_choices
-from torchrec_dreamshard.planner.type_screening import ScreeningRater
+from torchrec_dreamshard.planner.type_choice.type_prefixes import decided_once, type_candidates
+from torchrec_dreamshard.planner.type_choice.type_rating import CandidateRater, typed_choices
+from torchrec_dreamshard.planner.type_choice.type_screening import ScreeningRater
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 

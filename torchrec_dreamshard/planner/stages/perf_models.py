@@ -30,9 +30,9 @@ from collections.abc import Callable
 from torchrec.distributed.planner.types import PerfModel, ShardingOption, Topology
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.planner.option_kinds import is_policy_option, is_split_option
-from torchrec_dreamshard.planner.option_specs import shard_specs, spec_for_option
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction, prediction_task
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction, prediction_task
+from torchrec_dreamshard.planner.stages.option_kinds import is_policy_option, is_split_option
+from torchrec_dreamshard.planner.stages.option_specs import shard_specs, spec_for_option
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import DEFAULT_PENALTY
 

@@ -1,12 +1,13 @@
 """``DreamShardPartitioner``: places a proposal and checks memory.
 
 A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
-:class:`~torchrec_dreamshard.planner.proposal.DreamShardProposal` in two steps:
+:class:`~torchrec_dreamshard.planner.stages.proposal.DreamShardProposal` in two steps:
 
 1. the tables the policy does not place (those DreamShard leaves to TorchRec, and those the
    type choice moved to another type), by TorchRec's partitioner (``GreedyPerfPartitioner``,
    or the user's ``partitioner``), first, in all the memory, as TorchRec would place them;
-2. the policy's tables, by the policy (:class:`~torchrec_dreamshard.planner.placement.PolicyPlacer`:
+2. the policy's tables, by the policy (
+   :class:`~torchrec_dreamshard.planner.stages.placement.PolicyPlacer`:
    the agent's placement, or the column-wise split search where tables may be split), in
    the memory each device has left. A table the placer splits gets a column-wise fused
    option (estimated by the planner's enumerator: TorchRec's storage estimate of each
@@ -55,16 +56,16 @@ from torchrec.distributed.planner.types import (
 from torchrec_dreamshard.data.splits import plan_entries
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import placed_bytes
-from torchrec_dreamshard.planner.device_memory import (
+from torchrec_dreamshard.planner.adapters.device_memory import (
     device_capacity,
     memory_tier,
     option_bytes,
     storage_bytes,
 )
-from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
-from torchrec_dreamshard.planner.placement import PolicyPlacer
-from torchrec_dreamshard.planner.proposal import DreamShardProposal
-from torchrec_dreamshard.planner.search_space import column_wise_option
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
+from torchrec_dreamshard.planner.stages.proposal import DreamShardProposal
+from torchrec_dreamshard.planner.stages.search_space import column_wise_option
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.policy.split_search import SplitPlan
 

@@ -7,7 +7,8 @@ enough to fit) gets its table-wise fused option, the column-wise options of its 
 (below) and one option of every other type its constraints allow that the type choice
 may offer, on that type's kernel (the cost strategies' ``alternative_kernel``), where the
 type's strategy says it may gain (``may_gain``:
-:func:`~torchrec_dreamshard.planner.type_offers.offered_types`). Every other table gets the options
+:func:`~torchrec_dreamshard.planner.type_choice.type_offers.offered_types`). Every other
+table gets the options
 TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
 device), and TorchRec's machinery plans it.
 On CPU ranks no sequence table (``EmbeddingCollection``) is offered data-parallel: it
@@ -59,19 +60,23 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 from torchrec_dreamshard.cost.sharding_types import alternative_kernels
 from torchrec_dreamshard.cost.storage_correction import CorrectionSource
 from torchrec_dreamshard.data.splits import column_shards, split_counts
-from torchrec_dreamshard.planner.corrected_storage import CorrectedStorage
-from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
-from torchrec_dreamshard.planner.option_kinds import (
+from torchrec_dreamshard.planner.adapters.device_memory import (
+    device_capacity,
+    memory_tier,
+    option_bytes,
+)
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import reserved_topology
+from torchrec_dreamshard.planner.stages.corrected_storage import CorrectedStorage
+from torchrec_dreamshard.planner.stages.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
     DREAMSHARD_SHARDING_TYPE,
     SPLIT_SHARDING_TYPE,
     is_dreamshard_option,
 )
-from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
-from torchrec_dreamshard.planner.search_space import column_wise_option, min_shard_width
-from torchrec_dreamshard.planner.shard_estimators import CostNetShardEstimator
-from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
-from torchrec_dreamshard.planner.type_offers import offered_types
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.stages.search_space import column_wise_option, min_shard_width
+from torchrec_dreamshard.planner.stages.shard_estimators import CostNetShardEstimator
+from torchrec_dreamshard.planner.type_choice.type_offers import offered_types
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.torchrec_compat import HookedEnumerator
 
@@ -92,7 +97,7 @@ class DreamShardEnumerator(HookedEnumerator):
             storage fits no device after it is left to TorchRec (when its constraints
             allow another type).
         spec_fn: the planner's table specs
-            (:class:`~torchrec_dreamshard.planner.option_specs.OptionSpecs`, which knows
+            (:class:`~torchrec_dreamshard.planner.stages.option_specs.OptionSpecs`, which knows
             measured reuse statistics); default: shapes and pooling only.
         estimator: override the estimators (default: the cost network plus TorchRec's
             storage estimator).

@@ -4,19 +4,21 @@ As TorchRec's proposers do, it picks one option per table from the search space 
 given (DreamShard's enumerator's or a user's) and leaves the ranks to the partitioner:
 
 * every table the policy can place takes its table-wise fused option
-  (:func:`~torchrec_dreamshard.planner.search_space.choose_options`); the others take TorchRec's
+  (:func:`~torchrec_dreamshard.planner.stages.search_space.choose_options`); the others
+  take TorchRec's
   best-rated option among those that fit a device;
 * then the sharding-type choice: where the search space also offers a table another type
   its cost strategy lets the choice offer (data-parallel, row-wise, table-row-wise),
-  :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser` decides by the typed cost
+  :class:`~torchrec_dreamshard.planner.type_choice.type_choice.TypeChooser` decides by the
+  typed cost
   model which tables take it instead (sequence tables, which TorchRec's partitioner
   places, join the choice as sequence lookups).
 
-The proposal is a :class:`~torchrec_dreamshard.planner.proposal.DreamShardProposal`: the
+The proposal is a :class:`~torchrec_dreamshard.planner.stages.proposal.DreamShardProposal`: the
 options, which of them the policy places, and which of those may be split column-wise
-(:func:`~torchrec_dreamshard.planner.search_space.split_widths`: the search space also offers
+(:func:`~torchrec_dreamshard.planner.stages.search_space.split_widths`: the search space also offers
 them column-wise on the fused kernel).
-:class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places it.
+:class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner` places it.
 
 Inside ``DreamShardPlanner`` the proposer measures nothing: the machine profile, built
 before TorchRec's loop, calibrated the agent on the tables :meth:`DreamShardProposer.
@@ -43,14 +45,18 @@ from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.candidates import default_sources
-from torchrec_dreamshard.planner.device_memory import device_capacity, memory_tier, option_bytes
-from torchrec_dreamshard.planner.option_specs import SpecFn, spec_for_option
-from torchrec_dreamshard.planner.plan_prediction import prediction_task
-from torchrec_dreamshard.planner.proposal import DreamShardProposal
-from torchrec_dreamshard.planner.search_space import choose_options, split_widths
-from torchrec_dreamshard.planner.torchrec_adapter import reserved_topology
-from torchrec_dreamshard.planner.type_choice import (
+from torchrec_dreamshard.planner.adapters.device_memory import (
+    device_capacity,
+    memory_tier,
+    option_bytes,
+)
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import reserved_topology
+from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
+from torchrec_dreamshard.planner.stages.candidates import default_sources
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
+from torchrec_dreamshard.planner.stages.proposal import DreamShardProposal
+from torchrec_dreamshard.planner.stages.search_space import choose_options, split_widths
+from torchrec_dreamshard.planner.type_choice.type_choice import (
     TypeChooser,
     TypePlan,
     alternatives,
@@ -64,7 +70,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 class MachineModels:
     """Where the type choice's models of this machine come from, each asked for only when
     the type choice prices tables
-    (:func:`~torchrec_dreamshard.planner.machine_sources.machine_models`).
+    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`).
 
     Attributes:
         collectives: gives the machine's fitted collective models (``None``, or giving
@@ -98,10 +104,10 @@ class DreamShardProposer(Proposer):
         machine: the type choice's models of this machine; its collectives are asked for
             only when the search space offers a table another type than table-wise that
             the type choice may offer; then
-            :class:`~torchrec_dreamshard.planner.type_choice.TypeChooser` decides which
+            :class:`~torchrec_dreamshard.planner.type_choice.type_choice.TypeChooser` decides which
             tables leave table-wise (``None``: every policy table stays table-wise).
         sources: the candidate sources a calibrating agent calibrates with (default
-            :func:`~torchrec_dreamshard.planner.candidates.default_sources`: TorchRec's
+            :func:`~torchrec_dreamshard.planner.stages.candidates.default_sources`: TorchRec's
             plan, on the memory the storage reservation left).
     """
 

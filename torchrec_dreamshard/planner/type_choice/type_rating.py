@@ -36,10 +36,10 @@ from torchrec_dreamshard.cost.sharding_types import (
     STRATEGIES,
     TermsCache,
 )
-from torchrec_dreamshard.planner.device_memory import option_bytes, storage_bytes
-from torchrec_dreamshard.planner.option_kinds import DREAMSHARD_SHARDING_TYPE
-from torchrec_dreamshard.planner.option_specs import SpecFn
-from torchrec_dreamshard.planner.type_margin import TypeSummary
+from torchrec_dreamshard.planner.adapters.device_memory import option_bytes, storage_bytes
+from torchrec_dreamshard.planner.stages.option_kinds import DREAMSHARD_SHARDING_TYPE
+from torchrec_dreamshard.planner.stages.option_specs import SpecFn
+from torchrec_dreamshard.planner.type_choice.type_margin import TypeSummary
 
 
 class CandidateRater:

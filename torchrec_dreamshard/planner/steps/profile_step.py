@@ -35,7 +35,7 @@ from torchrec.distributed.types import ModuleSharder
 from torchrec_dreamshard.calibration.auto import MachineCheck
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.adaptation import calibrating, prior_agent
+from torchrec_dreamshard.planner.steps.adaptation import calibrating, prior_agent
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
@@ -134,7 +134,7 @@ class ProfileStep:
         choice prices; ``task``: the tables calibration would measure (asked for only
         where it calibrates); ``loads_plan``: a plan loader is given;
         ``paths_may_change``: whether the type choice may rate plans of another number
-        of sharding paths (:mod:`~torchrec_dreamshard.planner.model_needs`; else the
+        of sharding paths (:mod:`~torchrec_dreamshard.planner.type_choice.model_needs`; else the
         path is not timed, only loaded where cached)."""
         stamp = self.stamp()
         self.unmeasured = None

@@ -21,8 +21,8 @@ from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption, Topology
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.option_specs import OptionSpecs
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

@@ -5,7 +5,7 @@ the storage reservation's dense estimate) are reached through
 :mod:`torchrec_dreamshard.torchrec_compat`, which checks them against the installed
 release. The ``EmbeddingBagConfig`` of each table (public API, shared with the measured
 models) comes from :mod:`torchrec_dreamshard.data.table_configs`, and the topology a model
-is planned on (:func:`torchrec_topology`) from :mod:`torchrec_dreamshard.planner.topology`.
+is planned on (:func:`torchrec_topology`) from :mod:`torchrec_dreamshard.planner.adapters.topology`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.topology import torchrec_topology
+from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.torchrec_compat import (
     best_plan,
     dense_tensor_estimate,

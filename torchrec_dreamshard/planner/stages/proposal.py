@@ -1,6 +1,6 @@
-"""What :class:`~torchrec_dreamshard.planner.proposers.DreamShardProposer` hands the
+"""What :class:`~torchrec_dreamshard.planner.stages.proposers.DreamShardProposer` hands the
 partitioner: :class:`DreamShardProposal`, one option per table and which of them the policy
-places (:mod:`~torchrec_dreamshard.planner.option_kinds`)."""
+places (:mod:`~torchrec_dreamshard.planner.stages.option_kinds`)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from torchrec.distributed.planner.types import ShardingOption
 
 
 class DreamShardProposal(list[ShardingOption]):
-    """A proposal of :class:`~torchrec_dreamshard.planner.proposers.DreamShardProposer`:
+    """A proposal of :class:`~torchrec_dreamshard.planner.stages.proposers.DreamShardProposer`:
     one option per table, as every TorchRec proposal, and which of them the policy places.
-    :class:`~torchrec_dreamshard.planner.partitioners.DreamShardPartitioner` places the
+    :class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner` places the
     others with TorchRec's partitioner, then the policy's in the memory left.
 
     Args:

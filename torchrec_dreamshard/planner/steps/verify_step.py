@@ -21,7 +21,7 @@ from typing import Any
 from torchrec_dreamshard.calibration.planning import verify_chosen
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.planner.adaptation import calibrating
+from torchrec_dreamshard.planner.steps.adaptation import calibrating
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.verification.plan_ranking import MIN_ROUNDS_TO_REPLACE

@@ -10,10 +10,10 @@ from typing import Any
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.partitioners import DreamShardPartitioner
-from torchrec_dreamshard.planner.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.plan_prediction import PlanPrediction
-from torchrec_dreamshard.planner.tracked_proposers import ProposalLog
+from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
+from torchrec_dreamshard.planner.stages.partitioners import DreamShardPartitioner
+from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
+from torchrec_dreamshard.planner.stages.tracked_proposers import ProposalLog
 
 logger: logging.Logger = logging.getLogger(__name__)
 

@@ -1,0 +1,3 @@
+"""The sharding-type choice: which type each table takes, chosen by predicted step cost
+beyond a margin.
+"""
