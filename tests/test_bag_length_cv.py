@@ -24,8 +24,9 @@ from torchrec_dreamshard.data.tables import MAX_BAG_LENGTH_CV, TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.data.workloads import generate_batch
 from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import planner_reserved_topology
 from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs, bag_length_cvs, checked_cvs
-from torchrec_dreamshard.planner.steps.adaptation import calibrating
+from torchrec_dreamshard.planner.steps.verify_step import policy_choice
 from torchrec_dreamshard.policy import DreamShard
 
 BURSTY = np.array([1, 1, 1, 5] * 256)  # mean 2, std sqrt(3): excess over Poisson cv 0.5
@@ -198,9 +199,11 @@ def test_a_bursty_task_plans_on_specs_with_its_cvs():
     specs = planner.table_specs.specs
     assert specs[".t1"].bag_length_cv == 1.8 and specs[".t3"].bag_length_cv == 0.0
     assert specs[".t0"].bag_length_cv is None
-    # the task the calibrating agent placed (what it calibrates on and verifies) has them,
+    # the task the policy placed (what the planner calibrates on and verifies) has them,
     # in the verification cache's key (the task's dict) too
-    task = calibrating(planner.agent).last_task
+    constraint = planner_reserved_topology(planner)
+    batch = planner.plan_record.batch_size * constraint.world_size
+    task = policy_choice(planner.best_options, constraint, planner.table_specs, batch).task
     assert [t.bag_length_cv for t in task.tables] == [None, 1.8, None, 0.0, None]
     assert task.to_dict()["tables"][1]["bag_length_cv"] == 1.8
     # the calibration store's kernel key sees the cv, not the name

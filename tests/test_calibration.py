@@ -574,18 +574,19 @@ def test_planner_calibrate_and_verify_arguments():
 
     topo = Topology(world_size=2, compute_device="cpu")
     agent = DreamShard.untrained(seed=0)
-    assert DreamShardPlanner(topology=topo, agent=agent, calibrate=False).agent is agent
-    default = DreamShardPlanner(topology=topo, agent=agent).agent
-    assert isinstance(default, cal.CalibratingAgent) and default.prior is agent
-    assert default.calibration.budget_s == AUTO_BUDGET_S
-    assert default.adaptation()["mode"] == "auto"
+    off = DreamShardPlanner(topology=topo, agent=agent, calibrate=False)
+    assert off.agent.prior is agent and off.adapt.calibration is None
+    assert off.adaptation["mode"] == "off"
+    default = DreamShardPlanner(topology=topo, agent=agent)
+    assert default.agent.prior is agent and default.adapt.automatic
+    assert default.adapt.calibration.budget_s == AUTO_BUDGET_S
+    assert default.adaptation["mode"] == "auto"
     planner = DreamShardPlanner(topology=topo, agent=agent, calibrate=5, verify=2)
-    assert isinstance(planner.agent, cal.CalibratingAgent)
-    assert planner.agent.calibration.budget_s == 5.0 and planner.agent.verify_k == 2
-    assert planner.agent.adaptation()["mode"] == "on" and planner.agent.calibration_enabled
-    assert default.verify_k is None  # automatic: verifies where the automatic check calibrates
-    assert DreamShardPlanner(topology=topo, agent=agent, calibrate=5).agent.verify_k == 0
-    assert DreamShardPlanner(topology=topo, agent=agent, verify=0).agent.verify_k == 0
+    assert planner.adapt.calibration.budget_s == 5.0 and planner.adapt.verify_k == 2
+    assert planner.adaptation["mode"] == "on" and not planner.adapt.automatic
+    assert default.adapt.verify_k is None  # automatic: verifies where the check calibrates
+    assert DreamShardPlanner(topology=topo, agent=agent, calibrate=5).adapt.verify_k == 0
+    assert DreamShardPlanner(topology=topo, agent=agent, verify=0).adapt.verify_k == 0
     with pytest.raises(ValueError, match="verify must be None \\(automatic\\) or an integer >= 0"):
         DreamShardPlanner(topology=topo, agent=agent, verify=-1)
     with pytest.raises(ValueError, match="calibrate must be None \\(automatic\\), False, True"):
@@ -654,7 +655,8 @@ def test_the_type_choice_prices_with_the_calibration_that_places(monkeypatch):
     from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
     from torchrec_dreamshard.calibration import calibrating_agent, fine_tuning, planning
-    from torchrec_dreamshard.planner import DreamShardPlanner, proposers
+    from torchrec_dreamshard.planner import DreamShardPlanner
+    from torchrec_dreamshard.planner.stages import proposers
     from torchrec_dreamshard.profile import build
 
     runs = []
@@ -807,7 +809,7 @@ def test_the_planner_splits_a_table_bigger_than_every_rank_on_the_calibrating_pa
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         plan = planner.plan(model, [EmbeddingBagCollectionSharder()])
-    assert planner.agent.adaptation()["calibrated"] is True
+    assert planner.adaptation["calibrated"] is True
     big = plan.plan["ebc"]["big"]
     assert big.sharding_type == "column_wise" and len(set(big.ranks)) == len(big.ranks) == 2
     caps = [d.storage.ddr for d in planner_reserved_topology(planner).devices]

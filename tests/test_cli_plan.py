@@ -398,11 +398,11 @@ def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
     the printed table says "not measured" (it was a NaN that refused to be written)."""
     import dataclasses
 
-    from torchrec_dreamshard.calibration import calibrating_agent
     from torchrec_dreamshard.io import read_json
+    from torchrec_dreamshard.planner.steps import plan_agent
     from torchrec_dreamshard.verification import verification
 
-    clock, settings = FakeClock(), calibrating_agent.verification_settings
+    clock, settings = FakeClock(), plan_agent.verification_settings
     timing = verification.Timing(clock.step_ms, lambda: 1.0, clock.perf_counter)
     monkeypatch.setattr(verification, "kernel_timing", lambda config: timing)
 
@@ -410,7 +410,7 @@ def test_plans_the_budget_left_unmeasured_are_written_as_not_measured(
         given = settings(*args, **kwargs)
         return dataclasses.replace(given, options=dataclasses.replace(given.options, budget_s=2.0))
 
-    monkeypatch.setattr(calibrating_agent, "verification_settings", small_budget)
+    monkeypatch.setattr(plan_agent, "verification_settings", small_budget)
     out = files / "plan.json"
     argv = ["plan", str(files / "task.json"), "--checkpoint", str(files / "agent.pt")]
     argv += ["--no-calibrate", "--no-splits", "--verify", "4", "--out", str(out)]

@@ -26,6 +26,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
 from torchrec.distributed.planner.planners import extract_plan
 from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer, GreedyProposer
+from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
 from torchrec.distributed.planner.types import (
     ParameterConstraints,
@@ -396,9 +397,16 @@ def test_stats_and_callbacks_are_torchrec_s(agent):
         seen.append(len(plan))
         return plan
 
-    p = ours(agent, callbacks=[callback], timeout_seconds=30, stats=[])
+    logged = []
+
+    class Counting(EmbeddingStats):
+        def log(self, *args, **kwargs):
+            logged.append(kwargs["best_plan"])
+
+    p = ours(agent, callbacks=[callback], timeout_seconds=30, stats=[Counting()])
     p.plan(Model(tables(3)), SHARDERS)
-    assert seen == [3] and p._stats == [p.cost_stats]
+    # the callbacks run once; every stats logger logs once, for the plan returned
+    assert seen == [3] and len(logged) == 1 and logged[0] == p.best_options
 
 
 # -- context hash, plan loading, extract_plan --------------------------------------------------

@@ -325,8 +325,9 @@ def test_the_planner_plans_through_every_measuring_failure(
     assert failures and all(cause in f["message"] for f in failures)
     assert any("calibration" in f["what"] for f in failures)
     assert failures[-1]["what"].startswith("verification")
-    outcome = planner.agent.last_outcome
+    outcome = planner.last_verdict.outcome
     assert outcome.placement == outcome.chosen  # the planner's chosen plan stands
+    assert planner.last_verdict.kept is None
     if failure != "collective":  # no kernel could be measured: the checkpoint as it is
         assert not planner.adaptation["calibrated"]
         assert planner.agent.current is planner.agent.prior

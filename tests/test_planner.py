@@ -133,7 +133,7 @@ def test_the_plan_record_is_a_value_and_its_factory_shares_no_user_component(age
     fresh.plan(dlrm(configs(6)), SHARDERS)  # its copy of the proposer sees 6
     assert {o.name for o in fresh.best_options} == {f"t{i}" for i in range(6)}
     assert len(mine._sharding_options_by_fqn) == 4  # the user's is as the user's plan left it
-    assert fresh.settings.seed == 1 and fresh.settings.verify == 0
+    assert fresh.options.seed == 1 and fresh.options.verify == 0
 
 
 def test_several_collections_nested_anywhere(agent):
@@ -575,7 +575,7 @@ def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog
     import logging
 
     from torchrec_dreamshard.measure.hardware import cpu_name
-    from torchrec_dreamshard.planner.defaults import other_hardware, with_calibration
+    from torchrec_dreamshard.planner.defaults import adapt_settings, other_hardware
 
     class Agent:
         def __init__(self, name):
@@ -588,13 +588,13 @@ def test_a_checkpoint_from_another_cpu_is_named_and_calibration_suggested(caplog
     gpu = Topology(world_size=2, compute_device="cuda")
     assert other_hardware(Agent("Some Other CPU 9000"), gpu) is None
     with caplog.at_level(logging.WARNING, logger="torchrec_dreamshard.planner"):
-        with_calibration(Agent("Some Other CPU 9000"), cpu, False, 0)  # calibration off
+        adapt_settings(Agent("Some Other CPU 9000"), cpu, False, 0)  # calibration off
         assert "Some Other CPU 9000" in caplog.text
         caplog.clear()
-        with_calibration(Agent("Some Other CPU 9000"), cpu, 5.0, 0)
+        adapt_settings(Agent("Some Other CPU 9000"), cpu, 5.0, 0)
         assert caplog.text == ""
         # the default checks the machine itself (and calibrates where it must)
-        with_calibration(DreamShard.untrained(seed=0), cpu, None, 0)
+        adapt_settings(DreamShard.untrained(seed=0), cpu, None, 0)
         assert caplog.text == ""
 
 

@@ -1,14 +1,6 @@
-"""Every TorchRec internal the package reads, in one place, checked at import.
-
-The rest of the package calls the small named functions and the one class below, never
-TorchRec's private names (``tests/test_torchrec_compat.py`` scans for it). Each internal
-is checked when this module is imported (it exists, takes the arguments we pass, and
-TorchRec's code uses it where we rely on it); a TorchRec that lacks one fails the import
-with an ``ImportError`` naming the installed version, the supported releases and what to
-do. ``docs/torchrec_compatibility.md`` lists each internal, where it is used and why.
-Nothing here patches TorchRec, FBGEMM or torch, but for one TorchRec bug
-(:func:`process_independent_reshard_tags`), scoped to our own call, under a lock.
-"""
+"""Every TorchRec internal the package reads, in one place, checked at import (an
+``ImportError`` naming the release where one is missing; docs/torchrec_compatibility.md
+lists them). Nothing here patches TorchRec, FBGEMM or torch for the process."""
 
 from __future__ import annotations
 
@@ -182,6 +174,13 @@ def best_plan(planner: planners.EmbeddingShardingPlanner) -> list[ShardingOption
     """The sharding options (with ranks) of the plan ``planner`` chose last; ``None``
     before it planned."""
     return planner._best_plan
+
+
+def keep_best_plan(
+    planner: planners.EmbeddingShardingPlanner, options: list[ShardingOption]
+) -> None:
+    """Make ``options`` the plan ``planner`` chose last (the one the verification kept)."""
+    planner._best_plan = options
 
 
 def planner_topology(planner: planners.EmbeddingShardingPlanner) -> Topology:

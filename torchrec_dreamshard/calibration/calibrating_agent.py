@@ -1,10 +1,6 @@
-"""The agent that calibrates and verifies (:class:`CalibratingAgent`).
-
-Used on its own (a script, a benchmark), its ``place`` calibrates, places and verifies
-through :func:`~.planning.plan_task`. Inside the planner it is *frozen* first
-(:meth:`CalibratingAgent.freeze`): the machine profile, measured before TorchRec's loop,
-hands it the calibrated agent, and ``place`` then only places, measuring nothing; the
-planner verifies after the loop (:meth:`CalibratingAgent.verification` says how)."""
+"""The agent that calibrates and verifies in ``place`` (:class:`CalibratingAgent`), for a
+script or a benchmark that places tasks outside the planner (the planner measures in its
+own two steps instead)."""
 
 from __future__ import annotations
 
@@ -81,33 +77,6 @@ class CalibratingAgent:
         self.learns_from_job = False  # calibrated on a running job's observations only
         self._auto = auto
         self._prepared: CalibrationResult | None = None
-        self._frozen: _Frozen | None = None  # set by freeze(): place measures nothing
-        self.last_task: Task | None = None  # what the last frozen place placed
-        self.last_label: str | None = None  # and the safety-net candidate it chose
-        self.last_chosen: list[int] | None = None  # and its placement
-        self._pinned: tuple[Task, list[int]] | None = None
-
-    def freeze(
-        self,
-        current: DreamShard,
-        check: MachineCheck | None,
-        calibrated: bool,
-        summary: dict[str, Any] | None = None,
-    ) -> None:
-        """Plan with ``current`` (the prior, or the profile's calibrated agent) and measure
-        nothing in ``prepare`` and ``place`` from now on.
-
-        Args:
-            current: the agent to place and price with.
-            check: the reference kernel, predicted against measured (``None``: unknown).
-            calibrated: whether ``current``'s kernels were fitted on this machine.
-            summary: what the calibration measured and bought (for the stats).
-        """
-        self._frozen = _Frozen(calibrated, dict(summary or {}))
-        self.current, self.check = current, check
-        self.last_calibration = self.last_verification = self.last_outcome = None
-        self.last_task = self.last_label = self.last_chosen = None
-        self._pinned, self._prepared = None, None
 
     @property
     def automatic(self) -> bool:
@@ -115,26 +84,9 @@ class CalibratingAgent:
         return self._auto is not None
 
     @property
-    def frozen(self) -> bool:
-        """Whether :meth:`freeze` was called (``place`` measures nothing)."""
-        return self._frozen is not None
-
-    def pin(self, task: Task, placement: list[int]) -> None:
-        """The next frozen ``place`` of ``task`` (the same tables, devices, memory and
-        batch) returns ``placement``: the plan the verification kept."""
-        self._pinned = (task, list(placement))
-
-    def record_verification(self, outcome: PlanOutcome) -> None:
-        """What the planner's verification after TorchRec's loop measured and kept."""
-        self.last_outcome = outcome
-        self.last_verification = outcome.verification
-
-    @property
     def calibration_enabled(self) -> bool:
         """Whether ``place`` calibrates on this machine (under ``auto``, what the machine
         check decided; the check runs on first use)."""
-        if self._frozen is not None:
-            return self._frozen.calibrated
         if self.calibration is None:
             return False
         if self._auto is None:
@@ -187,9 +139,6 @@ class CalibratingAgent:
             out["why"] = "calibrate was asked for"
         cal = self.last_calibration
         out["calibrated"] = cal is not None
-        if self._frozen is not None:
-            out["calibrated"] = self._frozen.calibrated
-            out.update(self._frozen.summary)
         if cal is not None:
             out.update(cal.summary())
         if out["calibrated"] and self.check is not None:
@@ -217,8 +166,6 @@ class CalibratingAgent:
         """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
         and ``table_costs`` then price with the calibrated agent, and the next ``place``
         (of these tables or some of them) plans with it instead of calibrating again."""
-        if self._frozen is not None:
-            return  # the machine profile calibrated already
         settings = self._settings(task)
         if settings is None:
             return
@@ -236,10 +183,7 @@ class CalibratingAgent:
     ) -> list[int]:
         """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
         calibrated agent and verify (:func:`plan_task`); the outcome is kept in
-        :attr:`last_outcome` and logged. Frozen (:meth:`freeze`), it only places, with the
-        profile's agent (or returns the pinned placement of this very task)."""
-        if self._frozen is not None:
-            return self._place_frozen(task, PlaceSettings(mode, num_samples, seed, sources))
+        :attr:`last_outcome` and logged."""
         out = plan_task(
             self.prior,
             task,
@@ -257,16 +201,6 @@ class CalibratingAgent:
         for line in out.lines():
             log.info(line)
         return out.placement
-
-    def _place_frozen(self, task: Task, how: PlaceSettings) -> list[int]:
-        pinned = self._pinned
-        if pinned is not None and same_task(pinned[0], task):
-            return list(pinned[1])
-        placement = self.current.place(task, **how.kwargs())
-        report = self.current.last_report
-        self.last_task, self.last_chosen = task, list(placement)
-        self.last_label = report.winner.label if report is not None and report.candidates else None
-        return placement
 
     def fingerprint(self) -> str:
         """The prior's fingerprint and the calibration and verification settings (the
@@ -304,16 +238,3 @@ class CalibratingAgent:
     def table_costs(self, task: Task) -> np.ndarray:
         """The current agent's single-table costs."""
         return self.current.table_costs(task)
-
-
-@dataclasses.dataclass(frozen=True)
-class _Frozen:
-    """What :meth:`CalibratingAgent.freeze` was handed."""
-
-    calibrated: bool
-    summary: dict[str, Any]
-
-
-def same_task(a: Task, b: Task) -> bool:
-    """Whether two tasks place the same tables on the same devices at the same batch."""
-    return a.to_dict() == b.to_dict()

@@ -121,7 +121,6 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -172,7 +171,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
         batch_size=task.batch_size,
     )
     agent = ours_planner.agent
-    prior = agent.prior if isinstance(agent, CalibratingAgent) else agent
+    prior = agent.prior
     for summary in (ours, theirs):
         summary["predicted_step_ms"] = agent.predict(mtask, summary["placement"]).step_ms
         summary["checkpoint_step_ms"] = prior.predict(mtask, summary["placement"]).step_ms

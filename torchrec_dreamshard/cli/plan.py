@@ -247,7 +247,6 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
     import dataclasses
 
     from torchrec_dreamshard.planner import DreamShardPlanner
-    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     arguments = inputs.planner_arguments()
     if args.no_splits:
@@ -267,10 +266,8 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
         profile=args.profile,
         measure=not args.no_measure,
         cache_dir=args.cache_dir,
+        verify_rounds=args.verify_rounds,
     )
-    wrapper = calibrating(planner.agent)
-    if wrapper is not None:
-        wrapper.verify_rounds = args.verify_rounds
     return planner
 
 
@@ -280,7 +277,6 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
     what calibration and verification did."""
     from torchrec_dreamshard.planner.adapters.device_memory import device_capacity, memory_tier
     from torchrec_dreamshard.planner.plans.plan_summary import plan_summary
-    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     prediction = planner.last_prediction
     if prediction is None:
@@ -298,9 +294,9 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
     calibration = measured_calibration(planner)
     if calibration is not None:
         summary["calibration"] = {k: v for k, v in calibration.items() if k != "lines"}
-    wrapper = calibrating(planner.agent)
-    if wrapper is not None and wrapper.last_verification is not None:
-        summary["verification"] = wrapper.last_verification.to_dict()
+    verification = planner.last_verification
+    if verification is not None:
+        summary["verification"] = verification.to_dict()
     return summary
 
 
@@ -319,7 +315,6 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
     ``--plot``."""
     from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
     from torchrec_dreamshard.io import atomic_write, dumps_strict
-    from torchrec_dreamshard.planner.steps.adaptation import calibrating
 
     print("\n".join(line for line in adaptation_lines(summary["adaptation"]) if line))
     if summary.get("shards"):
@@ -333,9 +328,8 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
     calibration = measured_calibration(planner)
     if calibration is not None:
         print("\n".join(calibration.get("lines", [])))
-    wrapper = calibrating(planner.agent)
-    if wrapper is not None and wrapper.last_verification is not None:
-        print("\n".join(wrapper.last_verification.lines()))
+    if planner.last_verification is not None:
+        print("\n".join(planner.last_verification.lines()))
     if args.out:
         summary["torchrec_plan"] = torchrec_plan_path(args.out).name
         atomic_write(args.out, dumps_strict(summary), "--out file")

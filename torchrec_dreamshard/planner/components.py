@@ -8,7 +8,6 @@ user's proposers and stats add to ours (see ``DreamShardPlanner``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +25,7 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.cost.storage_correction import CorrectionSource
+from torchrec_dreamshard.planner.plans.loop_result import DeferredStats
 from torchrec_dreamshard.planner.stages.enumerators import DreamShardEnumerator
 from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.stages.partitioners import DreamShardPartitioner
@@ -87,8 +87,11 @@ class Components:
         partitioner: DreamShard's partitioner.
         perf_model: the cost network's performance model.
         cost_stats: the stats logger of the cost network's predictions.
+        loggers: every stats logger (the user's or TorchRec's, then ours), which the
+            planner logs once per plan, for the plan it returns.
         torchrec: TorchRec's ``enumerator``, ``proposer``, ``partitioner``,
-            ``performance_model`` and ``stats`` arguments.
+            ``performance_model`` and ``stats`` arguments (the stats: one
+            :class:`DeferredStats` that holds the loop's call for the planner).
     """
 
     proposer: DreamShardProposer
@@ -96,6 +99,8 @@ class Components:
     partitioner: DreamShardPartitioner
     perf_model: CostNetPerfModel
     cost_stats: CostNetStats
+    loggers: tuple[Stats, ...]
+    deferred: DeferredStats
     torchrec: dict[str, Any]
 
 
@@ -104,12 +109,10 @@ def build_components(
     how: PlaceSettings,
     user: UserComponents,
     machine: MachineModels,
-    adaptation: Callable[[], dict[str, Any]],
 ) -> Components:
     """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
     ``machine``: the type choice's models of this machine
-    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`);
-    ``adaptation``: how the last plan adapted to this machine, for the stats."""
+    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`)."""
     agent, topology, specs = scope.agent, scope.topology, scope.specs
     proposer = DreamShardProposer(
         agent,
@@ -136,13 +139,17 @@ def build_components(
         user.partitioner or GreedyPerfPartitioner(), placer, enumerator, specs
     )
     perf_model = CostNetPerfModel(agent, topology, scope.global_batch, specs)
-    cost_stats = CostNetStats(perf_model, partitioner, log, adaptation)
+    cost_stats = CostNetStats(perf_model)
     stats = [EmbeddingStats()] if user.stats is None else user.stats
+    loggers = (*(stats if isinstance(stats, list) else [stats]), cost_stats)
+    deferred = DeferredStats()
     torchrec = {
         "enumerator": enumerator,
         "proposer": proposers,
         "partitioner": partitioner,
         "performance_model": user.performance_model or perf_model,
-        "stats": [*(stats if isinstance(stats, list) else [stats]), cost_stats],
+        "stats": [deferred],
     }
-    return Components(proposer, log, partitioner, perf_model, cost_stats, torchrec)
+    return Components(
+        proposer, log, partitioner, perf_model, cost_stats, loggers, deferred, torchrec
+    )

@@ -1,6 +1,6 @@
 """The parts of :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` built from
-its arguments: the topology, the agent (loaded, wrapped for calibration), and the check that
-a user's components are of TorchRec's types."""
+its arguments: the topology, the agent (loaded), how it adapts to the machine, and the check
+that a user's components are of TorchRec's types."""
 
 from __future__ import annotations
 
@@ -22,38 +22,25 @@ from torchrec.distributed.planner.types import (
 )
 from torchrec.distributed.utils import get_device_type
 
+from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.measure.hardware import cpu_name
 from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
     heuristical_reservation,
     torchrec_topology,
 )
-from torchrec_dreamshard.planner.steps.machine_sources import default_reference
-from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
-from torchrec_dreamshard.policy.protocol import PlacementAgent
-
-
-@dataclass(frozen=True)
-class DreamShardSettings:
-    """The planner's own settings that its plans depend on, besides the agent and the
-    tables (what :meth:`DreamShardPlanner.dreamshard_context` hashes).
-
-    Attributes:
-        mode: the placement mode.
-        num_samples: sampled policy roll-outs.
-        seed: sampling seed.
-        calibrate: ``repr`` of the ``calibrate`` argument.
-        verify: the ``verify`` argument.
-    """
-
-    mode: str
-    num_samples: int
-    seed: int
-    calibrate: str
-    verify: int | None
-
-    def context(self) -> list[Any]:
-        """The settings in the planner's context hash, in its order."""
-        return [self.mode, self.num_samples, self.seed, self.calibrate, self.verify]
+from torchrec_dreamshard.planner.components import (
+    Components,
+    PlanningScope,
+    UserComponents,
+    build_components,
+)
+from torchrec_dreamshard.planner.options import DreamShardOptions
+from torchrec_dreamshard.planner.stages.candidates import default_sources
+from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.steps.machine_sources import machine_models, machine_sources
+from torchrec_dreamshard.planner.steps.measuring_steps import MeasuringSteps, StepSettings
+from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings, PlanAgent
+from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 
 
 def default_topology() -> Topology:
@@ -99,7 +86,6 @@ def load_or_defer(checkpoint: str | Path | None) -> tuple[PlacementAgent, str | 
 
 
 def check_arguments(
-    mode: str,
     batch_size: int | None,
     enumerator: Enumerator | None,
     proposer: Proposer | list[Proposer] | None,
@@ -107,11 +93,9 @@ def check_arguments(
     performance_model: PerfModel | None,
     plan_loader: PlanLoader | None,
 ) -> list:
-    """The user's proposers as a list, after checking the mode and batch size (a
-    ``ValueError``) and that each component is of TorchRec's type for its argument (a
-    ``TypeError`` naming the argument and what it got)."""
-    if mode not in PLACEMENT_MODES:
-        raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+    """The user's proposers as a list, after checking the batch size (a ``ValueError``)
+    and that each component is of TorchRec's type for its argument (a ``TypeError`` naming
+    the argument and what it got)."""
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
     users = [] if proposer is None else list(proposer) if isinstance(proposer, list) else [proposer]
@@ -131,58 +115,47 @@ def check_arguments(
     return users
 
 
-def with_calibration(
-    agent: PlacementAgent, topology: Topology, calibrate: Any, verify: int | None
-) -> PlacementAgent:
-    """``agent`` wrapped to calibrate and/or verify in ``place``.
+def adapt_settings(
+    agent: PlacementAgent,
+    topology: Topology,
+    calibrate: Any,
+    verify: int | None,
+    verify_rounds: int = 3,
+) -> AdaptSettings:
+    """The one decoding of ``calibrate`` and ``verify``.
 
     ``calibrate``: ``None`` (the default) calibrates where the checkpoint misprices this
-    machine (:mod:`torchrec_dreamshard.calibration.auto`: the reference kernel, within
+    machine (the reference kernel, within
     :data:`~torchrec_dreamshard.calibration.auto.AUTO_BUDGET_S`); ``False`` never does;
     ``True`` (60 s), a budget in seconds or a ``CalibrationConfig`` always do.
     ``verify``: ``None`` (the default) verifies where the automatic check calibrates
     (:data:`~torchrec_dreamshard.calibration.auto.AUTO_VERIFY_K` plans, cached), and
-    nowhere else; a number of plans always does (0: never)."""
-    if verify is not None and (
-        isinstance(verify, bool) or not isinstance(verify, int) or verify < 0
-    ):
-        raise ValueError(
-            f"verify must be None (automatic) or an integer >= 0 candidate plans, got {verify!r}"
-        )
-    from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+    nowhere else; a number of plans always does (0: never).
+
+    Both are checked by :class:`~torchrec_dreamshard.planner.options.DreamShardOptions`.
+    """
+    from torchrec_dreamshard.calibration import CalibrationConfig
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
     from torchrec_dreamshard.measure.config import MeasureConfig
     from torchrec_dreamshard.policy import DreamShard
 
     device = "cuda" if topology.compute_device == "cuda" else "cpu"
-    auto = None
+    measure = MeasureConfig(device=device)
     if calibrate is None and isinstance(agent, DreamShard):
-        auto = default_reference(topology)
-        calibrate = CalibrationConfig(
-            budget_s=AUTO_BUDGET_S, measure=MeasureConfig(device=device), progress=True
-        )
-    elif calibrate is None or calibrate is False:
+        config = CalibrationConfig(budget_s=AUTO_BUDGET_S, measure=measure, progress=True)
+        return AdaptSettings(config, automatic=True, verify_k=verify, verify_rounds=verify_rounds)
+    if calibrate is None or calibrate is False:
         note = other_hardware(agent, topology) if calibrate is False else None
         if note:
             logging.getLogger("torchrec_dreamshard.planner").warning(note)
-        if not verify:
-            return agent
-        calibrate = None
-    elif calibrate is True:
-        calibrate = CalibrationConfig(measure=MeasureConfig(device=device))
+        return AdaptSettings(None, verify_k=verify or 0, verify_rounds=verify_rounds)
+    if calibrate is True:
+        config = CalibrationConfig(measure=measure)
     elif isinstance(calibrate, int | float):
-        calibrate = CalibrationConfig(
-            budget_s=float(calibrate), measure=MeasureConfig(device=device)
-        )
-    elif not isinstance(calibrate, CalibrationConfig):
-        raise ValueError(
-            "calibrate must be None (automatic), False, True, a budget in seconds or a "
-            f"CalibrationConfig, got {calibrate!r}"
-        )
-    if auto is None and verify is None:
-        verify = 0  # automatic verification goes with automatic calibration only
-    # what the default does on its own prints no progress bars; what was asked for does
-    return CalibratingAgent(agent, calibrate, verify_k=verify, progress=auto is None, auto=auto)
+        config = CalibrationConfig(budget_s=float(calibrate), measure=measure)
+    else:
+        config = calibrate
+    return AdaptSettings(config, verify_k=verify or 0, verify_rounds=verify_rounds)
 
 
 def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
@@ -228,3 +201,65 @@ class Unloaded:
     @property
     def without_measuring(self) -> Unloaded:
         return self._fail()
+
+
+@dataclass(frozen=True)
+class Wiring:
+    """What a planner is built from its options: the agent, how it adapts, the table
+    specs, the measuring steps, the components and a checkpoint failure kept."""
+
+    agent: PlanAgent
+    adapt: AdaptSettings
+    specs: OptionSpecs
+    steps: MeasuringSteps
+    parts: Components
+    load_error: str | None
+
+
+def wire(
+    options: DreamShardOptions,
+    planning: tuple[Topology, int, StorageReservation, dict | None],
+    user: UserComponents,
+    timeout: float | None,
+) -> Wiring:
+    """The planner's parts made of ``options``, with the ``user``'s components, for
+    ``planning``'s topology, per-rank batch, storage reservation and constraints
+    (``timeout``: TorchRec's ``timeout_seconds``)."""
+    topology, batch_size, reservation, constraints = planning
+    if options.agent is not None:
+        prior, load_error = options.agent, None
+    else:
+        prior, load_error = load_or_defer(options.checkpoint)
+    adapt = adapt_settings(
+        prior, topology, options.calibrate, options.verify, options.verify_rounds
+    )
+    specs = OptionSpecs(
+        options.sample_batches, topology.world_size, options.reuse_hists, options.bag_length_cvs
+    )
+    how = PlaceSettings(
+        options.mode, options.num_samples, options.seed, default_sources(reserved=True)
+    )
+    steps = StepSettings(
+        topology=topology,
+        profile=options.profile,
+        measure=options.measure,
+        timeout_seconds=timeout,
+        cache_dir=options.cache_dir,
+        adapt=adapt,
+        candidates=how.sources,
+        storage_correction=options.storage_correction,
+    )
+    measuring = MeasuringSteps(steps, machine_sources(topology))
+    agent = PlanAgent(prior)
+
+    def correction() -> StorageCorrection | None:
+        """The planner's storage correction, else its plan's profile's."""
+        profile = agent.profile
+        if options.storage_correction is not None or profile is None:
+            return options.storage_correction
+        return profile.storage_correction
+
+    scope = PlanningScope(agent, topology, batch_size, reservation, constraints, specs, correction)
+    machine = machine_models(lambda: agent.profile, options.collectives, options.dense_kernel)
+    parts = build_components(scope, how, user, machine)
+    return Wiring(agent, adapt, specs, measuring, parts, load_error)

@@ -1,13 +1,6 @@
 """``DreamShardPlanner``: a TorchRec ``EmbeddingShardingPlanner`` whose table-wise
-placements come from a trained DreamShard policy.
-
-It is TorchRec's planner, with TorchRec's planning loop and each step where TorchRec has
-it (the enumerator, proposer, partitioner, performance model and stats of
-:mod:`torchrec_dreamshard.planner.components`), between the two steps that measure
-(:mod:`torchrec_dreamshard.planner.steps.measuring_steps`). What the job it planned is handed:
-:attr:`DreamShardPlanner.plan_record`. When the tables cannot be placed, TorchRec's planner
-raises its ``PlannerError`` with DreamShard's message, naming the tables and what to change.
-"""
+placements come from a trained DreamShard policy. ``plan()`` is one pass: the machine
+profile, TorchRec's loop once, the verification's verdict, the plan."""
 
 from __future__ import annotations
 
@@ -38,116 +31,81 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
-from torchrec_dreamshard.measure.spent import Spending, spending
-from torchrec_dreamshard.planner.adapters.torchrec_adapter import fill_dense_estimate
-from torchrec_dreamshard.planner.components import PlanningScope, UserComponents, build_components
+from torchrec_dreamshard.measure.spent import spending
+from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
+    fill_dense_estimate,
+    planner_reserved_topology,
+)
+from torchrec_dreamshard.planner.components import (
+    Components,
+    UserComponents,
+)
 from torchrec_dreamshard.planner.defaults import (
-    DreamShardSettings,
     check_arguments,
     default_topology,
-    load_or_defer,
     own_reservation,
-    with_calibration,
+    wire,
 )
+from torchrec_dreamshard.planner.options import Calibrate, DreamShardOptions, option_names
+from torchrec_dreamshard.planner.plans.loop_result import LastPlan, replay, with_ranks
 from torchrec_dreamshard.planner.plans.plan_broadcast import PlanBroadcast, plan_on_rank0
 from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plans.plan_record import PlannerFactory, PlanRecord, meta_copy
-from torchrec_dreamshard.planner.stages.candidates import default_sources
-from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.stages.search_space import plan_layout
 from torchrec_dreamshard.planner.steps.adaptation import (
     adaptation,
     calibration_config,
-    prior_agent,
     recall_inputs,
 )
-from torchrec_dreamshard.planner.steps.machine_sources import machine_models
-from torchrec_dreamshard.planner.steps.measuring_steps import MeasuringSteps
-from torchrec_dreamshard.planner.steps.profile_step import PlanInputs
-from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
+from torchrec_dreamshard.planner.steps.profile_step import PlanInputs, policy_tables
+from torchrec_dreamshard.planner.steps.verify_step import LoopChoice, Verdict, policy_choice
+from torchrec_dreamshard.policy.agent import PlacementMode
+from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
-from torchrec_dreamshard.torchrec_compat import best_plan
+from torchrec_dreamshard.torchrec_compat import best_plan, keep_best_plan
+from torchrec_dreamshard.verification.verify_result import VerifyResult
+
+OURS = "DreamShardProposer"  # our proposer's label in the proposal log
 
 
 class DreamShardPlanner(EmbeddingShardingPlanner):
     """A TorchRec sharding planner driven by a trained DreamShard policy.
 
-    Every argument of TorchRec's ``EmbeddingShardingPlanner`` comes first, in TorchRec's
-    order and with TorchRec's meaning; a user's component adds to DreamShard's or replaces
-    it (the README's "TorchRec compatibility" table says which):
+    TorchRec's arguments come first, in TorchRec's order and meaning; a user's component
+    adds to DreamShard's or replaces it (docs/torchrec_compatibility.md says which).
 
     Args:
         topology: the devices (default: the current process group's).
-        batch_size: TorchRec's per-rank batch size (default TorchRec's 512). Under
-            table-wise sharding each rank's kernels see the global batch, so the policy
-            plans for ``batch_size * world_size``.
-        enumerator: the search space (default :class:`DreamShardEnumerator`); a user's
-            replaces ours, the policy placing its table-wise fused options of
-            ``EmbeddingBagCollection`` tables and TorchRec's machinery the rest.
-        storage_reservation: TorchRec storage reservation (default
-            ``HeuristicalStorageReservation(heuristical_storage_reservation_percentage)``).
-        proposer: one or a list of TorchRec proposers, added to DreamShard's (ours first):
-            every proposal is rated by ``performance_model`` and the best kept, with what
-            it sets on its options; :class:`CostNetStats` logs which proposer won.
-        partitioner: places what the policy does not (the user proposers' proposals,
-            and the other tables of ours) in place of TorchRec's ``GreedyPerfPartitioner``.
-        performance_model: rates every proposal (default :class:`CostNetPerfModel`); a
-            user's replaces ours as the judge, the policy still places with the cost net.
-        stats: stats loggers (default TorchRec's ``EmbeddingStats``); :class:`CostNetStats`
-            is always appended.
-        constraints: TorchRec ``ParameterConstraints`` by table name; every field reaches
-            the plan as TorchRec passes it.
+        batch_size: TorchRec's per-rank batch (default 512); the table-wise kernels see
+            ``batch_size * world_size``.
+        enumerator: replaces :class:`DreamShardEnumerator` (the policy still places its
+            table-wise fused options of ``EmbeddingBagCollection`` tables).
+        storage_reservation: TorchRec's (default: ``HeuristicalStorageReservation``).
+        proposer: TorchRec proposers, added after DreamShard's; the best-rated proposal wins.
+        partitioner: places what the policy does not (default ``GreedyPerfPartitioner``).
+        performance_model: replaces :class:`CostNetPerfModel` as the judge of proposals.
+        stats: stats loggers (default ``EmbeddingStats``); :class:`CostNetStats` is added.
+            Each logs once per plan, for the plan returned.
+        constraints: ``ParameterConstraints`` by table name, passed through to the plan.
         debug: TorchRec's per-table stats.
         callbacks: TorchRec plan callbacks, applied to the chosen plan.
-        timeout_seconds: bounds the whole ``plan()``, measuring included (TorchRec's
-            proposers after ours stop at it too; the policy's proposal is always made).
-        plan_loader: a TorchRec ``PlanLoader``: a plan whose context hash matches
-            :meth:`hash_planner_context_inputs_str` is loaded instead of planned; a
-            mismatch raises ``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
-        heuristical_storage_reservation_percentage: the default storage reservation's
-            percentage (TorchRec's planner base argument).
-        checkpoint: a checkpoint written by ``dreamshard train``; ``None`` uses the one
-            bundled with the package (trained on CPU).
-        agent: an already loaded agent (overrides ``checkpoint``).
-        mode: ``"safe"`` (the default: the policy's roll-outs, the classic heuristics and
-            TorchRec's planner compete, refined, chosen by the cost network penalised by
-            its uncertainty), ``"greedy"`` (one policy roll-out, milliseconds) or
-            ``"search"`` (the policy's roll-outs only, refined).
-        num_samples: sampled policy roll-outs (safe and search modes).
-        seed: sampling seed.
-        sample_batches: optional ``KeyedJaggedTensor`` batches of the model's sparse
-            features; each table's reuse histogram is measured from them.
-        calibrate: calibrate the cost network on these tables in the profile step:
-            ``True`` (60 s), a budget in seconds, a ``CalibrationConfig``; ``None``
-            (default) where the checkpoint misprices this machine's reference kernel;
-            ``False`` never.
-        verify: after TorchRec's loop, measure this many best-rated candidate plans
-            beside the heuristics' and TorchRec's (0: none); ``None`` (default): where
-            ``calibrate=None`` calibrated, two plans, cached per machine.
-        collectives: the collective models the sharding-type choice rates plans with
-            (default :func:`~.steps.machine_sources.default_collectives`).
-        dense_kernel: the model of the dense kernel data-parallel tables run, that the
-            type choice prices them with (default
-            :func:`~torchrec_dreamshard.planner.steps.machine_sources.default_dense_kernel`).
-        reuse_hists: each table's reuse histogram (17 fractions of its rows by access
-            count, :mod:`torchrec_dreamshard.data.tables`), by fully qualified name
-            (``"module.path.table"``), where the sample batches do not measure it: what a
-            task file declares.
-        bag_length_cvs: each table's bag-length cv (std / mean of ids per sample: bursty
-            bags; TorchRec has no field for it), by fully qualified name, where the sample
-            batches do not measure it: the bags the kernels the planner measures are fed.
-        profile: a ``MachineProfile`` or its file (``dreamshard profile --out``) to plan
-            from: nothing is measured before TorchRec's loop, nothing written.
-        measure: ``False``: nothing measured at all (the checkpoint's kernels and
-            analytic collectives, or the given profile).
-        cache_dir: where measurements are cached (default: ``$XDG_CACHE_HOME``'s).
-        storage_correction: factors over TorchRec's storage estimate measured in a running
-            job (``observer.storage_correction()``), applied to every storage checked
-            (default: the given profile's, if it has one).
+        timeout_seconds: bounds the whole ``plan()``, measuring included (default: 25 s
+            where the planner measures by default).
+        plan_loader: a TorchRec ``PlanLoader``; a context-hash mismatch raises
+            ``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
+        heuristical_storage_reservation_percentage: the default reservation's percentage.
+        **options: the keyword-only options, each documented in
+            :class:`~torchrec_dreamshard.planner.options.DreamShardOptions`.
 
-    Measuring happens in two steps only, around TorchRec's loop, within one budget
-    (:mod:`~torchrec_dreamshard.planner.steps.measuring_steps`). The context hash covers
-    TorchRec's inputs and what only DreamShard depends on (:meth:`dreamshard_context`).
+    Raises:
+        ValueError: an option out of its range (named); ``TypeError``: a component not of
+            TorchRec's type for its argument.
+
+    Example::
+
+        planner = DreamShardPlanner(topology=Topology(world_size=8, compute_device="cuda"))
+        plan = planner.collective_plan(model, sharders, pg)
+        model = DistributedModelParallel(model, device=device, plan=plan)
     """
 
     def __init__(
@@ -169,11 +127,11 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         *,
         checkpoint: str | Path | None = None,
         agent: PlacementAgent | None = None,
-        mode: str = "safe",
+        mode: PlacementMode = "safe",
         num_samples: int = 4,
         seed: int = 0,
         sample_batches: Iterable[Any] | None = None,
-        calibrate: Any = None,
+        calibrate: Calibrate = None,
         verify: int | None = None,
         collectives: CollectiveModels | None = None,
         dense_kernel: DenseKernelModel | None = None,
@@ -183,55 +141,27 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         measure: bool = True,
         cache_dir: str | Path | None = None,
         storage_correction: StorageCorrection | None = None,
+        verify_rounds: int = 3,
     ) -> None:
         arguments = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         self._replanner = PlannerFactory(type(self), arguments)
-        self._constraints_given = constraints
+        self.options = DreamShardOptions(**{f: arguments[f] for f in option_names()})
         users = check_arguments(
-            mode, batch_size, enumerator, proposer, partitioner, performance_model, plan_loader
+            batch_size, enumerator, proposer, partitioner, performance_model, plan_loader
         )
-        topology = topology if topology is not None else default_topology()
-        batch_size = batch_size or BATCH_SIZE
-        agent, self._load_error = (agent, None) if agent is not None else load_or_defer(checkpoint)
-        self.agent: PlacementAgent = with_calibration(agent, topology, calibrate, verify)
-        self.settings = DreamShardSettings(mode, num_samples, seed, repr(calibrate), verify)
-        self._devices, self._per_rank_batch = topology, batch_size
+        self._constraints_given = constraints
+        self._devices = topology if topology is not None else default_topology()
+        self._per_rank_batch = batch_size or BATCH_SIZE
         # TorchRec's default reservation, its dense estimate filled in from each model
         self._own_reservation = own_reservation(
             storage_reservation, heuristical_storage_reservation_percentage
         )
         reservation = storage_reservation or self._own_reservation
-        self._steps = MeasuringSteps(topology, profile, measure, timeout_seconds, cache_dir)
-        self.table_specs = OptionSpecs(
-            sample_batches, topology.world_size, reuse_hists, bag_length_cvs
-        )
-        self.storage_correction = self._steps.storage_correction = storage_correction
-        scope = PlanningScope(
-            self.agent,
-            topology,
-            batch_size,
-            reservation,
-            constraints,
-            self.table_specs,
-            self._steps.correction,
-        )
         user = UserComponents(enumerator, tuple(users), partitioner, performance_model, stats)
-        how = PlaceSettings(mode, num_samples, seed, default_sources(reserved=True))
-        self._steps.sources = how.sources
-        parts = build_components(
-            scope,
-            how,
-            user,
-            machine_models(lambda: self._steps.profile, collectives, dense_kernel),
-            lambda: self.adaptation,
-        )
-        self._steps.parts = (reservation, parts.torchrec["enumerator"], parts.proposer)
-        self.proposer, self.proposal_log = parts.proposer, parts.proposal_log
-        self.partitioner, self.perf_model = parts.partitioner, parts.perf_model
-        self.cost_stats = parts.cost_stats
+        parts = self._wire(reservation, user, timeout_seconds)
         super().__init__(
-            topology=topology,
-            batch_size=batch_size,
+            topology=self._devices,
+            batch_size=self._per_rank_batch,
             storage_reservation=reservation,
             constraints=constraints,
             debug=debug,
@@ -241,42 +171,94 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             **parts.torchrec,
         )
         self.last_plan: ShardingPlan | None = None
-        self._adaptation: dict[str, Any] | None = None  # as rank 0 sent it
-        self._recalled: list[str] = []  # tables whose inputs came from a running job
+        self._last: LastPlan | None = None  # what the last plan() made, as values
         self._planned: tuple[nn.Module, list] | None = None  # a re-plan's model, sharders
-        self._spent: Spending | None = None  # what the last plan() spent its time on
+
+    def _wire(
+        self, reservation: StorageReservation, user: UserComponents, timeout: float | None
+    ) -> Components:
+        """The agent, the measuring steps and the components, from the options."""
+        scope = (self._devices, self._per_rank_batch, reservation, self._constraints_given)
+        wiring = wire(self.options, scope, user, timeout)
+        self._load_error, self.adapt = wiring.load_error, wiring.adapt
+        self.agent, self.table_specs, self._steps = wiring.agent, wiring.specs, wiring.steps
+        parts = self._parts = wiring.parts
+        # what the profile step runs, as TorchRec's loop will, to name calibration's tables
+        self._policy_parts = (reservation, parts.torchrec["enumerator"], parts.proposer)
+        self.proposer, self.proposal_log = parts.proposer, parts.proposal_log
+        self.partitioner, self.perf_model = parts.partitioner, parts.perf_model
+        self.cost_stats = parts.cost_stats
+        return parts
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        """TorchRec's ``plan`` (this rank only) between the two steps that measure
-        (:class:`MeasuringSteps`), the tables' reuse statistics measured from
-        ``sample_batches`` first; raises a checkpoint failure kept by ``__init__``."""
+        """TorchRec's ``plan`` for this rank, in one pass: the machine profile (a value),
+        TorchRec's loop once (measuring nothing), the verification's verdict (a value),
+        and the plan, logged once by every stats logger.
+
+        Raises:
+            PlannerError: TorchRec's, where the tables cannot be placed (named).
+            ValueError: the checkpoint failed to load.
+        """
         if self._load_error is not None:
             raise ValueError(self._load_error)
-        self._adaptation = None
         self.proposal_log.reset()
-        self.cost_stats.last_prediction = None
-        self.last_plan = None
-        with self._steps.cache_scope(), spending() as self._spent:
+        self.last_plan, self._last = None, None
+        loads_plan = self.plan_loader is not None
+        with self._steps.cache_scope(), spending() as spent:
             self.table_specs.observe(module)
-            self._recalled = recall_inputs(self.agent, self._devices, self.table_specs, module)
+            recalled = recall_inputs(self.adapt, self._devices, self.table_specs, module)
             if self._own_reservation is not None:
                 fill_dense_estimate(self._own_reservation, module, sharders)
-            plan = self._steps.plan(
-                self.agent,
-                PlanInputs(module, sharders, self._devices, self._per_rank_batch),
+            inputs = PlanInputs(module, sharders, self._devices, self._per_rank_batch)
+            budget = self._steps.budget()
+            profile = self._steps.profile(
+                self.agent.prior,
+                inputs,
                 self._constraints_given,
-                lambda: super(DreamShardPlanner, self).plan(module, sharders),
-                self.proposal_log,
-                loads_plan=self.plan_loader is not None,
+                budget,
+                lambda: policy_tables(inputs, self._constraints_given, self._policy_parts),
+                loads_plan,
             )
+            self.agent.bind(profile)
+            loop = super().plan
+            plan = self._steps.quietly(lambda: loop(module, sharders))
+            call = self._parts.deferred.take()
+            choice = self._loop_choice()
+            verdict = self._steps.verify(self.agent.current, profile, choice, budget, loads_plan)
+            options = best_plan(self)
+            if verdict.kept is not None and options is not None:
+                options, plan = with_ranks(options, verdict.kept, self._devices)
+                keep_best_plan(self, options)
+        prediction = self.perf_model.predict(options) if options else None
+        self._last = LastPlan(profile, verdict, tuple(recalled), prediction, spent.seconds())
         self.last_plan = plan
+        if call is not None and options:
+            self._log_stats(call, plan, options)
         return plan
+
+    def _loop_choice(self) -> LoopChoice | None:
+        """What TorchRec's loop chose for the policy's tables, where our proposal won."""
+        if self.proposal_log.winner != OURS:
+            return None
+        batch = self._per_rank_batch * self._devices.world_size
+        constraint, report = planner_reserved_topology(self), self.partitioner.last_report
+        return policy_choice(best_plan(self) or [], constraint, self.table_specs, batch, report)
+
+    def _log_stats(self, call: dict[str, Any], plan: ShardingPlan, options: list) -> None:
+        """Every stats logger, once, for the plan returned (ours with what it logs)."""
+        ours = {
+            "prediction": self.last_prediction,
+            "proposals": self.proposal_log.lines() if self.proposal_log.proposals else None,
+            "report": self.partitioner.last_report,
+            "adaptation": self.adaptation,
+        }
+        replay(self._parts.loggers, call, plan, options, {self.cost_stats: ours})
 
     @property
     def profile(self) -> MachineProfile | None:
         """The machine profile the last plan planned from (``None`` before); ``save`` it
         and hand it to other jobs on the same hardware (``profile=path``)."""
-        return self._steps.profile
+        return self._last.profile if self._last is not None else None
 
     def collective_plan(
         self,
@@ -293,14 +275,15 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         from torchrec.distributed.sharding_plan import get_default_sharders
 
         sharders = get_default_sharders() if sharders is None else sharders
+        self._last = None  # rank 0's plan() sets it; the other ranks take what it sent
         sent = plan_on_rank0(
             self._load_error, lambda: self._plan_for_broadcast(module, sharders), pg
         )
-        self._adaptation = sent.adaptation
+        if self._last is None:
+            self._last = LastPlan(prediction=sent.prediction, sent=sent.adaptation)
         if sent.plan is None:
             raise sent.error()
         self.last_plan = sent.plan
-        self.cost_stats.last_prediction = sent.prediction
         return sent.plan
 
     def _plan_for_broadcast(self, module: nn.Module, sharders: list) -> PlanBroadcast:
@@ -318,7 +301,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         the measured reuse, and what the measuring steps plan from
         (:meth:`MeasuringSteps.context`)."""
         reuse = self.table_specs.reuse_key()
-        return [self.agent.fingerprint(), *self.settings.context(), reuse, self._steps.context()]
+        return [self.agent.fingerprint(), *self.options.context(), reuse, self._steps.context()]
 
     def hash_planner_context_inputs(self) -> int:
         """TorchRec's context hash combined with :meth:`dreamshard_context`."""
@@ -337,7 +320,18 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     @property
     def last_prediction(self) -> PlanPrediction | None:
         """The cost network's per-rank prediction of the last plan (``None`` before)."""
-        return self.cost_stats.last_prediction
+        return self._last.prediction if self._last is not None else None
+
+    @property
+    def last_verdict(self) -> Verdict | None:
+        """The verification's verdict of the last plan (``None`` before a plan, or on a
+        rank that did not plan): what it measured, skipped and kept."""
+        return self._last.verdict if self._last is not None else None
+
+    @property
+    def last_verification(self) -> VerifyResult | None:
+        """What the last plan's verification measured (``None``: it measured nothing)."""
+        return self.last_verdict.verification if self.last_verdict is not None else None
 
     @property
     def last_placement(self) -> dict[str, int]:
@@ -356,12 +350,9 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         """How the last plan adapted to this machine (JSON-able, on every rank after
         ``collective_plan``): :func:`~torchrec_dreamshard.planner.steps.adaptation.
         plan_adaptation`."""
-        if self._adaptation is not None:
-            return self._adaptation
-        spent = self._spent.seconds() if self._spent is not None else None
-        return self._steps.report(
-            adaptation(self.agent, self._recalled, self.proposer.last_types), spent
-        )
+        last = self._last if self._last is not None else LastPlan()
+        types = self.proposer.last_types
+        return adaptation(self.adapt, last, self.agent.current, types, self._steps.given)
 
     @property
     def best_options(self) -> list[ShardingOption]:
@@ -387,12 +378,12 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             topology=self._devices,
             batch_size=self._per_rank_batch,
             constraints=self._constraints_given,
-            prior_agent=prior_agent(self.agent),
-            agent=self.agent,
+            prior_agent=self.agent.prior,
+            agent=self.agent.current,
             adaptation=self.adaptation,
             specs=self.table_specs,
             model=model,
             sharders=tuple(sharders) if sharders is not None else None,
-            calibration=calibration_config(self.agent, self._devices),
+            calibration=calibration_config(self.adapt, self._devices),
             replanner=self._replanner,
         )

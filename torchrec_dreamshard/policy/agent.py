@@ -24,8 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -48,7 +49,17 @@ from torchrec_dreamshard.policy.safety_net import (
 )
 from torchrec_dreamshard.version import __version__
 
-PLACEMENT_MODES: tuple[str, ...] = ("safe", "greedy", "search")
+PlacementMode = Literal["safe", "greedy", "search"]
+PLACEMENT_MODES: tuple[str, ...] = typing.get_args(PlacementMode)
+
+
+def check_mode(mode: object) -> PlacementMode:
+    """``mode`` where it is a placement mode (a ``ValueError`` naming the modes else)."""
+    if mode not in PLACEMENT_MODES:
+        raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+    return mode  # type: ignore[return-value]
+
+
 LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
 # and refines only its best candidate, for half the steps (TorchRec's candidate source
 # declines these tasks too: torchrec_dreamshard.planner.stages.candidates)
@@ -218,8 +229,7 @@ class DreamShard:
         Raises:
             PlacementError: a table fits on no device (named in the message).
         """
-        if mode not in PLACEMENT_MODES:
-            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {mode!r}")
+        check_mode(mode)
         if num_samples < 0:
             raise ValueError(f"num_samples must be >= 0, got {num_samples}")
         with single_thread(), torch.no_grad():

@@ -76,6 +76,7 @@ from torchrec_dreamshard.planner.stages.option_kinds import (
 from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.planner.stages.search_space import column_wise_option, min_shard_width
 from torchrec_dreamshard.planner.stages.shard_estimators import CostNetShardEstimator
+from torchrec_dreamshard.planner.steps.plan_agent import bound_agent
 from torchrec_dreamshard.planner.type_choice.type_offers import offered_types
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.torchrec_compat import HookedEnumerator
@@ -127,6 +128,8 @@ class DreamShardEnumerator(HookedEnumerator):
         self._ours: set[str] = set()  # the tables the policy places
         self._offered: dict[str, dict[str, str]] = {}  # other types offered, by table
         self._local_batch = batch_size
+        self._agent = agent
+        self._stored_for: object | None = None  # the agent that priced the kept space
         if estimator is None:
             perf = CostNetShardEstimator(
                 topology,
@@ -152,7 +155,8 @@ class DreamShardEnumerator(HookedEnumerator):
         options), TorchRec's for the rest (see the module docstring). Like TorchRec's
         enumerator, the same module and sharders give a copy of the stored search space."""
         stored = self.stored_search_space(module, sharders)
-        if stored is not None:
+        pricing = bound_agent(self._agent) if self._agent is not None else None
+        if stored is not None and self._stored_for is pricing:
             return copy_options(stored)
         self._too_big, self._cw_widths, self._types = set(), {}, {}
         self._offered = offered_types(
@@ -177,6 +181,7 @@ class DreamShardEnumerator(HookedEnumerator):
                 sorted(self.fallback_fqns),
             )
         self.store_search_space(module, sharders, copy_options(options))
+        self._stored_for = pricing  # priced by this agent: another re-enumerates
         return options
 
     # -- TorchRec hooks -------------------------------------------------------------------

@@ -127,7 +127,7 @@ class DreamShardPartitioner(Partitioner):
 
     def _place(self, proposal: DreamShardProposal, constraint: Topology) -> list[ShardingOption]:
         if self.placer is not None:
-            self.placer.last_report = None
+            self.placer.forget_report()
         others, ours = proposal.other_options(), proposal.policy_options()
         used = self._place_others(others, constraint)
         left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]

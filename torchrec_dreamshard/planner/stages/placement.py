@@ -28,7 +28,7 @@ from torchrec_dreamshard.data.splits import shard_task
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import InsufficientMemoryError, Task
 from torchrec_dreamshard.planner.stages.candidates import TorchRecOwnPlan, default_sources
-from torchrec_dreamshard.policy.agent import PLACEMENT_MODES
+from torchrec_dreamshard.policy.agent import check_mode
 from torchrec_dreamshard.policy.protocol import PlacementAgent, PlaceSettings
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.policy.split_search import SplitPlan, plan_with_splits
@@ -51,8 +51,7 @@ class PolicyPlacer:
         self, agent: PlacementAgent, batch_size: int, how: PlaceSettings | None = None
     ) -> None:
         how = how if how is not None else PlaceSettings(mode="safe", num_samples=4)
-        if how.mode not in PLACEMENT_MODES:
-            raise ValueError(f"mode must be one of {PLACEMENT_MODES}, got {how.mode!r}")
+        check_mode(how.mode)
         self._agent = agent
         self._batch_size = batch_size
         self.how = how if how.sources else replace(how, sources=default_sources(reserved=True))
@@ -76,6 +75,10 @@ class PolicyPlacer:
                 f"DreamShard could not place the tables: {exc}",
                 PlannerErrorType.INSUFFICIENT_STORAGE,
             ) from exc
+
+    def forget_report(self) -> None:
+        """Drop the report of the last placement (a new proposal is being placed)."""
+        self.last_report = None
 
     def torchrec_plan(self, specs: Sequence[TableSpec], memory: list[int]) -> list[int] | None:
         """TorchRec's own plan of ``specs`` on devices of ``memory`` bytes as TorchRec counts

@@ -4,16 +4,14 @@ next to TorchRec's own ``EmbeddingStats`` table."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from torchrec.distributed.planner.types import ShardingOption, Stats
 from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
-from torchrec_dreamshard.planner.stages.partitioners import DreamShardPartitioner
 from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
-from torchrec_dreamshard.planner.stages.tracked_proposers import ProposalLog
+from torchrec_dreamshard.policy.safety_net import SafetyReport
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -71,32 +69,19 @@ def scale_lines(summary: dict[str, Any]) -> list[str]:
 
 
 class CostNetStats(Stats):
-    """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of predicted
-    forward, backward and communication times, and keeps it as :attr:`last_prediction`.
+    """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of the cost
+    network's predicted forward, backward and communication times of the plan, what the
+    proposers' proposals rated, the safety net's report and how the plan adapted to the
+    machine. The planner logs it once per plan, for the plan it returns, and hands it
+    what it logs as keywords (TorchRec's own loggers ignore them).
 
     Args:
-        perf_model: the cost-network perf model that predicts the chosen plan.
-        partitioner: the DreamShard partitioner whose ``last_report`` (the safety net's
-            candidates for the policy's placement: which won and by how much) is logged
-            too, when it has one.
-        log: the planner's proposal log (every proposer's best rating, which won).
-        adaptation: gives how planning adapted to this machine (whether it calibrated,
-            why, the error before and after), logged under the table.
+        perf_model: predicts the plan where no ``prediction`` is handed in.
     """
 
-    def __init__(
-        self,
-        perf_model: CostNetPerfModel,
-        partitioner: DreamShardPartitioner | None = None,
-        log: ProposalLog | None = None,
-        adaptation: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, perf_model: CostNetPerfModel) -> None:
         self._perf_model = perf_model
-        self._partitioner = partitioner
-        self._log = log
-        self._adaptation = adaptation
-        self.last_prediction: PlanPrediction | None = None
-        self.last_table: list[str] = []
+        self.last_table: list[str] = []  # the rows it logged last
 
     def log(
         self,
@@ -109,26 +94,36 @@ class CostNetStats(Stats):
         run_time: float,
         best_plan: list[ShardingOption],
         *args: Any,
+        prediction: PlanPrediction | None = None,
+        proposals: list[str] | None = None,
+        report: SafetyReport | None = None,
+        adaptation: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        """Predict and log the chosen plan's per-rank times (nothing when no plan)."""
+        """Log the plan's predicted per-rank times (nothing when there is no plan).
+
+        Args:
+            prediction: the plan's prediction (``None``: predicted here).
+            proposals: the proposal log's lines (which proposer's proposal won).
+            report: the safety net's report of the policy's placement.
+            adaptation: how the plan adapted to this machine.
+        """
         if not sharding_plan.plan or not best_plan:
             return
-        self.last_prediction = self._perf_model.predict(best_plan)
+        prediction = prediction or self._perf_model.predict(best_plan)
         title = "--- DreamShard cost network: predicted per-rank embedding times ---"
         rows = [
-            *self.last_prediction.format(),
+            *prediction.format(),
             "Fwd/Bwd: fused table-wise kernel; Comm: all-to-all;",
             "Other: TorchRec's perf estimate of the shards it placed",
         ]
-        if self._log is not None and self._log.proposals:
+        if proposals:
             rows += ["Proposers (rated by the planner's performance model):"]
-            rows += ["  " + line for line in self._log.lines()]
-        report = self._partitioner.last_report if self._partitioner is not None else None
+            rows += ["  " + line for line in proposals]
         if report is not None:
             rows += report.lines()
-        if self._adaptation is not None:
-            rows += adaptation_lines(self._adaptation())
+        if adaptation is not None:
+            rows += adaptation_lines(adaptation)
         self.last_table = ["#" * WIDTH, f"#{title: ^{WIDTH - 2}}#"]
         self.last_table += [f"# {row: <{WIDTH - 3}}#" for row in rows]
         self.last_table.append("#" * WIDTH)

@@ -1,52 +1,89 @@
-"""How a :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner`'s agent adapts to
-the machine, read in one place: the calibrating agent it may be wrapped in
-(:class:`~torchrec_dreamshard.calibration.CalibratingAgent`), the agent before adapting,
-the calibration settings, and the tables' inputs recalled from a running job's store.
-"""
+"""How a plan adapted to the machine, as one JSON-able record built from values: the
+planner's :class:`~torchrec_dreamshard.planner.steps.plan_agent.AdaptSettings`, the
+machine profile the plan priced with, and the verification's verdict."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 from torchrec.distributed.planner.types import Topology
 
-from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
+from torchrec_dreamshard.calibration import CalibrationConfig
+from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
 from torchrec_dreamshard.calibration.fed_inputs_store import recalled_inputs
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
+from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.planner.plans.loop_result import LastPlan
+    from torchrec_dreamshard.planner.steps.verify_step import Verdict
 
-def calibrating(agent: PlacementAgent) -> CalibratingAgent | None:
-    """``agent`` where it calibrates or verifies (a :class:`CalibratingAgent`), else
-    ``None``."""
-    return agent if isinstance(agent, CalibratingAgent) else None
-
-
-def prior_agent(agent: PlacementAgent) -> PlacementAgent:
-    """The agent before calibration (the checkpoint's)."""
-    wrapper = calibrating(agent)
-    return wrapper.prior if wrapper is not None else agent
+FROM_JOB = "calibrating on the kernels observed in a running job"
 
 
-def adaptation(agent: PlacementAgent, recalled: list[str], types: Any = None) -> dict[str, Any]:
-    """How the last plan of ``agent`` adapted to this machine (JSON-able): whether it
-    calibrated, why, the cost network's error before and after, the tables whose inputs it
-    took from what a running job fed them (``recalled``: ``inputs_from_job``), and the
-    type choice (``types``, the proposer's ``TypePlan``: each decision, its margin and
-    what tipped it)."""
-    wrapper = calibrating(agent)
-    if wrapper is None:
-        out: dict[str, Any] = {"mode": "off", "calibrated": False, "why": "calibrate=False"}
-    else:
-        out = wrapper.adaptation()
-    if recalled:
-        out["inputs_from_job"] = list(recalled)
+def machine_check(profile: MachineProfile | None) -> MachineCheck | None:
+    """The reference kernel, predicted against measured, as ``profile`` holds it."""
+    if profile is None or profile.reference_predicted_ms is None:
+        return None
+    return MachineCheck(profile.reference_predicted_ms, profile.reference_ms)
+
+
+def adaptation(
+    settings: AdaptSettings,
+    last: LastPlan,
+    current: PlacementAgent,
+    types: Any = None,
+    given: bool = False,
+) -> dict[str, Any]:
+    """How the ``last`` plan adapted to this machine (JSON-able, what rank 0 sent where it
+    was another rank's): :func:`adapting`, the tables whose inputs came from a running job
+    (``inputs_from_job``), the type choice (``types``, the proposer's ``TypePlan``) and
+    :func:`plan_adaptation`; ``given``: the profile was the user's."""
+    if last.sent is not None:
+        return last.sent
+    out = adapting(settings, last.profile, current, last.verdict)
+    if last.recalled:
+        out["inputs_from_job"] = list(last.recalled)
     if types is not None:
         out["types"] = types.to_dict()
+    notes = list(last.verdict.notes) if last.verdict is not None else []
+    return plan_adaptation(out, last.spent, last.profile, notes, given)
+
+
+def adapting(
+    settings: AdaptSettings,
+    profile: MachineProfile | None,
+    current: PlacementAgent,
+    verdict: Verdict | None,
+) -> dict[str, Any]:
+    """Whether the plan calibrated and why, the reference kernel's error before and after,
+    and what the verification measured and kept."""
+    check = machine_check(profile)
+    out: dict[str, Any] = {"mode": "auto" if settings.automatic else "on"}
+    if settings.calibration is None:
+        why = "verification only" if settings.verify_k else "calibrate=False"
+        out.update(mode="off", why=why)
+    elif settings.automatic and check is not None:
+        out.update(check.to_dict(), why=check.why())
+        if profile is not None and FROM_JOB in profile.notes:
+            out["why"] += "; learning from the kernels observed in a running job"
+    elif settings.automatic:
+        out["why"] = "the reference kernel was not measured here: planning with the checkpoint"
+    else:
+        out["why"] = "calibrate was asked for"
+    calibrated = profile is not None and profile.calibration is not None
+    out["calibrated"] = calibrated
+    if calibrated:
+        out.update(profile.calibration.summary)
+        if check is not None:
+            out["reference_error_after"] = check_machine(current, check.measured_ms).error
+    out.update(verdict.record() if verdict is not None else {"verified": False})
+    out.setdefault("measure_failures", [])
     return out
 
 
@@ -58,13 +95,9 @@ def plan_adaptation(
     given: bool = False,
 ) -> dict[str, Any]:
     """:func:`adaptation` of a plan (``out``) with what the plan spent its seconds on
-    (``spent_s``: measuring the ``collectives``, the ``dense_kernel``, the
-    ``sharding_path`` and the ``reference_kernel``, ``calibration``, ``verification``,
-    each without what the others inside it took, and ``planning`` for the rest), the
-    machine profile it planned from (``profile``), what was not measured and why
-    (``measuring_notes``: the profile's and ``notes``, the verification's) and the
-    measurements that failed (``measure_failures``); ``given``: the profile was the
-    user's (``profile_given``), measured elsewhere or earlier."""
+    (``spent_s``), the machine profile it planned from (``profile``), what was not
+    measured and why (``measuring_notes``) and the measurements that failed
+    (``measure_failures``); ``given``: the profile was the user's (``profile_given``)."""
     out = dict(out)
     if given:
         out["profile_given"] = True
@@ -80,12 +113,11 @@ def plan_adaptation(
     return out
 
 
-def calibration_config(agent: PlacementAgent, topology: Topology) -> CalibrationConfig:
-    """The calibration settings ``agent`` calibrates with (or would, on ``topology``'s
-    device), measuring nothing: the store the job's observations join."""
-    wrapper = calibrating(agent)
-    if wrapper is not None and wrapper.calibration is not None:
-        base = wrapper.calibration
+def calibration_config(settings: AdaptSettings, topology: Topology) -> CalibrationConfig:
+    """The calibration settings the planner calibrates with (or would, on ``topology``'s
+    device), measuring nothing: the store a running job's observations join."""
+    if settings.calibration is not None:
+        base = settings.calibration
     else:
         device = "cuda" if topology.compute_device == "cuda" else "cpu"
         base = CalibrationConfig(measure=MeasureConfig(device=device))
@@ -93,16 +125,14 @@ def calibration_config(agent: PlacementAgent, topology: Topology) -> Calibration
 
 
 def recall_inputs(
-    agent: PlacementAgent, topology: Topology, specs: OptionSpecs, module: nn.Module
+    settings: AdaptSettings, topology: Topology, specs: OptionSpecs, module: nn.Module
 ) -> list[str]:
-    """Where the planner learns (its agent calibrates), have ``specs`` take what running
-    jobs of ``module``'s tables fed them, as the store keeps it (``JobObserver.replan``
-    keeps it), over the declared pooling factors and the sample batches' reuse: a
-    restarted job plans its tables as its last run fed them. Returns those tables."""
-    wrapper = calibrating(agent)
-    if wrapper is None or wrapper.calibration is None:
+    """Where the planner calibrates, have ``specs`` take what running jobs of ``module``'s
+    tables fed them, as the store keeps it: a restarted job plans its tables as its last
+    run fed them. Returns those tables."""
+    if settings.calibration is None:
         return []
-    store = calibration_config(agent, topology).store_path()
+    store = calibration_config(settings, topology).store_path()
     pooling, reuse = recalled_inputs(store, module)
     specs.learn(pooling, reuse)
     return sorted(pooling)

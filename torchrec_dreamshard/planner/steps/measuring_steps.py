@@ -1,36 +1,40 @@
-"""The two steps of :meth:`DreamShardPlanner.plan` that measure, around TorchRec's loop
+"""The two steps of ``DreamShardPlanner.plan`` that measure, around TorchRec's loop
 (:class:`MeasuringSteps`): the machine profile before it
-(:mod:`~torchrec_dreamshard.planner.steps.profile_step`), the verification after it
-(:mod:`~torchrec_dreamshard.planner.steps.verify_step`), both within the plan's one budget
-(``timeout_seconds``, or :data:`~.profile_step.FIRST_PLAN_BUDGET_S` for a default plan).
-TorchRec's loop runs behind the measuring gate
-(:func:`~torchrec_dreamshard.measure.gate.no_measuring`): it times nothing."""
+(:mod:`~torchrec_dreamshard.planner.steps.profile_step`) and the verification after it
+(:mod:`~torchrec_dreamshard.planner.steps.verify_step`), within the plan's one budget.
+Each returns a value the next step takes as an argument; TorchRec's loop, in between,
+runs behind the measuring gate (:func:`~torchrec_dreamshard.measure.gate.no_measuring`)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
-from torchrec.distributed.types import ShardingPlan
 
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
-from torchrec_dreamshard.planner.stages.tracked_proposers import ProposalLog
-from torchrec_dreamshard.planner.steps.adaptation import plan_adaptation
-from torchrec_dreamshard.planner.steps.machine_sources import machine_sources
+from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings
 from torchrec_dreamshard.planner.steps.profile_step import (
+    MachineSources,
     PlanInputs,
+    ProfileNeeds,
     ProfileStep,
     given_profile,
     plan_budget,
-    policy_tables,
 )
-from torchrec_dreamshard.planner.steps.verify_step import verify_after_loop
+from torchrec_dreamshard.planner.steps.verify_step import (
+    LoopChoice,
+    Verdict,
+    skipped,
+    verify_choice,
+)
 from torchrec_dreamshard.planner.type_choice.model_needs import (
     offers_priced_types,
     sharding_paths_may_change,
@@ -39,126 +43,129 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 
-OURS = "DreamShardProposer"  # our proposer's label in the proposal log
+T = TypeVar("T")
 
 
-class MeasuringSteps:
-    """Runs one plan: profile, TorchRec's loop, verification (and the loop again where
-    the verification kept another plan).
+@dataclass(frozen=True)
+class StepSettings:
+    """What the measuring steps are built with, all at once.
 
-    Args:
+    Attributes:
         topology: the devices planned for.
         profile: the user's profile or its file (``None``: measure, or not); with one,
             nothing is timed, the verification neither.
         measure: ``False``: nothing is measured, the verification is skipped too.
         timeout_seconds: TorchRec's ``timeout_seconds``, the whole plan's budget.
         cache_dir: where the plan's measurements are cached (``None``: the default).
-
-    Attributes:
-        sources: the candidate sources whose plans calibration and verification measure
-            beside ours (the planner sets them).
-        parts: the planner's storage reservation, enumerator and proposer, which name the
-            tables calibration measures (the planner sets them).
+        adapt: how the planner calibrates and verifies.
+        candidates: the candidate sources whose plans calibration and verification
+            measure beside ours.
+        storage_correction: the planner's storage correction (``None``: the profile's).
     """
 
-    def __init__(
-        self,
-        topology: Topology,
-        profile: str | Path | MachineProfile | None,
-        measure: bool,
-        timeout_seconds: float | None,
-        cache_dir: str | Path | None = None,
-    ) -> None:
-        if not isinstance(measure, bool):
-            raise ValueError(f"measure must be True or False, got {measure!r}")
-        given = given_profile(profile)
-        self.profile_step = ProfileStep(topology, given, measure, machine_sources(topology))
-        self._given = given
+    topology: Topology
+    profile: str | Path | MachineProfile | None
+    measure: bool
+    timeout_seconds: float | None
+    cache_dir: str | Path | None
+    adapt: AdaptSettings
+    candidates: Sequence[Any] = ()
+    storage_correction: StorageCorrection | None = None
+
+
+class MeasuringSteps:
+    """The profile step and the verification step of one planner.
+
+    Args:
+        settings: what the steps are built with.
+        sources: where the machine's models are measured from.
+    """
+
+    def __init__(self, settings: StepSettings, sources: MachineSources) -> None:
+        self._settings = settings
+        self._given = given_profile(settings.profile)
+        cache_dir = settings.cache_dir
         self._cache_dir = None if cache_dir is None else checked_cache_dir(cache_dir)
-        self._timeout = timeout_seconds
-        self._measure = measure
-        self.sources: Sequence[Any] = ()
-        self.parts: tuple[Any, Any, Any] | None = None
-        self.notes: list[str] = []  # what the last plan did not measure, and why
-        self.storage_correction: StorageCorrection | None = None  # the planner's, if given
-
-    @property
-    def profile(self) -> MachineProfile | None:
-        """The profile the last plan planned from."""
-        return self.profile_step.last
-
-    def cache_scope(self) -> contextlib.AbstractContextManager[None]:
-        """The block a plan runs in: its measurements cached under ``cache_dir``."""
-        return using_cache_dir(self._cache_dir)
+        self._profile_step = ProfileStep(
+            settings.topology,
+            self._given,
+            settings.measure,
+            sources,
+            settings.adapt,
+            settings.candidates,
+        )
 
     @property
     def given(self) -> bool:
         """Whether the user gave the profile (nothing is measured)."""
         return self._given is not None
 
-    def report(self, out: dict[str, Any], spent: dict[str, float] | None) -> dict[str, Any]:
-        """The planner's adaptation record ``out`` with what the last plan measured, spent
-        and skipped (:func:`~torchrec_dreamshard.planner.steps.adaptation.plan_adaptation`)."""
-        return plan_adaptation(out, spent, self.profile, self.notes, self.given)
+    def cache_scope(self) -> contextlib.AbstractContextManager[None]:
+        """The block a plan runs in: its measurements cached under ``cache_dir``."""
+        return using_cache_dir(self._cache_dir)
+
+    def budget(self) -> Budget:
+        """A new plan's budget (``timeout_seconds``, or the default plan's)."""
+        return Budget(plan_budget(self._settings.timeout_seconds, self._settings.adapt))
 
     def context(self) -> list[Any]:
         """What the plan depends on besides the agent: whether it measures, the given
-        profile's stamp and the storage correction's fingerprint (the planner's context
-        hash)."""
+        profile's stamp and the storage correction's fingerprint."""
         stamp = self._given.stamp.to_dict() if self._given is not None else None
-        correction = self.storage_correction
+        correction = self._settings.storage_correction
         if correction is None and self._given is not None:
             correction = self._given.storage_correction
-        return [self._measure, stamp, correction.fingerprint() if correction else None]
+        return [self._settings.measure, stamp, correction.fingerprint() if correction else None]
 
-    def correction(self) -> StorageCorrection | None:
-        """The storage correction the plan applies: the planner's, else its profile's."""
-        if self.storage_correction is not None:
-            return self.storage_correction
-        return self.profile.storage_correction if self.profile is not None else None
-
-    def plan(
+    def profile(
         self,
-        agent: PlacementAgent,
+        prior: PlacementAgent,
         inputs: PlanInputs,
         constraints: dict[str, ParameterConstraints] | None,
-        loop: Callable[[], ShardingPlan],
-        log: ProposalLog,
+        budget: Budget,
+        task: Callable[[], Task | None],
         loads_plan: bool,
-    ) -> ShardingPlan:
-        """The plan ``loop`` (TorchRec's loop) returns, between the two measuring steps;
-        ``log``: the proposal log (which proposal won); ``loads_plan``: a plan loader is
-        given."""
-        self.notes = []
-        budget = Budget(plan_budget(self._timeout, agent))
+    ) -> MachineProfile:
+        """The first step: the machine profile this plan prices with, measured within
+        ``budget`` where it must be (``task``: the tables calibration would measure)."""
         device = inputs.topology.compute_device
-        self.profile_step.calibration_sources = self.sources
-        self.profile_step.run(
-            agent,
-            budget,
-            offers_priced_types(inputs.sharders, inputs.module, constraints, device),
-            lambda: policy_tables(inputs, constraints, self.parts),
-            loads_plan=loads_plan,
+        needs = ProfileNeeds(
+            types_offered=offers_priced_types(inputs.sharders, inputs.module, constraints, device),
             paths_may_change=sharding_paths_may_change(
                 inputs.sharders, inputs.module, constraints, inputs.topology
             ),
+            loads_plan=loads_plan,
         )
-        if self.storage_correction is not None:  # kept with the profile, for other plans
-            self.profile_step.last = dataclasses.replace(
-                self.profile_step.last, storage_correction=self.storage_correction
-            )
-        plan = self._loop(loop)
-        ours_won = log.winner == OURS
-        if self._given is not None:  # a given profile plans with nothing timed
-            return plan
-        if self.profile_step.unmeasured is not None:  # measure=False, no CUDA here, ...
-            return plan
-        if self._measure and verify_after_loop(agent, budget, self.sources, ours_won, self.notes):
-            log.reset()
-            plan = self._loop(loop)
-        return plan
+        profile = self._profile_step.run(prior, budget, needs, task)
+        correction = self._settings.storage_correction
+        if correction is not None:  # kept with the profile, for other plans
+            profile = dataclasses.replace(profile, storage_correction=correction)
+        return profile
+
+    def verify(
+        self,
+        agent: PlacementAgent,
+        profile: MachineProfile,
+        choice: LoopChoice | None,
+        budget: Budget,
+        loads_plan: bool,
+    ) -> Verdict:
+        """The last step: ``choice`` (``None``: the policy's proposal did not win the loop)
+        measured where the planner verifies, within what is left of ``budget``;
+        ``loads_plan``: the loop loaded a plan (nothing is measured)."""
+        adapt = self._settings.adapt
+        if self._profile_step.unmeasured(loads_plan) is not None:
+            return Verdict()
+        settings = adapt.verification(profile.calibration is not None)
+        if not settings.k:
+            return Verdict()
+        if choice is None:
+            return skipped("verification skipped: a user's proposal won TorchRec's loop")
+        measure = adapt.calibration.measure if adapt.calibration is not None else None
+        return verify_choice(agent, choice, settings, budget, self._settings.candidates, measure)
 
     @staticmethod
-    def _loop(loop: Callable[[], ShardingPlan]) -> ShardingPlan:
+    def quietly(loop: Callable[[], T]) -> T:
+        """``loop()`` (TorchRec's loop) with every measuring entry point closed."""
         with no_measuring("inside TorchRec's planning loop: measure in the profile step"):
             return loop()

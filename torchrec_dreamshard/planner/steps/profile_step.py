@@ -1,5 +1,5 @@
-"""The profile step of :meth:`DreamShardPlanner.plan`: the machine profile built, loaded or
-given before TorchRec's loop, and the agent frozen on it.
+"""The profile step of ``DreamShardPlanner.plan``: the machine profile built, loaded or
+given before TorchRec's loop, as a value.
 
 Where the profile comes from, in order:
 
@@ -14,13 +14,12 @@ Where the profile comes from, in order:
   kernel where the search space may offer other types than table-wise, and calibration
   where asked for or where the checkpoint misprices this machine.
 
-Then the agent is frozen on it (:meth:`CalibratingAgent.freeze`): TorchRec's loop measures
-nothing.
+The planner then binds the profile to its components' agent (``PlanAgent.bind``), and
+TorchRec's loop prices with it, measuring nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,10 +31,9 @@ from torch import nn
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ModuleSharder
 
-from torchrec_dreamshard.calibration.auto import MachineCheck
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.planner.steps.adaptation import calibrating, prior_agent
+from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.budget import Budget
@@ -91,13 +89,15 @@ def _cached_only(load: Callable[[bool], Any]) -> Callable[[bool], Any]:
 
 
 class ProfileStep:
-    """Builds (or loads) the profile of one plan and freezes the agent on it.
+    """Builds, loads or takes the profile of each plan.
 
     Args:
         topology: the devices planned for.
         given: the user's profile (``None``: measure or not, as ``measure`` says).
         measure: whether the planner may measure this machine.
         sources: where the machine's models are measured from.
+        settings: how the planner adapts (whether and how it calibrates).
+        candidates: the candidate sources whose plans calibration measures beside ours.
     """
 
     def __init__(
@@ -106,80 +106,68 @@ class ProfileStep:
         given: MachineProfile | None,
         measure: bool,
         sources: MachineSources,
+        settings: AdaptSettings,
+        candidates: Sequence[Any] = (),
     ) -> None:
         self._topology = topology
         self._given = given
         self._measure = measure
         self._sources = sources
-        self.calibration_sources: Sequence[Any] | None = None  # the planner's candidates
-        self.last: MachineProfile | None = None
-        self.unmeasured: str | None = None  # why the last plan may measure nothing
+        self._settings = settings
+        self._candidates = candidates
 
     def stamp(self) -> MachineStamp:
         t = self._topology
         device = "cuda" if t.compute_device == "cuda" else "cpu"
         return MachineStamp.here(device, t.world_size, t.local_world_size)
 
+    def unmeasured(self, loads_plan: bool) -> str | None:
+        """Why a plan measures nothing here (``None``: it may measure)."""
+        if self._given is not None:
+            return "a machine profile was given: nothing is measured"
+        return self._why_not_measured(self.stamp(), loads_plan)
+
     def run(
         self,
-        agent: PlacementAgent,
+        prior: PlacementAgent,
         budget: Budget,
-        types_offered: bool,
+        needs: ProfileNeeds,
         task: Callable[[], Task | None],
-        loads_plan: bool = False,
-        paths_may_change: bool = True,
     ) -> MachineProfile:
-        """The profile for this plan (see the module docstring), with ``agent`` frozen
-        on it. ``types_offered``: whether the search space may offer types the type
-        choice prices; ``task``: the tables calibration would measure (asked for only
-        where it calibrates); ``loads_plan``: a plan loader is given;
-        ``paths_may_change``: whether the type choice may rate plans of another number
-        of sharding paths (:mod:`~torchrec_dreamshard.planner.type_choice.model_needs`; else the
-        path is not timed, only loaded where cached)."""
-        stamp = self.stamp()
-        self.unmeasured = None
-        if self._given is None:
-            self.unmeasured = self._why_not_measured(stamp, loads_plan)
-        path = self._sources.sharding_path
-        if not paths_may_change:  # every plan pays the same paths: loaded where cached
-            path = _cached_only(path)
-        profile = self._profile(agent, budget, types_offered, task, stamp, path)
-        freeze(agent, profile)
-        self.last = profile
-        return profile
+        """The profile for this plan (see the module docstring).
 
-    def _profile(
-        self,
-        agent: PlacementAgent,
-        budget: Budget,
-        types_offered: bool,
-        task: Callable[[], Task | None],
-        stamp: MachineStamp,
-        path: Callable[[bool], Any],
-    ) -> MachineProfile:
+        Args:
+            prior: the checkpoint's agent.
+            budget: the plan's budget.
+            needs: which of the machine's models the plan may price with.
+            task: the tables calibration would measure (asked for only where it
+                calibrates).
+        """
+        stamp = self.stamp()
         if self._given is not None:
             return self._checked(self._given, stamp)
-        why = self.unmeasured
+        why = self._why_not_measured(stamp, needs.loads_plan)
         if why is not None:
             analytic = analytic_models(CommTopology.from_torchrec(self._topology))
             source = "analytic, from the topology's bandwidths (not measured)"
-            return unmeasured_profile(stamp, why, analytic if types_offered else None, source)
-        prior = prior_agent(agent)
-        wrapper = calibrating(agent)
+            offered = analytic if needs.types_offered else None
+            return unmeasured_profile(stamp, why, offered, source)
+        path = self._sources.sharding_path
+        if not needs.paths_may_change:  # every plan pays the same paths: loaded where cached
+            path = _cached_only(path)
+        priced = needs.types_offered
         request = ProfileRequest(
             stamp=stamp,
             reference=self._sources.reference,
-            collectives=self._sources.collectives if types_offered else None,
+            collectives=self._sources.collectives if priced else None,
             collectives_source=self._sources.collectives_source,
-            dense_kernel=self._sources.dense_kernel if types_offered else None,
-            sharding_path=path if types_offered else None,
-            calibration=wrapper.calibration if wrapper is not None else None,
-            auto=wrapper.automatic if wrapper is not None else True,
+            dense_kernel=self._sources.dense_kernel if priced else None,
+            sharding_path=path if priced else None,
+            calibration=self._settings.calibration if isinstance(prior, DreamShard) else None,
+            auto=self._settings.automatic,
             task=task,
-            sources=self.calibration_sources,
+            sources=self._candidates,
         )
-        if not isinstance(prior, DreamShard):  # a user's agent: nothing to calibrate
-            request = dataclasses.replace(request, calibration=None)
         return build_profile(prior, request, budget)
 
     def _why_not_measured(self, stamp: MachineStamp, loads_plan: bool) -> str | None:
@@ -210,20 +198,20 @@ class ProfileStep:
         return profile.with_notes(*notes) if notes else profile
 
 
-def freeze(agent: PlacementAgent, profile: MachineProfile) -> None:
-    """Freeze a calibrating ``agent`` on ``profile`` (its calibrated agent, the reference
-    check); other agents measure nothing anyway."""
-    wrapper = calibrating(agent)
-    if wrapper is None:
-        return
-    prior = wrapper.prior
-    check = None
-    if profile.reference_predicted_ms is not None:
-        check = MachineCheck(profile.reference_predicted_ms, profile.reference_ms)
-    current = profile.agent(prior) if isinstance(prior, DreamShard) else prior
-    cal = profile.calibration
-    summary = dict(cal.summary) if cal is not None and current is not prior else {}
-    wrapper.freeze(current, check, calibrated=current is not prior, summary=summary)
+@dataclass(frozen=True)
+class ProfileNeeds:
+    """Which of the machine's models a plan may price with.
+
+    Attributes:
+        types_offered: the search space may offer types the type choice prices.
+        paths_may_change: the type choice may rate plans of another number of sharding
+            paths (else the path is only loaded where cached).
+        loads_plan: a plan loader is given (nothing is measured).
+    """
+
+    types_offered: bool
+    paths_may_change: bool = True
+    loads_plan: bool = False
 
 
 @dataclass(frozen=True)
@@ -237,16 +225,13 @@ class PlanInputs:
     batch_size: int
 
 
-def plan_budget(timeout_seconds: float | None, agent: PlacementAgent) -> float | None:
+def plan_budget(timeout_seconds: float | None, settings: AdaptSettings) -> float | None:
     """The whole plan's budget: ``timeout_seconds``, else :data:`FIRST_PLAN_BUDGET_S`
-    where the agent measures by default (``calibrate=None``), else none (what the user
+    where the planner adapts by default (``calibrate=None``), else none (what the user
     asked to measure, ``calibrate=60`` or ``verify=3``, is measured whole)."""
     if timeout_seconds is not None:
         return float(timeout_seconds)
-    wrapper = calibrating(agent)
-    if wrapper is not None and wrapper.automatic:
-        return FIRST_PLAN_BUDGET_S
-    return None
+    return FIRST_PLAN_BUDGET_S if settings.automatic else None
 
 
 def policy_tables(

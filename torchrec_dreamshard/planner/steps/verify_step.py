@@ -1,51 +1,154 @@
-"""The verification step of :meth:`DreamShardPlanner.plan`, after TorchRec's loop: the only
-other step that measures.
-
-Where the agent verifies (:meth:`CalibratingAgent.verification`: automatically where the
-profile calibrated, or ``verify=k`` asked for), the placement the policy chose in the loop
-is measured on real kernels beside the heuristics' plans and TorchRec's own plan, in
-interleaved rounds, within what is left of the plan's budget
-(:func:`~torchrec_dreamshard.calibration.planning.verify_chosen`). Where it keeps another
-plan, the agent is pinned to it and TorchRec's loop runs once more, measuring nothing, so
-that the plan TorchRec returns is built, rated and logged by TorchRec's own machinery.
-"""
+"""The verification step of ``DreamShardPlanner.plan``, after TorchRec's loop: what the
+loop chose (:class:`LoopChoice`) measured on real kernels beside the heuristics' plans and
+TorchRec's own plan, in interleaved rounds, within what is left of the plan's budget; its
+:class:`Verdict` says which placement the plan keeps."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from torchrec_dreamshard.calibration.planning import verify_chosen
-from torchrec_dreamshard.data.tasks import Task
+from torchrec.distributed.planner.types import ShardingOption, Topology
+
+from torchrec_dreamshard.calibration.auto import VerificationSettings
+from torchrec_dreamshard.calibration.planning import PlanOutcome, verify_chosen
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task, placed_bytes
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.planner.steps.adaptation import calibrating
+from torchrec_dreamshard.planner.adapters.device_memory import (
+    device_capacity,
+    memory_tier,
+    option_bytes,
+    storage_bytes,
+)
+from torchrec_dreamshard.planner.stages.option_kinds import is_policy_option, is_split_option
+from torchrec_dreamshard.planner.stages.partitioners import policy_caps
 from torchrec_dreamshard.policy.protocol import PlacementAgent
+from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.verification.plan_ranking import MIN_ROUNDS_TO_REPLACE
 from torchrec_dreamshard.verification.verification import MIN_PLANS
+from torchrec_dreamshard.verification.verify_result import VerifyResult
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
 MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
-HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes (the loop runs after)
+HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes
 # the fewest measurements worth starting: the planner's choice, TorchRec's plan and a
 # heuristic's, in the two rounds a plan must win to replace the choice
 MIN_MEASUREMENTS = MIN_PLANS * MIN_ROUNDS_TO_REPLACE
 
 
+@dataclass(frozen=True)
+class LoopChoice:
+    """What TorchRec's loop chose for the tables the policy placed, as a value.
+
+    Attributes:
+        task: the policy's tables, on the memory they were placed in, at the global batch.
+        placement: the device of each of ``task``'s tables.
+        fqns: each table's fully qualified name, in ``task``'s order.
+        label: the safety-net candidate the placement came from (``None``: unknown).
+    """
+
+    task: Task
+    placement: tuple[int, ...]
+    fqns: tuple[str, ...]
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the verification measured and which placement the plan keeps.
+
+    Attributes:
+        outcome: what was measured (``None``: nothing was).
+        notes: what was skipped and why.
+        kept: the device of each verified table by fully qualified name where the
+            verification kept another plan than the loop's (``None``: the loop's stands).
+        choice: what was verified (``None``: nothing).
+    """
+
+    outcome: PlanOutcome | None = None
+    notes: tuple[str, ...] = ()
+    kept: dict[str, int] | None = None
+    choice: LoopChoice | None = None
+
+    @property
+    def verification(self) -> VerifyResult | None:
+        """What was measured (``None``: nothing)."""
+        return self.outcome.verification if self.outcome is not None else None
+
+    def record(self) -> dict[str, Any]:
+        """The verification's part of the plan's adaptation record."""
+        outcome = self.outcome
+        ver = outcome.verification if outcome is not None else None
+        out: dict[str, Any] = {"verified": ver is not None}
+        if ver is not None:
+            out.update(
+                verify_plans=len(ver.plans),
+                verify_rounds=len(ver.winner.rounds_ms),
+                verify_seconds=ver.seconds,
+                verify_cached=ver.cached,
+                verify_chosen=ver.winner.name,
+                verify_noise=[n.to_dict() for n in ver.passes],
+                verify_fallback=ver.fallback,
+            )
+            if ver.failure is not None:
+                out["measure_failures"] = [ver.failure.to_dict()]
+        if outcome is not None and outcome.margins:
+            out["margins"] = outcome.margins
+        return out
+
+
+def policy_choice(
+    plan: Sequence[ShardingOption],
+    constraint: Topology,
+    spec: Callable[[ShardingOption], TableSpec],
+    batch_size: int,
+    report: SafetyReport | None = None,
+) -> LoopChoice | None:
+    """The whole tables the policy placed in TorchRec's chosen ``plan``, on the memory
+    the partitioner gave the policy (what ``constraint``, the reserved topology, leaves
+    beside the other tables, counted in weights as the policy counts it), at the global
+    ``batch_size``, with the safety net's ``report`` of it; ``None`` where it placed none,
+    or split a table (a split plan is not verified)."""
+    label = report.winner.label if report is not None and report.candidates else None
+    if any(is_split_option(o) for o in plan):
+        return None
+    ours = [o for o in plan if is_policy_option(o)]
+    if not ours:
+        return None
+    tier = memory_tier(constraint)
+    left = device_capacity(constraint)
+    for option in plan:
+        if not is_policy_option(option):
+            for shard in option.shards:
+                if shard.rank is not None:
+                    left[shard.rank] -= storage_bytes(shard.storage, tier)
+    specs = [spec(o) for o in ours]
+    placement = [int(o.shards[0].rank) for o in ours]
+    caps = policy_caps(specs, [option_bytes(o, tier) for o in ours], [max(0, x) for x in left])
+    placed = placed_bytes([t.size_bytes for t in specs], placement, len(caps))
+    memory = [max(c, p) for c, p in zip(caps, placed, strict=True)]
+    task = Task(
+        tables=specs,
+        num_devices=len(memory),
+        memory_bytes=memory,
+        batch_size=batch_size,
+        allow_oversized=True,
+    )
+    return LoopChoice(task, tuple(placement), tuple(o.fqn for o in ours), label)
+
+
 def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:
     """Predicted seconds of one measurement of ``placement``: the local backend times each
-    device's fused kernel in turn, ``warmup + iters`` iterations of its forward and
-    backward (:class:`~torchrec_dreamshard.measure.config.MeasureConfig`'s defaults).
-    An upper bound of what the verification pays for each plan of a round: a device
-    table-set that plans share is timed once per round
-    (:mod:`~torchrec_dreamshard.measure.device_sets`), and the verification's own budget
-    counts that in from its first measurement (:mod:`~torchrec_dreamshard.verification.
-    round_cost`)."""
+    device's fused kernel in turn, ``warmup + iters`` iterations of forward and backward.
+    An upper bound: a device table-set that plans share is timed once per round."""
     if not placement:
         return 0.0
     config = MeasureConfig()
@@ -54,41 +157,48 @@ def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[i
     return (config.warmup + config.iters) * per_pass / 1000.0
 
 
-def verify_after_loop(
+def skipped(reason: str) -> Verdict:
+    """A verdict of nothing measured, and why."""
+    return Verdict(notes=(reason,))
+
+
+def verify_choice(
     agent: PlacementAgent,
+    choice: LoopChoice,
+    settings: VerificationSettings,
     budget: Budget,
     sources: Sequence[Any],
-    ours_won: bool,
-    notes: list[str],
-) -> bool:
-    """Verify the placement of the frozen ``agent``'s last ``place``; ``True`` where
-    another plan was kept and the agent is pinned to it (the caller plans again).
-    ``ours_won``: DreamShard's proposal is the plan TorchRec kept (else nothing of ours
-    is verified). What was skipped, and why, is appended to ``notes``."""
-    wrapper = calibrating(agent)
-    if wrapper is None or not wrapper.frozen or wrapper.last_task is None:
-        return False
-    settings = wrapper.verification()
-    if not settings.k:
-        return False
-    if not ours_won:
-        notes.append("verification skipped: a user's proposal won TorchRec's loop")
-        return False
+    measure: MeasureConfig | None,
+) -> Verdict:
+    """Measure ``choice`` against the baselines of ``sources`` and the heuristics within
+    what is left of ``budget``, pricing with ``agent`` (the plan's bound agent).
+
+    Args:
+        agent: the agent the plan priced with.
+        choice: what TorchRec's loop chose for the policy's tables.
+        settings: how many candidates, measured how, kept how.
+        budget: the plan's budget (what the profile step left).
+        sources: the candidate sources whose baseline plans are measured.
+        measure: the measurement settings where ``settings`` names none.
+
+    Returns:
+        The verdict: what was measured, what was skipped and why, and the kept placement
+        where it differs from the loop's.
+    """
     left = budget.remaining()
     if left < MIN_VERIFY_S:
-        notes.append(
+        return skipped(
             f"verification skipped: {left:.1f} s of the plan's budget left "
             f"(it needs {MIN_VERIFY_S:.0f} s); the plan is the policy's, unmeasured"
         )
-        return False
-    one = measurement_seconds(wrapper.current, wrapper.last_task, wrapper.last_chosen or [])
+    one = measurement_seconds(agent, choice.task, choice.placement)
     if math.isfinite(left) and MIN_MEASUREMENTS * one > left * HARD_SHARE:
-        notes.append(
+        return skipped(
             f"verification skipped: one measurement of a plan of this task takes about "
             f"{one:.1f} s (predicted), and {MIN_MEASUREMENTS} of them do not fit the "
             f"{left:.1f} s left of the plan's budget; the plan is the policy's, unmeasured"
         )
-        return False
+    notes: list[str] = []
     if math.isfinite(left):
         cap = settings.options.budget_s
         share = left * NOISY_SHARE if cap is None else min(cap, left * NOISY_SHARE)
@@ -101,22 +211,11 @@ def verify_after_loop(
                 "noisy second pass) of the plan's budget: plans that do not fit are not measured"
             )
         settings = dataclasses.replace(settings, options=options)
-    measure = wrapper.calibration.measure if wrapper.calibration is not None else None
-    chosen = list(wrapper.last_chosen or [])
-    outcome = verify_chosen(
-        wrapper.current,
-        wrapper.last_task,
-        chosen,
-        wrapper.last_label,
-        sources,
-        settings,
-        measure,
-        wrapper.progress,
-    )
-    wrapper.record_verification(outcome)
+    chosen = list(choice.placement)
+    outcome = verify_chosen(agent, choice.task, chosen, choice.label, sources, settings, measure)
     for line in outcome.lines():
         logger.info(line)
-    if outcome.placement == chosen:
-        return False
-    wrapper.pin(wrapper.last_task, outcome.placement)
-    return True
+    kept = None
+    if outcome.placement != chosen:
+        kept = dict(zip(choice.fqns, outcome.placement, strict=True))
+    return Verdict(outcome, tuple(notes), kept, choice)
