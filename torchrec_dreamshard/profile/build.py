@@ -1,26 +1,25 @@
-"""Measuring a machine profile (:func:`build_profile`) within a budget.
+"""Measuring a machine profile (:func:`build_profile`) within a budget, each part by what
+it can change:
 
-The parts, in order, each taken only when asked for and while the budget lasts:
+1. the reference kernel (cached per machine): whether the checkpoint misprices this
+   machine, and so whether the plan calibrates and verifies;
+2. the verification's share of the budget, kept back first where the plan verifies
+   (:data:`VERIFY_RESERVE`): it is the plan's safety net;
+3. calibration on the user's tables where the checkpoint misprices the machine (or it
+   is asked for), from what is left beside the type choice's timings still to come;
+4. the type choice's timings, where it may price other types: the collectives and the
+   dense kernel, then a sharding path's cost, each cached per machine and timed only
+   where its expected time fits what is left.
 
-1. the reference kernel (cached per machine), and the checkpoint's prediction of it;
-2. the collective models the type choice prices other sharding types with, and the dense
-   kernel's model (both cached per machine and topology);
-3. the cost of a sharding path (cached per machine; where not cached, timed on 2 spawned
-   ranks only while at least :data:`MIN_PATH_S` of the budget is left);
-4. calibration on the user's tables, where asked for or where the reference kernel says
-   the checkpoint misprices this machine (every kernel kept in the calibration store).
-
-A part that fails (a kernel error, an out-of-memory, a collective that times out, an op
-missing from this FBGEMM build: :func:`~torchrec_dreamshard.measure.guard.guarded`) is
-left out: the planner goes on with the checkpoint as it is, one warning names the cause,
-and the profile's ``failures`` keeps it. A CUDA topology
-on a machine without CUDA is never timed on the CPU as a stand-in: nothing is measured.
+A part that fails (:func:`~torchrec_dreamshard.measure.guard.guarded`) is left out, named
+in a warning and kept in ``failures``; the plan goes on without it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -46,9 +45,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 T = TypeVar("T")
 logger = logging.getLogger("torchrec_dreamshard.profile")
 
-MIN_PATH_S = 15.0  # fewer seconds left than this: the sharding path is not timed
+MIN_PATH_S = 8.0  # fewer seconds left than this (beside the reserve): the path is not timed
 MIN_CALIBRATION_S = 6.0  # fewer seconds left than this: calibration is skipped
-CALIBRATION_SHARE = 0.5  # of the seconds left after the machine's models, for calibration
+VERIFY_RESERVE = 0.4  # of the plan's budget, kept for the verification where it verifies
+# what a type-choice timing takes where nothing is cached (s): calibration leaves it room
+EXPECTED_S = {"collectives": 1.5, "dense kernel": 2.0, "sharding path": 6.0}
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class ProfileRequest:
         task: gives the tables calibration measures (asked for only where it
             calibrates; ``None``, or giving ``None``: none to calibrate on).
         sources: the candidate sources whose plans' device groups calibration measures.
+        verifies: ``verifies(calibrates)``: whether the plan will be verified, where it
+            calibrates or not (the verification's share is then kept back).
+        cached: the type-choice timings already cached on this machine (they take no
+            time), by name (``"collectives"``, ``"dense kernel"``, ``"sharding path"``).
     """
 
     stamp: MachineStamp
@@ -85,13 +90,17 @@ class ProfileRequest:
     auto: bool = True
     task: Callable[[], Task | None] | None = None
     sources: Sequence[CandidateSource] | None = None
+    verifies: Callable[[bool], bool] = lambda calibrates: False
+    cached: frozenset[str] = frozenset()
 
 
 class _Log:
-    """What a profile's measuring noted, failed and spent."""
+    """What a profile's measuring noted, failed and spent, and the seconds it may spend:
+    the plan's budget less what is kept back for the verification (:attr:`kept`)."""
 
     def __init__(self, budget: Budget, device: str) -> None:
         self.budget = budget
+        self.kept = 0.0
         self.device = device
         self.notes: list[str] = []
         self.failures: list[MeasureFailure] = []
@@ -111,6 +120,10 @@ class _Log:
             return None
         return out
 
+    def left(self) -> float:
+        """Seconds the profile may still spend (the verification's share kept back)."""
+        return max(0.0, self.budget.remaining() - self.kept)
+
 
 def unmeasured_profile(
     stamp: MachineStamp,
@@ -126,11 +139,18 @@ def unmeasured_profile(
 
 
 def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) -> MachineProfile:
-    """Measure the profile ``request`` asks for, within ``budget``
-    (see the module docstring). Never raises for a measurement that fails."""
+    """Measure the profile ``request`` asks for, within ``budget``, each part by what it
+    can change (see the module docstring). Never raises for a measurement that fails."""
     log = _Log(budget, request.stamp.device)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
+    mispriced = check_machine(prior, reference).mispriced
+    calibrates = _calibrates(prior, request, reference)
+    if request.verifies(calibrates) and budget.seconds is not None:
+        log.kept = VERIFY_RESERVE * budget.seconds
+    timings = [name for name in _timings(request) if name not in request.cached]
+    to_come = sum(EXPECTED_S[name] for name in timings)
+    cal = _calibration(prior, request, log, to_come, mispriced) if calibrates else None
     collectives = None
     if request.collectives is not None:
         collectives = log.attempt("collectives", request.collectives)
@@ -138,7 +158,10 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
     if request.dense_kernel is not None:
         dense = log.attempt("dense kernel", request.dense_kernel)
     path = _sharding_path(request, log)
-    cal = _calibration(prior, request, reference, log)
+    if request.cached:
+        log.notes.append(
+            "measured once per machine, loaded from its cache: " + ", ".join(sorted(request.cached))
+        )
     return MachineProfile(
         stamp=request.stamp,
         reference_ms=reference,
@@ -154,60 +177,93 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
     )
 
 
+def _timings(request: ProfileRequest) -> list[str]:
+    """The type-choice timings ``request`` asks for, by name."""
+    asked = {
+        "collectives": request.collectives,
+        "dense kernel": request.dense_kernel,
+        "sharding path": request.sharding_path,
+    }
+    return [name for name, source in asked.items() if source is not None]
+
+
+def _calibrates(
+    prior: DreamShard, request: ProfileRequest, reference: tuple[float, float] | None
+) -> bool:
+    """Whether the profile calibrates (before the budget says how long): asked for, or,
+    automatic, where the reference kernel says the checkpoint misprices this machine or
+    the store holds a running job's kernels of these tables."""
+    config = request.calibration
+    if config is None or request.task is None:
+        return False
+    if not request.auto:
+        return True
+    if reference is None:
+        return False  # nothing says the checkpoint misprices this machine
+    return check_machine(prior, reference).mispriced or _observed(request)
+
+
+def _observed(request: ProfileRequest) -> bool:
+    """Whether the store holds a running job's kernels of the request's tables."""
+    task = request.task() if request.task is not None else None
+    return bool(task and task.tables) and stored_observations(request.calibration, task)
+
+
 def _sharding_path(request: ProfileRequest, log: _Log) -> ShardingPathModel | None:
     """The sharding path's cost where asked for: loaded where cached, else timed while
     :data:`MIN_PATH_S` of the budget is left (see the module docstring)."""
     if request.sharding_path is None:
         return None
-    left = log.budget.remaining()
-    may_measure = left >= MIN_PATH_S
+    left = log.left()
+    may_measure = "sharding path" in request.cached or left >= MIN_PATH_S
     path = log.attempt("sharding path", lambda: request.sharding_path(may_measure))
     if path is None and not may_measure:
         log.notes.append(
-            f"sharding path not timed: {left:.1f} s of the plan's budget left (it needs "
-            f"{MIN_PATH_S:.0f} s); no path cost charged, so the type choice may keep a "
-            "table-wise path that every table data-parallel would save"
+            f"sharding path not timed: {left:.1f} s of the plan's budget left beside the "
+            f"verification's share (it needs {MIN_PATH_S:.0f} s); no path cost charged, so "
+            "the type choice may keep a table-wise path that every table data-parallel "
+            "would save"
         )
     return path
 
 
 def _calibration(
-    prior: DreamShard,
-    request: ProfileRequest,
-    reference: tuple[float, float] | None,
-    log: _Log,
+    prior: DreamShard, request: ProfileRequest, log: _Log, to_come: float, mispriced: bool
 ) -> ProfileCalibration | None:
-    """Calibrate where the request asks for it and the budget allows (see the module
-    docstring); ``None`` where it does not."""
+    """Calibrate on the request's tables within what is left beside the type-choice
+    timings still to come (``to_come`` seconds; ``mispriced``: the reference kernel said
+    so, else an automatic calibration fits a running job's kernels only); ``None`` where
+    it does not."""
     config = request.calibration
-    if config is None or request.task is None:
+    task = request.task() if request.task is not None else None
+    if config is None or task is None or not task.tables:
         return None
-    mispriced = check_machine(prior, reference).mispriced
-    if request.auto and reference is None:
-        return None  # nothing says the checkpoint misprices this machine
-    task = request.task()
-    if task is None or not task.tables:
-        return None
-    if request.auto and not mispriced:
-        if not stored_observations(config, task):
-            return None
-        config = dataclasses.replace(config, measure_missing=False)  # a running job's kernels
+    if request.auto and not mispriced:  # a running job's kernels: nothing to measure
+        config = dataclasses.replace(config, measure_missing=False)
         log.notes.append("calibrating on the kernels observed in a running job")
-    left = log.budget.remaining()
+    left = log.left()
     if left < MIN_CALIBRATION_S:
         log.notes.append(
-            f"calibration skipped: {left:.1f} s of the plan's budget left "
-            f"(it needs {MIN_CALIBRATION_S:.0f} s); planning with the checkpoint's kernels"
+            f"calibration skipped: {left:.1f} s of the plan's budget left beside the "
+            f"verification's share (it needs {MIN_CALIBRATION_S:.0f} s); planning with the "
+            "checkpoint's kernels"
         )
         return None
-    seconds = min(config.budget_s, left * CALIBRATION_SHARE) if left != float("inf") else None
-    if seconds is not None and seconds < config.budget_s:
-        given = max(MIN_CALIBRATION_S, seconds)
-        log.notes.append(
-            f"calibration given {given:.0f} s of the {config.budget_s:.0f} s it asks for "
-            "(the plan's budget): kernels it had no time for are priced by the network"
-        )
-        config = dataclasses.replace(config, budget_s=given)
+    if math.isfinite(left):
+        seconds = max(MIN_CALIBRATION_S, min(config.budget_s, left - to_come))
+        if seconds < config.budget_s:
+            log.notes.append(
+                f"calibration given {seconds:.0f} s of the {config.budget_s:.0f} s it asks "
+                "for (the plan's budget): kernels it had no time for are priced by the network"
+            )
+            config = dataclasses.replace(config, budget_s=seconds)
+    return _calibrated(prior, request, task, config, log)
+
+
+def _calibrated(
+    prior: DreamShard, request: ProfileRequest, task: Task, config: CalibrationConfig, log: _Log
+) -> ProfileCalibration | None:
+    """The calibration's record, or ``None`` where it kept no kernel."""
     result = log.attempt("calibration", lambda: calibrate(prior, task, config, request.sources))
     if result is None:
         return None

@@ -12,11 +12,16 @@ from torchrec.distributed.planner.types import Topology
 from torchrec_dreamshard.cost.collective_models import (
     CollectiveModels,
     default_collectives_path,
+    group_collectives_file,
     load_collective_models,
     load_group_collectives,
 )
 from torchrec_dreamshard.cost.comm_topology import CommTopology, analytic_models
-from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel, load_dense_kernel_model
+from torchrec_dreamshard.cost.dense_kernel_model import (
+    DenseKernelModel,
+    default_dense_kernel_path,
+    load_dense_kernel_model,
+)
 from torchrec_dreamshard.cost.sharding_path_model import (
     ShardingPathModel,
     default_sharding_path_path,
@@ -79,7 +84,33 @@ def machine_sources(topology: Topology) -> MachineSources:
         collectives_source=collectives_source(topology),
         dense_kernel=default_dense_kernel(topology),
         sharding_path=default_sharding_path(topology),
+        cached=lambda: cached_timings(topology),
     )
+
+
+def cached_timings(topology: Topology) -> frozenset[str]:
+    """The type-choice timings this machine has cached for ``topology`` (or that take no
+    timing here), by name: what the profile step need not leave time for."""
+    group = active_group()
+    device = topology.compute_device
+    if group is not None and group.world == topology.world_size:
+        files = {
+            "collectives": group_collectives_file(group.backend, group.hosts).path,
+            "sharding path": group_sharding_path_file(group).path,
+        }
+    elif device == "cpu":
+        files = {
+            "collectives": default_collectives_path("gloo"),
+            "sharding path": default_sharding_path_path("cpu"),
+        }
+    else:  # analytic collectives, no path timed outside a job
+        files = {}
+    found = {name for name, path in files.items() if path.exists()}
+    if device != "cpu" and group is None:
+        found |= {"collectives", "sharding path"}
+    if device in ("cpu", "cuda") and default_dense_kernel_path(device).exists():
+        found.add("dense kernel")
+    return frozenset(found)
 
 
 def collectives_source(topology: Topology) -> str:

@@ -58,6 +58,7 @@ class MachineSources:
         dense_kernel: measures (or loads) the dense kernel's model.
         sharding_path: ``sharding_path(may_measure)`` loads the cost of a sharding path,
             or measures it where ``may_measure`` (giving ``None``: neither).
+        cached: the type-choice timings cached on this machine for the topology.
     """
 
     reference: Callable[[], tuple[float, float] | None]
@@ -65,6 +66,7 @@ class MachineSources:
     collectives_source: str
     dense_kernel: Callable[[], Any]
     sharding_path: Callable[[bool], Any] = lambda may_measure: None
+    cached: Callable[[], frozenset[str]] = frozenset
 
 
 def given_profile(profile: str | Path | MachineProfile | None) -> MachineProfile | None:
@@ -167,6 +169,8 @@ class ProfileStep:
             auto=self._settings.automatic,
             task=task,
             sources=self._candidates,
+            verifies=lambda calibrates: bool(self._settings.verification(calibrates).k),
+            cached=self._sources.cached() if priced else frozenset(),
         )
         return build_profile(prior, request, budget)
 
