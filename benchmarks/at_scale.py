@@ -49,7 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchrec_dreamshard.evaluation.results_files import machine, write
+from harness.results_files import machine, write
 
 HERE = Path(__file__).resolve().parent
 

@@ -11,10 +11,11 @@ import statistics
 import time
 
 from torchrec_dreamshard.cost import collective_models as coll
-from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.measure import collective_timing as timing
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
 from torchrec_dreamshard.measure.collectives import RANK_KINDS
+
+from harness.results_files import machine, write
 
 KINDS = COLLECTIVES
 HEADER = (

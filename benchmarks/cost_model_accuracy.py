@@ -21,13 +21,14 @@ import numpy as np
 
 from torchrec_dreamshard.cost.fitting import kendall_tau, mape
 from torchrec_dreamshard.evaluation.placers import place
-from torchrec_dreamshard.evaluation.plan_measuring import measure_fn
-from torchrec_dreamshard.evaluation.results_files import machine, write
-from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
 from torchrec_dreamshard.measure import measure_in_rounds
 from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
+
+from harness.plan_measuring import measure_fn
+from harness.results_files import machine, write
+from harness.task_draws import heldout_tasks
 
 SHAPES = [(30, 2), (60, 4), (90, 8), (40, 8), (80, 2), (50, 4)]
 

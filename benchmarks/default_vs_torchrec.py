@@ -35,13 +35,14 @@ import statistics
 
 from torchrec_dreamshard.data.families import HELDOUT_FAMILIES
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.default_planning import (
+from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
+
+from harness.default_planning import (
     fits_torchrec_storage,
     torchrec_table_storage,
 )
-from torchrec_dreamshard.evaluation.results_files import RESULTS, write
-from torchrec_dreamshard.evaluation.task_draws import roster
-from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
+from harness.results_files import RESULTS, write
+from harness.task_draws import roster
 
 HEURISTICS = ("size_greedy", "dim_greedy", "lookup_greedy", "size_lookup_greedy")
 

@@ -11,7 +11,8 @@ import io
 import sys
 
 from torchrec_dreamshard.cli import main as dreamshard
-from torchrec_dreamshard.evaluation.results_files import RESULTS
+
+from harness.results_files import RESULTS
 
 
 def main() -> int:

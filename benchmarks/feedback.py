@@ -1,7 +1,7 @@
 """The job as the measurement: what observing costs, how far the prediction moves toward
 what the job measures, and whether the re-plan's training step beats the first plan's.
 
-For each step-time family (``torchrec_dreamshard.evaluation.step_families``), on 2 gloo ranks
+For each step-time family (``harness.step_families``), on 2 gloo ranks
 spawned on this machine, one thread each:
 
 1. ``DreamShardPlanner.collective_plan`` plans the model (the default planner, which
@@ -49,10 +49,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from torchrec_dreamshard.evaluation.results_files import RESULTS
-from torchrec_dreamshard.evaluation.step_families import FAMILIES, WORLD, family_spec
 from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval
 from torchrec_dreamshard.measure.hardware import cpu_name
+
+from harness.results_files import RESULTS
+from harness.step_families import FAMILIES, WORLD, family_spec
 
 BATCH = 512  # per rank
 EVERY = 20  # the observer's default sampling

@@ -27,8 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
+
+from harness.results_files import RESULTS
 
 JOB = Path(__file__).resolve().parent.parent / "tests" / "torchrun_job.py"
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.measure import MeasureConfig, time_fused_kernel
+
+from harness.results_files import machine, write
 
 SHARDS = 12
 BATCH = 2048

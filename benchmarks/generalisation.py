@@ -39,12 +39,12 @@ With ``--default`` every task is also planned by ``DreamShardPlanner`` with no f
 a user's first plan on this machine (``default``: each task from a fresh, empty cache,
 within the planner's default budget for a first plan; its tables held to table-wise, the
 task's memory given as what a storage reservation left: see
-:func:`~torchrec_dreamshard.evaluation.method_roster.plan_default`), and
+:func:`~harness.method_roster.plan_default`), and
 ``default_unverified`` is its policy's choice before the verification step. The report
 sets each default plan's seconds against that budget.
 
 With ``--busy-core`` another process spins on one core throughout, planning and
-measuring (:func:`~torchrec_dreamshard.evaluation.busy_core.keep_core_busy`): a user's
+measuring (:func:`~harness.busy_core.keep_core_busy`): a user's
 machine is rarely idle while they plan.
 
 Raw results are written after every task and every round to
@@ -62,10 +62,14 @@ import time
 from pathlib import Path
 
 from torchrec_dreamshard.data import families
-from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
-from torchrec_dreamshard.evaluation.family_report import report
-from torchrec_dreamshard.evaluation.family_statistics import family_rows, task_summary
-from torchrec_dreamshard.evaluation.method_roster import (
+from torchrec_dreamshard.measure import MeasureConfig
+from torchrec_dreamshard.planner.stages.candidates import default_sources
+from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+
+from harness.busy_core import keep_core_busy
+from harness.family_report import report
+from harness.family_statistics import family_rows, task_summary
+from harness.method_roster import (
     calibrated_agents,
     calibration_store,
     methods,
@@ -73,12 +77,9 @@ from torchrec_dreamshard.evaluation.method_roster import (
     plan_default,
     plan_every_method,
 )
-from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds
-from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw, write
-from torchrec_dreamshard.evaluation.task_draws import PER_FAMILY, roster
-from torchrec_dreamshard.measure import MeasureConfig
-from torchrec_dreamshard.planner.stages.candidates import default_sources
-from torchrec_dreamshard.policy.checkpoint import load_checkpoint
+from harness.plan_measuring import measure_rounds
+from harness.results_files import RESULTS, load_raw, machine, save_raw, write
+from harness.task_draws import PER_FAMILY, roster
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -68,7 +68,8 @@ def draw_tasks(small: bool, seed: int) -> list[tuple[str, str, Any]]:
     task of a few hundred tables (``small``: a dozen to a few dozen small tables each)."""
     from torchrec_dreamshard.cli.demo import demo_task
     from torchrec_dreamshard.data.families import HELDOUT_FAMILIES, draw_task
-    from torchrec_dreamshard.evaluation.task_draws import bench_task
+
+    from harness.task_draws import bench_task
 
     out = []
     if small:

@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import torch
 
-from torchrec_dreamshard.evaluation.results_files import RESULTS, machine
+from harness.results_files import RESULTS, machine
 
 PATH = RESULTS / "isa_bits.json"
 

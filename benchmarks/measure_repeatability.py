@@ -10,10 +10,11 @@ import statistics
 
 from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data.tasks import random_placement
-from torchrec_dreamshard.evaluation.results_files import machine, write
-from torchrec_dreamshard.evaluation.task_draws import bench_task
 from torchrec_dreamshard.measure import MeasureConfig, measure_placement
 from torchrec_dreamshard.measure.distributed import close_pools
+
+from harness.results_files import machine, write
+from harness.task_draws import bench_task
 
 REPEATS = 10
 

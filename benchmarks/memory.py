@@ -37,9 +37,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from torchrec_dreamshard.evaluation.dlrm_jobs import dlrm_train, poisson_batch, table_configs
-from torchrec_dreamshard.evaluation.results_files import RESULTS
 from torchrec_dreamshard.measure.hardware import cpu_name
+
+from harness.dlrm_jobs import dlrm_train, poisson_batch, table_configs
+from harness.results_files import RESULTS
 
 WORLD = 2
 BATCH = 256  # per rank

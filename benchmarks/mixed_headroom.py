@@ -42,9 +42,10 @@ from torchrec_dreamshard.evaluation.dmp_step import (
     table_shardings,
     time_plans,
 )
-from torchrec_dreamshard.evaluation.results_files import machine, write
-from torchrec_dreamshard.evaluation.step_families import WORLD, family_spec
 from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval
+
+from harness.results_files import machine, write
+from harness.step_families import WORLD, family_spec
 
 BATCH = 512  # per rank, as the step-time benchmark
 

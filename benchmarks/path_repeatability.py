@@ -16,8 +16,9 @@ import argparse
 import statistics
 
 from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
-from torchrec_dreamshard.evaluation.results_files import machine, write
 from torchrec_dreamshard.measure.sharding_path import time_sharding_path
+
+from harness.results_files import machine, write
 
 
 def one_timing(i: int) -> dict:

@@ -24,15 +24,16 @@ import time
 
 import numpy as np
 
-from torchrec_dreamshard.evaluation.family_statistics import geomean
-from torchrec_dreamshard.evaluation.measured_search import measured_search
 from torchrec_dreamshard.evaluation.placers import PlacingInputs, plan_each
-from torchrec_dreamshard.evaluation.plan_measuring import measure_fn
-from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
-from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
 from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
+
+from harness.family_statistics import geomean
+from harness.measured_search import measured_search
+from harness.plan_measuring import measure_fn
+from harness.results_files import RESULTS, machine, write
+from harness.task_draws import heldout_tasks
 
 SHAPES = [(20, 2), (40, 4), (60, 8), (80, 2), (100, 4), (100, 8)]
 SHAPES += [(30, 8), (50, 2), (70, 4), (90, 8), (25, 4), (45, 8)]

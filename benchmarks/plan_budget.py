@@ -26,14 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.default_planning import plan_whole_tables
 from torchrec_dreamshard.evaluation.placers import plan_each
-from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds, plan_key
-from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw
 from torchrec_dreamshard.evaluation.step_stats import ratio_interval
-from torchrec_dreamshard.evaluation.task_draws import heldout_tasks
 from torchrec_dreamshard.measure import MeasureConfig
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
+
+from harness.default_planning import plan_whole_tables
+from harness.plan_measuring import measure_rounds, plan_key
+from harness.results_files import RESULTS, load_raw, machine, save_raw
+from harness.task_draws import heldout_tasks
 
 SHAPES = [(20, 4), (40, 4), (60, 8), (80, 8), (30, 4), (50, 8)]  # (tables, devices)
 MEMORY_FACTOR = 3.0  # each device's memory over an even share of the tables' bytes

@@ -1,7 +1,7 @@
 """Plan regression: what the bundled checkpoint plans on the generalisation benchmark's tasks,
 so that a refactor can show it changed no plan.
 
-Every task of the generalisation roster (``evaluation.task_draws.roster``: 3 test tasks
+Every task of the generalisation roster (``harness.task_draws.roster``: 3 test tasks
 of every family; task ``i`` planned with seed ``i``) is planned in four modes, planning
 only (nothing is measured):
 
@@ -24,7 +24,7 @@ changed, and a plan whose predicted cost moved by more than ``--rtol``. A plan i
 up to a relabelling of identical devices (devices of equal memory; the tables on each device
 are what is compared, not the device numbers), and another plan whose predicted cost is
 within ``--rtol`` of the recorded one is a tie, which another CPU may break the other way
-(:mod:`torchrec_dreamshard.evaluation.golden_plans`): neither is a difference.
+(:mod:`harness.golden_plans`): neither is a difference.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from torchrec_dreamshard.evaluation import golden_plans
-from torchrec_dreamshard.evaluation.golden_plans import TIE_RTOL, placement_partition
-from torchrec_dreamshard.evaluation.results_files import RESULTS
-from torchrec_dreamshard.evaluation.task_draws import roster
+from harness import golden_plans
+from harness.golden_plans import TIE_RTOL, placement_partition
+from harness.results_files import RESULTS
+from harness.task_draws import roster
 
 PATH = RESULTS / "plan_regression.json"
 MODES = ("default", "safe", "greedy", "search")

@@ -359,7 +359,7 @@ def cpu_model() -> str:
 
 
 def results_dir() -> Path:
-    from torchrec_dreamshard.evaluation.results_files import RESULTS
+    from harness.results_files import RESULTS
 
     return RESULTS
 

@@ -30,7 +30,8 @@ from torchrec_dreamshard.data.table_pool import (
 )
 from torchrec_dreamshard.data.tables import TableSpec, reuse_bin
 from torchrec_dreamshard.data.workloads import generate_batch
-from torchrec_dreamshard.evaluation.results_files import RESULTS
+
+from harness.results_files import RESULTS
 
 BIN_LABELS = ["(0,1]"] + [f"({2 ** (k - 1)},{2**k}]" for k in range(1, 15)] + ["beyond 16384"]
 

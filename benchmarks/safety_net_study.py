@@ -43,16 +43,17 @@ import numpy as np
 
 from torchrec_dreamshard.data import families
 from torchrec_dreamshard.data.tasks import NoPlanError
-from torchrec_dreamshard.evaluation.family_statistics import geomean
 from torchrec_dreamshard.evaluation.placers import place
-from torchrec_dreamshard.evaluation.plan_measuring import measure_rounds, plan_key
-from torchrec_dreamshard.evaluation.results_files import RESULTS, load_raw, machine, save_raw, write
-from torchrec_dreamshard.evaluation.task_draws import roster
 from torchrec_dreamshard.measure import MeasureConfig
 from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
 from torchrec_dreamshard.policy.safety_net import REFINE_STEPS, REFINE_TOP, distinct, refine
+
+from harness.family_statistics import geomean
+from harness.plan_measuring import measure_rounds, plan_key
+from harness.results_files import RESULTS, load_raw, machine, save_raw, write
+from harness.task_draws import roster
 
 SHORT_STEPS = 8
 HEURISTIC_SOURCES = (

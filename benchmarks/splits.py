@@ -50,14 +50,15 @@ from torchrec_dreamshard.data import families
 from torchrec_dreamshard.data.sampler import make_task
 from torchrec_dreamshard.data.splits import plan_entries
 from torchrec_dreamshard.data.tasks import NoPlanError
-from torchrec_dreamshard.evaluation.family_statistics import geomean
-from torchrec_dreamshard.evaluation.placers import place
-from torchrec_dreamshard.evaluation.plan_measuring import measure_costs, single_ms
-from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
+from torchrec_dreamshard.evaluation.placers import place, single_ms
 from torchrec_dreamshard.planner.stages.candidates import default_sources
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
 from torchrec_dreamshard.policy.split_search import plan_with_splits
+
+from harness.family_statistics import geomean
+from harness.plan_measuring import measure_costs
+from harness.results_files import RESULTS, machine, write
 
 TIGHT = 1.05  # the memory factor every tight task is also planned at
 PLANS = ("whole", "split", "forced")  # forced: tight tasks only (forced_split)

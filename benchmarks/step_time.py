@@ -53,9 +53,10 @@ import warnings
 from pathlib import Path
 
 from torchrec_dreamshard.cli.steptime import prepare_machine_models
-from torchrec_dreamshard.evaluation.results_files import RESULTS, load_note, machine
-from torchrec_dreamshard.evaluation.step_families import FAMILIES, WORLD, family_spec
 from torchrec_dreamshard.evaluation.step_model import StepModelSpec
+
+from harness.results_files import RESULTS, load_note, machine
+from harness.step_families import FAMILIES, WORLD, family_spec
 
 PLANNERS = ("torchrec", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 RATIOS = (

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from torchrec_dreamshard.evaluation.results_files import RESULTS, machine, write
+from harness.results_files import RESULTS, machine, write
 
 
 def measurement_seconds(db: Path) -> tuple[int, float]:

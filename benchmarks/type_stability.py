@@ -3,7 +3,7 @@ the same machine from an empty cache, again and again? And where a type decision
 close, do the stats say which measurement tipped it and by how much?
 
 Each run is a fresh process with its own empty ``XDG_CACHE_HOME`` (and so its own
-calibration store), planning a step-time family's model (``evaluation/step_families.py``)
+calibration store), planning a step-time family's model (``benchmarks/harness/step_families.py``)
 with ``DreamShardPlanner`` and TorchRec's default sharders on a 2-rank CPU topology, every
 sharding type its constraints allow, no flags: it measures the collectives, the dense and
 reference kernels, calibrates and verifies where the checkpoint misprices this machine,
@@ -26,14 +26,14 @@ import sys
 import tempfile
 from collections import Counter
 
-from torchrec_dreamshard.evaluation.results_files import RESULTS, machine
+from harness.results_files import RESULTS, machine
 
 ONE_RUN = """
 import json, sys, time
 import torch
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec_dreamshard import DreamShardPlanner
-from torchrec_dreamshard.evaluation.step_families import family_spec
+from harness.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 

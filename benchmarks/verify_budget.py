@@ -31,11 +31,12 @@ import time
 from torchrec_dreamshard import calibration as cal
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
-from torchrec_dreamshard.evaluation.results_files import load_note, machine, write
 from torchrec_dreamshard.measure import MeasureConfig
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.verification.verification import BUDGET_STRETCH, MIN_ROUNDS
+
+from harness.busy_core import keep_core_busy
+from harness.results_files import load_note, machine, write
 
 FAST = MeasureConfig(rounds=1, iters=2, warmup=1)  # the tests' measurement settings
 

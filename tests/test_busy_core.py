@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from torchrec_dreamshard.evaluation.busy_core import keep_core_busy
+from harness.busy_core import keep_core_busy
 
 
 def cpu_seconds(pid: int) -> float:

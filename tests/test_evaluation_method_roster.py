@@ -1,4 +1,4 @@
-"""The generalisation benchmark's methods (``evaluation.method_roster``): every method
+"""The generalisation benchmark's methods (``harness.method_roster``): every method
 plans each task, and the calibrated ones go through the planner's own path
 (``calibration.plan_task``)."""
 
@@ -11,8 +11,10 @@ import pytest
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation import method_roster, plan_measuring
+from torchrec_dreamshard.evaluation import placers
 from torchrec_dreamshard.measure import MeasureConfig
+
+from harness import method_roster
 
 
 def small_task() -> Task:
@@ -36,7 +38,7 @@ def test_methods_add_the_calibrated_ones_per_budget():
 
 
 def test_every_method_plans_the_task(agent, monkeypatch):
-    monkeypatch.setattr(plan_measuring, "single_ms", lambda spec, b, c: float(spec.dim))
+    monkeypatch.setattr(placers, "single_ms", lambda spec, b, c: float(spec.dim))
     plans, secs = method_roster.plan_every_method(agent, small_task(), MeasureConfig(), 7)
     assert list(plans) == [*method_roster.METHODS, *method_roster.RANDOM]
     assert all(plans[n] is not None for n in plans if n != "torchrec")
@@ -183,7 +185,8 @@ def test_the_unverified_plan_is_the_verifications_chosen_by_table(agent):
 
     from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.calibration.planning import PlanOutcome
-    from torchrec_dreamshard.evaluation.default_planning import unverified
+
+    from harness.default_planning import unverified
 
     task = small_task()
     wrapper = CalibratingAgent(agent, None)

@@ -11,9 +11,10 @@ from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, check_placement
 from torchrec_dreamshard.evaluation import placers
-from torchrec_dreamshard.evaluation.measured_search import measured_search
 from torchrec_dreamshard.evaluation.placers import PLACERS, PlacingInputs, place, plan_each
 from torchrec_dreamshard.policy.heuristics import HEURISTICS, PROXIES
+
+from harness.measured_search import measured_search
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +29,7 @@ def _fake_single_ms(spec, batch_size, config) -> float:  # a table's "measured" 
 @pytest.fixture
 def fake_kernels(monkeypatch):
     """measured_greedy's kernels replaced by each table's dim (no measuring)."""
-    from torchrec_dreamshard.evaluation import plan_measuring
-
-    monkeypatch.setattr(plan_measuring, "single_ms", _fake_single_ms)
+    monkeypatch.setattr(placers, "single_ms", _fake_single_ms)
 
 
 AGENT_FREE = ["random", *HEURISTICS, "measured_greedy"]

@@ -7,7 +7,8 @@ import math
 
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.family_report import default_report
+
+from harness.family_report import default_report
 
 
 def family(ratio: float, tasks: int, heldout: bool) -> dict:
@@ -39,8 +40,9 @@ def test_a_family_without_a_default_plan_is_left_out_of_the_geomean():
 def test_each_default_plan_is_set_against_the_budget_it_planned_within():
     """Per family the mean and longest plan seconds; over the run the longest plan and
     how many went over the budget (a raw entry without its budget: the planner's)."""
-    from torchrec_dreamshard.evaluation.family_statistics import default_seconds
     from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
+
+    from harness.family_statistics import default_seconds
 
     pool = default_seconds(
         [

@@ -1,5 +1,5 @@
 """Comparing plans with recorded ones up to a relabelling of identical devices and a tie
-(:mod:`torchrec_dreamshard.evaluation.golden_plans`), as ``benchmarks/plan_regression.py
+(:mod:`harness.golden_plans`), as ``benchmarks/plan_regression.py
 --check`` and ``tests/test_plan_regression_planner.py`` do."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import pytest
 
 from torchrec_dreamshard.data.sampler import TaskSampler
 from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-from torchrec_dreamshard.evaluation.golden_plans import (
+
+from harness.golden_plans import (
     TIE_RTOL,
     canonical_partition,
     placement_partition,

@@ -222,13 +222,26 @@ def _benchmark_offences(path: Path, scripts: set[str]) -> Iterator[str]:
             yield f"{path.name} imports {name}"
 
 
-def test_benchmarks_are_scripts_over_the_package():
-    """benchmarks/ holds scripts only: what they share lives in the package
-    (``torchrec_dreamshard.evaluation``), so no helper module sits beside them
-    (``_*.py``), no script edits ``sys.path`` and none imports another."""
+def test_benchmarks_are_scripts_over_the_package_and_the_harness():
+    """benchmarks/ holds scripts: what they share lives in the package or in their
+    harness (``benchmarks/harness/``, imported as ``harness``), so no helper module sits
+    beside them (``_*.py``), no script or harness module edits ``sys.path`` and none
+    imports a script."""
     paths = sorted(BENCHMARKS.glob("*.py"))
     scripts = {p.stem for p in paths}
     offenders = [f"{p.name} is a helper module" for p in paths if p.name.startswith("_")]
-    for path in paths:
+    for path in [*paths, *sorted((BENCHMARKS / "harness").glob("*.py"))]:
         offenders += _benchmark_offences(path, scripts)
+    assert not offenders, offenders
+
+
+def test_the_package_never_imports_the_benchmarks_harness():
+    """The harness imports the package, never the other way: the package ships without
+    ``benchmarks/``."""
+    offenders = [
+        f"{_name(path)} imports {name}"
+        for path in _modules()
+        for name in _imports(_tree(path))
+        if name.split(".")[0] == "harness"
+    ]
     assert not offenders, offenders

@@ -11,12 +11,13 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
 
-from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.planner.type_choice.model_needs import (
     collections_types,
     offers_priced_types,
 )
+
+from harness.step_families import family_spec
 
 
 def tiny():

@@ -17,7 +17,7 @@ and offsets, the cost network's predicted step, the proposer that won, or the er
 ``PlannerErrorType`` and message).
 
 A plan made on another CPU need not be the recorded one bit for bit
-(:mod:`torchrec_dreamshard.evaluation.golden_plans`): plans are compared up to a
+(:mod:`harness.golden_plans`): plans are compared up to a
 relabelling of identical devices (what each device holds, devices interchangeable within a
 host and hosts with each other), with the predicted step within ``TIE_RTOL``; another plan
 whose predicted step is within ``TIE_RTOL`` of the recorded one is a tie and passes too.
@@ -53,13 +53,14 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection, Embedding
 
 from torchrec_dreamshard.cost.collective_models import CollectiveModels
 from torchrec_dreamshard.cost.comm_model import CommModel
-from torchrec_dreamshard.evaluation.golden_plans import (
+from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
+from torchrec_dreamshard.planner import DreamShardPlanner
+
+from harness.golden_plans import (
     TIE_RTOL,
     canonical_partition,
     plan_differences,
 )
-from torchrec_dreamshard.measure.collective_timing import COLLECTIVES
-from torchrec_dreamshard.planner import DreamShardPlanner
 
 META = torch.device("meta")
 PATH = Path(__file__).parent / "data" / "planner_regression.json"

@@ -40,8 +40,8 @@ def build_model():
 
 def dlrm_train(tables, is_weighted: bool = False):
     """The tests' one DLRM over meta-device ``tables``
-    (:func:`torchrec_dreamshard.evaluation.dlrm_jobs.dlrm_train`)."""
-    from torchrec_dreamshard.evaluation import dlrm_jobs
+    (:func:`harness.dlrm_jobs.dlrm_train`)."""
+    from harness import dlrm_jobs
 
     return dlrm_jobs.dlrm_train(tables, is_weighted)
 

@@ -27,7 +27,6 @@ from torchrec_dreamshard.cost.sharding import PATH_KIND, CostContext, TableChoic
 from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.evaluation.dmp_step import sharding_type_counts, table_shardings
-from torchrec_dreamshard.evaluation.step_families import family_spec
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.planner import DreamShardPlanner
@@ -39,6 +38,8 @@ from torchrec_dreamshard.profile.build import MIN_PATH_S, ProfileRequest, build_
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.profile.stamp import MachineStamp
 from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
+
+from harness.step_families import family_spec
 
 pytestmark = pytest.mark.usefixtures("quiet")
 

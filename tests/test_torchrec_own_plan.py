@@ -9,11 +9,6 @@ from __future__ import annotations
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.default_planning import (
-    task_placement,
-    whole_table_constraints,
-)
-from torchrec_dreamshard.evaluation.task_draws import roster
 from torchrec_dreamshard.planner import DreamShardPlanner
 from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
 from torchrec_dreamshard.planner.adapters.torchrec_adapter import quiet_torchrec
@@ -22,6 +17,12 @@ from torchrec_dreamshard.planner.stages.candidates import (
     TorchRecOwnPlan,
     torchrec_placement,
 )
+
+from harness.default_planning import (
+    task_placement,
+    whole_table_constraints,
+)
+from harness.task_draws import roster
 
 
 def _planned(task: Task, tmp_path) -> DreamShardPlanner:
@@ -61,11 +62,12 @@ def test_the_heuristics_are_judged_within_torchrecs_storage_estimate():
     counts at least its weights, TorchRec's own plan (nothing reserved) passes, and the
     weights-only size heuristic's plan of ``wide`` does not: what the default planner,
     bound by TorchRec's estimate, may not plan."""
-    from torchrec_dreamshard.evaluation.default_planning import (
+    from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
+
+    from harness.default_planning import (
         fits_torchrec_storage,
         torchrec_table_storage,
     )
-    from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
 
     [(_, task)] = roster(["wide"], 1)
     storage = torchrec_table_storage(task)

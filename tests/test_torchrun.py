@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 JOB = Path(__file__).with_name("torchrun_job.py")
+HARNESS = Path(__file__).resolve().parents[1] / "benchmarks"  # the job's model: harness.dlrm_jobs
 WORLD = 2
 JOB_TIMEOUT_S = 300  # the whole launch; a hang ends here instead of in CI's limit
 
@@ -31,7 +32,8 @@ def launch(out: Path, cache: Path, world: int = WORLD, profile: Path | None = No
     """Run the job under torchrun with ``cache`` as XDG_CACHE_HOME (and the machine
     profile at ``profile`` where given); every rank's result."""
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
+    paths = [str(HARNESS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "XDG_CACHE_HOME": str(cache), "PYTHONPATH": os.pathsep.join(paths)}
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd = [*launcher, f"--nproc_per_node={world}", str(JOB), str(out)]
     cmd += [str(profile)] if profile is not None else []

@@ -38,15 +38,15 @@ STEPS = 4
 
 
 def build_model():
-    """TorchRec's DLRM (:func:`~torchrec_dreamshard.evaluation.dlrm_jobs.dlrm_train`) over
+    """TorchRec's DLRM (:func:`~harness.dlrm_jobs.dlrm_train`) over
     :data:`TABLES`."""
-    from torchrec_dreamshard.evaluation.dlrm_jobs import dlrm_train, table_configs
+    from harness.dlrm_jobs import dlrm_train, table_configs
 
     return dlrm_train(table_configs(TABLES, DIM))
 
 
 def make_batch(rank: int, step: int):
-    from torchrec_dreamshard.evaluation.dlrm_jobs import poisson_batch
+    from harness.dlrm_jobs import poisson_batch
 
     return poisson_batch(TABLES, LOCAL_BATCH, rank, step)
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import (
     InsufficientMemoryError,
     NoPlanError,
@@ -100,8 +101,14 @@ def _dreamshard_split(task: Task, seed: int, inputs: PlacingInputs) -> Plan:
     return {"columns": found.sharded.counts, "placement": placement}
 
 
+def single_ms(spec: TableSpec, batch_size: int, config: MeasureConfig) -> float:
+    """Table ``spec`` alone on one device: measured fwd + bwd (ms)."""
+    from torchrec_dreamshard.measure import time_fused_kernel
+
+    return float(sum(time_fused_kernel([spec], batch_size, config)))
+
+
 def _measured_greedy(task: Task, seed: int, inputs: PlacingInputs) -> Plan:
-    from torchrec_dreamshard.evaluation.plan_measuring import single_ms
     from torchrec_dreamshard.policy.safety_net import memory_aware_greedy
 
     config = inputs.measure or MeasureConfig()

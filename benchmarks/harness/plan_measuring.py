@@ -1,6 +1,6 @@
-"""Plans measured on real kernels for the benchmarks: one measurement's costs, a table
-alone, and every task's distinct plans in interleaved rounds whose results are saved as
-they come (so a rerun resumes).
+"""Plans measured on real kernels for the benchmarks: one measurement's costs, and every
+task's distinct plans in interleaved rounds whose results are saved as they come (so a
+rerun resumes).
 
 A plan is a placement list (a device per table) or, for a plan that cuts tables
 column-wise, ``{"columns": {table: shards}, "placement": [device per shard]}``; such a plan
@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from torchrec_dreamshard.data.splits import shard_task
-from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.results_files import machine, save_raw
 from torchrec_dreamshard.measure import MeasureConfig
+
+from harness.results_files import machine, save_raw
 
 Plan = list[int] | dict[str, Any]
 
@@ -64,13 +64,6 @@ def measure_fn(
         return m.step_ms, [d.total_ms for d in m.per_device], m.reference_ms
 
     return measure
-
-
-def single_ms(spec: TableSpec, batch_size: int, config: MeasureConfig) -> float:
-    """Table ``spec`` alone on one device: measured fwd + bwd (ms)."""
-    from torchrec_dreamshard.measure import time_fused_kernel
-
-    return float(sum(time_fused_kernel([spec], batch_size, config)))
 
 
 def plan_key(plan: Plan) -> str:

@@ -1,6 +1,6 @@
 """The generalisation benchmark's Markdown report: one table of the families, and one of
 the calibrated methods when the run calibrated. ``fams`` is
-:func:`~torchrec_dreamshard.evaluation.family_statistics.family_rows`' output and ``run``
+:func:`~harness.family_statistics.family_rows`' output and ``run``
 the benchmark's command line (``per_family``, ``rounds``, ``name``, ``calibrate_budget``,
 ``verify``).
 """

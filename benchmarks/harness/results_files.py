@@ -1,8 +1,8 @@
 """Where the benchmarks' results go and how they are written: raw JSON beside a Markdown
 summary, the machine they were taken on, and the raw file a resumable run reads back.
 
-``RESULTS`` is ``benchmarks/results/`` of the source checkout this package is imported
-from (the benchmarks run from a checkout; nothing else writes there).
+``RESULTS`` is ``benchmarks/results/``, beside this harness (the benchmarks run from a
+checkout; nothing else writes there).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import platform
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parents[1] / "results"
 
 
 def load_note() -> str:

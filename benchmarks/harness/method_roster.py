@@ -56,7 +56,7 @@ def methods(
 
 def plan_default(agent: DreamShard, task: Task, plans: dict, secs: dict) -> None:
     """Plan ``task`` as a user's first plan with ``DreamShardPlanner`` and no flags
-    (:func:`~torchrec_dreamshard.evaluation.default_planning.plan_whole_tables`), and add
+    (:func:`~harness.default_planning.plan_whole_tables`), and add
     what it did to ``plans`` and ``secs``.
 
     The planner is given ``agent`` (the run's checkpoint: the bundled one unless the run
@@ -97,8 +97,9 @@ def plan_default(agent: DreamShard, task: Task, plans: dict, secs: dict) -> None
     )
 
     from torchrec_dreamshard.data.tasks import NoPlanError
-    from torchrec_dreamshard.evaluation.default_planning import plan_whole_tables
     from torchrec_dreamshard.planner.steps.profile_step import FIRST_PLAN_BUDGET_S
+
+    from harness.default_planning import plan_whole_tables
 
     secs["default_budget_s"] = FIRST_PLAN_BUDGET_S
     start = time.perf_counter()

@@ -2,7 +2,7 @@
 the best heuristic's and the cost network's rank agreement with the measurements; per
 family, their geometric means and worst tasks.
 
-A task's raw entry (what :mod:`~torchrec_dreamshard.evaluation.plan_measuring` fills) holds
+A task's raw entry (what :mod:`~harness.plan_measuring` fills) holds
 ``plans`` (by method, ``None`` where it found none), ``secs`` and ``rounds``: per round,
 each distinct plan's costs by its key (``compute``, ``step``, ``dev``).
 """
@@ -17,9 +17,10 @@ import numpy as np
 from torchrec_dreamshard.cost.fitting import kendall_tau
 from torchrec_dreamshard.data import families
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.evaluation.plan_measuring import distinct_plans, plan_key, plan_target
 from torchrec_dreamshard.policy import PlacementAgent
 from torchrec_dreamshard.policy.heuristics import HEURISTICS
+
+from harness.plan_measuring import distinct_plans, plan_key, plan_target
 
 KINDS = ("compute", "step")  # max over devices of fwd + bwd; and + the all-to-all
 
