@@ -239,7 +239,7 @@ def _store_with_fed_inputs(store: Path) -> None:
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
+    from torchrec_dreamshard.store.fed_inputs_store import remember_inputs
 
     configs = [
         EmbeddingBagConfig(name=n, embedding_dim=8, num_embeddings=100, feature_names=[f"f{n}"])

@@ -128,10 +128,10 @@ def test_a_restarted_jobs_plan_takes_what_the_last_run_fed_its_tables(tmp_path):
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from torchrec_dreamshard.calibration import CalibrationConfig
-    from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
     from torchrec_dreamshard.feedback.inputs import embedding_tables
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.adapters.torchrec_adapter import torchrec_topology
+    from torchrec_dreamshard.store.fed_inputs_store import remember_inputs
 
     configs = [
         EmbeddingBagConfig(

@@ -39,8 +39,7 @@ The package, one concept per module: :mod:`.store_keys` (the store's path and jo
 :mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
 :mod:`.fine_tuning` (:func:`calibrate`), :mod:`.head_fitting` (fine-tuning the heads,
 accuracy), :mod:`.auto` (whether the
-checkpoint prices this machine right), :mod:`.fed_inputs_store` (what running jobs fed their
-tables, kept for the next plan), :mod:`.planning`
+checkpoint prices this machine right), :mod:`.planning`
 (:func:`plan_task`, :class:`PlanOutcome`), :mod:`.adaptation_report` (the margins and
 lines of what adapting bought) and :mod:`.calibrating_agent` (:class:`CalibratingAgent`).
 Verification's modules are :mod:`torchrec_dreamshard.verification`'s; this package

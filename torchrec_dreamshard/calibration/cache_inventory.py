@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from torchrec_dreamshard.calibration.fed_inputs_store import count_inputs, forget_inputs
 from torchrec_dreamshard.calibration.store_keys import (
     STORE_ENV,
     STORE_NAME,
@@ -35,6 +34,7 @@ from torchrec_dreamshard.measure.machine_cache import (
     measurement_key,
 )
 from torchrec_dreamshard.store.cost_store import CostStore
+from torchrec_dreamshard.store.fed_inputs_store import count_inputs, forget_inputs
 
 # What each kind holds; ``dreamshard cache --clear KIND`` takes these names.
 KINDS = {

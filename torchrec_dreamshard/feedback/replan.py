@@ -186,7 +186,7 @@ def job_inputs(
 
     if inputs is None or not inputs.mispriced():
         return record.specs, {}, config
-    from torchrec_dreamshard.calibration.fed_inputs_store import remember_inputs
+    from torchrec_dreamshard.store.fed_inputs_store import remember_inputs
 
     batches = inputs.batches()
     model = record.planned_inputs[0]

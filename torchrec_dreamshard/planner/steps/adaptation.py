@@ -12,12 +12,12 @@ from torchrec.distributed.planner.types import Topology
 
 from torchrec_dreamshard.calibration import CalibrationConfig
 from torchrec_dreamshard.calibration.auto import MachineCheck, check_machine
-from torchrec_dreamshard.calibration.fed_inputs_store import recalled_inputs
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.planner.stages.option_specs import OptionSpecs
 from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
+from torchrec_dreamshard.store.fed_inputs_store import recalled_inputs
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.planner.plans.loop_result import LastPlan
