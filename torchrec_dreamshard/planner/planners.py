@@ -224,7 +224,10 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             plan = self._steps.quietly(lambda: loop(module, sharders))
             call = self._parts.deferred.take()
             choice = self._loop_choice()
-            verdict = self._steps.verify(self.agent.current, profile, choice, budget, loads_plan)
+            ours = self.proposal_log.winner == OURS
+            verdict = self._steps.verify(
+                self.agent.current, profile, choice, budget, loads_plan, ours
+            )
             options = best_plan(self)
             if verdict.kept is not None and options is not None:
                 options, plan = with_ranks(options, verdict.kept, self._devices)
@@ -237,7 +240,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return plan
 
     def _loop_choice(self) -> LoopChoice | None:
-        """What TorchRec's loop chose for the policy's tables, where our proposal won."""
+        """What TorchRec's loop chose for the policy's whole tables, where our proposal
+        won (``None`` else, or where it split a table)."""
         if self.proposal_log.winner != OURS:
             return None
         batch = self._per_rank_batch * self._devices.world_size

@@ -33,6 +33,7 @@ from torchrec_dreamshard.planner.steps.verify_step import (
     LoopChoice,
     Verdict,
     skipped,
+    unmeasured,
     verify_choice,
 )
 from torchrec_dreamshard.planner.type_choice.model_needs import (
@@ -149,18 +150,26 @@ class MeasuringSteps:
         choice: LoopChoice | None,
         budget: Budget,
         loads_plan: bool,
+        ours_won: bool = True,
     ) -> Verdict:
-        """The last step: ``choice`` (``None``: the policy's proposal did not win the loop)
+        """The last step: ``choice`` (``None``: nothing of the policy's to verify)
         measured where the planner verifies, within what is left of ``budget``;
-        ``loads_plan``: the loop loaded a plan (nothing is measured)."""
+        ``loads_plan``: the loop loaded a plan (nothing is measured); ``ours_won``: the
+        policy's proposal won TorchRec's loop (else a user's did)."""
         adapt = self._settings.adapt
         if self._profile_step.unmeasured(loads_plan) is not None:
             return Verdict()
         settings = adapt.verification(profile.calibration is not None)
-        if not settings.k:
-            return Verdict()
         if choice is None:
-            return skipped("verification skipped: a user's proposal won TorchRec's loop")
+            why = (
+                "a user's proposal won TorchRec's loop"
+                if not ours_won
+                else "the plan has no whole-table placement of the policy's to verify (it "
+                "splits tables column-wise, or moved every table off table-wise)"
+            )
+            return skipped(f"verification skipped: {why}") if settings.k else Verdict()
+        if not settings.k:  # not verified: what the plan was kept on, predicted
+            return unmeasured(agent, choice, self._settings.candidates)
         measure = adapt.calibration.measure if adapt.calibration is not None else None
         return verify_choice(agent, choice, settings, budget, self._settings.candidates, measure)
 

@@ -14,8 +14,9 @@ from typing import Any
 
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
+from torchrec_dreamshard.calibration.adaptation_report import plan_margins
 from torchrec_dreamshard.calibration.auto import VerificationSettings
-from torchrec_dreamshard.calibration.planning import PlanOutcome, verify_chosen
+from torchrec_dreamshard.calibration.planning import PlanOutcome, baseline_plans, verify_chosen
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task, placed_bytes
 from torchrec_dreamshard.measure.config import MeasureConfig
@@ -162,6 +163,20 @@ def skipped(reason: str) -> Verdict:
     return Verdict(notes=(reason,))
 
 
+def unmeasured(
+    agent: PlacementAgent, choice: LoopChoice, sources: Sequence[Any], note: str | None = None
+) -> Verdict:
+    """A verdict of nothing measured that says what the plan was kept on: the cost
+    network's predicted step against TorchRec's plan's and the best heuristic's."""
+    placement = list(choice.placement)
+    baselines = baseline_plans(choice.task, sources)
+    margins = plan_margins(agent, choice.task, placement, baselines, choice.label)
+    outcome = PlanOutcome(
+        placement, agent, chosen=placement, predicted_margins=margins, chosen_label=choice.label
+    )
+    return Verdict(outcome, (note,) if note else (), None, choice)
+
+
 def verify_choice(
     agent: PlacementAgent,
     choice: LoopChoice,
@@ -187,16 +202,22 @@ def verify_choice(
     """
     left = budget.remaining()
     if left < MIN_VERIFY_S:
-        return skipped(
+        return unmeasured(
+            agent,
+            choice,
+            sources,
             f"verification skipped: {left:.1f} s of the plan's budget left "
-            f"(it needs {MIN_VERIFY_S:.0f} s); the plan is the policy's, unmeasured"
+            f"(it needs {MIN_VERIFY_S:.0f} s); the plan is the policy's, unmeasured",
         )
     one = measurement_seconds(agent, choice.task, choice.placement)
     if math.isfinite(left) and MIN_MEASUREMENTS * one > left * HARD_SHARE:
-        return skipped(
+        return unmeasured(
+            agent,
+            choice,
+            sources,
             f"verification skipped: one measurement of a plan of this task takes about "
             f"{one:.1f} s (predicted), and {MIN_MEASUREMENTS} of them do not fit the "
-            f"{left:.1f} s left of the plan's budget; the plan is the policy's, unmeasured"
+            f"{left:.1f} s left of the plan's budget; the plan is the policy's, unmeasured",
         )
     notes: list[str] = []
     if math.isfinite(left):
