@@ -23,9 +23,6 @@ spawned (:func:`~torchrec_dreamshard.ranks.spawn.check_may_spawn`).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -35,13 +32,13 @@ from typing import Any
 from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.group_tasks import run_on_group
 from torchrec_dreamshard.measure.sharding_path_rank import run_path_rounds
+from torchrec_dreamshard.ranks.interpreters import RankProcessError, run_module_ranks
 from torchrec_dreamshard.ranks.job_group import JobGroup, active_group, group_task
-from torchrec_dreamshard.ranks.spawn import check_may_spawn, free_port, launcher_free_env
+from torchrec_dreamshard.ranks.spawn import check_may_spawn, free_port
 
 PATH_TABLES = ((64, 8, 1), (64, 8, 1), (64, 8, 1), (64, 8, 1))  # (rows, dim, ids per bag)
 PATH_WORLD = 2  # ranks
 PATH_BATCH = 512  # samples per rank per step (the step timer's)
-_STDERR_CHARS = 2000  # of a failed rank's stderr kept in the error
 
 
 class ShardingPathError(RuntimeError):
@@ -141,66 +138,9 @@ def _spawned_path_rounds(job: dict[str, Any], timeout_s: float) -> dict[str, lis
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "path.json"
         spawned = {**job, "world": PATH_WORLD, "port": free_port(), "out": str(out)}
-        _run_ranks(spawned, Path(tmp), timeout_s)
+        module = "torchrec_dreamshard.measure.sharding_path_rank"
+        try:
+            run_module_ranks(module, spawned, Path(tmp), timeout_s, "sharding-path")
+        except RankProcessError as exc:
+            raise ShardingPathError(str(exc)) from exc
         return json.loads(out.read_text())
-
-
-def _rank_env() -> dict[str, str]:
-    """This process's environment, with the package's folder first on ``PYTHONPATH`` (a
-    checkout that is not installed imports as it does here) and one intra-op thread."""
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def _run_ranks(job: dict[str, Any], tmp: Path, timeout_s: float) -> None:
-    """Start every rank, wait for all; a failure to start one, a rank's failure or the
-    deadline ends them all and raises."""
-    procs: list[subprocess.Popen] = []
-    logs: list[Any] = []
-    try:
-        _start_ranks(job, tmp, procs, logs)
-        deadline = time.monotonic() + timeout_s
-        while any(p.poll() is None for p in procs):
-            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed:
-                raise ShardingPathError(_failure(failed[0], procs, logs))
-            if time.monotonic() > deadline:
-                raise ShardingPathError(
-                    f"the sharding-path ranks did not finish in {timeout_s:g} s"
-                )
-            time.sleep(0.05)
-        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-        if failed:
-            raise ShardingPathError(_failure(failed[0], procs, logs))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-        for log in logs:
-            log.close()
-
-
-def _start_ranks(job: dict[str, Any], tmp: Path, procs: list, logs: list) -> None:
-    """Start each rank as ``python -m`` our rank module, its stderr to a file in ``tmp``
-    (appended to ``procs`` and ``logs`` as they start, so the caller ends what started)."""
-    module = "torchrec_dreamshard.measure.sharding_path_rank"
-    with launcher_free_env():
-        env = _rank_env()
-        for rank in range(job["world"]):
-            log = open(tmp / f"rank{rank}.err", "w+")  # noqa: SIM115 - the caller closes it
-            logs.append(log)
-            args = [sys.executable, "-m", module, json.dumps({**job, "rank": rank})]
-            try:
-                procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
-            except OSError as exc:  # no fork or exec allowed here, no memory, ...
-                raise ShardingPathError(f"could not start a sharding-path rank: {exc}") from exc
-
-
-def _failure(rank: int, procs: list[subprocess.Popen], logs: list[Any]) -> str:
-    logs[rank].seek(0)
-    text = logs[rank].read()[-_STDERR_CHARS:].strip()
-    return f"sharding-path rank {rank} exited with status {procs[rank].returncode}: {text}"

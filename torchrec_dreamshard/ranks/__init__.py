@@ -2,6 +2,8 @@
 
 * :mod:`~.spawn`: process groups of ranks spawned on this machine, a launcher-free
   environment for them, and the rule of never spawning inside a distributed job;
+* :mod:`~.interpreters`: ranks started as fresh interpreters (``python -m``), waited for
+  within a deadline, every rank ended where one fails;
 * :mod:`~.job_group`: the distributed job's own process group while it plans: rank 0
   drives group tasks, the other ranks serve them, and what they broadcast;
 * :mod:`~.torch_compat`: torch's own private names the thread groups need (the loopback

@@ -1,0 +1,98 @@
+"""Ranks started on this machine as fresh interpreters (``python -m MODULE JOB``), for
+work that must not share this process's state: each rank gets the job as JSON with its
+``rank`` added, its stderr goes to a file, and a rank that fails to start, fails or
+outlives the deadline ends every rank and raises :class:`RankProcessError` with the
+failed rank's last stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from torchrec_dreamshard.ranks.spawn import launcher_free_env
+
+STDERR_CHARS = 2000  # of a failed rank's stderr kept in the error
+
+
+class RankProcessError(RuntimeError):
+    """A fresh-interpreter rank could not start, failed, or did not finish in time."""
+
+
+def rank_env() -> dict[str, str]:
+    """This process's environment, with the package's folder first on ``PYTHONPATH`` (a
+    checkout that is not installed imports as it does here) and one intra-op thread."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_module_ranks(
+    module: str, job: dict[str, Any], tmp: Path, timeout_s: float, what: str
+) -> None:
+    """Start ``job["world"]`` ranks of ``module``, wait for all.
+
+    Args:
+        module: the module each rank runs (``python -m``); its one argument is ``job`` as
+            JSON with ``"rank"`` added.
+        job: JSON-able, with ``"world"``, the number of ranks.
+        tmp: a directory for the ranks' stderr files.
+        timeout_s: how long all ranks may take together.
+        what: the ranks' name in errors (``"sharding-path"``).
+
+    Raises:
+        RankProcessError: a rank could not start or exited with a non-zero status, or the
+            ranks did not finish in ``timeout_s``; every rank still running is killed.
+    """
+    procs: list[subprocess.Popen] = []
+    logs: list[Any] = []
+    try:
+        _start_ranks(module, job, tmp, procs, logs, what)
+        deadline = time.monotonic() + timeout_s
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.poll() not in (None, 0)]
+            if failed:
+                raise RankProcessError(_failure(failed[0], procs, logs, what))
+            if time.monotonic() > deadline:
+                raise RankProcessError(f"the {what} ranks did not finish in {timeout_s:g} s")
+            time.sleep(0.05)
+        failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+        if failed:
+            raise RankProcessError(_failure(failed[0], procs, logs, what))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+
+
+def _start_ranks(
+    module: str, job: dict[str, Any], tmp: Path, procs: list, logs: list, what: str
+) -> None:
+    """Start each rank, its stderr to a file in ``tmp`` (appended to ``procs`` and
+    ``logs`` as they start, so the caller ends what started)."""
+    with launcher_free_env():
+        env = rank_env()
+        for rank in range(job["world"]):
+            log = open(tmp / f"rank{rank}.err", "w+")  # noqa: SIM115 - the caller closes it
+            logs.append(log)
+            args = [sys.executable, "-m", module, json.dumps({**job, "rank": rank})]
+            try:
+                procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
+            except OSError as exc:  # no fork or exec allowed here, no memory, ...
+                raise RankProcessError(f"could not start a {what} rank: {exc}") from exc
+
+
+def _failure(rank: int, procs: list[subprocess.Popen], logs: list[Any], what: str) -> str:
+    logs[rank].seek(0)
+    text = logs[rank].read()[-STDERR_CHARS:].strip()
+    return f"{what} rank {rank} exited with status {procs[rank].returncode}: {text}"
