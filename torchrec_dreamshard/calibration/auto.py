@@ -34,7 +34,7 @@ it took held-out workloads from 1.069 to 0.951 of the best heuristic's measured 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +42,7 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.verification.verification import VerifyOptions
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
+    from torchrec_dreamshard.calibration.fine_tuning import CalibrationConfig
     from torchrec_dreamshard.policy import PlacementAgent
 
 AUTO_TOLERANCE = 0.25  # calibrate when the reference kernel is mispriced by more than 25%
@@ -146,8 +147,8 @@ def verification_settings(
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:
     """This machine's reference kernel ``(fwd, bwd)`` ms, measured once and cached
-    (:func:`~torchrec_dreamshard.measure.reference_speed.load_reference_ms`)."""
-    from torchrec_dreamshard.measure.reference_speed import load_reference_ms
+    (:func:`~torchrec_dreamshard.cache.reference_time.load_reference_ms`)."""
+    from torchrec_dreamshard.cache.reference_time import load_reference_ms
 
     return load_reference_ms(device=device)
 
@@ -163,3 +164,22 @@ def check_machine(
     predicted = cost_network_kernel(agent)(list(REFERENCE_TABLES), REFERENCE_BATCH_SIZE)
     measured = None if measured_ms is None else (float(measured_ms[0]), float(measured_ms[1]))
     return MachineCheck(predicted, measured, tolerance)
+
+
+def calibration_to_run(
+    config: CalibrationConfig | None,
+    automatic: bool,
+    mispriced: bool,
+    observed: Callable[[], bool],
+) -> CalibrationConfig | None:
+    """The one decision of whether and how to calibrate: ``config`` where asked for
+    (``automatic`` false) or where the reference kernel says the checkpoint misprices
+    this machine; else, automatic, on the kernels a running job of these tables was
+    observed on (``observed()``), measuring nothing; else ``None``."""
+    if config is None:
+        return None
+    if not automatic or mispriced:
+        return config
+    if observed():
+        return dataclasses.replace(config, measure_missing=False)
+    return None

@@ -4,7 +4,6 @@ own two steps instead)."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
 from torchrec_dreamshard.calibration.auto import (
     MachineCheck,
     VerificationSettings,
+    calibration_to_run,
     check_machine,
     verification_settings,
 )
@@ -111,14 +111,16 @@ class CalibratingAgent:
         holds (measuring nothing) where it holds kernels observed in a running job of
         these tables (:func:`~torchrec_dreamshard.feedback.observer.observe`);
         else not at all."""
-        if self.calibration is None:
-            return None
-        if self.calibration_enabled:
-            return self.calibration
-        if self._auto is not None and stored_observations(self.calibration, task):
-            self.learns_from_job = True
-            return dataclasses.replace(self.calibration, measure_missing=False)
-        return None
+        automatic = self._auto is not None
+        mispriced = self.calibration is not None and self.calibration_enabled
+        config = calibration_to_run(
+            self.calibration,
+            automatic,
+            mispriced,
+            lambda: stored_observations(self.calibration, task),
+        )
+        self.learns_from_job = automatic and config is not None and not mispriced
+        return config
 
     def adaptation(self) -> dict[str, Any]:
         """How planning adapted to this machine: whether it calibrated, why, the cost

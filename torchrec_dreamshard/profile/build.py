@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from torchrec_dreamshard.calibration.auto import check_machine
+from torchrec_dreamshard.calibration.auto import calibration_to_run, check_machine
 from torchrec_dreamshard.calibration.fine_tuning import (
     CalibrationConfig,
     calibrate,
@@ -144,13 +144,12 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
     log = _Log(budget, request.stamp.device)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
-    mispriced = check_machine(prior, reference).mispriced
-    calibrates = _calibrates(prior, request, reference)
-    if request.verifies(calibrates) and budget.seconds is not None:
+    config = _calibrates(prior, request, reference)
+    if request.verifies(config is not None) and budget.seconds is not None:
         log.kept = VERIFY_RESERVE * budget.seconds
     timings = [name for name in _timings(request) if name not in request.cached]
     to_come = sum(EXPECTED_S[name] for name in timings)
-    cal = _calibration(prior, request, log, to_come, mispriced) if calibrates else None
+    cal = _calibration(prior, request, log, to_come, config) if config is not None else None
     collectives = None
     if request.collectives is not None:
         collectives = log.attempt("collectives", request.collectives)
@@ -189,18 +188,16 @@ def _timings(request: ProfileRequest) -> list[str]:
 
 def _calibrates(
     prior: DreamShard, request: ProfileRequest, reference: tuple[float, float] | None
-) -> bool:
-    """Whether the profile calibrates (before the budget says how long): asked for, or,
-    automatic, where the reference kernel says the checkpoint misprices this machine or
-    the store holds a running job's kernels of these tables."""
-    config = request.calibration
-    if config is None or request.task is None:
-        return False
-    if not request.auto:
-        return True
-    if reference is None:
-        return False  # nothing says the checkpoint misprices this machine
-    return check_machine(prior, reference).mispriced or _observed(request)
+) -> CalibrationConfig | None:
+    """How the profile calibrates, if it does (:func:`~torchrec_dreamshard.calibration.
+    auto.calibration_to_run`); automatic, nothing is calibrated where the reference
+    kernel was not measured."""
+    if request.task is None or (request.auto and reference is None):
+        return None
+    mispriced = check_machine(prior, reference).mispriced
+    return calibration_to_run(
+        request.calibration, request.auto, mispriced, lambda: _observed(request)
+    )
 
 
 def _observed(request: ProfileRequest) -> bool:
@@ -228,18 +225,18 @@ def _sharding_path(request: ProfileRequest, log: _Log) -> ShardingPathModel | No
 
 
 def _calibration(
-    prior: DreamShard, request: ProfileRequest, log: _Log, to_come: float, mispriced: bool
+    prior: DreamShard,
+    request: ProfileRequest,
+    log: _Log,
+    to_come: float,
+    config: CalibrationConfig,
 ) -> ProfileCalibration | None:
-    """Calibrate on the request's tables within what is left beside the type-choice
-    timings still to come (``to_come`` seconds; ``mispriced``: the reference kernel said
-    so, else an automatic calibration fits a running job's kernels only); ``None`` where
-    it does not."""
-    config = request.calibration
+    """Calibrate with ``config`` on the request's tables within what is left beside the
+    type-choice timings still to come (``to_come`` seconds); ``None`` where it does not."""
     task = request.task() if request.task is not None else None
-    if config is None or task is None or not task.tables:
+    if task is None or not task.tables:
         return None
-    if request.auto and not mispriced:  # a running job's kernels: nothing to measure
-        config = dataclasses.replace(config, measure_missing=False)
+    if request.auto and not config.measure_missing:  # a running job's kernels only
         log.notes.append("calibrating on the kernels observed in a running job")
     left = log.left()
     if left < MIN_CALIBRATION_S:
