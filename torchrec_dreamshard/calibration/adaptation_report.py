@@ -11,7 +11,12 @@ from typing import TYPE_CHECKING, Any
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.spent import spent_lines
 from torchrec_dreamshard.verification.verification import heuristic_plans
-from torchrec_dreamshard.verification.verify_result import TORCHREC_WORDS, percent, plan_words
+from torchrec_dreamshard.verification.verify_result import (
+    TORCHREC_WORDS,
+    VerifyResult,
+    percent,
+    plan_words,
+)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import PlacementAgent
@@ -107,3 +112,20 @@ def failure_words(failure: Any) -> str:
     if isinstance(failure, dict):
         return f"{failure.get('what')}: {failure.get('error')}: {failure.get('message')}"
     return str(failure)
+
+
+def verification_record(ver: VerifyResult | None) -> dict[str, Any]:
+    """What a verification measured, as the adaptation record's ``verify_*`` keys
+    (``verified``: whether one ran)."""
+    if ver is None:
+        return {"verified": False}
+    return {
+        "verified": True,
+        "verify_plans": len(ver.plans),
+        "verify_rounds": len(ver.winner.rounds_ms),
+        "verify_seconds": ver.seconds,
+        "verify_cached": ver.cached,
+        "verify_chosen": ver.winner.name,
+        "verify_noise": [n.to_dict() for n in ver.passes],
+        "verify_fallback": ver.fallback,
+    }

@@ -11,7 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
+from torchrec_dreamshard.calibration.adaptation_report import (
+    adaptation_lines,
+    verification_record,
+)
 from torchrec_dreamshard.calibration.auto import (
     MachineCheck,
     VerificationSettings,
@@ -146,17 +149,7 @@ class CalibratingAgent:
         if out["calibrated"] and self.check is not None:
             out["reference_error_after"] = check_machine(self.current, self.check.measured_ms).error
         ver = self.last_verification
-        out["verified"] = ver is not None
-        if ver is not None:
-            out.update(
-                verify_plans=len(ver.plans),
-                verify_rounds=len(ver.winner.rounds_ms),
-                verify_seconds=ver.seconds,
-                verify_cached=ver.cached,
-                verify_chosen=ver.winner.name,
-                verify_noise=[n.to_dict() for n in ver.passes],
-                verify_fallback=ver.fallback,
-            )
+        out.update(verification_record(ver))
         if self.last_outcome is not None and self.last_outcome.margins:
             out["margins"] = self.last_outcome.margins
         failed = [*(cal.failures if cal is not None else [])]

@@ -14,7 +14,7 @@ from typing import Any
 
 from torchrec.distributed.planner.types import ShardingOption, Topology
 
-from torchrec_dreamshard.calibration.adaptation_report import plan_margins
+from torchrec_dreamshard.calibration.adaptation_report import plan_margins, verification_record
 from torchrec_dreamshard.calibration.auto import VerificationSettings
 from torchrec_dreamshard.calibration.planning import PlanOutcome, baseline_plans, verify_chosen
 from torchrec_dreamshard.data.tables import TableSpec
@@ -88,19 +88,9 @@ class Verdict:
         """The verification's part of the plan's adaptation record."""
         outcome = self.outcome
         ver = outcome.verification if outcome is not None else None
-        out: dict[str, Any] = {"verified": ver is not None}
-        if ver is not None:
-            out.update(
-                verify_plans=len(ver.plans),
-                verify_rounds=len(ver.winner.rounds_ms),
-                verify_seconds=ver.seconds,
-                verify_cached=ver.cached,
-                verify_chosen=ver.winner.name,
-                verify_noise=[n.to_dict() for n in ver.passes],
-                verify_fallback=ver.fallback,
-            )
-            if ver.failure is not None:
-                out["measure_failures"] = [ver.failure.to_dict()]
+        out = verification_record(ver)
+        if ver is not None and ver.failure is not None:
+            out["measure_failures"] = [ver.failure.to_dict()]
         if outcome is not None and outcome.margins:
             out["margins"] = outcome.margins
         return out
