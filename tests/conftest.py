@@ -22,7 +22,7 @@ def no_user_cache(tmp_path_factory) -> Iterator[None]:
     test run does reads or writes the user's cache. Matplotlib's font list, which it
     would otherwise rebuild under each test's ``XDG_CACHE_HOME``, is kept once for the
     run (``MPLCONFIGDIR``): it is not ours and no test measures it."""
-    from torchrec_dreamshard.calibration.store_keys import STORE_ENV
+    from torchrec_dreamshard.cache.store_keys import STORE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("session_cache")))
@@ -39,7 +39,7 @@ def cold_cache(tmp_path, monkeypatch) -> Path:
     directory). What a test measures or caches is its own: whether it takes the cold or the
     warm path does not depend on which tests ran before it, and it gives the same result
     alone as in the full run. Returns the directory (not created)."""
-    from torchrec_dreamshard.calibration.store_keys import STORE_ENV
+    from torchrec_dreamshard.cache.store_keys import STORE_ENV
 
     cache = tmp_path / "xdg_cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
@@ -55,18 +55,18 @@ def comm_model(cold_cache, monkeypatch) -> Iterator[CommModel]:
     caller charges (:data:`GLOO_LIKE`'s). No test calibrates gloo's collectives or times
     those kernels, in this process or in the ranks it spawns, nor reads or writes the
     user's cache."""
+    from torchrec_dreamshard.cache import reference_time
+    from torchrec_dreamshard.cache.machine_cache import write_cached_data
     from torchrec_dreamshard.cost import collective_models as collectives
     from torchrec_dreamshard.cost import dense_kernel_model
-    from torchrec_dreamshard.measure import reference_speed
-    from torchrec_dreamshard.measure.machine_cache import write_cached_data
 
     monkeypatch.setattr(collectives, "_LOADED", {})
     fwd, bwd = bundled_reference_ms()
-    record = {"version": reference_speed.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
+    record = {"version": reference_time.FORMAT_VERSION, "fwd_ms": fwd, "bwd_ms": bwd}
     for file, value in [
         (collectives.collectives_cache_file("gloo"), GLOO_LIKE.to_dict()),
         (dense_kernel_model.dense_kernel_cache_file(), CPU_DENSE_LIKE.to_dict()),
-        (reference_speed.reference_cache_file(), record),
+        (reference_time.reference_cache_file(), record),
     ]:
         write_cached_data(file, value, "test fixture")  # keyed as this machine's
     yield GLOO_LIKE.models["all_to_all"]

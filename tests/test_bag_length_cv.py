@@ -18,7 +18,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_dreamshard.calibration.store_keys import table_signature
+from torchrec_dreamshard.cache.store_keys import table_signature
 from torchrec_dreamshard.data.table_stats import gamma_poisson_cv, group_lengths
 from torchrec_dreamshard.data.tables import MAX_BAG_LENGTH_CV, TableSpec
 from torchrec_dreamshard.data.tasks import Task

@@ -11,15 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from torchrec_dreamshard.calibration.cache_inventory import KINDS
-from torchrec_dreamshard.calibration.store_keys import STORE_ENV, default_store_path
+from torchrec_dreamshard.cache import reference_time as rt
+from torchrec_dreamshard.cache.inventory import KINDS
+from torchrec_dreamshard.cache.location import cache_root, using_cache_dir
+from torchrec_dreamshard.cache.machine_cache import forget_loaded, measurement_key
+from torchrec_dreamshard.cache.store_keys import STORE_ENV, default_store_path
 from torchrec_dreamshard.cli.cache import EXAMPLES
 from torchrec_dreamshard.cost import collective_models
 from torchrec_dreamshard.measure import hardware
 from torchrec_dreamshard.measure import reference_speed as rs
-from torchrec_dreamshard.measure.cache_location import cache_root, using_cache_dir
 from torchrec_dreamshard.measure.config import stable_key
-from torchrec_dreamshard.measure.machine_cache import forget_loaded, measurement_key
 from torchrec_dreamshard.threads import single_thread
 
 
@@ -51,7 +52,7 @@ def test_the_override_holds_inside_its_block_only(cold_cache, tmp_path, monkeypa
     with using_cache_dir(tmp_path / "a") as a:
         assert cache_root() == a == tmp_path / "a"
         assert default_store_path() == tmp_path / "a" / "calibration.sqlite"
-        assert rs.default_reference_path().parent == a
+        assert rt.default_reference_path().parent == a
         assert collective_models.default_collectives_path("gloo").parent == a
         with using_cache_dir(tmp_path / "b"):
             assert cache_root() == tmp_path / "b"
@@ -118,20 +119,20 @@ def test_a_measurement_under_another_fbgemm_or_thread_count_is_not_found(tmp_pat
     calls: list[int] = []
     fake_reference(monkeypatch, calls)
     with using_cache_dir(tmp_path):
-        assert rs.load_reference_ms() == (2.0, 20.0) and len(calls) == 1
+        assert rt.load_reference_ms() == (2.0, 20.0) and len(calls) == 1
         forget_loaded()
-        assert rs.load_reference_ms() == (2.0, 20.0) and len(calls) == 1  # read back
+        assert rt.load_reference_ms() == (2.0, 20.0) and len(calls) == 1  # read back
 
         monkeypatch.setattr(hardware, "fbgemm_version", lambda: "0.0.1-other")
         forget_loaded()
-        rs.load_reference_ms()
+        rt.load_reference_ms()
         assert len(calls) == 2
         monkeypatch.undo()
         fake_reference(monkeypatch, calls)
 
         monkeypatch.setattr(hardware, "measuring_threads", lambda device="cpu": 4)
         forget_loaded()
-        rs.load_reference_ms()
+        rt.load_reference_ms()
         assert len(calls) == 3
     files = sorted(tmp_path.glob("reference_kernel_cpu_*.json"))
     keys = [json.loads(f.read_text())["key"] for f in files]
@@ -151,10 +152,10 @@ def test_the_callers_thread_count_does_not_move_the_cache(tmp_path, monkeypatch)
     try:
         with using_cache_dir(tmp_path):
             torch.set_num_threads(2)
-            rs.load_reference_ms()
+            rt.load_reference_ms()
             forget_loaded()
             torch.set_num_threads(1)
-            rs.load_reference_ms()
+            rt.load_reference_ms()
     finally:
         torch.set_num_threads(before)
     assert len(calls) == 1
@@ -216,13 +217,13 @@ def test_files_of_an_older_format_are_ignored_not_crashed_on(tmp_path, monkeypat
     old = tmp_path / f"reference_kernel_cpu_{old_key}.json"
     old.write_text(json.dumps({"version": 1, "fwd_ms": 9.0, "bwd_ms": 9.0}))
     with using_cache_dir(tmp_path):
-        current = rs.reference_cache_file()
+        current = rt.reference_cache_file()
         envelope = {"dreamshard_cache": 1, "kind": "reference_kernel", "value": {"x": 1}}
         current.path.write_text(json.dumps({**envelope, "key": {**current.key, "torch": "1.0"}}))
-        assert rs.load_reference_ms() == (2.0, 20.0) and len(calls) == 1
+        assert rt.load_reference_ms() == (2.0, 20.0) and len(calls) == 1
         forget_loaded()
         current.path.write_text(json.dumps({**envelope, "dreamshard_cache": 99}))
-        assert rs.load_reference_ms() == (2.0, 20.0) and len(calls) == 2
+        assert rt.load_reference_ms() == (2.0, 20.0) and len(calls) == 2
     assert json.loads(old.read_text())["fwd_ms"] == 9.0  # left as it was
     assert run_cli(["cache", "--cache-dir", str(tmp_path)]) == 0
     assert run_cli(["cache", "--cache-dir", str(tmp_path), "--clear", "reference_kernel"]) == 0
@@ -260,7 +261,7 @@ def test_the_command_lists_a_real_cold_measurement_and_clear_empties_it(
     next load measures again."""
     cache = tmp_path / "cache"
     with using_cache_dir(cache):
-        fwd, bwd = rs.load_reference_ms()  # real FBGEMM kernels, timed here
+        fwd, bwd = rt.load_reference_ms()  # real FBGEMM kernels, timed here
         _store_with_fed_inputs(default_store_path())
     assert fwd > 0 and bwd > 0
     (cache / "notes.txt").write_text("mine")
@@ -288,7 +289,7 @@ def test_the_command_lists_a_real_cold_measurement_and_clear_empties_it(
     calls: list[int] = []
     fake_reference(monkeypatch, calls)
     with using_cache_dir(cache):
-        rs.load_reference_ms()
+        rt.load_reference_ms()
     assert calls == [1]  # nothing of the cleared cache remembered
 
 
@@ -321,10 +322,10 @@ def test_the_help_names_every_kind():
 def test_the_listing_says_what_of_a_key_differs_from_here(tmp_path, run_cli, capsys):
     """A file measured under torch 1.0, and one on a GPU this machine lacks: each is listed
     with what differs (neither is read here)."""
-    from torchrec_dreamshard.measure.machine_cache import CacheFile, write_cached_data
+    from torchrec_dreamshard.cache.machine_cache import CacheFile, write_cached_data
 
     with using_cache_dir(tmp_path):
-        here = rs.reference_cache_file()
+        here = rt.reference_cache_file()
     old_torch = {**here.key, "torch": "1.0"}
     write_cached_data(
         CacheFile(tmp_path / "dense_kernel_cpu_x.json", "dense_kernel", old_torch), {}, "t"

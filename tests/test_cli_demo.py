@@ -15,12 +15,12 @@ from torchrec_dreamshard.policy.checkpoint import save_checkpoint
 def test_demo_prints_the_side_by_side_and_trains(tmp_path, capsys, monkeypatch):
     """The default planner, on an untrained checkpoint that misprices any machine: it
     measures the reference kernel here, calibrates, and says so."""
-    from torchrec_dreamshard.measure import reference_speed
+    from torchrec_dreamshard.cache import reference_time
     from torchrec_dreamshard.planner.steps import machine_sources
 
     monkeypatch.setenv("DREAMSHARD_CALIBRATION_STORE", str(tmp_path / "calibration.sqlite"))
     # this test measures the machine as a user's first run does (conftest pins it)
-    monkeypatch.setattr(machine_sources, "load_reference_ms", reference_speed.load_reference_ms)
+    monkeypatch.setattr(machine_sources, "load_reference_ms", reference_time.load_reference_ms)
     ckpt, out = tmp_path / "agent.pt", tmp_path / "demo.json"
     save_checkpoint(DreamShard.untrained(seed=0), ckpt)
     argv = ["demo", "--tables", "8", "--devices", "2", "--batch-size", "512"]

@@ -97,11 +97,11 @@ class RecordingPlanner:
 def measured_machine(monkeypatch):
     """The machine measured as a user's first plan measures it (the test session pins
     the planner's reference kernel, collectives and dense kernel: conftest)."""
+    from torchrec_dreamshard.cache import reference_time
     from torchrec_dreamshard.cost import collective_models, dense_kernel_model
-    from torchrec_dreamshard.measure import reference_speed
     from torchrec_dreamshard.planner.steps import machine_sources
 
-    monkeypatch.setattr(machine_sources, "load_reference_ms", reference_speed.load_reference_ms)
+    monkeypatch.setattr(machine_sources, "load_reference_ms", reference_time.load_reference_ms)
     monkeypatch.setattr(
         machine_sources, "load_collective_models", collective_models.load_collective_models
     )

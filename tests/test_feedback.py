@@ -386,10 +386,10 @@ def test_a_restarted_jobs_plan_learns_from_what_was_observed(tmp_path):
     """Automatic mode on a machine the checkpoint prices right: no calibration, until the
     store holds kernels observed in a running job of these tables; then the plan
     fine-tunes on them, measuring nothing."""
+    from torchrec_dreamshard.cache.store_keys import job_prefix
     from torchrec_dreamshard.calibration import CalibratingAgent, CalibrationConfig
     from torchrec_dreamshard.calibration.auto import check_machine
     from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
-    from torchrec_dreamshard.calibration.store_keys import job_prefix
     from torchrec_dreamshard.data.tables import TableSpec
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.policy import DreamShard

@@ -9,6 +9,7 @@ import warnings
 import pytest
 from torchrec.distributed.planner.types import Topology
 
+from torchrec_dreamshard.cache import reference_time as rt
 from torchrec_dreamshard.cost.dense_kernel_model import DenseKernelModel
 from torchrec_dreamshard.cost.plans import cost_network_kernel
 from torchrec_dreamshard.measure import reference_speed as rs
@@ -78,13 +79,13 @@ def test_the_cache_file_is_kept_and_checked(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(rs, "measure_reference_ms", lambda device: calls.append(1) or (2.0, 20.0))
     path = tmp_path / "ref.json"
-    assert rs.load_reference_ms(path) == (2.0, 20.0)
-    rs._LOADED.clear()
-    assert rs.load_reference_ms(path) == (2.0, 20.0) and calls == [1]  # read back, not timed
+    assert rt.load_reference_ms(path) == (2.0, 20.0)
+    rt._LOADED.clear()
+    assert rt.load_reference_ms(path) == (2.0, 20.0) and calls == [1]  # read back, not timed
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"version": 1, "fwd_ms": -1, "bwd_ms": 2}))
     with pytest.raises(ValueError, match="malformed.*delete .*bad.json"):
-        rs.load_reference_ms(bad)
+        rt.load_reference_ms(bad)
     assert rs.speed_ratio((2.0, 20.0), (1.0, 0.0)) == (2.0, 1.0)
 
 

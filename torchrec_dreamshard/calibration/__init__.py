@@ -35,7 +35,8 @@ is kept (:func:`rank_measured`). Noisy measurements
 a reference kernel that drifts) are measured again or give way to the safer plan, and
 calibration discards kernels measured while the reference drifted.
 
-The package, one concept per module: :mod:`.store_keys` (the store's path and job keys),
+The package, one concept per module (the store's path and job keys are
+:mod:`torchrec_dreamshard.cache.store_keys`'):
 :mod:`.kernel_samples` (what to measure, measuring within the budget, loading samples),
 :mod:`.fine_tuning` (:func:`calibrate`), :mod:`.head_fitting` (fine-tuning the heads,
 accuracy), :mod:`.auto` (whether the
@@ -46,6 +47,14 @@ Verification's modules are :mod:`torchrec_dreamshard.verification`'s; this packa
 re-exports its public names.
 """
 
+from torchrec_dreamshard.cache.store_keys import (
+    JOB_ROOT,
+    STORE_ENV,
+    default_store_path,
+    job_prefix,
+    kernel_job,
+    table_signature,
+)
 from torchrec_dreamshard.calibration.auto import VerificationSettings
 from torchrec_dreamshard.calibration.calibrating_agent import CalibratingAgent
 from torchrec_dreamshard.calibration.fine_tuning import (
@@ -69,14 +78,6 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
 )
 from torchrec_dreamshard.calibration.planning import PlanOutcome, plan_task
-from torchrec_dreamshard.calibration.store_keys import (
-    JOB_ROOT,
-    STORE_ENV,
-    default_store_path,
-    job_prefix,
-    kernel_job,
-    table_signature,
-)
 from torchrec_dreamshard.verification.noise import Noise, NoiseLimits
 from torchrec_dreamshard.verification.plan_ranking import (
     beats_beyond_noise,

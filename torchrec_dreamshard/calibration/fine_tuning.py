@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from torchrec_dreamshard.cache.store_keys import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.calibration.calibration_result import CalibrationResult
 from torchrec_dreamshard.calibration.head_fitting import (
     fine_tune,
@@ -33,7 +34,6 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
     observed_jobs,
 )
-from torchrec_dreamshard.calibration.store_keys import default_store_path, job_prefix, kernel_job
 from torchrec_dreamshard.cost.fitting import (
     CostSample,
 )

@@ -99,7 +99,7 @@ def observed_jobs(
     """The store's kernels observed in running jobs (:data:`OBSERVED`, under ``prefix``:
     this machine and workload) over tables all of which are among ``tables`` (by content
     signature): what a re-plan of these tables, or of a restarted job, learns from."""
-    from torchrec_dreamshard.calibration.store_keys import table_signature
+    from torchrec_dreamshard.cache.store_keys import table_signature
     from torchrec_dreamshard.measure.hardware import fingerprint_key
 
     wanted = prefix + OBSERVED

@@ -1,5 +1,5 @@
 """``dreamshard cache``: show what the planner's cache holds, and clear it (see
-:mod:`torchrec_dreamshard.calibration.cache_inventory`)."""
+:mod:`torchrec_dreamshard.cache.inventory`)."""
 
 from __future__ import annotations
 
@@ -55,13 +55,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from torchrec_dreamshard.calibration.cache_inventory import (
+    from torchrec_dreamshard.cache.inventory import (
         cache_items,
         clear_cache,
         inventory_lines,
         other_files,
     )
-    from torchrec_dreamshard.measure.cache_location import using_cache_dir
+    from torchrec_dreamshard.cache.location import using_cache_dir
 
     with using_cache_dir(args.cache_dir):
         if args.clear is not None:

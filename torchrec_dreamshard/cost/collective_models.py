@@ -40,6 +40,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from torchrec_dreamshard.cache.machine_cache import (
+    CacheFile,
+    load_cached,
+    loaded_memo,
+    machine_cache_file,
+    named_file,
+)
 from torchrec_dreamshard.cost.comm_model import CommModel, fit_comm_model
 from torchrec_dreamshard.measure.collective_timing import COLLECTIVES, check_kind, runs_key
 from torchrec_dreamshard.measure.collectives import (
@@ -47,13 +54,6 @@ from torchrec_dreamshard.measure.collectives import (
     group_collective_samples,
     largest_group,
     time_collectives,
-)
-from torchrec_dreamshard.measure.machine_cache import (
-    CacheFile,
-    load_cached,
-    loaded_memo,
-    machine_cache_file,
-    named_file,
 )
 from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.ranks.job_group import JobGroup, active_group
@@ -166,7 +166,7 @@ def _ranks(backend: str) -> str:
 
 def collectives_cache_file(backend: str | None = None) -> CacheFile:
     """This machine's cache file of the models fitted outside a job with ``backend``: keyed
-    by :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key`, the backend, how
+    by :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key`, the backend, how
     the ranks run (threads or processes) and the largest group timed (at most
     :data:`MAX_RANKS`, fewer on a machine of fewer cores or GPUs)."""
     backend = backend or default_backend()
@@ -207,7 +207,7 @@ def load_collective_models(
 def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
     """This machine's cache file of the models measured on a job group of ``len(hosts)``
     ranks on ``hosts`` (rank order) with ``backend``: keyed by
-    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the topology
+    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the topology
     (backend, world size, ranks on rank 0's host, the hosts)."""
     label = f"{backend}_{len(hosts)}ranks"
     topology = group_topology_key(backend, hosts)

@@ -31,16 +31,16 @@ from typing import Any
 
 import numpy as np
 
-from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.dense_kernels import time_dense_sets
-from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.machine_cache import (
+from torchrec_dreamshard.cache.machine_cache import (
     CacheFile,
     load_cached,
     loaded_memo,
     machine_cache_file,
     named_file,
 )
+from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.measure.dense_kernels import time_dense_sets
+from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.spent import spent_on
 
 FORMAT_VERSION = 1  # of the cache file; a reader refuses other versions
@@ -159,7 +159,7 @@ def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
 
 def dense_kernel_cache_file(device: str = "cpu") -> CacheFile:
     """This machine's cache file of the fitted model on ``device``, keyed by
-    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the file's
+    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the file's
     format."""
     return machine_cache_file("dense_kernel", device, device, format=FORMAT_VERSION)
 

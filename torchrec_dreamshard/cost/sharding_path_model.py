@@ -32,16 +32,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from torchrec_dreamshard.cost.collective_models import CollectiveModels, group_topology_key
-from torchrec_dreamshard.cost.sharding import ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
-from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.measure.machine_cache import (
+from torchrec_dreamshard.cache.machine_cache import (
     CacheFile,
     load_cached,
     loaded_memo,
     machine_cache_file,
     named_file,
 )
+from torchrec_dreamshard.cost.collective_models import CollectiveModels, group_topology_key
+from torchrec_dreamshard.cost.sharding import ID_BYTES, LENGTH_BYTES, OUTPUT_BYTES
+from torchrec_dreamshard.measure.hardware import device_name
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
 from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.ranks.job_group import JobGroup, active_group
@@ -136,7 +136,7 @@ def measure_sharding_path_model(device: str = "cpu") -> ShardingPathModel:
 
 def sharding_path_cache_file(device: str = "cpu") -> CacheFile:
     """This machine's cache file of the model, keyed by
-    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and the format."""
+    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the format."""
     return machine_cache_file("sharding_path", device, device, format=FORMAT_VERSION)
 
 

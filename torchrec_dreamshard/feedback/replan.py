@@ -95,8 +95,8 @@ def store_observations(
 ) -> int:
     """Step 1: every clean rank's observed fused kernel (``kernels``: :func:`rank_kernels`)
     as a store row; how many."""
+    from torchrec_dreamshard.cache.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
-    from torchrec_dreamshard.calibration.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.measure.config import stable_key
     from torchrec_dreamshard.store.cost_store import CostStore
 

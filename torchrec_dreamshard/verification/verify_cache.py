@@ -7,14 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
-from torchrec_dreamshard.measure.machine_cache import (
+from torchrec_dreamshard.cache.machine_cache import (
     CacheFile,
     machine_cache_file,
     read_cached_data,
     write_cached_data,
 )
+from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
 from torchrec_dreamshard.verification.noise import Noise
 from torchrec_dreamshard.verification.verify_result import Dropped, VerifiedPlan
 
@@ -25,7 +25,7 @@ def verification_cache_file(
     task: Task, plans: Sequence[VerifiedPlan], config: MeasureConfig, rounds: int
 ) -> CacheFile:
     """This machine's cache file of the verification of ``plans`` of ``task``: keyed by
-    :func:`~torchrec_dreamshard.measure.machine_cache.measurement_key` and a digest of what
+    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and a digest of what
     was verified (the tables, devices, memory and batch, the plans' placements, the
     measurement's settings and rounds)."""
     verified = stable_key(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from torchrec.distributed.planner.types import Topology
 
+from torchrec_dreamshard.cache.reference_time import load_reference_ms
 from torchrec_dreamshard.cost.collective_models import (
     CollectiveModels,
     default_collectives_path,
@@ -29,7 +30,6 @@ from torchrec_dreamshard.cost.sharding_path_model import (
     load_group_sharding_path,
     load_sharding_path_model,
 )
-from torchrec_dreamshard.measure.reference_speed import load_reference_ms
 from torchrec_dreamshard.planner.stages.proposers import MachineModels
 from torchrec_dreamshard.planner.steps.profile_step import MachineSources
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
@@ -172,7 +172,7 @@ def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | 
 def default_reference(topology: Topology) -> Callable[[], tuple[float, float] | None]:
     """Where the type choice's reference-kernel time comes from: measured on this machine's
     CPU (once, a second or two, then cached:
-    :func:`~torchrec_dreamshard.measure.reference_speed.load_reference_ms`) when planning
+    :func:`~torchrec_dreamshard.cache.reference_time.load_reference_ms`) when planning
     for CPU ranks, on its GPU for GPU ranks where there is one (unmeasured here); else
     ``None`` (the cost network's kernels as predicted)."""
     import torch

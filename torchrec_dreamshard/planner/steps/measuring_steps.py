@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 
+from torchrec_dreamshard.cache.location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure.cache_location import checked_cache_dir, using_cache_dir
 from torchrec_dreamshard.measure.gate import no_measuring
 from torchrec_dreamshard.planner.steps.plan_agent import AdaptSettings
 from torchrec_dreamshard.planner.steps.profile_step import (

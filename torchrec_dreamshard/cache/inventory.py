@@ -1,7 +1,7 @@
 """What the planner's cache holds, and clearing it (``dreamshard cache``).
 
-The cache directory (:func:`~torchrec_dreamshard.measure.cache_location.cache_root`) holds
-the machine cache files (:mod:`~torchrec_dreamshard.measure.machine_cache`: one JSON file per
+The cache directory (:func:`~torchrec_dreamshard.cache.location.cache_root`) holds
+the machine cache files (:mod:`~torchrec_dreamshard.cache.machine_cache`: one JSON file per
 kind and key) and the calibration store (SQLite: the kernels calibration measured, by
 hardware fingerprint and workload, and what running jobs fed their tables), with any other
 store a benchmark kept beside it. Each is listed as a :class:`CachedItem`: its kind, its
@@ -19,20 +19,20 @@ from typing import Any
 
 import torch
 
-from torchrec_dreamshard.calibration.store_keys import (
-    STORE_ENV,
-    STORE_NAME,
-    default_store_path,
-)
-from torchrec_dreamshard.io import read_json
-from torchrec_dreamshard.measure.cache_location import cache_root, cache_root_source
-from torchrec_dreamshard.measure.machine_cache import (
+from torchrec_dreamshard.cache.location import cache_root, cache_root_source
+from torchrec_dreamshard.cache.machine_cache import (
     CACHE_FORMAT,
     ENVELOPE,
     forget_loaded,
     is_envelope,
     measurement_key,
 )
+from torchrec_dreamshard.cache.store_keys import (
+    STORE_ENV,
+    STORE_NAME,
+    default_store_path,
+)
+from torchrec_dreamshard.io import read_json
 from torchrec_dreamshard.store.cost_store import CostStore
 from torchrec_dreamshard.store.fed_inputs_store import count_inputs, forget_inputs
 

@@ -7,7 +7,7 @@ device and its model (the CPU's or the GPU's), the intra-op threads the timers r
 (:func:`~torchrec_dreamshard.measure.hardware.measuring_threads`), the torch and FBGEMM
 versions; a kind of file adds what changes it further (the collectives: the backend and the
 topology; a verification: the task, the plans and the settings). A cache file
-(:class:`CacheFile`) lives in :func:`~torchrec_dreamshard.measure.cache_location.cache_root`,
+(:class:`CacheFile`) lives in :func:`~torchrec_dreamshard.cache.location.cache_root`,
 named for its kind and a short digest of its key, and holds the key in full beside the value
 (its *envelope*), so that a file measured under another key is simply not found (another
 machine, thread count, torch or FBGEMM version or topology measures afresh) and ``dreamshard
@@ -30,9 +30,9 @@ from typing import Any, TypeVar
 
 import torch
 
+from torchrec_dreamshard.cache.location import cache_root
 from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 from torchrec_dreamshard.measure import hardware
-from torchrec_dreamshard.measure.cache_location import cache_root
 from torchrec_dreamshard.measure.config import stable_key
 
 T = TypeVar("T")

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from torchrec_dreamshard.cache.location import cache_dir_override, cache_root
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.measure.cache_location import cache_dir_override, cache_root
 from torchrec_dreamshard.measure.config import MeasureConfig, stable_key
 
 STORE_ENV = "DREAMSHARD_CALIBRATION_STORE"  # overrides the default store path
@@ -23,10 +23,10 @@ JOB_ROOT = "calib"
 
 def default_store_path() -> Path:
     """Where the calibration store is: ``calibration.sqlite`` in the directory of a
-    :func:`~torchrec_dreamshard.measure.cache_location.using_cache_dir` block around the
+    :func:`~torchrec_dreamshard.cache.location.using_cache_dir` block around the
     call (``DreamShardPlanner(cache_dir=...)``), else ``$DREAMSHARD_CALIBRATION_STORE``,
     else ``calibration.sqlite`` in the cache directory
-    (:func:`~torchrec_dreamshard.measure.cache_location.cache_root`:
+    (:func:`~torchrec_dreamshard.cache.location.cache_root`:
     ``$XDG_CACHE_HOME/torchrec_dreamshard``, or ``~/.cache/torchrec_dreamshard``)."""
     if cache_dir_override() is None:
         env = os.environ.get(STORE_ENV)
