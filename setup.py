@@ -15,6 +15,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["torchrec_dreamshard", "torchrec_dreamshard.*"]),
     package_data={"torchrec_dreamshard": ["checkpoints/*.pt", "checkpoints/*.json"]},
-    install_requires=["torch>=2.13,<2.15", "numpy", "tqdm"],
+    # matplotlib: the PNG curves of `dreamshard train`, `plan --plot` and `report --plot`
+    install_requires=["torch>=2.13,<2.15", "numpy", "tqdm", "matplotlib"],
     entry_points={"console_scripts": ["dreamshard=torchrec_dreamshard.cli:main"]},
 )
