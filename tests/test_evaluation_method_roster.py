@@ -183,22 +183,26 @@ def test_the_unverified_plan_is_the_verifications_chosen_by_table(agent):
     import dataclasses
     from types import SimpleNamespace
 
-    from torchrec_dreamshard.calibration import CalibratingAgent
     from torchrec_dreamshard.calibration.planning import PlanOutcome
+    from torchrec_dreamshard.planner.steps.verify_step import LoopChoice, Verdict
 
     from harness.default_planning import unverified
 
     task = small_task()
-    wrapper = CalibratingAgent(agent, None)
-    planner = SimpleNamespace(agent=wrapper)
     placement = [0] * 6
+    planner = SimpleNamespace(last_verdict=None)
     assert unverified(planner, task, placement) == placement  # nothing verified
+
+    def verified(tables, chosen):
+        verified_task = dataclasses.replace(task, tables=tables)
+        fqns = tuple(t.name for t in tables)
+        choice = LoopChoice(verified_task, tuple(chosen), fqns)
+        outcome = PlanOutcome(placement, agent, chosen=chosen)
+        return SimpleNamespace(last_verdict=Verdict(outcome, choice=choice))
+
     renamed = [dataclasses.replace(t, name=f".{t.name}") for t in reversed(task.tables)]
-    wrapper.last_task = dataclasses.replace(task, tables=renamed)
     chosen = [1, 0, 1, 1, 0, 0]  # t5, t4, ..., t0
-    wrapper.record_verification(PlanOutcome(placement, agent, chosen=chosen))
-    assert unverified(planner, task, placement) == chosen[::-1]
-    wrapper.last_task = dataclasses.replace(task, tables=renamed[:-1])
-    wrapper.record_verification(PlanOutcome(placement, agent, chosen=chosen[:-1]))
+    assert unverified(verified(renamed, chosen), task, placement) == chosen[::-1]
+    planner = verified(renamed[:-1], chosen[:-1])
     with pytest.raises(ValueError, match="t0"):
         unverified(planner, task, placement)

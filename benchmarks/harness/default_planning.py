@@ -33,7 +33,6 @@ from torchrec.distributed.planner.types import (
 
 from torchrec_dreamshard.data.tasks import NoPlanError, Task, placed_bytes
 from torchrec_dreamshard.planner.adapters.task_inputs import TaskInputs, table_fqn, task_inputs
-from torchrec_dreamshard.planner.steps.adaptation import calibrating
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 WHOLE_TABLE = {"sharding_types": ["table_wise"], "compute_kernels": ["fused"]}
@@ -166,11 +165,12 @@ def unverified(planner: Any, task: Task, placement: list[int]) -> list[int]:
     Raises:
         ValueError: the verified placement leaves out a table of ``task``.
     """
-    wrapper = calibrating(planner.agent)
-    outcome = wrapper.last_outcome if wrapper is not None else None
-    if outcome is None or wrapper.last_task is None:
+    verdict = planner.last_verdict
+    outcome = verdict.outcome if verdict is not None else None
+    if outcome is None or verdict.choice is None:
         return list(placement)
-    chosen = dict(zip((t.name for t in wrapper.last_task.tables), outcome.chosen, strict=True))
+    names = (t.name for t in verdict.choice.task.tables)
+    chosen = dict(zip(names, outcome.chosen, strict=True))
     return task_placement(task, chosen, "the verification's chosen placement")
 
 
