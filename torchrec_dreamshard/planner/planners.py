@@ -52,6 +52,7 @@ from torchrec_dreamshard.planner.plans.plan_broadcast import PlanBroadcast, plan
 from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.plans.plan_record import PlannerFactory, PlanRecord, meta_copy
 from torchrec_dreamshard.planner.stages.search_space import plan_layout
+from torchrec_dreamshard.planner.stages.stats import PlanNotes
 from torchrec_dreamshard.planner.steps.adaptation import (
     adaptation,
     calibration_config,
@@ -250,13 +251,13 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     def _log_stats(self, call: dict[str, Any], plan: ShardingPlan, options: list) -> None:
         """Every stats logger, once, for the plan returned (ours with what it logs)."""
-        ours = {
-            "prediction": self.last_prediction,
-            "proposals": self.proposal_log.lines() if self.proposal_log.proposals else None,
-            "report": self.partitioner.last_report,
-            "adaptation": self.adaptation,
-        }
-        replay(self._parts.loggers, call, plan, options, {self.cost_stats: ours})
+        ours = PlanNotes(
+            prediction=self.last_prediction,
+            proposals=self.proposal_log.lines() if self.proposal_log.proposals else None,
+            report=self.partitioner.last_report,
+            adaptation=self.adaptation,
+        )
+        replay(self._parts.loggers, call, plan, options, {self.cost_stats: {"notes": ours}})
 
     @property
     def profile(self) -> MachineProfile | None:

@@ -4,6 +4,7 @@ next to TorchRec's own ``EmbeddingStats`` table."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from torchrec.distributed.planner.types import ShardingOption, Stats
@@ -68,6 +69,23 @@ def scale_lines(summary: dict[str, Any]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class PlanNotes:
+    """What the planner hands :class:`CostNetStats` to log beside TorchRec's call.
+
+    Attributes:
+        prediction: the plan's prediction (``None``: predicted by the stats).
+        proposals: the proposal log's lines (which proposer's proposal won).
+        report: the safety net's report of the policy's placement.
+        adaptation: how the plan adapted to this machine.
+    """
+
+    prediction: PlanPrediction | None = None
+    proposals: list[str] | None = None
+    report: SafetyReport | None = None
+    adaptation: dict[str, Any] | None = None
+
+
 class CostNetStats(Stats):
     """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of the cost
     network's predicted forward, backward and communication times of the plan, what the
@@ -94,23 +112,16 @@ class CostNetStats(Stats):
         run_time: float,
         best_plan: list[ShardingOption],
         *args: Any,
-        prediction: PlanPrediction | None = None,
-        proposals: list[str] | None = None,
-        report: SafetyReport | None = None,
-        adaptation: dict[str, Any] | None = None,
+        notes: PlanNotes | None = None,
         **kwargs: Any,
     ) -> None:
-        """Log the plan's predicted per-rank times (nothing when there is no plan).
-
-        Args:
-            prediction: the plan's prediction (``None``: predicted here).
-            proposals: the proposal log's lines (which proposer's proposal won).
-            report: the safety net's report of the policy's placement.
-            adaptation: how the plan adapted to this machine.
-        """
+        """Log the plan's predicted per-rank times (nothing when there is no plan), with
+        the planner's ``notes``."""
         if not sharding_plan.plan or not best_plan:
             return
-        prediction = prediction or self._perf_model.predict(best_plan)
+        notes = notes or PlanNotes()
+        proposals, report, adaptation = notes.proposals, notes.report, notes.adaptation
+        prediction = notes.prediction or self._perf_model.predict(best_plan)
         title = "--- DreamShard cost network: predicted per-rank embedding times ---"
         rows = [
             *prediction.format(),
