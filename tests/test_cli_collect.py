@@ -120,7 +120,7 @@ def test_collect_samples_tasks_when_no_task_file(files):
             "4",
             "--num-devices",
             "2",
-            "--batch-size",
+            "--global-batch-size",
             "128",
             "--scale",
             "0.002",

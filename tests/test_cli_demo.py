@@ -23,7 +23,7 @@ def test_demo_prints_the_side_by_side_and_trains(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(machine_sources, "load_reference_ms", reference_time.load_reference_ms)
     ckpt, out = tmp_path / "agent.pt", tmp_path / "demo.json"
     save_checkpoint(DreamShard.untrained(seed=0), ckpt)
-    argv = ["demo", "--tables", "8", "--devices", "2", "--batch-size", "512"]
+    argv = ["demo", "--tables", "8", "--devices", "2", "--global-batch-size", "512"]
     argv += ["--train-steps", "2", "--checkpoint", str(ckpt), "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -102,10 +102,11 @@ def test_plan_plans_through_dreamshard_planner(files, monkeypatch, run_cli, flag
 
 def test_a_global_batch_that_does_not_divide_names_both_numbers(files, capsys, run_cli):
     doc = json.loads((files / "task.json").read_text())
-    (files / "odd.json").write_text(json.dumps({**doc, "batch_size": 256}))
+    (files / "odd.json").write_text(json.dumps({**doc, "global_batch_size": 256}))
     assert run_cli(["plan", str(files / "odd.json")]) == 2
     err = capsys.readouterr().err
-    assert "batch_size 256" in err and "num_devices 3" in err
+    assert "global_batch_size 256" in err and "num_devices 3" in err
+    assert "such as 255 or 258" in err  # the nearest multiples
 
 
 def test_budget_and_store_without_calibrate_are_refused(files, capsys, run_cli):
@@ -203,7 +204,7 @@ def test_plan_errors_name_the_input(files, capsys, run_cli):
 BASE = {
     "num_devices": 2,
     "memory_bytes": 10**9,
-    "batch_size": 512,
+    "global_batch_size": 512,
     "tables": [{"name": "t0", "rows": 1000, "dim": 16, "pooling_factor": 2.0}],
 }
 
@@ -225,7 +226,11 @@ def _variant(**changes):
         (_variant(num_devices=10**12), "num_devices must be at most 4096"),
         (_variant(t_rows=10**400), "rows must be in 1.."),
         (_variant(t_pooling_factor=1e308), "pooling_factor must be"),
-        (_variant(batch_size=10**18), "batch_size must be at most"),
+        (_variant(global_batch_size=10**18), "global_batch_size must be at most"),
+        (_variant(hosts=2), "'hosts' without 'local_world_size'"),
+        (_variant(hosts=2, local_world_size=2), "num_devices 2 is not hosts 2 x"),
+        (_variant(compute_device="tpu"), "compute_device must be one of"),
+        (_variant(local_world_size=3), "not a whole number of hosts"),
         (_variant(memory_bytes=0.5), "memory_bytes of device 0 must be a whole number"),
         (_variant(t_bytes_per_element=2.0), "bytes_per_element must be the integer"),
         (_variant(t_reuse_hist=[True] + [False] * 16), "reuse_hist must hold numbers"),

@@ -1,4 +1,5 @@
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,12 @@ from torchrec_dreamshard.data.table_pool import (
     to_published_bins,
 )
 from torchrec_dreamshard.data.tables import BIN_MID, TableSpec
-from torchrec_dreamshard.data.tasks import Task, check_placement, placement_from_dict
+from torchrec_dreamshard.data.tasks import (
+    Task,
+    check_placement,
+    per_rank_batch,
+    placement_from_dict,
+)
 
 
 def tables(n=4, rows=1000, dim=16):
@@ -44,6 +50,58 @@ def test_task_accepts_design_md_format():
     }
     task = Task.from_dict(data)
     assert task.memory == [17179869184] * 4
+
+
+def test_a_task_file_names_its_batch_global(tmp_path):
+    """A task file's batch is ``global_batch_size``; the older ``batch_size`` still loads
+    as the global batch, with one deprecation warning naming the file."""
+    task = Task(tables=tables(), num_devices=2, memory_bytes=10**9, batch_size=64)
+    doc = task.to_dict()
+    assert doc["global_batch_size"] == 64 and "batch_size" not in doc
+    old = tmp_path / "old.json"
+    old.write_text(
+        json.dumps({**{k: v for k, v in doc.items() if k != "global_batch_size"}, "batch_size": 64})
+    )
+    with pytest.warns(
+        DeprecationWarning, match="old.json.*'batch_size' is deprecated.*global_batch_size"
+    ):
+        assert Task.load(old) == task
+    new = tmp_path / "new.json"
+    task.save(new)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert Task.load(new) == task
+    with pytest.raises(ValueError, match="both 'global_batch_size' and 'batch_size'"):
+        Task.from_dict({**doc, "batch_size": 64})
+
+
+def test_a_task_file_describes_a_cluster():
+    doc = {
+        "compute_device": "cuda",
+        "hosts": 16,
+        "local_world_size": 8,
+        "memory_bytes": 80 * 10**9,
+        "global_batch_size": 65536,
+        "tables": [t.to_dict() for t in tables()],
+    }
+    task = Task.from_dict(doc)
+    assert (task.num_devices, task.hosts, task.local_world_size) == (128, 16, 8)
+    assert task.compute_device == "cuda" and task.memory == [80 * 10**9] * 128
+    assert Task.from_dict(task.to_dict()) == task
+    assert Task.from_dict({**doc, "num_devices": 128}) == task
+    plain = Task(tables=tables(), num_devices=2, memory_bytes=10**9, batch_size=64)
+    assert plain.hosts == 1 and set(plain.to_dict()) == {
+        "num_devices",
+        "memory_bytes",
+        "global_batch_size",
+        "tables",
+    }
+
+
+def test_the_per_rank_batch_is_one_rule():
+    assert per_rank_batch(2048, 8) == 256
+    with pytest.raises(ValueError, match="global_batch_size 2049 .* num_devices 8.* 2048 or 2056"):
+        per_rank_batch(2049, 8)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from torchrec_dreamshard.cli._batch_args import add_global_batch_arg
 from torchrec_dreamshard.cli._measure_args import add_measure_args, config_from_args
 
 EXAMPLES = """examples:
@@ -36,7 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-task", type=int, default=4, help="placements per sampled task")
     p.add_argument("--num-tables", type=int, nargs=2, default=[20, 40], metavar=("LO", "HI"))
     p.add_argument("--num-devices", type=int, nargs="+", default=[2, 4])
-    p.add_argument("--batch-size", type=int, default=2048)
+    add_global_batch_arg(p, 2048)
     p.add_argument("--split", default="train", choices=["train", "test"])
     p.add_argument("--scale", type=float, default=None, help="pool row scale (default: CPU)")
     p.add_argument("--seed", type=int, default=0)
@@ -48,11 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _tasks(args: argparse.Namespace, count: int) -> list:
     from torchrec_dreamshard.data.sampler import TaskSampler
     from torchrec_dreamshard.data.table_pool import CPU_POOL_SCALE, synthetic_pool
-    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.data.tasks import Task, warn_old_batch_key
     from torchrec_dreamshard.io import read_json
 
     if args.task_file:
         data = read_json(args.task_file, "task file")
+        warn_old_batch_key(data, args.task_file)
         items = data if isinstance(data, list) else [data]
         try:
             return [Task.from_dict(d) for d in items]
@@ -62,7 +64,7 @@ def _tasks(args: argparse.Namespace, count: int) -> list:
     sampler = TaskSampler(synthetic_pool(scale=scale, seed=args.seed), seed=args.seed)
     lo, hi = args.num_tables
     return [
-        sampler.sample(args.split, (lo, hi), args.num_devices, batch_size=args.batch_size)
+        sampler.sample(args.split, (lo, hi), args.num_devices, batch_size=args.global_batch_size)
         for _ in range(count)
     ]
 
@@ -82,9 +84,9 @@ def _collection_key(args: argparse.Namespace, config, tasks: list) -> str:
     content (not the file's path: an edited file is a new collection)."""
     from torchrec_dreamshard.measure.config import stable_key
 
-    keys = ("placer", "per_task", "num_tables", "num_devices", "batch_size")
-    keys += ("split", "scale", "seed", "backend")
-    options = {k: getattr(args, k) for k in keys}
+    keys = ("placer", "per_task", "num_tables", "num_devices", "split", "scale", "seed")
+    options = {k: getattr(args, k) for k in (*keys, "backend")}
+    options["batch_size"] = args.global_batch_size  # the key's name before the flag's rename
     if args.task_file:
         options["tasks"] = stable_key([t.to_dict() for t in tasks], 16)
     return stable_key([options, config.to_dict()], 10)

@@ -28,11 +28,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from torchrec_dreamshard.cli._batch_args import add_global_batch_arg
+
 EXAMPLES = """examples:
   dreamshard demo
   dreamshard demo --out benchmarks/results/demo.json
   dreamshard demo --tables 40 --devices 4 --train-ranks 2 --checkpoint my_gpus.pt
-  dreamshard demo --no-calibrate      # the checkpoint as it is, whatever this machine is
+  dreamshard demo --no-calibrate      # the checkpoint as it is (no fine-tuning)
 """
 
 TRAIN_LOCAL_BATCH = 256
@@ -49,7 +51,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tables", type=int, default=60, help="tables in the model")
     p.add_argument("--devices", type=int, default=4, help="devices the plans are for")
-    p.add_argument("--batch-size", type=int, default=2048, help="global batch")
+    add_global_batch_arg(p, 2048)
     p.add_argument("--checkpoint", metavar="PATH", help="agent checkpoint (default: bundled)")
     p.add_argument("--mode", choices=["safe", "greedy", "search"], default="safe")
     p.add_argument("--train-ranks", type=int, default=2, help="gloo ranks for training")
@@ -59,7 +61,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="calibrate on this machine always (--calibrate, 60 s) or never "
-        "(--no-calibrate); default: where the checkpoint misprices its reference kernel",
+        "(--no-calibrate: no fine-tuning, though the planner still times this machine's "
+        "reference kernel); default: where the checkpoint misprices its reference kernel. "
+        "The demo then measures both plans on real kernels whatever this says",
     )
     p.add_argument("--out", metavar="DEMO.json", help="write the side-by-side as JSON")
     p.set_defaults(func=run)
@@ -72,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:  # before the work, so a bad path never costs it
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         check_writable(args.out, "--out file")
-    task = demo_task(args.seed, args.tables, args.devices, args.batch_size)
+    task = demo_task(args.seed, args.tables, args.devices, args.global_batch_size)
     print(
         f"model: {len(task.tables)} DLRM-shaped tables ({task.total_bytes / 2**20:.0f} MiB), "
         f"{task.num_devices} devices, global batch {task.batch_size}"
@@ -121,7 +125,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.data.tasks import Task, per_rank_batch
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.adapters.torchrec_adapter import (
@@ -131,7 +135,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
         torchrec_topology,
     )
 
-    local_batch = max(1, task.batch_size // task.num_devices)
+    local_batch = per_rank_batch(task.batch_size, task.num_devices)
     # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
     # optimizer state and input/output buffers.
     topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=int(task.memory[0] * 1.5))

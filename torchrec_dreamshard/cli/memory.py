@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
 
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    from torchrec_dreamshard.data.tasks import Task
+    from torchrec_dreamshard.data.tasks import Task, per_rank_batch
     from torchrec_dreamshard.feedback.memory_check import check_lines, check_rank
     from torchrec_dreamshard.io import check_writable, read_json
 
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     }
     pooling = {t.name: t.pooling_factor for t in task.tables}
     world = task.num_devices
-    batch = max(1, task.batch_size // world)
+    batch = per_rank_batch(task.batch_size, world)
     optimizer = getattr(EmbOptimType, OPTIMIZERS[args.optimizer])
     ranks = []
     for rank, shards in enumerate(plan_shards(task, plan)):

@@ -25,16 +25,25 @@ EXAMPLES = """examples:
   dreamshard plan task.json --checkpoint my_gpus.pt --mode search --num-samples 32
   dreamshard plan task.json --no-splits      # whole tables only (table-wise)
   dreamshard plan task.json --calibrate --budget-s 60 --verify 4
-  dreamshard plan task.json --no-calibrate   # the checkpoint as it is, measuring nothing
+  dreamshard plan task.json --no-calibrate   # no calibration (the reference kernel,
+                                             # dense kernel and collectives still timed)
   dreamshard plan task.json --timeout 30     # the whole plan, measuring included
   dreamshard plan task.json --profile machine.profile   # plan from it: nothing timed
   dreamshard plan task.json --no-measure     # nothing timed: the checkpoint as it is
+  dreamshard plan task.json --compute-device cuda --hosts 16 --local-world-size 8 \
+      --profile gpu.profile                  # a GPU cluster, planned on a laptop
 
-TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "batch_size": 2048,
+TASK.json: {"num_devices": 4, "memory_bytes": 17179869184, "global_batch_size": 2048,
             "tables": [{"name": "t0", "rows": 100000, "dim": 64, "pooling_factor": 12.5}]}
-(batch_size is the global batch, a multiple of num_devices: TorchRec's planner gets
-batch_size / num_devices per rank; memory_bytes one number or one per device: each CPU
-rank's memory, of which TorchRec's storage reservation keeps its share.)
+(global_batch_size is the global batch, a multiple of num_devices: TorchRec's planner
+gets global_batch_size / num_devices per rank, its batch_size; memory_bytes one number or
+one per device: each CPU rank's memory, or each GPU's HBM where "compute_device" is
+"cuda", of which TorchRec's storage reservation keeps its share. A cluster: "hosts": 16,
+"local_world_size": 8 in place of num_devices. Older files' "batch_size" key is read as
+the global batch, with a deprecation warning.)
+The first line printed says what prices the plan: a given profile, or the checkpoint
+(measured against this machine, or not measured at all: --no-measure, or GPUs planned on
+a machine without one).
 The task is planned by DreamShardPlanner: its tables as one EmbeddingBagCollection
 (table t0 fed by feature f_t0), the sharding-type choice and TorchRec's storage estimate
 included. Without --checkpoint the checkpoint bundled with the package is used. By
@@ -79,6 +88,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--num-samples", type=int, default=4, help="sampled policy roll-outs")
     p.add_argument("--seed", type=int, default=0)
+    add_cluster_args(p)
     add_calibration_args(p)
     p.add_argument(
         "--verify",
@@ -102,6 +112,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """``--compute-device``, ``--hosts`` and ``--local-world-size``: the cluster, over the
+    task file's."""
+    p.add_argument(
+        "--compute-device",
+        choices=("cpu", "cuda"),
+        default=None,
+        help="what the devices are (over the task file's compute_device, default cpu): on "
+        "cuda memory_bytes is each GPU's HBM; planning for GPUs needs no GPU",
+    )
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hosts of --local-world-size devices each (with it; num_devices is hosts x "
+        "local world size)",
+    )
+    p.add_argument(
+        "--local-world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="devices per host (over the task file's local_world_size)",
+    )
+
+
 def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
     """``--calibrate/--no-calibrate`` (when ``flag``), ``--budget-s`` and ``--store``."""
     if flag:
@@ -111,7 +148,11 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
             default=None,
             help="first measure the task's tables on this machine and fine-tune the cost "
             "network on them (re-uses earlier measurements in the store); default: only "
-            "where the checkpoint misprices this machine's reference kernel by over 25%%",
+            "where the checkpoint misprices this machine's reference kernel by over 25%%. "
+            "--no-calibrate fine-tunes nothing, but still times the reference kernel and, "
+            "where sharding types other than table-wise are offered, the dense kernel, the "
+            "collectives and the sharding path (each cached per machine); --no-measure "
+            "times nothing",
         )
     p.add_argument(
         "--budget-s",
@@ -145,7 +186,8 @@ def add_measuring_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-measure",
         action="store_true",
-        help="measure nothing: the checkpoint's kernels and analytic collectives",
+        help="time nothing: the checkpoint's kernels as they are and analytic collectives "
+        "from the topology's bandwidths (no calibration, no verification)",
     )
     p.add_argument("--cache-dir", metavar="DIR", help="where measurements are cached")
 
@@ -157,13 +199,16 @@ def run(args: argparse.Namespace) -> int:
     from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
     from torchrec_dreamshard.planner.adapters.torchrec_adapter import quiet_torchrec
+    from torchrec_dreamshard.planner.steps.profile_step import given_profile
 
     check_arguments(args)
     torchrec_out = torchrec_plan_path(args.out) if args.out else None
     check_outputs(args, torchrec_out)
-    task = Task.load(args.task, allow_oversized=not args.no_splits)
+    task = cluster_task(Task.load(args.task, allow_oversized=not args.no_splits), args)
     inputs = task_inputs(task)
-    planner = task_planner(inputs, args)
+    profile = given_profile(args.profile)
+    print(pricing_line(args, task, profile))
+    planner = task_planner(inputs, args, profile)
     start = time.perf_counter()
     try:
         with quiet_torchrec():
@@ -173,13 +218,86 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     summary = plan_summary_dict(planner, plan, inputs)
     print(
-        f"placed {len(task.tables)} tables on {task.num_devices} devices in {seconds:.3f}s "
+        f"placed {len(task.tables)} tables on {task.num_devices} devices ({cluster_text(task)}) "
+        f"in {seconds:.3f}s "
         f"({args.mode}, checkpoint: {args.checkpoint or 'bundled'})"
     )
     show_plan(args, planner, summary)
     if torchrec_out is not None:
         write_torchrec_plan(planner, torchrec_out)
     return 0
+
+
+def cluster_task(task: Any, args: argparse.Namespace) -> Any:
+    """``task`` on the cluster the flags describe (``--compute-device``, ``--hosts`` with
+    ``--local-world-size``), over the task file's.
+
+    Raises:
+        ValueError: ``--hosts`` without ``--local-world-size``, or a cluster the task's
+            memory list does not fit (one entry per device).
+    """
+    import dataclasses
+
+    if args.hosts is not None and args.local_world_size is None:
+        raise ValueError("--hosts needs --local-world-size (devices per host)")
+    changes: dict[str, Any] = {}
+    if args.compute_device is not None:
+        changes["compute_device"] = args.compute_device
+    if args.local_world_size is not None:
+        changes["local_world_size"] = args.local_world_size
+    if args.hosts is not None:
+        changes["num_devices"] = args.hosts * args.local_world_size
+    if not changes:
+        return task
+    try:
+        return dataclasses.replace(task, **changes)
+    except ValueError as exc:
+        raise ValueError(f"{args.task} with the cluster flags: {exc}") from None
+
+
+def cluster_text(task: Any) -> str:
+    """``"cuda, 16 hosts of 8"``: what the task's devices are and how they are hosted."""
+    hosts = task.hosts
+    per_host = task.num_devices // hosts
+    return f"{task.compute_device}, {hosts} host{'s' if hosts > 1 else ''} of {per_host}"
+
+
+def pricing_line(args: argparse.Namespace, task: Any, profile: Any) -> str:
+    """The first line ``dreamshard plan`` prints: what prices the plan, and whether any of
+    it was measured on the devices planned for."""
+    import torch
+
+    checkpoint = (
+        f"checkpoint {args.checkpoint}'s" if args.checkpoint else "bundled CPU checkpoint's"
+    )
+    cluster = f"{task.num_devices} devices ({cluster_text(task)})"
+    if profile is not None:
+        stamp = profile.stamp
+        return (
+            f"prices: the profile {args.profile} (measured on {stamp.device} "
+            f"{stamp.device_name}) for {cluster}; nothing is timed here"
+        )
+    if args.no_measure:
+        why = "--no-measure"
+    elif task.compute_device == "cuda" and not torch.cuda.is_available():
+        why = "no GPU here; --profile GPU.profile from `dreamshard profile` on one GPU node"
+    elif args.calibrate is None:
+        return (
+            f"prices: the {checkpoint} cost network for {cluster}, checked against this "
+            "machine's reference kernel and calibrated on the task's tables here where it "
+            "misprices it"
+        )
+    elif args.calibrate:
+        return f"prices: the {checkpoint} cost network, calibrated on this machine for {cluster}"
+    else:
+        return (
+            f"prices: the {checkpoint} cost network as it is for {cluster} (--no-calibrate; "
+            "this machine's collectives and dense kernel are timed where other sharding "
+            "types are offered)"
+        )
+    return (
+        f"prices: the {checkpoint} cost network, not measured on this cluster of {cluster} ({why})"
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -238,12 +356,15 @@ def calibrate_argument(args: argparse.Namespace) -> Any:
     )
 
 
-def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlanner:
+def task_planner(
+    inputs: TaskInputs, args: argparse.Namespace, profile: Any = None
+) -> DreamShardPlanner:
     """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags: ``--checkpoint``,
     ``--mode``, ``--num-samples``, ``--seed``, ``--calibrate``, ``--verify`` (its rounds:
     ``--verify-rounds``), ``--timeout`` (``timeout_seconds``), ``--profile``,
     ``--no-measure`` (``measure=False``), ``--cache-dir``; ``--no-splits`` constrains
-    every table to table-wise."""
+    every table to table-wise. ``profile``: ``--profile`` loaded (else the path is
+    passed)."""
     import dataclasses
 
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -263,7 +384,7 @@ def task_planner(inputs: TaskInputs, args: argparse.Namespace) -> DreamShardPlan
         seed=args.seed,
         calibrate=calibrate_argument(args),
         verify=args.verify,
-        profile=args.profile,
+        profile=profile if profile is not None else args.profile,
         measure=not args.no_measure,
         cache_dir=args.cache_dir,
         verify_rounds=args.verify_rounds,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from torchrec_dreamshard.cli._batch_args import add_global_batch_arg
+
 EXAMPLES = """examples:
   dreamshard pool --summary
   dreamshard pool --sample-task task.json --num-tables 40 --num-devices 4
@@ -25,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", choices=["train", "test"])
     p.add_argument("--num-tables", type=int, default=40)
     p.add_argument("--num-devices", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=2048)
+    add_global_batch_arg(p, 2048)
     p.set_defaults(func=run)
 
 
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     if args.sample_task:
         sampler = TaskSampler(pool, seed=args.seed)
         task = sampler.sample(
-            args.split, args.num_tables, args.num_devices, batch_size=args.batch_size
+            args.split, args.num_tables, args.num_devices, batch_size=args.global_batch_size
         )
         task.save(args.sample_task)
         print(f"wrote {args.sample_task}: {len(task.tables)} tables on {task.num_devices} devices")

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torchrec_dreamshard.cli._batch_args import PER_RANK_HELP
+
 EXAMPLES = """examples:
   dreamshard steptime model.json
   dreamshard steptime model.json --planners torchrec,dreamshard --rounds 10 --out times.json
@@ -100,7 +102,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint", metavar="PATH", help="DreamShard checkpoint (default: bundled)")
     p.add_argument("--world-size", type=int, default=2, help="ranks to spawn (without torchrun)")
-    p.add_argument("--batch-size", type=int, default=512, help="samples per rank per step")
+    p.add_argument(
+        "--batch-size", type=int, default=512, metavar="N", help=f"{PER_RANK_HELP} (default 512)"
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per plan per round")
     p.add_argument("--steps", type=int, default=10, help="timed steps per plan per round")

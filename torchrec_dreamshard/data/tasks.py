@@ -7,6 +7,7 @@ The synthetic table pool is in :mod:`torchrec_dreamshard.data.table_pool`, the t
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,11 @@ MAX_BATCH_SIZE = 2**24  # global batch (samples)
 MAX_MEMORY_BYTES = 2**50  # per device (1 PiB)
 MAX_TABLES = 100_000  # tables in one task
 
+COMPUTE_DEVICES = ("cpu", "cuda")  # what a task's devices may be
+CLUSTER_KEYS = {"compute_device", "hosts", "local_world_size"}  # a task file's, optional
+GLOBAL_BATCH_KEY = "global_batch_size"  # a task file's batch: samples over all devices
+OLD_BATCH_KEY = "batch_size"  # its older name, still read (with a warning from Task.load)
+
 
 @dataclass(kw_only=True)
 class Task:
@@ -53,7 +59,13 @@ class Task:
         tables: the tables to place (names unique).
         num_devices: number of devices D.
         memory_bytes: capacity per device in bytes: one number for all, or one per device.
-        batch_size: the global batch each device's fused kernel processes.
+        batch_size: the global batch: the samples of one step over all ``num_devices``
+            devices (a task file's ``global_batch_size``). TorchRec's planner takes a
+            per-rank batch, ``batch_size / num_devices`` (:func:`per_rank_batch`).
+        compute_device: what the devices are, ``"cpu"`` (``memory_bytes`` is each rank's
+            DDR) or ``"cuda"`` (each GPU's HBM); planning for GPUs needs no GPU.
+        local_world_size: devices per host (``None``: all on one host); ``num_devices``
+            must be a whole number of hosts of it.
         allow_oversized: accept tables bigger than every device (a column-wise splitting
             planner, :mod:`torchrec_dreamshard.data.splits`, splits them; placing such a task's
             tables whole fails). The total must still fit.
@@ -63,12 +75,15 @@ class Task:
     num_devices: int
     memory_bytes: int | list[int]
     batch_size: int
+    compute_device: str = "cpu"
+    local_world_size: int | None = None
     allow_oversized: bool = field(default=False, repr=False, compare=False)
     memory: list[int] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.tables = list(self.tables)
         self.num_devices = _bounded_int("num_devices", self.num_devices, MAX_DEVICES)
+        self._check_cluster()
         self.batch_size = _bounded_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
         self.memory = self._per_device_memory()
         if not self.tables:
@@ -95,6 +110,27 @@ class Task:
                 f"{sum(self.memory)} bytes in total"
             )
 
+    def _check_cluster(self) -> None:
+        if self.compute_device not in COMPUTE_DEVICES:
+            raise ValueError(
+                f"compute_device must be one of {list(COMPUTE_DEVICES)}, got "
+                f"{short_repr(self.compute_device)}"
+            )
+        if self.local_world_size is None:
+            return
+        local = _bounded_int("local_world_size", self.local_world_size, MAX_DEVICES)
+        if self.num_devices % local:
+            raise ValueError(
+                f"num_devices {self.num_devices} is not a whole number of hosts of "
+                f"local_world_size {local} devices"
+            )
+        self.local_world_size = local
+
+    @property
+    def hosts(self) -> int:
+        """Hosts of ``local_world_size`` devices (1 where it is not given)."""
+        return self.num_devices // (self.local_world_size or self.num_devices)
+
     def _per_device_memory(self) -> list[int]:
         mem = self.memory_bytes
         values = list(mem) if isinstance(mem, list | tuple) else [mem] * self.num_devices
@@ -118,32 +154,63 @@ class Task:
     # -- JSON ------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
+        """The task as a task file's JSON object (the batch as ``global_batch_size``)."""
         mem = self.memory_bytes
         return {
             "num_devices": self.num_devices,
             "memory_bytes": list(mem) if isinstance(mem, list | tuple) else mem,
-            "batch_size": self.batch_size,
+            GLOBAL_BATCH_KEY: self.batch_size,
+            **self._cluster_dict(),
             "tables": [t.to_dict() for t in self.tables],
         }
 
+    def _cluster_dict(self) -> dict[str, Any]:
+        """The cluster's fields where they are not the defaults (one host of CPU ranks)."""
+        out: dict[str, Any] = {}
+        if self.compute_device != "cpu":
+            out["compute_device"] = self.compute_device
+        if self.local_world_size is not None:
+            out["hosts"] = self.hosts
+            out["local_world_size"] = self.local_world_size
+        return out
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], allow_oversized: bool = False) -> Task:
+        """A task from a task file's JSON object (see :meth:`load`; the batch's older key
+        ``batch_size`` is read too, as the global batch, without a warning: stores and
+        results files written before ``global_batch_size`` hold it).
+
+        Raises:
+            ValueError: naming the field that is missing, unknown or wrong.
+        """
         if not isinstance(data, Mapping):
             raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
-        required = {"num_devices", "memory_bytes", "batch_size", "tables"}
-        missing = required - set(data)
+        fields = {"num_devices", "memory_bytes", "tables"}
+        given = set(data)
+        num_devices = _cluster_devices(data)
+        if num_devices is not None:  # given, or hosts x local_world_size
+            given.add("num_devices")
+        if GLOBAL_BATCH_KEY in given and OLD_BATCH_KEY in given:
+            raise ValueError(
+                f"task gives both {GLOBAL_BATCH_KEY!r} and {OLD_BATCH_KEY!r} (its older "
+                f"name): keep {GLOBAL_BATCH_KEY!r} only"
+            )
+        batch_key = OLD_BATCH_KEY if OLD_BATCH_KEY in given else GLOBAL_BATCH_KEY
+        missing = (fields | {batch_key}) - given
         if missing:
             raise ValueError(f"task is missing fields {sorted(missing)}")
-        unknown = set(data) - required
+        unknown = given - fields - {batch_key} - CLUSTER_KEYS
         if unknown:
             raise ValueError(f"task has unknown fields {sorted(unknown)}")
         if not isinstance(data["tables"], list):
             raise ValueError("task field 'tables' must be a list of table objects")
         return cls(
             tables=[TableSpec.from_dict(t) for t in data["tables"]],
-            num_devices=data["num_devices"],
+            num_devices=num_devices,
             memory_bytes=data["memory_bytes"],
-            batch_size=data["batch_size"],
+            batch_size=_bounded_int(batch_key, data[batch_key], MAX_BATCH_SIZE),
+            compute_device=data.get("compute_device", "cpu"),
+            local_world_size=data.get("local_world_size"),
             allow_oversized=allow_oversized,
         )
 
@@ -160,10 +227,74 @@ class Task:
             ValueError: naming the file and the field that is wrong.
         """
         data = read_json(path, "task file")
+        warn_old_batch_key(data, path)
         try:
             return cls.from_dict(data, allow_oversized=allow_oversized)
         except ValueError as exc:
             raise ValueError(f"task file {str(path)!r}: {exc}") from None
+
+
+def _cluster_devices(data: Mapping[str, Any]) -> Any:
+    """A task file's device count: ``num_devices``, or ``hosts * local_world_size``
+    (both given: they must agree).
+
+    Raises:
+        ValueError: ``hosts`` without ``local_world_size``, a count that is not a
+            positive integer, or counts that disagree.
+    """
+    hosts, local = data.get("hosts"), data.get("local_world_size")
+    if hosts is None:
+        return data.get("num_devices")  # missing: named with the other missing fields
+    if local is None:
+        raise ValueError("task gives 'hosts' without 'local_world_size' (devices per host)")
+    hosts = _bounded_int("hosts", hosts, MAX_DEVICES)
+    local = _bounded_int("local_world_size", local, MAX_DEVICES)
+    given = data.get("num_devices")
+    if given is not None and given != hosts * local:
+        raise ValueError(
+            f"num_devices {short_repr(given)} is not hosts {hosts} x local_world_size {local} "
+            f"= {hosts * local}: give num_devices or hosts and local_world_size"
+        )
+    return hosts * local
+
+
+def warn_old_batch_key(data: Any, path: str | Path) -> None:
+    """Warn (``DeprecationWarning``, one line) where the task file ``path`` names its
+    global batch ``batch_size``, the older key: TorchRec's ``batch_size`` is per rank."""
+    items = data if isinstance(data, list) else [data]
+    if any(isinstance(d, Mapping) and OLD_BATCH_KEY in d for d in items):
+        warnings.warn(
+            f"task file {str(path)!r}: 'batch_size' is deprecated, rename it "
+            f"'{GLOBAL_BATCH_KEY}' (the global batch; TorchRec's batch_size is per rank)",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+
+
+def per_rank_batch(global_batch: int, world_size: int) -> int:
+    """TorchRec's per-rank ``batch_size`` of a global batch over ``world_size`` ranks.
+
+    Args:
+        global_batch: samples of one step over all ranks (a task's ``batch_size``).
+        world_size: ranks the batch is split among.
+
+    Returns:
+        ``global_batch // world_size``.
+
+    Raises:
+        ValueError: ``global_batch`` does not divide evenly among ``world_size`` ranks
+            (naming both and the nearest multiples).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    if global_batch % world_size:
+        low = global_batch - global_batch % world_size
+        raise ValueError(
+            f"{GLOBAL_BATCH_KEY} {global_batch} (the global batch) must divide evenly among "
+            f"its ranks, num_devices {world_size}: TorchRec plans a per-rank batch; use a "
+            f"multiple of {world_size}, such as {max(low, world_size)} or {low + world_size}"
+        )
+    return global_batch // world_size
 
 
 def _bounded_int(what: str, value: Any, high: int, whole_floats: bool = False) -> int:

@@ -39,6 +39,7 @@ from torchrec_dreamshard.data.table_configs import (
     feature_name,
 )
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import CLUSTER_KEYS as TASK_CLUSTER_KEYS
 from torchrec_dreamshard.data.workloads import generate_batch
 
 DENSE_IN = 13  # dense features, as in Criteo
@@ -116,10 +117,12 @@ class StepModelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepModelSpec:
         """From ``{"tables": [...], "sequence_tables": [...]}``; a task file's other fields
-        (``num_devices``, ``memory_bytes``, ``batch_size``) are accepted and ignored."""
+        (``num_devices``, ``memory_bytes``, ``global_batch_size`` or its older name
+        ``batch_size``, and the cluster's) are accepted and ignored."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a model spec must be a JSON object, got {type(data).__name__}")
-        known = {"tables", "sequence_tables", "num_devices", "memory_bytes", "batch_size"}
+        task_fields = {"num_devices", "memory_bytes", "global_batch_size", "batch_size"}
+        known = {"tables", "sequence_tables", *task_fields, *TASK_CLUSTER_KEYS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"model spec has unknown fields {unknown}; known: {sorted(known)}")

@@ -8,10 +8,12 @@ A task (:mod:`torchrec_dreamshard.data.tasks`) says what TorchRec says another w
 * its tables become one ``EmbeddingBagCollection`` (the model itself, so a table's fully
   qualified name is ``".<name>"``), each table fed by its own feature ``f_<name>``
   (:mod:`torchrec_dreamshard.data.table_configs`), fp16 where ``bytes_per_element`` is 2;
-* ``num_devices`` CPU ranks, each with its ``memory_bytes`` as TorchRec's DDR capacity
-  (what TorchRec's storage reservation and estimate then take their share of);
-* ``batch_size``, the global batch, becomes TorchRec's per-rank batch
-  ``batch_size // num_devices`` (it must divide evenly);
+* ``num_devices`` ranks of its ``compute_device`` (``hosts`` of ``local_world_size``
+  where given): CPU ranks with each ``memory_bytes`` as TorchRec's DDR capacity, or GPUs
+  with it as their HBM (what TorchRec's storage reservation and estimate then take their
+  share of); a GPU cluster is planned on any machine, a CPU-only one included;
+* ``global_batch_size`` (``Task.batch_size``) becomes TorchRec's per-rank batch
+  ``global_batch_size // num_devices`` (it must divide evenly);
 * each table's ``pooling_factor`` a ``ParameterConstraints(pooling_factors=[...])``, its
   ``reuse_hist`` the planner's ``reuse_hists``, and its ``bag_length_cv`` (bursty bags,
   which TorchRec has no field for) the planner's ``bag_length_cvs``: the cost network does
@@ -39,6 +41,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec_dreamshard.data.splits import SHARD_COLUMN_MULTIPLE
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.data.tasks import per_rank_batch as split_batch
 from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 
 MODULE_PATH = ""  # the collection is the model itself
@@ -56,7 +59,8 @@ class TaskInputs:
 
     Attributes:
         model: the tables' ``EmbeddingBagCollection``.
-        topology: the CPU ranks with the task's memory.
+        topology: the task's ranks (CPU or GPU, hosts of ``local_world_size``) with its
+            memory.
         batch_size: TorchRec's per-rank batch.
         constraints: each table's pooling factor, by table name.
         reuse_hists: the declared reuse histograms, by fully qualified name.
@@ -84,18 +88,28 @@ class TaskInputs:
 
 
 def per_rank_batch(task: Task) -> int:
-    """TorchRec's per-rank batch of ``task`` (its global batch over its devices).
+    """TorchRec's per-rank batch of ``task``: its global batch over its devices
+    (:func:`torchrec_dreamshard.data.tasks.per_rank_batch`, the one rule).
 
     Raises:
         ValueError: the global batch does not divide evenly among the devices.
     """
-    if task.batch_size % task.num_devices:
-        raise ValueError(
-            f"batch_size {task.batch_size} (the global batch) must divide evenly among "
-            f"num_devices {task.num_devices}: TorchRec plans a per-rank batch; use a "
-            f"multiple of {task.num_devices}"
-        )
-    return task.batch_size // task.num_devices
+    return split_batch(task.batch_size, task.num_devices)
+
+
+def task_topology(task: Task) -> Topology:
+    """TorchRec's ``Topology`` of ``task``'s devices: ``num_devices`` ranks of its
+    ``compute_device`` in hosts of its ``local_world_size``, each device's memory its DDR
+    (``"cpu"``) or its HBM (``"cuda"``)."""
+    caps = [int(m) for m in task.memory]
+    on_cuda = task.compute_device == "cuda"
+    return torchrec_topology(
+        task.num_devices,
+        task.compute_device,
+        local_world_size=task.local_world_size,
+        hbm_caps=caps if on_cuda else None,
+        ddr_caps=None if on_cuda else caps,
+    )
 
 
 def task_model(task: Task, device: str | torch.device = "meta") -> EmbeddingBagCollection:
@@ -116,7 +130,7 @@ def task_inputs(task: Task, device: str | torch.device = "meta") -> TaskInputs:
         ValueError: the global batch does not divide evenly among the devices.
     """
     batch = per_rank_batch(task)
-    topology = torchrec_topology(task.num_devices, "cpu", ddr_caps=[int(m) for m in task.memory])
+    topology = task_topology(task)
     whole = WHOLE_SHARE * max(task.memory)
     constraints = {
         t.name: ParameterConstraints(

@@ -36,7 +36,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import Task
+from torchrec_dreamshard.data.tasks import Task, per_rank_batch
 from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.torchrec_compat import (
     best_plan,
@@ -188,7 +188,8 @@ def plan_with_torchrec(
 
     Raises:
         PlannerError: TorchRec's planner found no plan.
-        ValueError: ``accounting`` is none of the three.
+        ValueError: ``accounting`` is none of the three, or the global batch does not
+            divide evenly among the devices.
     """
     if accounting not in ACCOUNTINGS:
         raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
@@ -208,11 +209,12 @@ def plan_with_torchrec(
             dev.storage.hbm = int(cap)
         else:
             dev.storage.ddr = int(cap)
+    batch = per_rank_batch(task.batch_size, task.num_devices)
     kwargs = {}
     if accounting == "weights":
         kwargs["enumerator"] = WeightsOnlyEnumerator(
             topology,
-            batch_size=task.batch_size,
+            batch_size=batch,
             constraints=constraints,
             sizes={t.name: t.size_bytes for t in task.tables},
         )
@@ -221,7 +223,7 @@ def plan_with_torchrec(
     with quiet_torchrec():
         planner = EmbeddingShardingPlanner(
             topology=topology,
-            batch_size=max(1, task.batch_size // task.num_devices),
+            batch_size=batch,
             constraints=constraints,
             debug=False,
             **kwargs,
