@@ -3,6 +3,8 @@ device's capacity there (off a ``Topology``) and an option's storage on it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from torchrec.distributed.planner.types import ShardingOption, Storage, Topology
 
 
@@ -25,3 +27,14 @@ def device_capacity(topology: Topology) -> list[int]:
 def option_bytes(option: ShardingOption, tier: str) -> int:
     """Total storage of a sharding option on ``tier`` (TorchRec's storage estimate)."""
     return sum(storage_bytes(s.storage, tier) for s in option.shards)
+
+
+def rank_bytes(options: Sequence[ShardingOption], world_size: int, tier: str) -> list[int]:
+    """TorchRec's storage estimate of each rank's shards on memory ``tier`` (shards
+    without a rank counted nowhere)."""
+    used = [0] * world_size
+    for option in options:
+        for shard in option.shards:
+            if shard.rank is not None:
+                used[shard.rank] += storage_bytes(shard.storage, tier)
+    return used

@@ -14,7 +14,7 @@ from typing import Any
 from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_dreamshard.planner.adapters.device_memory import storage_bytes
+from torchrec_dreamshard.planner.adapters.device_memory import rank_bytes
 from torchrec_dreamshard.planner.plans.plan_prediction import PlanPrediction
 from torchrec_dreamshard.planner.stages.option_kinds import (
     DREAMSHARD_COMPUTE_KERNEL,
@@ -89,16 +89,6 @@ def rank_tables(tables: dict[str, dict[str, Any]], world_size: int) -> list[list
                 part = cols if by_columns else rows if by_rows else f"{rows},{cols}"
                 out[rank].append(f"{name}@{part}")
     return out
-
-
-def rank_bytes(options: Sequence[ShardingOption], world_size: int, tier: str) -> list[int]:
-    """TorchRec's storage estimate of each rank's shards on memory ``tier``."""
-    used = [0] * world_size
-    for option in options:
-        for shard in option.shards:
-            if shard.rank is not None:
-                used[shard.rank] += storage_bytes(shard.storage, tier)
-    return used
 
 
 def check_finite(prediction: PlanPrediction, per_rank: Sequence[Sequence[str]]) -> None:

@@ -60,6 +60,7 @@ from torchrec_dreamshard.planner.adapters.device_memory import (
     device_capacity,
     memory_tier,
     option_bytes,
+    rank_bytes,
     storage_bytes,
 )
 from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
@@ -138,10 +139,8 @@ class DreamShardPartitioner(Partitioner):
     def _place_others(self, others: list[ShardingOption], constraint: Topology) -> list[int]:
         """Place the tables the policy does not place with TorchRec's partitioner; the
         bytes they use on each device."""
-        tier = memory_tier(constraint)
-        used = [0] * constraint.world_size
         if not others:
-            return used
+            return [0] * constraint.world_size
         try:
             (self.fallback or GreedyPerfPartitioner()).partition(others, copy.deepcopy(constraint))
         except PlannerError as exc:
@@ -150,10 +149,7 @@ class DreamShardPartitioner(Partitioner):
                 f"({sorted(o.fqn for o in others)}): {exc}",
                 exc.error_type,
             ) from exc
-        for option in others:
-            for shard in option.shards:
-                used[shard.rank] += storage_bytes(shard.storage, tier)
-        return used
+        return rank_bytes(others, constraint.world_size, memory_tier(constraint))
 
     def _place_policy(
         self, ours: list[ShardingOption], left: list[int], tier: str, widths: dict[str, int]

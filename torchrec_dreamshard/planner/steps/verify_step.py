@@ -24,7 +24,7 @@ from torchrec_dreamshard.planner.adapters.device_memory import (
     device_capacity,
     memory_tier,
     option_bytes,
-    storage_bytes,
+    rank_bytes,
 )
 from torchrec_dreamshard.planner.stages.option_kinds import is_policy_option, is_split_option
 from torchrec_dreamshard.planner.stages.partitioners import policy_caps
@@ -115,12 +115,9 @@ def policy_choice(
     if not ours:
         return None
     tier = memory_tier(constraint)
-    left = device_capacity(constraint)
-    for option in plan:
-        if not is_policy_option(option):
-            for shard in option.shards:
-                if shard.rank is not None:
-                    left[shard.rank] -= storage_bytes(shard.storage, tier)
+    others = [o for o in plan if not is_policy_option(o)]
+    used = rank_bytes(others, constraint.world_size, tier)
+    left = [cap - u for cap, u in zip(device_capacity(constraint), used, strict=True)]
     specs = [spec(o) for o in ours]
     placement = [int(o.shards[0].rank) for o in ours]
     caps = policy_caps(specs, [option_bytes(o, tier) for o in ours], [max(0, x) for x in left])
