@@ -217,7 +217,7 @@ def test_a_bursty_task_plans_on_specs_with_its_cvs():
 
 
 def test_no_cv_leaves_the_context_key_as_it_was():
-    specs = OptionSpecs(sample_batches(), WORLD, declared={".t9": (1.0,) + (0.0,) * 16})
+    specs = OptionSpecs(sample_batches(), WORLD, declared={".t2": (1.0,) + (0.0,) * 16})
     specs.observe(model())  # t0 and t1 measured bursty, t3 even
     assert set(specs.bag_length_cvs) == {".t0", ".t1"}
     key = specs.reuse_key()
@@ -225,6 +225,6 @@ def test_no_cv_leaves_the_context_key_as_it_was():
         ("bag_length_cv", ".t0", specs.bag_length_cvs[".t0"]),
         ("bag_length_cv", ".t1", specs.bag_length_cvs[".t1"]),
     ]
-    plain = OptionSpecs(declared={".t9": (1.0,) + (0.0,) * 16})
+    plain = OptionSpecs(declared={".t2": (1.0,) + (0.0,) * 16})
     plain.observe(model())
-    assert plain.reuse_key() == [(".t9", (1.0,) + (0.0,) * 16)]  # as before cvs existed
+    assert plain.reuse_key() == [(".t2", (1.0,) + (0.0,) * 16)]  # as before cvs existed

@@ -88,15 +88,17 @@ class OptionSpecs:
             model's sparse features; consecutive groups of ``world_size`` batches are taken
             together as the global batch a table-wise kernel sees.
         world_size: ranks in the topology.
-        declared: reuse histograms the user gives (17 fractions each, by fully qualified
-            name: a task file's ``reuse_hist``), for tables the sample batches do not
-            measure.
-        declared_cvs: bag-length cvs the user gives (by fully qualified name: a task file's
-            ``bag_length_cv``), for tables the sample batches do not measure.
+        declared: reuse histograms the user gives (17 fractions each, a task file's
+            ``reuse_hist``), for tables the sample batches do not measure; keyed by table
+            name, as TorchRec's ``constraints`` are, or by fully qualified name
+            (:func:`resolve_table_keys`, when the module is observed).
+        declared_cvs: bag-length cvs the user gives (a task file's ``bag_length_cv``), for
+            tables the sample batches do not measure; keyed as ``declared``.
 
     Raises:
         ValueError: a declared cv is not a number in ``[0, MAX_BAG_LENGTH_CV]`` (the
-            message names its table).
+            message names its table); at :meth:`observe`, a key that names no table of
+            the module, or a table name that several of its tables share.
 
     :meth:`learn` takes pooling factors and reuse over the options' own (what a running job
     fed its tables).
@@ -123,6 +125,8 @@ class OptionSpecs:
         declared ones; a table measured as even keeps no declared cv) and forget earlier
         specs."""
         self.specs = {}
+        self._declared = resolve_table_keys(self._declared, module, "reuse_hists")
+        self._declared_cvs = resolve_table_keys(self._declared_cvs, module, "bag_length_cvs")
         self._reuse = {**self._declared, **reuse_hists(module, self._samples, self._world)}
         self._cvs = {**self._declared_cvs, **bag_length_cvs(module, self._samples, self._world)}
 
@@ -179,6 +183,47 @@ def checked_cvs(cvs: Mapping[str, float] | None) -> dict[str, float]:
             f"{type(cvs).__name__}"
         )
     return {str(fqn): checked_cv(cv, f"bag_length_cvs[{fqn!r}]") for fqn, cv in cvs.items()}
+
+
+def resolve_table_keys(values: Mapping[str, Any], module: nn.Module, what: str) -> dict[str, Any]:
+    """``values`` keyed by the fully qualified names of ``module``'s tables: a key may be a
+    table's name (as TorchRec's ``constraints`` are keyed) or its fully qualified name.
+
+    Args:
+        values: what the user gave per table (``reuse_hists``, ``bag_length_cvs``).
+        module: the model planned.
+        what: the argument's name, for the errors.
+
+    Returns:
+        The same values by fully qualified name.
+
+    Raises:
+        ValueError: a key that names no table of ``module``, a table name that several of
+            its tables share (give the fully qualified name), or two keys for one table.
+    """
+    fqns: dict[str, list[str]] = {}
+    for fqn, config in table_configs(module):
+        fqns.setdefault(fqn, [fqn])
+        fqns.setdefault(config.name, []).append(fqn)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        found = fqns.get(key)
+        if found is None:
+            known = sorted({fqn for fqn, _ in table_configs(module)})
+            shown = ", ".join(known[:8]) + (" ..." if len(known) > 8 else "")
+            raise ValueError(
+                f"{what} names {key!r}, which is no table of the model: key it by table name "
+                f"(as constraints) or fully qualified name ({shown})"
+            )
+        if len(found) > 1:
+            raise ValueError(
+                f"{what} names table {key!r}, which several of the model's tables are "
+                f"named: key it by fully qualified name, one of {sorted(found)}"
+            )
+        if found[0] in out and out[found[0]] != value:
+            raise ValueError(f"{what} gives table {found[0]!r} twice, under different keys")
+        out[found[0]] = value
+    return out
 
 
 def global_batches(batches: Sequence[Any], world_size: int) -> list[tuple[list[Any], int]]:
