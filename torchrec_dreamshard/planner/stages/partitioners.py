@@ -63,6 +63,7 @@ from torchrec_dreamshard.planner.adapters.device_memory import (
     rank_bytes,
     storage_bytes,
 )
+from torchrec_dreamshard.planner.adapters.planner_errors import readable_partition_error
 from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.planner.stages.placement import PolicyPlacer
 from torchrec_dreamshard.planner.stages.proposal import DreamShardProposal
@@ -120,7 +121,11 @@ class DreamShardPartitioner(Partitioner):
         if isinstance(proposal, DreamShardProposal):
             plan = self._place(proposal, storage_constraint)
         elif self.fallback is not None and any(s.rank is None for o in proposal for s in o.shards):
-            return self.fallback.partition(proposal, storage_constraint)
+            try:
+                return self.fallback.partition(proposal, storage_constraint)
+            except PlannerError as exc:
+                what = "the partitioner could not place the proposal's tables"
+                raise readable_partition_error(exc, proposal, storage_constraint, what) from exc
         else:
             plan = proposal
         check_ranks(plan, storage_constraint)
@@ -144,11 +149,8 @@ class DreamShardPartitioner(Partitioner):
         try:
             (self.fallback or GreedyPerfPartitioner()).partition(others, copy.deepcopy(constraint))
         except PlannerError as exc:
-            raise PlannerError(
-                "TorchRec's partitioner could not place the tables DreamShard leaves to it "
-                f"({sorted(o.fqn for o in others)}): {exc}",
-                exc.error_type,
-            ) from exc
+            what = "TorchRec's partitioner could not place the tables DreamShard leaves to it"
+            raise readable_partition_error(exc, others, constraint, what) from exc
         return rank_bytes(others, constraint.world_size, memory_tier(constraint))
 
     def _place_policy(
