@@ -20,10 +20,10 @@ from torchrec_dreamshard.data.table_pool import (
     to_published_bins,
 )
 from torchrec_dreamshard.data.tables import BIN_MID, TableSpec
+from torchrec_dreamshard.data.task_fields import per_rank_batch
 from torchrec_dreamshard.data.tasks import (
     Task,
     check_placement,
-    per_rank_batch,
     placement_from_dict,
 )
 

@@ -16,7 +16,7 @@ second calibration, or `dreamshard plan --calibrate`, of the same tables measure
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    from torchrec_dreamshard.cli.plan import add_calibration_args
+    from torchrec_dreamshard.cli._plan_args import add_calibration_args
 
     p = sub.add_parser(
         "calibrate",

@@ -125,7 +125,8 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
-    from torchrec_dreamshard.data.tasks import Task, per_rank_batch
+    from torchrec_dreamshard.data.task_fields import per_rank_batch
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.evaluation.step_model import StepDLRM, StepModelSpec, sample_kjt
     from torchrec_dreamshard.planner import DreamShardPlanner
     from torchrec_dreamshard.planner.adapters.torchrec_adapter import (

@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
 
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    from torchrec_dreamshard.data.tasks import Task, per_rank_batch
+    from torchrec_dreamshard.data.task_fields import per_rank_batch
+    from torchrec_dreamshard.data.tasks import Task
     from torchrec_dreamshard.feedback.memory_check import check_lines, check_rank
     from torchrec_dreamshard.io import check_writable, read_json
 

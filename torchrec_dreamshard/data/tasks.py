@@ -6,8 +6,6 @@ The synthetic table pool is in :mod:`torchrec_dreamshard.data.table_pool`, the t
 
 from __future__ import annotations
 
-import math
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +14,19 @@ from typing import Any
 import numpy as np
 
 from torchrec_dreamshard.data.tables import TableSpec, short_repr
+from torchrec_dreamshard.data.task_fields import (
+    CLUSTER_KEYS,
+    COMPUTE_DEVICES,
+    GLOBAL_BATCH_KEY,
+    MAX_BATCH_SIZE,
+    MAX_DEVICES,
+    MAX_MEMORY_BYTES,
+    MAX_TABLES,
+    OLD_BATCH_KEY,
+    bounded_int,
+    cluster_devices,
+    warn_old_batch_key,
+)
 from torchrec_dreamshard.io import atomic_write, dumps_strict, read_json
 
 Placement = list[int]
@@ -39,18 +50,6 @@ class InsufficientMemoryError(NoPlanError):
     length, a bug, a numpy error) raises as itself."""
 
 
-# Upper bounds of a task's fields (see the README's "Limits and errors").
-MAX_DEVICES = 4096  # devices D
-MAX_BATCH_SIZE = 2**24  # global batch (samples)
-MAX_MEMORY_BYTES = 2**50  # per device (1 PiB)
-MAX_TABLES = 100_000  # tables in one task
-
-COMPUTE_DEVICES = ("cpu", "cuda")  # what a task's devices may be
-CLUSTER_KEYS = {"compute_device", "hosts", "local_world_size"}  # a task file's, optional
-GLOBAL_BATCH_KEY = "global_batch_size"  # a task file's batch: samples over all devices
-OLD_BATCH_KEY = "batch_size"  # its older name, still read (with a warning from Task.load)
-
-
 @dataclass(kw_only=True)
 class Task:
     """A placement problem.
@@ -61,7 +60,8 @@ class Task:
         memory_bytes: capacity per device in bytes: one number for all, or one per device.
         batch_size: the global batch: the samples of one step over all ``num_devices``
             devices (a task file's ``global_batch_size``). TorchRec's planner takes a
-            per-rank batch, ``batch_size / num_devices`` (:func:`per_rank_batch`).
+            per-rank batch, ``batch_size / num_devices``
+            (:func:`~torchrec_dreamshard.data.task_fields.per_rank_batch`).
         compute_device: what the devices are, ``"cpu"`` (``memory_bytes`` is each rank's
             DDR) or ``"cuda"`` (each GPU's HBM); planning for GPUs needs no GPU.
         local_world_size: devices per host (``None``: all on one host); ``num_devices``
@@ -82,9 +82,9 @@ class Task:
 
     def __post_init__(self) -> None:
         self.tables = list(self.tables)
-        self.num_devices = _bounded_int("num_devices", self.num_devices, MAX_DEVICES)
+        self.num_devices = bounded_int("num_devices", self.num_devices, MAX_DEVICES)
         self._check_cluster()
-        self.batch_size = _bounded_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
+        self.batch_size = bounded_int("batch_size", self.batch_size, MAX_BATCH_SIZE)
         self.memory = self._per_device_memory()
         if not self.tables:
             raise ValueError("a task needs at least one table")
@@ -118,7 +118,7 @@ class Task:
             )
         if self.local_world_size is None:
             return
-        local = _bounded_int("local_world_size", self.local_world_size, MAX_DEVICES)
+        local = bounded_int("local_world_size", self.local_world_size, MAX_DEVICES)
         if self.num_devices % local:
             raise ValueError(
                 f"num_devices {self.num_devices} is not a whole number of hosts of "
@@ -139,7 +139,7 @@ class Task:
                 f"memory_bytes lists {len(values)} devices but num_devices is {self.num_devices}"
             )
         return [
-            _bounded_int(f"memory_bytes of device {i}", v, MAX_MEMORY_BYTES, whole_floats=True)
+            bounded_int(f"memory_bytes of device {i}", v, MAX_MEMORY_BYTES, whole_floats=True)
             for i, v in enumerate(values)
         ]
 
@@ -187,7 +187,7 @@ class Task:
             raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
         fields = {"num_devices", "memory_bytes", "tables"}
         given = set(data)
-        num_devices = _cluster_devices(data)
+        num_devices = cluster_devices(data)
         if num_devices is not None:  # given, or hosts x local_world_size
             given.add("num_devices")
         if GLOBAL_BATCH_KEY in given and OLD_BATCH_KEY in given:
@@ -208,7 +208,7 @@ class Task:
             tables=[TableSpec.from_dict(t) for t in data["tables"]],
             num_devices=num_devices,
             memory_bytes=data["memory_bytes"],
-            batch_size=_bounded_int(batch_key, data[batch_key], MAX_BATCH_SIZE),
+            batch_size=bounded_int(batch_key, data[batch_key], MAX_BATCH_SIZE),
             compute_device=data.get("compute_device", "cpu"),
             local_world_size=data.get("local_world_size"),
             allow_oversized=allow_oversized,
@@ -232,89 +232,6 @@ class Task:
             return cls.from_dict(data, allow_oversized=allow_oversized)
         except ValueError as exc:
             raise ValueError(f"task file {str(path)!r}: {exc}") from None
-
-
-def _cluster_devices(data: Mapping[str, Any]) -> Any:
-    """A task file's device count: ``num_devices``, or ``hosts * local_world_size``
-    (both given: they must agree).
-
-    Raises:
-        ValueError: ``hosts`` without ``local_world_size``, a count that is not a
-            positive integer, or counts that disagree.
-    """
-    hosts, local = data.get("hosts"), data.get("local_world_size")
-    if hosts is None:
-        return data.get("num_devices")  # missing: named with the other missing fields
-    if local is None:
-        raise ValueError("task gives 'hosts' without 'local_world_size' (devices per host)")
-    hosts = _bounded_int("hosts", hosts, MAX_DEVICES)
-    local = _bounded_int("local_world_size", local, MAX_DEVICES)
-    given = data.get("num_devices")
-    if given is not None and given != hosts * local:
-        raise ValueError(
-            f"num_devices {short_repr(given)} is not hosts {hosts} x local_world_size {local} "
-            f"= {hosts * local}: give num_devices or hosts and local_world_size"
-        )
-    return hosts * local
-
-
-def warn_old_batch_key(data: Any, path: str | Path) -> None:
-    """Warn (``DeprecationWarning``, one line) where the task file ``path`` names its
-    global batch ``batch_size``, the older key: TorchRec's ``batch_size`` is per rank."""
-    items = data if isinstance(data, list) else [data]
-    if any(isinstance(d, Mapping) and OLD_BATCH_KEY in d for d in items):
-        warnings.warn(
-            f"task file {str(path)!r}: 'batch_size' is deprecated, rename it "
-            f"'{GLOBAL_BATCH_KEY}' (the global batch; TorchRec's batch_size is per rank)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-
-
-def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """TorchRec's per-rank ``batch_size`` of a global batch over ``world_size`` ranks.
-
-    Args:
-        global_batch: samples of one step over all ranks (a task's ``batch_size``).
-        world_size: ranks the batch is split among.
-
-    Returns:
-        ``global_batch // world_size``.
-
-    Raises:
-        ValueError: ``global_batch`` does not divide evenly among ``world_size`` ranks
-            (naming both and the nearest multiples).
-    """
-    if world_size < 1:
-        raise ValueError(f"world_size must be positive, got {world_size}")
-    if global_batch % world_size:
-        low = global_batch - global_batch % world_size
-        raise ValueError(
-            f"{GLOBAL_BATCH_KEY} {global_batch} (the global batch) must divide evenly among "
-            f"its ranks, num_devices {world_size}: TorchRec plans a per-rank batch; use a "
-            f"multiple of {world_size}, such as {max(low, world_size)} or {low + world_size}"
-        )
-    return global_batch // world_size
-
-
-def _bounded_int(what: str, value: Any, high: int, whole_floats: bool = False) -> int:
-    """``value`` as an int in ``1..high``; floats only when whole (``1.6e10``) and allowed.
-
-    Raises:
-        ValueError: naming ``what``, for booleans, non-numbers, fractions and values out
-            of range.
-    """
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise ValueError(f"{what} must be an integer, got {short_repr(value)}")
-    if isinstance(value, float | np.floating):
-        if not (whole_floats and math.isfinite(value) and float(value).is_integer()):
-            raise ValueError(f"{what} must be a whole number, got {short_repr(value)}")
-        value = int(value)
-    if value < 1:
-        raise ValueError(f"{what} must be positive (1..{high}), got {short_repr(value)}")
-    if value > high:
-        raise ValueError(f"{what} must be at most {high}, got {short_repr(value)}")
-    return int(value)
 
 
 # ----------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from torchrec_dreamshard.data.table_configs import (
     feature_name,
 )
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import CLUSTER_KEYS as TASK_CLUSTER_KEYS
+from torchrec_dreamshard.data.task_fields import CLUSTER_KEYS as TASK_CLUSTER_KEYS
 from torchrec_dreamshard.data.workloads import generate_batch
 
 DENSE_IN = 13  # dense features, as in Criteo

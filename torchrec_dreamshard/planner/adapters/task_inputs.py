@@ -40,8 +40,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.splits import SHARD_COLUMN_MULTIPLE
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
+from torchrec_dreamshard.data.task_fields import per_rank_batch as split_batch
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.data.tasks import per_rank_batch as split_batch
 from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 
 MODULE_PATH = ""  # the collection is the model itself
@@ -89,7 +89,7 @@ class TaskInputs:
 
 def per_rank_batch(task: Task) -> int:
     """TorchRec's per-rank batch of ``task``: its global batch over its devices
-    (:func:`torchrec_dreamshard.data.tasks.per_rank_batch`, the one rule).
+    (:func:`torchrec_dreamshard.data.task_fields.per_rank_batch`, the one rule).
 
     Raises:
         ValueError: the global batch does not divide evenly among the devices.

@@ -36,7 +36,8 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_dreamshard.data.table_configs import embedding_bag_configs
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import Task, per_rank_batch
+from torchrec_dreamshard.data.task_fields import per_rank_batch
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.torchrec_compat import (
     best_plan,
