@@ -52,6 +52,7 @@ from torchrec_dreamshard.feedback.memory_report import (
     reserved_share,
 )
 from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
+from torchrec_dreamshard.feedback.plan_match import check_observed_plan
 from torchrec_dreamshard.feedback.profiling import StepProfile
 from torchrec_dreamshard.feedback.sampling import (
     EVERY,
@@ -76,7 +77,8 @@ class JobObserver:
     Args:
         record: the plan and what it was planned from (``planner.plan_record`` after the
             planner's ``collective_plan``).
-        dmp: the job's ``DistributedModelParallel`` module.
+        dmp: the job's ``DistributedModelParallel`` module, built from ``record.plan``
+            (an object without a ``plan``, not a DMP, is not checked).
         pg: the job's process group (default: the world).
         every: sample at most one step in ``every``.
         warmup: steps before the first sample.
@@ -84,6 +86,10 @@ class JobObserver:
             of the job's time (``None``: one step in ``every``, whatever it costs).
         margin: the report warns of a rank whose measured memory peak is within this
             share of its device's capacity.
+
+    Raises:
+        ValueError: ``dmp`` was built from another plan than ``record.plan`` (naming the
+            tables that differ): its report would price it with the wrong prediction.
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class JobObserver:
     ) -> None:
         if not 0 <= margin < 1:
             raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+        check_observed_plan(record.plan, dmp)
         self.record = record
         self._dmp = dmp
         self._group = JobGroup.of(pg if pg is not None else dist.GroupMember.WORLD)
@@ -303,6 +310,7 @@ class JobObserver:
         dropped."""
         if self.last_replan is None:
             raise ValueError("follow() needs a replan() first: it observes the plan it returned")
+        check_observed_plan(plan, dmp, "follow(dmp, plan)")
         self.sampler.close()
         if str(plan) != str(self.plan):
             self.plan, self.prediction = plan, self.proposed
@@ -346,6 +354,9 @@ def observe(
             of the job's time (``None``: one step in ``every`` whatever it costs).
         margin: warn of a rank whose measured memory peak is within this share of its
             device's capacity.
+
+    Raises:
+        ValueError: ``dmp`` was built from a plan other than the planner's last one.
     """
     record = planner.plan_record
     return JobObserver(
