@@ -1,15 +1,7 @@
-"""Measuring placements on real FBGEMM kernels.
-
-* :func:`measure_placement` runs one fused table-batched embedding kernel per device
-  (forward, and backward with the fused optimizer) and the all-to-all of pooled embeddings,
-  with the ``"local"`` or ``"distributed"`` backend (the local one charges the all-to-all
-  from a model the caller hands in, :class:`AllToAllCost`: the machine's fitted one is
-  :func:`torchrec_dreamshard.cost.collective_models.load_all_to_all_model`);
-* :func:`time_fused_kernel` times one fused kernel over a set of tables;
-* :func:`measure_in_rounds` / :func:`measure_plans` measure plans against each other in
-  interleaved rounds.
-
-Every measurement is kept by :class:`torchrec_dreamshard.store.CostStore`, the layer above.
+"""Measuring placements on real FBGEMM kernels: :func:`measure_placement` (one fused kernel
+per device and the all-to-all, ``"local"`` or ``"distributed"``), :func:`time_fused_kernel`,
+and :func:`measure_in_rounds` / :func:`measure_plans` (plans against each other in
+interleaved rounds). :class:`torchrec_dreamshard.store.CostStore` keeps the measurements.
 """
 
 from torchrec_dreamshard.data.tasks import random_placement

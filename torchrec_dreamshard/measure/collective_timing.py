@@ -1,8 +1,5 @@
-"""The collectives themselves, timed: buffers sized per collective, one run timed from a
-common start, and groups of ranks to time them on (threads of this process, or spawned
-processes); the models fitted to these timings are in
-:mod:`torchrec_dreamshard.measure.collectives`, whose docstring says what is timed where
-and why threads."""
+"""The collectives timed: buffers sized per collective, runs timed from a common start, on
+groups of ranks that are threads of this process or spawned processes."""
 
 from __future__ import annotations
 
@@ -33,12 +30,9 @@ from torchrec_dreamshard.ranks.torch_compat import (
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
 CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-# Each collective and size is timed in PASSES interleaved passes of REPEATS_PER_PASS runs
-# (a busy spell then hits one pass of every size, not every run of one size), and the
-# lower quartile of all its runs is fitted (steady_ms): on a CPU the runs of one size are
-# bimodal, most near the collective's cost and some stalled several milliseconds by the
-# scheduler, so a median flips between the two modes from one measurement to the next
-# and so did the fitted model (benchmarks/results/type_stability_r38.json).
+# PASSES interleaved passes of REPEATS_PER_PASS runs (a busy spell hits one pass of every
+# size), and the lower quartile is fitted: a CPU's runs are bimodal (some stalled by the
+# scheduler), so a median flips between the modes.
 PASSES = 6
 REPEATS_PER_PASS = 4
 STEADY_QUANTILE = 0.25
@@ -52,8 +46,8 @@ def check_kind(kind: str) -> str:
 
 
 def wire_megabytes(kind: str, num_devices: int, buffer_bytes: float) -> float:
-    """MB one rank sends plus receives in ``kind`` over ``num_devices`` ranks with a buffer
-    of ``buffer_bytes`` per rank (see the module docstring; 0 for one rank)."""
+    """MB one rank sends plus receives in ``kind``'s bandwidth-optimal algorithm over
+    ``num_devices`` ranks, ``buffer_bytes`` per rank (0 for one rank)."""
     check_kind(kind)
     if num_devices <= 1:
         return 0.0
@@ -63,8 +57,7 @@ def wire_megabytes(kind: str, num_devices: int, buffer_bytes: float) -> float:
 def _buffers(
     kind: str, numel: int, num_devices: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(input, output)`` of ``kind`` for a buffer of ``numel`` elements per rank
-    (``numel`` a multiple of ``num_devices``; the all-reduce works in place)."""
+    """``(input, output)`` of ``kind`` for ``numel`` elements per rank (all-reduce in place)."""
     part = numel // num_devices
     if kind == "reduce_scatter":
         return torch.rand(numel, device=device), torch.empty(part, device=device)
@@ -90,15 +83,8 @@ def _run(kind: str, inp: torch.Tensor, out: torch.Tensor, group) -> None:
 def time_collective(
     kind: str, buffer_bytes: int, iters: int, warmup: int = 1, group=None, device=None
 ) -> list[float]:
-    """Time ``kind`` with a buffer of about ``buffer_bytes`` per rank (fp32) on an
-    initialised group; every rank of ``group`` must call it with the same arguments.
-
-    Each run starts after a barrier, so a rank's time is from the common start to its own
-    completion (with a device synchronisation on CUDA).
-
-    Returns:
-        ``iters`` figures in ms for this rank.
-    """
+    """``iters`` ms of ``kind`` with about ``buffer_bytes`` per rank (fp32), each run from a
+    barrier to this rank's completion; every rank of ``group`` calls it alike."""
     check_may_measure("time_collective")
     import torch.distributed as dist
 
@@ -142,23 +128,20 @@ def _calibration_worker(rank: int, world: int, port: int, out_path: str, backend
 
 
 def runs_key() -> dict[str, Any]:
-    """How a collective's figure is taken from its runs, for the cache keys of the models
-    fitted to them: a fit of other figures is measured again, not reused."""
+    """How a collective's figure is taken from its runs (part of the fitted models' cache key)."""
     return {"passes": PASSES, "runs_per_pass": REPEATS_PER_PASS, "quantile": STEADY_QUANTILE}
 
 
 def steady_ms(times: Sequence[float]) -> float:
-    """The figure fitted from one collective's runs: their lower quartile
-    (:data:`STEADY_QUANTILE`; see :data:`PASSES` for why not the median)."""
+    """The lower quartile of one collective's runs (see :data:`PASSES`)."""
     if not times:
         raise ValueError("no collective runs to take a figure from")
     return float(np.quantile(np.asarray(times, dtype=np.float64), STEADY_QUANTILE))
 
 
 def interleaved_samples(time_one: Callable[[str, int], list[float]], d: int) -> list[tuple]:
-    """``(kind, D, MB, steady ms)`` of every collective and calibration size on ``d``
-    ranks, ``time_one(kind, buffer_bytes)`` timing :data:`REPEATS_PER_PASS` runs, in
-    :data:`PASSES` passes over every kind and size (every rank calls it alike)."""
+    """``(kind, D, MB, steady ms)`` of every collective and size on ``d`` ranks, in
+    :data:`PASSES` passes of ``time_one(kind, buffer_bytes)``."""
     runs: dict[tuple[str, int], list[float]] = {}
     for _ in range(PASSES):
         for kind in COLLECTIVES:
@@ -172,8 +155,7 @@ def interleaved_samples(time_one: Callable[[str, int], list[float]], d: int) -> 
 
 
 def time_every_collective(group, d: int, device: torch.device) -> list[tuple]:
-    """``(kind, D, MB, steady ms)`` of every collective and calibration size, on this
-    rank of ``group`` (``d`` ranks; every rank calls it): :func:`interleaved_samples`."""
+    """:func:`interleaved_samples` on this rank of ``group`` (``d`` ranks)."""
     return interleaved_samples(
         lambda kind, size: time_collective(
             kind, size, REPEATS_PER_PASS, group=group, device=device
@@ -204,8 +186,7 @@ _THREAD_TIMEOUT = timedelta(seconds=120)  # a rank that never joins fails the ot
 
 
 def thread_samples(max_devices: int) -> list[tuple]:
-    """Every rank's samples of every group of 2..``max_devices`` gloo ranks, each rank a
-    thread of this process (:func:`_thread_rank`); a rank's error is raised here."""
+    """Every rank's samples of groups of 2..``max_devices`` gloo ranks run as threads."""
     import threading
 
     import torch.distributed as dist
@@ -239,9 +220,7 @@ def thread_samples(max_devices: int) -> list[tuple]:
 
 
 def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
-    """One rank of a group of threads: its own gloo process group (loopback) on ``store``,
-    every collective timed as :func:`time_collective` times it; its samples (or its error)
-    in ``results[rank]``."""
+    """One thread rank: its own gloo group on ``store``; samples or error in ``results[rank]``."""
     try:
         pg = loopback_gloo_group(store, rank, world, _THREAD_TIMEOUT)
         out = interleaved_samples(
@@ -254,10 +233,7 @@ def _thread_rank(store: Any, rank: int, world: int, results: list) -> None:
 
 
 def _time_on_backend(pg: Any, kind: str, buffer_bytes: int, iters: int) -> list[float]:
-    """:func:`time_collective` on a gloo backend object that no ``torch.distributed``
-    function knows (not registered with the default group): the backend's own methods,
-    the ones ``all_to_all_single``, ``reduce_scatter_tensor``, ``all_gather_into_tensor``
-    and ``all_reduce`` reach."""
+    """:func:`time_collective` through an unregistered gloo backend's own methods."""
     d = pg.size()
     numel = max(1, round(buffer_bytes / 4 / d)) * d
     inp, out = _buffers(check_kind(kind), numel, d, torch.device("cpu"))

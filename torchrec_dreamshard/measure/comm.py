@@ -1,16 +1,8 @@
-"""The all-to-all of pooled embeddings under table-wise sharding: its splits, its timing,
-and what the local backend charges for it.
+"""The all-to-all of pooled embeddings under table-wise sharding: its splits and timing.
 
-Forward: every device holds the pooled outputs ``[B, dims_d]`` of its tables for the whole
-batch and sends device ``j`` its slice of the batch (``B_j`` samples); it receives
-``[B_d, dims_i]`` from every device ``i``. Backward: the gradients go back the same way.
-Both are one ``all_to_all_single`` over the flattened outputs, as TorchRec does.
-
-The local backend times no all-to-all: it charges one from a model handed to it as a
-value (:class:`AllToAllCost`), the machine's fitted all-to-all
-(:class:`~torchrec_dreamshard.cost.comm_model.CommModel`, loaded by the caller with
-:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`), so that
-``measure/`` holds timings and no fitted model.
+Forward, device ``d`` sends device ``j`` its tables' outputs ``[B_j, dims_d]`` for ``j``'s
+slice of the batch; the backward sends the gradients back. The local backend times none:
+it charges a fitted model handed to it (:class:`AllToAllCost`).
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ def table_wise_flows(dims: Sequence[int], batch_size: int, elem_bytes: int = 4) 
 
 
 class AllToAllCost(Protocol):
-    """What the local backend charges for the table-wise all-to-all (a fitted model:
-    :class:`~torchrec_dreamshard.cost.comm_model.CommModel`).
+    """What the local backend charges for the table-wise all-to-all (e.g. ``CommModel``).
 
     Attributes:
         source: how the model was obtained (recorded with the measurement).
@@ -65,8 +56,7 @@ class AllToAllCost(Protocol):
     def device_comm_ms(
         self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4
     ) -> list[float]:
-        """Forward + backward all-to-all ms of every device, given each device's pooled
-        width."""
+        """Forward + backward all-to-all ms of every device, given its pooled width."""
         ...
 
 
@@ -78,14 +68,8 @@ def time_all_to_all(
     group=None,
     device: torch.device | None = None,
 ) -> list[float]:
-    """Time the forward and backward all-to-all on an initialised process group.
-
-    Every rank of ``group`` must call it with the same ``dims``. Each all-to-all starts
-    after a barrier, so a rank's time is from the common start to its own completion.
-
-    Returns:
-        ``iters`` figures of forward + backward ms for this rank.
-    """
+    """``iters`` forward + backward all-to-all ms for this rank, each from a barrier; every
+    rank of ``group`` calls it with the same ``dims``."""
     check_may_measure("time_all_to_all")
     import torch.distributed as dist
 

@@ -30,13 +30,10 @@ class MeasureConfig:
         iters: timed iterations per round (each on a fresh batch of ids).
         rounds: rounds per measurement; the figure is the minimum of the rounds' medians.
         seed: seeds the batches of ids.
-        comm_model_path: JSON file of the collective models whose all-to-all callers hand
-            the local backend and the calibration (default: this machine's gloo fit in
-            the user's cache directory;
-            :func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`).
-        compute_in_turn: distributed backend only: ranks time their kernels one at a time
-            (``None``: on CPU yes, on CUDA no), so that ranks sharing CPU cores do not
-            slow each other down.
+        comm_model_path: JSON file of the collective models (default: this machine's gloo
+            fit in the cache directory).
+        compute_in_turn: distributed backend only: ranks time their kernels one at a time,
+            so ranks sharing CPU cores do not slow each other (``None``: on CPU only).
     """
 
     optimizer: str = "rowwise_adagrad"

@@ -1,13 +1,6 @@
-"""The kernel data-parallel tables run, timed on this machine.
-
-TorchRec's data-parallel sharding looks a table up on every rank with FBGEMM's *dense*
-table-batched kernel (``DenseTableBatchedEmbeddingBagsCodegen``: no fused optimizer; its
-backward writes a dense gradient of the whole table), DDP all-reduces that gradient and
-the job's dense optimizer updates the table. :func:`time_dense_kernel` times it (forward,
-then backward with ``torch.optim.Adagrad`` over the weights, as TorchRec's DP exposes
-them) and :func:`time_dense_sets` times :func:`random_dense_sets`, the sets the model of
-:mod:`torchrec_dreamshard.cost.dense_kernel_model` is fitted to. On CUDA the timer runs on
-the GPU; that path is written to be right and is unmeasured here.
+"""FBGEMM's dense table-batched kernel (data-parallel tables: no fused optimizer, a dense
+gradient of the whole table), timed with an Adagrad step, and the random table sets the
+:mod:`torchrec_dreamshard.cost.dense_kernel_model` is fitted to.
 """
 
 from __future__ import annotations
@@ -36,20 +29,16 @@ _FIT_SETS = 28  # random table sets timed to fit the model
 _MAX_WEIGHT_ELEMENTS = 8_000_000  # per timed set (32 MB of fp32)
 _WARMUP, _ITERS = 2, 5
 _LEARNING_RATE = 0.01
-# PyTorch warns, on the first backward through FBGEMM's dense kernel, that
-# ``fbgemm::dense_embedding_codegen_lookup_function`` has no autograd kernel registered to
-# the Autograd key (FBGEMM 1.8 and 1.9 alike). Its gradient is right all the same: FBGEMM's
-# Python autograd function carries the backward, and the weights' gradient equals a plain
-# ``embedding_bag`` autograd reference's (tests/test_dense_kernels.py). Silenced around our
-# own timed backward only.
+# PyTorch warns that FBGEMM's dense lookup has no autograd kernel; FBGEMM's Python autograd
+# function carries the backward (tests/test_dense_kernels.py), so it is silenced there.
 _NO_AUTOGRAD_KERNEL = ".*dense_embedding_codegen_lookup_function: an autograd kernel"
 
 
 def time_dense_kernel(
     tables: Sequence[TableSpec], batch_size: int, device: str = "cpu", seed: int = 0
 ) -> tuple[float, float]:
-    """Median ``(fwd_ms, bwd_ms)`` of FBGEMM's dense kernel over ``tables`` (one thread on
-    CPU), the backward followed by an Adagrad step over the weights and zeroing the grad."""
+    """Median ``(fwd_ms, bwd_ms)`` of the dense kernel over ``tables``, backward with an
+    Adagrad step (one thread on CPU)."""
     check_may_measure("time_dense_kernel")
     dev = torch.device(device)
     with single_thread(device == "cpu"):
@@ -66,9 +55,7 @@ def time_dense_kernel(
 
 
 def dense_kernel(tables: Sequence[TableSpec], device: str = "cpu") -> torch.nn.Module:
-    """FBGEMM's dense kernel over ``tables`` on ``device``, as TorchRec's data-parallel
-    sharding runs it (one module, the tables' weights concatenated), weights drawn from
-    ``U(0.001, 0.01)``."""
+    """FBGEMM's dense kernel over ``tables`` as TorchRec's data-parallel sharding runs it."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         DenseTableBatchedEmbeddingBagsCodegen,
     )
@@ -82,8 +69,7 @@ def dense_kernel(tables: Sequence[TableSpec], device: str = "cpu") -> torch.nn.M
 
 
 def backward_through(out: torch.Tensor, grad: torch.Tensor) -> None:
-    """``out.backward(grad)`` through the dense kernel, without PyTorch's warning that
-    FBGEMM registers no autograd kernel for it (see :data:`_NO_AUTOGRAD_KERNEL`)."""
+    """``out.backward(grad)`` without the no-autograd-kernel warning."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", _NO_AUTOGRAD_KERNEL, UserWarning)
         out.backward(grad)
@@ -107,11 +93,8 @@ def _dense_step(emb, optimizer, batch, grad, dev: torch.device) -> tuple[float, 
 
 
 def random_dense_sets(count: int = _FIT_SETS, seed: int = 0) -> list[tuple[list[TableSpec], int]]:
-    """``count`` random ``(tables, batch)`` sets spanning tiny to medium tables (1 to 64
-    tables, 20 to 200k rows, dims 4 to 128, 1 to 30 ids per sample, batch 128 to 2048),
-    the biggest tables shrunk until the set's weights are within a budget drawn
-    log-uniformly from 10k to 8M elements (so that many tables come with few weights too,
-    and the per-table and per-weight terms can be told apart)."""
+    """``count`` random ``(tables, batch)`` sets (1 to 64 tables, 20 to 200k rows), their
+    weights capped by a log-uniform budget so the per-table and per-weight terms separate."""
     rng = np.random.default_rng(seed)
     out = []
     for s in range(count):
@@ -142,8 +125,8 @@ def _group_dense_times(group: JobGroup) -> list[tuple[int, float, float]]:
 
 
 def time_dense_sets(device: str = "cpu") -> list[tuple[list[TableSpec], int, float, float]]:
-    """``(tables, batch, fwd_ms, bwd_ms)`` of every set of :func:`random_dense_sets`; while
-    rank 0 of a job drives measurements on its group, every rank times its share."""
+    """``(tables, batch, fwd_ms, bwd_ms)`` of :func:`random_dense_sets` (shared over a job's
+    ranks while one drives)."""
     check_may_measure("time_dense_sets")
     sets = random_dense_sets()
     group = active_group()

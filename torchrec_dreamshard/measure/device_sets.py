@@ -1,15 +1,5 @@
-"""Device table-sets timed once per round and shared between placements.
-
-Placements measured side by side often put the very same set of tables on some device (a
-refined plan differs from its base on two devices only). The local backend times each
-device's fused kernel on its own, so such a set costs the same to time whichever
-placement holds it. :class:`DeviceSetTimes` keeps, for one round, each set's timing keyed
-by the frozenset of its table indices; a placement measured with it
-(``measure_placement(..., shared=)``) times only the sets not timed yet in the round and
-takes the others' figures as they are. The figures of one round are then taken at the
-same time for every placement that holds a set, and stay comparable. Nothing here knows
-what the placements are for: the caller starts a new :class:`DeviceSetTimes` (or calls
-:meth:`DeviceSetTimes.new_round`) for every round.
+"""Device table-sets timed once per round and shared between the placements that hold them
+(``measure_placement(..., shared=)``), so one round's figures stay comparable.
 """
 
 from __future__ import annotations
@@ -31,15 +21,13 @@ def device_sets(task: Task, placement: Sequence[int]) -> list[frozenset[int]]:
 
 
 def distinct_device_sets(task: Task, placements: Sequence[Sequence[int]]) -> int:
-    """How many distinct non-empty device table-sets ``placements`` hold together: the
-    device timings one round of them costs where shared sets are timed once."""
+    """How many distinct non-empty device table-sets ``placements`` hold together."""
     return len({s for p in placements for s in device_sets(task, p)})
 
 
 @dataclass
 class DeviceSetTimes:
-    """One round's timing of each device table-set, shared by the placements measured in
-    it (see the module docstring), and how much was shared.
+    """One round's timing of each device table-set, and how much was shared.
 
     Attributes:
         timed: device sets timed (over every round this object saw).
@@ -66,10 +54,8 @@ class DeviceSetTimes:
     def compute(
         self, task: Task, placement: Sequence[int], rounds: int, time_groups: TimeGroups
     ) -> np.ndarray:
-        """``[rounds, D + 1, 2]`` round medians of ``(fwd_ms, bwd_ms)`` per device of
-        ``placement`` (zeros for an empty one) and, last, the reference kernel's: the sets
-        this round has not timed yet are timed by ``time_groups`` (with the reference
-        kernel, as ``measure.local.time_groups`` does), the others taken as they are.
+        """``[rounds, D + 1, 2]`` round medians of ``(fwd_ms, bwd_ms)`` per device, the
+        reference kernel's last; only sets not timed this round go to ``time_groups``.
 
         Raises:
             ValueError: another task than the one this object timed, or figures of

@@ -1,20 +1,7 @@
-"""The distributed backend: one rank per device under ``torch.distributed``.
-
-Every rank builds the fused kernel of its own tables, times it (and the reference kernel)
-and times the real all-to-all of pooled embeddings with every other rank; rank 0 gathers
-the figures. On CPU the ranks time their kernels one at a time by default
-(``MeasureConfig.compute_in_turn``), so that ranks sharing cores do not inflate each other's
-compute; the all-to-all always runs on all ranks together.
-
-Three ways in:
-
-* inside an initialised process group (e.g. under ``torchrun``): :func:`measure_rank` on
-  every rank; or the command line :mod:`torchrec_dreamshard.cli.torchrun_measure`::
-
-      torchrun --nproc-per-node 4 -m torchrec_dreamshard.cli.torchrun_measure TASK.json PLAN.json
-
-* from one process: :func:`measure_distributed` spawns ``num_devices`` gloo ranks (kept alive
-  in a :class:`RankPool` for the next placement with the same number of devices).
+"""The distributed backend: one rank per device, each timing its own fused kernel, the
+reference kernel and the real all-to-all; rank 0 gathers the figures. Run it inside a
+process group (:func:`measure_rank`, e.g. under ``torchrun``) or from one process on
+spawned gloo ranks (:func:`measure_distributed`, kept in a :class:`RankPool`).
 """
 
 from __future__ import annotations
@@ -48,8 +35,7 @@ _OOM_ERRORS = (RuntimeError, MemoryError)
 
 
 class _Shard:
-    """A rank's kernels and its per-round timings; errors are kept, never raised, so the
-    rank keeps joining the collectives and no rank waits forever."""
+    """A rank's kernels; errors are kept, not raised, so no peer waits forever."""
 
     def __init__(self, tables, batch_size: int, config: MeasureConfig) -> None:
         self.config = config
@@ -86,10 +72,10 @@ class _Shard:
 def measure_rank(
     task: Task, placement: Sequence[int], config: MeasureConfig | None = None
 ) -> PlacementMeasurement | None:
-    """Measure a placement inside an initialised process group of ``task.num_devices`` ranks.
+    """Measure a placement in a process group of ``task.num_devices`` ranks (all call it).
 
-    Every rank must call it with the same arguments. Returns the measurement on rank 0 and
-    ``None`` on the others.
+    Returns:
+        The measurement on rank 0, ``None`` on the others.
     """
     import torch.distributed as dist
 
@@ -247,9 +233,8 @@ _POOLS: dict[int, RankPool] = {}
 def measure_distributed(
     task: Task, placement: Sequence[int], config: MeasureConfig | None = None
 ) -> PlacementMeasurement:
-    """Measure with one rank per device: in the current process group when one is
-    initialised (every rank calls this; non-zero ranks get rank 0's result broadcast), else
-    on spawned gloo ranks (CPU only)."""
+    """Measure with one rank per device: in the initialised process group (every rank gets
+    rank 0's result), else on spawned gloo ranks (CPU only)."""
     import torch.distributed as dist
 
     config = config or MeasureConfig()

@@ -1,13 +1,6 @@
-"""A model trained under ``DistributedModelParallel`` on this rank's process group, and the
-timing of its steps: what the end-to-end step timer
-(:mod:`torchrec_dreamshard.evaluation.dmp_step`) and the sharding-path measurement
-(:mod:`torchrec_dreamshard.measure.sharding_path`) both run.
-
-Embeddings train with TorchRec's fused row-wise Adagrad (``RowWiseAdagrad`` applied in the
-backward, fused into the FBGEMM kernel where the plan uses one), the rest with Adagrad.
-A timed run's figure is the wall clock over its timed steps, started after a barrier, the
-maximum over ranks, divided by the steps.
-"""
+"""A model trained under ``DistributedModelParallel`` (fused row-wise Adagrad on the tables,
+Adagrad on the rest) and the timing of its steps, for the step timer and the sharding-path
+measurement."""
 
 from __future__ import annotations
 
@@ -27,10 +20,8 @@ def sharded_for_training(
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """``model`` (built on the meta device) under ``DistributedModelParallel`` with
-    ``plan`` on ``device`` (default CPU) over ``group`` (default: the default process
-    group), and its optimizer: fused row-wise Adagrad on the parameters whose names start
-    with ``table_prefixes`` (the embedding tables), Adagrad on the rest."""
+    """``model`` (on the meta device) under DMP with ``plan``, and its optimizer: fused
+    row-wise Adagrad on parameters named with ``table_prefixes``, Adagrad on the rest."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.types import ShardingEnv
@@ -65,10 +56,8 @@ def timed_steps(
     group: dist.ProcessGroup | None = None,
     device: torch.device | None = None,
 ) -> float:
-    """``warmup`` untimed calls of ``step``, ``steps`` timed ones, ``drain`` untimed ones
-    after (a pipeline holding batches ahead); the mean timed step in ms, the maximum over
-    the ranks of ``group`` (default: the default process group). On a CUDA ``device`` the
-    clock is read once the device has finished."""
+    """The mean ms of ``steps`` timed calls of ``step`` after ``warmup`` (``drain`` more after,
+    for a pipeline), from a barrier, the maximum over the ranks of ``group``."""
     cuda = device is not None and device.type == "cuda"
     for _ in range(warmup):
         step()

@@ -1,12 +1,6 @@
-"""Real FBGEMM fused kernels: one table-batched embedding bag per device, timed.
-
-Realism rules the timers follow:
-
-* every timed iteration sees a fresh batch of ids (a ring of ``iters + 1`` distinct batches
-  per table, generated once and cached, so generation is never timed);
-* weights and optimizer state live in memory that was written after allocation (a reused
-  arena filled with small random values), never in untouched zero pages;
-* the backward is the training backward: it runs the fused optimizer update.
+"""Real FBGEMM fused kernels, one table-batched embedding bag per device, timed: each
+iteration on a fresh cached batch of ids, weights in written (not zero-page) memory, and
+the backward running the fused optimizer update.
 """
 
 from __future__ import annotations
@@ -107,11 +101,7 @@ def fused_ring(
 
 
 class Arena:
-    """A reusable host buffer, written once with small positive random values.
-
-    Kernels take disjoint slices of it for their weights and optimizer state, so building a
-    kernel costs no allocation and its memory is real (written) memory. It grows on demand.
-    """
+    """A reusable host buffer written with small random values; kernels take slices of it."""
 
     def __init__(self) -> None:
         self.buffer = torch.empty(0)
@@ -287,12 +277,8 @@ def reference_numel(config: MeasureConfig) -> int:
 
 
 def time_kernels(kernels: Sequence[FusedKernel | None], config: MeasureConfig) -> np.ndarray:
-    """Time several kernels against each other in ``config.rounds`` interleaved rounds
-    (:func:`~torchrec_dreamshard.measure.rounds.measure_in_rounds`, each kernel a key).
-
-    A kernel runs ``config.warmup`` untimed iterations on its first visit and one on each
-    later visit (to bring its own data back to cache, as a real training loop would have
-    it), then ``config.iters`` timed ones.
+    """Time ``kernels`` against each other in ``config.rounds`` interleaved rounds (one
+    warm-up iteration on each later visit, to bring a kernel's data back to cache).
 
     Returns:
         ``[rounds, len(kernels), 2]`` medians of ``(fwd_ms, bwd_ms)``; zeros for ``None``.

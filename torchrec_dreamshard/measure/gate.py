@@ -1,12 +1,6 @@
-"""Where measuring may happen: the gate every timing entry point of :mod:`measure` passes.
-
-The planner measures in two steps only, the machine profile before TorchRec's loop and the
-verification after it; everything in between (enumerator, proposers, partitioner,
-performance model, stats) must time nothing. :func:`no_measuring` closes the gate for a
-block of code: any timing entry point called inside it raises :class:`MeasuringForbidden`
-naming what tried to measure, so a path that would measure in the wrong place fails loudly
-instead of costing a user seconds in secret. The gate is a context variable: it is scoped
-to the calling thread (and to the tasks of an ``asyncio`` loop), never process-wide.
+"""The gate every timing entry point passes: inside :func:`no_measuring` (TorchRec's loop,
+between the profile and the verification) any timing raises :class:`MeasuringForbidden`.
+The gate is a context variable, scoped to the calling thread or task.
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ class MeasuringForbidden(RuntimeError):
 
 @contextlib.contextmanager
 def no_measuring(why: str) -> Iterator[None]:
-    """Inside this block every timing entry point raises :class:`MeasuringForbidden`;
-    ``why`` says whose rule it is (it appears in the error)."""
+    """Close the gate for the block; ``why`` appears in the error."""
     token = _CLOSED.set(why)
     try:
         yield
@@ -46,8 +39,7 @@ def measuring_allowed() -> Iterator[None]:
 
 
 def check_may_measure(what: str) -> None:
-    """Raise :class:`MeasuringForbidden` when the gate is closed; ``what``: the entry
-    point about to time something."""
+    """Raise :class:`MeasuringForbidden` naming ``what`` when the gate is closed."""
     why = _CLOSED.get()
     if why is not None:
         raise MeasuringForbidden(f"{what} was called where nothing may be measured ({why})")

@@ -1,10 +1,4 @@
-"""Measurements run on the distributed job's own group, through the measuring gate.
-
-The group and its messages are :mod:`torchrec_dreamshard.ranks.job_group`'s; every
-measurement that runs a group task calls :func:`run_on_group`, so that a group task, like
-every other timing entry point, raises where nothing may be measured
-(:mod:`torchrec_dreamshard.measure.gate`).
-"""
+"""Measurements run on the distributed job's own group, through the measuring gate."""
 
 from __future__ import annotations
 
@@ -16,16 +10,14 @@ from torchrec_dreamshard.ranks.job_group import call_on_group
 
 
 def run_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run the group task ``fn(group, *args)`` on every rank of the driven group, where
-    measuring is allowed.
+    """Run the group task ``fn(group, *args)`` on every rank of the driven group.
 
     Returns:
         Every rank's result, in rank order.
 
     Raises:
         MeasuringForbidden: the measuring gate is closed here.
-        RuntimeError: no group is driven, or a rank's task failed (every rank's error is
-            named).
+        RuntimeError: no group is driven, or a rank's task failed.
     """
     check_may_measure("run_on_group")
     return call_on_group(fn, *args)

@@ -1,36 +1,9 @@
-"""Measuring that cannot fail the plan: :func:`guarded` runs one measurement and turns a
-failure of the machine's measuring stack into a :class:`MeasureFailure` (which
-measurement, the exception's type and message), so the caller goes on without it.
-
-What counts as *measuring failed* (:func:`is_measuring_failure`), and so is caught:
-
-* ``RuntimeError`` and its kinds: CUDA errors, ``torch.OutOfMemoryError`` (CUDA's
-  out-of-memory), FBGEMM's "No such operator fbgemm::...", a collective's failure or
-  timeout (``torch.distributed.DistError``, NCCL's and gloo's errors), a group task that
-  failed on another rank;
-* ``MemoryError`` (the host ran out of memory), ``TimeoutError`` and ``ConnectionError``
-  (a collective's peer gone or late);
-* an FBGEMM operator missing from the build: the ``AttributeError`` that ``torch.ops``
-  raises for an operator it does not know (``'_OpNamespace' 'fbgemm' object has no
-  attribute ...``), an ``ImportError`` of ``fbgemm_gpu``, an ``OSError`` loading its
-  library;
-* a spawned rank that raised or died (``torch.multiprocessing``'s
-  ``ProcessRaisedException`` and ``ProcessExitedException``);
-* CUDA asked of a CPU build of torch (its ``AssertionError``: "Torch not compiled with
-  CUDA enabled"; a CUDA build without a GPU raises a ``RuntimeError``).
-
-Everything else raises as before: the user's input errors (``ValueError`` and its kinds,
-such as a store that cannot be opened or a placement that does not fit; ``TypeError``,
-``KeyError``), any other ``AttributeError`` or ``AssertionError`` (a bug),
-``KeyboardInterrupt`` and ``SystemExit``, and :class:`~.gate.MeasuringForbidden` (a
-measurement where none may run is a bug of the caller's). Torch raises its device and
-collective errors as ``RuntimeError``, so a ``RuntimeError`` from a bug on a measuring
-path is recorded as a failed measurement too: it is named in the warning and the stats,
-never silent.
-
-After an out-of-memory on CUDA the caching allocator's free blocks are returned
-(``torch.cuda.empty_cache()``), once the failed measurement's frames (its tensors) are
-gone; nothing else of the process's memory is touched.
+"""Measuring that cannot fail the plan: :func:`guarded` turns a failure of the machine's
+measuring stack (device, collective, FBGEMM or spawned-rank errors, out of memory) into a
+:class:`MeasureFailure`, so the caller goes on without it. The user's input errors
+(``ValueError``), other bugs and :class:`~.gate.MeasuringForbidden` are raised. A
+``RuntimeError`` from a bug on a measuring path is caught too (torch raises its device
+errors as ``RuntimeError``), and is named in the warning and the stats.
 """
 
 from __future__ import annotations
@@ -82,15 +55,13 @@ class MeasureFailure:
 
 
 def is_oom_text(text: str) -> bool:
-    """Whether an error's text says a device ran out of memory (a measurement that kept
-    the error as text, not the exception: ``measure_placement``'s ``ok=False``)."""
+    """Whether an error's text (``measure_placement``'s ``ok=False``) says out of memory."""
     low = text.lower()
     return "out of memory" in low or "outofmemoryerror" in low
 
 
 def is_measuring_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` says measuring failed on this machine (caught by :func:`guarded`),
-    as opposed to the user's input error or a bug (raised): see the module docstring."""
+    """Whether ``exc`` is a failure of the measuring stack (caught by :func:`guarded`)."""
     import torch.multiprocessing as mp
 
     if isinstance(exc, ValueError | KeyboardInterrupt | SystemExit | MeasuringForbidden):
@@ -111,8 +82,7 @@ def is_measuring_failure(exc: BaseException) -> bool:
 
 
 def empty_cuda_cache() -> None:
-    """Return the CUDA caching allocator's free blocks to the device (a no-op where CUDA
-    was never initialised)."""
+    """``torch.cuda.empty_cache()`` where CUDA was initialised."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
@@ -124,8 +94,7 @@ def guarded(
     device: str = "cpu",
     warn: bool = True,
 ) -> T | MeasureFailure:
-    """``measure()``, or the :class:`MeasureFailure` it raised where measuring failed
-    (:func:`is_measuring_failure`; anything else is raised).
+    """``measure()``, or the :class:`MeasureFailure` where measuring failed (else raised).
 
     Args:
         what: which measurement, for the record and the warning.
@@ -153,8 +122,7 @@ def guarded(
 
 
 def warn_failures(failures: Sequence[MeasureFailure], going_on: str = "") -> None:
-    """One warning for ``failures`` (none: nothing): the first's cause, how many there
-    were, and ``going_on`` (what the planner does without them)."""
+    """One warning: the first failure, how many more, and ``going_on`` (what happens next)."""
     if not failures:
         return
     first = failures[0]

@@ -24,8 +24,7 @@ def cpu_name() -> str:
 
 
 def device_name(device: str | torch.device = "cpu") -> str:
-    """The model of ``device``: the GPU's (device 0 for a bare ``"cuda"``), else the
-    CPU's (:func:`cpu_name`). Per-machine caches and fits are named for it."""
+    """The model of ``device`` (GPU 0 for a bare ``"cuda"``); machine caches are named for it."""
     d = torch.device(device)
     if d.type != "cuda":
         return cpu_name()
@@ -33,16 +32,8 @@ def device_name(device: str | torch.device = "cpu") -> str:
 
 
 def measuring_threads(device: str | torch.device = "cpu") -> int:
-    """The intra-op threads the package's timers run a kernel on ``device`` with.
-
-    1 on CPU: every CPU timer (the fused and dense kernels, the reference kernel, the
-    placements of both backends) runs under
-    :func:`~torchrec_dreamshard.threads.single_thread`, one thread standing for one
-    device. 0 on CUDA: the kernels run on the GPU and are timed by its events; no CPU
-    thread count enters. The caller's own ``torch.get_num_threads()`` changes none of these
-    timings, so it is not what a cached measurement is keyed by: a ``torchrun`` rank (one
-    thread, ``OMP_NUM_THREADS=1``) reads what ``dreamshard plan`` measured on all cores.
-    """
+    """The intra-op threads the timers run a kernel on ``device`` with: 1 on CPU (one thread
+    per device, whatever the caller's ``torch.get_num_threads()``), 0 on CUDA."""
     return 0 if torch.device(device).type == "cuda" else 1
 
 
@@ -54,14 +45,8 @@ def fbgemm_version() -> str:
 
 
 def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
-    """Device name, torch and FBGEMM versions, threads per device, the measurement backend
-    and the timing protocol.
-
-    Rows of the cost dataset are only comparable when their fingerprints are equal: the
-    local backend models the all-to-all while the distributed one measures it, and the
-    protocol (warm-up, iterations, rounds, ranks timing in turn) changes what a figure
-    means, so both are part of it (the protocol's seed is not).
-    """
+    """Device name, torch and FBGEMM versions, threads per device, backend and timing
+    protocol: cost rows are comparable only where their fingerprints are equal."""
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else cpu_name()
     threads = measuring_threads(config.device)
     return {

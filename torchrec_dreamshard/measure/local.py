@@ -1,10 +1,5 @@
-"""The local backend: one process times each device's fused kernel in turn.
-
-On CPU one thread stands for one device; on CUDA one GPU runs every device's kernel. The
-communication figure is charged from the all-to-all model the caller hands in
-(:class:`~.comm.AllToAllCost`: the machine's fitted one,
-:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`).
-"""
+"""The local backend: one process times each device's fused kernel in turn (one thread per
+device on CPU) and charges the all-to-all from a model (:class:`~.comm.AllToAllCost`)."""
 
 from __future__ import annotations
 
@@ -38,13 +33,8 @@ def measure_local(
     comm: AllToAllCost | None,
     shared: DeviceSetTimes | None = None,
 ) -> PlacementMeasurement:
-    """Measure a (checked) placement with one process.
-
-    Every device's kernel and the reference kernel are built at once in disjoint slices of
-    one written arena, then timed in interleaved rounds; ``comm`` prices the all-to-all
-    (needed for more than one device). With ``shared`` (one round's
-    :class:`~.device_sets.DeviceSetTimes`), a device whose set of tables that round
-    already timed takes that figure, and only the other sets are timed.
+    """Measure a checked placement in one process: every device's kernel and the reference
+    kernel in interleaved rounds; ``shared`` device sets are timed once a round.
 
     Raises:
         ValueError: more than one device and no ``comm``.
@@ -89,8 +79,7 @@ def check_comm(task: Task, comm: AllToAllCost | None) -> None:
 def time_groups(
     groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
 ) -> np.ndarray:
-    """Time one fused kernel per group of tables (and the reference kernel) in
-    interleaved rounds, on one device.
+    """Time one fused kernel per group of tables, and the reference kernel, in rounds.
 
     Returns:
         ``[rounds, len(groups) + 1, 2]`` round medians of ``(fwd_ms, bwd_ms)``; the last

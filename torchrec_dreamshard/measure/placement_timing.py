@@ -35,25 +35,24 @@ def measure_placement(
         placement: a device per table, in the task's table order.
         config: optimizer, precision, device and timing protocol (default
             :class:`MeasureConfig`).
-        backend: ``"local"`` (one process times each device in turn; communication from the
-            model ``comm``) or ``"distributed"`` (one gloo/NCCL rank per device).
-        comm: the all-to-all model the local backend charges (the machine's:
-            :func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`, or
-            ``local_all_to_all`` there); needed by the local backend for more than one
-            device, unused by the distributed one.
-        shared: the local backend only: one round's device-set timings
-            (:class:`~.device_sets.DeviceSetTimes`); a device whose set of tables was
-            timed in the round takes that figure instead of being timed again.
+        backend: ``"local"`` (one process times each device in turn) or ``"distributed"``
+            (one gloo/NCCL rank per device).
+        comm: the all-to-all model the local backend charges over several devices
+            (:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`).
+        shared: local backend only: one round's :class:`~.device_sets.DeviceSetTimes`.
 
     Returns:
-        The measurement. An out-of-memory or kernel error gives ``ok=False`` with the error,
-        so that a collection can record it and go on.
+        The measurement; an out-of-memory or kernel error gives ``ok=False`` with the error.
 
     Raises:
-        ValueError: a bad backend, a placement that does not fit (refused before any
-            kernel runs, naming the device and its tables), or the local backend over
-            several devices without ``comm``, or ``shared`` with the distributed
-            backend.
+        ValueError: a bad backend, a placement that does not fit, the local backend over
+            several devices without ``comm``, or ``shared`` with the distributed backend.
+
+    Example::
+
+        comm = load_all_to_all_model()
+        m = measure_placement(task, random_placement(task, seed=0), comm=comm)
+        print(m.step_ms, m.per_device[0].fwd_ms)
     """
     check_may_measure("measure_placement")
     config = config or MeasureConfig()
@@ -68,8 +67,7 @@ def measure_placement(
     try:
         if backend == "local":
             return measure_local(task, placement, config, comm, shared)
-        # imported when used, on purpose: importing the distributed backend registers its
-        # rank pools' exit hook, which a process that never measures distributed needs not
+        # imported when used: importing it registers the rank pools' exit hook
         from torchrec_dreamshard.measure.distributed import measure_distributed
 
         return measure_distributed(task, placement, config)
@@ -88,18 +86,13 @@ def measure_plans(
     done: Sequence[Mapping[K, PlacementMeasurement]] = (),
     comm: AllToAllCost | None = None,
 ) -> list[dict[K, PlacementMeasurement]]:
-    """Every named placement of ``task`` measured once per round (see
-    :func:`measure_in_rounds`; ``done``: this task's rounds already measured).
+    """Every named placement of ``task`` measured once per round (:func:`measure_in_rounds`).
 
     Args:
-        task: the task.
-        plans: a placement (a device per table) by name; names are measured in this
-            order in round 0.
-        config: the measurement's settings (default :class:`MeasureConfig`).
-        rounds: rounds in all.
-        backend: ``"local"`` or ``"distributed"`` (see ``measure_placement``).
-        done: rounds already measured.
-        comm: the all-to-all model the local backend charges (see ``measure_placement``).
+        plans: a placement by name, measured in this order in round 0.
+        rounds: rounds in all, ``done``'s included.
+        done: this task's rounds already measured.
+        config, backend, comm: as :func:`measure_placement`'s.
 
     Returns:
         The rounds, each ``{name: measurement}``.

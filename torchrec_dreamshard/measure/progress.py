@@ -10,9 +10,8 @@ PROGRESS_DELAY_S = 3.0  # a progress bar shows once measuring has taken this lon
 
 
 def progress_bar(total: int, desc: str, enabled: bool, verbose: bool = False) -> Any:
-    """A tqdm bar on stderr over ``total`` measurements, shown only once measuring has
-    taken :data:`PROGRESS_DELAY_S` and only where stderr is a terminal (or ``verbose``);
-    ``None`` when not ``enabled``."""
+    """A tqdm bar on stderr, shown after :data:`PROGRESS_DELAY_S` where stderr is a terminal
+    (or ``verbose``); ``None`` when not ``enabled``."""
     if not enabled:
         return None
     from tqdm import tqdm

@@ -1,20 +1,6 @@
-"""Measuring plans against each other in interleaved rounds.
-
-A machine's speed drifts (other work, frequency, caches), so plans measured one after the
-other are not compared fairly. Interleaved rounds fix that: each round measures every plan
-once, so a plan's figures pair up with the others' round by round (compare them by the
-median over rounds of a ratio, or count the rounds one plan won). The order within a round
-is rotated by one each round: over ``n`` rounds every plan takes every position once, and
-two plans alternate (``AB``, ``BA``, ``AB``).
-
-Several tasks can share the rounds (``groups``): a round visits every task, in rotated
-order, and each task's plans in rotated order, so a task's rounds lie apart in time.
-
-* :func:`measure_in_rounds`: the one loop; any ``measure(group, key)`` callable, resumable
-  from the rounds already measured, with hooks after every group's round and every round
-  (to save), in :func:`round_order` or another order (:func:`balanced_order`, the step
-  timer's); the kernel timer and the step timer run through it too (one task's named
-  placements: :func:`~torchrec_dreamshard.measure.placement_timing.measure_plans`).
+"""Measuring plans against each other in interleaved rounds: a machine's speed drifts, so
+each round measures every plan once, in an order rotated from round to round, and plans
+are compared round by round.
 """
 
 from __future__ import annotations
@@ -33,10 +19,8 @@ def round_order(n: int, r: int) -> list[int]:
 
 
 def balanced_order(n: int, r: int) -> list[int]:
-    """The order of ``n`` items in round ``r``: rotated left by ``r // 2``, reversed on odd
-    rounds. Two items alternate ``AB, BA, BA, AB`` (each is first and second equally often
-    in every four rounds, and follows itself equally often); three run in all six orders
-    every six rounds."""
+    """``n`` items rotated left by ``r // 2``, reversed on odd rounds (two alternate ``AB, BA,
+    BA, AB``; three run in all six orders every six rounds)."""
     rotated = round_order(n, r // 2)
     return rotated[::-1] if r % 2 else rotated
 
@@ -51,23 +35,18 @@ def measure_in_rounds(
     on_round: Callable[[int], None] | None = None,
     order: Callable[[int, int], list[int]] = round_order,
 ) -> list[list[dict[K, R]]]:
-    """Measure every key of every group once per round, in interleaved rounds.
-
-    Round ``r`` visits the groups in ``order`` and, within a group, its keys in ``order``
-    (:func:`round_order` unless given). A group that already holds ``r + 1`` rounds in
-    ``done`` is skipped in round ``r`` (a resumed run measures only what is missing).
+    """Measure every key of every group once per round; round ``r`` visits the groups, and
+    each group's keys, in ``order(n, r)``. A group holding ``r + 1`` rounds in ``done`` is
+    skipped in round ``r``, so a resumed run measures only what is missing.
 
     Args:
-        groups: per group (a task), the keys of its plans (distinct; measured in this
-            order in round 0).
+        groups: per group (a task), its distinct plan keys.
         measure: ``measure(group index, key)``, one measurement (raise to stop).
         rounds: rounds in all, those in ``done`` included.
         done: per group, the rounds already measured (``{key: measurement}`` each).
-        on_group: called as ``on_group(group index, round, results)`` after every
-            group's round, e.g. to save the results so far.
-        on_round: called as ``on_round(round)`` after every round that measured something.
-        order: ``order(n, r)``, the order of ``n`` items in round ``r`` (a permutation of
-            ``range(n)``).
+        on_group: ``on_group(group index, round, results)`` after every group's round.
+        on_round: ``on_round(round)`` after every round that measured something.
+        order: ``order(n, r)``, a permutation of ``range(n)``.
 
     Returns:
         Per group, its rounds (``done``'s first), each ``{key: measurement}``.

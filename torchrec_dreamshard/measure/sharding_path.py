@@ -1,23 +1,7 @@
-"""What a sharding path costs a training step beyond its kernels and collectives, timed on
-ranks of this machine (:func:`time_sharding_path`).
-
-TorchRec runs every sharding type of a module as a path of its own: an input distribution
-(the ids' splits, then their values, all-to-all), lookups, an output distribution and
-their backward, each behind awaitables and permutes. On this machine's gloo ranks one
-table-wise table beside tiny data-parallel ones costs a step several milliseconds more
-than all of them data-parallel, about as much as 36 or 100 table-wise tables
-(``benchmarks/results/tiny_path_cost.md``): a cost per path, not per table, that neither
-the cost network's kernels nor the collectives' fits hold.
-
-The measurement: real ``DistributedModelParallel`` training steps, every table
-data-parallel against the first table-wise, in interleaved rounds (:mod:`.sharding_path_rank`):
-under ``collective_plan``, on the job's own process group and devices, every rank taking
-part (NCCL on GPUs: written to be right, unmeasured here); elsewhere on 2 gloo ranks
-started as fresh interpreters. The path tables are tiny (a few microseconds of
-kernel, a few kilobytes per all-to-all), so the difference is the path. About 6 s on 2
-CPU cores, most of it the ranks importing TorchRec; cached per machine
-(:mod:`torchrec_dreamshard.cost.sharding_path_model`). Inside a distributed job nothing is
-spawned (:func:`~torchrec_dreamshard.ranks.spawn.check_may_spawn`).
+"""What a sharding path (input distribution, lookups, output distribution, their backward)
+costs a training step beyond its kernels and collectives: real DMP steps of tiny tables,
+every table data-parallel against the first table-wise, in interleaved rounds, on the
+job's own group or on 2 spawned gloo ranks (:func:`time_sharding_path`).
 """
 
 from __future__ import annotations
@@ -84,16 +68,12 @@ class PathTimings:
 def time_sharding_path(
     rounds: int = 8, warmup: int = 3, steps: int = 20, timeout_s: float = 90.0
 ) -> PathTimings:
-    """Time the two plans (see the module docstring) in ``rounds`` interleaved rounds of
-    ``warmup`` untimed and ``steps`` timed steps each: on the job's own group and devices
-    while rank 0 of a job drives measurements there (every rank taking part), else on
-    :data:`PATH_WORLD` gloo ranks this machine starts.
+    """Time both plans in ``rounds`` interleaved rounds of ``warmup`` + ``steps`` steps, on
+    the driven job's group, else on :data:`PATH_WORLD` spawned gloo ranks.
 
     Raises:
-        ShardingPathError: a started rank failed (its stderr in the message) or
-            ``timeout_s`` passed (every rank is then ended).
-        ValueError: called inside a distributed job that is not driving its group
-            (nothing is spawned there).
+        ShardingPathError: a started rank failed or ``timeout_s`` passed.
+        ValueError: inside a distributed job that is not driving its group.
     """
     check_may_measure("time_sharding_path")
     if rounds < 1 or steps < 1 or warmup < 0:
@@ -128,13 +108,11 @@ def time_sharding_path(
 
 @group_task
 def _group_path_rounds(group: JobGroup, job: dict[str, Any]) -> dict[str, list[float]]:
-    """Both plans' rounds on the driven job's group and devices, every rank taking part."""
     local = group.hosts.count(group.hosts[group.rank])
     return run_path_rounds(job, group.pg, group.device, local)
 
 
 def _spawned_path_rounds(job: dict[str, Any], timeout_s: float) -> dict[str, list[float]]:
-    """Both plans' rounds on :data:`PATH_WORLD` ranks started here as fresh interpreters."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "path.json"
         spawned = {**job, "world": PATH_WORLD, "port": free_port(), "out": str(out)}

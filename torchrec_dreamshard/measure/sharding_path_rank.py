@@ -1,14 +1,7 @@
-"""One rank of the sharding-path measurement (:mod:`torchrec_dreamshard.measure.sharding_path`),
-run as ``python -m torchrec_dreamshard.measure.sharding_path_rank JOB_JSON``.
-
-The model: the path tables in an ``EmbeddingBagCollection`` and a linear layer over their
-pooled outputs, trained as a job trains (:func:`~.dmp_training.sharded_for_training`), under
-two plans: every table data-parallel, and the same with the first table table-wise on rank
-0. They differ by one table's lookup moving from the dense kernel to the fused one, and by
-TorchRec's table-wise path: its input distribution (the ids' splits and values all-to-all),
-its output all-to-all and their backward. Each rank runs in a fresh interpreter, never a
-re-import of the caller's ``__main__``: a user's script without a ``__main__`` guard does
-not run again.
+"""One rank of the sharding-path measurement (:mod:`.sharding_path`): the path tables and a
+linear layer trained under DMP, every table data-parallel against the first table-wise on
+rank 0. Run in a fresh interpreter as ``python -m
+torchrec_dreamshard.measure.sharding_path_rank JOB_JSON``.
 """
 
 from __future__ import annotations
@@ -98,10 +91,8 @@ def run_path_rounds(
     device: torch.device | None = None,
     local: int | None = None,
 ) -> dict[str, list[float]]:
-    """The body every rank of a process group runs (``group``, default the default group,
-    of ``local`` ranks per host, default all): both plans' mean step ms on ``device``
-    (default CPU, one intra-op thread while it runs) in each of ``job["rounds"]``
-    interleaved rounds; every rank returns the same."""
+    """Both plans' mean step ms in each of ``job["rounds"]`` interleaved rounds, run by every
+    rank of ``group`` (``local`` ranks per host) on ``device`` (default CPU, one thread)."""
     device = device or torch.device("cpu")
     world = dist.get_world_size(group)
     tables = job["tables"]

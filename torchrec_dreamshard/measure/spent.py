@@ -1,15 +1,6 @@
-"""What a plan spent its time on: each measurement of this machine (the collectives, the
-dense kernel, the reference kernel), calibration, verification, and the rest (planning).
-
-:func:`spending` opens a ledger around a plan; every :func:`spent_on` block run inside it
-(in the same thread or task) adds its seconds under its name. Blocks nest: a block's
-seconds exclude those of the blocks inside it (the collectives timed while calibrating are
-the collectives', not the calibration's), so the figures add up to the plan's wall time.
-Outside a ledger, :func:`spent_on` costs a context-variable read.
-
-A ledger reads one clock, :func:`time.perf_counter` unless :func:`spending` is given
-another (``clock=``: the tests hand it one they advance themselves, so what the ledger
-decides is tested without timing anything).
+"""What a plan spent its time on: :func:`spending` opens a ledger and every :func:`spent_on`
+block inside it adds its seconds, less those of the blocks nested in it, so the figures add
+up to the plan's wall time.
 """
 
 from __future__ import annotations
@@ -44,8 +35,7 @@ class Spending:
         self._nested = [0.0]  # per open block (the ledger itself first): its blocks' seconds
 
     def seconds(self) -> dict[str, float]:
-        """Seconds per activity, so far or (once the ledger's block ended) in all: each
-        measured activity, then :data:`PLANNING`."""
+        """Seconds per activity so far (in all once the ledger closed), :data:`PLANNING` last."""
         total = (self._clock() if self._end is None else self._end) - self._start
         return {**self._spent, PLANNING: max(0.0, total - sum(self._spent.values()))}
 
@@ -64,8 +54,7 @@ class Spending:
 
 @contextlib.contextmanager
 def spending(clock: Clock = time.perf_counter) -> Iterator[Spending]:
-    """A new ledger for the block (an enclosing one is set aside and restored after),
-    reading ``clock``."""
+    """A new ledger for the block, reading ``clock`` (an enclosing one is restored after)."""
     ledger = Spending(clock)
     token = _LEDGER.set(ledger)
     try:
@@ -77,8 +66,7 @@ def spending(clock: Clock = time.perf_counter) -> Iterator[Spending]:
 
 @contextlib.contextmanager
 def spent_on(what: str) -> Iterator[None]:
-    """Count the block's seconds (less those of the blocks inside it) under ``what`` in
-    the open ledger, if any; usable as a decorator."""
+    """Count the block's own seconds under ``what`` in the open ledger, if any."""
     ledger = _LEDGER.get()
     if ledger is None:
         yield

@@ -27,21 +27,9 @@ def summarise(
     comm_source: str,
     wall_s: float,
 ) -> PlacementMeasurement:
-    """Combine round medians into per-device figures.
-
-    Args:
-        compute: ``[rounds, D, 2]`` median ``(fwd_ms, bwd_ms)`` per round and device.
-        comm: ``[rounds, D]`` forward + backward all-to-all ms.
-        reference: ``[rounds]`` reference kernel fwd + bwd ms.
-        num_tables: tables on each device.
-        backend: the backend's name.
-        comm_source: where ``comm`` came from.
-        wall_s: seconds the measurement took.
-
-    Returns:
-        Per-device minimum over rounds; step cost ``max_d (fwd + bwd + comm)``; the spread
-        of the per-round step cost; per-round figures in ``extra``.
-    """
+    """Per-device minimum over rounds of ``compute`` (``[rounds, D, 2]``), ``comm``
+    (``[rounds, D]``) and ``reference`` (``[rounds]``); step cost ``max_d (fwd + bwd +
+    comm)``; per-round figures in ``extra``."""
     per_device = []
     for d, n in enumerate(num_tables):
         per_device.append(
@@ -71,12 +59,7 @@ def summarise(
 
 
 def reference_scales(reference_ms: Sequence[float | None]) -> list[float]:
-    """Per row, ``median reference / row reference``: the factor that brings a row's
-    compute figures to the machine's typical speed (1 where the reference is unknown).
-
-    Args:
-        reference_ms: each row's reference-kernel time (``nan`` or ``None`` if unknown).
-    """
+    """Per row, ``median reference / row reference`` (1 where it is ``nan`` or ``None``)."""
     refs = [float("nan") if r is None else float(r) for r in reference_ms]
     known = [r for r in refs if math.isfinite(r)]
     typical = float(np.median(known)) if known else 1.0
