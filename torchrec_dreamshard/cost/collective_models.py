@@ -1,35 +1,13 @@
-"""Every collective TorchRec's sharding types use, modelled: fitted to this machine's
-timings (:mod:`torchrec_dreamshard.measure.collectives` takes them) and cached.
+"""Every collective TorchRec's sharding types use, fitted to this machine's timings
+(:mod:`torchrec_dreamshard.measure.collectives`) and cached.
 
-Each collective is fitted to the latency-bandwidth form of
-:class:`~torchrec_dreamshard.cost.comm_model.CommModel`
-
-    t(D, MB) = a + b * (D - 1) + c * MB        (ms; one collective among D ranks)
-
-where ``MB`` (1e6 bytes) is what one rank sends plus receives under the collective's
-bandwidth-optimal algorithm, so that every collective is on the same axis. For a buffer of
-``S`` bytes on each of ``D`` ranks:
-
-* all-to-all of ``S`` bytes per rank, evenly split: ``2 (D - 1) / D * S`` (its own slice
-  stays; uneven all-to-alls count the bytes they actually move);
-* reduce-scatter of an ``S``-byte input (``S / D`` out): ``2 (D - 1) / D * S``;
-* all-gather into an ``S``-byte output (``S / D`` in): ``2 (D - 1) / D * S``;
-* all-reduce of ``S`` bytes (a reduce-scatter then an all-gather): ``4 (D - 1) / D * S``.
-
-``a, b, c`` are least squares over timings, clipped at 0. Which timings:
-
-* inside a distributed job planning with ``collective_plan`` (:func:`load_group_collectives`):
-  the job's own process group's; the group has one size ``D = W``, so ``b`` is 0 and ``a``
-  holds the whole fixed cost at that size. Cached per machine and topology (world size and
-  hosts).
-* elsewhere (:func:`load_collective_models`): groups of 2..``max_devices`` ranks that are
-  threads of this process (no process is started; spawned ranks on request). Cached per
-  machine and backend.
-
-The all-to-all model fitted here is the package's one model of an all-to-all's time
-(:func:`load_all_to_all_model`): callers of the local measurement backend hand it over
-for the backend to charge, the calibration sets the cost network's all-to-all head to it,
-and the planner prices every sharding type's all-to-alls with it.
+Each is ``t(D, MB) = a + b (D - 1) + c MB`` ms among D ranks
+(:class:`~torchrec_dreamshard.cost.comm_model.CommModel`), ``MB`` what one rank sends plus
+receives: ``2 (D - 1) / D * S`` for an all-to-all, reduce-scatter or all-gather of an
+``S``-byte buffer, ``4 (D - 1) / D * S`` for an all-reduce. ``a, b, c >= 0`` by least
+squares, on the job's own group (:func:`load_group_collectives`) or on thread ranks of
+2..``max_devices`` (:func:`load_collective_models`). The all-to-all fit is the package's one
+all-to-all model (:func:`load_all_to_all_model`).
 """
 
 from __future__ import annotations
@@ -66,13 +44,10 @@ class CollectiveModels:
     """One fitted :class:`CommModel` per collective, for one backend.
 
     Args:
-        backend: ``"gloo"`` or ``"nccl"`` (or ``"analytic"`` for models built from
-            bandwidths rather than timings).
+        backend: ``"gloo"``, ``"nccl"`` or ``"analytic"``.
         models: collective name -> its ``t(D, MB)`` model.
         source: how the models were obtained.
-        hosts: hosts the timed ranks spanned: above 1 (a job's own group over several
-            hosts), the fit holds the cross-host links too, and the topology's analytic
-            cross-host term is not added to it.
+        hosts: hosts the timed ranks spanned; above 1 the fit holds the cross-host links.
     """
 
     backend: str
@@ -120,9 +95,7 @@ class CollectiveModels:
 
 @spent_on("collectives")
 def fit_group_collectives(group: JobGroup) -> CollectiveModels:
-    """Time every collective on the driven job group (every rank taking part:
-    :func:`~torchrec_dreamshard.measure.collectives.group_collective_samples`) and fit
-    the models."""
+    """Time every collective on the driven job group and fit the models."""
     samples, source = group_collective_samples(group)
     models = fit_collective_models(samples, group.backend, source)
     models.hosts = len(set(group.hosts))
@@ -144,9 +117,7 @@ def fit_collective_models(
 def calibrate_collective_models(
     max_devices: int = 4, backend: str | None = None, ranks: str = "threads"
 ) -> CollectiveModels:
-    """Time every collective on groups of 2..``max_devices`` ranks and fit their models
-    (the timing, its arguments and what it refuses:
-    :func:`~torchrec_dreamshard.measure.collectives.time_collectives`)."""
+    """Time every collective on groups of 2..``max_devices`` ranks and fit them."""
     backend = backend or default_backend()
     samples, source = time_collectives(max_devices, backend, ranks)
     return fit_collective_models(samples, backend, source)
@@ -165,10 +136,7 @@ def _ranks(backend: str) -> str:
 
 
 def collectives_cache_file(backend: str | None = None) -> CacheFile:
-    """This machine's cache file of the models fitted outside a job with ``backend``: keyed
-    by :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key`, the backend, how
-    the ranks run (threads or processes) and the largest group timed (at most
-    :data:`MAX_RANKS`, fewer on a machine of fewer cores or GPUs)."""
+    """This machine's cache file of the models fitted outside a job with ``backend``."""
     backend = backend or default_backend()
     largest = largest_group(MAX_RANKS, backend)
     topology = {"backend": backend, "ranks": _ranks(backend), "max_ranks": largest}
@@ -187,10 +155,9 @@ _LOADED: dict[str, CollectiveModels] = loaded_memo()
 def load_collective_models(
     path: str | os.PathLike | None = None, backend: str | None = None
 ) -> CollectiveModels:
-    """The fitted models from ``path`` (default :func:`default_collectives_path`),
-    calibrating and saving them first when the file does not exist: gloo's on ranks that
-    are threads of this process (no process is started), NCCL's on spawned ranks (never
-    on the planner's path: it prices GPU ranks outside a job analytically)."""
+    """The fitted models from ``path`` (default :func:`default_collectives_path`), measured
+    and saved first when the file is missing (gloo on threads, NCCL on spawned ranks).
+    """
     backend = backend or default_backend()
     file = named_file(path) if path is not None else collectives_cache_file(backend)
     ranks = _ranks(backend)
@@ -205,10 +172,7 @@ def load_collective_models(
 
 
 def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
-    """This machine's cache file of the models measured on a job group of ``len(hosts)``
-    ranks on ``hosts`` (rank order) with ``backend``: keyed by
-    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the topology
-    (backend, world size, ranks on rank 0's host, the hosts)."""
+    """This machine's cache file of the models measured on a job group on ``hosts``."""
     label = f"{backend}_{len(hosts)}ranks"
     topology = group_topology_key(backend, hosts)
     extra = {"format": FORMAT_VERSION, "topology": topology, "runs": runs_key()}
@@ -216,9 +180,7 @@ def group_collectives_file(backend: str, hosts: Sequence[str]) -> CacheFile:
 
 
 def group_topology_key(backend: str, hosts: Sequence[str]) -> dict[str, Any]:
-    """What a measurement on a job group of ``len(hosts)`` ranks on ``hosts`` (rank order)
-    with ``backend`` is keyed by beside the machine: the backend, the world size, the ranks
-    on rank 0's host and the hosts."""
+    """The topology key of a job-group measurement: backend, world size, rank 0's host, hosts."""
     hosts = list(hosts)
     return {
         "backend": backend,
@@ -234,9 +196,9 @@ def group_collectives_path(backend: str, hosts: Sequence[str]) -> Path:
 
 
 def load_group_collectives(group: JobGroup) -> CollectiveModels:
-    """The models measured on the driven job ``group`` (cached per machine and topology:
-    :func:`group_collectives_path`), measuring them on the group first when there is no
-    cache file. Every rank's call is the same group request, so rank 0 decides."""
+    """The models measured on the driven job ``group``, measured first when not cached
+    (rank 0 decides).
+    """
     file = group_collectives_file(group.backend, group.hosts)
     return load_cached(
         file,
@@ -249,10 +211,9 @@ def load_group_collectives(group: JobGroup) -> CollectiveModels:
 
 
 def load_all_to_all_model(path: str | os.PathLike | None = None) -> CommModel:
-    """The machine's all-to-all model: the all-to-all of the collective models in ``path``
-    (default: this machine's gloo fit, :func:`load_collective_models`, measured first where
-    it is not cached); without ``path``, while rank 0 of a job drives measurements on the
-    job's group, the one measured on that group (:func:`load_group_collectives`)."""
+    """The machine's all-to-all model: from ``path``, else the driven job group's, else
+    this machine's gloo fit.
+    """
     group = active_group() if path is None else None
     if group is not None:
         return load_group_collectives(group).models["all_to_all"]
@@ -262,11 +223,10 @@ def load_all_to_all_model(path: str | os.PathLike | None = None) -> CommModel:
 def local_all_to_all(
     num_devices: int, backend: str = "local", path: str | os.PathLike | None = None
 ) -> CommModel | None:
-    """What to hand :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement`
-    as ``comm``: the machine's all-to-all model (:func:`load_all_to_all_model` of
-    ``path``) where the local backend charges one, that is over more than one device;
-    ``None`` for one device or the distributed backend (which times the real all-to-all),
-    so that nothing is loaded or measured that the measurement does not charge."""
+    """The ``comm`` model for
+    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement`: the all-to-all
+    model where the local backend charges one (more than one device), else ``None``.
+    """
     if backend != "local" or num_devices <= 1:
         return None
     return load_all_to_all_model(path)

@@ -1,18 +1,10 @@
-"""The model of a collective's time, fitted to timings of this machine
-(:mod:`torchrec_dreamshard.measure.collective_timing` times them).
+"""The model of a collective's time, fitted to this machine's timings
+(:mod:`torchrec_dreamshard.measure.collective_timing`):
 
-Every collective's time is modelled (:class:`CommModel`) as
+    t(D, v) = a + b (D - 1) + c v        (ms; v = MB a device sends plus receives)
 
-    t(D, v) = a + b * (D - 1) + c * v        (ms, one collective; v = MB a device sends
-                                              plus receives, its own slice excluded)
-
-with ``a, b, c`` least squares over timings, clipped at 0 (:func:`fit_comm_model`). An
-all-to-all's ms per rank, given its flows, is :meth:`CommModel.all_to_all_ms`: the one
-implementation the planner (:func:`~torchrec_dreamshard.cost.comm_topology.all_to_all_ms`,
-which adds the cross-host term) and the local measurement backend
-(:meth:`CommModel.device_comm_ms`, the table-wise all-to-all forward and backward) both
-charge. Which fit is the machine's all-to-all is
-:func:`~torchrec_dreamshard.cost.collective_models.load_all_to_all_model`.
+:meth:`CommModel.all_to_all_ms` is the one all-to-all pricing the planner and the local
+measurement backend share.
 """
 
 from __future__ import annotations
@@ -53,13 +45,11 @@ class CommModel:
         return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
 
     def all_to_all_ms(self, flows: np.ndarray, ranks: Iterable[int] | None = None) -> np.ndarray:
-        """``[W]`` ms of one all-to-all over ``ranks`` (default: all ``W``; 0 for ranks
-        outside it), this model being the all-to-all's: each rank moves what it sends
-        plus what it receives, its own slice excluded.
+        """``[W]`` ms of one all-to-all over ``ranks`` (0 outside it).
 
         Args:
             flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored).
-            ranks: the ranks taking part.
+            ranks: the ranks taking part (default: all).
         """
         f = np.array(flows, dtype=np.float64)
         np.fill_diagonal(f, 0.0)
@@ -72,10 +62,7 @@ class CommModel:
     def device_comm_ms(
         self, dims: Sequence[int], batch_size: int, elem_bytes: int = 4
     ) -> list[float]:
-        """Forward + backward table-wise all-to-all ms of every device, given each
-        device's pooled width (:func:`~torchrec_dreamshard.measure.comm.table_wise_flows`;
-        what the local backend charges, as
-        :class:`~torchrec_dreamshard.measure.comm.AllToAllCost`)."""
+        """Forward + backward table-wise all-to-all ms of every device, from pooled widths."""
         flows = table_wise_flows(dims, batch_size, elem_bytes)
         return [float(ms) for ms in self.all_to_all_ms(flows) + self.all_to_all_ms(flows.T)]
 
@@ -83,11 +70,10 @@ class CommModel:
 def fit_comm_model(
     samples: Sequence[tuple[int, float, float]], source: str, what: str = "collective"
 ) -> CommModel:
-    """Least squares of ``(num_devices, MB, ms)`` samples (one ``what`` collective each).
+    """Least squares of ``(num_devices, MB, ms)`` samples of one ``what`` collective.
 
-    Where every sample has the same ``num_devices`` (a job's own group, or a 2-core
-    machine's two ranks) the per-peer term cannot be told from the latency: it is 0, and
-    the model holds at that size."""
+    With one group size only, the per-peer term is 0 and the model holds at that size.
+    """
     arr = np.asarray(samples, dtype=np.float64)
     if arr.ndim != 2 or arr.shape[0] < 3:
         raise ValueError(f"fitting the {what} model needs at least 3 samples")

@@ -1,32 +1,19 @@
 """Hosts in the communication terms: which collectives cross hosts, and what that costs.
 
-A job of ``W`` ranks runs ``L`` (``local_world_size``) ranks per host; rank ``r`` lives on
-host ``r // L``, as in TorchRec's ``Topology``. A collective over a set of ranks costs
-each rank
+Rank ``r`` of ``W`` lives on host ``r // L`` (``L = local_world_size``), as in TorchRec's
+``Topology``. A collective costs each rank
 
-    t_r = fit(D, MB_r)  +  X_r / inter_host_bw
+    t_r = fit(D, MB_r) + X_r / inter_host_bw
 
-* ``fit`` is the collective's latency-bandwidth model (measured on this machine's backend,
-  :mod:`torchrec_dreamshard.cost.collective_models`), at the group's size ``D`` and the MB the
-  rank sends plus receives. Every rank's bytes pass through its own stack, so the fit
-  applies whether or not the group crosses hosts; beyond the sizes it was measured at
-  (here 2..4 ranks) it extrapolates linearly in ``D``.
-* ``X_r`` (bytes) is what the rank moves *across hosts*, one way: links are full duplex,
-  so it is the larger of what it sends to and receives from other hosts. This term is
-  **analytic** (this machine has one host and cannot measure it), except where the fit was
-  timed on a job's own group spanning several hosts (``CollectiveModels.hosts``): that fit
-  holds the cross-host links, and the term is not added. With one NIC per rank
-  (TorchRec's assumption, whose all-reduce bandwidth is ``inter_host_bw * L``):
+``fit`` is the collective's model (:mod:`~torchrec_dreamshard.cost.collective_models`).
+``X_r`` is the bytes the rank moves across hosts one way (analytic; not added where the fit
+was timed over several hosts):
 
-  - all-to-all: exactly the flows to and from ranks of other hosts;
-  - reduce-scatter, all-gather of an ``S``-byte buffer over ``H`` hosts with ``n`` ranks
-    each (hierarchical: within the host, then a ring between hosts carried by the host's
-    ``n`` NICs): ``X = (H - 1) / H * S / n``; all-reduce: twice that. A group with unequal
-    ranks per host is charged at its thinnest host (fewest NICs).
+- all-to-all: the flows to and from other hosts' ranks;
+- reduce-scatter, all-gather over ``H`` hosts of ``n`` ranks: ``(H - 1) / H * S / n``;
+  all-reduce twice that; unequal hosts are charged at the thinnest.
 
-Where no fit exists for the target (NVLink within a host, say), :func:`analytic_models`
-builds the fit from ``intra_host_bw`` alone: no latency, ``MB / 2 / intra_host_bw`` (half
-of send-plus-receive crosses each direction of a full-duplex link). That is analytic too.
+:func:`analytic_models` builds a fit from ``intra_host_bw`` alone where none is measured.
 """
 
 from __future__ import annotations
@@ -54,9 +41,13 @@ class CommTopology:
     Args:
         world_size: ranks ``W`` in the job.
         local_world_size: ranks per host ``L`` (``None``: all on one host).
-        intra_host_bw: bytes/ms between ranks of a host (used only by
-            :func:`analytic_models`; the measured fit stands for it here).
+        intra_host_bw: bytes/ms between ranks of a host (:func:`analytic_models` only).
         inter_host_bw: bytes/ms of one rank's link to other hosts.
+
+    Example::
+
+        topo = CommTopology(world_size=16, local_world_size=8, inter_host_bw=12.5e6)
+        topo.crosses_hosts([0, 9])  # True
     """
 
     world_size: int
@@ -79,8 +70,7 @@ class CommTopology:
 
     @classmethod
     def from_torchrec(cls, topology: Any) -> CommTopology:
-        """From a TorchRec ``Topology`` (its ``world_size``, ``local_world_size``,
-        ``intra_host_bw`` and ``inter_host_bw``, all in TorchRec's units)."""
+        """From a TorchRec ``Topology``, in TorchRec's units."""
         return cls(
             world_size=int(topology.world_size),
             local_world_size=int(topology.local_world_size),
@@ -128,8 +118,7 @@ class CommTopology:
         return self.hosts[:, None] != self.hosts[None, :]
 
     def ring_cross_bytes(self, kind: str, ranks: Sequence[int], buffer_bytes: float) -> float:
-        """Bytes one rank moves across hosts, one way, in a reduce-scatter, all-gather or
-        all-reduce of ``buffer_bytes`` over ``ranks`` (see the module docstring)."""
+        """Bytes one rank moves across hosts in a ring collective of ``buffer_bytes``."""
         if check_kind(kind) not in _RING_CROSS:
             raise ValueError(f"{kind!r} is not a ring collective; give its flows")
         per_host: dict[int, int] = {}
@@ -143,12 +132,11 @@ class CommTopology:
 
 @dataclass(frozen=True, eq=False)
 class FlowTotals:
-    """An all-to-all's flows as the models read them: per rank, the bytes it sends to and
-    receives from the other ranks, and the part of each that crosses hosts (``[W]`` each,
-    a rank's own slice excluded). Every term of an all-to-all's time is linear in these,
-    so a plan's flows add up in ``O(W)`` per table rather than ``O(W^2)``: the type choice
-    rates thousands of tables on hundreds of ranks this way. ``.T`` is the reverse
-    exchange (the backward of a forward)."""
+    """An all-to-all's flows as per-rank totals (``[W]`` each, own slice excluded).
+
+    Per rank: bytes sent, received, and the cross-host part of each. Every term is linear in
+    these, so flows add in ``O(W)`` per table. ``.T`` is the reverse exchange.
+    """
 
     sent: np.ndarray
     recv: np.ndarray
@@ -179,8 +167,7 @@ class FlowTotals:
 
     @classmethod
     def one_to_all(cls, topo: CommTopology, rank: int, nbytes: float) -> FlowTotals:
-        """``rank`` sends ``nbytes`` to every other rank (:meth:`outer` of a one-hot
-        source and ones, without the sums)."""
+        """``rank`` sends ``nbytes`` to every other rank."""
         w = topo.world_size
         sent, remote_sent = np.zeros(w), np.zeros(w)
         sent[rank] = nbytes * (w - 1)
@@ -214,15 +201,10 @@ def all_to_all_ms(
     ranks: Sequence[int],
     flows: np.ndarray | FlowTotals,
 ) -> np.ndarray:
-    """``[W]`` ms of one all-to-all over ``ranks`` (0 for ranks outside it): the fit at
-    the MB each rank sends plus receives (as
-    :meth:`~torchrec_dreamshard.cost.comm_model.CommModel.all_to_all_ms`, what the local
-    backend charges too) plus the cross-host term, the larger of what it sends to and
-    receives from other hosts over ``inter_host_bw``.
+    """``[W]`` ms of one all-to-all over ``ranks`` (0 outside): fit plus cross-host term.
 
     Args:
-        flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored), or
-            their :class:`FlowTotals`.
+        flows: ``[W, W]`` bytes rank ``i`` sends rank ``j``, or their :class:`FlowTotals`.
     """
     group = sorted(set(ranks))
     if not isinstance(flows, FlowTotals):
@@ -239,9 +221,7 @@ def all_to_all_ms(
 
 
 def cross_host_ms(topo: CommTopology, models: CollectiveModels, cross_bytes: Any) -> Any:
-    """The analytic cross-host term (of a number of bytes, or of an array of them), unless
-    ``models`` were timed over several hosts (a job's own group), whose fit holds the
-    cross-host links already."""
+    """The analytic cross-host term, unless ``models`` were timed over several hosts."""
     return 0.0 * cross_bytes if models.hosts > 1 else cross_bytes / topo.inter_host_bw
 
 
@@ -252,8 +232,7 @@ def ring_ms(
     ranks: Sequence[int],
     buffer_bytes: float,
 ) -> np.ndarray:
-    """``[W]`` ms of one reduce-scatter, all-gather or all-reduce of ``buffer_bytes`` per
-    rank over ``ranks`` (0 for ranks outside it)."""
+    """``[W]`` ms of one reduce-scatter, all-gather or all-reduce over ``ranks``."""
     out = np.zeros(topo.world_size)
     group = sorted(set(ranks))
     mb = wire_megabytes(kind, len(group), buffer_bytes)
@@ -264,8 +243,7 @@ def ring_ms(
 
 
 def analytic_models(topo: CommTopology) -> CollectiveModels:
-    """Collective models from ``topo.intra_host_bw`` alone (no latency): for a backend
-    this machine cannot measure, such as NCCL over NVLink. Analytic, unmeasured."""
+    """Unmeasured collective models from ``topo.intra_host_bw`` alone (no latency)."""
     ms_per_mb = 1e6 / 2.0 / topo.intra_host_bw
     source = f"analytic: intra_host_bw {topo.intra_host_bw:.4g} bytes/ms, unmeasured"
     model = CommModel(latency_ms=0.0, per_peer_ms=0.0, ms_per_mb=ms_per_mb, source=source)

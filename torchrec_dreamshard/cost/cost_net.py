@@ -1,44 +1,18 @@
-"""The cost network: physical quantities summed exactly per device, a learned monotone
-correction for fusion, and an ensemble whose spread is the model's uncertainty.
+"""The cost network: exact per-device sums of physical quantities, a learned monotone
+fusion correction, and an ensemble whose spread is the uncertainty.
 
-Inputs. Each table ``i`` is seen as ``x_i = [s_i, q_i]``: its shape features ``s_i``
-(``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(bytes) / 11`` and the 17 reuse fractions;
-no pooling factor) and its scaled physical quantities ``q_i >= 0``
-(:func:`torchrec_dreamshard.cost.physics.table_quantities`: lookups, bags, elements gathered,
-unique rows, elements updated, table elements, and the gathered/updated elements split
-over five table-size buckets). Both come from fixed constants, so a table has the same
-input in every task, at the task's own batch size.
+A table is ``x_i = [s_i, q_i]``: shape features ``s_i`` (log dim, rows, bytes and reuse
+fractions) and physical quantities ``q_i >= 0``
+(:func:`~torchrec_dreamshard.cost.physics.table_quantities`). Member ``k``:
 
-One member ``k`` of the ensemble. A table's encoding is non-negative and grows with its
-physical quantities,
+    e_i = relu(A_k^+ log(1 + q_i) + g_k(s_i))
+    (f_d, b_d) = c_k + W_k^+ Q_d + V_k^+ relu(U_k^+ log(1 + H_d) + u_k)
 
-    e_i = relu(A_k^+ log(1 + q_i) + g_k(s_i))          (A^+ >= 0 elementwise),
-
-and a device holding the tables ``S_d`` is seen through two exact sums,
-``Q_d = sum_{i in S_d} q_i`` and ``H_d = sum_{i in S_d} e_i``. Its forward and backward
-times are a physical part plus a fusion part,
-
-    (f_d, b_d) = c_k + W_k^+ Q_d + V_k^+ relu(U_k^+ log(1 + H_d) + u_k),
-
-with every ``+`` weight non-negative (softplus of a free parameter). Adding a table to a
-device, or raising any of a table's physical quantities (more lookups, more unique rows),
-therefore never lowers a predicted time: the network can only learn how fusion departs
-from the physical sums, not reverse them, and the physical part extrapolates linearly
-beyond the tables it was trained on.
-
-The all-to-all has the latency-bandwidth form of a collective (shared by the members):
-with D devices, total pooled width W and the device's width ``w_d``,
-``m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r`` (0 when D = 1).
-
-Step. Measured step cost is ``max_d (f_d + b_d + m_d)``, so the network predicts exactly
-that: ``log step = max_d log t_d`` over non-empty devices.
-
-Ensemble. ``K`` members, each initialised apart and fitted on its own bootstrap
-re-weighting of the samples. The prediction is the mean of the members' log costs; their
-standard deviation is the uncertainty a planner adds as a penalty, so that a search
-cannot profit from a placement only some members believe in.
-
-Fitting is in :mod:`torchrec_dreamshard.cost.fitting`.
+with ``Q_d = sum q_i``, ``H_d = sum e_i`` over the device's tables and every ``+`` weight
+softplus-positive, so adding a table never lowers a time. All-to-all:
+``m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r`` (0 when D = 1). Step:
+``log step = max_d log(f_d + b_d + m_d)``. The prediction is the members' mean log cost,
+their standard deviation the uncertainty. Fitting: :mod:`~torchrec_dreamshard.cost.fitting`.
 """
 
 from __future__ import annotations
@@ -69,10 +43,7 @@ MAX_MEMBERS = 64  # largest ensemble a checkpoint may ask for
 
 
 def cost_inputs(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """``[T, INPUT_DIM]`` network inputs ``[s_i, q_i]`` at ``batch_size`` (float32).
-
-    Each row depends on its table and the batch alone, so rows are cached per table
-    (:data:`_ROWS`): a planner prices the same tables many times."""
+    """``[T, INPUT_DIM]`` float32 inputs ``[s_i, q_i]`` at ``batch_size``, cached per table."""
     if not tables:
         return np.zeros((0, INPUT_DIM), dtype=np.float32)
     rows = [_ROWS.get((t, batch_size)) for t in tables]
@@ -91,7 +62,6 @@ _ROWS: dict[tuple[TableSpec, int], np.ndarray] = {}
 
 
 def _rows(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """:func:`cost_inputs` computed (each row from its own table: the same in any batch)."""
     shape = table_features(tables, batch_size)[:, SHAPE_COLUMNS]
     rows = np.concatenate([shape, table_quantities(tables, batch_size)], axis=1)
     rows = rows.astype(np.float32)
@@ -124,13 +94,19 @@ def _param(*shape: int, scale: float) -> nn.Parameter:
 
 
 class CostNet(nn.Module):
-    """An ensemble of physical-plus-monotone-fusion cost models (see the module
-    docstring). A placement's state per device is one additive vector, the sum of the
-    tables' :meth:`encode` rows: ``[Q_d, H_d^1, ..., H_d^K, w_d / 256]``.
+    """An ensemble of physical-plus-monotone-fusion cost models (module docstring).
+
+    A device state is the sum of its tables' :meth:`encode` rows:
+    ``[Q_d, H_d^1, ..., H_d^K, w_d / 256]``.
 
     Args:
         hidden: width of each member's encodings ``e_i``.
         members: ensemble size K.
+
+    Example::
+
+        net = CostNet(hidden=32, members=4)
+        log_dev = net.device_log_costs(state, ctx)  # [..., 3] log fwd/bwd/comm ms
     """
 
     def __init__(self, hidden: int = 16, members: int = 5):
@@ -176,8 +152,7 @@ class CostNet(nn.Module):
     # -- tables ---------------------------------------------------------------------------
 
     def encode(self, x: torch.Tensor) -> torch.Tensor:
-        """``[T, enc_dim]`` table encodings ``[q_i, e_i^1..e_i^K, dim_i / 256]`` from
-        inputs ``x`` ``[T, INPUT_DIM]``."""
+        """``[T, enc_dim]`` encodings ``[q_i, e_i^1..e_i^K, dim_i / 256]`` of inputs ``x``."""
         shape, q = x[:, :NUM_SHAPE], x[:, NUM_SHAPE:]
         hid = torch.relu(torch.einsum("ts,ksh->kth", shape, self.g1) + self.g1_b)
         g = torch.einsum("kth,khj->ktj", hid, self.g2) + self.g2_b
@@ -188,8 +163,7 @@ class CostNet(nn.Module):
     # -- devices --------------------------------------------------------------------------
 
     def member_compute(self, S: torch.Tensor) -> torch.Tensor:
-        """``[..., K, 2]`` each member's forward and backward ms of device states ``S``
-        ``[..., enc_dim]``."""
+        """``[..., K, 2]`` each member's forward and backward ms of states ``S``."""
         K, h, Q = self.members, self.hidden, NUM_QUANTITIES
         lead = S.shape[:-1]
         q = S[..., :Q]
@@ -203,8 +177,7 @@ class CostNet(nn.Module):
         return F.softplus(self.c_raw) + phys + fusion
 
     def log_comm(self, width: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        """Log all-to-all ms of a device of pooled width ``w`` among D devices of total
-        width W (see the module docstring); none for one device."""
+        """Log all-to-all ms of a device of width ``w`` among D devices of width W."""
         D = torch.exp2(ctx[..., 0] * CTX_SCALE)
         W = torch.exp2(ctx[..., 1] * WIDTH_SCALE) - 1.0
         p, q, r = F.softplus(self.comm_raw)
@@ -228,19 +201,16 @@ class CostNet(nn.Module):
     def overall_log_cost(
         self, h: torch.Tensor, log_dev: torch.Tensor, occupied: torch.Tensor
     ) -> torch.Tensor:
-        """``[...]`` log step cost: the max over occupied devices of ``log t_d``, from
-        ``log_dev`` ``[..., D, 3]`` (``h`` is unused, kept for the MDP's interface)."""
+        """``[...]`` log step cost: max over occupied devices of ``log t_d`` (``h`` unused)."""
         log_total = torch.logsumexp(log_dev, dim=-1)
         return log_total.masked_fill(~occupied, torch.finfo(log_total.dtype).min).amax(-1)
 
 
 class FrozenHeads:
-    """A :class:`CostNet`'s device heads as planning evaluates them: many times over, with
-    weights that do not change. The softplus of every weight and the task context's
-    all-to-all terms are computed once, and each ensemble product is the one batched matrix
-    product ``torch.einsum`` makes of it (same operands, same layout), so the values are
-    the network's own, bit for bit (``tests/test_cost_model.py`` checks it). No gradient
-    flows through them: build a new one whenever the weights change.
+    """A :class:`CostNet`'s device heads with fixed weights, for planning.
+
+    Softplus weights and context terms are computed once; values match the network bit for
+    bit. No gradient flows: rebuild when the weights change.
 
     Args:
         net: the cost network.
@@ -259,8 +229,7 @@ class FrozenHeads:
         self._comm_terms: dict[tuple[int, ...], tuple] = {}
 
     def member_compute(self, S: torch.Tensor) -> torch.Tensor:
-        """:meth:`CostNet.member_compute`, its per-member products kept member-major
-        (``[K, n, h]``) between the two ``bmm``."""
+        """:meth:`CostNet.member_compute`, member-major between the two ``bmm``."""
         K, h, Q = self.members, self.hidden, NUM_QUANTITIES
         lead = S.shape[:-1]
         phys = torch.bmm(S[..., :Q].reshape(1, -1, Q), self.W).view(*lead, K, 2)
@@ -270,8 +239,7 @@ class FrozenHeads:
         return self.c + phys + fusion
 
     def log_comm(self, width: torch.Tensor | np.ndarray) -> torch.Tensor:
-        """:meth:`CostNet.log_comm` of devices of pooled widths ``width``, in this context
-        (its float32 arithmetic in numpy, the logarithm in torch)."""
+        """:meth:`CostNet.log_comm` of devices of pooled widths ``width``."""
         W, D_less_2, scale, peers, q, r, several = self._comm(tuple(width.shape))
         width = width.numpy() if isinstance(width, torch.Tensor) else np.asarray(width)
         load = np.maximum(W + D_less_2 * width, 0.0) / scale
@@ -279,9 +247,7 @@ class FrozenHeads:
         return log_m if several is None else torch.where(several, log_m, NO_COMM_LOG)
 
     def _comm(self, lead: tuple[int, ...]) -> tuple:
-        """The all-to-all terms that depend on the context alone, for states of shape
-        ``[*lead, enc_dim]``, built as :meth:`CostNet.member_device_log_costs` builds them
-        (once per shape; as float32 numpy arrays and scalars)."""
+        """The context-only all-to-all terms for states ``[*lead, enc_dim]`` (cached per shape)."""
         if lead not in self._comm_terms:
             c = self.ctx.expand(*lead, self.ctx.shape[-1])
             D = torch.exp2(c[..., 0] * CTX_SCALE)

@@ -1,24 +1,13 @@
-"""The model of the kernel data-parallel tables run, fitted to timings of this machine
-(:mod:`torchrec_dreamshard.measure.dense_kernels` times them).
+"""The model of the dense kernel data-parallel tables run, fitted to this machine's
+timings (:mod:`torchrec_dreamshard.measure.dense_kernels`).
 
-TorchRec's data-parallel sharding looks a table up on every rank with FBGEMM's *dense*
-table-batched kernel (``DenseTableBatchedEmbeddingBagsCodegen``: no fused optimizer; its
-backward writes a dense gradient of the whole table), DDP all-reduces that gradient and
-the job's dense optimizer updates the table. That is not the fused kernel the cost network
-learnt: on this machine's CPU, the fused row-wise Adagrad backward of a tiny table costs
-several times the dense kernel's backward and update. So data-parallel tables are priced
-by a model of their own kernel, fitted as the collectives are:
+Over the tables one rank looks up in one dense kernel:
 
     fwd = a0 + a1 n + a2 G + a3 O
     bwd = c0 + c1 n + c2 G + c3 W            (ms; the dense optimizer step included)
 
-over the tables one rank looks up in one dense kernel: ``n`` tables, ``G = b sum p d``
-elements gathered (MB of fp32), ``O = b sum d`` outputs written, ``W = sum R d`` weights
-(the gradient zeroed and written, the optimizer's passes over weights, state and
-gradient). The coefficients are non-negative least squares over timings of random table
-sets (FBGEMM's dense kernel forward and backward, then ``torch.optim.Adagrad`` over the
-weights, as TorchRec's DP exposes them), cached per machine in a JSON file. On CUDA the
-timer runs on the GPU (events); that path is written to be right and is unmeasured here.
+``n`` tables, ``G = b sum p d`` elements gathered, ``O = b sum d`` outputs, ``W = sum R d``
+weights (MB of fp32); coefficients by non-negative least squares, cached per machine.
 """
 
 from __future__ import annotations
@@ -48,7 +37,7 @@ FEATURES = ("ms", "ms_per_table", "ms_per_mb_gathered", "ms_per_mb_output", "ms_
 
 
 def dense_features(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """``[1, n, G, O, W]`` of one dense kernel (see the module docstring; MB of fp32)."""
+    """``[1, n, G, O, W]`` of one dense kernel (MB of fp32)."""
     gathered = batch_size * sum(t.pooling_factor * t.dim for t in tables) * 4 / 1e6
     outputs = batch_size * sum(t.dim for t in tables) * 4 / 1e6
     weights = sum(t.rows * t.dim for t in tables) * 4 / 1e6
@@ -57,7 +46,7 @@ def dense_features(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
 
 @dataclass
 class DenseKernelModel:
-    """The fitted dense-kernel model (see the module docstring).
+    """The fitted dense-kernel model.
 
     Args:
         fwd: the forward's coefficients, in the order of :data:`FEATURES`.
@@ -110,10 +99,9 @@ class DenseKernelModel:
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares of *relative* errors (each row weighted by ``1 / y``, so that tiny
-    kernels, where data-parallel is chosen, count as much as big ones) with every
-    coefficient ``>= 0``: columns whose coefficient comes out negative are dropped (the
-    most negative first) and the rest refitted."""
+    """Least squares of relative errors with every coefficient ``>= 0`` (negative columns
+    dropped, most negative first, and the rest refitted).
+    """
     w = 1.0 / np.maximum(y, 1e-3)
     x, y = x * w[:, None], y * w
     keep = list(range(x.shape[1]))
@@ -144,23 +132,14 @@ def fit_dense_kernel_model(
 
 @spent_on("dense_kernel")
 def calibrate_dense_kernel_model(device: str = "cpu") -> DenseKernelModel:
-    """Time :func:`~torchrec_dreamshard.measure.dense_kernels.random_dense_sets` on this
-    machine and fit the model (a few seconds); while rank 0 of a job drives measurements on
-    its group, every rank times its share."""
+    """Time random dense table sets on this machine and fit the model."""
     name = device_name(device)
     samples = time_dense_sets(device)
     return fit_dense_kernel_model(samples, device, f"FBGEMM dense kernel + Adagrad on {name}")
 
 
-# ----------------------------------------------------------------------------------------
-# The per-machine cache
-# ----------------------------------------------------------------------------------------
-
-
 def dense_kernel_cache_file(device: str = "cpu") -> CacheFile:
-    """This machine's cache file of the fitted model on ``device``, keyed by
-    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the file's
-    format."""
+    """This machine's cache file of the fitted model on ``device``."""
     return machine_cache_file("dense_kernel", device, device, format=FORMAT_VERSION)
 
 
@@ -175,8 +154,9 @@ _LOADED: dict[str, DenseKernelModel] = loaded_memo()
 def load_dense_kernel_model(
     path: str | os.PathLike | None = None, device: str = "cpu"
 ) -> DenseKernelModel:
-    """The fitted model from ``path`` (default :func:`default_dense_kernel_path`),
-    timing and saving it first when the file does not exist."""
+    """The fitted model from ``path`` (default :func:`default_dense_kernel_path`), timed first
+    if missing.
+    """
     file = named_file(path) if path is not None else dense_kernel_cache_file(device)
     return load_cached(
         file,

@@ -1,16 +1,8 @@
 """Fitting the cost network (:mod:`torchrec_dreamshard.cost.cost_net`) to measurements,
 and its accuracy metrics.
 
-Samples. A measured placement becomes a :class:`CostSample`: the tables' network inputs
-(at the task's batch), the table indices on each non-empty device, the task context and
-the measured forward/backward/all-to-all ms of each device. Several placements are
-packed into one network call (:func:`pack`).
-
-Loss. A robust (Huber) error of logarithms per member, weighted by the member's
-bootstrap weight of the sample, on the device forward, backward and (on more than one
-device) all-to-all times: relative (a 0.05 ms table and a 50 ms device weigh the same),
-symmetric in over- and under-prediction, and linear beyond ``HUBER_BETA`` so that a
-timing spike of a shared machine does not drag the fit.
+The loss is a Huber error of log device times (fwd, bwd, and all-to-all on more than one
+device) per member, weighted by the member's bootstrap weight of the sample.
 """
 
 from __future__ import annotations
@@ -59,8 +51,7 @@ def sample_from_measurement(
     batch_size: int,
     per_device: Sequence[tuple[float, float, float]],
 ) -> CostSample:
-    """A :class:`CostSample` from a measured placement (``per_device`` lists
-    ``(fwd, bwd, comm)`` ms for every device, empty ones included)."""
+    """A :class:`CostSample` from ``per_device`` ``(fwd, bwd, comm)`` ms, empty devices included."""
     devices = [[i for i, p in enumerate(placement) if p == d] for d in range(num_devices)]
     keep = [d for d in range(num_devices) if devices[d]]
     dev_ms = np.asarray([per_device[d] for d in keep], dtype=np.float64).reshape(-1, 3)
@@ -114,9 +105,10 @@ def member_predictions(net: CostNet, batch: Packed) -> torch.Tensor:
 def weighted_log_loss(
     net: CostNet, batch: Packed, log_dev: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """Huber error of log costs of every member on every device, weighted by the member's
-    bootstrap weight of the device's placement (``weights`` ``[P, K]``); the all-to-all
-    term only where there is one (more than one device)."""
+    """Bootstrap-weighted Huber error of log costs, every member on every device.
+
+    ``weights`` is ``[P, K]``; the all-to-all term counts only on more than one device.
+    """
     pred = member_predictions(net, batch)  # [M, K, 3]
     err = F.smooth_l1_loss(
         pred, log_dev.unsqueeze(1).expand_as(pred), reduction="none", beta=HUBER_BETA
@@ -136,8 +128,7 @@ def fit_cost_model(
     seed: int = 0,
     progress: bool = False,
 ) -> list[float]:
-    """Fit ``net`` in place with Adam on the weighted Huber error of log costs (each member
-    on its own Poisson(1) bootstrap weights of the samples); returns the loss per epoch.
+    """Fit ``net`` in place with Adam on the bootstrap-weighted Huber error of log costs.
 
     Args:
         net: the network (trained further from its current weights).
@@ -147,6 +138,9 @@ def fit_cost_model(
         lr: Adam learning rate, cosine-decayed to 10%.
         seed: bootstrap weights and shuffling.
         progress: a tqdm bar.
+
+    Returns:
+        The loss per epoch.
     """
     if not samples:
         raise ValueError("fit_cost_model needs at least one sample")
@@ -155,8 +149,7 @@ def fit_cost_model(
 
 
 def log_targets(samples: Sequence[CostSample]) -> torch.Tensor:
-    """``[M, 3]`` log of the measured fwd/bwd/comm ms of the samples' devices (floored at
-    ``EPS_MS``), in :func:`pack`'s device order."""
+    """``[M, 3]`` log measured fwd/bwd/comm ms (floored at ``EPS_MS``), in :func:`pack` order."""
     dev = np.concatenate([s.dev_ms for s in samples])
     return torch.from_numpy(np.log(np.maximum(dev, EPS_MS))).float()
 
@@ -200,8 +193,7 @@ def _fit(net, samples, epochs, batch_size, lr, seed, progress) -> list[float]:
 
 @torch.no_grad()
 def predict_samples(net: CostNet, samples: Sequence[CostSample]):
-    """``(dev_ms [M, 3], step_ms [P], step_log_std [P])``: the ensemble's mean device
-    costs, step cost, and the members' spread of log step cost."""
+    """``(dev_ms [M, 3], step_ms [P], step_log_std [P])`` of the ensemble."""
     batch = pack(samples)
     member = member_predictions(net, batch)  # [M, K, 3]
     log_dev = member.mean(1)
@@ -232,9 +224,9 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def evaluate_cost_model(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
-    """Held-out accuracy: MAPE of device totals and of step costs, the mean Kendall tau
-    between predicted and measured step cost over placements of the same task (groups
-    of at least 3), and the members' mean spread of log step cost."""
+    """Held-out accuracy: MAPE of device and step costs, mean per-task Kendall tau
+    (groups of 3 or more), and the mean spread of log step cost.
+    """
     if not samples:
         return {}
     dev_pred, step_pred, spread = predict_samples(net, samples)

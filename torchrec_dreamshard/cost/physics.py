@@ -1,25 +1,11 @@
 """The physical quantities a fused embedding kernel's time follows, per table.
 
-For a table of ``R`` rows and dim ``d`` in a batch of ``B`` samples with pooling factor
-``p`` and reuse histogram ``h`` (fraction of accessed rows by access count):
-
-* lookups ``L = B p`` (ids read; the backward sorts them);
-* bags ``B`` (one pooled output per sample: per-bag loop overhead);
-* elements gathered ``G = L d`` (the forward's reads, the backward's gradient reads);
-* unique rows ``U = L / m``, with ``m = sum_k h_k c_k`` the mean access count of an
-  accessed row (``c_k`` the mean count of bin ``k``), at most ``R``: rows the backward
-  updates, and the rows the forward fetches from memory rather than from cache;
-* elements updated ``U d`` (the row-wise Adagrad update writes them);
-* table elements ``R d`` (how much of the table competes for cache).
-
-Whether a read is served from cache depends on the table's size, so ``G`` and ``U d`` are
-also split over five soft size buckets (triangular weights in ``log10(bytes)`` centred on
-100 KB, 1 MB, 10 MB, 100 MB and 1 GB, summing to 1): a cost model can then charge a
-gathered element of a small, cache-resident table less than one of a large table.
-
-Every quantity is a plain count, so a device's value is exactly the **sum** over its
-tables, and adding a table never lowers any of them. Each is divided by a fixed scale
-(:data:`SCALES`) so that a typical table's values are of order one.
+For ``R`` rows, dim ``d``, batch ``B``, pooling factor ``p`` and reuse histogram ``h``:
+lookups ``L = B p``; bags ``B``; elements gathered ``G = L d``; unique rows
+``U = min(R, L / m)`` (``m`` the mean access count); elements updated ``U d``; table
+elements ``R d``. ``G`` and ``U d`` are also split over five soft size buckets
+(log10 bytes centred on 100 KB .. 1 GB). Each is a plain count, so a device's value is
+the sum over its tables, divided by a fixed scale (:data:`SCALES`).
 """
 
 from __future__ import annotations
@@ -53,8 +39,7 @@ def mean_access_count(hist: np.ndarray) -> float:
 
 
 def size_bucket_weights(size_bytes: float) -> np.ndarray:
-    """Triangular weights of ``log10(size_bytes)`` over :data:`SIZE_BUCKETS_LOG10` (sum 1;
-    sizes beyond the outer buckets go wholly to them)."""
+    """Triangular weights of ``log10(size_bytes)`` over :data:`SIZE_BUCKETS_LOG10` (sum 1)."""
     x = math.log10(max(size_bytes, 1.0))
     centres = np.asarray(SIZE_BUCKETS_LOG10)
     x = min(max(x, centres[0]), centres[-1])
@@ -63,8 +48,7 @@ def size_bucket_weights(size_bytes: float) -> np.ndarray:
 
 
 def table_quantities(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """``[T, NUM_QUANTITIES]`` scaled physical quantities of each table at ``batch_size``
-    (float32; see the module docstring)."""
+    """``[T, NUM_QUANTITIES]`` float32 scaled quantities of each table at ``batch_size``."""
     out = np.zeros((len(tables), NUM_QUANTITIES), dtype=np.float64)
     nb = len(SIZE_BUCKETS_LOG10)
     for i, t in enumerate(tables):

@@ -1,23 +1,16 @@
-"""The cost of a typed plan: every table's sharding terms, priced per rank, batched as
+"""The cost of a typed plan: every table's sharding terms, priced per rank and batched as
 TorchRec batches them.
 
 Per rank ``r``:
 
-    fwd_r  = sum over r's kernels of their forward ms
-    bwd_r  = sum over r's kernels of their backward ms (+ DP dense bytes_r / mem_bw where
-             the dense kernel is not fitted)
-    comm_r = sum over the collectives r takes part in of their ms
+    fwd_r  = sum of r's kernels' forward ms
+    bwd_r  = sum of r's kernels' backward ms (+ DP dense bytes_r / mem_bw, unfitted)
+    comm_r = sum of the ms of the collectives r takes part in
     step   = max_r (fwd_r + bwd_r + comm_r)
 
-A fused kernel is one call of the caller's ``kernel_ms`` over every table (or shard) that
-one rank looks up with one sharding type, pooled or sequence, at one batch: TorchRec
-groups lookups that way (the data-parallel tables of a rank run one *dense* kernel,
-priced by the machine's fitted dense-kernel model where there is one). A collective is
-every table's share with the same tag, kind and ranks (one all-to-all for all table-wise
-outputs, one all-reduce for all DP gradients, one reduce-scatter for all row-wise
-outputs, ...): flows and buffers are **summed first**
-and the collective's model is applied **once**, so its latency is paid once, not per
-table (:mod:`torchrec_dreamshard.cost.comm_topology` prices one collective).
+A fused kernel is one ``kernel_ms`` call over every table one rank looks up with one type,
+pooled or sequence, at one batch. A collective is every share with the same tag, kind and
+ranks: their flows and buffers are summed, then the model is applied once.
 """
 
 from __future__ import annotations
@@ -71,10 +64,7 @@ class PlanCost:
 
 
 def kernel_costs(terms: Terms, ctx: CostContext) -> tuple[np.ndarray, np.ndarray]:
-    """``([W], [W])`` forward and backward ms: every fused kernel priced by one
-    ``kernels_ms`` call (or one ``kernel_ms`` call each), every dense kernel (the
-    data-parallel tables', where fitted) by ``ctx.dense_kernel``, plus DP's analytic dense
-    passes in the backward where it is not fitted."""
+    """``([W], [W])`` forward and backward ms of every fused and dense kernel."""
     groups: dict[tuple[int, str, int], list[TableSpec]] = {}
     dense: dict[tuple[int, str, int], list[TableSpec]] = {}
     for k in terms.kernels:
@@ -136,8 +126,7 @@ def terms_cost(terms: Terms, ctx: CostContext) -> PlanCost:
 
 
 def table_cost(choice: TableChoice, ctx: CostContext) -> PlanCost:
-    """What ``choice`` costs every rank with no other table (its collectives alone, and
-    the job's dense all-reduce if ``ctx.dense_grad_bytes``)."""
+    """What ``choice`` costs every rank alone (and the job's dense all-reduce, if any)."""
     return terms_cost(job_terms(ctx) + table_terms(choice, ctx), ctx)
 
 
@@ -146,10 +135,17 @@ def plan_cost(
     ctx: CostContext,
     terms_of: Callable[[TableChoice, CostContext], Terms] = table_terms,
 ) -> PlanCost:
-    """What a whole typed plan costs every rank, collectives batched (see the module
-    docstring); ``plan_cost(...).step_ms`` rates the plan. ``terms_of`` builds each
-    choice's terms (a :class:`~torchrec_dreamshard.cost.sharding_types.TermsCache` reuses
-    them from one candidate plan to the next)."""
+    """What a typed plan costs every rank, collectives batched.
+
+    Args:
+        choices: every table's :class:`~torchrec_dreamshard.cost.sharding.TableChoice`.
+        ctx: the pricing context.
+        terms_of: each choice's terms (a
+            :class:`~torchrec_dreamshard.cost.sharding_types.TermsCache` reuses them).
+
+    Returns:
+        The :class:`PlanCost`; its ``step_ms`` rates the plan.
+    """
     counts = Counter(c.table.name for c in choices)
     dupes = sorted(n for n, k in counts.items() if k > 1)
     if dupes:
@@ -167,10 +163,7 @@ def plan_cost(
 
 @dataclass(frozen=True)
 class PlanBreakdown:
-    """A typed plan's cost per rank by what prices it: the fused kernels (the cost
-    network's), the dense kernel data-parallel tables run (the fitted dense-kernel model,
-    or the analytic dense passes) and each collective kind (its fitted model), so that a
-    decision between two plans can say which of them it rests on."""
+    """A typed plan's cost per rank by source: fused kernels, dense kernel, each collective."""
 
     fused_ms: np.ndarray
     dense_ms: np.ndarray
@@ -189,8 +182,7 @@ class PlanBreakdown:
         return int(np.argmax(self.total_ms))
 
     def at_slowest(self) -> dict[str, float]:
-        """The slowest rank's ms by source: ``fused_kernels``, ``dense_kernel`` and one
-        entry per collective kind."""
+        """The slowest rank's ms by source (``fused_kernels``, ``dense_kernel``, collectives)."""
         r = self.slowest
         out = {"fused_kernels": float(self.fused_ms[r]), "dense_kernel": float(self.dense_ms[r])}
         out.update({kind: float(ms[r]) for kind, ms in self.comm_ms.items()})
@@ -230,9 +222,7 @@ class Predictor(Protocol):
 
 
 def cost_network_kernel(agent: Predictor) -> KernelFn:
-    """``kernel_ms`` from a DreamShard agent's cost network: the predicted forward and
-    backward ms of the tables alone on one device (the compute heads do not depend on the
-    number of devices, so one device stands for any rank)."""
+    """``kernel_ms`` from an agent's cost network: the tables alone on one device."""
     from torchrec_dreamshard.data.tasks import MAX_MEMORY_BYTES, Task
 
     def kernel_ms(tables: list[TableSpec], batch: int) -> tuple[float, float]:
@@ -251,17 +241,14 @@ def cost_network_kernel(agent: Predictor) -> KernelFn:
 
 
 def cost_network_kernels(agent: Predictor) -> KernelsFn:
-    """``kernels_ms`` from a DreamShard agent's cost network: every kernel of one batch
-    size priced in one prediction, each kernel's tables on a device of their own. Kernels
-    already priced (the same tables at the same batch, as row-wise shards are on every
-    rank, and as a plan's unchanged ranks are from one candidate plan to the next) are
-    remembered, not predicted again."""
+    """``kernels_ms`` from an agent's cost network: one prediction per batch size, each
+    kernel on a device of its own; kernels already priced are remembered.
+    """
     from torchrec_dreamshard.data.tasks import MAX_MEMORY_BYTES, Task
 
     seen: dict[tuple, tuple[float, float]] = {}
 
     def predict(calls: list[tuple[list[TableSpec], int]], batch: int) -> None:
-        # one table may be looked up on several ranks (row-wise shards): unique names
         tables = [
             dataclasses.replace(t, name=f"{t.name}#{d}")
             for d, (group, _) in enumerate(calls)
@@ -311,10 +298,10 @@ def scaled_kernels(kernels_ms: KernelsFn, speed: tuple[float, float]) -> Kernels
 
 
 class ScreeningKernels:
-    """Fused kernels priced for screening candidates: the sum of their tables' single-table
-    kernels (each predicted once), scaled per batch by the fusion ratio the cost network
-    gives one plan's kernels (:meth:`calibrate`). The candidates' many fused groups then
-    cost no prediction; the chosen candidate is rated again with the exact kernels.
+    """Fused kernels priced cheaply for screening candidates.
+
+    The sum of the tables' single-table kernels, scaled per batch by the fusion ratio
+    :meth:`calibrate` measures on one plan; the chosen candidate is rated exactly.
 
     Args:
         exact: the cost network's ``kernels_ms``.
@@ -330,8 +317,7 @@ class ScreeningKernels:
         self.last_calls: list[tuple[list[TableSpec], int]] = []
 
     def summed(self, calls: list[tuple[list[TableSpec], int]]) -> list[tuple[float, float]]:
-        """Per call, the sum of its tables' single-table kernels (each predicted once; the
-        candidates' terms share their table objects, so they are remembered by identity)."""
+        """Per call, the sum of its tables' single-table kernels (remembered by identity)."""
         missing = {
             (b, id(t)): t for tables, b in calls for t in tables if (b, id(t)) not in self.single
         }

@@ -1,29 +1,15 @@
-"""What one table costs each rank under a sharding type: the terms, and the interface of the
-cost strategy every sharding type has (:class:`ShardingCost`; the strategies and their
-registry are :mod:`torchrec_dreamshard.cost.sharding_types`).
+"""What one table costs each rank under a sharding type, and the strategy interface every
+type implements (:class:`ShardingCost`; registry: :mod:`~torchrec_dreamshard.cost.sharding_types`).
 
-Notation: global batch ``B`` (samples per step over all ranks), ``W`` ranks, local batch
-``b = B / W``; a table of ``R`` rows, dim ``d``, pooling factor ``p`` (ids per sample) and
-``e`` bytes per weight; ``I = 8`` bytes per id, ``N = 4`` per bag length, ``o = 4`` per
-output element (fp32; quantised comms would lower it). The width of a sample's output is
-``w = d`` for a pooled table (``EmbeddingBagCollection``) and ``w = p d`` for a sequence
-table (``EmbeddingCollection``: one row per id, so outputs scale with ids times dim).
+Notation: global batch ``B``, ``W`` ranks, local batch ``b = B / W``; a table of ``R``
+rows, dim ``d``, pooling factor ``p``, ``e`` bytes per weight; ``I = 8`` bytes per id,
+``N = 4`` per bag length, ``o = 4`` per output element. A sample's output width is
+``w = d`` pooled, ``w = p d`` for a sequence table.
 
-A term is one of three things, and :mod:`torchrec_dreamshard.cost.plans` prices them:
-
-* kernel work: a table (or shard) looked up on a rank at a batch, priced by the caller's
-  ``kernel_ms(tables, batch) -> (fwd_ms, bwd_ms)`` (the cost network) over every table one
-  fused kernel serves. A sequence lookup of ``p`` ids per sample over ``B`` samples is
-  priced as a pooled lookup of 1 id per bag over ``B p`` bags: the same ids, rows and
-  elements gathered, and ``B p d`` outputs written;
-* a share of a collective: flows ``F[i, j]`` (bytes rank ``i`` sends rank ``j``) of an
-  all-to-all, or the per-rank buffer ``S`` of a reduce-scatter, all-gather or all-reduce;
-  shares with the same tag run as one collective;
-* data-parallel's dense passes over the table's bytes, priced at a memory bandwidth.
-
-Every type but data-parallel also has the input all-to-all of ids, ``F[i, j] = b (p s_j I
-+ N)`` to each rank ``j`` that owns a share ``s_j`` of the table's ids
-(:func:`input_flows`). What each type adds is its strategy's docstring.
+A term is kernel work (priced by ``kernel_ms``; a sequence lookup as ``B p`` bags of one
+id), a share of a collective (all-to-all flows ``F[i, j]`` or a per-rank buffer ``S``), or
+data-parallel's dense-pass bytes. Every type but data-parallel adds the input all-to-all
+``F[i, j] = b (p s_j I + N)`` (:func:`input_flows`).
 """
 
 from __future__ import annotations
@@ -56,10 +42,13 @@ class TableChoice:
     Args:
         table: the table.
         sharding_type: a registered sharding type (TorchRec's ``ShardingType`` value).
-        ranks: as its strategy's rank rules say: table-wise: its one rank; column-wise: one
-            rank per shard; table-row-wise: the ranks of its host; data-parallel and
-            row-wise: every rank (``()``).
+        ranks: table-wise: its rank; column-wise: one per shard; table-row-wise: its host's
+            ranks; data-parallel and row-wise: ``()`` (every rank).
         pooled: ``False`` for a sequence table (``EmbeddingCollection``).
+
+    Example::
+
+        TableChoice(table, ShardingType.TABLE_WISE.value, ranks=(3,))
     """
 
     table: TableSpec
@@ -82,23 +71,14 @@ class CostContext:
         topology: ranks and hosts.
         collectives: the fitted (or analytic) collective models.
         kernel_ms: ``(tables, batch) -> (fwd_ms, bwd_ms)`` of one fused kernel.
-        mem_bw: bytes/ms of the memory DP's dense passes stream through.
-        input_dist: include the input all-to-all of ids (today's table-wise model leaves it
-            out; ``False`` reproduces it).
+        mem_bw: bytes/ms of data-parallel's dense passes.
+        input_dist: include the input all-to-all of ids.
         skew: charge row-wise shards the busiest rank's share of ids (else ``1 / n``).
-        dense_grad_bytes: bytes of the dense part's gradients. DDP all-reduces them with
-            the DP tables' gradients in one collective, so with them a DP table adds only
-            its bytes to an all-reduce the job runs anyway; 0 charges the DP tables'
-            all-reduce alone.
-        kernels_ms: optional ``[(tables, batch), ...] -> [(fwd_ms, bwd_ms), ...]`` pricing
-            every kernel of a plan in one call (used instead of ``kernel_ms`` when given).
-        dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
-            run (``None``: DP is priced as the fused kernel plus dense passes at
-            ``mem_bw``; see :mod:`~torchrec_dreamshard.cost.sharding_types.data_parallel`).
-        path_ms: what one sharding path other than data-parallel costs every rank per
-            step beyond its kernels and collectives
-            (:mod:`~torchrec_dreamshard.cost.sharding_path_model`), charged once per path a
-            plan runs (:func:`path_exchange`); 0: not charged.
+        dense_grad_bytes: the dense part's gradient bytes, all-reduced with DP tables' (0:
+            DP tables pay their all-reduce alone).
+        kernels_ms: optional batched ``kernel_ms`` over every kernel of a plan.
+        dense_kernel: the fitted dense-kernel model (``None``: fused kernel plus dense passes).
+        path_ms: per-rank ms of one non-DP sharding path, once per path (0: not charged).
     """
 
     batch_size: int
@@ -139,8 +119,7 @@ class CostContext:
 
 @dataclass(frozen=True)
 class KernelCall:
-    """``table`` looked up on ``rank`` over ``batch`` bags, in the kernel ``group`` (the
-    fused kernel, or the dense one that data-parallel tables run when ``dense``)."""
+    """``table`` looked up on ``rank`` over ``batch`` bags in kernel ``group`` (dense for DP)."""
 
     rank: int
     group: str
@@ -151,9 +130,10 @@ class KernelCall:
 
 @dataclass(frozen=True, eq=False)
 class Exchange:
-    """A table's share of a collective; shares with equal ``(tag, kind, ranks)`` run as
-    one collective. ``flows`` (``[W, W]`` bytes) for an all-to-all, else ``buffer_bytes``
-    per rank."""
+    """A table's share of a collective; equal ``(tag, kind, ranks)`` run as one.
+
+    ``flows`` (``[W, W]`` bytes) for an all-to-all, else ``buffer_bytes`` per rank.
+    """
 
     tag: str
     kind: str
@@ -180,10 +160,9 @@ class Terms:
 
 @dataclass(frozen=True)
 class OfferScope:
-    """What the pruning of a type's offers reads besides the table: the topology, the
-    local batch ``b``, the mean device's lookups per sample (the sum over the model's
-    tables of ``p d``, elements gathered per sample, over ``W``), and whether to prune at
-    all (``False``: every type is offered, on models small enough to rate them all)."""
+    """What pruning a type's offers reads: topology, local batch, the mean device's
+    lookups per sample (``sum p d / W``), and whether to prune at all.
+    """
 
     topology: CommTopology
     local_batch: float
@@ -192,18 +171,18 @@ class OfferScope:
 
 
 class ShardingCost:
-    """One sharding type's cost strategy: what a table of that type costs each rank and
-    which collectives it joins (:meth:`terms`), the rules its ranks follow
-    (:meth:`check_ranks`, :meth:`option_ranks`), and how the sharding-type choice tries it
-    (:meth:`candidate_key`, :meth:`candidate_ranks`, :meth:`reserve`). Strategies hold no
-    state; one of each is registered in :mod:`torchrec_dreamshard.cost.sharding_types`.
+    """One sharding type's stateless cost strategy.
+
+    It gives a table's per-rank terms (:meth:`terms`), its rank rules (:meth:`check_ranks`,
+    :meth:`option_ranks`) and how the type choice tries it (:meth:`candidate_key`,
+    :meth:`candidate_ranks`, :meth:`reserve`).
 
     Attributes:
         name: TorchRec's ``ShardingType`` value.
         aliases: other TorchRec sharding types priced as this one.
-        sequence: whether a sequence table (``EmbeddingCollection``) may take it.
-        alternative_kernel: the compute kernel on which the type choice offers the type
-            instead of table-wise (``None``: it does not).
+        sequence: whether a sequence table may take it.
+        alternative_kernel: the compute kernel the type choice offers it on instead of
+            table-wise (``None``: not offered).
     """
 
     name: ClassVar[str]
@@ -216,8 +195,7 @@ class ShardingCost:
         raise NotImplementedError
 
     def check_ranks(self, choice: TableChoice, topo: CommTopology) -> tuple[int, ...]:
-        """``choice``'s ranks as :meth:`terms` reads them (each already in range), or a
-        ``ValueError`` naming the table and what its ranks should be."""
+        """``choice``'s ranks as :meth:`terms` reads them, or a ``ValueError`` naming the table."""
         raise NotImplementedError
 
     def option_ranks(self, shard_ranks: Sequence[int]) -> tuple[int, ...]:
@@ -225,14 +203,13 @@ class ShardingCost:
         return tuple(shard_ranks)
 
     def candidate_key(self, table: TableSpec, single_ms: float) -> tuple[float, ...]:
-        """Where ``table`` comes in the order the type choice moves tables to this type
-        (ascending; ``single_ms`` is its predicted single-table cost)."""
+        """Sort key (ascending) of ``table`` in the type choice's order for this type."""
         raise NotImplementedError(f"the type choice does not offer {self.name}")
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """Whether moving ``table`` off table-wise to this type may lower the step at all
-        (the enumerator offers the type only then: ``False`` prunes it, by a bound or a
-        rule its strategy's docstring states)."""
+        """Whether moving ``table`` from table-wise to this type may lower the step
+        (``False`` prunes the offer).
+        """
         return True
 
     def candidate_ranks(self, turn: int, topo: CommTopology) -> tuple[int, ...]:
@@ -240,9 +217,9 @@ class ShardingCost:
         return ()
 
     def reserve(self, shard_bytes: Sequence[float], free: np.ndarray) -> None:
-        """Take a table's shards of this type out of each rank's ``free`` bytes before the
-        type choice balances the table-wise tables: shard ``k`` on rank ``k`` when there
-        is one shard per rank, else spread evenly (the partitioner picks the ranks)."""
+        """Take a table's shards of this type out of each rank's ``free`` bytes (shard ``k``
+        on rank ``k`` with one per rank, else spread evenly).
+        """
         n = len(free)
         every = len(shard_bytes) == n
         for k, nbytes in enumerate(shard_bytes):
@@ -253,8 +230,7 @@ class ShardingCost:
 
 
 class SpansEveryRank(ShardingCost):
-    """A type whose table spans every rank (data-parallel, row-wise): its ranks are ``()``
-    or all of them."""
+    """A type whose table spans every rank: its ranks are ``()`` or all of them."""
 
     def check_ranks(self, choice: TableChoice, topo: CommTopology) -> tuple[int, ...]:
         every = tuple(range(topo.world_size))
@@ -269,8 +245,7 @@ class SpansEveryRank(ShardingCost):
 
 
 def kernel_view(table: TableSpec, pooled: bool, bags: float) -> tuple[TableSpec, int]:
-    """The pooled table and batch a kernel-time function prices: the table itself at
-    ``bags`` for a pooled lookup; for a sequence lookup, 1 id per bag over ``bags * p``."""
+    """The pooled table and batch a kernel prices (sequence: 1 id per bag over ``bags * p``)."""
     if pooled:
         return table, max(1, round(bags))
     flat = replace(table, pooling_factor=1.0, bag_length_cv=0.0)
@@ -299,8 +274,9 @@ PATH_KIND = "sharding_path"  # the exchange kind of a sharding path's fixed cost
 
 
 def path_exchange(choice: TableChoice, ctx: CostContext) -> Exchange:
-    """The share of ``choice`` in its sharding path (its type's, pooled and sequence tables
-    apart): every table of a path carries the same one, so a plan pays each path once."""
+    """``choice``'s share of its sharding path: the same for every table of a path, so
+    a plan pays each path once.
+    """
     module = "pooled" if choice.pooled else "sequence"
     return Exchange(f"{choice.sharding_type}/{module}/path", PATH_KIND, ctx.every_rank)
 

@@ -1,26 +1,10 @@
-"""The step cost of a sharding path beyond its kernels and collectives, from timings of
-this machine (:mod:`torchrec_dreamshard.measure.sharding_path` takes them), and its cache.
+"""The step cost of a sharding path beyond its kernels and collectives, fitted to this
+machine's timings (:mod:`torchrec_dreamshard.measure.sharding_path`), and its cache.
 
-A typed plan pays it once for each sharding path it runs: every sharding type other than
-data-parallel, pooled and sequence tables apart (TorchRec shards an
-``EmbeddingBagCollection`` and an ``EmbeddingCollection`` as modules of their own). The
-typed cost model (:mod:`torchrec_dreamshard.cost.plans`) charges it to every rank as a
-``sharding_path`` exchange per path, so that a plan that removes the last table-wise table
-gains it, and one that adds a row-wise path beside table-wise pays it.
-
-From the timings: the per-round difference between one table-wise path table and none
-(every table data-parallel), its median, less what the cost model already prices of that
-difference: the table-wise path's three all-to-alls (ids in; outputs out and back) at the
-timed world size (:meth:`ShardingPathModel.unmodelled_ms`). The path tables' kernels are a
-few microseconds, left out. The error the type choice's margin takes for it is the
-median's standard error (:meth:`ShardingPathModel.error_ms`). Data-parallel's own path is
-not charged: it has no input distribution, and its gradients join the dense all-reduce.
-
-Timed under ``collective_plan`` on the job's own group (its backend, devices and world
-size; cached per machine and topology), else on 2 gloo ranks on CPU and applied as timed
-to every world size. Outside a job nothing is timed on GPUs
-(:func:`~torchrec_dreamshard.planner.steps.machine_sources.default_sharding_path`): no path cost is
-charged there.
+A typed plan pays it once per path it runs (every type but data-parallel, pooled and
+sequence apart), as a ``sharding_path`` exchange on every rank. The fit is the median
+per-round difference between one table-wise path table and none, less the three
+all-to-alls the cost model already prices (:meth:`ShardingPathModel.unmodelled_ms`).
 """
 
 from __future__ import annotations
@@ -53,7 +37,7 @@ _MEDIAN_SE = 1.2533  # the median's standard error over the mean's, for a normal
 
 @dataclass(frozen=True)
 class ShardingPathModel:
-    """What one sharding path costs a step (see the module docstring).
+    """What one sharding path costs a step.
 
     Attributes:
         timings: the measurement it was fitted to.
@@ -78,9 +62,7 @@ class ShardingPathModel:
         return _MEDIAN_SE * _MAD_TO_STD * mad / math.sqrt(len(deltas))
 
     def modelled_ms(self, collectives: CollectiveModels) -> float:
-        """What ``collectives`` price of the timed difference: the table-wise path table's
-        three all-to-alls (ids in, outputs out, their gradients back) at the timed world
-        size, each with what the table's rank moves."""
+        """What ``collectives`` price of the timed difference: three all-to-alls."""
         t = self.timings
         _, dim, bag = t.tables[0]
         peers = t.world_size - 1
@@ -91,8 +73,7 @@ class ShardingPathModel:
         )
 
     def unmodelled_ms(self, collectives: CollectiveModels) -> float:
-        """The path's cost the typed cost model charges: :attr:`median_ms` less
-        :meth:`modelled_ms`, at least 0."""
+        """:attr:`median_ms` less :meth:`modelled_ms`, at least 0."""
         return max(0.0, self.median_ms - self.modelled_ms(collectives))
 
     def to_dict(self) -> dict[str, Any]:
@@ -118,9 +99,7 @@ class ShardingPathModel:
 
 @spent_on("sharding_path")
 def measure_sharding_path_model(device: str = "cpu") -> ShardingPathModel:
-    """Time the sharding path (:func:`time_sharding_path`): on the job's own group where
-    rank 0 drives measurements there, else on 2 gloo ranks this machine starts (CPU only;
-    about 6 s on 2 CPU cores)."""
+    """Time the sharding path on the driven job group, else on 2 gloo CPU ranks."""
     group = active_group()
     if group is None and device != "cpu":
         raise ValueError(f"outside a job the sharding path is timed on CPU only, not {device!r}")
@@ -135,8 +114,7 @@ def measure_sharding_path_model(device: str = "cpu") -> ShardingPathModel:
 
 
 def sharding_path_cache_file(device: str = "cpu") -> CacheFile:
-    """This machine's cache file of the model, keyed by
-    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the format."""
+    """This machine's cache file of the model."""
     return machine_cache_file("sharding_path", device, device, format=FORMAT_VERSION)
 
 
@@ -146,15 +124,13 @@ _LOADED: dict[str, ShardingPathModel] = loaded_memo()
 def load_sharding_path_model(
     path: str | os.PathLike | None = None, device: str = "cpu"
 ) -> ShardingPathModel:
-    """The model from ``path`` (default :func:`sharding_path_cache_file`), timing and
-    saving it first when the file does not exist."""
+    """The model from ``path`` (default: :func:`sharding_path_cache_file`), timed if missing."""
     file = named_file(path) if path is not None else sharding_path_cache_file(device)
     return _load_cached(file, device)
 
 
 def _load_cached(file: CacheFile, device: str) -> ShardingPathModel:
-    """The model in ``file``, timed on ``device`` (:func:`measure_sharding_path_model`) and
-    saved there first when it does not exist."""
+    """The model in ``file``, timed on ``device`` and saved first when missing."""
     return load_cached(
         file,
         "sharding path model file",
@@ -166,9 +142,7 @@ def _load_cached(file: CacheFile, device: str) -> ShardingPathModel:
 
 
 def group_sharding_path_file(group: JobGroup) -> CacheFile:
-    """This machine's cache file of the model timed on the job ``group``: keyed as
-    :func:`sharding_path_cache_file`, and by the group's topology
-    (:func:`~torchrec_dreamshard.cost.collective_models.group_topology_key`)."""
+    """This machine's cache file of the model timed on the job ``group``."""
     topology = group_topology_key(group.backend, group.hosts)
     label = f"{group.backend}_{group.world}ranks"
     device = group.device.type
@@ -178,9 +152,7 @@ def group_sharding_path_file(group: JobGroup) -> CacheFile:
 
 
 def load_group_sharding_path(group: JobGroup) -> ShardingPathModel:
-    """The model timed on the driven job ``group`` (cached per machine and topology),
-    timing it on the group first when there is no cache file. Every rank's call is the
-    same group request, so rank 0 decides."""
+    """The model timed on the driven job ``group``, timed first if not cached (rank 0 decides)."""
     return _load_cached(group_sharding_path_file(group), group.device.type)
 
 

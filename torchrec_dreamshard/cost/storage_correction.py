@@ -1,13 +1,8 @@
-"""``StorageCorrection``: what a running job taught about TorchRec's storage estimate.
+"""``StorageCorrection``: factors a running job measured over TorchRec's storage estimate.
 
-TorchRec's planner estimates each shard's memory (``ShardingOption.shards[i].storage``:
-weights, the optimizer state it knows of, input and output buffers). A job measures what
-its ranks really hold (:mod:`torchrec_dreamshard.feedback.rank_memory`). The correction is the
-ratio of the two, measured over estimated, per table and, for tables the job did not run,
-per compute kernel (the median of that kernel's tables); a plan made with it scales the
-storage the planner checks against each device's capacity
-(``DreamShardPlanner(storage_correction=...)``). A frozen value, saved as plain JSON
-(:meth:`StorageCorrection.to_dict`).
+Per table (measured over estimated bytes) and per compute kernel (the median); a plan made
+with it scales the storage checked against each device
+(``DreamShardPlanner(storage_correction=...)``). Saved as JSON (:meth:`StorageCorrection.to_dict`).
 """
 
 from __future__ import annotations
@@ -23,8 +18,7 @@ FORMAT_VERSION = 1
 
 
 def _factor(what: str, value: Any) -> float:
-    """``value`` as a factor: a finite positive number, else a ``ValueError`` naming
-    ``what``."""
+    """``value`` as a finite positive factor, else a ``ValueError`` naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"storage correction {what}: a number is needed, got {value!r}")
     if not math.isfinite(value) or value <= 0:

@@ -1,21 +1,6 @@
-"""The policy side of DreamShard, one concept per module:
-
-* :mod:`~torchrec_dreamshard.policy.policy_net`: the policy network ``PolicyNet``;
-* :mod:`~torchrec_dreamshard.policy.mdp`: the estimated MDP and its roll-outs;
-* :mod:`~torchrec_dreamshard.policy.safety_net`: candidate plans, refined, chosen by the
-  uncertainty-penalised cost;
-* :mod:`~torchrec_dreamshard.policy.protocol`: what users may touch on an agent
-  (``PlacementAgent``) and how plans from outside the policy reach the safety net
-  (``CandidateSource``);
-* :mod:`~torchrec_dreamshard.policy.agent`: the trained agent ``DreamShard``;
-* :mod:`~torchrec_dreamshard.policy.heuristics`: the classic placers, candidates of the
-  safety net;
-* :mod:`~torchrec_dreamshard.policy.split_search`: placing while cutting tables
-  column-wise;
-* :mod:`~torchrec_dreamshard.policy.checkpoint`: saving and loading an agent.
-
-Nothing here imports TorchRec's planner: its plans are handed in as candidate sources from
-the planner side (:mod:`torchrec_dreamshard.planner.stages.candidates`).
+"""The policy side of DreamShard: the policy network, the estimated MDP, the safety net,
+the agent's interface, the agent, the classic heuristics, the split search and
+checkpoints. Nothing here imports TorchRec's planner.
 """
 
 from torchrec_dreamshard.policy.agent import (

@@ -3,20 +3,10 @@
 
 Placement modes:
 
-* ``"safe"`` (the default): the safety net of :mod:`torchrec_dreamshard.policy.safety_net`:
-  the policy's greedy and sampled roll-outs, the memory-aware classic heuristics, a
-  greedy balance of the predicted single-table costs and the plans of the agent's
-  candidate sources (:class:`~torchrec_dreamshard.policy.protocol.CandidateSource`:
-  TorchRec's own planner, for one, handed in from the planner side) compete; the best few
-  are refined by moves and swaps, and the lowest cost, penalised by the ensemble's
-  disagreement, wins. On tasks of more than ``LARGE_TASK`` tables x devices it samples no
-  roll-outs and refines only its best candidate (:func:`is_large`);
-* ``"greedy"``: the policy's greedy roll-out alone (DreamShard's inference);
-* ``"search"``: the policy's roll-outs alone (greedy and ``num_samples`` sampled), scored
-  and refined like the safety net's candidates.
-
-After ``place``, ``last_report`` holds the :class:`SafetyReport` (which candidate won and
-by how much).
+* ``"safe"`` (default): the safety net (:mod:`torchrec_dreamshard.policy.safety_net`); on
+  large tasks (:func:`is_large`) no sampled roll-outs and one refined candidate;
+* ``"greedy"``: the policy's greedy roll-out alone;
+* ``"search"``: the policy's roll-outs alone, scored and refined.
 """
 
 from __future__ import annotations
@@ -60,9 +50,7 @@ def check_mode(mode: object) -> PlacementMode:
     return mode  # type: ignore[return-value]
 
 
-LARGE_TASK = 20_000  # tables x devices beyond which the safe mode samples no roll-outs
-# and refines only its best candidate, for half the steps (TorchRec's candidate source
-# declines these tasks too: torchrec_dreamshard.planner.stages.candidates)
+LARGE_TASK = 20_000  # tables x devices beyond which the safe mode plans in a bounded way
 
 
 def is_large(task: Task) -> bool:
@@ -71,8 +59,7 @@ def is_large(task: Task) -> bool:
 
 
 def check_sources(sources: Sequence[CandidateSource]) -> tuple[CandidateSource, ...]:
-    """``sources`` as a tuple, each checked to be a
-    :class:`~torchrec_dreamshard.policy.protocol.CandidateSource`.
+    """``sources`` as a tuple of checked candidate sources.
 
     Raises:
         TypeError: an element has no ``name`` or no ``propose`` (named by position).
@@ -90,13 +77,11 @@ def check_sources(sources: Sequence[CandidateSource]) -> tuple[CandidateSource, 
 def source_candidates(
     task: Task, sources: Sequence[CandidateSource], taken: Sequence[str] = ()
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The plans of the candidate ``sources`` (by their names; a source that offers
-    nothing for ``task`` is left out) and the messages of those that found none.
+    """The plans of ``sources`` by name (silent sources left out) and the messages of
+    those that found none.
 
     Raises:
-        ValueError: two sources, or a source and a name in ``taken``, share a name; or a
-            source's plan does not fit ``task``, or it raised another ``ValueError``
-            (named).
+        ValueError: a name is shared, or a source's plan does not fit ``task`` (named).
     """
     plans: dict[str, np.ndarray] = {}
     failed: dict[str, str] = {}
@@ -117,16 +102,20 @@ def source_candidates(
 
 
 class DreamShard:
-    """The trained agent: cost network, policy and metadata (a
-    :class:`~torchrec_dreamshard.policy.protocol.PlacementAgent`).
+    """The trained agent (a :class:`~torchrec_dreamshard.policy.protocol.PlacementAgent`).
 
     Args:
         cost_net: the cost network.
-        policy: the policy network (its input width is the cost network's ``enc_dim``).
+        policy: the policy network (input width: the cost network's ``enc_dim``).
         meta: metadata (hardware fingerprint, workload, version, ...).
-        penalty: how many ensemble standard deviations of log cost the safety net adds.
-        sources: the candidate sources whose plans the safe mode weighs (in this order,
-            after the policy's and the heuristics'), unless ``place`` is given others.
+        penalty: ensemble standard deviations of log cost the safety net adds.
+        sources: candidate sources the safe mode weighs, unless ``place`` is given others.
+
+    Example::
+
+        agent = load_checkpoint()
+        placement = agent.place(task)            # a device per table
+        agent.predict(task, placement).step_ms
     """
 
     calibration_enabled: bool = False  # place never measures
@@ -162,8 +151,7 @@ class DreamShard:
         policy_hidden: int = 64,
         sources: Sequence[CandidateSource] = (),
     ) -> DreamShard:
-        """Randomly initialised networks (deterministic in ``seed``) of the default
-        architectures (:func:`~torchrec_dreamshard.policy.policy_net.build_networks`)."""
+        """Randomly initialised default networks (deterministic in ``seed``)."""
         torch.manual_seed(seed)
         sizes = {"hidden": hidden, "members": members, "policy_hidden": policy_hidden}
         net, policy = build_networks(sizes)
@@ -179,8 +167,7 @@ class DreamShard:
         """Nothing to do: this agent prices every task as it is."""
 
     def fingerprint(self) -> str:
-        """A digest of the networks' weights and the metadata: two agents with the same
-        fingerprint place every task the same way (the planner's context hash uses it)."""
+        """A digest of the weights and metadata: equal fingerprints place every task the same."""
         digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True, default=str).encode())
         digest.update(repr(self.penalty).encode())
         for net in (self.cost_net, self.policy):
@@ -220,14 +207,16 @@ class DreamShard:
 
         Args:
             task: the task.
-            mode: one of :data:`PLACEMENT_MODES` (see the module docstring).
+            mode: one of :data:`PLACEMENT_MODES`.
             num_samples: sampled roll-outs (search and safe modes).
             seed: sampling seed.
-            sources: the candidate sources of the safe mode for this call, instead of
-                the agent's own (``None``: the agent's :attr:`sources`).
+            sources: this call's candidate sources (``None``: the agent's own).
+
+        Returns:
+            A device index per table, in ``task.tables`` order.
 
         Raises:
-            PlacementError: a table fits on no device (named in the message).
+            PlacementError: a table fits on no device (named).
         """
         check_mode(mode)
         if num_samples < 0:
@@ -246,9 +235,9 @@ class DreamShard:
         sources: Sequence[CandidateSource] | None = None,
         mdp: EstimatedMDP | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """The unrefined candidate plans of ``mode`` (``"safe"`` or ``"search"``) by name,
-        and the messages of the sources that found no plan, by name (see the module
-        docstring; ``sources`` as in :meth:`place`)."""
+        """The unrefined candidate plans of ``mode`` by name, and the messages of sources that
+        found none.
+        """
         if mode not in ("safe", "search"):
             raise ValueError(f"candidates are those of the safe or search mode, got {mode!r}")
         mdp = mdp or self.mdp(task)
@@ -314,7 +303,6 @@ class DreamShard:
     @single_thread()
     @torch.no_grad()
     def table_costs(self, task: Task) -> np.ndarray:
-        """Predicted single-table fwd + bwd + comm (ms) of each table, alone on a device
-        (the estimated MDP's ``single_ms``, without building the rest of it)."""
+        """Predicted single-table fwd + bwd + comm (ms) of each table, alone on a device."""
         single = alone_on_a_device(self.cost_net, task, self.inputs(task))[2]
         return single.sum(-1).numpy().astype(np.float64)

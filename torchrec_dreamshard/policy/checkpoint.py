@@ -1,20 +1,19 @@
 """Saving and loading a :class:`~torchrec_dreamshard.policy.DreamShard` agent.
 
-A checkpoint is a ``torch.save`` file holding only tensors and plain Python values:
+A checkpoint is a ``torch.save`` file of tensors and plain values:
 
     {"format": "torchrec-dreamshard", "format_version": 1,
      "cost_net": state_dict, "policy": state_dict,
      "meta": {...}, "extra": {...}}
 
-``meta`` carries the feature normalisation (its name, the feature size and the fixed
-scales), the hardware fingerprint of the training measurements, the workload, the batch
-size, the networks' config (the policy network's name, ``policy_architecture``, and each
-network's sizes: what :func:`~torchrec_dreamshard.policy.policy_net.build_networks` builds
-them from; a checkpoint without the name holds the package's first policy network) and the
-package version. It is read with
-``torch.load(..., weights_only=True)``, so a checkpoint can never run code; every
-problem (missing, truncated, corrupt, another format, another feature normalisation,
-weights of the wrong shape) is a ``ValueError`` that names the file and what is wrong.
+``meta`` holds the feature normalisation, hardware fingerprint, workload, batch size, the
+networks' config and the package version. It loads with ``weights_only=True``; every
+problem is a ``ValueError`` naming the file.
+
+Example::
+
+    save_checkpoint(agent, "agent.pt")
+    agent = load_checkpoint("agent.pt")
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ def feature_spec() -> dict[str, Any]:
 
 
 def plain(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` as plain JSON types (str subclasses such as torch's version become str),
-    which is all ``weights_only`` loading accepts besides tensors."""
+    """``data`` as plain JSON types, all ``weights_only`` loading accepts besides tensors."""
     return json.loads(json.dumps(data, default=str))
 
 
@@ -141,15 +139,9 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
 def check_meta(meta: dict[str, Any], where: str) -> None:
     """Validate the metadata the networks are built from, before building them.
 
-    The policy network must be one the package registers; every integer entry the
-    networks are built from (their ``CONFIG_LIMITS``: the widths ``hidden`` and
-    ``policy_hidden`` up to ``MAX_HIDDEN``, the ensemble size ``members`` up to
-    ``MAX_MEMBERS``) must be an integer from 1 to its limit, and ``batch_size``
-    (informational) in 1..MAX_BATCH_SIZE when present; the informational fields must have
-    their types when present.
-
     Raises:
-        ValueError: naming the file and the field.
+        ValueError: naming the file and the field (an unregistered policy network, an integer
+            entry outside 1..its ``CONFIG_LIMITS``, a field of the wrong type).
     """
     from torchrec_dreamshard.data.tasks import MAX_BATCH_SIZE
 
@@ -175,12 +167,10 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
 
 
 def check_shapes(state: dict[str, Any], network: torch.nn.Module, where: str) -> None:
-    """Compare a state dict's tensors with ``network``'s (built on the meta device, so no
-    memory is allocated) before the real network is built.
+    """Compare a state dict's tensors with ``network``'s (built on the meta device).
 
     Raises:
-        ValueError: a missing or unexpected key, a value that is not a floating tensor, or
-            a shape that differs (the first one is named).
+        ValueError: a missing or unexpected key, a non-floating value, or a shape mismatch.
     """
     expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
     missing = sorted(set(expected) - set(state))
@@ -208,12 +198,13 @@ def load_checkpoint(
 
     Args:
         path: the checkpoint file.
-        sources: the agent's candidate sources (see ``DreamShard``); a checkpoint holds
-            none. The planner side's defaults (TorchRec's plan) are
-            :func:`torchrec_dreamshard.planner.stages.candidates.default_sources`.
+        sources: the agent's candidate sources (a checkpoint holds none).
+
+    Returns:
+        The :class:`~torchrec_dreamshard.policy.DreamShard` agent.
 
     Raises:
-        ValueError: the file is missing, corrupt, truncated, of another format or feature
+        ValueError: the file is missing, corrupt, of another format or feature
             normalisation, or its weights do not fit the networks.
     """
     payload = read_payload(path)

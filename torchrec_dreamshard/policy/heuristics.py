@@ -1,14 +1,8 @@
 """The classic placement heuristics, pure functions of a task: no cost model, no TorchRec.
 
-:func:`proxy_greedy` sorts the tables by a proxy cost (:data:`PROXIES`: bytes; dim;
-dim x pooling factor; dim x pooling factor x log10(rows)), descending, and puts each on
-the device with the least proxy load that still has room (:func:`greedy_by_costs`); the
-four heuristics are those greedies, by name (:data:`HEURISTICS`).
-
-They raise :class:`InsufficientMemoryError` (a :class:`NoPlanError`, re-exported here) when
-a table finds no device with room. The policy's safety net builds on them, and so does the
-registry of every placer by name (:mod:`torchrec_dreamshard.evaluation.placers`), which adds
-a random placement, TorchRec's planner and DreamShard's modes.
+:func:`proxy_greedy` balances one of :data:`PROXIES` (bytes; dim; dim x pooling; dim x
+pooling x log10(rows)) greedily (:func:`greedy_by_costs`). They raise
+:class:`InsufficientMemoryError` when a table finds no device with room.
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ HEURISTICS: dict[str, str] = {
 
 
 def greedy_by_costs(task: Task, costs: Sequence[float]) -> list[int]:
-    """Sort tables by ``costs`` descending; each goes to the least-loaded device (by the
-    sum of its tables' costs) that still has room."""
+    """Tables by ``costs`` descending, each to the least-loaded device with room."""
     free = np.asarray(task.memory, dtype=np.int64)
     load = np.zeros(task.num_devices)
     out = [0] * len(task.tables)

@@ -1,13 +1,9 @@
-"""The estimated MDP: a task seen through the cost network, and roll-outs of the policy
-on it (:mod:`torchrec_dreamshard.policy.policy_net`).
+"""The estimated MDP: a task seen through the cost network, and policy roll-outs on it.
 
-Estimated MDP. The tables of a task are sorted by their predicted single-table cost,
-descending, and placed one at a time. The state after step ``i`` is, per device ``d``, the
-sum ``h_d`` of the cost network's encodings of the tables already there, the cost
-network's log fwd/bwd/comm for it and the memory left. The action is a device with room
-for table ``i`` (and, when memory is tight, from which the remaining tables can still be
-packed: a first-fit-decreasing check). The only reward is ``-log step_hat`` at the end,
-the cost network's overall prediction. No hardware is touched.
+Tables are placed one at a time by predicted single-table cost, descending. The state
+per device is the sum ``h_d`` of its tables' encodings, its predicted log fwd/bwd/comm and
+its free memory; an action is a device with room (and, when memory is tight, from which
+the rest can still be packed). The only reward is ``-log step_hat`` at the end.
 """
 
 from __future__ import annotations
@@ -55,9 +51,9 @@ class Rollout:
 def alone_on_a_device(
     net: CostNet, task: Task, inputs: np.ndarray
 ) -> tuple[torch.Tensor, FrozenHeads, torch.Tensor]:
-    """The tables' encodings ``[T, enc_dim]`` (from their ``inputs``), the heads in the
-    task's context, and each table's predicted fwd/bwd/comm ms alone on a device
-    ``[T, 3]``."""
+    """The tables' encodings ``[T, enc_dim]``, the heads in the task's context, and each
+    table's predicted fwd/bwd/comm ms alone on a device ``[T, 3]``.
+    """
     heads = FrozenHeads(net, device_context(task.num_devices, sum(t.dim for t in task.tables)))
     enc = net.encode(torch.from_numpy(inputs))
     return enc, heads, torch.exp(heads.device_log_costs(enc))
@@ -65,8 +61,7 @@ def alone_on_a_device(
 
 @dataclass
 class _Candidates:
-    """Every device of K roll-outs as it would be with the next table: ``S [K, D, H]``
-    sums of encodings, ``dev [K, D, 3]`` log fwd/bwd/comm, ``tot [K, D]`` log totals."""
+    """K roll-outs' devices with the next table: ``S``, ``dev`` and ``tot`` (log totals)."""
 
     S: np.ndarray
     dev: np.ndarray
@@ -75,11 +70,7 @@ class _Candidates:
 
 @dataclass
 class _Devices:
-    """The devices of K roll-outs part-way through: sums of their tables' encodings ``S``,
-    log fwd/bwd/comm ``log_dev``, log totals ``log_tot`` (each kept from the step that
-    last changed the device, where ``logsumexp`` computed it on the same positions), the
-    same with ``NO_DEVICE_32`` for an empty device ``z``, which hold a table, free bytes
-    and their total per roll-out."""
+    """K roll-outs' devices part-way: encoding sums, log costs and totals, free bytes."""
 
     S: np.ndarray
     log_dev: np.ndarray
@@ -161,9 +152,9 @@ class EstimatedMDP:
         return room
 
     def quick_feasible(self, i: int, free: np.ndarray, a: np.ndarray) -> np.ndarray:
-        """``[K]``: after table ``i`` goes to device ``a[k]``, any-fit surely packs the
-        rest: ``sum_d max(0, free_d - s_max) >= remaining bytes`` (a device refuses a
-        table only when its free memory is below the largest remaining table)."""
+        """``[K]``: whether any-fit surely packs the rest after table ``i`` goes to ``a[k]``
+        (``sum_d max(0, free_d - s_max) >= remaining bytes``).
+        """
         if self.rem_sum[i] == 0:
             return np.ones(len(a), dtype=bool)
         trial = free.copy()
@@ -171,8 +162,7 @@ class EstimatedMDP:
         return np.maximum(trial - self.rem_max[i], 0.0).sum(1) >= self.rem_sum[i]
 
     def feasible(self, i: int, free_row: np.ndarray, d: int) -> bool:
-        """After table ``i`` goes to device ``d``, whether the remaining tables can be
-        packed: per-table any-fit bound, else first-fit decreasing."""
+        """Whether the rest packs after table ``i`` goes to ``d``: any-fit bound, else FFD."""
         return can_pack(np.sort(self.sizes[i + 1 :])[::-1], free_row, d, self.sizes[i])
 
     def _no_room_message(self, i: int, free: np.ndarray) -> str:
@@ -202,6 +192,9 @@ class EstimatedMDP:
             greedy: argmax actions (else sampled from the softmax over legal devices).
             generator: torch RNG for sampling.
             record: keep the policy inputs, legal masks and actions for REINFORCE.
+
+        Returns:
+            The :class:`Rollout`.
         """
         K, T = num, len(self.order)
         heads, logits_of = self.heads, FrozenPolicy.of(policy)
@@ -248,17 +241,13 @@ class EstimatedMDP:
         greedy: bool,
         generator: torch.Generator | None,
     ) -> np.ndarray:
-        """:func:`_choose` over the devices with ``room`` (``[K]``, writable): the argmax in
-        numpy when greedy (the first of equal maxima, as torch's)."""
+        """:func:`_choose` over the devices with ``room`` (numpy argmax when greedy)."""
         if greedy:
             return np.where(room, logits, -np.inf).argmax(-1)
         return _choose(torch.from_numpy(logits), torch.from_numpy(room), False, generator).numpy()
 
     def _surely_feasible(self, i: int, dev: _Devices) -> bool:
-        """Whether :meth:`quick_feasible` holds wherever table ``i`` goes, in every
-        roll-out: the free bytes it leaves above the largest remaining table on every
-        device, ``sum_d (free_d - s_max) - size``, already cover the rest (integers in
-        floats: exact below 2^53)."""
+        """Whether :meth:`quick_feasible` holds wherever table ``i`` goes, in every roll-out."""
         if not self._exact_bytes:
             return False
         left = dev.free_total - self.sizes[i] - self.D * self.rem_max[i]
@@ -290,9 +279,7 @@ class EstimatedMDP:
         greedy: bool,
         generator: torch.Generator | None,
     ) -> int:
-        """Re-choose roll-out ``k``'s device among those that keep the rest packable,
-        removing refused devices from ``legal[k]`` (in place); if none does, keep the
-        room-only choice."""
+        """Re-choose roll-out ``k``'s device among those that keep the rest packable."""
         first = None
         while legal[k].any():
             d = int(_choose(logits[k : k + 1], legal[k : k + 1], greedy, generator)[0])
@@ -306,8 +293,7 @@ class EstimatedMDP:
     def _step_inputs(
         self, i: int, dev: _Devices, heads: FrozenHeads, scalars: np.ndarray
     ) -> tuple[torch.Tensor, _Candidates]:
-        """Policy inputs ``[K, D, H + NUM_SCALARS]`` for placing table ``i``
-        (``[log(1 + h'_d), scalars]``), and every device as it would be with table ``i``."""
+        """Policy inputs ``[K, D, H + NUM_SCALARS]`` for table ``i``, and the candidate devices."""
         cand_S = torch.from_numpy(dev.S + self._enc[i])
         cand_dev = heads.device_log_costs(cand_S)
         cand_tot = torch.logsumexp(cand_dev, -1)
@@ -316,12 +302,10 @@ class EstimatedMDP:
         return torch.cat([torch.log1p(cand_S), scalars], dim=-1), cand
 
     def _scalars(self, i: int, dev: _Devices, cand: _Candidates, out: np.ndarray) -> np.ndarray:
-        """``out [K, D, NUM_SCALARS]``: the predicted step, device total, current total,
-        device-total excess and fwd/bwd/comm if table ``i`` went to each device, as
-        log-ratios to the current step (the current total floored at -10); whether the
-        device holds a table; its memory used before and after (capped at 2); the fraction
-        of tables placed with this one; ``log2(D) / 6`` (float32 arithmetic throughout,
-        as torch did it: ``size / cap`` is ``reciprocal(cap) * size``)."""
+        """``out [K, D, NUM_SCALARS]``: each device's predicted step, totals and costs if table
+        ``i`` went there, as log-ratios to the current step; occupancy; memory before and after;
+        fraction placed; ``log2(D) / 6`` (float32, as torch computes it).
+        """
         occupied = dev.occupied
         ref = self._now_step(dev)[:, None]
         np.subtract(self._cand_step(dev, cand.tot), ref, out=out[..., 0])
@@ -338,15 +322,13 @@ class EstimatedMDP:
         return out
 
     def _now_step(self, dev: _Devices) -> np.ndarray:
-        """Current predicted log step ``[K]``: the largest log total of an occupied device
-        (``LOG_EPS`` before any table is placed)."""
+        """Current predicted log step ``[K]`` (``LOG_EPS`` before any table)."""
         if not dev.placed:
             return np.full(len(dev.z), LOG_EPS_32)
         return dev.z.max(-1)
 
     def _cand_step(self, dev: _Devices, cand_tot: np.ndarray) -> np.ndarray:
-        """Predicted log step ``[K, D]`` if table ``i`` went to each device: the max over
-        devices with device ``d`` replaced, from the top two of the others."""
+        """Predicted log step ``[K, D]`` if table ``i`` went to each device."""
         if self.D == 1:
             return cand_tot
         top = np.sort(dev.z, axis=-1)

@@ -1,6 +1,6 @@
-"""The refinement's neighbourhood: the moves and swaps that take a table off the
-bottleneck device while keeping every device within memory (:func:`moves`), and the new
-device states of each as one batch for the cost network (:class:`Changes`)."""
+"""The refinement's neighbourhood: moves and swaps off the bottleneck device within memory
+(:func:`moves`), and their device states as one batch (:class:`Changes`).
+"""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ PAIR_SWAPS = 64  # random one-for-two swaps offered per refinement step
 
 @dataclass
 class Changes:
-    """C placements, each one move or swap away from a placement: the two devices each
-    changes ``[C, 2]`` (the bottleneck, then the other), their new device states
-    ``[C, 2, enc]`` and whether they then hold a table ``[C, 2]``."""
+    """C placements one move or swap away: the two changed devices ``[C, 2]``, their states
+    ``[C, 2, enc]`` and occupancy ``[C, 2]``.
+    """
 
     devices: torch.Tensor
     states: torch.Tensor
@@ -32,9 +32,9 @@ class Changes:
         enc: torch.Tensor,
         alone: bool,
     ) -> Changes:
-        """The changes of ``moves`` (:func:`moves`) off device ``b`` of states ``S [1, D,
-        enc]`` (``alone``: ``b`` holds one table), each state the sum a batch of every
-        device would hold: ``S_b + (e_j - e_i)`` and ``S_d + (e_i - e_j)``."""
+        """The changes of ``moves`` off device ``b`` of states ``S``: ``S_b + (e_j - e_i)`` and
+        ``S_d + (e_i - e_j)``.
+        """
         m = torch.tensor(moves, dtype=torch.int64)
         ei = enc[m[:, 0]]
         ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
@@ -54,11 +54,11 @@ def moves(
     pair_swaps: int = PAIR_SWAPS,
     limit: int = REFINE_CANDIDATES,
 ) -> list[tuple[int, int, int, int]]:
-    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``: a move to
-    device ``d`` (``j = k = -1``), a swap with table ``j`` of ``d`` (``k = -1``), and up to
-    ``pair_swaps`` random swaps with two tables ``j, k`` of ``d`` (one big table for two
-    smaller ones: what tight memory often needs); at most ``limit`` moves and swaps (a
-    random subset) besides the pair swaps."""
+    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``.
+
+    A move to ``d`` (``j = k = -1``), a swap with ``j`` on ``d`` (``k = -1``), and up to
+    ``pair_swaps`` swaps with two tables ``j, k`` of ``d``; at most ``limit`` moves and swaps.
+    """
     used = np.bincount(placement, weights=sizes, minlength=len(capacity))
     free = capacity - used
     on_b = np.flatnonzero(placement == b)
@@ -102,10 +102,7 @@ def _pair_swaps(
     rng: np.random.Generator,
     count: int,
 ) -> list[tuple[int, int, int, int]]:
-    """Of ``count`` random draws of a table ``i`` on ``b``, a table ``j`` elsewhere (on
-    device ``d``) and a table ``k`` of ``d``, the swaps of ``i`` for ``j`` and ``k`` that
-    keep both devices within memory (each draw ``rng.choice(a)``, taken as the
-    ``a[rng.integers(0, len(a))]`` it is)."""
+    """Of ``count`` random draws ``(i, j, k)``, the pair swaps that keep both devices in memory."""
     on_device: dict[int, np.ndarray] = {}
     out = []
     for _ in range(count):

@@ -19,16 +19,14 @@ def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
 
 
 def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
-    """Whether the tables ``rest`` (sizes sorted descending) can still be packed after a
-    table of ``size`` goes to device ``d`` (``free``: each device's free bytes): the k-th
-    largest surely finds room if the devices' room above it exceeds what the larger ones
-    can have taken; else first-fit decreasing decides."""
+    """Whether the tables ``rest`` (sizes descending) still pack after ``size`` goes to ``d``:
+    an any-fit bound, else first-fit decreasing.
+    """
     if rest.size == 0:
         return True
     trial = free.astype(np.float64)  # a copy
     trial[d] -= size
-    # the room above the largest exceeds all that is left: every table surely finds room
-    # (the bound below then holds for every k), decided in O(D)
+    # the room above the largest exceeds all that is left: decided in O(D)
     if np.maximum(trial - rest[0], 0.0).sum() > rest.sum():
         return True
     before = np.concatenate([[0.0], np.cumsum(rest)[:-1]])
@@ -38,11 +36,9 @@ def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
 
 
 class PackingCheck:
-    """:func:`can_pack` along one placement order, for each step ``n`` (the tables after
-    ``n`` still to place): the any-fit bound from the remaining tables' largest size and
-    total, kept for every step, decided for every device at once; their sorted sizes only
-    where the bound fails. Exact where its byte sums are (below 2^53 bytes; else every
-    check is :func:`can_pack`'s own).
+    """:func:`can_pack` along one placement order, decided for every device at once.
+
+    Exact below 2^53 bytes (beyond, every check is :func:`can_pack`'s own).
 
     Args:
         sizes: table sizes in placement order.
@@ -58,19 +54,16 @@ class PackingCheck:
         self.exact = max(self.sizes.sum(), self.D * float(np.max(capacity))) < 2.0**53
 
     def surely_packable(self, n: int, free_total: float) -> bool:
-        """Whether the tables after step ``n`` can surely be packed wherever table ``n``
-        goes, by the bound :meth:`first_packable` tries first, for every device at once:
-        ``sum_j (free_j - s_max) - size`` exceeds the bytes left (``free_total``: all
-        devices' free bytes)."""
+        """Whether the tables after step ``n`` surely pack wherever table ``n`` goes."""
         if n + 1 >= len(self.sizes):
             return True
         left = free_total - self.D * self.rest_max[n] - self.sizes[n]
         return self.exact and left > self.rest_sum[n]
 
     def first_packable(self, n: int, free: np.ndarray, devices: np.ndarray) -> int:
-        """The first of ``devices`` from which the tables after step ``n`` can still be
-        packed once table ``n`` goes there (``free``: each device's free bytes); the first
-        device when none can."""
+        """The first of ``devices`` from which the tables after step ``n`` still pack (else the
+        first device).
+        """
         if n + 1 >= len(self.sizes):
             return int(devices[0])
         size = self.sizes[n]
@@ -86,9 +79,7 @@ class PackingCheck:
         return int(devices[0])
 
     def _bound(self, n: int, free: np.ndarray, size: float) -> np.ndarray:
-        """``[D]``: can_pack's first bound for each device taking table ``n``:
-        ``sum_j max(free_j - s_max, 0) > remaining bytes`` with ``free_d`` less ``size``
-        (integers in floats: the sums are exact, in any order)."""
+        """``[D]``: ``sum_j max(free_j - s_max, 0) > remaining`` with ``free_d`` less ``size``."""
         room = np.maximum(free - self.rest_max[n], 0.0)
         after = np.maximum(free - size - self.rest_max[n], 0.0)
         return room.sum() - room + after > self.rest_sum[n]

@@ -1,29 +1,17 @@
 """The policy network.
 
-Policy. Unlike the original DreamShard, the policy sees the table it is placing: for each
-device ``d`` it gets the state *as if table i were added there*,
-``h'_d = h_d + e_i``, the cost network's device costs ``t'_d`` and overall step
-``s'_d`` for that state, and the current ones, all as log-ratios to the current step
-(so they do not depend on the task's scale) plus the memory used. The logit is
+For each device ``d`` the policy sees the state as if table ``i`` were added there,
+``h'_d = h_d + e_i``, with the predicted device cost ``t'_d`` and step ``s'_d``, as
+log-ratios to the current step ``s``:
 
-    l_d = pi(u_d) - a * (log s'_d - log s) - b * (log t'_d - log s),
+    l_d = pi(u_d) - a (log s'_d - log s) - b (log t'_d - log s)
 
-with ``u_d = [log(1 + h'_d), scalars]``, ``pi`` an MLP, ``a, b > 0`` learned scalars
-(softplus). The two prior terms make the untrained policy a cost-greedy placer (the device
-whose addition raises the predicted step least, then the least loaded one), and REINFORCE
-learns the correction ``pi``. ``pi(u)`` is computed for all devices at once, so one step
-costs a few small matrix products whatever the number of devices.
+``u_d = [log(1 + h'_d), scalars]``, ``pi`` an MLP, ``a, b > 0`` learned. The prior terms
+make the untrained policy cost-greedy; REINFORCE learns ``pi``.
 
-Networks from a config. :func:`build_networks` builds an agent's two networks from a config
-(a checkpoint's metadata, or the sizes a new agent is given): the cost network
-(:meth:`CostNet.from_config`) and the policy network its ``policy_architecture`` names in
-:data:`POLICY_NETWORKS` (:data:`DEFAULT_POLICY` when it names none, as checkpoints written
-before the key do). A new policy network is one class and one registration,
-``@register_policy("name")``: an ``nn.Module`` whose ``forward`` maps the per-device inputs
-``[..., in_dim + NUM_SCALARS]`` to logits ``[...]``, with an ``in_dim`` attribute (the cost
-network's state width), ``CONFIG_LIMITS`` (its integer config entries and their largest
-values, checked before anything is built), ``from_config(config, in_dim)`` and
-``config()`` (the entries ``from_config`` reads; a checkpoint holds them and the name).
+A new policy network is one ``@register_policy("name")`` ``nn.Module`` with ``forward``
+(``[..., in_dim + NUM_SCALARS]`` -> ``[...]``), ``in_dim``, ``CONFIG_LIMITS``,
+``from_config(config, in_dim)`` and ``config()``.
 """
 
 from __future__ import annotations
@@ -48,8 +36,7 @@ _Net = TypeVar("_Net", bound=type[nn.Module])
 
 
 def register_policy(name: str) -> Callable[[_Net], _Net]:
-    """A class decorator: the policy network class, under ``name`` in
-    :data:`POLICY_NETWORKS` (see the module docstring for what the class provides).
+    """Class decorator: register a policy network class under ``name``.
 
     Raises:
         ValueError: ``name`` already names a policy network.
@@ -81,9 +68,8 @@ def policy_class(config: Mapping[str, Any]) -> type[nn.Module]:
 
 
 def build_networks(config: Mapping[str, Any]) -> tuple[CostNet, nn.Module]:
-    """The cost network and the policy network ``config`` describes, freshly initialised on
-    the default device (under ``torch.device("meta")`` they hold no memory: a checkpoint's
-    shapes are checked so before its networks are built).
+    """The cost and policy networks ``config`` describes, freshly initialised (on the meta
+    device they hold no memory).
 
     Raises:
         ValueError: the config names no registered policy network.
@@ -96,7 +82,7 @@ def build_networks(config: Mapping[str, Any]) -> tuple[CostNet, nn.Module]:
 
 @register_policy(DEFAULT_POLICY)
 class PolicyNet(nn.Module):
-    """Per-device logit ``l_d`` (see the module docstring).
+    """Per-device logit ``l_d`` (module docstring).
 
     Args:
         in_dim: width of the cost network's device states (its ``enc_dim``).
@@ -126,18 +112,14 @@ class PolicyNet(nn.Module):
         self.prior_raw = nn.Parameter(torch.tensor([20.0, 2.0 + math.log(-math.expm1(-2.0))]))
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
-        """Logits ``[...]`` from per-device inputs ``u`` ``[..., in_dim + NUM_SCALARS]``;
-        the scalars' first two entries are the step and device-total log-ratios."""
+        """Logits ``[...]`` from per-device inputs ``u`` ``[..., in_dim + NUM_SCALARS]``."""
         a, b = F.softplus(self.prior_raw)
         scal = u[..., self.in_dim :]
         return self.body(u).squeeze(-1) - a * scal[..., 0] - b * scal[..., 1]
 
 
 class FrozenPolicy:
-    """:meth:`PolicyNet.forward` as a roll-out calls it, once per table with weights that do
-    not change: the prior weights' softplus taken once and the layers applied directly.
-    The same operations on the same tensors, so the same logits; no gradient flows
-    through them. :meth:`of` gives a policy with its own ``forward`` as it is."""
+    """:meth:`PolicyNet.forward` with fixed weights, for roll-outs: the same logits, no gradient."""
 
     @staticmethod
     def of(policy: PolicyNet) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -155,8 +137,7 @@ class FrozenPolicy:
         return self._body(u).squeeze(-1) - self.a * scal[..., 0] - self.b * scal[..., 1]
 
     def numpy_logits(self, u: torch.Tensor, scalars: np.ndarray) -> np.ndarray:
-        """The logits as a float32 array, the prior terms taken from ``scalars`` (the
-        float32 array ``u[..., in_dim:]`` was made of) in numpy: the same arithmetic."""
+        """The logits as float32 numpy, the prior terms from ``scalars``."""
         body = self._body(u).numpy()[..., 0]
         return body - self.a.numpy() * scalars[..., 0] - self.b.numpy() * scalars[..., 1]
 

@@ -1,14 +1,9 @@
-"""The agent's interface, declared: what the planner, the split search, calibration and the
-CLI may touch on an agent (:class:`PlacementAgent`), and how plans from outside the policy
+"""The agent's interface (:class:`PlacementAgent`) and how plans from outside the policy
 reach its safety net (:class:`CandidateSource`).
 
-The policy knows nothing of TorchRec's planner. Plans from it, or from a user's proposer,
-are candidate sources handed in from the planner side
-(:mod:`torchrec_dreamshard.planner.stages.candidates`): either for good, when the agent is built
-(``DreamShard(..., sources=...)``, ``load_checkpoint(path, sources=...)``), or for one call
-(``agent.place(task, sources=...)``). The safe mode rates a source's plan like every other
-candidate; a source that looked and found none raises :class:`NoPlanError`, which the
-safety net's report lists under ``no_plan``.
+Sources are given when the agent is built (``DreamShard(..., sources=...)``) or for one
+call (``agent.place(task, sources=...)``); a source that found no plan raises
+:class:`NoPlanError`.
 """
 
 from __future__ import annotations
@@ -35,8 +30,7 @@ class CostPrediction:
         bwd_ms: per device, backward.
         comm_ms: per device, communication.
         step_ms: the step cost (the slowest device's total).
-        step_log_std: the ensemble members' spread of log step cost (the uncertainty:
-            0.1 means the members disagree by about 10%).
+        step_log_std: the members' spread of log step cost (0.1: about 10%).
     """
 
     fwd_ms: list[float]
@@ -56,15 +50,17 @@ __all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlaceSettings", "Plac
 
 @dataclass(frozen=True)
 class PlaceSettings:
-    """How to call :meth:`PlacementAgent.place`: its settings besides the task, carried
-    as one value through the planner, the split search and calibration.
+    """How to call :meth:`PlacementAgent.place`, as one value.
 
     Attributes:
         mode: ``"safe"``, ``"greedy"`` or ``"search"`` (``None``: the agent's default).
         num_samples: sampled policy roll-outs (``None``: the agent's default).
         seed: sampling seed.
-        sources: candidate sources for the call, in place of the agent's own (``None``:
-            the agent's own).
+        sources: candidate sources for the call (``None``: the agent's own).
+
+    Example::
+
+        placement = PlaceSettings(mode="greedy", seed=1).place(agent, task)
     """
 
     mode: str | None = None
@@ -99,24 +95,19 @@ class CandidateSource(Protocol):
     """A source of candidate plans for the safety net (safe mode).
 
     Attributes:
-        name: the candidates' name in the safety net's report (unique among the sources
-            and the policy's own candidates).
+        name: the candidates' name in the safety net's report (unique).
 
-    A source may also have ``baseline = True`` (read with ``getattr``, default
-    ``False``): its plan is the one the user would have without DreamShard (TorchRec's
-    planner's), which the verification always measures and never keeps a slower plan
-    than (:func:`~torchrec_dreamshard.verification.plan_ranking.rank_measured`).
+    A source with ``baseline = True`` is the user's plan without DreamShard, which the
+    verification always measures and never keeps a slower plan than.
     """
 
     name: str
 
     def propose(self, task: Task) -> Sequence[int] | None:
-        """A device per table of ``task``, or ``None`` when the source offers nothing for
-        this task (e.g. a task too large for it to plan in time).
+        """A device per table of ``task``, or ``None`` when the source offers nothing.
 
         Raises:
-            NoPlanError: the source looked for a plan and found none (its message is
-                reported).
+            NoPlanError: the source looked and found none.
         """
         ...
 
@@ -142,14 +133,12 @@ class FixedPlan:
 class PlacementAgent(Protocol):
     """Every member of an agent that code outside the agent touches.
 
-    Implemented by :class:`~torchrec_dreamshard.policy.DreamShard` and by
-    :class:`~torchrec_dreamshard.calibration.CalibratingAgent` (which calibrates and
-    verifies in ``place``).
+    Implemented by :class:`~torchrec_dreamshard.policy.DreamShard` and
+    :class:`~torchrec_dreamshard.calibration.CalibratingAgent`.
 
     Attributes:
-        last_report: the safety net's report of the last safe or search placement
-            (``None`` after a greedy one, or before any); the split search restores it
-            after its trial placements.
+        last_report: the safety net's report of the last safe or search placement (``None``
+            after a greedy one, or before any).
     """
 
     last_report: SafetyReport | None
@@ -161,21 +150,16 @@ class PlacementAgent(Protocol):
 
     @property
     def calibration_enabled(self) -> bool:
-        """Whether ``place`` calibrates the cost network on this machine (its kernel
-        prices are then this machine's, and need no scaling to it)."""
+        """Whether ``place`` calibrates the cost network on this machine."""
         ...
 
     @property
     def without_measuring(self) -> PlacementAgent:
-        """The agent that places without measuring (itself, for an agent that never
-        measures): the split search re-places trial tasks with it."""
+        """The agent that places without measuring (itself, for one that never measures)."""
         ...
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
-        """Get ready to price ``task``'s tables before placing some of them: nothing, for
-        an agent that never measures; a calibrating agent calibrates on them here, so that
-        the planner's sharding-type choice prices with calibrated costs, and its next
-        ``place`` uses that calibration instead of calibrating again."""
+        """Get ready to price ``task``'s tables: a calibrating agent calibrates on them here."""
         ...
 
     def place(
@@ -186,8 +170,7 @@ class PlacementAgent(Protocol):
         seed: int = 0,
         sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
-        """A device per table, respecting every device's memory; ``sources`` replace the
-        agent's own candidate sources for this call (``None``: the agent's own)."""
+        """A device per table within every device's memory (``sources``: this call's sources)."""
         ...
 
     def predict(self, task: Task, placement: Sequence[int]) -> CostPrediction:
@@ -199,6 +182,5 @@ class PlacementAgent(Protocol):
         ...
 
     def fingerprint(self) -> str:
-        """A digest of everything that decides the agent's plans (weights, metadata and,
-        for a wrapper, its settings): the planner's context hash includes it."""
+        """A digest of everything that decides the agent's plans."""
         ...

@@ -1,26 +1,14 @@
 """The safety net: several candidate plans, each refined, the winner chosen by the cost
 model penalised by its own uncertainty.
 
-A learned policy alone can fail on tables unlike its training tables, and a search
-against a learned cost model finds that model's errors. So the default plan is chosen
-among candidates from different sources:
+Candidates: the policy's greedy and sampled roll-outs; :func:`memory_aware_greedy` on each
+heuristic proxy and on the predicted single-table costs (``memory_aware_<proxy>``,
+``memory_aware_predicted``); and the callers' candidate sources. Each is scored
 
-* the policy's greedy roll-out and a few sampled roll-outs;
-* the classic heuristics' proxies (size, dim, lookup and size-lookup) and the cost model's
-  *single-table* predictions, each balanced greedily with a memory look-ahead
-  (:func:`memory_aware_greedy`), so that tight memory does not strand a big table; they
-  are named ``memory_aware_<proxy>`` (``memory_aware_size``, ..., ``memory_aware_predicted``)
-  to tell them from the heuristics without the look-ahead (``size_greedy``, ... in
-  :mod:`torchrec_dreamshard.policy.heuristics`);
-* the plans of the candidate sources the caller brings (TorchRec's own planner, for one:
-  see :mod:`torchrec_dreamshard.policy.protocol`).
+    score = log step + penalty * std_k log step_k
 
-Each is rated ``score = log step + penalty * std_k log step_k``: the ensemble's predicted
-log step cost plus the spread of its members ``k`` over their own predictions, so a plan
-only some members believe in is not chosen.
-The best few are improved by moves and swaps off the predicted bottleneck device that
-lower the same score (:func:`refine`), and the lowest score wins. :class:`SafetyReport`
-says which candidate won and by how much.
+over the ensemble members ``k``; the best few are refined (:func:`refine`) and the lowest
+score wins (:class:`SafetyReport`).
 """
 
 from __future__ import annotations
@@ -45,15 +33,9 @@ REFINE_TOP = 3  # candidates refined
 REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
 
 
-# ----------------------------------------------------------------------------------------
-# Memory-aware greedy
-# ----------------------------------------------------------------------------------------
-
-
 def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
-    """Tables by ``costs`` descending, each to the least-loaded device (by the sum of its
-    tables' costs) with room **from which the remaining tables can still be packed**
-    (an any-fit bound, else first-fit decreasing); ``None`` if no order of that kind fits.
+    """Tables by ``costs`` descending, each to the least-loaded device with room from which
+    the rest can still be packed; ``None`` if none fits.
     """
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     order = sorted(range(len(sizes)), key=lambda i: (-costs[i], i))
@@ -78,23 +60,17 @@ def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
     return out
 
 
-# ----------------------------------------------------------------------------------------
-# Scoring
-# ----------------------------------------------------------------------------------------
-
-
 @dataclass
 class Candidate:
     """One candidate plan and the cost model's view of it.
 
     Attributes:
-        name: the source that proposed it (``policy_greedy``, ``memory_aware_size``, a
-            candidate source's name, ...).
+        name: its source (``policy_greedy``, ``memory_aware_size``, a source's name, ...).
         placement: device per table.
         score: ``log_step + penalty * log_std``.
-        log_step: the ensemble's log step cost (as :meth:`DreamShard.predict` gives it).
+        log_step: the ensemble's log step cost.
         log_std: the members' standard deviation of their own log step cost.
-        refined: whether :func:`refine`'s moves changed the source's plan.
+        refined: whether :func:`refine` changed the source's plan.
     """
 
     name: str
@@ -110,7 +86,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """The name for people: ``name``, with ``+refined`` when refinement changed it."""
+        """``name``, with ``+refined`` when refinement changed it."""
         return f"{self.name}+refined" if self.refined else self.name
 
 
@@ -126,16 +102,14 @@ class SafetyReport:
         return self.candidates[0]
 
     def margin(self, name: str) -> float:
-        """Predicted step of the candidate from source ``name`` over the winner's (``nan``
-        if absent)."""
+        """Predicted step of source ``name``'s candidate over the winner's (``nan`` if absent)."""
         for c in self.candidates:
             if c.name == name:
                 return float(math.exp(c.log_step - self.winner.log_step))
         return float("nan")
 
     def to_dict(self) -> dict:
-        """The report as plain JSON: the winner and every candidate's predicted step,
-        ratio to the winner and ensemble spread."""
+        """The report as plain JSON."""
         w = self.winner
         return {
             "winner": w.label,
@@ -190,10 +164,7 @@ class Scorer:
 
     @torch.no_grad()
     def device_stats(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(log_dev [C, D, 3], log_step [C], std [C])`` of device states: the members'
-        mean log fwd/bwd/comm per device, the ensemble's log step (the slowest occupied
-        device by those means) and the members' standard deviation of their own log
-        step."""
+        """``(log_dev [C, D, 3], log_step [C], std [C])`` of device states."""
         return self.member_stats(self.heads.member_device_log_costs(S), occ)
 
     @torch.no_grad()
@@ -204,8 +175,7 @@ class Scorer:
 
     @torch.no_grad()
     def score_states(self, S: torch.Tensor, occ: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(score, log_step, std)`` ``[C]`` of device states (see :meth:`device_stats`),
-        ``score = log_step + penalty * std``."""
+        """``(score, log_step, std)`` ``[C]`` of device states."""
         _, log_step, std = self.device_stats(S, occ)
         return log_step + self.penalty * std, log_step, std
 
@@ -213,13 +183,10 @@ class Scorer:
     def score_changes(
         self, S: torch.Tensor, occ: torch.Tensor, changes: Changes
     ) -> tuple[torch.Tensor, ...]:
-        """:meth:`score_states` of C placements that differ from one (device states
-        ``S [1, D, enc]``, ``occ [1, D]``) on two devices each. The kernels of those two
-        alone are evaluated, the others' are ``S``'s (the heads give a state the same
-        values in any batch); the all-to-all, whose context terms can depend on their
-        place in the batch, is evaluated on every device as :meth:`score_states` would,
-        and where it gives every unchanged device ``S``'s value, the devices' totals are
-        ``S``'s too and only the changed ones' are reduced."""
+        """:meth:`score_states` of C placements that each differ from ``S`` on two devices.
+
+        Only the changed devices' kernels are evaluated; the all-to-all is evaluated everywhere.
+        """
         C, rows = len(changes.devices), torch.arange(len(changes.devices)).unsqueeze(-1)
         width = S[..., -1].expand(C, -1).clone()
         width[rows, changes.devices] = changes.states[..., -1]
@@ -256,15 +223,13 @@ class Scorer:
 
 
 def _with_comm(log_fb: torch.Tensor, comm: torch.Tensor) -> torch.Tensor:
-    """``[..., D, K, 3]`` members' log fwd/bwd/comm from ``log_fb [..., D, K, 2]`` and the
-    all-to-all ``comm [..., D]`` (the same for every member)."""
+    """``[..., D, K, 3]`` from ``log_fb [..., D, K, 2]`` and the all-to-all ``comm [..., D]``."""
     comm = comm.unsqueeze(-1).unsqueeze(-1)
     return torch.cat([log_fb, comm.expand(*log_fb.shape[:-1], 1)], dim=-1)
 
 
 def _device_totals(member: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Per device, from the members' log fwd/bwd/comm ``[..., D, K, 3]``: their mean
-    ``[..., D, 3]``, its log total ``[..., D]`` and each member's log total ``[..., D, K]``."""
+    """The members' mean ``[..., D, 3]``, its log total and each member's log total."""
     log_dev = member.mean(-2)
     return log_dev, torch.logsumexp(log_dev, -1), torch.logsumexp(member, -1)
 
@@ -272,8 +237,7 @@ def _device_totals(member: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def _step_stats(
     log_tot: torch.Tensor, member_tot: torch.Tensor, occ: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(log_step, std)``: the largest log total of an occupied device, and the members'
-    standard deviation of their own largest (0 for one member)."""
+    """``(log_step, std)`` over occupied devices (std 0 for one member)."""
     neg = torch.finfo(log_tot.dtype).min
     log_step = log_tot.masked_fill(~occ, neg).amax(-1)
     steps = member_tot.masked_fill(~occ.unsqueeze(-1), neg).amax(-2)
@@ -281,19 +245,14 @@ def _step_stats(
     return log_step, std
 
 
-# ----------------------------------------------------------------------------------------
-# Refinement
-# ----------------------------------------------------------------------------------------
-
-
 @torch.no_grad()
 def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Candidate:
-    """Hill-climb ``cand`` on the penalised score: each step rates (in one batch) the
-    moves of a table off the predicted bottleneck device to a device with room, its swaps
-    with one table elsewhere and some with two (see :func:`_moves`) that keep both devices
-    within memory (a random ``REFINE_CANDIDATES`` of them when there are more), and
-    applies the best if it lowers the score; stops at a local optimum or after
-    ``max_steps``."""
+    """Hill-climb ``cand`` on the penalised score.
+
+    Each step rates, in one batch, moves of a bottleneck table to a device with room and swaps
+    with one or two tables elsewhere (at most ``REFINE_CANDIDATES``), and applies the best
+    that lowers the score; it stops at a local optimum or after ``max_steps``.
+    """
     task, enc = scorer.task, scorer.enc
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     capacity = np.asarray(task.memory, dtype=np.float64)
@@ -326,17 +285,12 @@ def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Ca
     return replace(scorer.candidates({cand.name: placement})[0], refined=True)
 
 
-# ----------------------------------------------------------------------------------------
-# The safety net
-# ----------------------------------------------------------------------------------------
-
-
 def heuristic_candidates(
     task: Task, single_costs: np.ndarray
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The plans of :func:`memory_aware_greedy` on each of the heuristics' proxies and on
-    the predicted single-table costs, named ``memory_aware_<proxy>`` and
-    ``memory_aware_predicted``, and the names of those that found none."""
+    """:func:`memory_aware_greedy` plans on each proxy and on predicted costs, and the
+    names of those that found none.
+    """
     plans, failed = {}, {}
     costs = {f"memory_aware_{n}": [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
     costs["memory_aware_predicted"] = list(single_costs)
@@ -365,8 +319,7 @@ def choose(
     refine_steps: int = REFINE_STEPS,
     seed: int = 0,
 ) -> SafetyReport:
-    """Score every candidate, refine the best ``refine_top`` (distinct plans only), and
-    report them all, best first."""
+    """Score every candidate, refine the best ``refine_top`` distinct plans, report all."""
     cands = scorer.candidates(distinct(named))
     cands.sort(key=lambda c: c.score)
     top = [refine(scorer, c, refine_steps, seed) for c in cands[:refine_top]]

@@ -1,26 +1,14 @@
 """The split search: placing a task while cutting tables column-wise where that fits or
-pays (:func:`plan_with_splits`; the shards themselves are :mod:`torchrec_dreamshard.data.splits`).
+pays (:func:`plan_with_splits`; the shards are :mod:`torchrec_dreamshard.data.splits`).
 
-When the planner splits:
+1. A table bigger than every device is split into the fewest shards that fit one.
+2. While the policy finds no placement, the table with the largest shards is split further.
+3. For :data:`SEARCH_ROUNDS` rounds, the costliest tables on the bottleneck devices are
+   tried in twice as many shards; a split is kept when the predicted step (or, at no higher
+   step, the slowest compute) falls by :data:`MIN_GAIN`. The policy then re-places the
+   shards and the better prediction is kept.
 
-1. a table bigger than every device is split into the fewest shards that fit one;
-2. if the policy still finds no placement (memory too tight to pack whole tables), the
-   table with the largest shards is split further, until it does;
-3. then, a few rounds: the cost network names the bottleneck devices (of the step, and of
-   the compute alone), the costliest tables on them are each tried split in twice as many
-   shards (the new shards on the least loaded devices with room, or, for tasks of up to
-   :data:`TRIAL_REPLACE_MAX_TABLES` tables, the policy placing the shards afresh); a split is kept
-   when the predicted step falls by at least :data:`MIN_GAIN`, or, at no higher a step,
-   the slowest device's predicted compute does (a dominant table under an all-to-all
-   that sets the step); finally the policy re-places the task of shards and the better
-   of the two predictions is kept. A policy placement that puts two shards of one table
-   on one device is never taken (the split would gain nothing there). The search starts
-   from the whole-table plan, so the predicted step never gets worse than the table-wise
-   one.
-
-The work is bounded (:data:`SEARCH_ROUNDS` rounds of at most 2 x :data:`SEARCH_TABLES`
-tables tried, each a few cost-network predictions and, on small tasks, a policy run), so
-planning 1000 tables on 64 devices stays within the time of the policy runs.
+The search starts from the whole-table plan, so it never predicts worse than table-wise.
 """
 
 from __future__ import annotations
@@ -47,8 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 SEARCH_ROUNDS = 8  # rounds of the split search
 SEARCH_TABLES = 2  # tables tried per round: the costliest on the bottleneck device
-MIN_GAIN = 0.03  # relative fall of the predicted cost for a split to be kept (the cost
-# network is a few percent off on tables it never saw; smaller predicted gains are noise)
+MIN_GAIN = 0.03  # relative fall of the predicted cost for a split to be kept
 FIT_ATTEMPTS = 12  # further splits tried while the policy finds no placement
 REPLACE_MAX_TABLES = 400  # the policy re-places the shard task when it has at most this many
 TRIAL_REPLACE_MAX_TABLES = 100  # ... and each trial split, on tasks of at most this many
@@ -62,8 +49,7 @@ class SplitPlan:
         sharded: the task of shards.
         placement: a device per table of ``sharded.shards``.
         predicted_ms: the cost network's step cost of it.
-        whole_ms: the predicted step cost of the whole-table placement the search started
-            from (``None`` when no placement of whole tables fits).
+        whole_ms: the predicted step of the whole-table start (``None``: none fits).
     """
 
     sharded: ShardTask
@@ -79,22 +65,28 @@ def plan_with_splits(
     splittable: Mapping[str, int] | None = None,
     max_shards: int = MAX_SHARDS,
 ) -> SplitPlan:
-    """Place ``task``, splitting tables column-wise where that fits or pays (see the module
-    docstring).
+    """Place ``task``, splitting tables column-wise where that fits or pays.
 
     Args:
         agent: the agent.
         task: the task; may hold tables bigger than every device (``allow_oversized``).
         how: how to call ``agent.place`` (``None``: the agent's defaults, seed 0).
-        splittable: the tables that may be split, each with its minimum shard width
-            (``None``: every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
+        splittable: tables that may be split, each with its minimum shard width (``None``:
+            every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
         max_shards: shards of one table at most (capped at the number of devices).
 
+    Returns:
+        The :class:`SplitPlan`.
+
     Raises:
-        InsufficientMemoryError: a table bigger than every device that may not be split
-            or cannot be split small enough, or no placement even after splitting (the
-            agent's error).
+        InsufficientMemoryError: an oversized table that cannot be split small enough, or no
+            placement even after splitting.
         ValueError: ``splittable`` names a table the task lacks.
+
+    Example::
+
+        plan = plan_with_splits(agent, task)
+        plan.sharded.shards, plan.placement, plan.predicted_ms
     """
     limit = max(1, min(max_shards, task.num_devices))
     allowed = _splittable(task, splittable)
@@ -110,9 +102,7 @@ def plan_with_splits(
     counts = _forced_counts(task, allowed, limit)
     how = how if how is not None else PlaceSettings()
     sharded, placement = _place_fitting(agent, task, counts, next_count, how)
-    # the search's trial placements below use the agent's plain placer (a calibrating
-    # agent's calibrated agent, which measures nothing) and must not leave their safety-net
-    # report behind: a plan that stays whole keeps the first placement's
+    # trial placements measure nothing and must not leave their safety-net report behind
     placer = agent.without_measuring
     report = placer.last_report
     prediction = agent.predict(sharded.shards, placement)
@@ -136,14 +126,10 @@ def plan_with_splits(
 
 
 def fitting_task(task: Task, max_shards: int = MAX_SHARDS) -> Task:
-    """``task`` with every table bigger than every device cut into the fewest column-wise
-    shards that fit one (step 1 of the search), every other table whole: the tables a plan
-    of ``task`` places at the least, which calibration measures (a whole table that fits
-    no device is never run as one kernel, and a placement of it fits nowhere).
+    """``task`` with every oversized table cut into the fewest shards that fit a device.
 
     Raises:
-        InsufficientMemoryError: a table that cannot be split small enough (as
-            :func:`plan_with_splits`).
+        InsufficientMemoryError: a table that cannot be split small enough.
     """
     limit = max(1, min(max_shards, task.num_devices))
     counts = _forced_counts(task, _splittable(task, None), limit)
@@ -185,8 +171,7 @@ def _forced_counts(task: Task, allowed: Mapping[str, int], limit: int) -> dict[s
 
 
 def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: PlaceSettings):
-    """Place the shard task, splitting the table with the largest shards further while the
-    agent finds no placement."""
+    """Place the shard task, splitting the largest-shard table further until it fits."""
     error: InsufficientMemoryError | None = None
     for _ in range(FIT_ATTEMPTS + 1):
         sharded = shard_task(task, counts)
@@ -209,8 +194,7 @@ def _place_fitting(agent: PlacementAgent, task: Task, counts, next_count, how: P
 
 
 def _improve(agent: PlacementAgent, best: SplitPlan, next_count, replace=None) -> SplitPlan:
-    """Split the costliest tables on the predicted bottleneck devices while the cost network
-    says the plan gets faster (see :func:`_better`), one split per round."""
+    """Split the costliest bottleneck tables while the prediction improves, one per round."""
     for _ in range(SEARCH_ROUNDS):
         found = _split_once(agent, best, next_count, replace)
         if found is None:
@@ -220,12 +204,9 @@ def _improve(agent: PlacementAgent, best: SplitPlan, next_count, replace=None) -
 
 
 def _split_once(agent: PlacementAgent, best: SplitPlan, next_count, replace) -> SplitPlan | None:
-    """The first split the cost network rates better than ``best`` (``None`` if none): on
-    the step's bottleneck device, then the compute's (they differ when the all-to-all
-    dominates the step, as it does for wide tables), its :data:`SEARCH_TABLES` costliest
-    splittable tables, each cut into twice as many shards and tried with its new shards on
-    the lightest devices, the others staying put, and, given ``replace`` (the policy), with
-    the whole task of shards placed afresh (:func:`_candidates`)."""
+    """The first split rated better than ``best`` (``None`` if none), from the step's then
+    the compute's bottleneck device (:func:`_candidates`).
+    """
     task, shards = best.sharded.task, best.sharded.shards
     pred = agent.predict(shards, best.placement)
     load = np.asarray(pred.total_ms, dtype=np.float64)
@@ -254,9 +235,9 @@ def _split_once(agent: PlacementAgent, best: SplitPlan, next_count, replace) -> 
 
 
 def _candidates(best, table, n, load, compute, costs, replace):
-    """The placements of ``best`` with ``table`` cut into ``n`` shards to try: the new
-    shards on the devices lightest by total, then by compute alone (the others where they
-    were), then the policy's placement of the task of shards (given ``replace``)."""
+    """Placements of ``best`` with ``table`` in ``n`` shards: new shards on the lightest
+    devices by total, then by compute, then the policy's re-placement (given ``replace``).
+    """
     for by in (load, compute):
         candidate = _resplit(best, table, n, by, costs)
         if candidate is not None:
@@ -274,10 +255,7 @@ def _candidates(best, table, n, load, compute, costs, replace):
 
 
 def _shards_apart(sharded: ShardTask, placement: Sequence[int]) -> bool:
-    """Whether every split table's shards are on as many devices as it has shards. The
-    policy places shards as tables, not knowing which are one table's: two shards of one
-    table on one device cost that device the whole table again, and the split gains
-    nothing for it, so a re-placement that stacks them is not taken."""
+    """Whether every split table's shards are on as many devices as it has shards."""
     pairs = set(zip(sharded.owner, (int(d) for d in placement), strict=True))
     return len(pairs) == len(sharded.owner)
 
@@ -288,11 +266,9 @@ def _compute(pred: CostPrediction) -> np.ndarray:
 
 
 def _better(new: CostPrediction, old: CostPrediction) -> bool:
-    """Whether prediction ``new`` beats ``old`` by :data:`MIN_GAIN`: a lower step, or, at
-    no higher a step, a lower slowest-device compute. The second case is the one a
-    dominant table makes when the all-to-all sets the step: cutting the table shortens
-    the compute every device waits for, which the modelled step (the slowest device's
-    compute plus its own communication) does not show."""
+    """Whether ``new`` beats ``old`` by :data:`MIN_GAIN`: a lower step, or at no higher step a
+    lower slowest-device compute.
+    """
     if new.step_ms < old.step_ms * (1 - MIN_GAIN):
         return True
     return new.step_ms <= old.step_ms and float(np.max(_compute(new))) < float(
@@ -303,9 +279,9 @@ def _better(new: CostPrediction, old: CostPrediction) -> bool:
 def _resplit(
     best: SplitPlan, table: int, n: int, load: np.ndarray, costs: np.ndarray
 ) -> tuple[ShardTask, list[int]] | None:
-    """Table ``table`` cut into ``n`` shards, the others where they were; the new shards go,
-    one at a time, to the least loaded device with room that holds none of them yet
-    (``None`` when they do not fit)."""
+    """``table`` cut into ``n`` shards, each on the least loaded device with room that holds
+    none of them yet (``None``: they do not fit).
+    """
     old = best.sharded
     task = old.task
     name = task.tables[table].name

@@ -1,15 +1,8 @@
 """Every sharding type's cost strategy, in one registry.
 
-Each of TorchRec's sharding types the planner prices is one
-:class:`~torchrec_dreamshard.cost.sharding.ShardingCost` in a module of its own here: what a
-table of that type costs each rank, which collectives it joins, its rank rules and, for the
-types the sharding-type choice may offer instead of table-wise, the order it tries tables
-in. The plan costing (:mod:`torchrec_dreamshard.cost.plans`), the type choice
-(:mod:`torchrec_dreamshard.planner.type_choice.type_choice`) and the enumerator that offers the
-alternatives read every type from here.
-
-To price another sharding type: write its strategy in a new module and add an instance to
-the registrations below (or call :func:`register`).
+Each priced TorchRec sharding type is one
+:class:`~torchrec_dreamshard.cost.sharding.ShardingCost` in its own module. To price
+another type, write its strategy and add it below (or call :func:`register`).
 """
 
 from __future__ import annotations
@@ -30,8 +23,7 @@ from torchrec_dreamshard.cost.sharding_types.row_wise import RowWise
 from torchrec_dreamshard.cost.sharding_types.table_row_wise import TableRowWise
 from torchrec_dreamshard.cost.sharding_types.table_wise import TableWise
 
-# every strategy by its type, in the order registered: the order the type choice tries the
-# alternatives in and errors list the types
+# by type, in registration order (the type choice tries alternatives in it)
 STRATEGIES: dict[str, ShardingCost] = {}
 # by every TorchRec sharding type priced, aliases included (table-column-wise: column-wise)
 BY_TORCHREC_TYPE: dict[str, ShardingCost] = {}
@@ -73,8 +65,7 @@ def alternative_kernels() -> dict[str, str]:
 
 
 def checked_choice(choice: TableChoice, topo: CommTopology) -> TableChoice:
-    """``choice`` with its ranks as its strategy reads them (every rank for DP and RW), or
-    a ``ValueError`` that names the table and what is wrong."""
+    """``choice`` with its ranks as its strategy reads them, or a ``ValueError`` naming it."""
     kind, where = choice.sharding_type, choice.label
     strategy = STRATEGIES.get(kind)
     if strategy is None:
@@ -97,9 +88,7 @@ def table_terms(choice: TableChoice, ctx: CostContext) -> Terms:
 
 
 class TermsCache:
-    """:func:`table_terms`, each choice's built once: the candidate plans the type choice
-    rates share most of their choices. Valid for contexts that differ only in how they
-    price kernels (terms do not depend on it)."""
+    """:func:`table_terms`, each choice's built once (valid across kernel pricings)."""
 
     def __init__(self) -> None:
         self._seen: dict[TableChoice, Terms] = {}

@@ -1,7 +1,5 @@
-"""Column-wise: the dim is split evenly; each shard (dim ``d_k``) acts as a table-wise table
-on its rank. TorchRec's table-column-wise is priced the same way. The split search
-(:mod:`torchrec_dreamshard.policy.split_search`) decides the planner's column-wise splits,
-not the type choice.
+"""Column-wise: the dim split evenly, each shard priced as a table-wise table on its rank
+(table-column-wise too). The split search, not the type choice, decides the splits.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Data-parallel: every rank holds the whole table and looks up its local batch.
 
-Kernel at ``b`` on every rank; backward, the all-reduce of the table's dense gradient
-``S = R d e`` over all ranks. TorchRec's DP is a dense kernel (FBGEMM's
-``DenseTableBatchedEmbeddingBagsCodegen``) whose gradient DDP all-reduces whole, then the
-job's dense optimizer step. Where the machine's dense kernel is fitted
-(``ctx.dense_kernel``, :mod:`torchrec_dreamshard.measure.dense_kernels`), one dense kernel
-per rank over its DP tables is priced by that model, optimizer step included; elsewhere
-(accelerators we cannot time) as the fused kernel at ``b`` plus ``4 R d e`` bytes of memory
-traffic (zeroing the gradient, reading it, reading and writing the weights) at
-``ctx.mem_bw``.
-
-The type choice offers it on TorchRec's ``dense`` kernel and tries the smallest tables
-first: replicating a table costs an all-reduce of its bytes and a pass over them on every
-rank, and saves its all-to-all and its kernel at the global batch.
+Kernel at ``b`` on every rank and, backward, the all-reduce of ``S = R d e``. With a fitted
+dense kernel (``ctx.dense_kernel``) one dense kernel per rank prices its DP tables;
+otherwise the fused kernel at ``b`` plus ``4 R d e`` bytes at ``ctx.mem_bw``. Offered on
+TorchRec's ``dense`` kernel, smallest tables first.
 """
 
 from __future__ import annotations
@@ -56,16 +47,11 @@ class DataParallel(SpansEveryRank):
         return (table.size_bytes,)
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """A pruning rule for large models, not a bound: offered only where the table's
-        gradients' all-reduce moves no more than the table-wise outputs it saves a rank
-        that receives them, forward and backward: on the wire (send plus receive)
-        ``4 (W-1)/W S <= 2 b w o (W-1)/W``, or across hosts (``H`` hosts of ``L``)
-        ``2 (H-1)/H S / L <= 2 b w o (W-L)/W``. Replicating may still pay beyond it (the
-        rank that held the table also sends its outputs to every rank and receives its
-        ids, and loses its kernel), so small models are offered every type
-        (``scope.prune`` false). At 1000 tables on 128 GPUs it offers about 40% of the
-        tables, and the sweep's best prefix lies inside them
-        ([sharding_types.md](../../../docs/sharding_types.md#at-scale))."""
+        """A pruning rule (``scope.prune``), not a bound: offered only where the gradient
+        all-reduce moves no more than the table-wise outputs it saves a receiving rank,
+        ``4 (W-1)/W S <= 2 b w o (W-1)/W`` on the wire, or across ``H`` hosts of ``L``
+        ``2 (H-1)/H S / L <= 2 b w o (W-L)/W``.
+        """
         if not scope.prune:
             return True
         topo = scope.topology

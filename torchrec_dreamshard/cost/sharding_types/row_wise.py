@@ -1,14 +1,9 @@
 """Row-wise: the rows are split over every rank and ids are routed to their owner.
 
-Each of the ``W`` ranks holds ``ceil(R / W)`` rows and looks up the ids routed to it,
-``B p s`` over ``B`` bags (every sample's partial sum); ``s`` is the busiest rank's share
-(:func:`routed_share`), charged to every rank. Pooled: the reduce-scatter of the partial
-sums, ``S = B d o``, forward, and the all-gather of their gradients, backward. Sequence (as
-TorchRec does it): an all-to-all of the looked-up rows to the samples' ranks,
-``F[j, i] = b p d o / W``, and back.
-
-The type choice offers it on the fused kernel and tries the hottest tables first (by
-predicted single-table cost): the hottest table is the one that sets a device's load.
+Each rank holds ``ceil(R / W)`` rows and looks up ``B p s`` ids over ``B`` bags, ``s`` the
+busiest rank's share (:func:`routed_share`). Pooled: a reduce-scatter of ``S = B d o``
+forward, an all-gather backward. Sequence: an all-to-all ``F[j, i] = b p d o / W`` and
+back. Offered on the fused kernel, hottest tables first.
 """
 
 from __future__ import annotations
@@ -64,13 +59,9 @@ class RowWise(SpansEveryRank):
         return (-single_ms,)
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """A pruning rule for large models (``scope.prune``), not a bound: offered only
-        to a table whose lookups (``p d`` elements gathered per sample) are at least
-        :data:`ROW_SPLIT_SHARE` of the mean device's. Spreading a table's rows over every
-        rank puts a reduce-scatter of the global batch's partial sums, ``W`` times its
-        table-wise outputs, on every rank: only a table heavy enough to set a device's
-        load may pay for it. It keeps the search space at a few hundred such options on
-        models of thousands of tables (each has one shard per rank)."""
+        """A pruning rule (``scope.prune``), not a bound: offered only to a table whose
+        ``p d`` is at least :data:`ROW_SPLIT_SHARE` of the mean device's lookups.
+        """
         if not scope.prune:
             return True
         return table.pooling_factor * table.dim >= ROW_SPLIT_SHARE * scope.mean_lookups
@@ -79,12 +70,9 @@ class RowWise(SpansEveryRank):
 def routed_share(table: TableSpec, batch_size: int, num_shards: int) -> float:
     """The busiest of ``num_shards`` row shards' expected share of the table's ids.
 
-    Rows are assumed hashed to shards independently of how hot they are. With ``U = L / m``
-    accessed rows (``L = B p`` ids, ``m`` the mean access count) whose counts ``c`` follow
-    the reuse histogram, a shard's share has mean ``1 / n`` and standard deviation
-    ``sigma = sqrt((n - 1) U E[c^2]) / (n L)``; the busiest of ``n`` is about
-    ``1 / n + sigma sqrt(2 ln n)`` (at most 1). Uniform access gives nearly ``1 / n``; a few
-    very hot rows give more.
+    With ``U = L / m`` accessed rows (``L = B p`` ids) hashed to ``n`` shards, a share has mean
+    ``1 / n`` and ``sigma = sqrt((n - 1) U E[c^2]) / (n L)``; the busiest is about
+    ``1 / n + sigma sqrt(2 ln n)``, at most 1.
     """
     n = num_shards
     if n <= 1:

@@ -1,12 +1,8 @@
 """Table-row-wise: row-wise over the ``L`` ranks of one host, then across hosts.
 
-The row-wise terms within the host (its shard kernels, the reduce-scatter and all-gather
-of ``S = B d o`` over the host's ranks); then, across hosts, each host rank sends the ranks
-with its local index on every other host their samples' sums, ``F = b d o``, and back.
-TorchRec's ``EmbeddingCollection`` does not offer it to sequence tables.
-
-The type choice offers it on the fused kernel, tries the hottest tables first (as
-row-wise) and puts the tables it moves on the hosts in turn.
+Row-wise terms within the host (reduce-scatter and all-gather of ``S = B d o``); across
+hosts each rank exchanges ``F = b d o`` with its local index on every other host. Not for
+sequence tables. Offered on the fused kernel, hottest first, hosts in turn.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ class TableRowWise(ShardingCost):
 
 
 def cross_host_totals(topo: CommTopology, host: tuple[int, ...], nbytes: float) -> FlowTotals:
-    """Each rank ``r`` of ``host`` sends ``nbytes`` to the rank of its local index on
-    every other host, as :class:`FlowTotals` (every such flow crosses hosts)."""
+    """Each rank of ``host`` sends ``nbytes`` to its local index on every other host."""
     sent, recv = np.zeros(topo.world_size), np.zeros(topo.world_size)
     local = np.arange(topo.world_size) % topo.local_world_size
     home = topo.host_of(host[0])

@@ -1,8 +1,7 @@
 """Table-wise: one rank holds the table and looks up the global batch.
 
-Kernel at ``B`` on its rank; its outputs go to every other rank, ``F[o, j] = b w o``,
-forward, and back, backward; and the input all-to-all of ids to its rank. The policy
-places table-wise tables; the type choice rates every other type against all-table-wise.
+Kernel at ``B`` on its rank; outputs ``F[o, j] = b w o`` to every rank forward and back
+backward; and the input all-to-all of ids.
 """
 
 from __future__ import annotations
@@ -54,8 +53,7 @@ def one_rank_terms(choice: TableChoice, ctx: CostContext, table: TableSpec, rank
 
 
 def input_totals(ctx: CostContext, table: TableSpec, shares: dict[int, float]) -> FlowTotals:
-    """The input all-to-all of ids, ``F[i, j] = b (p s_j I + N)`` from every rank to each
-    rank ``j`` holding a share ``s_j`` of the table's ids, as :class:`FlowTotals`."""
+    """The input all-to-all ``F[i, j] = b (p s_j I + N)`` as :class:`FlowTotals`."""
     topo = ctx.topology
     each = {
         j: ctx.local_batch * (table.pooling_factor * s * ID_BYTES + LENGTH_BYTES)
