@@ -29,17 +29,17 @@ def load_dlrm_dataset(
 ) -> list[DatasetTable]:
     """Read a file of Meta's open DLRM embedding dataset (e.g. ``fbgemm_t856_bs65536.pt``).
 
-    The file holds ``(indices, offsets, lengths)``: flat ids, ``T * B + 1`` offsets in
-    table-major order, and ``lengths`` shaped ``[T, B]``. It is read with
-    ``torch.load(weights_only=True)``, so nothing in it is executed. Rows are the largest id
-    + 1; the dataset has no dims, so give one for all or one per table. Tables with no ids
-    are skipped (their pooling factor would be 0).
+    The file holds ``(indices, offsets, lengths)`` in table-major order, read with
+    ``weights_only=True``. Rows are the largest id + 1; tables with no ids are skipped.
 
     Args:
         path: the file.
         dim: embedding dim for every table, or one per table of the file.
         tables: indices of the tables to read (default all).
         prefix: table names are ``f"{prefix}_{index:03d}"``.
+
+    Returns:
+        One :class:`DatasetTable` per table read.
     """
     try:
         data = torch.load(Path(path), map_location="cpu", weights_only=True)

@@ -1,21 +1,11 @@
-"""Task families: tables and tasks that differ from one another along the axes a real
-model can, for training on a mix and for judging whether a planner generalises.
+"""Task families: tasks that differ along the axes a real model can, for training on a mix
+and for judging whether a planner generalises.
 
-A family is a recipe (:class:`Family`): how table shapes, access skew and bag lengths are
-drawn, how tight memory is and how many tables, devices and samples a task has. Tables
-are drawn fresh for every task from the family's own generator, so a task never shares a
-table with another; the DLRM-shaped ``pool`` family is the exception and draws from the
-synthetic pool's train or test split.
-
-Access skew. A ``zipf`` family draws each table's exponent ``s`` and gives row ``r``
-(in a random order) the probability ``(r + 1)^-s / sum``; its reuse histogram is the one
-a batch of ``B x pooling_factor`` such ids has (``s = 0`` is uniform access). The
-``pool`` family keeps the histograms calibrated to Meta's published DLRM access shares.
-
-Which families training may use is :data:`TRAIN_FAMILIES`; the rest are held out
-entirely (:data:`HELDOUT_FAMILIES`) so that a benchmark on them says whether the planner
-extrapolates. Draws are deterministic in ``(family, split, seed)``; the train and test
-splits use disjoint seed streams.
+A :class:`Family` is a recipe for table shapes, access skew, bag lengths, memory and task
+size. Tables are drawn fresh per task (the ``pool`` family draws from the synthetic pool's
+split). A ``zipf`` family gives row ``r`` probability ``(r + 1)^-s / sum``. Training uses
+:data:`TRAIN_FAMILIES`; :data:`HELDOUT_FAMILIES` are held out. Draws are deterministic in
+``(family, split, seed)``, the splits on disjoint seed streams.
 """
 
 from __future__ import annotations
@@ -49,9 +39,8 @@ class Family:
         dims: the dims a table draws from.
         pooling: log-uniform range of the pooling factor.
         bag_cv: range of the bag-length coefficient of variation (``None``: not bursty).
-        memory: the memory factors a task draws from (device memory / (task bytes / D)).
-        unequal: per-device memory spread: device ``d`` gets a share drawn in
-            ``[1 - unequal, 1 + unequal]`` of the mean (``0``: equal memory).
+        memory: memory factors a task draws from (device memory / (task bytes / D)).
+        unequal: per-device memory spread, ``[1 - unequal, 1 + unequal]`` of the mean.
         tables: range of T.
         devices: the D a task draws from.
         batch: the global batch sizes a task draws from.
@@ -159,8 +148,7 @@ def family(name: str) -> Family:
 def zipf_reuse_hist(
     rows: int, accesses: int, exponent: float, rng: np.random.Generator
 ) -> tuple[float, ...]:
-    """The reuse histogram of ``accesses`` ids drawn from ``rows`` rows with Zipf skew
-    ``exponent`` (simulated on at most :data:`MAX_SIMULATED_IDS` ids)."""
+    """The reuse histogram of ``accesses`` Zipf(``exponent``) ids over ``rows`` rows."""
     n = int(min(max(accesses, 1), MAX_SIMULATED_IDS))
     if exponent == 0:
         ids = rng.integers(0, rows, n)
@@ -212,8 +200,13 @@ def draw_task(
     num_tables: tuple[int, int] | None = None,
     num_devices: Sequence[int] | None = None,
 ) -> Task:
-    """Task ``seed`` of family ``name``'s ``split`` (deterministic in all arguments);
-    ``num_tables`` and ``num_devices`` override the family's T range and D choices."""
+    """Task ``seed`` of family ``name``'s ``split`` (deterministic); ``num_tables`` and
+    ``num_devices`` override the family's ranges.
+
+    Example::
+
+        task = draw_task("zipf", "test", seed=3)
+    """
     fam = family(name)
     rng = _seed_stream(fam, split, seed)
     lo, hi = num_tables or fam.tables

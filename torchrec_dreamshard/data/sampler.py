@@ -1,5 +1,4 @@
-"""The DreamShard-style task sampler: tasks drawn from a table pool's train or test split,
-with the per-device memory rule of :func:`make_task`."""
+"""The DreamShard-style task sampler: tasks from a table pool's train or test split."""
 
 from __future__ import annotations
 
@@ -24,13 +23,17 @@ def _as_range(value: int | tuple[int, int], what: str) -> tuple[int, int]:
 class TaskSampler:
     """Draws DreamShard-style tasks from a table pool split into train and test halves.
 
-    Memory rule: every device holds ``memory_factor`` times the task's bytes divided by
-    the number of devices, and at least 1.05 times the task's largest table.
+    Each device holds ``memory_factor`` times the task's bytes over D, and at least 1.05 times
+    its largest table.
 
     Args:
         pool: the tables (e.g. :func:`synthetic_pool`).
         train_fraction: share of the pool in the train split; the rest is the test split.
         seed: seeds the split and every draw.
+
+    Example::
+
+        task = TaskSampler(synthetic_pool()).sample("train")
     """
 
     def __init__(self, pool: Sequence[TableSpec], train_fraction: float = 0.5, seed: int = 0):
@@ -55,12 +58,10 @@ class TaskSampler:
         memory_factor: float = DEFAULT_MEMORY_FACTOR,
         rng: np.random.Generator | None = None,
     ) -> Task:
-        """One task: T tables drawn without replacement from ``split`` (T uniform in the
-        range), D drawn from ``num_devices``.
+        """One task: T tables drawn without replacement from ``split``, D from ``num_devices``.
 
         Args:
-            rng: draws the task; the sampler's own generator (seeded by ``seed``) when
-                ``None``.
+            rng: draws the task (``None``: the sampler's own generator).
         """
         rng = self.rng if rng is None else rng
         if split not in self.splits:

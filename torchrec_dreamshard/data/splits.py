@@ -1,18 +1,9 @@
 """Column-wise splits: a table's columns cut into shards that are placed like tables.
 
-A shard of table ``t`` holding columns ``[a, b)`` is the :class:`TableSpec` with ``t``'s
-rows, dim ``b - a``, the same pooling factor and reuse histogram, named ``t@a:b``: it
-looks up the same ids and its pooled output is its share of the table's. The cost
-network, the policy and the measurement backends therefore take a task of shards as they
-take any task (:class:`ShardTask`), and the all-to-all counts each shard's output.
-
-Shard widths follow TorchRec's column-wise rule (``torchrec/distributed/sharding_plan.py``):
-a table of dim ``D`` is cut into ``n`` shards of equal width ``D / n``, a multiple of
-:data:`SHARD_COLUMN_MULTIPLE` columns and at least the table's minimum width (TorchRec's
-``ParameterConstraints.min_partition``).
-
-The split search that decides which tables to cut is
-:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`.
+The shard of ``t`` holding columns ``[a, b)`` is a :class:`TableSpec` named ``t@a:b`` with
+``t``'s rows, pooling and reuse and dim ``b - a``, so a :class:`ShardTask` is priced and
+placed as any task. Widths follow TorchRec's column-wise rule: ``n`` equal shards, each a
+multiple of :data:`SHARD_COLUMN_MULTIPLE` and at least ``min_partition``.
 """
 
 from __future__ import annotations
@@ -37,9 +28,7 @@ def shard_name(table: str, start: int, end: int) -> str:
 
 
 def split_counts(spec: TableSpec, max_shards: int = MAX_SHARDS, min_width: int = 0) -> list[int]:
-    """The shard counts ``n >= 2`` TorchRec's column-wise rule allows for ``spec``: ``n``
-    divides the dim, the width ``dim / n`` is a multiple of :data:`SHARD_COLUMN_MULTIPLE`
-    and at least ``min_width``, and ``n <= max_shards``."""
+    """The shard counts ``2 <= n <= max_shards`` TorchRec's column-wise rule allows for ``spec``."""
     out = []
     for n in range(2, min(max_shards, spec.dim) + 1):
         width, rest = divmod(spec.dim, n)
@@ -49,11 +38,10 @@ def split_counts(spec: TableSpec, max_shards: int = MAX_SHARDS, min_width: int =
 
 
 def column_shards(spec: TableSpec, n: int) -> list[TableSpec]:
-    """``spec`` cut into ``n`` column-wise shards of equal width (``[spec]`` for ``n = 1``).
+    """``spec`` in ``n`` equal column-wise shards (``[spec]`` for ``n = 1``).
 
     Raises:
-        ValueError: ``n`` is not a count TorchRec's column-wise rule allows for the table
-            (see :func:`split_counts`), naming the counts it allows.
+        ValueError: ``n`` is not an allowed count (:func:`split_counts`; the allowed are named).
     """
     if n == 1:
         return [spec]
@@ -69,8 +57,7 @@ def column_shards(spec: TableSpec, n: int) -> list[TableSpec]:
 
 
 def shard_spec(spec: TableSpec, start: int, end: int) -> TableSpec:
-    """The shard of ``spec`` holding columns ``[start, end)``: its rows, ``end - start``
-    columns, its pooling and reuse, named ``name@start:end``."""
+    """The shard of ``spec`` holding columns ``[start, end)``, named ``name@start:end``."""
     return dataclasses.replace(spec, name=shard_name(spec.name, start, end), dim=end - start)
 
 
@@ -80,11 +67,8 @@ class ShardTask:
 
     Attributes:
         task: the original task.
-        columns: the column ranges ``[(start, end), ...]`` of every split table, by name
-            (tables not in it are whole).
-        shards: the task the policy and the measurement see: every whole table and every
-            shard, in the original table order (a table's shards consecutively), with the
-            original devices, memory and batch.
+        columns: column ranges ``[(start, end), ...]`` of every split table, by name.
+        shards: every whole table and shard in the original order, same devices and batch.
         owner: for each table of ``shards``, the index of its table in ``task``.
     """
 
@@ -100,13 +84,15 @@ class ShardTask:
 
 
 def shard_task(task: Task, columns: Mapping[str, int | Sequence[tuple[int, int]]]) -> ShardTask:
-    """``task`` with the tables named in ``columns`` split: each name maps to a shard count
-    (equal widths, :func:`column_shards`) or to explicit column ranges that cover the
-    table's columns exactly once, in order.
+    """``task`` with the tables in ``columns`` split, by shard count or explicit ranges.
 
     Raises:
-        ValueError: an unknown table, a count the column-wise rule does not allow, or
-            ranges that leave a gap, overlap or go past the table's dim.
+        ValueError: an unknown table, a disallowed count, or ranges with a gap, an overlap or
+            past the dim.
+
+    Example::
+
+        sharded = shard_task(task, {"t0": 2, "t1": [(0, 64), (64, 128)]})
     """
     by_name = {t.name: t for t in task.tables}
     unknown = sorted(set(columns) - set(by_name))
@@ -165,17 +151,12 @@ def check_cover(spec: TableSpec, cols: Sequence[tuple[int, int]]) -> None:
         )
 
 
-# ----------------------------------------------------------------------------------------
-# Plans with shards: {"placement": {whole table: device}, "shards": {table: [...]}}
-# ----------------------------------------------------------------------------------------
-
-
 def plan_entries(
     sharded: ShardTask, placement: Sequence[int]
 ) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
-    """The plan file's ``placement`` (whole tables) and ``shards`` (split tables:
-    ``[{"device": d, "columns": [start, end]}, ...]``) of a placement of ``sharded.shards``
-    (memory is not checked here: :func:`check_placement` does that)."""
+    """The plan file's ``placement`` (whole tables) and ``shards`` (split tables) of a
+    placement of ``sharded.shards`` (memory unchecked).
+    """
     placement = [int(d) for d in placement]
     if len(placement) != len(sharded.shards.tables):
         raise ValueError(
@@ -200,12 +181,11 @@ def plan_entries(
 def plan_from_entries(
     task: Task, placement: Mapping[str, Any], shards: Mapping[str, Any] | None = None
 ) -> tuple[ShardTask, list[int]]:
-    """The shard task and its placement of a plan file's ``placement`` and ``shards``.
+    """The shard task and placement of a plan file's ``placement`` and ``shards``.
 
     Raises:
-        ValueError: a table named in neither or in both, an unknown table, shard entries
-            that are not ``{"device": int, "columns": [start, end]}``, columns that do not
-            cover the table exactly once, or a device over its memory.
+        ValueError: a table in neither or both, an unknown table, malformed shard entries,
+            columns not covering the table once, or a device over its memory.
     """
     shards = dict(shards or {})
     names = set(task.names)

@@ -1,8 +1,5 @@
-"""A table's TorchRec configuration: the ``EmbeddingBagConfig`` (a pooled table) or
-``EmbeddingConfig`` (a sequence table) of a :class:`~torchrec_dreamshard.data.tables.TableSpec`,
-and the feature that feeds it (``f_<table name>``) in every model we build. Public
-TorchRec API only. The planner's adapter plans these configs; the evaluation's step
-model (:mod:`torchrec_dreamshard.evaluation.step_model`) trains them.
+"""A table's TorchRec configuration (``EmbeddingBagConfig`` pooled, ``EmbeddingConfig``
+sequence) of a :class:`~torchrec_dreamshard.data.tables.TableSpec`, fed by ``f_<table name>``.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ CPU_POOL_SCALE = 0.1
 
 
 def fold_published_share(access_share: Sequence[float]) -> np.ndarray:
-    """The published 16-bin share (the last bin is "beyond 8192") as 17 bins: the last
-    bin is spread over bins 15 and 16 equally. A 17-bin share is returned as it is."""
+    """The published 16-bin share as 17 bins (its last bin split over 15 and 16)."""
     share = np.asarray(access_share, dtype=np.float64)
     if share.size == NUM_REUSE_BINS - 1:
         share = np.concatenate([share[:-1], [share[-1] / 2, share[-1] / 2]])
@@ -36,18 +35,14 @@ def fold_published_share(access_share: Sequence[float]) -> np.ndarray:
 
 
 def to_published_bins(share: Sequence[float]) -> np.ndarray:
-    """Our 17-bin share as the published 16 bins (our bins 15 and 16 are the published
-    "beyond 16384")."""
+    """Our 17-bin share as the published 16 bins."""
     share = np.asarray(share, dtype=np.float64)
     return np.concatenate([share[:15], [share[15:].sum()]])
 
 
 def access_share_to_row_hist(access_share: Sequence[float]) -> np.ndarray:
-    """Convert a share of accesses by reuse bin into the 17-bin fraction of accessed rows.
-
-    Rows in bin ``k`` carry on average ``c_k`` accesses (the middle of the bin's range), so
-    the row fraction is ``share_k / c_k``, renormalised. The published DLRM share has 16
-    bins (the last is "beyond 8192"); it is spread as bins 15 and 16 equally.
+    """A share of accesses by reuse bin as the 17-bin fraction of accessed rows:
+    ``share_k / c_k`` renormalised, ``c_k`` the bin's middle count.
     """
     rows = fold_published_share(access_share) / BIN_MID
     return rows / rows.sum()
@@ -71,9 +66,9 @@ def _rows_touched(shares: np.ndarray, accesses: np.ndarray) -> np.ndarray:
 
 
 def _make_feasible(shares: np.ndarray, accesses: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Shift each table's share of accesses (rows of ``shares``) towards hotter bins, with
-    weights ``exp(a * k)`` and the smallest ``a`` found by bisection, until its batch
-    touches at most 80% of the table's rows. Feasible tables keep ``a = 0``."""
+    """Shift each table's access share towards hotter bins (weights ``exp(a k)``, ``a`` by
+    bisection) until a batch touches at most 80% of its rows.
+    """
     limit = _MAX_TOUCHED_SHARE * rows
     k = np.arange(NUM_REUSE_BINS)
 
@@ -106,8 +101,7 @@ def _draw_pool_shapes(num_tables: int, rng: np.random.Generator) -> list[dict]:
 
 
 def _pool_shares(shapes: list[dict], base: np.ndarray, seed: int) -> np.ndarray:
-    """Each table's share of accesses: a Dirichlet draw centred on ``base``, made feasible
-    for its rows at the dataset's batch size. Shape ``[tables, 17]``."""
+    """``[tables, 17]`` access shares: Dirichlet draws around ``base``, made feasible."""
     rng = np.random.default_rng([seed, 1])
     shares = np.stack([rng.dirichlet(base * s["concentration"] + 1e-3) for s in shapes])
     accesses = np.array([s["pooling"] * DLRM_BATCH_SIZE for s in shapes])
@@ -120,22 +114,17 @@ def synthetic_pool(
 ) -> list[TableSpec]:
     """Tables shaped like Meta's open DLRM embedding dataset.
 
-    * rows: log-uniform between 1e3 and 5e6, times ``scale`` (at least 16);
-    * dim: 4 to 256 in powers of two, mid-sized dims most common;
-    * pooling factor: log-normal around 8, clipped to [1, 100];
-    * reuse: each table's share of accesses by reuse bin is a Dirichlet draw around a
-      common base, made achievable (a batch of the dataset's size 65536 touches at most 80%
-      of the table's unscaled rows, so small tables are hot), and turned into a fraction of
-      accessed rows by :func:`access_share_to_row_hist`. The base is calibrated by a few
-      fixed-point rounds so that the pool, weighted by accesses, reproduces the published
-      share; ``benchmarks/pool_stats.py`` compares both the specs and generated ids.
+    Rows log-uniform in 1e3..5e6 times ``scale``; dims 4..256 in powers of two; pooling
+    log-normal around 8, clipped to [1, 100]; reuse a Dirichlet draw around a base calibrated
+    so that the pool reproduces the published access share.
 
     Args:
         num_tables: tables in the pool (856 like the dataset).
-        scale: multiplies every table's rows; ``CPU_POOL_SCALE`` for CPU work. The
-            histograms do not change with it (at a CPU batch of 2048 and scale 0.1 a batch
-            touches even fewer of a table's rows than at the dataset's batch and scale 1).
+        scale: multiplies every table's rows; ``CPU_POOL_SCALE`` for CPU work.
         seed: the pool is a pure function of its arguments.
+
+    Returns:
+        The tables, as :class:`TableSpec`.
     """
     return list(_synthetic_pool(num_tables, float(scale), seed))
 
@@ -172,8 +161,7 @@ def _synthetic_pool(num_tables: int, scale: float, seed: int) -> tuple[TableSpec
 
 
 def pool_access_share(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """The pool's share of accesses by reuse bin (17 bins), weighted by each table's
-    accesses per batch."""
+    """The pool's 17-bin share of accesses, weighted by each table's accesses per batch."""
     acc = np.zeros(NUM_REUSE_BINS)
     for t in tables:
         acc += row_hist_to_access_share(t.hist(batch_size)) * t.pooling_factor * batch_size

@@ -24,11 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 
-# ----------------------------------------------------------------------------------------
-# Access statistics from real id streams
-# ----------------------------------------------------------------------------------------
-
-
 def access_stats(
     ids: torch.Tensor | np.ndarray, offsets: torch.Tensor | np.ndarray
 ) -> tuple[float, tuple[float, ...]]:
@@ -80,18 +75,14 @@ def group_stats(
     batches: Sequence[Mapping[str, Any]],
     batch_size: int,
 ) -> tuple[float, tuple[float, ...], int] | None:
-    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together
-    (e.g. every rank's local batch: the global batch), as the fused kernel sees it: the
-    ids of all the table's features count.
+    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together,
+    all its features' ids counted (``None`` when the batches hold none).
 
     Args:
         table: the table's name (for the error message).
         feature_names: the features that feed it.
         batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
         batch_size: samples in all the batches together.
-
-    Returns:
-        ``None`` when the batches hold no id of the table.
 
     Raises:
         ValueError: a feature is missing from a batch.
@@ -118,9 +109,7 @@ def check_features(table: str, feature_names: Sequence[str], by_key: Mapping[str
 def group_lengths(
     table: str, feature_names: Sequence[str], batches: Sequence[Mapping[str, Any]]
 ) -> np.ndarray:
-    """Ids per sample of one table over KJT batches taken together (e.g. every rank's local
-    batch: the global batch), as the fused kernel's bags hold them: the lengths of all the
-    table's features summed per sample.
+    """Ids per sample of one table over KJT batches taken together, its features summed.
 
     Args:
         table: the table's name (for the error messages).
@@ -128,8 +117,7 @@ def group_lengths(
         batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
 
     Raises:
-        ValueError: a feature is missing from a batch, or the table's features have
-            different numbers of samples in one (a variable batch per feature).
+        ValueError: a feature is missing from a batch, or its features' sample counts differ.
     """
     out = []
     for by_key in batches:
@@ -149,19 +137,14 @@ CV_SIGNIFICANCE = 4.0  # standard errors the lengths' excess variance must clear
 
 
 def gamma_poisson_cv(groups: Sequence[np.ndarray]) -> float | None:
-    """The ``bag_length_cv`` of a :class:`TableSpec` whose bags vary as these do.
+    """The ``bag_length_cv`` of a :class:`TableSpec` whose bags vary as ``groups`` do.
 
-    ``groups`` are the per-sample lengths of global batches (:func:`group_lengths`).
-    :mod:`~torchrec_dreamshard.data.workloads` deals a spec's ids by gamma shares of
-    coefficient of variation ``cv``: its lengths are gamma-Poisson, of variance
-    ``m + cv**2 * m**2`` about their mean ``m``. So a group's ``cv**2`` is the lengths'
-    squared std/mean less ``1 / m`` (what dealing the ids at random adds); the groups' are
-    averaged, weighted by samples, over the groups holding ids.
+    Gamma-Poisson lengths have variance ``m + cv**2 m**2``, so a group's ``cv**2`` is its
+    squared std/mean less ``1 / m``; groups are averaged weighted by samples.
 
     Returns:
         The cv (at most :data:`~torchrec_dreamshard.data.tables.MAX_BAG_LENGTH_CV`), or
-        ``None`` where the excess is within :data:`CV_SIGNIFICANCE` standard errors of 0:
-        bags as even as ids dealt at random (a spec's ``None``).
+        ``None`` within :data:`CV_SIGNIFICANCE` standard errors of 0.
 
     Raises:
         ValueError: no group holds an id.
@@ -181,15 +164,10 @@ def gamma_poisson_cv(groups: Sequence[np.ndarray]) -> float | None:
     return min(math.sqrt(excess), MAX_BAG_LENGTH_CV)
 
 
-# ----------------------------------------------------------------------------------------
-# TorchRec constructors
-# ----------------------------------------------------------------------------------------
-
-
 def table_configs(model: Any) -> list[tuple[str, Any]]:
-    """Every ``(fqn, config)`` of ``model``'s EmbeddingBagCollection and EmbeddingCollection
-    tables; the fqn as TorchRec's ``ShardingOption.fqn`` has it (``"<module path>.<table>"``,
-    ``".<table>"`` for a collection that is the model itself)."""
+    """Every ``(fqn, config)`` of ``model``'s embedding collections, fqn as TorchRec's
+    ``ShardingOption.fqn`` (``"<module path>.<table>"``).
+    """
     return [
         (f"{path}.{c.name}", c)
         for path, child in model.named_modules()
@@ -198,8 +176,7 @@ def table_configs(model: Any) -> list[tuple[str, Any]]:
 
 
 def collection_configs(module: Any) -> list[Any]:
-    """The table configs of ``module`` where it is an ``EmbeddingBagCollection`` or an
-    ``EmbeddingCollection`` (``[]`` for any other module)."""
+    """The table configs of ``module`` if it is an embedding collection, else ``[]``."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     if isinstance(module, EmbeddingBagCollection):
@@ -217,9 +194,8 @@ def spec_from_config(
 ) -> TableSpec:
     """A :class:`TableSpec` from a TorchRec ``EmbeddingBagConfig``.
 
-    The pooling factor comes from ``stats`` (measured) if given, else from the constraints'
-    ``pooling_factors`` (summed over the table's features, as the fused kernel sees them),
-    else ``default_pooling_factor`` (TorchRec's planner default is 1.0).
+    The pooling factor: ``stats`` if given, else the constraints' summed ``pooling_factors``,
+    else ``default_pooling_factor``.
     """
     from torchrec.types import DataType
 
@@ -253,17 +229,19 @@ def specs_from_kjt_batches(
 ) -> list[TableSpec]:
     """Measure every table of an ``EmbeddingBagCollection`` from ``KeyedJaggedTensor`` batches.
 
-    A table fed by several features is seen as the table-batched kernel sees it: each
-    sample's ids from all its features count towards its pooling factor, and the reuse
-    histogram is taken over all of them together.
+    A table fed by several features counts all their ids, as the table-batched kernel does.
 
     Args:
-        configs: the collection's ``EmbeddingBagConfig``s (``ebc.embedding_bag_configs()``).
+        configs: the collection's ``EmbeddingBagConfig``s.
         batches: ``KeyedJaggedTensor`` batches holding the configs' features.
         constraints: optional constraints by table name, used for a table with no ids.
 
     Returns:
         One spec per config, in order.
+
+    Example::
+
+        specs = specs_from_kjt_batches(ebc.embedding_bag_configs(), batches)
     """
     per_table: dict[str, list[tuple[float, tuple[float, ...], int]]] = {c.name: [] for c in configs}
     n_batches = 0

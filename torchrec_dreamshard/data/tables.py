@@ -1,12 +1,8 @@
 """Embedding tables: specs, reuse histograms and the feature vector the networks see.
 
-A table is described by its shape (rows, dim, bytes per element) and by how a batch uses
-it: the pooling factor (mean ids per sample) and the reuse histogram, the fraction of the
-rows accessed in a batch whose access count falls in each of 17 power-of-two bins
-``(0,1], (1,2], (2,4], ..., (2^14, 2^15], (2^15, inf)``.
-
-Measuring these from real id streams and building specs from TorchRec configs and
-``KeyedJaggedTensor`` batches is :mod:`torchrec_dreamshard.data.table_stats`.
+A table has a shape (rows, dim, bytes per element) and a use per batch: the pooling
+factor (mean ids per sample) and the reuse histogram, the fraction of accessed rows whose
+access count falls in each of 17 power-of-two bins ``(0,1], (1,2], ..., (2^15, inf)``.
 """
 
 from __future__ import annotations
@@ -40,8 +36,7 @@ FEATURE_SCALES: dict[str, float] = {  # what a checkpoint records of the normali
     "bytes_log10": BYTES_LOG10_SCALE,
 }
 
-# Upper bounds of a table's fields: beyond them no real table exists and the arithmetic of
-# features and costs stops being meaningful (a bound is a clear error, not a NaN plan).
+# Upper bounds of a table's fields (beyond them, a clear error rather than a NaN plan).
 MAX_ROWS = 2**40  # rows (about 1.1e12)
 MAX_DIM = 2**16  # embedding dim
 MAX_POOLING_FACTOR = 1e6  # mean ids per sample
@@ -57,8 +52,7 @@ def reuse_bin(counts: np.ndarray) -> np.ndarray:
 
 
 def bin_count_range(k: int) -> tuple[int, int]:
-    """Inclusive integer range of access counts in bin ``k`` (the open last bin is capped
-    at 2^16 so that generators can draw from it)."""
+    """Inclusive range of access counts in bin ``k`` (the last capped at 2^16)."""
     if not 0 <= k < NUM_REUSE_BINS:
         raise ValueError(f"reuse bin {k} out of range 0..{NUM_REUSE_BINS - 1}")
     if k == 0:
@@ -82,15 +76,15 @@ class TableSpec:
         rows: number of embedding rows (positive integer).
         dim: embedding dimension (positive integer).
         pooling_factor: mean number of ids per sample (finite, > 0).
-        reuse_hist: optional 17 fractions (non-negative, summing to 1) of accessed rows by
-            access count per batch; ``None`` means unknown (uniform access is assumed).
+        reuse_hist: optional 17 fractions (summing to 1) of accessed rows by access count
+            per batch; ``None``: uniform access.
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
-        bag_length_cv: optional coefficient of variation (std / mean) of the number of ids
-            per sample, for bursty bags: of each sample's gamma-distributed share of the
-            ids, which are then dealt at random (gamma-Poisson lengths, whose own CV is
-            about ``sqrt(bag_length_cv**2 + 1 / pooling_factor)``); ``None`` means the ids
-            are dealt to the samples uniformly at random (multinomial lengths, CV about
-            ``1 / sqrt(pooling_factor)``).
+        bag_length_cv: optional coefficient of variation of each sample's gamma share of
+            the ids (gamma-Poisson bag lengths); ``None``: ids dealt uniformly at random.
+
+    Example::
+
+        TableSpec(name="t0", rows=1_000_000, dim=64, pooling_factor=8.0)
     """
 
     name: str
@@ -262,11 +256,8 @@ def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
 
 
 def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
-    """Expected reuse histogram of ``accesses`` ids drawn uniformly from ``rows`` rows.
-
-    Each row's count is Poisson(lambda = accesses / rows); the histogram is over rows with a
-    count >= 1. Used where a table's statistics are unknown (cached: a planner asks for
-    the same tables' histograms many times).
+    """Expected reuse histogram of ``accesses`` uniform ids over ``rows`` rows (Poisson
+    counts, rows with count >= 1; cached).
     """
     return np.array(_uniform_reuse_hist(int(rows), float(accesses)))
 
@@ -290,23 +281,18 @@ _LOG_FACTORIALS: list[float] = [0.0]  # math.lgamma(k + 1) = log k!, for k = 0, 
 
 
 def _log_factorials(n: int) -> np.ndarray:
-    """``[log 1!, ..., log n!]`` (``math.lgamma(k + 1)``, each computed once per process:
-    a planner builds the histograms of a thousand tables at once)."""
+    """``[log 1!, ..., log n!]``, computed once per process."""
     while len(_LOG_FACTORIALS) <= n:
         _LOG_FACTORIALS.append(math.lgamma(len(_LOG_FACTORIALS) + 1))
     return np.array(_LOG_FACTORIALS[1 : n + 1])
 
 
 def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.ndarray:
-    """Feature matrix ``[len(tables), FEATURE_DIM]``, float32.
+    """Feature matrix ``[len(tables), FEATURE_DIM]``, float32, from fixed constants only.
 
-    Normalisation uses fixed constants only, so a table has the same features in every
-    task (it never depends on the other tables):
-
-    * ``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(1 + pooling_factor) / 2``,
-      ``log10(bytes) / 11``;
-    * the 17 reuse fractions as they are (already in [0, 1]); for a table without
-      statistics, the histogram uniform access would give at ``batch_size``.
+    ``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(1 + pooling_factor) / 2``,
+    ``log10(bytes) / 11`` and the 17 reuse fractions (uniform access's at ``batch_size`` for
+    a table without statistics).
     """
     out = np.zeros((len(tables), FEATURE_DIM), dtype=np.float32)
     for i, t in enumerate(tables):

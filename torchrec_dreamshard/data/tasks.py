@@ -1,8 +1,4 @@
-"""Tasks (tables + devices + memory + batch) and placements (a device per table).
-
-The synthetic table pool is in :mod:`torchrec_dreamshard.data.table_pool`, the task sampler in
-:mod:`torchrec_dreamshard.data.sampler` and the dataset loader in
-:mod:`torchrec_dreamshard.data.datasets`."""
+"""Tasks (tables + devices + memory + batch) and placements (a device per table)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,9 @@
 """Deterministic batches of ids whose statistics match a :class:`TableSpec`.
 
-A batch of ``B`` samples for a table with pooling factor ``p`` holds ``N = round(B * p)``
-ids. Which rows they hit follows the table's reuse histogram ``h``: rows are drawn one at a
-time, each with an access count drawn from bin ``k`` with probability ``h[k]`` (uniform over
-the bin's integer range), until the counts add up to ``N`` (the last row takes what is
-left). The chosen rows are distinct random rows of the table; the ids are shuffled and dealt
-to the samples at random, so per-sample lengths are multinomial with mean ``p``; a table
-with ``bag_length_cv`` set has bursty bags instead: each sample's share of the ids is drawn
-from a gamma distribution with that coefficient of variation (gamma-Poisson lengths).
-
-When the table has too few rows for the histogram (a small table hit many times), every row
-is used and the counts are scaled up to reach ``N``; the histogram then shifts towards
-higher counts, as it must.
+A batch of ``B`` samples holds ``N = round(B p)`` ids over distinct random rows whose
+access counts follow the reuse histogram (bin ``k`` with probability ``h[k]``), shuffled
+and dealt to samples: multinomial lengths, or gamma-Poisson with ``bag_length_cv``. A table
+too small for its histogram uses every row, counts scaled up to ``N``.
 """
 
 from __future__ import annotations
@@ -98,8 +90,7 @@ def generate_batch(
 def _bag_lengths(
     total: int, batch_size: int, cv: float | None, rng: np.random.Generator
 ) -> np.ndarray:
-    """Ids per sample, summing to ``total``: multinomial over equal shares, or over
-    gamma-distributed shares of coefficient of variation ``cv`` (bursty bags)."""
+    """Ids per sample summing to ``total``: multinomial, or gamma shares of cv ``cv``."""
     if cv is None or cv == 0:
         return np.bincount(rng.integers(0, batch_size, total), minlength=batch_size)
     shares = rng.gamma(1.0 / cv**2, 1.0, batch_size)
@@ -136,8 +127,7 @@ def generate_fused_batch(
 def fuse_batches(
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lay per-table ``(ids, offsets)`` batches out table-major, as FBGEMM's fused kernel
-    takes them: the ids concatenated, each table's offsets shifted past the tables before."""
+    """Per-table ``(ids, offsets)`` laid out table-major, as FBGEMM's fused kernel takes them."""
     all_ids, all_offsets, base = [], [torch.zeros(1, dtype=torch.int64)], 0
     for ids, offsets in batches:
         all_ids.append(ids)
