@@ -1,6 +1,6 @@
-"""The plan's time budget (:class:`Budget`): TorchRec's ``timeout_seconds`` bounds the
-whole ``plan()``, measuring included, and each measuring step takes its share of what is
-left. The clock is a parameter so that tests decide with a clock they control."""
+"""The plan's time budget (:class:`Budget`): TorchRec's ``timeout_seconds`` bounds the whole
+``plan()``, each measuring step taking its share of what is left.
+"""
 
 from __future__ import annotations
 
@@ -18,8 +18,13 @@ class Budget:
 
     Args:
         seconds: the whole budget (``None``: unbounded).
-        clock: the clock it is counted on (seconds; default :data:`CLOCK`, read when the
-            budget is made, so a test can replace it).
+        clock: the clock, in seconds (default :data:`CLOCK`, read when the budget is made).
+
+    Example::
+
+        budget = Budget(25.0)
+        if not budget.exhausted(2.0):
+            timeout_s = budget.share(0.5, cap=10.0)  # half of what is left, at most 10 s
     """
 
     seconds: float | None

@@ -1,17 +1,9 @@
 """The machine profile (:class:`MachineProfile`) and its file.
 
-A profile file is a ``torch.save`` of plain values and tensors only::
-
-    {"format": "torchrec-dreamshard-profile", "format_version": 1,
-     "stamp": {...}, "reference_ms": [fwd, bwd] | None,
-     "reference_predicted_ms": [fwd, bwd] | None,
-     "collectives": {...} | None, "collectives_source": str,
-     "dense_kernel": {...} | None, "sharding_path": {...} | None,
-     "calibration": {"prior": fingerprint, "meta": {...}, "summary": {...}} | None,
-     "cost_net": state_dict | None, "notes": [...], "failures": [...], "spent_s": {...}}
-
-and is read with ``torch.load(..., weights_only=True)``: loading a profile never runs code
-from it. Every problem with a file is a ``ValueError`` naming it.
+A profile file is a ``torch.save`` of plain values and tensors (stamp, reference ms,
+collective, dense-kernel and sharding-path fits, calibration and its cost net, notes,
+failures, seconds spent) under ``"format": "torchrec-dreamshard-profile"``, loaded with
+``weights_only=True``; every problem is a ``ValueError`` naming the file.
 """
 
 from __future__ import annotations
@@ -44,14 +36,11 @@ class ProfileCalibration:
     """The cost network calibrated on this machine's kernels.
 
     Attributes:
-        prior: the fingerprint of the checkpoint's agent it was fine-tuned from; another
-            checkpoint cannot use it.
+        prior: the fingerprint of the checkpoint's agent it was fine-tuned from.
         cost_net: the calibrated network's weights.
         meta: the calibrated agent's metadata.
-        summary: what calibration measured and bought (kernels measured, reused,
-            skipped, discarded; the kernel error before and after; seconds).
-        record: the calibration's whole record (``CalibrationResult.to_dict``) and its
-            printed ``lines``, for ``dreamshard plan``'s output.
+        summary: what calibration measured and bought (kernels, errors, seconds).
+        record: the calibration's whole record and printed ``lines``.
     """
 
     prior: str
@@ -67,25 +56,26 @@ class MachineProfile:
 
     Attributes:
         stamp: what it was measured on.
-        reference_ms: the reference kernel's ``(fwd, bwd)`` ms here (``None``: not
-            measured).
+        reference_ms: the reference kernel's ``(fwd, bwd)`` ms (``None``: not measured).
         reference_predicted_ms: the checkpoint's prediction of it (``None``: unknown).
         collectives: the collective models the type choice prices with (``None``: every
             table stays table-wise).
-        collectives_source: where they came from (measured on the job's group, on
-            threads, analytic from the topology, ...).
+        collectives_source: where they came from, in words.
         dense_kernel: the dense kernel's model (``None``: analytic).
-        sharding_path: the measured cost of a sharding path beyond its kernels and
-            collectives (``None``: not charged). A file without it (written before it was
-            measured) loads with ``None``.
+        sharding_path: a sharding path's cost beyond its kernels and collectives (``None``:
+            not charged).
         calibration: the calibrated cost network (``None``: the checkpoint's as it is).
-        notes: what was not measured, and why (budget, ``measure=False``, no CUDA, ...).
-        failures: measurements that failed, with their cause (each a
-            :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict).
+        notes: what was not measured, and why.
+        failures: measurements that failed, each a
+            :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict.
         spent_s: seconds each part took to measure or load.
-        storage_correction: factors over TorchRec's storage estimate measured in a running
-            job on this hardware (``observer.storage_correction()``), which plans from
-            this profile apply (``None``: none).
+        storage_correction: factors over TorchRec's storage estimate measured in a job on
+            this hardware (``None``: none).
+
+    Example::
+
+        profile = MachineProfile.load("machine.profile")
+        agent = profile.agent(load_checkpoint())
     """
 
     stamp: MachineStamp
@@ -106,8 +96,9 @@ class MachineProfile:
         return self.calibration is not None
 
     def agent(self, prior: DreamShard) -> DreamShard:
-        """``prior`` with this profile's calibrated cost network (``prior`` itself without
-        one, or where the calibration was fine-tuned from another checkpoint)."""
+        """``prior`` with this profile's calibrated cost network (``prior`` itself without one,
+        or where it was calibrated from another checkpoint).
+        """
         from torchrec_dreamshard.policy import DreamShard
 
         cal = self.calibration
@@ -123,8 +114,7 @@ class MachineProfile:
         return dataclasses.replace(self, notes=self.notes + tuple(notes))
 
     def summary(self) -> dict[str, Any]:
-        """The profile as JSON-able values, without the network's weights (the stats and
-        ``dreamshard profile`` print it)."""
+        """The profile as JSON-able values, without the network's weights."""
         cal = self.calibration
         return {
             "stamp": self.stamp.to_dict(),
@@ -192,8 +182,7 @@ class MachineProfile:
         """The profile in ``path``.
 
         Raises:
-            ValueError: the file is missing, unreadable, of another format, or holds
-                values that are not a profile's (the message names the file).
+            ValueError: the file is missing, unreadable, of another format, or not a profile's.
         """
         where = f"machine profile {str(path)!r}"
         path = Path(path)

@@ -1,5 +1,4 @@
-"""What a measurement was taken on (:class:`MachineStamp`): a profile measured under one
-stamp prices another machine only as a guess, so the stamp travels with it."""
+"""What a measurement was taken on (:class:`MachineStamp`); it travels with a profile."""
 
 from __future__ import annotations
 
@@ -35,8 +34,9 @@ class MachineStamp:
 
     @classmethod
     def here(cls, device: str, world_size: int, local_world_size: int) -> MachineStamp:
-        """This process's stamp for a topology of ``world_size`` ``device`` ranks. A CUDA
-        stamp on a machine without CUDA names no GPU model (``"unmeasured"``)."""
+        """This process's stamp for ``world_size`` ``device`` ranks (without CUDA, a CUDA stamp's
+        GPU model is ``"unmeasured"``).
+        """
         if device == "cuda" and not torch.cuda.is_available():
             name = "unmeasured"
         else:
@@ -52,8 +52,7 @@ class MachineStamp:
         )
 
     def differences(self, other: MachineStamp, fields: tuple[str, ...] | None = None) -> list[str]:
-        """The fields (of ``fields``, default all) where ``other`` differs, as
-        ``"field: ours -> theirs"``."""
+        """``"field: ours -> theirs"`` for each of ``fields`` (default all) that differs."""
         mine, theirs = asdict(self), asdict(other)
         names = fields if fields is not None else tuple(mine)
         return [f"{k}: {mine[k]!r} -> {theirs[k]!r}" for k in names if mine[k] != theirs[k]]
@@ -79,9 +78,7 @@ def _fbgemm_version() -> str:
         return "missing"
 
 
-# What makes a profile another machine's: its kernels and fits may be far off here. The
-# thread count and the topology only say what it was measured for: the CPU kernels are
-# timed on one thread per device whatever the process has, and the collectives are fitted
-# over groups of every size up to the world's.
+# What makes a profile another machine's (thread count and topology only say what it was
+# measured for).
 HARDWARE_FIELDS = ("device", "device_name", "torch", "fbgemm")
 SETTING_FIELDS = ("threads", "world_size", "local_world_size")

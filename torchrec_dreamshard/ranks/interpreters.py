@@ -1,8 +1,5 @@
-"""Ranks started on this machine as fresh interpreters (``python -m MODULE JOB``), for
-work that must not share this process's state: each rank gets the job as JSON with its
-``rank`` added, its stderr goes to a file, and a rank that fails to start, fails or
-outlives the deadline ends every rank and raises :class:`RankProcessError` with the
-failed rank's last stderr.
+"""Ranks started as fresh interpreters (``python -m MODULE JOB``): a rank that fails or
+outlives the deadline ends every rank and raises :class:`RankProcessError`.
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ class RankProcessError(RuntimeError):
 
 
 def rank_env() -> dict[str, str]:
-    """This process's environment, with the package's folder first on ``PYTHONPATH`` (a
-    checkout that is not installed imports as it does here) and one intra-op thread."""
+    """This environment, the package's folder first on ``PYTHONPATH``, one intra-op thread."""
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # the folder holding the package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -40,16 +36,15 @@ def run_module_ranks(
     """Start ``job["world"]`` ranks of ``module``, wait for all.
 
     Args:
-        module: the module each rank runs (``python -m``); its one argument is ``job`` as
-            JSON with ``"rank"`` added.
+        module: the module each rank runs; its one argument is ``job`` as JSON with ``"rank"``.
         job: JSON-able, with ``"world"``, the number of ranks.
         tmp: a directory for the ranks' stderr files.
         timeout_s: how long all ranks may take together.
         what: the ranks' name in errors (``"sharding-path"``).
 
     Raises:
-        RankProcessError: a rank could not start or exited with a non-zero status, or the
-            ranks did not finish in ``timeout_s``; every rank still running is killed.
+        RankProcessError: a rank could not start or failed, or the ranks overran
+            ``timeout_s``; every rank still running is killed.
     """
     procs: list[subprocess.Popen] = []
     logs: list[Any] = []
@@ -78,8 +73,7 @@ def run_module_ranks(
 def _start_ranks(
     module: str, job: dict[str, Any], tmp: Path, procs: list, logs: list, what: str
 ) -> None:
-    """Start each rank, its stderr to a file in ``tmp`` (appended to ``procs`` and
-    ``logs`` as they start, so the caller ends what started)."""
+    """Start each rank, stderr to a file in ``tmp``, appending to ``procs`` and ``logs``."""
     with launcher_free_env():
         env = rank_env()
         for rank in range(job["world"]):

@@ -1,23 +1,10 @@
 """The distributed job's own process group, and the messages rank 0 drives it with.
 
-Under ``collective_plan`` rank 0 plans while every other rank waits for the plan. Whatever
-the plan needs measured on this machine (the collectives, the dense kernel, the reference
-kernel, calibration kernels) is measured by the whole group: rank 0 *drives*
-(:func:`driving`), and the other ranks *serve* (:func:`serve`) until the plan arrives.
-
-A measurement is a *group task*, a function registered with :func:`group_task`. Rank 0
-calls it through :func:`call_on_group` with picklable arguments (measurements do so
-through :func:`torchrec_dreamshard.measure.group_tasks.run_on_group`, which passes the
-measuring gate first); the call is broadcast, and every rank of the group runs the same
-function with the same arguments. A task is either
-collective (it times collectives on the group, every rank taking part) or shared (each
-rank measures its own share of the items, ``items[rank::world]``, on its own device). Each
-rank's result, or its error, is gathered to every rank, so an error on one rank neither
-leaves another waiting nor ends a serving rank's loop: rank 0 raises it, the plan fails,
-and the failure reaches every rank with the plan's broadcast.
-
-So no process is spawned from inside a distributed job, measurements run on the job's real
-backend, devices and hosts, and a bigger job measures more in the same time.
+Under ``collective_plan`` rank 0 plans and *drives* (:func:`driving`) while the other ranks
+*serve* (:func:`serve`) until the plan arrives. A measurement is a *group task*
+(:func:`group_task`) rank 0 calls through :func:`call_on_group`: broadcast, run on every
+rank (collectively, or each on ``items[rank::world]``), and every rank's result or error
+gathered, so nothing is spawned inside a job and one rank's error leaves none waiting.
 """
 
 from __future__ import annotations
@@ -58,8 +45,7 @@ class JobGroup:
 
     @classmethod
     def of(cls, pg: Any) -> JobGroup:
-        """This rank's view of ``pg``; every rank of ``pg`` calls it (it gathers the
-        hosts)."""
+        """This rank's view of ``pg``; every rank of ``pg`` calls it (it gathers the hosts)."""
         import socket
 
         import torch.distributed as dist
@@ -110,9 +96,9 @@ def _resolve(name: str) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def driving(group: JobGroup) -> Iterator[JobGroup]:
-    """Rank 0: within the block, group tasks called through :func:`call_on_group` run on
-    ``group``. The serving ranks leave :func:`serve` when rank 0 broadcasts anything
-    that is not a request (the plan)."""
+    """Rank 0: within the block, group tasks run on ``group``; serving ranks leave
+    :func:`serve` at the first broadcast that is not a request (the plan).
+    """
     if group.rank != 0:
         raise ValueError(f"only rank 0 drives a group's measurements, not rank {group.rank}")
     _ACTIVE.append(group)
@@ -132,9 +118,7 @@ def broadcast(group: JobGroup, payload: Any) -> Any:
 
 
 def serve(group: JobGroup) -> Any:
-    """Every rank but 0: run rank 0's group tasks until it broadcasts something else, and
-    return that. A task's failure is rank 0's to raise (it fails the plan, and the plan's
-    broadcast carries the failure here), so serving goes on."""
+    """Every rank but 0: run rank 0's group tasks until it broadcasts something else; return it."""
     while True:
         payload = broadcast(group, None)
         if not isinstance(payload, _Request):
@@ -143,9 +127,7 @@ def serve(group: JobGroup) -> Any:
 
 
 def call_on_group(fn: Callable[..., Any], *args: Any) -> list[Any]:
-    """Run the group task ``fn(group, *args)`` on every rank of the driven group (a
-    measurement calls it through :func:`torchrec_dreamshard.measure.group_tasks.run_on_group`,
-    which checks the measuring gate first).
+    """Run the group task ``fn(group, *args)`` on every rank of the driven group.
 
     Returns:
         Every rank's result, in rank order.

@@ -1,11 +1,6 @@
-"""Process groups of ranks spawned on this machine (gloo on CPU): the ``dreamshard``
-commands that measure on several ranks (the distributed measurement backend, the step
-timer, the demo), ``calibrate_collective_models(ranks="processes")`` and the tests start
-ranks this way; ``DreamShardPlanner`` and ``plan()`` time collectives on threads of their
-own process, and start ranks once per machine only to time the sharding path, as fresh
-interpreters (:mod:`torchrec_dreamshard.measure.sharding_path`). And the rule of where
-nothing is spawned: inside a distributed job (:func:`check_may_spawn`,
-:func:`skip_measuring`)."""
+"""Process groups of ranks spawned on this machine (gloo on CPU), and the rule that
+nothing is spawned inside a distributed job (:func:`check_may_spawn`, :func:`skip_measuring`).
+"""
 
 from __future__ import annotations
 
@@ -30,11 +25,8 @@ def free_port() -> int:
 def local_process_group(
     rank: int, world_size: int, port: int, backend: str = "gloo"
 ) -> Iterator[None]:
-    """Join the group of ``world_size`` spawned ranks meeting at ``127.0.0.1:port``; the
-    group is destroyed when the block ends, however it ends.
-
-    A block that ends normally first waits at a barrier, so that no rank tears its group
-    down while a peer still finishes a collective with it.
+    """Join the group of ``world_size`` spawned ranks at ``127.0.0.1:port``, destroyed when
+    the block ends (after a barrier when it ends normally).
     """
     import torch.distributed as dist
 
@@ -49,23 +41,13 @@ def local_process_group(
 
 
 def exit_spawned_rank() -> NoReturn:
-    """End a spawned rank that finished its work, skipping C++ static destructors.
-
-    After training under ``DistributedModelParallel`` on gloo, about one process exit in
-    six or seven aborted in a native thread with "terminate called without an active
-    exception" (no Python frame; every rank had already written its results), which
-    ``mp.spawn`` reports as a failure. Ranks that call this once their results are written
-    exit with status 0 without running those destructors.
-    """
+    """End a spawned rank that finished its work with status 0, skipping C++ static destructors."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-# What a launcher (torchrun, torchelastic, SLURM wrappers of them) sets for its ranks. A
-# process spawned with them inherits the launcher's rendezvous: under torchrun
-# (TORCHELASTIC_USE_AGENT_STORE=True) every spawned rank waited forever for the agent's
-# store, so our own spawned groups run without them.
+# What a launcher (torchrun, torchelastic, ...) sets for its ranks; spawned groups run without them.
 _LAUNCHER_VARS = (
     "MASTER_ADDR",
     "MASTER_PORT",
@@ -86,8 +68,7 @@ _LAUNCHER_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 
 @contextlib.contextmanager
 def launcher_free_env() -> Iterator[None]:
-    """Within the block, ``os.environ`` holds none of a launcher's rendezvous variables
-    (processes spawned in it start clean); restored after."""
+    """Within the block, ``os.environ`` holds no launcher rendezvous variables; restored after."""
     saved = {
         k: v
         for k, v in os.environ.items()
@@ -102,23 +83,19 @@ def launcher_free_env() -> Iterator[None]:
 
 
 def in_distributed_job() -> bool:
-    """Whether this process is a rank of an initialised ``torch.distributed`` job, where
-    nothing may be spawned to measure (see
-    :mod:`torchrec_dreamshard.ranks.job_group`)."""
+    """Whether this process is a rank of an initialised ``torch.distributed`` job."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
 
 
 def measuring_ranks(wanted: int) -> int:
-    """Ranks to spawn for a measurement: ``wanted``, but never more than the machine's
-    cores (ranks sharing a core time contention, not the link), and at least 2."""
+    """Ranks to spawn for a measurement: ``wanted``, at most the machine's cores, at least 2."""
     return max(2, min(wanted, os.cpu_count() or 2))
 
 
 def check_may_spawn(what: str) -> None:
-    """Raise a ``ValueError`` when ``what`` would spawn processes from inside a
-    distributed job."""
+    """Raise a ``ValueError`` when ``what`` would spawn processes inside a distributed job."""
     if in_distributed_job():
         raise ValueError(
             f"{what} would spawn processes from inside a distributed job; plan with "
@@ -128,14 +105,9 @@ def check_may_spawn(what: str) -> None:
 
 
 def skip_measuring(cache_file: Path, fallback: str) -> bool:
-    """Whether a fit that would be cached in ``cache_file`` must not be measured here: this
-    process is a rank of a running distributed job, and no earlier run cached the fit. A
-    rank alone measures nothing there: ranks it spawned, or threads of its own, would time
-    this host's loopback while its peers run the job, not the job's links. Where so, logs
-    that ``fallback`` stands in for it.
-
-    A caller that measures on the job's own group while rank 0 drives one
-    (:func:`~torchrec_dreamshard.ranks.job_group.active_group`) takes that path first.
+    """Whether a fit cached in ``cache_file`` must not be measured here: inside a distributed
+    job with no cached fit (then logs that ``fallback`` stands in). A caller on the driven job
+    group takes that path first.
     """
     if not in_distributed_job() or cache_file.exists():
         return False

@@ -1,19 +1,8 @@
-"""Every private name of torch itself that the package reads, in one place, checked at
-import (as :mod:`torchrec_dreamshard.torchrec_compat` holds TorchRec's).
+"""Every private name of torch the package reads, in one place, checked at import.
 
-The collectives are timed between gloo ranks that are threads of one process
-(:mod:`torchrec_dreamshard.measure.collective_timing`): each thread builds its own
-``ProcessGroupGloo`` and calls the backend's methods directly, since no
-``torch.distributed`` function knows a group that is not registered with the default one.
-Two things have no public spelling there:
-
-- a gloo group on the loopback device: the public constructor resolves the host's name to
-  pick its device, which a machine without a network may not resolve; the private
-  ``ProcessGroupGloo._Options`` names the device (:func:`loopback_gloo_group`);
-- the flat reduce-scatter and all-gather, the ones ``reduce_scatter_tensor`` and
-  ``all_gather_into_tensor`` reach (``_reduce_scatter_base``, ``_allgather_base``):
-  the public list forms copy through per-rank lists, which TorchRec's collectives do not
-  (:func:`flat_reduce_scatter`, :func:`flat_all_gather`).
+Thread-rank gloo timing needs two: a loopback gloo group (``ProcessGroupGloo._Options``,
+:func:`loopback_gloo_group`) and the flat reduce-scatter and all-gather
+(``_reduce_scatter_base``, ``_allgather_base``) TorchRec's collectives use.
 """
 
 from __future__ import annotations
@@ -49,8 +38,7 @@ def _missing() -> list[str]:
 
 
 def check_torch() -> None:
-    """Raise an ``ImportError`` naming every private name the installed torch lacks (run
-    at import of this module)."""
+    """Raise an ``ImportError`` naming every private name the installed torch lacks."""
     missing = _missing()
     if missing:
         raise ImportError(
@@ -65,8 +53,9 @@ check_torch()
 
 
 def loopback_gloo_group(store: Any, rank: int, world: int, timeout: timedelta) -> Any:
-    """Rank ``rank`` of a ``world``-rank gloo group over ``store`` on the loopback device,
-    not registered with ``torch.distributed`` (the default group is never touched)."""
+    """Rank ``rank`` of a ``world``-rank gloo group over ``store`` on the loopback device
+    (unregistered with ``torch.distributed``).
+    """
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
     options._timeout = timeout

@@ -12,12 +12,7 @@ from pathlib import Path
 
 @contextlib.contextmanager
 def collector_lock(path: Path, who: str) -> Iterator[None]:
-    """Hold the store's collector lock: one collecting process per store.
-
-    Two collectors on one store would measure the same jobs (one of the two inserts
-    would be refused and its measurement lost) and slow each other's timings down, so
-    the second is refused at once. The lock is an ``flock`` on ``PATH.lock``, released
-    by the operating system when the process ends, however it ends.
+    """Hold the store's collector lock (an ``flock`` on ``PATH.lock``): one collector per store.
 
     Raises:
         ValueError: another process holds the lock (its pid and command are named).

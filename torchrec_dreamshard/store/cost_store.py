@@ -1,13 +1,9 @@
 """The cost dataset: every measurement appended to SQLite, read back as training examples.
 
-One row per measured placement holds the task's tables, the placement, the per-device
-figures (raw and the reference kernel's time, so they can be normalised), the workload
-(batch size, optimizer, precision, device), the hardware fingerprint, the backend and the
-time. Each append is one transaction, so a collection killed at any moment keeps every
-finished row; a row can carry a ``job`` key (unique), which is how a collection resumes.
-
-Rows from different hardware or workloads are never mixed silently: reading examples from
-a store holding several (fingerprint, workload) groups without choosing one raises.
+A row per measured placement holds the tables, placement, per-device figures (raw, with
+the reference kernel's time), workload, hardware fingerprint, backend and time. Each append
+is one transaction; a unique ``job`` key lets a collection resume. Reading a store of
+several (fingerprint, workload) groups without choosing one raises.
 """
 
 from __future__ import annotations
@@ -66,10 +62,7 @@ CREATE INDEX IF NOT EXISTS by_group ON measurements (fingerprint_key, workload_k
 
 @dataclass
 class DeviceExample:
-    """One device of a measured placement: its table set and what it cost.
-
-    An empty device (no tables) is included: it costs its communication only.
-    """
+    """One device of a measured placement: its table set and cost (empty devices included)."""
 
     tables: list[TableSpec]
     batch_size: int
@@ -97,6 +90,12 @@ class CostStore:
 
     Args:
         path: the database file.
+
+    Example::
+
+        with CostStore("costs.sqlite") as store:
+            store.append(task, placement, measurement, config, job="it0-task0-0")
+            examples = store.placement_examples()
     """
 
     def __init__(self, path: str | Path) -> None:
@@ -116,8 +115,7 @@ class CostStore:
     # -- tables beside the measurements ------------------------------------------------
 
     def add_table(self, schema: str) -> None:
-        """Create a table beside the measurements (``schema``: ``CREATE TABLE IF NOT
-        EXISTS ...`` statements), for what another part keeps in this file."""
+        """Create another part's table in this file (``CREATE TABLE IF NOT EXISTS`` ``schema``)."""
         with sqlite_errors(self.path), self._conn:
             self._conn.executescript(schema)
 
@@ -147,7 +145,7 @@ class CostStore:
         config: MeasureConfig,
         job: str | None = None,
     ) -> int:
-        """Append one measurement (one transaction) and return its row id.
+        """Append one measurement (one transaction).
 
         Args:
             task: the measured task.
@@ -155,6 +153,9 @@ class CostStore:
             measurement: what :func:`measure_placement` returned (failed ones too).
             config: the settings it was measured with.
             job: an optional unique key (a collection's job), used to resume.
+
+        Returns:
+            The row id.
         """
         m = measurement
         fp = self.fingerprint(config, m.backend)
@@ -195,9 +196,7 @@ class CostStore:
         return int(cur.lastrowid)
 
     def forget_jobs(self, jobs: Sequence[str]) -> int:
-        """Delete the rows of ``jobs`` (one transaction), e.g. kernels measured while the
-        machine was busy, so that they are measured again rather than reused; returns how
-        many rows went."""
+        """Delete the rows of ``jobs`` in one transaction; returns how many went."""
         jobs = list(jobs)
         with self._conn:
             cur = self._conn.executemany(
@@ -206,19 +205,17 @@ class CostStore:
         return int(cur.rowcount)
 
     def fingerprint(self, config: MeasureConfig, backend: str = "local") -> dict[str, Any]:
-        """The fingerprint rows measured with ``config`` on ``backend`` are stored under
-        (computed once per store; call it before measuring to fail early)."""
+        """The fingerprint rows measured with ``config`` on ``backend`` are stored under."""
         key = (config.device, backend, json.dumps(config.protocol(), sort_keys=True))
         if key not in self._fingerprints:
             self._fingerprints[key] = hardware_fingerprint(config, backend)
         return self._fingerprints[key]
 
     def collector_lock(self, who: str) -> contextlib.AbstractContextManager[None]:
-        """Hold the store's collector lock: one collecting process per store (see
-        :func:`~torchrec_dreamshard.store.collector_lock.collector_lock`).
+        """Hold the store's collector lock (see :mod:`~torchrec_dreamshard.store.collector_lock`).
 
         Raises:
-            ValueError: another process holds the lock (its pid and command are named).
+            ValueError: another process holds the lock.
         """
         return collector_lock(self.path, who)
 
@@ -231,8 +228,7 @@ class CostStore:
         ok: bool | None = None,
         job_prefix: str | None = None,
     ) -> int:
-        """Rows matching every filter given (fingerprint key or dict, workload key, ok,
-        jobs starting with ``job_prefix``)."""
+        """Rows matching every filter given (fingerprint, workload, ok, ``job_prefix``)."""
         where, args = _where(fingerprint, workload, ok)
         if job_prefix is not None:
             where.append("job LIKE ? ESCAPE '\\'")
@@ -241,9 +237,7 @@ class CostStore:
         return int(self._conn.execute(sql, args).fetchone()[0])
 
     def done_jobs(self, job_prefix: str, fingerprint: str | dict | None = None) -> set[str]:
-        """Job keys already recorded that start with ``job_prefix`` (measured on
-        ``fingerprint``'s hardware only, when given: another machine's row of the same job
-        does not count as done here)."""
+        """Job keys recorded that start with ``job_prefix`` (on ``fingerprint``'s hardware)."""
         where, args = _where(fingerprint, None, None)
         where.append("job LIKE ? ESCAPE '\\'")
         args.append(_like_prefix(job_prefix))
@@ -278,12 +272,11 @@ class CostStore:
         """Every successful measurement of one (fingerprint, workload) group.
 
         Args:
-            fingerprint: a fingerprint key (see :meth:`groups`) or dict; optional when the
-                store holds a single hardware.
+            fingerprint: a fingerprint key (see :meth:`groups`) or dict; optional when the store
+                holds a single hardware.
             workload: a workload key (``MeasureConfig.workload_key``); optional likewise.
-            normalise: scale each row's figures by ``median reference / row reference`` so
-                that rows taken while the machine was slower or faster are comparable
-                (figures stay in ms at the group's typical speed).
+            normalise: scale each row by ``median reference / row reference`` (ms at the group's
+                typical speed).
 
         Raises:
             ValueError: the rows selected span several groups (they are listed).
@@ -316,8 +309,7 @@ class CostStore:
         workload: str | None = None,
         normalise: bool = False,
     ) -> list[DeviceExample]:
-        """Per-device table sets with their forward, backward and communication times
-        (arguments as :meth:`placement_examples`)."""
+        """Per-device table sets with their fwd, bwd and comm ms (as :meth:`placement_examples`)."""
         out = []
         for ex in self.placement_examples(fingerprint, workload, normalise):
             groups = device_tables(ex.task, ex.placement)

@@ -1,15 +1,6 @@
-"""What running jobs fed their tables, kept for the next plan of the same tables.
-
-A re-plan (``JobObserver.replan``) that found the job feeding its tables other pooling
-factors than the planner was told keeps, per table, the ids per sample of each feature
-and the reuse histogram of its ids, in the calibration store's file (table
-``observed_inputs``, which :class:`~torchrec_dreamshard.store.cost_store.CostStore` keeps beside
-the measurements). A learning planner's next plan of the same
-model (a restarted job) takes them over the declared ones, so that the kernels observed in
-the job, stored under the tables as fed, are found again.
-
-A table is keyed by its place in the model, its shape and its features: what a restarted
-job of the same model has alike.
+"""What running jobs fed their tables, kept in the store's ``observed_inputs`` table for the
+next plan of the same model: per table (keyed by place, shape and features), the ids per
+sample of each feature and the reuse histogram.
 """
 
 from __future__ import annotations
@@ -48,9 +39,9 @@ def remember_inputs(
     fed: Mapping[str, Sequence[float]],
     reuse: Mapping[str, Sequence[float]],
 ) -> int:
-    """Keep what a job fed ``model``'s tables: ``fed`` (by fqn) the ids per sample of each
-    feature, ``reuse`` (by fqn, where known) the reuse histogram of the table's ids. The
-    newest observation of a table replaces an older one. Returns how many were kept."""
+    """Keep what a job fed ``model``'s tables (``fed``: ids per sample per feature; ``reuse``:
+    histograms), newest first; returns how many were kept.
+    """
     keys = table_keys(model)
     unknown = sorted(set(fed) - set(keys))
     if unknown:
@@ -78,8 +69,7 @@ def remember_inputs(
 def recalled_inputs(
     store_path: Path, model: nn.Module
 ) -> tuple[dict[str, float], dict[str, list[float]]]:
-    """What running jobs fed ``model``'s tables, as kept: pooling factors (the features
-    together) and reuse histograms, by fqn (empty without a store)."""
+    """The kept pooling factors and reuse histograms of ``model``'s tables, by fqn."""
     if not store_path.exists():
         return {}, {}
     keys = table_keys(model)
@@ -117,8 +107,7 @@ def count_inputs(store_path: Path) -> int:
 
 
 def forget_inputs(store_path: Path) -> int:
-    """Forget every table's fed inputs the store at ``store_path`` keeps (its measurements
-    stay). Returns how many were forgotten."""
+    """Forget every table's fed inputs (measurements stay); returns how many."""
     count = count_inputs(store_path)
     if count:
         with CostStore(store_path) as store:

@@ -1,7 +1,6 @@
-"""The cost store's SQLite file: opening it (write-ahead log, full sync, its schema and
-schema version) and SQLite's errors on it as a ``ValueError`` naming the file. The one
-connection to the file is :class:`~torchrec_dreamshard.store.cost_store.CostStore`'s, which
-also keeps other parts' tables beside the measurements."""
+"""The cost store's SQLite file: opening it (WAL, full sync, schema and version) and its
+errors as a ``ValueError`` naming the file.
+"""
 
 from __future__ import annotations
 
@@ -21,12 +20,11 @@ def sqlite_errors(path: str | Path) -> Iterator[None]:
 
 
 def connect(path: Path, schema: str, version: int) -> sqlite3.Connection:
-    """A connection to the store at ``path`` (created if missing) holding ``schema``, whose
-    file records schema ``version``.
+    """A connection to the store at ``path`` (created if missing) holding ``schema`` at ``version``.
 
     Raises:
-        ValueError: ``path`` is a directory or its folder is missing, the file is not a
-            SQLite database, or it records another schema version.
+        ValueError: ``path`` is a directory or its folder is missing, the file is not SQLite,
+            or it records another schema version.
     """
     if path.exists() and path.is_dir():
         raise ValueError(f"cost store path {str(path)!r} is a directory, not a file")

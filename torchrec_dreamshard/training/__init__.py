@@ -1,12 +1,5 @@
-"""The DreamShard training loop, one concept per module:
-
-* :mod:`~torchrec_dreamshard.training.train_config`: ``TrainConfig`` and seeding;
-* :mod:`~torchrec_dreamshard.training.collection_jobs`: the placements a run measures (``Job``) and
-  their collection into the cost store;
-* :mod:`~torchrec_dreamshard.training.samples`: the store's measurements as cost samples;
-* :mod:`~torchrec_dreamshard.training.reinforce`: REINFORCE on the estimated MDP;
-* :mod:`~torchrec_dreamshard.training.logs`: ``metrics.csv`` and the curves;
-* :mod:`~torchrec_dreamshard.training.loop`: checkpoints, resuming and the loop itself.
+"""The DreamShard training loop: config and seeding, collection jobs, cost samples,
+REINFORCE, metrics and the loop itself (:func:`~torchrec_dreamshard.training.loop.train`).
 """
 
 from torchrec_dreamshard.training.collection_jobs import (

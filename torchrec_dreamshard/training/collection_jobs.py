@@ -1,9 +1,8 @@
 """Collection jobs: which placements of which tasks a run measures, and measuring them.
 
-A :class:`Job` is one placement to measure. Its key is what the cost store records, so a
-resumed run skips what is already measured; its seed is derived from the run's seed and
-the key alone (a CRC, not Python's per-process salted ``hash``), so two runs with the same
-configuration measure the same placements.
+A :class:`Job`'s key is what the cost store records, so a resumed run skips what is
+measured; its seed is a CRC of the run's seed and the key, so equal configs measure the
+same placements.
 """
 
 from __future__ import annotations
@@ -35,12 +34,9 @@ class Job:
     """One placement to measure.
 
     Attributes:
-        key: the store's job key, stable across runs (``"boot-single-3"``,
-            ``"boot-task0-1"``, ``"it2-task1-0"``).
+        key: the store's job key, stable across runs (``"boot-single-3"``, ``"it2-task1-0"``).
         task: the task.
-        kind: ``"one"`` (every table on device 0), ``"random"``, ``"safe"`` (the agent's
-            default plan), ``"greedy"`` (its policy's greedy roll-out) or ``"sample"`` (a
-            sampled roll-out).
+        kind: ``"one"`` (all on device 0), ``"random"``, ``"safe"``, ``"greedy"`` or ``"sample"``.
         seed: seeds a random placement or a sampled roll-out.
     """
 
@@ -66,8 +62,7 @@ def job_seed(run_seed: int, key: str) -> int:
 
 
 def job_group(key: str) -> str:
-    """All placements of one task share a group (the key without its placement index);
-    a bootstrap single table or subset is a group of its own."""
+    """The key without its placement index: one group per task (a bootstrap subset its own)."""
     return key.rsplit("-", 1)[0] if _TASK_MARK in key else key
 
 
@@ -88,9 +83,9 @@ def _one_device(task: Task, idx: Sequence[int]) -> Task:
 
 
 def bootstrap_jobs(cfg: TrainConfig) -> list[Job]:
-    """The bootstrap (deterministic in the config): single tables and fused subsets of
-    training tasks on one device, and random placements of training tasks, the tasks
-    taken from the configured families in turn."""
+    """The bootstrap: single tables and fused subsets on one device, and random placements
+    of training tasks (deterministic in the config).
+    """
     rng = np.random.default_rng([cfg.seed, 7919])
     jobs = []
     n = max(cfg.boot_single, cfg.boot_subsets, cfg.boot_tasks)
@@ -109,8 +104,7 @@ def bootstrap_jobs(cfg: TrainConfig) -> list[Job]:
 
 
 def draw_tasks(cfg: TrainConfig, n: int, rng: np.random.Generator) -> list[Task]:
-    """``n`` training tasks, from the configured families in turn, each seeded by a draw
-    of ``rng`` (the training split of every family)."""
+    """``n`` training tasks from the configured families in turn, seeded by ``rng``."""
     seeds = rng.integers(2**31, size=n)
     fams = cfg.families
     return [
@@ -120,9 +114,9 @@ def draw_tasks(cfg: TrainConfig, n: int, rng: np.random.Generator) -> list[Task]
 
 
 def iteration_jobs(cfg: TrainConfig, it: int) -> list[Job]:
-    """Iteration ``it``'s jobs: per task the agent's default (safe) plan, its policy's
-    greedy roll-out, sampled roll-outs and a random placement, so the cost network is
-    corrected where the agent's own choices take it."""
+    """Iteration ``it``'s jobs: per task the safe plan, the greedy roll-out, sampled
+    roll-outs and a random placement.
+    """
     rng = np.random.default_rng([cfg.seed, it])
     last = cfg.placements_per_task - 1
     jobs = []
@@ -177,8 +171,7 @@ def collect(
 
 
 def store_key(job: Job) -> str:
-    """The key a job's row carries in the store: its key and a hash of its task's content
-    and kind, so that a job whose task changed is not taken as done."""
+    """A job's store key: its key and a hash of its task and kind."""
     from torchrec_dreamshard.measure.config import stable_key
 
     return f"{job.key}@{stable_key([job.task.to_dict(), job.kind], 10)}"

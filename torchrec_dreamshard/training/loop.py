@@ -1,24 +1,12 @@
-"""The DreamShard training loop.
+"""The DreamShard training loop, top to bottom as CleanRL's ``ppo.py``.
 
-Reads top to bottom like CleanRL's ``ppo.py``: a config dataclass, a seeding block, then
-for each iteration
+After a bootstrap (single tables, fused subsets and random placements), each iteration:
 
-1. **collect**: sample training tasks, place them with the current agent (its greedy
-   roll-out, sampled roll-outs and a random placement, so the cost network sees good and
-   bad placements of the same task) and measure every placement on real kernels through
-   :func:`torchrec_dreamshard.measure.measure_placement`, appending each to the SQLite
-   cost store;
-2. **fit** the cost network on every measurement of this hardware and workload (a fixed
-   share of tasks held out for the metrics);
-3. **train the policy** with REINFORCE on the estimated MDP of fresh training tasks (no
-   hardware touched);
-4. write metrics (CSV and a PNG of the curves) and a checkpoint.
-
-Before the first iteration a bootstrap collects single tables and random fused subsets on
-one device (the single-table costs that order the MDP and the sub-additivity of fusion)
-and random placements. Every measurement carries a job key (a
-:class:`~torchrec_dreamshard.training.collection_jobs.Job`'s), so a killed run resumes from its last
-checkpoint and skips what the store already holds.
+1. **collect**: place training tasks with the current agent and measure each placement
+   into the SQLite cost store (keyed by job, so a killed run resumes);
+2. **fit** the cost network on every measurement of this hardware and workload;
+3. **train the policy** with REINFORCE on fresh tasks' estimated MDPs;
+4. write metrics and a checkpoint.
 """
 
 from __future__ import annotations
@@ -84,8 +72,7 @@ def agent_meta(cfg: TrainConfig, store: CostStore, n_samples: int, wall_s: float
 
 
 def candidate_sources() -> tuple[CandidateSource, ...]:
-    """The candidate sources of the safe-mode placements training measures: the planner
-    side's defaults (TorchRec's plan), as every safe-mode plan weighs them."""
+    """The safe mode's candidate sources while training: the planner side's defaults."""
     from torchrec_dreamshard.planner.stages.candidates import default_sources
 
     return default_sources()
@@ -122,11 +109,10 @@ def resume_agent(cfg: TrainConfig) -> tuple[DreamShard, int, float]:
 
 
 def check_hardware(agent: DreamShard, store: CostStore, cfg: TrainConfig) -> None:
-    """A resumed run must measure on the hardware, backend and protocol it started on.
+    """Check that a resumed run measures on the hardware, backend and protocol it started on.
 
     Raises:
-        ValueError: the checkpoint's fingerprint differs from this machine's (fields both
-            record are compared, so checkpoints older than a new field still resume).
+        ValueError: a fingerprint field both record differs from this machine's.
     """
     saved = agent.meta.get("hardware")
     if not isinstance(saved, dict):
@@ -142,10 +128,17 @@ def check_hardware(agent: DreamShard, store: CostStore, cfg: TrainConfig) -> Non
 
 
 def train(cfg: TrainConfig) -> DreamShard:
-    """Run (or resume) the DreamShard loop; returns the final agent.
+    """Run (or resume) the DreamShard loop.
 
-    Every iteration ends with ``out_dir/checkpoint.pt`` (and a numbered copy), a row in
+    Every iteration writes ``out_dir/checkpoint.pt`` (and a numbered copy), a row of
     ``metrics.csv`` and ``curves.png``.
+
+    Returns:
+        The final agent.
+
+    Example::
+
+        agent = train(TrainConfig(out_dir="runs/cpu", iterations=10))
     """
     from torchrec_dreamshard.policy.checkpoint import save_checkpoint
     from torchrec_dreamshard.store import CostStore
@@ -171,8 +164,7 @@ def train(cfg: TrainConfig) -> DreamShard:
             samples = load_samples(store, cfg)
             fit_set, held = split_holdout(samples, cfg.holdout_fraction, cfg.seed)
             with single_thread():
-                # refit from scratch on all the data: warm-started refits on a slowly
-                # growing set overfit it (held-out MAPE rose from 10% to 25% in 4 refits)
+                # refit from scratch on all the data (docs/design_notes.md)
                 torch.manual_seed(cfg.seed + it)
                 agent.cost_net = CostNet(cfg.hidden, cfg.members)
                 hist = fit_cost_model(

@@ -19,13 +19,11 @@ if TYPE_CHECKING:
 
 
 def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:
-    """Every successful measurement of this machine (fingerprint) and this run's
-    optimizer, precision and device, at every batch size, as cost samples.
+    """Every successful measurement of this machine and run's optimizer, precision and
+    device, as cost samples.
 
-    Compute figures are normalised to the machine's typical speed (times the median
-    reference-kernel time over the row's own); the all-to-all is left as measured or
-    modelled (the reference kernel says nothing about it); the step cost is recomputed
-    as ``max_d (fwd + bwd + comm)``.
+    Compute is normalised to the machine's typical speed by the reference kernel; the step is
+    recomputed as ``max_d (fwd + bwd + comm)``.
     """
     from torchrec_dreamshard.measure.hardware import fingerprint_key
     from torchrec_dreamshard.measure.summary import reference_scales
