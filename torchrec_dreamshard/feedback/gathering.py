@@ -1,6 +1,4 @@
-"""Every rank's observations of the job, gathered: the sampled steps, what sampling cost,
-what the sampled steps fed the tables, and the model's tables (rank 0's), for the report
-(:mod:`.observed_job_report`) and the re-plan (:mod:`.replan`)."""
+"""Every rank's observations of the job, gathered for the report and the re-plan."""
 
 from __future__ import annotations
 
@@ -20,12 +18,9 @@ def gather(
     with_inputs: bool = False,
     estimates: Any = None,
 ) -> dict[str, list[Any]]:
-    """Every rank's sampled steps, what sampling cost it, the ids per sample its tables
-    were fed, the model's tables (``tables``: rank 0's), what the rank holds in memory
-    (:meth:`~.rank_memory.MemoryRecorder.snapshot`) and the plan's storage estimates
-    (``estimates``: rank 0's), in one collective; where
-    ``with_inputs``, each rank's recorded inputs too, to rank 0 only (a second
-    collective: up to tens of MB a rank, which the other ranks have no use for)."""
+    """Every rank's sampled steps, sampling cost, pooling sums, memory snapshot, ``tables``
+    and ``estimates``, in one collective; where ``with_inputs``, each rank's recorded
+    inputs to rank 0 only (a second collective, up to tens of MB a rank)."""
     sampler.close()
     profiles = sampler.profiles
     mine = {
@@ -48,9 +43,8 @@ def gather(
 
 
 def observed_inputs(gathered: dict[str, list[Any]], constraints: Any) -> ObservedInputs | None:
-    """What the job fed its tables, from :func:`gather`'s result, beside the
-    ``constraints`` the planner was given (``None`` where the model's tables are unknown:
-    it was not planned through ``collective_plan``)."""
+    """What the job fed its tables, from :func:`gather`'s result (``None`` where the
+    model's tables are unknown)."""
     tables = gathered["tables"][0]
     if tables is None:
         return None

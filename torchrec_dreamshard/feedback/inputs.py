@@ -1,18 +1,6 @@
-"""The job's real inputs: what the sharded embedding modules are fed on the sampled steps.
-
-A planner sees a table's input only through what the user declares
-(``ParameterConstraints.pooling_factors``, TorchRec's default 1.0 per feature where none is
-given) and, optionally, sample batches. The running job feeds the real ids. On a sampled
-step, :class:`InputRecorder` keeps a copy of the ``KeyedJaggedTensor`` each sharded
-embedding module's ``input_dist`` is called with (the rank's local batch of the module's
-features, before the ids are exchanged): that is how TorchRec's ``TrainPipelineSparseDist``
-and a plain ``DistributedModelParallel`` forward both hand a batch to a sharded module.
-Other steps cost one attribute read.
-
-:class:`ObservedInputs` (rank 0, after the ranks' copies are gathered) gives each table's
-observed pooling factor per feature, the constraints a re-plan plans with (the user's, with
-the observed pooling factors in), the batches it measures reuse from, and the declared
-against observed pooling the report shows.
+"""The job's real inputs: :class:`InputRecorder` copies the ``KeyedJaggedTensor`` each sharded
+module's ``input_dist`` gets on the sampled steps; :class:`ObservedInputs` (rank 0) turns
+them into observed pooling factors, the constraints and batches a re-plan plans with.
 """
 
 from __future__ import annotations
@@ -43,11 +31,8 @@ def sharded_modules(dmp: nn.Module | None) -> list[nn.Module]:
 
 
 class InputRecorder:
-    """Copies each sharded module's input on the steps it is told to record.
-
-    Wraps the ``input_dist`` of every sharded embedding module of ``dmp`` (on the instance;
-    the class is untouched). :meth:`attach` again after the modules are replaced (a reshard).
-    """
+    """Copies each sharded module's input on the steps it is told to record, by wrapping
+    the instances' ``input_dist`` (:meth:`attach` again after a reshard)."""
 
     def __init__(self, dmp: nn.Module | None) -> None:
         self.recording = False
@@ -56,8 +41,7 @@ class InputRecorder:
         self.attach(dmp)
 
     def attach(self, dmp: nn.Module | None) -> None:
-        """Wrap the ``input_dist`` of ``dmp``'s sharded modules not wrapped yet
-        (:func:`~torchrec_dreamshard.torchrec_compat.wrap_input_dist`)."""
+        """Wrap the ``input_dist`` of ``dmp``'s sharded modules not wrapped yet."""
         from torchrec_dreamshard.torchrec_compat import wrap_input_dist
 
         for module in sharded_modules(dmp):
@@ -95,7 +79,7 @@ class InputRecorder:
         self.recording = True
 
     def take(self) -> StepInputs:
-        """Stop recording and hand over what the step fed (kept only through :meth:`keep`)."""
+        """Stop recording and hand over what the step fed."""
         self.recording = False
         fed, self._current = self._current, {}
         return fed
@@ -123,8 +107,7 @@ def pooling_sums(steps: Iterable[StepInputs]) -> dict[str, tuple[int, int]]:
 
 
 def with_fields(given: Any, **fields: Any) -> Any:
-    """``given`` (a table's ``ParameterConstraints``, or ``None``) with ``fields`` set, its
-    other fields kept (TorchRec's defaults where there was none)."""
+    """``given`` (``ParameterConstraints`` or ``None``) with ``fields`` set."""
     from torchrec.distributed.planner.types import ParameterConstraints
 
     if given is None:
@@ -151,8 +134,7 @@ class TableInput:
 
 
 def embedding_tables(model: nn.Module) -> list[tuple[str, str, list[str]]]:
-    """Every ``(fqn, table name, feature names)`` of ``model``'s EmbeddingBagCollection and
-    EmbeddingCollection tables."""
+    """Every ``(fqn, table name, feature names)`` of ``model``'s embedding tables."""
     from torchrec_dreamshard.data.table_stats import table_configs
 
     return [(fqn, c.name, list(c.feature_names)) for fqn, c in table_configs(model)]
@@ -166,8 +148,7 @@ class ObservedInputs:
         sums: per feature, ``(ids, samples)`` over every rank's sampled steps
             (:func:`pooling_sums`).
         constraints: the constraints the planner was given (by table name).
-        ranks: per rank, its recorded steps (the same sampled steps on every rank), for
-            :meth:`batches`; optional.
+        ranks: per rank, its recorded steps, for :meth:`batches`.
     """
 
     def __init__(
@@ -191,8 +172,7 @@ class ObservedInputs:
             self.tables.append(TableInput(fqn, name, list(features), declared, observed))
 
     def constraints(self) -> dict[str, Any]:
-        """The given constraints, with each observed table's pooling factors as observed
-        (a table without constraints gets TorchRec's defaults and the observed pooling)."""
+        """The given constraints with each observed table's pooling factors as observed."""
         out = dict(self.constraints_given)
         for t in self.tables:
             pooling = [max(p, 1e-3) for p in t.observed]  # TorchRec divides by it
@@ -200,10 +180,9 @@ class ObservedInputs:
         return out
 
     def batches(self) -> list[Any]:
-        """The recorded inputs as ``KeyedJaggedTensor`` batches, step by step, rank by rank
-        within a step (what ``DreamShardPlanner(sample_batches=...)`` takes: consecutive
-        groups of ``world`` batches are one global batch). None where a step fed more ids
-        than are kept (:data:`MAX_STEP_IDS`): the pooling factors stand, reuse is unknown."""
+        """The recorded inputs as ``KeyedJaggedTensor`` batches, step by step and rank by
+        rank (``DreamShardPlanner(sample_batches=...)``); empty where a step fed more ids
+        than :data:`MAX_STEP_IDS`."""
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
         if any(v is None for r in self._ranks for step in r for _, v in step.values()):
@@ -233,8 +212,7 @@ class ObservedInputs:
         return {t.fqn: sum(t.observed) for t in self.tables}
 
     def mispriced(self, tolerance: float = 0.1) -> list[TableInput]:
-        """The tables whose observed pooling differs from the declared by more than
-        ``tolerance`` (relative)."""
+        """The tables whose observed pooling is more than ``tolerance`` off the declared."""
         return [
             t
             for t in self.tables

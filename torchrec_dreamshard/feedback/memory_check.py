@@ -1,21 +1,7 @@
-"""The memory check before the job: what each rank of a plan will allocate, measured on
-the real kernels in this one process, rank after rank.
-
-For any ``ShardingPlan`` (ours, TorchRec's, or one loaded from a file) of a model's
-``EmbeddingBagCollection`` tables, each rank's shards (their sizes from the plan's
-sharding specs; a data-parallel table whole on every rank) are built as the job builds
-them: one FBGEMM fused kernel (``SplitTableBatchedEmbeddingBagsCodegen``, on the CPU here)
-over the rank's fused shards, with the job's optimizer (the one
-``_apply_optimizer_in_backward`` set on the tables, or the sharder's ``fused_params``), and
-the data-parallel tables' dense kernel. Its weights and optimizer state are read off the
-built tensors (:func:`~.rank_memory.kernel_state_bytes`, as the job's observer reads them), and
-one forward and backward on ids drawn to the tables' pooling factors (the constraints', 1
-where none) gives the per-step buffers: the ids a kernel is fed (every rank's batch, for a
-table-wise or column-wise shard), its pooled output and that output's gradient. The rank's
-kernels are freed before the next rank's are built, so the check needs one rank's memory.
-
-Row-wise shards are built as their row ranges; their inputs are the ids of the whole
-batch, as the job buckets them. Nothing is exchanged: the check builds no process group.
+"""The memory check before the job: for any ``ShardingPlan`` of a model's
+``EmbeddingBagCollection`` tables, each rank's FBGEMM kernels are built on the CPU with the
+job's optimizer, one rank at a time, their state read off the tensors and one forward and
+backward run for the per-step buffers. No process group is built.
 """
 
 from __future__ import annotations
@@ -32,8 +18,7 @@ DATA_PARALLEL = "data_parallel"
 
 
 def table_configs(model: nn.Module) -> dict[str, tuple[str, Any]]:
-    """``module.table`` -> ``(module path, EmbeddingBagConfig)`` of ``model``'s
-    EmbeddingBagCollection tables."""
+    """``module.table`` -> ``(module path, EmbeddingBagConfig)`` of ``model``'s tables."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     out = {}
@@ -45,9 +30,8 @@ def table_configs(model: nn.Module) -> dict[str, tuple[str, Any]]:
 
 
 def optimizer_of(model: nn.Module, fused_params: Mapping[str, Any] | None) -> Any:
-    """The FBGEMM optimizer the job's fused kernels run: the sharder's ``fused_params``
-    ``optimizer``, else the class ``_apply_optimizer_in_backward`` gave the tables (as
-    TorchRec maps it), else plain SGD."""
+    """The job's FBGEMM optimizer: ``fused_params["optimizer"]``, else the one
+    ``_apply_optimizer_in_backward`` gave the tables, else SGD."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.utils import optimizer_type_to_emb_opt_type
 
@@ -116,8 +100,7 @@ def check_rank(
     optimizer: Any,
     pooling: Mapping[str, float],
 ) -> dict[str, dict[str, int]]:
-    """One rank's tables: weights, optimizer state and per-step buffers, measured on the
-    kernels built for its ``shards`` (``batch``: the per-rank batch)."""
+    """One rank's tables: weights, optimizer state and per-step buffers of its ``shards``."""
     out: dict[str, dict[str, int]] = {}
     gen = torch.Generator().manual_seed(0)
     for dense in (False, True):
@@ -168,9 +151,8 @@ def check_plan(
     fused_params: Mapping[str, Any] | None = None,
     pooling: Mapping[str, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """What each rank of ``plan`` will allocate (see the module docstring): per rank,
-    ``{"rank", "tables": {module.table: {weights, optimizer, inputs, outputs, grads}},
-    "total"}``.
+    """What each rank of ``plan`` will allocate, per rank ``{"rank", "tables": {module.table:
+    {weights, optimizer, inputs, outputs, grads}}, "total"}``.
 
     Args:
         plan: a TorchRec ``ShardingPlan`` of ``model``.

@@ -1,25 +1,7 @@
-"""The observed job's memory: the plan's storage estimate against what each rank holds.
-
-Per rank and per table shard (:func:`build_memory_report`):
-
-* ``predicted``: the plan's storage estimate (TorchRec's ``ShardingOption.shards[i].
-  storage``, on the tier the tables live on: DDR on CPU, HBM on accelerators; corrected
-  where the plan was made with a :class:`~torchrec_dreamshard.cost.storage_correction.
-  StorageCorrection`), split into the weights (the shard's shape), the optimizer state
-  TorchRec counts (its multiplier of the weights) and the rest, the buffers (TorchRec's
-  input and output sizes);
-* ``measured``: the weights and optimizer state the rank's kernels hold, and the
-  per-step buffers of the sampled steps (:mod:`.rank_memory`);
-* ``difference`` (measured - predicted) and ``off``: the part with the largest
-  difference, where the total is more than :data:`TOLERANCE` off.
-
-Per rank also: the peak during a step (what the rank holds plus the step's transient
-peak), the device's capacity (``cap``), what the plan left beside the tables for the rest
-(``reserved``: the storage reservation's share of the cap) against what the rank used
-beside its tables at its peak (``beyond_tables``), and ``off``, the parts that were off on
-that rank (``reservation`` among them where the rest used more than was reserved). A rank
-whose peak is within ``margin`` of its cap is named in ``near_cap`` and logged as a
-warning before it fails. Plain JSON.
+"""The observed job's memory as plain JSON (:func:`build_memory_report`): per rank and table
+shard, the plan's storage estimate (weights, optimizer, buffers) beside what the rank
+measured (:mod:`.rank_memory`) and the part that was off; per rank also its peak, cap,
+reservation, and whether it is near its cap.
 """
 
 from __future__ import annotations
@@ -39,17 +21,15 @@ RESERVATION = 0.15  # TorchRec's default heuristical storage reservation
 
 
 def reserved_share(record: Any) -> float:
-    """The share of each device's capacity the plan's storage reservation kept from the
-    tables: the planner's ``heuristical_storage_reservation_percentage`` (TorchRec's 15%
-    by default; a user's reservation is read as that too)."""
+    """The planner's ``heuristical_storage_reservation_percentage`` (TorchRec's 15% default)."""
     arguments = getattr(getattr(record, "replanner", None), "arguments", {})
     share = arguments.get("heuristical_storage_reservation_percentage", RESERVATION)
     return float(share if share is not None else RESERVATION)
 
 
 def state_estimates(option: Any, world_size: int, tier: str) -> list[int]:
-    """TorchRec's estimate of each shard's weights and optimizer state on ``tier``: its
-    storage estimator run with no batch (so no input or output buffers)."""
+    """TorchRec's storage estimate of each shard on ``tier`` with no batch (weights and
+    optimizer state only)."""
     from torchrec.distributed.planner.shard_estimators import calculate_shard_storages
     from torchrec.distributed.planner.types import SharderData
     from torchrec.distributed.types import StorageUsageType
@@ -81,10 +61,8 @@ def option_estimates(
     world_size: int,
     correction: StorageCorrection | None = None,
 ) -> list[dict[str, Any]]:
-    """Every shard of the plan's ``options`` as ``{"rank", "table", "kernel",
-    "predicted": {total, weights, optimizer, buffers}, "uncorrected"}``: the plan's storage
-    on ``tier``, split into the parts TorchRec's estimate is made of (``correction``: the
-    one the plan was made with, which scaled every part)."""
+    """Every shard of ``options`` as ``{"rank", "table", "kernel", "predicted": {total,
+    weights, optimizer, buffers}, "uncorrected"}`` on ``tier`` (``correction``: the plan's)."""
     out = []
     for option in options:
         factor = correction.factor(option.name, option.compute_kernel) if correction else 1.0
@@ -126,8 +104,7 @@ def _measured_parts(parts: Mapping[str, int]) -> dict[str, int]:
 
 
 def _off(predicted: Mapping[str, float], measured: Mapping[str, float]) -> str | None:
-    """The part with the largest difference, where the total is more than
-    :data:`TOLERANCE` off (else ``None``)."""
+    """The part with the largest difference where the total is :data:`TOLERANCE` off."""
     total = predicted["total"]
     if abs(measured["total"] - total) <= TOLERANCE * max(total, 1):
         return None
@@ -135,8 +112,7 @@ def _off(predicted: Mapping[str, float], measured: Mapping[str, float]) -> str |
 
 
 def table_rows(estimates: list[dict[str, Any]], measured: Mapping[str, Any]) -> list[dict]:
-    """One rank's tables: predicted beside measured (``measured``: the rank's snapshot,
-    :meth:`~.rank_memory.MemoryRecorder.snapshot`)."""
+    """One rank's tables, predicted beside ``measured`` (the rank's snapshot)."""
     tables = measured.get("tables", {})
     rows = []
     for e in estimates:
@@ -202,8 +178,7 @@ def build_memory_report(
     reserved_share: float = RESERVATION,
     margin: float = MARGIN,
 ) -> dict[str, Any]:
-    """The memory report (see the module docstring) from the plan's shard estimates
-    (:func:`option_estimates`), every rank's measured snapshot and each device's cap."""
+    """The memory report from :func:`option_estimates`, every rank's snapshot and each cap."""
     ranks = []
     for r, m in enumerate(measured):
         mine = [e for e in estimates if e["rank"] == r]
@@ -222,10 +197,8 @@ def build_memory_report(
 def learn_correction(
     report: Mapping[str, Any], skip: Sequence[str] = (), source: str = "observed job"
 ) -> StorageCorrection:
-    """Measured over TorchRec's (uncorrected) estimate, per table (its shards on every
-    rank together, by table name) and per compute kernel (the median over its tables);
-    ``skip``: tables (``module.table``) whose estimate the re-plan makes anew (it plans
-    them with what the job fed), left to their kernel's factor."""
+    """Measured over TorchRec's uncorrected estimate, per table and per compute kernel
+    (the median over its tables); ``skip``'d tables keep only their kernel's factor."""
     measured: dict[str, float] = {}
     estimated: dict[str, float] = {}
     kernels: dict[str, str] = {}
@@ -249,8 +222,7 @@ def learn_correction(
 
 
 def corrected_report(report: dict[str, Any], correction: StorageCorrection) -> dict[str, Any]:
-    """``report`` with every prediction made anew from the uncorrected estimate and
-    ``correction`` (what a plan made with it predicts of the observed plan)."""
+    """``report`` with every prediction made anew under ``correction``."""
     import copy
 
     out = copy.deepcopy(report)
@@ -275,13 +247,9 @@ def corrected_report(report: dict[str, Any], correction: StorageCorrection) -> d
 def memory_correction(
     record: Any, memory: dict[str, Any] | None, arguments: dict[str, Any], inputs: Any
 ) -> tuple[Any, bool]:
-    """Step 4: the storage correction learnt from the job's measured memory (over the
-    one the plan was made with, for tables the job did not run), and whether the observed
-    plan does not fit under it (a rank measured near its cap, or predicted with the
-    correction beyond what the reservation leaves of its cap): then a new plan is taken
-    whatever its predicted speed. ``(None, False)`` without a memory report. Tables the
-    re-plan plans with what the job fed (``arguments`` from :func:`job_inputs`) are left
-    to their kernel's factor: their estimate is made anew."""
+    """Step 4 of the re-plan: ``(correction, memory_bound)``, the storage correction learnt
+    (merged over the plan's) and whether the observed plan does not fit under it;
+    ``(None, False)`` without a memory report."""
     if memory is None or not memory.get("ranks"):
         return None, False
     skip = [t.fqn for t in inputs.mispriced()] if arguments and inputs is not None else []

@@ -1,23 +1,7 @@
-"""The observer's report: each rank's predicted embedding cost beside the measured one.
-
-Per rank, over the sampled steps (medians):
-
-* ``measured``: the fused embedding kernels' forward and backward, the all-to-alls' own time
-  (``comm_ms``: from each one's last start to its first end, :func:`~.profiling.a2a_split`),
-  the rank's wait for slower peers in them (``comm_wait_ms``), the data-parallel tables'
-  dense kernel (``dp_ms``), the rest of the step and the step itself;
-* ``measured_ms = fwd + bwd + comm + dp``: the embedding part of the step, what the planner
-  predicts;
-* ``predicted_ms``: the planner's per-rank prediction (fused forward, backward, all-to-all,
-  and TorchRec's estimate of the shards TorchRec placed), by the cost network as it was
-  when the plan was made, or as updated by :meth:`JobObserver.replan`;
-* ``error``: ``predicted / measured - 1``.
-
-The report also names the rank that bounds the step, measured and predicted, the tables
-each rank holds, and (``inputs``) each table's pooling factor as the planner was told and
-as the job fed it, with the tables that differ by more than 10% (``mispriced``), and
-(``memory``) each rank's and table's memory, the plan's storage estimate against what the
-rank holds (:mod:`.memory_report`). It is a plain JSON-able dict.
+"""The observer's report, a plain JSON-able dict: per rank the medians over the sampled
+steps (``measured``), the embedding part ``measured_ms = fwd + bwd + comm + dp`` beside the
+planner's ``predicted_ms`` and their ``error`` (``predicted / measured - 1``), the rank
+that bounds the step, and where gathered the job's ``inputs`` and ``memory``.
 """
 
 from __future__ import annotations
@@ -65,14 +49,13 @@ def build_report(
     tables: Sequence[Sequence[str]],
     model: str,
 ) -> dict[str, Any]:
-    """The report (see the module docstring).
+    """The report of the module docstring.
 
     Args:
         profiles: every rank's sampled steps.
         prediction: the planner's ``PlanPrediction`` of the observed plan.
         tables: the tables (shards) each rank holds.
-        model: which cost network predicted (``"checkpoint"``: as planned; ``"updated"``:
-            after learning from the observations).
+        model: ``"checkpoint"`` (the network as planned) or ``"updated"`` (after learning).
     """
     measured = measured_by_rank(profiles)
     ranks = []
@@ -121,8 +104,7 @@ def _argmax(values: Sequence[float]) -> int:
 
 
 def check_report(data: Any, where: str) -> dict[str, Any]:
-    """``data`` if it has the report's shape, else a ``ValueError`` naming ``where`` and
-    what is missing."""
+    """``data`` if it has the report's shape, else a ``ValueError`` naming ``where``."""
     need = {"ranks", "bound_rank", "predicted_bound_rank", "steps_observed", "model"}
     if not isinstance(data, dict) or not need <= set(data):
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
@@ -194,8 +176,7 @@ def input_line(inputs: dict[str, Any], shown: int = 4) -> str:
 
 
 def plot_memory(ax: Any, memory: dict[str, Any]) -> None:
-    """Per-rank bars of memory: the plan's estimate, the measured tables' bytes stacked
-    by part, the peak, and each rank's cap."""
+    """Per-rank memory bars: estimate, measured parts stacked, peak and cap."""
     ranks = memory["ranks"]
     x = list(range(len(ranks)))
     bottom = [0.0] * len(ranks)
@@ -214,8 +195,7 @@ def plot_memory(ax: Any, memory: dict[str, Any]) -> None:
 
 
 def plot_report(report: dict[str, Any], path: str) -> None:
-    """Per-rank bars: predicted against measured, the measured split stacked (and, where
-    the report has memory, a second panel of it)."""
+    """Per-rank bars of predicted against measured (and memory in a second panel)."""
     import matplotlib
 
     matplotlib.use("Agg")

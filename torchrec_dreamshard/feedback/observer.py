@@ -1,36 +1,19 @@
-"""``JobObserver``: the running DMP job as the planner's measurement.
+"""``JobObserver``: the running DMP job as the planner's measurement. It samples steps under
+``torch.profiler`` (at most one in ``every``, fewer where sampling would cost more than
+``max_overhead`` of the job's time), reports predicted against measured cost, and re-plans
+on rank 0 with what it learnt. It reads nothing of the planner but its ``PlanRecord``.
+
+Example::
 
     plan = planner.collective_plan(model, sharders, pg)
     dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    observer = observe(planner, dmp)     # every rank, after the DMP is built; the same as
-                                         # JobObserver(planner.plan_record, dmp)
+    observer = observe(planner, dmp)     # every rank, after the DMP is built
     for batch in loader:
         ...train step...
-        observer.step()                  # cheap; samples one step in ``every``
+        observer.step()
     report = observer.report()           # collective; a plain JSON-able dict
     new_plan = observer.replan()         # collective; the same plan when no change pays
     observer.apply_in_place(new_plan)    # collective; table-wise moves, no restart
-
-A sampled step is the time from one ``step()`` call to the next, run under
-``torch.profiler`` (:mod:`.profiling`, sampled by :class:`~.sampling.StepSampler`); the
-other steps cost a clock read and a counter increment. The profiler's events are read
-when the samples are gathered, not in the training loop.
-
-What observing costs is measured as it runs: a sampled step's wall time (the profiler's
-start and stop included) against the median of the plain steps around it. The observer
-samples at most one step in ``every``, and less often where that cost would exceed
-``max_overhead`` of the job's time (a job of 3 ms steps, whose profiled step costs 30 ms
-more, is sampled about one step in a thousand at 1%); :attr:`JobObserver.overhead` is the
-fraction it has cost so far, and the report carries it.
-``report()`` gathers every rank's samples (:mod:`.gathering`, :mod:`.observed_job_report`);
-``replan()`` learns from them and plans again on rank 0 (:mod:`.replan`) while the other
-ranks serve its measurements, as ``collective_plan`` does, then every rank gets the plan.
-The report logs like TorchRec's planner stats (``logging.INFO`` on
-``torchrec_dreamshard.feedback``).
-
-The observer reads nothing of the planner but its
-:class:`~torchrec_dreamshard.planner.plans.plan_record.PlanRecord`: the plan, what it was planned
-from, and a factory of planners like it for the re-plan.
 """
 
 from __future__ import annotations
@@ -75,21 +58,16 @@ class JobObserver:
     """Observes a DMP job planned as ``record`` says (see the module docstring).
 
     Args:
-        record: the plan and what it was planned from (``planner.plan_record`` after the
-            planner's ``collective_plan``).
-        dmp: the job's ``DistributedModelParallel`` module, built from ``record.plan``
-            (an object without a ``plan``, not a DMP, is not checked).
+        record: ``planner.plan_record`` after the planner's ``collective_plan``.
+        dmp: the job's ``DistributedModelParallel``, built from ``record.plan``.
         pg: the job's process group (default: the world).
         every: sample at most one step in ``every``.
         warmup: steps before the first sample.
-        max_overhead: sample less often where a sample would cost more than this share
-            of the job's time (``None``: one step in ``every``, whatever it costs).
-        margin: the report warns of a rank whose measured memory peak is within this
-            share of its device's capacity.
+        max_overhead: the share of the job's time sampling may cost (``None``: no limit).
+        margin: warn of a rank whose memory peak is within this share of its capacity.
 
     Raises:
-        ValueError: ``dmp`` was built from another plan than ``record.plan`` (naming the
-            tables that differ): its report would price it with the wrong prediction.
+        ValueError: ``dmp`` was built from another plan than ``record.plan``.
     """
 
     def __init__(
@@ -127,7 +105,7 @@ class JobObserver:
         self._replanned_plan = ""  # and its plan, as text (every rank)
 
     def step(self) -> None:
-        """Call once per training step, after it (see :meth:`StepSampler.step`)."""
+        """Call once after every training step."""
         self.sampler.step()
 
     @property
@@ -166,8 +144,7 @@ class JobObserver:
         return self.sampler.profiles
 
     def close(self) -> None:
-        """Stop a sample still open (dropped, not half-counted). Called by :meth:`report`
-        and :meth:`replan`, and at exit."""
+        """Drop a sample still open (also done by :meth:`report`, :meth:`replan` and at exit)."""
         self.sampler.close()
 
     def _estimates(self) -> list[dict[str, Any]] | None:
@@ -183,9 +160,8 @@ class JobObserver:
         return memory_tier(self.record.topology)
 
     def memory_report(self, gathered: dict[str, list[Any]]) -> dict[str, Any] | None:
-        """Predicted against measured memory from :func:`gather`'s result (``None``
-        where the plan's estimates are unknown: not planned through ``collective_plan``),
-        with the learnt correction's prediction beside it after :meth:`replan`."""
+        """Predicted against measured memory from :func:`gather`'s result (``None`` where
+        the plan's estimates are unknown), with the learnt correction's after :meth:`replan`."""
         from torchrec_dreamshard.planner.adapters.device_memory import device_capacity
 
         estimates = gathered["estimates"][0]
@@ -208,15 +184,13 @@ class JobObserver:
         return report
 
     def storage_correction(self) -> StorageCorrection | None:
-        """What the last :meth:`report` or :meth:`replan` learnt of TorchRec's storage
-        estimate (``DreamShardPlanner(storage_correction=...)`` plans with it; save it
-        with ``to_dict``); ``None`` before."""
+        """The correction of TorchRec's storage estimate the last :meth:`replan` learnt
+        (for ``DreamShardPlanner(storage_correction=...)``); ``None`` before."""
         return self.learned_correction
 
     def report(self) -> dict[str, Any]:
-        """Every rank's predicted and measured embedding cost and memory (collective;
-        the same dict on every rank; see :mod:`.observed_job_report` and
-        :mod:`.memory_report`)."""
+        """Every rank's predicted and measured embedding cost and memory (collective; the
+        same dict on every rank)."""
         gathered = gather(self.sampler, self._group, self._tables, estimates=self._estimates())
         profiles, overheads = gathered["profiles"], gathered["overhead"]
         tables = rank_tables(self.plan, self._group.world)
@@ -243,11 +217,16 @@ class JobObserver:
         return report
 
     def replan(self) -> ShardingPlan:
-        """Learn from the observed steps and plan again (collective): the updated cost
-        network prices the observed plan from now on (:meth:`report`), and the returned
-        plan is a new one only where it is predicted to pay beyond the model's
-        uncertainty (else the observed plan). Restart the job with it, or apply it in
-        place where ``DistributedModelParallel.reshard`` can."""
+        """Learn from the observed steps and plan again (collective).
+
+        Returns:
+            A new plan where it is predicted to pay beyond the model's uncertainty, else
+            the observed plan itself. The updated network prices reports from now on.
+
+        Raises:
+            ValueError: no step was sampled yet.
+            RuntimeError: rank 0 could not re-plan.
+        """
         from torchrec_dreamshard.feedback.observed_job_report import measured_by_rank
         from torchrec_dreamshard.feedback.replan import replan_on_rank0
 
@@ -284,13 +263,15 @@ class JobObserver:
         return plan
 
     def apply_in_place(self, plan: ShardingPlan) -> list[str]:
-        """Apply ``plan`` (from :meth:`replan`) to the running job without a restart
-        (collective: every rank, the same plan): its table-wise tables that only change
-        rank move, with their weights and fused optimizer state
-        (:func:`~torchrec_dreamshard.feedback.reshard.apply_in_place`, through
-        ``DistributedModelParallel.reshard``). Raises a ``ValueError`` before moving
-        anything where the plan changes more than that: restart the job with it then.
-        Observing goes on, of the new plan; returns the moved tables."""
+        """Move ``plan``'s table-wise rank changes into the running job (collective;
+        :func:`~torchrec_dreamshard.feedback.reshard.apply_in_place`) and observe the new plan.
+
+        Returns:
+            The moved tables.
+
+        Raises:
+            ValueError: the plan changes more than table-wise ranks (restart instead).
+        """
         from torchrec_dreamshard.feedback.reshard import apply_in_place
 
         moved = apply_in_place(self._dmp, plan)
@@ -303,11 +284,8 @@ class JobObserver:
         return moved
 
     def follow(self, dmp: Any, plan: ShardingPlan) -> None:
-        """Observe ``dmp``, a job restarted in this process with ``plan`` (what
-        :meth:`replan` returned), from now on: its report prices it with the updated
-        network's prediction of that plan, made before any step of it ran (collective
-        only through the steps and reports that follow). Samples of the earlier job are
-        dropped."""
+        """Observe ``dmp``, a job restarted in this process with :meth:`replan`'s ``plan``,
+        priced by the updated network's prediction; the earlier job's samples are dropped."""
         if self.last_replan is None:
             raise ValueError("follow() needs a replan() first: it observes the plan it returned")
         check_observed_plan(plan, dmp, "follow(dmp, plan)")
@@ -320,9 +298,8 @@ class JobObserver:
         self.sampler.restart(dmp)
 
     def last_replan_options(self, plan: ShardingPlan) -> list[Any] | None:
-        """The options of ``plan`` where it is the one the last :meth:`replan` returned
-        (rank 0), with the storage it was planned with (the learnt correction from then
-        on); ``None`` for another plan (its memory is measured, not predicted)."""
+        """The options of ``plan`` where the last :meth:`replan` returned it (rank 0), else
+        ``None``."""
         if self._replanned is None or str(plan) != self._replanned_plan:
             return None
         self.planned_correction = self.learned_correction
@@ -338,22 +315,11 @@ def observe(
     max_overhead: float | None = MAX_OVERHEAD,
     margin: float = MARGIN,
 ) -> JobObserver:
-    """A :class:`JobObserver` of the job ``planner`` planned (call it on every rank, after
-    ``DistributedModelParallel``; also ``torchrec_dreamshard.observe``):
-    ``observer.step()`` after each training step, then ``observer.report()`` and
-    ``observer.replan()`` (both collective). The same as
-    ``JobObserver(planner.plan_record, dmp, ...)``.
+    """``JobObserver(planner.plan_record, dmp, ...)``, on every rank after the DMP is built.
 
     Args:
         planner: the planner whose ``collective_plan`` made the job's plan.
-        dmp: the job's ``DistributedModelParallel`` module.
-        pg: the job's process group (default: the world).
-        every: sample at most one step in ``every`` (the others cost a clock read).
-        warmup: steps before the first sample.
-        max_overhead: sample less often where sampling would cost more than this share
-            of the job's time (``None``: one step in ``every`` whatever it costs).
-        margin: warn of a rank whose measured memory peak is within this share of its
-            device's capacity.
+        dmp, pg, every, warmup, max_overhead, margin: as :class:`JobObserver`'s.
 
     Raises:
         ValueError: ``dmp`` was built from a plan other than the planner's last one.

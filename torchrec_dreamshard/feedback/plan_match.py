@@ -1,7 +1,4 @@
-"""Whether a job runs the plan its observer observes: :func:`check_observed_plan` compares
-the plan a ``DistributedModelParallel`` was built from (``dmp.plan``) with the observed one,
-table by table (:func:`plan_layout_key`), so an observer never prices one job with another
-plan's prediction."""
+"""Whether a job runs the plan its observer observes, compared table by table."""
 
 from __future__ import annotations
 
@@ -12,8 +9,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 
 def plan_layout_key(plan: ShardingPlan) -> dict[str, tuple]:
-    """Each table's sharding in ``plan``, by fully qualified name: its sharding type,
-    compute kernel, ranks and shards (offsets, sizes, placement)."""
+    """Each table's ``(sharding type, kernel, ranks, shards)`` in ``plan``, by fqn."""
     out: dict[str, tuple] = {}
     for path, module_plan in plan.plan.items():
         for name, sharding in module_plan.items():
@@ -28,8 +24,7 @@ def plan_layout_key(plan: ShardingPlan) -> dict[str, tuple]:
 
 
 def check_observed_plan(plan: ShardingPlan, dmp: Any, what: str = "observe(planner, dmp)") -> None:
-    """Raise where ``dmp`` (a ``DistributedModelParallel``, which keeps its plan as
-    ``dmp.plan``) was built from another plan than ``plan``, the one observed.
+    """Raise where ``dmp.plan`` differs from ``plan``, the one observed.
 
     Raises:
         ValueError: naming the tables whose sharding differs, and what to do.

@@ -1,28 +1,11 @@
-"""What each rank of the running job holds in memory, per table shard, measured.
+"""What each rank of the running job holds in memory per table, measured, in bytes (tables
+named ``module.table`` as in the plan):
 
-* **State**, read off the tensors' storages whenever asked: every sharded embedding
-  module's kernels (TorchRec's lookups, reached through
-  :func:`~torchrec_dreamshard.torchrec_compat.lookup_kernels`) each wrap one FBGEMM module.
-  A fused kernel (``SplitTableBatchedEmbeddingBagsCodegen``) keeps its tables in one
-  tensor per state (``weights``, and the fused optimizer's ``momentum1``, ``momentum2``,
-  ``prev_iter``, ``row_counter`` where the optimizer has them), on the device, the host or
-  UVM, with each table's offset in it (FBGEMM's ``get_states``): a table's bytes are its
-  slice, so the tables of a kernel add up to its tensors' sizes exactly. A data-parallel
-  table's dense kernel keeps its ``weights`` the same way (its optimizer state is the
-  dense optimizer's, not counted here).
-* **Per-step buffers**, on the sampled steps only (forward hooks on the kernels, which do
-  nothing on other steps): the ids each kernel is fed (the input all-to-all's result:
-  values, lengths, offsets and weights of the table's features), its pooled output (what
-  the output all-to-all sends) and that output's gradient in the backward.
-* **The peak during a step**: what the rank holds (the DMP's parameters, gradients and
-  buffers and the kernels' state, each storage once) plus the step's highest transient
-  allocation. On CPU the transient is read off the profiler's memory events of the
-  sampled step (``profile_memory``: the running sum of allocations and frees, its
-  maximum); on CUDA off ``torch.cuda``'s allocator statistics (``memory_allocated`` at the
-  sample's start, ``max_memory_allocated`` since a reset there), written to the same
-  contract and not run here.
-
-Everything is in bytes; tables are named ``module.table`` as in the plan.
+* **state**: each table's slice of its FBGEMM kernel's state tensors (weights, optimizer);
+* **per-step buffers** on the sampled steps (forward hooks): ids fed, pooled output, its
+  gradient;
+* **peak**: what the rank holds plus the step's highest transient allocation (the
+  profiler's memory events on CPU, the allocator's statistics on CUDA).
 """
 
 from __future__ import annotations
@@ -40,8 +23,7 @@ BUFFERS = ("inputs", "outputs", "grads")  # per step
 
 
 def sharded_kernels(dmp: nn.Module | None, plan: Any) -> list[tuple[str, nn.Module]]:
-    """``(module path in the plan, kernel)`` of every embedding kernel of ``dmp``'s
-    sharded modules (the path is the plan's key of the module the kernel belongs to)."""
+    """``(plan's module path, kernel)`` of every embedding kernel of ``dmp``'s sharded modules."""
     from torchrec.distributed.types import ShardedModule
 
     from torchrec_dreamshard.torchrec_compat import lookup_kernels
@@ -64,16 +46,14 @@ def kernel_tables(kernel: nn.Module) -> list[Any]:
 
 
 def _slices(numel: int, offsets: list[int]) -> list[int]:
-    """Each table's element count in a state tensor of ``numel`` elements where the
-    tables start at ``offsets``."""
+    """Each table's element count in a tensor of ``numel`` where the tables start at ``offsets``."""
     ends = sorted(set(offsets)) + [numel]
     following = {start: ends[i + 1] for i, start in enumerate(ends[:-1])}
     return [following[o] - o for o in offsets]
 
 
 def _placed(states: tuple[torch.Tensor, ...]) -> list[int]:
-    """Per table, its bytes in one FBGEMM state ``(dev, host, uvm, placements,
-    offsets)``: its slice of the tensor its placement puts it in."""
+    """Per table, its bytes in one FBGEMM state ``(dev, host, uvm, placements, offsets)``."""
     dev, host, uvm, placements, offsets = states
     where = {0: dev, 1: uvm, 2: uvm, 3: host, 4: dev}  # FBGEMM's EmbeddingLocation
     tensors = [where[int(p)] for p in placements.tolist()]
@@ -87,8 +67,7 @@ def _placed(states: tuple[torch.Tensor, ...]) -> list[int]:
 
 
 def kernel_state_bytes(kernel: nn.Module) -> dict[str, dict[str, int]]:
-    """Per table of ``kernel``, its ``weights`` and ``optimizer`` bytes (the slices of
-    the FBGEMM module's state tensors the table occupies)."""
+    """Per table of ``kernel``, its ``weights`` and ``optimizer`` bytes."""
     tables = [t.name for t in kernel_tables(kernel)]
     module = kernel.emb_module
     out = {name: {"weights": 0, "optimizer": 0} for name in tables}
@@ -135,8 +114,8 @@ def _kernel_storages(kernels: Iterable[tuple[str, nn.Module]]) -> list[torch.Ten
 
 
 def held_bytes(dmp: nn.Module | None, kernels: Iterable[tuple[str, nn.Module]]) -> int:
-    """What the rank holds between steps, as far as tensors tell: the DMP's parameters,
-    their gradients and buffers, and the embedding kernels' state (each storage once)."""
+    """Bytes the rank holds between steps: parameters, gradients, buffers and the kernels'
+    state, each storage once."""
     tensors: list[torch.Tensor] = _kernel_storages(kernels)
     if dmp is not None:
         for p in dmp.parameters():
@@ -159,12 +138,8 @@ def held_bytes(dmp: nn.Module | None, kernels: Iterable[tuple[str, nn.Module]]) 
 
 
 def transient_peak(events: Iterable[Any], cuda: bool = False) -> int:
-    """The highest running sum of a sampled step's allocations less its frees, in time
-    order, from the profiler's events (``profile_memory``): each op's own net
-    allocation (``self_cpu_memory_usage``, or CUDA's) at its start, and the allocator's
-    events outside any op (``[memory]``). What the step allocated beyond what the rank
-    held at its start, at its peak (an op's allocations freed within the op are netted
-    inside it)."""
+    """The highest running sum, in time order, of the profiler events' own net allocations
+    (``self_cpu_memory_usage``, or CUDA's): what a step allocated beyond what it started with."""
     deltas = []
     for e in events:
         delta = e.self_cuda_memory_usage if cuda else e.self_cpu_memory_usage
@@ -178,8 +153,7 @@ def transient_peak(events: Iterable[Any], cuda: bool = False) -> int:
 
 
 def _kjt_bytes(features: Any, keys: list[str]) -> int:
-    """Bytes of ``features`` (a ``KeyedJaggedTensor``) that belong to ``keys``: their ids,
-    lengths, offsets and weights."""
+    """Bytes of ``features`` (a ``KeyedJaggedTensor``) that belong to ``keys``."""
     lengths = features.length_per_key()
     index = {k: i for i, k in enumerate(features.keys())}
     stride = features.stride()
@@ -208,8 +182,7 @@ class StepBuffers:
 
 
 class MemoryRecorder:
-    """Per-step buffers of the sampled steps (forward hooks on the embedding kernels;
-    each does nothing on other steps) and, on CUDA, the allocator's peak.
+    """Per-step buffers of the sampled steps (forward hooks) and, on CUDA, the allocator's peak.
 
     Args:
         dmp: the job's ``DistributedModelParallel`` (``None``: nothing recorded).
@@ -226,8 +199,7 @@ class MemoryRecorder:
         self.attach(dmp, plan)
 
     def attach(self, dmp: nn.Module | None, plan: Any = None) -> None:
-        """Hook ``dmp``'s kernels (again after a reshard or a restart), naming their
-        modules as ``plan`` does (default: the plan given last)."""
+        """Hook ``dmp``'s kernels (again after a reshard), named as ``plan`` (default: the last)."""
         for handle in self._handles:
             handle.remove()
         self._dmp = dmp
@@ -293,9 +265,8 @@ class MemoryRecorder:
         self.cuda_peaks.clear()
 
     def snapshot(self, transient: list[int]) -> dict[str, Any]:
-        """This rank's memory now: per table its state and median per-step buffers, what
-        it holds, and its peak (``transient``: the sampled steps' transient peaks read off
-        the profiler, used where no CUDA peak was recorded)."""
+        """This rank's memory: per table state and median buffers, held bytes and peak
+        (``transient``: the profiler's peaks, used where no CUDA peak was recorded)."""
         tables = state_bytes(self.kernels)
         for name, parts in median_buffers(self.steps).items():
             tables.setdefault(name, {"weights": 0, "optimizer": 0}).update(parts)

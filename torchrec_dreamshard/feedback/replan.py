@@ -1,40 +1,16 @@
 """Learning from the observed job, and planning again with what was learnt (rank 0).
 
-0. **Inputs.** Where the job fed a table a pooling factor more than 10% off the one the
-   planner was given (its ``ParameterConstraints.pooling_factors``, TorchRec's default 1.0
-   where none was), the tables are taken as the job fed them from here on: pooling factors
-   and reuse from the inputs recorded on the sampled steps (:mod:`.inputs`,
-   :func:`job_inputs`).
-1. **Store.** Each rank's fused embedding kernel, as measured in the job (forward and
-   backward medians over the sampled steps), becomes a kernel row of the calibration store
-   over the tables that rank holds, under the machine's and workload's key and an
-   ``obs-`` job key (:data:`~torchrec_dreamshard.calibration.kernel_samples.OBSERVED`). A
-   rank that also runs fused shards the cost network does not price (TorchRec placed them)
-   is left out: its measured kernel is not the predicted one's.
-2. **Learn.** The cost network is calibrated as at plan time (:func:`~torchrec_dreamshard.
-   calibration.calibrate`), on the plan's tables: the isolated kernels already in the
-   store and every observed kernel over these tables; it measures nothing, but where the
-   job fed the tables other inputs than the planner was told (step 0: the store holds no
-   kernel of the tables as fed), which it measures within the automatic calibration's
-   budget, the other ranks serving. A restarted job's plan of the same tables learns from
-   the observed kernels the same way. Then the job sets the level: the all-to-all head is
-   scaled to the all-to-all time the job measured (:func:`comm_factor`) and the kernel
-   heads to its fused kernels' (:func:`compute_factors`).
-3. **Re-plan.** A planner built with the same arguments (the observed pooling factors and
-   inputs in, after step 0) plans the model again with the updated network, free to choose
-   sharding types and with each table held to the type it ran; the better rated of the two
-   is compared with the observed plan, all priced by the updated network. The new plan is
-   taken only where its predicted gain is larger than the network's uncertainty about
-   either plan (the ensemble's spread of the log step cost); otherwise the observed plan
-   stays.
-4. **Memory.** Where the job's memory was measured (:mod:`.memory_report`), the ratio of
-   each table's measured bytes to TorchRec's storage estimate becomes a
-   :class:`~torchrec_dreamshard.cost.storage_correction.StorageCorrection` the re-plan
-   plans with (``DreamShardPlanner(storage_correction=...)``): where the estimate was too
-   small the new plan moves tables before a rank runs out, where too generous it may use
-   the memory. Where the observed plan does not fit under the correction (a rank measured
-   within the margin of its cap, or predicted beyond what the reservation leaves), the
-   new plan is taken whatever its predicted speed.
+0. **Inputs**: where the job fed a table a pooling factor more than 10% off the planner's,
+   the tables are taken as fed (:func:`job_inputs`).
+1. **Store**: each clean rank's fused kernel, as measured in the job, becomes a kernel row
+   of the calibration store (:func:`store_observations`).
+2. **Learn**: the cost network is calibrated on the plan's tables, then scaled to the job's
+   level: all-to-all (:func:`comm_factor`), kernels (:func:`compute_factors`) and
+   TorchRec's estimates (:func:`other_factor`).
+3. **Re-plan**: the model is planned again, free and with each table held to the type it
+   ran; the better is taken only where its predicted gain beats the ensemble's spread.
+4. **Memory**: measured bytes over TorchRec's estimate become a ``StorageCorrection``; an
+   observed plan that does not fit under it is replaced whatever the predicted speed.
 """
 
 from __future__ import annotations
@@ -66,9 +42,8 @@ MIN_GAIN = 0.01  # a re-plan must be predicted at least this much faster, whatev
 def rank_kernels(
     record: PlanRecord, spec_fn: Any = None
 ) -> tuple[list[list[TableSpec]], list[bool]]:
-    """Per rank, the specs of the tables (and column shards) on the fused kernel that the
-    cost network prices, and whether that is all the rank runs on the fused kernel.
-    ``spec_fn`` gives each option's table spec (default: the planner's)."""
+    """Per rank, the specs on the fused kernel the cost network prices, and whether that is
+    all the rank runs on the fused kernel (``clean``)."""
     from torchrec_dreamshard.planner.stages.option_kinds import is_policy_option, is_split_option
     from torchrec_dreamshard.planner.stages.option_specs import shard_specs
 
@@ -93,8 +68,7 @@ def store_observations(
     config: Any,
     kernels: tuple[list[list[TableSpec]], list[bool]],
 ) -> int:
-    """Step 1: every clean rank's observed fused kernel (``kernels``: :func:`rank_kernels`)
-    as a store row; how many."""
+    """Store every clean rank's observed fused kernel as a kernel row; returns how many."""
     from torchrec_dreamshard.cache.store_keys import job_prefix, table_signature
     from torchrec_dreamshard.calibration.kernel_samples import OBSERVED, store_kernel
     from torchrec_dreamshard.measure.config import stable_key
@@ -129,10 +103,8 @@ class Replan:
         changed: whether ``plan`` is a new plan.
         observed: the updated network's prediction of the observed plan.
         proposed: its prediction of the new plan.
-        decision: JSON-able: gain, uncertainty, kernels learnt from, the storage
-            correction learnt, why.
-        options: the new plan's sharding options (rank 0), with the storage it was
-            planned with.
+        decision: JSON-able: gain, uncertainty, kernels learnt from, correction, why.
+        options: the new plan's sharding options (rank 0).
     """
 
     plan: ShardingPlan
@@ -146,8 +118,8 @@ class Replan:
 def perf_model(
     record: PlanRecord, agent: PlacementAgent, spec_fn: Any = None, other: float = 1.0
 ) -> CostNetPerfModel:
-    """The planner's performance model, with ``agent``'s cost network (and ``spec_fn``'s
-    table specs, default the planner's; TorchRec's estimates scaled by ``other``)."""
+    """The planner's performance model with ``agent``'s network, TorchRec's estimates
+    scaled by ``other``."""
     from torchrec_dreamshard.planner.stages.perf_models import CostNetPerfModel
 
     spec_fn = spec_fn or record.specs
@@ -155,11 +127,7 @@ def perf_model(
 
 
 def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -> float:
-    """How much more all-to-all the job measured than the network predicts: the median
-    over ranks of measured / predicted all-to-all time (1 without both). The network's
-    all-to-all head prices the pooled embeddings' exchange from the collectives measured
-    in isolation; in the job the ids' input distribution is exchanged too, and the
-    collectives share the cores with everything else."""
+    """The median over ranks of measured / predicted all-to-all ms (1 without both)."""
     ratios = [
         m["comm_ms"] / p
         for m, p in zip(measured, prediction.comm_ms, strict=True)
@@ -171,14 +139,12 @@ def comm_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) ->
 def job_inputs(
     record: PlanRecord, config: Any, inputs: ObservedInputs | None
 ) -> tuple[Any, dict[str, Any], Any]:
-    """How the re-plan sees the tables: the observed plan's spec function, the planner
-    arguments the new plan is made with, and the calibration settings. Where the job fed a
-    table a pooling factor more than 10% off the one the planner was given
-    (``ParameterConstraints.pooling_factors``, or TorchRec's default 1.0 where none was),
-    the tables are what the job fed: pooling factors and reuse from the recorded inputs,
-    and the kernels of these tables are measured as at plan time (the store holds none of
-    them), within the automatic calibration's budget; the store keeps what the job fed for
-    the next plan of these tables (a restarted job's). Else the planner's own view."""
+    """How the re-plan sees the tables: ``(spec_fn, planner arguments, calibration config)``.
+
+    Where :meth:`ObservedInputs.mispriced` names tables, they are taken as the job fed them,
+    their kernels measured within the automatic budget and the inputs remembered in the
+    store; else the planner's own view.
+    """
     import dataclasses
 
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
@@ -200,12 +166,8 @@ def job_inputs(
 
 
 def other_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -> float:
-    """How much more the shards TorchRec placed (data-parallel tables, row-wise shards and
-    the like, which the planner rates with TorchRec's estimate) cost in the job than
-    TorchRec estimates: the median over the ranks that hold some of measured / estimated,
-    what a rank measured being its embedding part less what the cost network prices on it
-    (1 without such ranks). TorchRec's estimates are built for GPUs: on a CPU they are off
-    by orders of magnitude, which no step of the job would otherwise teach."""
+    """The median over ranks of measured / TorchRec-estimated ms of the shards TorchRec
+    placed (a rank's embedding time less what the network prices; 1 without such ranks)."""
     ratios = []
     for r, m in enumerate(measured):
         estimate = prediction.other_ms[r]
@@ -219,12 +181,8 @@ def other_factor(prediction: PlanPrediction, measured: list[dict[str, float]]) -
 def compute_factors(
     prediction: PlanPrediction, measured: list[dict[str, float]], clean: list[bool]
 ) -> tuple[float, float]:
-    """How much slower the job ran its fused kernels, forward and backward, than the
-    calibrated network predicts: the median over the clean ranks (whose fused kernel is
-    all the network's) of measured / predicted (1 without). Calibration fits the kernels
-    timed alone; in the job they share the cores with the rest of the step and the other
-    ranks, which slows every kernel alike: the job sets the level, the isolated kernels
-    the differences between tables."""
+    """``(fwd, bwd)`` medians over clean ranks of measured / predicted fused-kernel ms (1
+    without): the job sets the level, the isolated kernels the differences between tables."""
     out = []
     for key, predicted in (("fwd_ms", prediction.fwd_ms), ("bwd_ms", prediction.bwd_ms)):
         ratios = [
@@ -243,9 +201,15 @@ def learn_and_replan(
     inputs: ObservedInputs | None = None,
     memory: dict[str, Any] | None = None,
 ) -> Replan:
-    """Steps 1 to 4 (see the module docstring), on rank 0. ``inputs``: what the job fed
-    its tables (:func:`job_inputs`); ``memory``: the job's memory report
-    (:mod:`.memory_report`)."""
+    """Steps 0 to 4 of the module docstring, on rank 0.
+
+    Args:
+        record: the observed plan's record.
+        measured: per rank, the job's ``fwd_ms``, ``bwd_ms``, ``comm_ms`` and ``embedding_ms``.
+        config: calibration settings.
+        inputs: what the job fed its tables.
+        memory: the job's memory report (:mod:`.memory_report`).
+    """
     from torchrec_dreamshard.calibration import calibrate, scale_comm, scale_compute
     from torchrec_dreamshard.feedback.memory_report import memory_correction
     from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
@@ -274,9 +238,8 @@ def learn_and_replan(
     rating = perf_model(record, tuned, spec_fn, other)
     observed = rating.predict(record.best_options)
     model, sharders = record.planned_inputs
-    # two new plans: with the planner's choice of sharding types, and with each table's
-    # type as observed (what the job measured; a type it did not run is priced by a model
-    # the job did not check); the better rated, both priced as the observed plan is
+    # two new plans, free and with each table's observed type (a type the job did not run
+    # is priced by a model the job did not check); the better rated is taken
     given = arguments.get("constraints", record.constraints)
     candidates = []
     for constraints in (given, observed_types(given, record.best_options)):
@@ -333,8 +296,7 @@ def _why(changed: bool, gain: float, spread: float, memory_bound: bool) -> str:
 
 
 def observed_types(given: dict[str, Any] | None, options: list[Any]) -> dict[str, Any]:
-    """``given`` constraints with each planned table held to the sharding type and compute
-    kernel it ran with (the user's other constraint fields kept)."""
+    """``given`` constraints with each table held to the sharding type and kernel it ran."""
     from torchrec_dreamshard.feedback.inputs import with_fields
 
     out = dict(given or {})
@@ -353,8 +315,7 @@ def sharding_types(options: list[Any]) -> dict[str, int]:
 
 
 def _kept(record: PlanRecord, measured: list[dict[str, float]], why: str) -> Replan:
-    """The observed plan, unchanged, for ``why``: only TorchRec's estimates learn the
-    job's level (:func:`other_factor`)."""
+    """The observed plan, unchanged; only TorchRec's estimates learn the job's level."""
     other = other_factor(record.prediction, measured)
     prediction = perf_model(record, record.agent, None, other).predict(record.best_options)
     decision = {
@@ -372,10 +333,7 @@ def replan_on_rank0(
     inputs: ObservedInputs | None,
     memory: dict[str, Any] | None = None,
 ) -> tuple[ShardingPlan, PlanPrediction, PlanPrediction, dict[str, Any], Any] | str:
-    """:func:`learn_and_replan` with the record's calibration settings: the plan, the
-    observed and proposed predictions and the decision (what rank 0 sends every rank),
-    and the new plan's options (which rank 0 keeps), or the error's text (every rank
-    raises it after the broadcast)."""
+    """:func:`learn_and_replan` as the tuple rank 0 broadcasts, or the error's text."""
     try:
         out = learn_and_replan(record, measured, record.calibration, inputs, memory)
     except Exception as exc:  # every rank raises it after the broadcast

@@ -1,21 +1,10 @@
-"""Move tables of a running job between ranks without restarting it: a new plan's table-wise
-rank moves applied to the live ``DistributedModelParallel`` with TorchRec's
-``DistributedModelParallel.reshard``, which sends each moved table's weights and fused
-optimizer state point to point from its old rank to its new one.
+"""Move table-wise tables of a running job between ranks without restarting it, with
+TorchRec's ``DistributedModelParallel.reshard``; any other change needs the restart path.
 
-Only table-wise tables that keep everything but their rank can move this way; any other
-change (sharding type, kernel, a table split or added) needs the restart path.
-
-On gloo, TorchRec's reshard (1.8.0, 1.9.2) hangs as given: it tags each send and recv with
-``hash((src, shard, local_shard, dst, table_name, is_optimizer))``
-(``torchrec/distributed/sharding/dynamic_sharding.py``, ``_generate_tag``), and Python salts
-the hash of a str per process, so the sender's and the receiver's tags differ unless every
-rank started with the same ``PYTHONHASHSEED``. Gloo pairs a send with the recv of the same
-tag, so both ranks wait forever in ``update_state_dictionaries`` (NCCL does not match tags,
-which is why this works on GPUs). :func:`apply_in_place` gives TorchRec, for the duration of
-the call, a tag that every process computes alike
-(:func:`torchrec_dreamshard.torchrec_compat.process_independent_reshard_tags`, the package's
-one patch of TorchRec, scoped to the call and under a lock).
+On gloo TorchRec's reshard hangs: its send/recv tags hash a str, which Python salts per
+process. :func:`apply_in_place` swaps in process-independent tags for the call
+(:func:`~torchrec_dreamshard.torchrec_compat.process_independent_reshard_tags`; see
+``docs/torchrec_compatibility.md``).
 """
 
 from __future__ import annotations
@@ -28,9 +17,11 @@ TABLE_WISE = "table_wise"
 
 
 def table_moves(current: Any, new: Any) -> list[str]:
-    """The tables whose only change from ``current`` to ``new`` (two module plans: table name
-    to ``ParameterSharding``) is the rank of a table-wise table; a ``ValueError`` naming the
-    tables with any other change."""
+    """The tables whose only change between two module plans is a table-wise table's rank.
+
+    Raises:
+        ValueError: naming the tables with any other change.
+    """
     moved, other = [], []
     for name in sorted(set(current) | set(new)):
         old, ps = current.get(name), new.get(name)
@@ -52,19 +43,21 @@ def table_moves(current: Any, new: Any) -> list[str]:
 
 
 def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> list[str]:
-    """Move the tables that ``new_plan`` (a ``ShardingPlan``) places on other ranks than
-    ``dmp``'s plan does, in the sharded ``EmbeddingBagCollection`` at ``module_path`` (None:
-    the plan's only module), keeping their weights and fused optimizer state; returns the
-    moved tables' names.
+    """Move the tables ``new_plan`` places on other ranks than ``dmp.plan`` does, keeping
+    their weights and fused optimizer state; a collective, called alike on every rank.
+    ``dmp.plan`` is updated in place (deep-copy it first to keep the old plan).
 
-    Every rank must call it with the same plan (the move is a collective). Raises a
-    ``ValueError`` before moving anything when a table changes other than by a table-wise
-    rank move, or when the DMP cannot reshard that module.
+    Args:
+        dmp: the job's ``DistributedModelParallel``.
+        new_plan: a ``ShardingPlan`` (not changed).
+        module_path: the sharded ``EmbeddingBagCollection`` (None: the plan's only module).
 
-    ``new_plan`` is not changed (the moves are copied from it); ``dmp.plan``, the
-    ``ShardingPlan`` object the job built its DMP with, is: TorchRec's ``reshard`` writes
-    the moved tables' new shardings into it, so that it describes the job as it now runs.
-    Keep a ``copy.deepcopy`` of it first where the old plan is still wanted.
+    Returns:
+        The moved tables' names.
+
+    Raises:
+        ValueError: before moving anything, where a table changes other than by a
+            table-wise rank move or the DMP cannot reshard the module.
     """
     from torchrec.distributed.embeddingbag import ShardedEmbeddingBagCollection
     from torchrec.distributed.types import EmbeddingModuleShardingPlan
@@ -91,9 +84,8 @@ def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> l
             "ShardedEmbeddingBagCollection"
         )
     if not hasattr(dmp_wrapped_module(dmp), "module"):
-        # reshard re-collects the fused optimizers from _dmp_wrapped_module.module
-        # (model_parallel.py, DistributedModelParallel.reshard), which only a DDP-wrapped
-        # model has: one with dense parameters and init_data_parallel=True
+        # reshard re-collects the fused optimizers from _dmp_wrapped_module.module, which
+        # only a DDP-wrapped model has
         raise ValueError("DMP.reshard needs a model with dense parameters wrapped in DDP")
     delta = EmbeddingModuleShardingPlan({name: copy.deepcopy(new[name]) for name in moved})
     with process_independent_reshard_tags():

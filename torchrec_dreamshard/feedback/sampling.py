@@ -1,6 +1,5 @@
-"""How the observer samples: :class:`StepSampler` (which steps run under the profiler, the
-profiler's lifetime, what sampling costs), how far apart samples are (what a sample may
-cost), and keeping the profiler's own prints off the job's stderr."""
+"""How the observer samples: :class:`StepSampler` picks the steps run under the profiler,
+spaced so sampling stays within its share of the job's time."""
 
 from __future__ import annotations
 
@@ -37,8 +36,8 @@ MEMORY_EVERY = 4  # one sample in this many also records allocations (the step's
 
 
 def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead: float) -> int:
-    """Steps between samples: ``every`` at least, and enough that a sample costing
-    ``extra_ms`` beyond a plain step of ``step_ms`` stays within ``max_overhead``."""
+    """Steps between samples: at least ``every``, and enough that ``extra_ms`` per sample
+    over ``step_ms`` steps stays within ``max_overhead``."""
     if step_ms <= 0 or extra_ms <= 0:
         return every
     return max(every, math.ceil(extra_ms / (max_overhead * step_ms)))
@@ -46,8 +45,7 @@ def sampling_interval(extra_ms: float, step_ms: float, every: int, max_overhead:
 
 @contextlib.contextmanager
 def quiet_stderr() -> Iterator[None]:
-    """File descriptor 2 on /dev/null for the block (C++ prints that Python cannot
-    silence); restored after."""
+    """File descriptor 2 on /dev/null for the block (silences C++ prints)."""
     sys.stderr.flush()
     saved = os.dup(2)
     try:
@@ -70,24 +68,16 @@ def _close_open_samples() -> None:
 
 
 class StepSampler:
-    """Which steps of a job run under ``torch.profiler``, and what that costs.
-
-    A sampled step is the time from one :meth:`step` call to the next; the other steps
-    cost a clock read. Samples are at most one step in ``every`` apart, further where a
-    sample would cost more than ``max_overhead`` of the job's time, the same steps on
-    every rank (agreed by one small all-reduce a sample). The profiler's events are read
-    when :attr:`profiles` is read, not in the training loop.
+    """Which steps of a job run under ``torch.profiler`` (the same on every rank, agreed by
+    one small all-reduce a sample), and what that costs; other steps cost a clock read.
 
     Args:
         group: the job's process group.
-        dmp: the job's ``DistributedModelParallel`` module (its inputs are recorded on the
-            sampled steps; ``None``: none).
+        dmp: the job's ``DistributedModelParallel`` (``None``: no inputs recorded).
         every: sample at most one step in ``every``.
         warmup: steps before the first sample.
-        max_overhead: the share of the job's time sampling may cost (``None``: one step
-            in ``every``, whatever it costs).
-        clock: the clock the steps are timed by (seconds; ``time.perf_counter``). It is
-            the :attr:`clock` attribute, which a test may set to a clock it moves itself.
+        max_overhead: the share of the job's time sampling may cost (``None``: no limit).
+        clock: the clock the steps are timed by, in seconds.
     """
 
     def __init__(
@@ -128,8 +118,7 @@ class StepSampler:
         self._memory_sampled = 0  # the job's first sample records allocations
 
     def step(self) -> None:
-        """Call once per training step, after it: ends a sampled step, and starts the
-        profiler when the next step is to be sampled."""
+        """Call once after every training step."""
         now = self.clock()
         if self._first is None:
             self._first = now
@@ -149,14 +138,12 @@ class StepSampler:
 
     @property
     def sampling_ms(self) -> float:
-        """What sampling has cost so far on this rank, in ms: the sampled steps' time
-        beyond the median plain step."""
+        """Ms sampling cost this rank so far, beyond the median plain step."""
         return self._extra_ms
 
     @property
     def overhead(self) -> float:
-        """The share of the job's time that sampling cost so far (sampled steps beyond
-        the median plain step), on this rank."""
+        """The share of the job's time sampling cost this rank so far."""
         if self._first is None or self._last is None:
             return 0.0
         base = (self._last - self._first) * 1e3 - self._extra_ms
@@ -195,15 +182,14 @@ class StepSampler:
         step_ms = (self.clock() - self._started[0]) * 1e3
         profiler = self._profiler
         plain = statistics.median(self._plain) if self._plain else None
-        # a "step" far longer than the job's steps spans a pause (an evaluation, a
-        # checkpoint, a gap between runs): not one training step, so neither a sample nor
-        # a measure of what sampling costs; every rank drops it if any rank would
+        # a "step" far longer than plain ones spans a pause (an evaluation, a checkpoint):
+        # every rank drops it if any rank would
         long = plain is not None and len(self._plain) >= 5 and step_ms > LONG_STEP * plain
         fed = self.inputs.take()
         self.memory.recording = False
         self.close()
-        # the sampled step, the profiler's start and stop included, beyond a plain step:
-        # what sampling it cost (for a dropped one, what samples have cost so far)
+        # what the sample cost: the sampled step with the profiler's start and stop, less a
+        # plain step
         cost_ms = (self.clock() - self._entered) * 1e3
         extra = max(0.0, cost_ms - (plain if plain is not None else cost_ms))
         wanted = self.every
@@ -226,17 +212,15 @@ class StepSampler:
         self._next = self.steps + (min(self.every, BURST_EVERY) if burst else self.interval)
 
     def _agreed(self, interval: int, drop: bool) -> tuple[int, bool]:
-        """The longest interval any rank wants, and whether any rank drops the sample
-        (collective, once per sample): every rank must sample the same steps and keep the
-        same samples, or their all-to-alls could not be paired."""
+        """The longest interval any rank wants and whether any drops the sample (collective:
+        every rank keeps the same samples, so their all-to-alls pair up)."""
         value = torch.tensor([interval, int(drop)], dtype=torch.int64, device=self._group.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self._group.pg)
         return int(value[0].item()), bool(value[1].item())
 
     @property
     def profiles(self) -> list[StepProfile]:
-        """This rank's sampled steps (the newest :data:`MAX_SAMPLES`), read from their
-        profiler events now (not in the training step that was sampled)."""
+        """This rank's newest :data:`MAX_SAMPLES` sampled steps, read from their events now."""
         out = []
         for i, sample in enumerate(self._samples):
             if not isinstance(sample, StepProfile):
@@ -254,9 +238,7 @@ class StepSampler:
         self.memory.clear()
 
     def restart(self, dmp: Any) -> None:
-        """Sample ``dmp``, a job restarted in this process, from now on, as a new job:
-        the earlier job's samples and inputs are dropped, the warm-up and the burst of
-        close samples start again."""
+        """Sample ``dmp``, a job restarted in this process, as a new job."""
         self.close()
         self.inputs.attach(dmp)
         self.memory.attach(dmp)
@@ -270,8 +252,7 @@ class StepSampler:
         self._burst = BURST
 
     def close(self) -> None:
-        """Stop a sample still open (dropped, not half-counted); at exit too: a profiler
-        left running when the process ends crashes it in PyTorch's teardown."""
+        """Drop a sample still open (at exit too: a running profiler crashes the teardown)."""
         self.inputs.stop(keep=False)
         self.memory.recording = False
         if self._profiler is not None:
