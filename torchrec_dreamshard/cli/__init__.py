@@ -40,13 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def error_message(exc: BaseException) -> str | None:
-    """The one-line message of an expected failure (``None``: a bug, keep the traceback).
-
-    Expected: bad input (``ValueError``, which includes decoding errors), the operating
-    system refusing a file (``OSError``), inputs too large or too deep for the machine
-    (``MemoryError``, ``OverflowError``, ``RecursionError``) and the cost store's
-    database (``sqlite3.Error``).
-    """
+    """The one-line message of an expected failure (bad input, a file refused, input too
+    large, the store's database), or ``None`` for a bug (keep the traceback)."""
     import sqlite3
 
     if isinstance(exc, OSError):

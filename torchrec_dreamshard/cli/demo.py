@@ -1,19 +1,7 @@
-"""``dreamshard demo``: DreamShardPlanner against TorchRec's default planner, end to end.
-
-1. Builds a DLRM-style model over ~60 synthetic DLRM-shaped tables (the synthetic pool at
-   CPU scale, test split: tables the bundled checkpoint never saw).
-2. Plans it with the default :class:`DreamShardPlanner` (which checks whether the
-   checkpoint prices this machine right and calibrates on the model's tables where it does
-   not; ``--no-calibrate`` turns that off) and with TorchRec's ``EmbeddingShardingPlanner``
-   on the same topology, batch and constraints (pooling factors; table-wise on the fused
-   kernel for both, the placements the measurement harness runs), and says what the
-   planner measured and whether it calibrated.
-3. Measures both plans on real FBGEMM kernels (``measure_placement``) and prints them side
-   by side, with the checkpoint's and the calibrated cost network's predictions.
-4. Trains a few steps of the model under ``DistributedModelParallel`` on gloo ranks on the
-   CPU, planned by the default ``DreamShardPlanner.collective_plan`` on those ranks.
-
-The model and its batches are the step timer's (:mod:`torchrec_dreamshard.evaluation.step_model`).
+"""``dreamshard demo``: DreamShardPlanner against TorchRec's default planner, end to end: a
+DLRM-style model over ~60 synthetic tables the checkpoint never saw, planned by both on the
+same topology and constraints, both plans measured on real FBGEMM kernels, then a few
+training steps under ``DistributedModelParallel`` on gloo ranks.
 """
 
 from __future__ import annotations
@@ -99,11 +87,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-# ----------------------------------------------------------------------------------------
-# The model
-# ----------------------------------------------------------------------------------------
-
-
 def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
     """Tables from the synthetic pool's test split (CPU scale)."""
     from torchrec_dreamshard.data.sampler import TaskSampler
@@ -111,11 +94,6 @@ def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
 
     pool = synthetic_pool(scale=CPU_POOL_SCALE, seed=seed)
     return TaskSampler(pool, seed=seed).sample("test", num_tables, num_devices, batch_size)
-
-
-# ----------------------------------------------------------------------------------------
-# Planning and measuring
-# ----------------------------------------------------------------------------------------
 
 
 def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
@@ -267,11 +245,6 @@ def format_side_by_side(ours: dict, theirs: dict) -> str:
         "planner's cost network, calibrated where it calibrated; 'ckpt': the checkpoint's)"
     )
     return "\n".join(rows)
-
-
-# ----------------------------------------------------------------------------------------
-# Training under DistributedModelParallel
-# ----------------------------------------------------------------------------------------
 
 
 def train_demo(task, args: argparse.Namespace, profile: str | None = None) -> dict[str, Any]:

@@ -215,12 +215,8 @@ def calibrate_argument(args: argparse.Namespace) -> Any:
 def task_planner(
     inputs: TaskInputs, args: argparse.Namespace, profile: Any = None
 ) -> DreamShardPlanner:
-    """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags: ``--checkpoint``,
-    ``--mode``, ``--num-samples``, ``--seed``, ``--calibrate``, ``--verify`` (its rounds:
-    ``--verify-rounds``), ``--timeout`` (``timeout_seconds``), ``--profile``,
-    ``--no-measure`` (``measure=False``), ``--cache-dir``; ``--no-splits`` constrains
-    every table to table-wise. ``profile``: ``--profile`` loaded (else the path is
-    passed)."""
+    """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags (``profile``: the
+    loaded ``--profile``, else its path is passed)."""
     import dataclasses
 
     from torchrec_dreamshard.planner import DreamShardPlanner
@@ -249,9 +245,8 @@ def task_planner(
 
 
 def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs) -> dict[str, Any]:
-    """The ``--out`` summary: :func:`~torchrec_dreamshard.planner.plans.plan_summary.plan_summary`
-    of the plan, the safety net's candidates, how the planner adapted to this machine and
-    what calibration and verification did."""
+    """The ``--out`` summary: the plan, the safety net's candidates, the adaptation,
+    calibration and verification."""
     from torchrec_dreamshard.planner.adapters.device_memory import device_capacity, memory_tier
     from torchrec_dreamshard.planner.plans.plan_summary import plan_summary
 
@@ -287,9 +282,7 @@ def measured_calibration(planner: DreamShardPlanner) -> dict[str, Any] | None:
 
 
 def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dict) -> None:
-    """Print what the planning's measuring took and bought, the plan, the safety net's
-    report and what calibration and verification did; then write ``--out`` and
-    ``--plot``."""
+    """Print the plan and what its measuring took and bought; write ``--out`` and ``--plot``."""
     from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines
     from torchrec_dreamshard.io import atomic_write, dumps_strict
 

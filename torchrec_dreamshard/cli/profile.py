@@ -1,9 +1,6 @@
-"""``dreamshard profile``: measure this machine's profile once, for every job on the same
-hardware to plan from (``DreamShardPlanner(profile=PATH)``, ``dreamshard plan --profile``).
-
-It measures what the planner's profile step measures, in the open and within a budget: the
-reference kernel, the collective models for the topology and the dense kernel, and, given a
-task, the cost network calibrated on the task's tables. ``--show`` prints a profile file."""
+"""``dreamshard profile``: measure this machine's profile once (reference kernel, collectives,
+dense kernel, and given a task the calibrated network) for every job on the same hardware
+to plan from (``DreamShardPlanner(profile=PATH)``); ``--show`` prints a profile file."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``dreamshard steptime``: planners against each other on the training step, end to end.
-
-Each named planner plans the model (on rank 0); every plan's model then trains under
-``DistributedModelParallel`` and ``TrainPipelineSparseDist`` on gloo ranks (CPU) in
-alternating rounds (:mod:`torchrec_dreamshard.evaluation.dmp_step`); the median step of each
-plan and the per-round ratios to the first planner are printed with their 95% intervals.
-
-Started by ``torchrun`` (``RANK`` and ``WORLD_SIZE`` set) it joins that group (``env://``);
-otherwise it spawns ``--world-size`` ranks on this machine.
+"""``dreamshard steptime``: planners against each other on the DMP training step, in
+alternating rounds on gloo ranks (under ``torchrun`` it joins that group, else it spawns
+``--world-size`` ranks); prints each plan's median step and ratios with 95% intervals.
 """
 
 from __future__ import annotations
@@ -145,10 +139,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def prepare_machine_models() -> None:
-    """Fit (or load) this machine's gloo collective models, dense-kernel model and
-    sharding-path cost before the ranks start, so that DreamShardPlanner on rank 0 finds
-    them cached instead of measuring them while the other ranks wait (or, for the
-    sharding path, which a rank of a job never spawns ranks to time, going without)."""
+    """Fit (or load) this machine's models before the ranks start, so rank 0's planner
+    finds them cached instead of measuring while the other ranks wait."""
     from torchrec_dreamshard.cost.collective_models import load_collective_models
     from torchrec_dreamshard.cost.dense_kernel_model import load_dense_kernel_model
     from torchrec_dreamshard.cost.sharding_path_model import load_sharding_path_model

@@ -1,6 +1,5 @@
-"""Not a subcommand: the module ``torchrun`` runs on every rank to measure one plan with
-the distributed backend (:func:`torchrec_dreamshard.measure.distributed.measure_rank`).
-Rank 0 prints the measurement and, with ``--db``, appends it to a cost store::
+"""Not a subcommand: what ``torchrun`` runs on every rank to measure one plan with the
+distributed backend; rank 0 prints it and, with ``--db``, stores it::
 
     torchrun --nproc-per-node 4 -m torchrec_dreamshard.cli.torchrun_measure TASK.json PLAN.json
 """
