@@ -1,11 +1,6 @@
-"""Files in and out: strict JSON reading and atomic writes.
-
-Every file a command writes goes through :func:`atomic_write` (a temporary file in the
-same folder, flushed and fsynced, then renamed over the target), so a reader never sees a
-half-written file and a crash leaves the old one. Every JSON file a user hands us goes
-through :func:`read_json`, which turns every way of being wrong (missing, a directory,
-unreadable, not UTF-8, not JSON, nested too deep, an integer too long, duplicate keys,
-``NaN``/``Infinity``) into a ``ValueError`` that names the file.
+"""Files in and out: :func:`atomic_write` (a fsynced temporary file renamed over the
+target, so a crash leaves the old one) and :func:`read_json` (every way a user's JSON file
+can be wrong is a ``ValueError`` naming the file).
 """
 
 from __future__ import annotations
@@ -141,12 +136,8 @@ def check_writable(path: str | Path, what: str) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path, what: str = "output file") -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to; renamed over ``path`` (after an
-    fsync) when the block ends without an exception, removed otherwise.
-
-    The temporary file keeps ``path``'s suffix, so writers that pick a format from it
-    (matplotlib's ``savefig``) behave the same.
-    """
+    """A temporary path beside ``path`` (same suffix), renamed over it after an fsync when
+    the block ends without an exception, removed otherwise."""
     p = Path(path)
     check_writable(p, what)
     folder = p.parent if str(p.parent) else Path(".")

@@ -12,10 +12,8 @@ import torch
 def single_thread(enabled: bool = True) -> Iterator[None]:
     """Run the block (or decorated function) on one intra-op thread; restored after.
 
-    Used where one CPU thread stands for one device (measurement), and around the tiny
-    networks: with several OpenMP threads on a busy machine each small matrix product
-    pays for spinning threads (measured 16 ms instead of 25 us per call on our 2-core
-    machine under load).
+    Used where one CPU thread stands for one device, and around the tiny networks, whose
+    small matrix products pay for spinning OpenMP threads on a busy machine.
 
     Args:
         enabled: when False the block runs with the threads as they are.

@@ -204,10 +204,8 @@ def planner_storage_reservation(planner: planners.EmbeddingShardingPlanner) -> S
 def dense_tensor_estimate(
     model: nn.Module, sharders: list[ModuleSharder[nn.Module]], multiplier: float = 6.0
 ) -> int:
-    """What TorchRec's heuristical storage reservation reserves for ``model``'s dense part
-    (``multiplier`` x the bytes of the parameters outside the modules ``sharders`` shard,
-    plus buffers), computed as TorchRec computes it (from shapes and dtypes: exact on
-    the meta device too)."""
+    """What TorchRec's heuristical storage reservation reserves for ``model``'s dense part,
+    computed as TorchRec does from shapes and dtypes (exact on the meta device too)."""
     _, shardable = storage_reservations._get_batch_inputs_and_shardable_parameters(
         model, list(sharders), 1
     )
@@ -275,16 +273,12 @@ class HookedEnumerator(EmbeddingEnumerator):
     def enumerate_uncached(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
-        """TorchRec's ``enumerate`` (with the filter hooks) on ``module``, neither read
-        from nor kept in its search-space cache.
+        """TorchRec's ``enumerate`` (with the filter hooks) on ``module``, bypassing its
+        search-space cache and the deep copy it keeps of it.
 
-        TorchRec's ``enumerate`` estimates the options (``populate_estimates``), then keeps
-        a ``copy.deepcopy`` of them as its cache: seconds at scale (300 tables on 64 ranks:
-        every data-parallel and row-wise option has a shard per rank). Here its
-        ``populate_estimates`` call takes the options over (emptying the list it is
-        handed, so TorchRec copies an empty list), and they are estimated after it
-        returns: the same options and estimates without the copy. Should a TorchRec
-        return other options than those it estimates, they are used as it returns them."""
+        Its ``populate_estimates`` call takes the options over (emptying the list TorchRec
+        copies) and they are estimated after it returns; should a TorchRec return other
+        options than those it estimates, they are used as returned."""
         self.forget_search_space()
         self._deferred = []
         try:
@@ -383,12 +377,10 @@ def process_independent_tag(
 def process_independent_reshard_tags() -> Iterator[None]:
     """Within the block, TorchRec's reshard tags its sends and recvs alike on every rank.
 
-    The bug (TorchRec 1.8.0 and 1.9.2, ``dynamic_sharding._generate_tag``): a reshard's
-    sends and recvs are tagged with ``hash()`` of a key holding the table's name, salted
-    per process, so gloo pairs no send with its recv and both ranks wait forever.
-    No seam avoids it, so this, the package's one patch of TorchRec, swaps that global
-    for :func:`process_independent_tag` for the block, under a lock; a test fails once
-    TorchRec fixes it (docs/torchrec_compatibility.md#the-reshard-tag-bug).
+    ``dynamic_sharding._generate_tag`` hashes the table's name, salted per process, so
+    gloo pairs no send with its recv. The package's one patch of TorchRec swaps it for
+    :func:`process_independent_tag` for the block, under a lock
+    (docs/torchrec_compatibility.md#the-reshard-tag-bug).
     """
     with _TAG_LOCK:
         original = dynamic_sharding._generate_tag
