@@ -178,10 +178,6 @@ def spawned_samples(max_devices: int, backend: str) -> list[tuple]:
         return [tuple(s) for s in json.loads(Path(out).read_text())]
 
 
-# ----------------------------------------------------------------------------------------
-# Ranks as threads: gloo process groups of this process, none of them the default group
-# ----------------------------------------------------------------------------------------
-
 _THREAD_TIMEOUT = timedelta(seconds=120)  # a rank that never joins fails the others
 
 

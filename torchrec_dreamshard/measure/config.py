@@ -15,15 +15,11 @@ DEVICES = ("cpu", "cuda")
 
 @dataclass(frozen=True, kw_only=True)
 class MeasureConfig:
-    """How placements are measured.
-
-    Every device's figure is the minimum over ``rounds`` of the median over ``iters`` timed
-    iterations; rounds visit the devices (and the reference kernel) in turn, so a slow
-    moment of a shared machine touches them all rather than one device.
+    """How placements are measured: each device's figure is the minimum over ``rounds``
+    (which visit every device in turn) of the median over ``iters`` timed iterations.
 
     Args:
-        optimizer: the fused optimizer the backward applies: ``"rowwise_adagrad"`` (TorchRec's
-            usual choice), ``"sgd"`` or ``"adagrad"``.
+        optimizer: the fused optimizer: ``"rowwise_adagrad"``, ``"sgd"`` or ``"adagrad"``.
         precision: weight precision, ``"fp32"`` or ``"fp16"`` (fp16 on CUDA only).
         device: ``"cpu"`` (one thread stands for one device) or ``"cuda"``.
         warmup: untimed iterations before the first round of each kernel.

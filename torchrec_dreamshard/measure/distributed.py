@@ -138,11 +138,6 @@ def _assemble(gathered, num_tables, dims, config, start) -> PlacementMeasurement
     )
 
 
-# ----------------------------------------------------------------------------------------
-# Spawned ranks, kept alive between placements
-# ----------------------------------------------------------------------------------------
-
-
 def _pool_worker(rank: int, world: int, port: int, jobs, results) -> None:
     with local_process_group(rank, world, port):
         while True:

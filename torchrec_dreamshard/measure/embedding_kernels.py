@@ -63,10 +63,6 @@ def optim_type(name: str):
     }[name]
 
 
-# ----------------------------------------------------------------------------------------
-# Batches
-# ----------------------------------------------------------------------------------------
-
 _BATCHES: OrderedDict[tuple, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
 
@@ -93,11 +89,6 @@ def fused_ring(
         fuse_batches([table_batch(spec, batch_size, seed, k) for spec in tables])
         for k in range(size)
     ]
-
-
-# ----------------------------------------------------------------------------------------
-# Memory written after allocation
-# ----------------------------------------------------------------------------------------
 
 
 class Arena:
@@ -145,11 +136,6 @@ def state_numel(tables: Sequence[TableSpec], optimizer: str) -> tuple[int, int]:
         "sgd": 0,
     }[optimizer]
     return weights, momentum
-
-
-# ----------------------------------------------------------------------------------------
-# One fused kernel
-# ----------------------------------------------------------------------------------------
 
 
 class FusedKernel:

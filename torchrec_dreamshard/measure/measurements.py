@@ -12,11 +12,10 @@ class DeviceCost:
     """What one device costs per training step.
 
     Args:
-        fwd_ms: the fused kernel's forward (minimum over rounds of the median over iterations).
+        fwd_ms: the fused kernel's forward.
         bwd_ms: its backward, fused optimizer update included.
         comm_ms: the all-to-all of pooled embeddings, forward plus backward.
-        spread: relative spread of ``fwd_ms + bwd_ms`` over rounds, ``(max - min) / min``
-            of the rounds' medians (0 for an empty device or a single round).
+        spread: ``(max - min) / min`` of the rounds' ``fwd_ms + bwd_ms`` medians.
         num_tables: tables on the device.
     """
 
@@ -52,12 +51,11 @@ class PlacementMeasurement:
         per_device: one :class:`DeviceCost` per device (empty when the measurement failed).
         step_ms: the step cost, ``max_d (fwd + bwd + comm)``.
         spread: relative spread of the step cost over rounds, ``(max - min) / min``.
-        reference_ms: forward + backward of the fixed reference kernel, timed in the same
-            rounds (minimum of the rounds' medians): the machine's speed at that moment.
+        reference_ms: the reference kernel's forward + backward in the same rounds.
         ok: False when the measurement failed (out of memory, kernel error).
         error: what went wrong, when ``ok`` is False.
         backend: ``"local"`` or ``"distributed"``.
-        comm_source: where ``comm_ms`` came from (a measured collective or the fitted model).
+        comm_source: where ``comm_ms`` came from.
         wall_s: seconds the measurement took.
     """
 
