@@ -323,6 +323,12 @@ def test_the_kept_plan_never_measured_slower_than_torchrecs():
     six = plan("chosen", [9.0, 9.0, 11.0, 9.0, 9.0, 9.0])
     torchrec6 = plan("torchrec_ours", [10.0] * 6, baseline=True)
     assert cal.beats_beyond_noise(six, torchrec6)
+    # faster than TorchRec's every round, but by less than the verdict's error on the job's
+    # own ids at the median: TorchRec's plan stays
+    close = plan("chosen", [9.95, 9.95, 9.96, 9.95, 9.95, 9.95])
+    assert not cal.beats_beyond_noise(close, torchrec6)
+    assert cal.rank_measured([torchrec6, close], incumbent="chosen")[0] is torchrec6
+    assert cal.beats_beyond_noise(close, plan("heuristic:x", [10.0] * 6, heuristic=True))
     assert cal.rank_measured([torchrec6, six], incumbent="chosen")[0] is six
     # no whole round: nothing was measured, and the planner's choice stands (its predicted
     # margin over TorchRec's plan is reported instead)
