@@ -9,7 +9,8 @@
 2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
    swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
    in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
-   :data:`VERDICT_ERROR` at the median; under 3 rounds, by 5% in every round); else the fastest plan that does, else
+   :data:`VERDICT_ERROR` at the median; under 3 rounds, by 5% in every round); else the
+   fastest plan that does, else
    TorchRec's own. So the kept plan never measured slower than TorchRec's in the same
    rounds. Where no whole round fitted, nothing was measured and the ranking of step 1
    stands (the stats give the predicted margins instead).
