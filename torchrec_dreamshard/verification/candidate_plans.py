@@ -1,5 +1,4 @@
-"""The plans a verification measures (:func:`verify_candidates`): the planner's, the
-best-rated, TorchRec's and every classic heuristic's, named."""
+"""The plans a verification measures (:func:`verify_candidates`), named."""
 
 from __future__ import annotations
 
@@ -33,11 +32,8 @@ def verify_candidates(
     extra: Mapping[str, Sequence[int]] | None = None,
     baselines: Mapping[str, Sequence[int]] | None = None,
 ) -> list[VerifiedPlan]:
-    """The ``extra`` plans, the ``k`` best-rated distinct plans of the agent's last
-    safety-net report (run ``agent.place`` first), the ``baselines`` (TorchRec's plan,
-    not counted among the ``k``) and every heuristic's plan, named, with their
-    predictions. A plan proposed twice keeps its first name and gains the others'
-    (``chosen=torchrec_ours``)."""
+    """The ``extra`` plans, the ``k`` best-rated distinct plans, the ``baselines`` and every
+    heuristic's plan, named; a plan proposed twice joins its names (``chosen=torchrec_ours``)."""
     report = agent.last_report
     named: dict[tuple[int, ...], str] = {}
     for name, p in (extra or {}).items():

@@ -1,20 +1,9 @@
 """Candidates clearly behind after a round drop out (:class:`Dropping`).
 
-The rule, after every round of a pass from the :data:`DROP_FROM_ROUND`-th on but its last
-(after the first pass's last round only where a second pass follows): a plan whose
-median over the pass's rounds so far is behind the fastest plan's median by more than
-``max(DROP_SPREADS x spread, DROP_FLOOR)`` (``spread``: the rounds' spread as
-:class:`~.noise.Noise` measures it, the median over plans of ``(max - min) / median``),
-and that was slower than the fastest plan in every one of those rounds, is not measured
-in later rounds, of this pass nor of a second. Its rounds so far are kept and shown, and
-it is not ranked: a plan that dropped out cannot be kept.
-
-Never dropped, so that dropping cannot change what :func:`~.plan_ranking.keep` is able to
-decide: TorchRec's plan (the kept plan must beat it), the incumbent named (the plan that
-stands unless beaten every round), the fastest heuristic plan by median (the incumbent
-where none is named, and the safer plan of a noisy pass where TorchRec's was not
-measured), and the plan :func:`~.plan_ranking.keep` would keep over the rounds so far,
-quiet or noisy.
+From round :data:`DROP_FROM_ROUND` on, a plan whose median is behind the fastest by more
+than ``max(DROP_SPREADS x spread, DROP_FLOOR)`` and that lost every round is measured no
+more. Never dropped: TorchRec's plan, the incumbent, the fastest heuristic's and the plan
+:func:`~.plan_ranking.keep` would keep now.
 """
 
 from __future__ import annotations
@@ -40,7 +29,7 @@ class Dropping:
 
     Args:
         plans: the plans measured (indices in rounds refer to them).
-        incumbent: the incumbent's name (:class:`~.verification.VerifyOptions`).
+        incumbent: the incumbent's name.
         enabled: ``False``: nothing drops out.
     """
 
@@ -59,8 +48,7 @@ class Dropping:
         self.earlier = [dict(r) for r in rounds]
 
     def after_round(self, rounds: Sequence[Mapping[int, float]], pass_index: int) -> None:
-        """Drop the plans clearly behind after the pass's ``rounds`` so far (see the
-        module docstring)."""
+        """Drop the plans clearly behind after the pass's ``rounds`` so far."""
         if not self.enabled or len(rounds) < DROP_FROM_ROUND:
             return
         self.dropped.update(clearly_behind(self.plans, rounds, self, pass_index))
@@ -72,8 +60,7 @@ def clearly_behind(
     dropping: Dropping,
     pass_index: int,
 ) -> dict[int, Dropped]:
-    """The plans of the last round of ``rounds`` that drop out now, by index (see the
-    module docstring)."""
+    """Indices of the plans that drop out after the last of ``rounds``."""
     active = sorted(rounds[-1])
     ms = {i: [r[i] for r in rounds] for i in active}
     spread = Noise.of([{i: r[i] for i in active} for r in rounds], (None, None), NoiseLimits())
@@ -95,10 +82,8 @@ def clearly_behind(
 def protected(
     plans: Sequence[VerifiedPlan], ms: Mapping[int, list[float]], dropping: Dropping
 ) -> set[int]:
-    """The indices among ``ms`` (a plan's rounds so far, by index) that never drop out:
-    TorchRec's plan, the named incumbent, the fastest heuristic plan, and the plan the
-    ranking would keep now, quiet or noisy. Every index where the incumbent is named but
-    not among them (the ranking then refuses the verification, as before)."""
+    """The indices that never drop out (all of them where the named incumbent is not
+    among ``ms``)."""
     incumbent = dropping.incumbent
     named = {
         i

@@ -1,14 +1,6 @@
-"""Whether measurements taken on a busy machine can be trusted.
-
-A machine someone else is using changes speed while it measures: repeats of the same
-plan disagree, and the reference kernel (:data:`~torchrec_dreamshard.measure.
-embedding_kernels.REFERENCE_TABLES`) times differently before and after. :class:`Noise`
-says how much of both one pass of measurements saw, against :class:`NoiseLimits`;
-verification measures again or keeps the safer plan, and calibration discards what it
-measured rather than learn the load as if it were the hardware
-(:func:`reference_drift`). :func:`sign_test_wins` is how many paired rounds one plan must
-win to count as faster beyond the noise.
-"""
+"""Whether measurements taken on a busy machine can be trusted: the spread between rounds
+and the reference kernel's drift (:class:`Noise`), and the sign test's wins
+(:func:`sign_test_wins`). Calibration's drift check uses :func:`reference_drift`."""
 
 from __future__ import annotations
 
@@ -29,8 +21,7 @@ SIGN_ALPHA = 0.125  # one-sided sign test: 3 of 3 rounds, 4 of 4, 5 of 5 or 6, 6
 
 
 def reference_drift(before: float | None, after: float | None) -> float | None:
-    """``after / before - 1`` of two timings of the reference kernel (``None`` where
-    either is missing or not positive)."""
+    """``after / before - 1`` of two reference timings (``None``: either missing or <= 0)."""
     if before is None or after is None or not (before > 0 and after > 0):
         return None
     return after / before - 1.0
@@ -41,12 +32,12 @@ class NoiseLimits:
     """When :func:`verify`'s measurements count as noisy, and what it does then.
 
     Args:
-        spread: the median over plans of their rounds' ``(max - min) / median`` above
+        spread: the median over plans of ``(max - min) / median`` of their rounds above
             which the rounds disagree.
         drift: ``|after / before - 1|`` of the reference kernel above which the machine
-            changed speed while measuring (``inf``: the reference is not timed).
-        extra_rounds: rounds measured again when the first pass is noisy (``None``: as
-            many as the first pass; 0: none, the safer plan is kept at once).
+            changed speed (``inf``: the reference is not timed).
+        extra_rounds: rounds of the second pass (``None``: as many as the first; 0: keep
+            the safer plan at once).
         extra_budget: the second pass's budget, as a fraction of ``budget_s``.
     """
 
@@ -66,8 +57,7 @@ class Noise:
     """How noisy one pass of measurements was.
 
     Attributes:
-        spread: the median over plans of their rounds' ``(max - min) / median`` (``nan``
-            with fewer than two rounds).
+        spread: median over plans of ``(max - min) / median`` (``nan``: under two rounds).
         drift: the reference kernel's ``after / before - 1`` (``None``: not timed).
         rounds: whole rounds in the pass.
         spread_limit, drift_limit: the limits it was judged by.
@@ -86,8 +76,8 @@ class Noise:
         reference: tuple[float | None, float | None],
         limits: NoiseLimits,
     ) -> Noise:
-        """The noise of ``rounds`` (``{plan index: ms}`` each; a plan that dropped out
-        after some is in those only) and the reference kernel ``(before, after)``."""
+        """The noise of ``rounds`` (``{plan index: ms}`` each) and the reference ``(before,
+        after)``."""
         spreads = []
         for i in rounds[0] if rounds else ():
             ms = np.array([r[i] for r in rounds if i in r], dtype=np.float64)
@@ -136,9 +126,8 @@ class Noise:
 
 
 def sign_test_wins(rounds: int, alpha: float = SIGN_ALPHA) -> int | None:
-    """The fewest rounds out of ``rounds`` one plan must win for a one-sided sign test at
-    ``alpha`` to say it is faster (``None``: no number of wins is enough, e.g. under 3
-    rounds at 1/8)."""
+    """The fewest wins out of ``rounds`` for a one-sided sign test at ``alpha`` (``None``:
+    none is enough)."""
     for wins in range(rounds + 1):
         tail = sum(math.comb(rounds, j) for j in range(wins, rounds + 1)) / 2**rounds
         if tail <= alpha:
@@ -147,9 +136,8 @@ def sign_test_wins(rounds: int, alpha: float = SIGN_ALPHA) -> int | None:
 
 
 def lasting_drift(before: float | None, config: MeasureConfig, limit: float) -> float | None:
-    """How far the reference kernel moved since ``before``. One timing can be a blip of
-    the machine: beyond ``limit``, it is timed twice more and the median of the three
-    taken, so that only a change that lasts discards what was measured."""
+    """How far the reference kernel moved since ``before``; beyond ``limit``, the median of
+    three timings, so that a blip does not count."""
     after = [reference_ms(config)]
     drift = reference_drift(before, after[0])
     if drift is not None and abs(drift) > limit:

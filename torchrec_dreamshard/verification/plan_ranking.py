@@ -1,26 +1,11 @@
 """Which measured plan a verification keeps (:func:`keep`).
 
-1. The incumbent (the planner's own choice where named, else the fastest heuristic plan by
-   median measured step) stands unless other plans measured faster than it in every round
-   and by more than :data:`REPLACE_MARGIN` at the median; then the fastest of those by
-   median. One lucky round cannot pick a slower plan, nor can the luckiest of several
-   challengers as good as the incumbent: with six of them and three rounds, one wins
-   every round by chance alone more often than not (:func:`rank_measured`).
-2. Where TorchRec's plan was measured (a *baseline*: the plan the user had before the
-   swap), the kept plan must beat it beyond the noise (:func:`beats_beyond_noise`: faster
-   in enough rounds for a one-sided sign test at :data:`~.noise.SIGN_ALPHA`, and by
-   :data:`VERDICT_ERROR` at the median; under 3 rounds, by 5% in every round); else the
-   fastest plan that does, else
-   TorchRec's own. So the kept plan never measured slower than TorchRec's in the same
-   rounds. Where no whole round fitted, nothing was measured and the ranking of step 1
-   stands (the stats give the predicted margins instead).
-3. Where the deciding rounds were noisy (:class:`~.noise.Noise`), every pass's rounds
-   decide together, and the safer plan (:func:`safer_plan`: TorchRec's, else the fastest
-   heuristic's) is kept unless a plan beat it beyond the noise over all of them (the
-   sign test, which pairs plans within a round, so a load that slows a whole round
-   cancels); then the fastest of those by median. A busy machine thus costs the plan
-   only what its noise hides, and never hands back a plan that measured slower than
-   TorchRec's.
+1. The incumbent (the planner's choice, else the fastest heuristic's) stands unless other
+   plans beat it in every round and by :data:`REPLACE_MARGIN` at the median.
+2. The kept plan must beat TorchRec's plan beyond the noise (:func:`beats_beyond_noise`),
+   else the fastest plan that does, else TorchRec's own.
+3. Where the deciding rounds were noisy, every pass's rounds decide together, and the safer
+   plan (:func:`safer_plan`) stands unless a plan beat it beyond the noise.
 """
 
 from __future__ import annotations
@@ -43,10 +28,8 @@ VERDICT_ERROR = 0.01
 
 
 def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:
-    """Whether ``p`` measured faster than ``ref`` beyond the noise: a lower median, and
-    faster in enough of their paired rounds for the sign test (:func:`sign_test_wins`);
-    where too few rounds fitted for any sign test (1 or 2), faster in every round by more
-    than :data:`FEW_ROUNDS_MARGIN`, a run-to-run move on these machines."""
+    """Whether ``p`` beat ``ref``: a lower median and a sign test's wins; under 3 rounds,
+    faster in every round by :data:`FEW_ROUNDS_MARGIN`."""
     n = min(len(p.rounds_ms), len(ref.rounds_ms))
     margin = VERDICT_ERROR if ref.baseline else 0.0
     if not n or not np.median(p.rounds_ms) < (1.0 - margin) * np.median(ref.rounds_ms):
@@ -61,19 +44,11 @@ def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:
 def rank_measured(
     plans: Sequence[VerifiedPlan], incumbent: str | None = None
 ) -> list[VerifiedPlan]:
-    """``plans`` (measured: ``rounds_ms`` filled, one entry per round, the same number
-    for every plan) kept plan first, then by median measured step.
+    """``plans`` (measured in the same rounds), the kept plan first, then by median.
 
-    The kept plan is the incumbent unless other plans measured faster than it in every
-    round and by more than :data:`REPLACE_MARGIN` at the median; then the fastest of
-    those by median. The incumbent is the plan named
-    ``incumbent`` where given (the planner's own choice, which then stands unless the
-    measurement says otherwise every time, over at least :data:`MIN_ROUNDS_TO_REPLACE`
-    rounds: one round is one draw of the noise), else the fastest heuristic plan by
-    median (the model's plans must then beat the heuristics every time). Without either,
-    the fastest by median. Then, where a baseline (TorchRec's plan) is among ``plans``,
-    a kept plan that does not beat it beyond the noise (:func:`beats_beyond_noise`)
-    gives way to the fastest plan that does, else to the baseline itself."""
+    Rules 1 and 2 of the module docstring; the named ``incumbent`` is replaced only after
+    :data:`MIN_ROUNDS_TO_REPLACE` rounds.
+    """
     ranked = _rank_incumbent(plans, incumbent)
     base = next((p for p in ranked if p.baseline), None)
     if not min((len(p.rounds_ms) for p in plans), default=0):
@@ -116,10 +91,8 @@ def _rank_incumbent(
 
 
 def measuring_priority(plans: Sequence[VerifiedPlan], incumbent: str | None) -> list[int]:
-    """Indices of ``plans`` in the order a verification too slow to measure all of them
-    keeps them: the incumbent (the plan named ``incumbent``), TorchRec's plan, the
-    heuristic plan predicted fastest (the heuristics are the check on the model that does
-    not share its errors), then the rest by predicted step."""
+    """Indices of ``plans`` in the order a slow task measures them: the incumbent,
+    TorchRec's plan, the fastest predicted heuristic, then by predicted step."""
     heur = [i for i, p in enumerate(plans) if p.heuristic]
     best_heuristic = min(heur, key=lambda i: plans[i].predicted_ms, default=None)
 
@@ -133,8 +106,7 @@ def measuring_priority(plans: Sequence[VerifiedPlan], incumbent: str | None) -> 
 
 
 def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
-    """The plan kept when the measurements are too noisy to rank: TorchRec's plan where it
-    was measured, else the fastest heuristic's by median (``None``: neither)."""
+    """TorchRec's plan where measured, else the fastest heuristic's (``None``: neither)."""
     base = next((p for p in plans if p.baseline), None)
     if base is not None:
         return base
@@ -147,10 +119,8 @@ def safer_plan(plans: Sequence[VerifiedPlan]) -> VerifiedPlan | None:
 def keep(
     plans: Sequence[VerifiedPlan], incumbent: str | None, passes: Sequence[Noise]
 ) -> tuple[list[VerifiedPlan], str | None]:
-    """:func:`rank_measured`; then, where the last pass was noisy, the safer plan
-    (:func:`safer_plan`) unless a plan beat it beyond the noise (:func:`beats_beyond_noise`)
-    over the rounds of every pass together, at least 3 (:func:`pooled`); and why
-    (``None``: the ranking stands)."""
+    """:func:`rank_measured`, then rule 3 over at least 3 pooled rounds; and why the safer plan
+    was kept (``None``: the ranking stands)."""
     ranked = rank_measured(plans, incumbent)
     if not passes or not passes[-1].noisy:
         return ranked, None
@@ -183,8 +153,7 @@ def keep(
 
 
 def pooled(p: VerifiedPlan) -> VerifiedPlan:
-    """A copy of ``p`` measured over every pass's rounds (the earlier, then the deciding),
-    its median over all of them."""
+    """A copy of ``p`` measured over every pass's rounds."""
     rounds = [*p.earlier_ms, *p.rounds_ms]
     median = float(np.median(rounds)) if rounds else None
     return replace(p, rounds_ms=rounds, earlier_ms=[], measured_ms=median)

@@ -1,11 +1,5 @@
-"""What a round of a verification costs, and the plans a slow task measures
-(:func:`too_slow_for_all`).
-
-A round's cost is counted in device timings: one per plan where each plan is timed on its
-own, one per distinct device table-set where the timing shares the sets several plans
-hold (:mod:`~torchrec_dreamshard.measure.device_sets`: each set timed once per round).
-One measurement of the first plan gives a timing's seconds.
-"""
+"""What a round of a verification costs in device timings, and the plans a slow task
+measures (:func:`too_slow_for_all`)."""
 
 from __future__ import annotations
 
@@ -24,16 +18,14 @@ MIN_PLANS = 3  # ... and at least these: the planner's choice, TorchRec's, a heu
 
 
 def round_units(task: Task, plans: Sequence[VerifiedPlan], sharing: bool) -> int:
-    """Device timings one round of ``plans`` takes: a plan each, or with ``sharing`` the
-    distinct non-empty device sets they hold together."""
+    """Device timings one round of ``plans`` takes (with ``sharing``: distinct device sets)."""
     if not sharing:
         return len(plans)
     return distinct_device_sets(task, [p.placement for p in plans])
 
 
 def unit_seconds(task: Task, first: VerifiedPlan, seconds: float, sharing: bool) -> float:
-    """Seconds of one unit of :func:`round_units`, where measuring ``first`` on its own (no
-    set of it timed before in the round) took ``seconds``."""
+    """Seconds of one :func:`round_units` unit, where measuring ``first`` took ``seconds``."""
     if not sharing:
         return seconds
     return seconds / max(1, len(device_sets(task, first.placement)))
@@ -53,14 +45,13 @@ def too_slow_for_all(
     unit_s: float,
     sharing: bool,
 ) -> list[VerifiedPlan]:
-    """The plans measured where one device timing (:func:`round_units`) takes ``unit_s``
-    and the first :data:`MIN_ROUNDS` rounds of all of them would not fit
-    :data:`BUDGET_STRETCH` times the budget: as many as fit (at least :data:`MIN_PLANS`),
-    in the order of :func:`~.plan_ranking.measuring_priority` (the planner's choice,
-    TorchRec's plan, the heuristic plan predicted fastest, then by predicted step). Fewer
-    plans measured in rounds a sign test can decide on say more than many plans measured
-    in none. A plan whose device sets the plans before it hold costs nothing more.
-    ``options``: the verification's ``(budget_s, rounds, incumbent)``."""
+    """The plans whose first :data:`MIN_ROUNDS` rounds fit :data:`BUDGET_STRETCH` times the
+    budget, at least :data:`MIN_PLANS`, in :func:`~.plan_ranking.measuring_priority` order.
+
+    Args:
+        options: the verification's ``(budget_s, rounds, incumbent)``.
+        unit_s: seconds of one device timing.
+    """
     budget_s, rounds, incumbent = options
     budget = (budget_s or math.inf) * BUDGET_STRETCH * FIT_HEADROOM
     fit = budget // (min(MIN_ROUNDS, rounds) * unit_s)

@@ -1,30 +1,9 @@
-"""Verification (:func:`verify`): the best-rated candidate plans, every classic
-heuristic's plan and TorchRec's own plan for the same tables measured on real kernels in
-interleaved rounds, and the plan kept by the rules of :mod:`.plan_ranking`.
+"""Verification (:func:`verify`): the best-rated candidates, every heuristic's plan and
+TorchRec's plan measured in interleaved rounds, and the plan kept (:mod:`.plan_ranking`).
 
-A busy machine (:class:`~.noise.Noise`): the reference kernel is timed before and after
-the rounds, and each plan's rounds are compared. When the rounds disagree (median relative
-spread over :data:`~.noise.SPREAD_LIMIT`) or the reference drifted (over
-:data:`~.noise.DRIFT_LIMIT`), the plans are measured again (as many rounds, within as much
-budget again: see :class:`~.noise.NoiseLimits`) and those rounds decide if they are quiet.
-If they are noisy too, both passes' rounds decide together, and the safer plan
-(TorchRec's, else the fastest heuristic's) is kept unless a plan beat it beyond the noise
-over all of them (:func:`~.plan_ranking.keep`); the result says so.
-
-The measuring buys the most per second: within a round, a device table-set that several
-plans hold is timed once and its figure shared (the real kernels' timing:
-:mod:`~torchrec_dreamshard.measure.device_sets`; the result counts the sets timed against
-the plans' devices), and a plan clearly behind after a round drops out of later rounds
-(:mod:`.dropping`: never TorchRec's plan, nor the plan the ranking would keep).
-
-A measurement that fails on this machine (a CUDA error, an out-of-memory, an FBGEMM
-operator missing from the build, a collective's failure:
-:mod:`torchrec_dreamshard.measure.guard`) ends the verification: nothing it measured is
-compared, the planner's chosen plan (the first ``extra`` plan, else the best-rated) is
-kept, one warning names the cause and the result records it (``VerifyResult.failure``).
-
-What was measured and its words: :mod:`.verify_result`; this machine's cache of the
-rounds: :mod:`.verify_cache`.
+A noisy first pass (:class:`~.noise.Noise`) is measured again; a plan clearly behind drops
+out of later rounds (:mod:`.dropping`); a measurement that fails on this machine ends the
+verification and keeps the planner's choice (``VerifyResult.failure``).
 """
 
 from __future__ import annotations
@@ -80,23 +59,15 @@ class VerifyOptions:
 
     Args:
         rounds: interleaved rounds of the first pass.
-        budget_s: measure no plan that would end past this many seconds (at the mean time
-            a measurement took so far); a round cut short is dropped (``None``: all
-            rounds). The second pass, where the first was noisy, has its own budget
-            (:attr:`NoiseLimits.extra_budget`).
-        cache: read the rounds of these very plans of this task from this machine's
-            cache, or write them there once measured
-            (:func:`~.verify_cache.verification_cache_file`).
-        incumbent: the name of the plan (an ``extra`` one) that stands unless another
-            measured faster in every round (``None``: the fastest heuristic's).
-        progress: a progress bar (see :func:`progress_bar`).
-        noise: when the measurements count as noisy (:class:`NoiseLimits`).
-        deadline_s: a hard cap over everything the verification measures, both passes
-            included: no measurement starts that would end past it, whatever
-            ``budget_s`` lets the first rounds stretch to (``None``: none). The planner
-            sets it from what is left of ``timeout_seconds``.
-        drop: a plan clearly behind after a round drops out of later rounds
-            (:mod:`.dropping`; ``False``: every plan is measured in every round).
+        budget_s: measure no plan that would end past this many seconds (``None``: all
+            rounds); a round cut short is dropped.
+        cache: read and write the rounds in this machine's cache (:mod:`.verify_cache`).
+        incumbent: the plan that stands unless beaten every round (``None``: the fastest
+            heuristic's).
+        progress: show a progress bar.
+        noise: when the measurements count as noisy.
+        deadline_s: a hard cap over both passes (``None``: none).
+        drop: drop plans clearly behind after a round (:mod:`.dropping`).
     """
 
     rounds: int = 3
@@ -120,22 +91,16 @@ def verify(
     baselines: Mapping[str, Sequence[int]] | None = None,
     timing: Timing | None = None,
 ) -> VerifyResult:
-    """Measure the ``k`` best-rated candidates, the ``baselines`` (TorchRec's plan) and the
-    heuristics' plans (see :func:`verify_candidates`; ``extra`` adds named plans) in
-    interleaved rounds (:func:`~torchrec_dreamshard.measure.rounds.measure_in_rounds`: each
-    round visits every plan once, the order rotated round by round), with the reference
-    kernel timed before and after; where that pass was noisy, a second (see the module
-    docstring). The plans kept first (:func:`~.plan_ranking.keep`), then by median
-    measured step.
+    """Measure the ``k`` best-rated candidates, the ``baselines``, the heuristics' plans and
+    the ``extra`` plans in interleaved rounds, and rank them, the kept plan first.
+
+    A measurement that fails raises nothing: the plans come back unmeasured, in the order
+    proposed, with the ``failure``.
 
     Args:
         config: the measurement settings (one timing round per measurement).
         options: rounds, budget, cache, incumbent, progress and noise limits.
         timing: what measures (default :func:`kernel_timing`).
-
-    A measurement that fails on this machine raises nothing: the result keeps the plans
-    in the order proposed (the ``extra`` plans first), measured in no round, with the
-    ``failure`` (see the module docstring).
 
     Raises:
         ValueError: ``k`` or ``options.rounds`` below 1.
@@ -178,9 +143,7 @@ def _result(
     seconds: float,
     cached: bool = False,
 ) -> VerifyResult:
-    """The plans kept and ranked (:func:`~.plan_ranking.keep`) among those measured in
-    every round; the plans that dropped out (:mod:`.dropping`) after them, by median over
-    their rounds; then the plans a slow task left out (:func:`~.round_cost.too_slow_for_all`)."""
+    """The ranked measured plans, then the plans that dropped out, then those left out."""
     dropped = [p for p in plans if p.dropped is not None]
     for p in dropped:
         p.measured_ms = float(np.median([*p.earlier_ms, *p.rounds_ms]))
@@ -215,9 +178,7 @@ class _Measuring:
 
 @dataclass
 class _Measured:
-    """What :func:`_measure_passes` measured: the plans measured, every pass's rounds
-    (``{index among them: ms}`` each), their noise, the plans that dropped out and the
-    device sets timed."""
+    """What :func:`_measure_passes` measured: plans, rounds per pass, noise, drops, sets."""
 
     plans: list[VerifiedPlan]
     rounds: list[list[dict[int, float]]]
@@ -234,8 +195,7 @@ def _measuring(
     device: str,
     bar: Any,
 ) -> _Measuring:
-    """The guarded step (sharing device sets within a round where ``timing`` can), the
-    hard cap and the drop rule of one verification of ``plans``."""
+    """The guarded step, the hard cap and the drop rule of one verification."""
     end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     shared = DeviceSetTimes() if timing.shared_step_ms is not None else None
     shared_step = timing.shared_step_ms
@@ -257,11 +217,11 @@ def _measure_passes(
     timing: Timing,
     device: str = "cpu",
 ) -> _Measured:
-    """The plans measured (all, unless the task is too slow for all of them: see
-    :func:`~.round_cost.too_slow_for_all`), every pass's rounds and noise: the first pass,
-    and where it was noisy a second (when it measured a whole round), which decides. Every
-    measurement is :func:`~torchrec_dreamshard.measure.guard.guarded` (on ``device``); the
-    first that fails raises :class:`MeasuringFailed`."""
+    """Every pass's rounds and noise: the first, and a second where it was noisy.
+
+    Raises:
+        MeasuringFailed: the first measurement that fails.
+    """
     limits = options.noise
     reference = None
     if timing.reference_ms is not None and math.isfinite(limits.drift):
@@ -315,17 +275,11 @@ def _one_pass(
     probe: bool = False,
     pass_index: int = 0,
 ) -> list[dict[int, float]]:
-    """``rounds`` interleaved rounds of every plan still measured (see :mod:`.dropping`:
-    after each round but the last, the plans clearly behind drop out) within ``budget_s``
-    (whole rounds only).
+    """``rounds`` interleaved rounds of the active plans within ``budget_s``.
 
-    The first :data:`MIN_ROUNDS` rounds (the fewest a sign test can decide on) may run on
-    to :data:`BUDGET_STRETCH` times the budget: a budget that does not fit them (many
-    devices, big tables) grows with the task rather than leave the plans unranked. With
-    ``probe``, where the first measurement says those rounds of every plan would not fit
-    even so, :class:`_TooSlow` is raised (with a device timing's seconds) for the caller
-    to measure fewer plans. ``m.end`` (on ``m.clock``): no measurement starts that would
-    end past it (the hard cap, :attr:`VerifyOptions.deadline_s`)."""
+    The first :data:`MIN_ROUNDS` rounds may stretch to :data:`BUDGET_STRETCH` times the
+    budget; with ``probe``, :class:`_TooSlow` is raised where even that would not fit.
+    """
     start = m.clock()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []
@@ -362,8 +316,7 @@ def _one_pass(
 
 
 def _probe(m: _Measuring, rounds: int, budget_s: float, first: int, seconds: float) -> None:
-    """Raise :class:`_TooSlow` where the first measurement (of plan ``first``, ``seconds``)
-    says the first rounds of every plan would not fit the stretched budget."""
+    """Raise :class:`_TooSlow` where the first rounds of every plan would not fit."""
     sharing = m.shared is not None
     unit_s = unit_seconds(m.task, m.plans[first], seconds, sharing)
     if first_rounds_seconds(m.task, m.plans, rounds, unit_s, sharing) > budget_s * BUDGET_STRETCH:
@@ -375,8 +328,7 @@ class _OutOfTime(Exception):
 
 
 class _TooSlow(Exception):
-    """The first measurement says the first rounds of every plan would not fit even the
-    stretched budget."""
+    """The first rounds of every plan would not fit even the stretched budget."""
 
     def __init__(self, seconds: float, unit_s: float) -> None:
         super().__init__(f"one measurement took {seconds:.1f} s")

@@ -1,6 +1,4 @@
-"""This machine's cache of a verification's rounds: the same plans of the same task,
-measured with the same settings on the same machine, are read back instead of measured
-again."""
+"""This machine's cache of a verification's rounds, keyed by task, plans and settings."""
 
 from __future__ import annotations
 
@@ -24,10 +22,7 @@ WHAT = "verification cache"
 def verification_cache_file(
     task: Task, plans: Sequence[VerifiedPlan], config: MeasureConfig, rounds: int
 ) -> CacheFile:
-    """This machine's cache file of the verification of ``plans`` of ``task``: keyed by
-    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and a digest of what
-    was verified (the tables, devices, memory and batch, the plans' placements, the
-    measurement's settings and rounds)."""
+    """This machine's cache file of the verification of ``plans`` of ``task``."""
     verified = stable_key(
         [task.to_dict(), [p.placement for p in plans], config.to_dict(), rounds], length=16
     )
@@ -36,9 +31,8 @@ def verification_cache_file(
 
 
 def read_rounds(file: CacheFile, plans: Sequence[VerifiedPlan]) -> list[Noise] | None:
-    """Fill ``plans``' rounds from ``file`` and return its passes' noise; ``None`` (and
-    nothing filled) when the file is missing, of another key, or does not hold exactly
-    these plans."""
+    """Fill ``plans``' rounds from ``file`` and return its passes' noise (``None``: missing, of
+    another key, or of other plans)."""
     data = read_cached_data(file, WHAT)
     stored = data.get("plans") if isinstance(data, dict) else None
     if not _holds(stored, plans):
@@ -76,8 +70,7 @@ def _holds(stored: Any, plans: Sequence[VerifiedPlan]) -> bool:
 
 
 def write_rounds(file: CacheFile, plans: Sequence[VerifiedPlan], passes: Sequence[Noise]) -> None:
-    """Write ``plans``' rounds and the ``passes``' noise to ``file`` (read back by
-    :func:`read_rounds`)."""
+    """Write ``plans``' rounds and the ``passes``' noise to ``file``."""
     data = {
         "plans": [
             {

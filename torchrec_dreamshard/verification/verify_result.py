@@ -1,6 +1,5 @@
-"""What a verification measured (:class:`VerifiedPlan`, :class:`VerifyResult`) and its
-words for people: the kept plan's margins over TorchRec's plan and the best heuristic's
-(:func:`percent`), a measured plan's name (:func:`plan_words`)."""
+"""What a verification measured (:class:`VerifiedPlan`, :class:`VerifyResult`), and its
+words: margins (:func:`percent`) and plan names (:func:`plan_words`)."""
 
 from __future__ import annotations
 
@@ -14,13 +13,12 @@ from torchrec_dreamshard.verification.noise import Noise
 
 @dataclass(frozen=True)
 class Dropped:
-    """A plan clearly behind after a round, not measured in later rounds
-    (:mod:`.dropping`).
+    """A plan clearly behind after a round, measured no more (:mod:`.dropping`).
 
     Attributes:
         after_round: rounds of its pass it was measured in.
         pass_index: the pass it dropped out of (0: the first).
-        behind: its median over those rounds over the fastest plan's, less 1.
+        behind: its median over the fastest plan's, less 1.
         limit: how far behind a plan had to be to drop out then.
         fastest: the fastest plan's name.
     """
@@ -32,7 +30,7 @@ class Dropped:
     fastest: str
 
     def describe(self) -> str:
-        """``"dropped after round 2: 34% behind the size_greedy heuristic's plan (limit
+        """E.g. ``"dropped after round 2: 34% behind the size_greedy heuristic's plan (limit
         10%)"``."""
         again = " of the second pass" if self.pass_index else ""
         return (
@@ -71,36 +69,26 @@ class VerifiedPlan:
 
     @property
     def measured(self) -> bool:
-        """Whether the plan was measured (``False``: a slow task's budget left it out, or
-        no whole round fitted; its ``measured_ms`` is then ``None``). A plan that dropped
-        out was measured, in fewer rounds."""
+        """Whether the plan was measured in any round (``measured_ms`` is not ``None``)."""
         return bool(self.rounds_ms or self.earlier_ms) and self.measured_ms is not None
 
 
 @dataclass
 class VerifyResult:
-    """The plans :func:`~.verification.verify` measured, the kept first (see
-    :func:`~.plan_ranking.rank_measured`), the time it took and how noisy its passes were.
+    """The plans :func:`~.verification.verify` measured, the kept first.
 
     Attributes:
-        plans: the plans, the kept first; their ``rounds_ms`` are the last pass's, and
-            ``measured_ms`` the median over the deciding rounds (every pass's where the
-            last was noisy).
+        plans: the plans; ``rounds_ms`` the last pass's, ``measured_ms`` the median over
+            the deciding rounds.
         seconds: wall time.
         cached: the rounds were read from this machine's cache.
-        passes: each pass's noise (a second where the first was noisy).
-        fallback: why the safer plan was kept regardless of the ranking (``None``: not).
-        left_out: plans not measured because the task was too slow to measure all of
-            them in the budget (the last of ``plans``, with no rounds and no
-            ``measured_ms``).
-        failure: a measurement that failed on this machine and ended the verification
-            (``None``: none failed); the plans are then in the order proposed, the
-            planner's choice first, none measured.
-        devices_timed: device table-sets timed (each set once per round, whichever plans
-            shared it: :mod:`~torchrec_dreamshard.measure.device_sets`).
-        candidate_devices: the plans' non-empty devices measured, as many timings as
-            measuring each plan on its own would have taken (0: not counted, e.g. a
-            timing that does not share, or rounds read from the cache).
+        passes: each pass's noise.
+        fallback: why the safer plan was kept (``None``: the ranking stands).
+        left_out: plans a slow task did not measure (the last of ``plans``).
+        failure: the measurement that failed and ended the verification (``None``: none).
+        devices_timed: device table-sets timed.
+        candidate_devices: timings measuring each plan on its own would have taken (0: not
+            counted).
     """
 
     plans: list[VerifiedPlan]
@@ -130,8 +118,7 @@ class VerifyResult:
 
     @property
     def not_measured(self) -> list[str]:
-        """The names of the plans that were not measured (their ``measured_ms`` is
-        ``None``)."""
+        """The names of the plans not measured."""
         return [p.name for p in self.plans if not p.measured]
 
     @property
@@ -148,8 +135,8 @@ class VerifyResult:
         )
 
     def margins(self) -> dict[str, Any]:
-        """The kept plan's median measured step over TorchRec's plan's and over the best
-        heuristic's (``None`` where not measured)."""
+        """The kept plan's measured step over TorchRec's and the best heuristic's (``None``: not
+        measured)."""
 
         def ratio(other: VerifiedPlan | None) -> float | None:
             kept, against = self.winner.measured_ms, other.measured_ms if other else None
@@ -165,10 +152,8 @@ class VerifyResult:
         }
 
     def summary(self, describe: Callable[[str], str] | None = None) -> str:
-        """One line: what was measured, in how long, what was kept and by how much, e.g.
-        ``verified 6 plans in 8.5 s: kept the policy's plan, 4.1% faster than TorchRec's
-        and 2.3% faster than the best heuristic's, measured``. ``describe`` names a plan
-        for people (default :func:`plan_words`)."""
+        """One line: what was measured, in how long, what was kept and by how much; ``describe``
+        names a plan (default :func:`plan_words`)."""
         describe = describe or plan_words
         if self.failure is not None:
             return (
@@ -208,8 +193,7 @@ class VerifyResult:
         return line
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: a plan not measured has ``"measured": false`` and ``"measured_ms":
-        null`` (never a NaN), and ``not_measured`` names every such plan."""
+        """JSON-able; a plan not measured has ``"measured": false`` and ``"measured_ms": null``."""
         return {
             "winner": self.winner.name,
             "seconds": self.seconds,
@@ -239,8 +223,7 @@ class VerifyResult:
         }
 
     def lines(self) -> list[str]:
-        """A table of the plans, predicted against measured ms; a plan not measured says
-        ``not measured``."""
+        """A table of the plans, predicted against measured ms."""
         if self.failure is not None:
             return [f"verification: {self.summary()}"]
         rounds = len(self.winner.rounds_ms)
@@ -274,10 +257,8 @@ TORCHREC_WORDS = "TorchRec's plan"
 
 
 def plan_words(name: str, chosen: str | None = None) -> str:
-    """A measured plan's name for people: ``chosen`` (the planner's choice) as ``"the
-    planner's plan (<its safety-net label>)"``, TorchRec's as ``"TorchRec's plan"``, a
-    heuristic's as ``"the size_greedy heuristic's plan"``; a name that joins several
-    (``chosen=torchrec_ours``) by its first."""
+    """A measured plan's name for people, e.g. ``"TorchRec's plan"``; a name that joins
+    several (``chosen=torchrec_ours``) by its first."""
     first, *also = name.split("=")
     if first == "chosen":
         label = f" ({chosen})" if chosen else ""

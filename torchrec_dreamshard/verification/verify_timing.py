@@ -1,8 +1,5 @@
-"""What verification measures with (:class:`Timing`: the real kernels',
-:func:`kernel_timing`, or a test's), and its measurements guarded
-(:func:`guarded_step`, :func:`guarded_reference`): a measurement that fails on this machine
-(:mod:`torchrec_dreamshard.measure.guard`) raises :class:`MeasuringFailed` with its record,
-which ends the verification."""
+"""What verification measures with (:class:`Timing`, :func:`kernel_timing`), guarded: a
+measurement that fails raises :class:`MeasuringFailed`, which ends the verification."""
 
 from __future__ import annotations
 
@@ -25,16 +22,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 @dataclass(frozen=True)
 class Timing:
-    """What :func:`~.verification.verify` measures with: ``step_ms(task, placement)``,
-    one measured step of a plan, ``reference_ms()``, the reference kernel now (``None``:
-    not timed), and ``clock()``, the seconds its budget is kept by
-    (``time.perf_counter``). :func:`kernel_timing` gives the real kernels'; tests pass
-    others (and a clock they move themselves, so that what the budget decides does not
-    hang on the machine's load). ``shared_step_ms(task, placement, shared)``, where
-    given, is ``step_ms`` that takes the device sets the round's
-    :class:`~torchrec_dreamshard.measure.device_sets.DeviceSetTimes` already timed as
-    they are (the verification then shares them within each round; ``None``: every
-    plan is measured on its own)."""
+    """What :func:`~.verification.verify` measures with.
+
+    Attributes:
+        step_ms: ``(task, placement) -> ms``, one measured step of a plan.
+        reference_ms: the reference kernel now (``None``: not timed).
+        clock: the seconds its budget is kept by (tests pass their own).
+        shared_step_ms: ``step_ms`` sharing a round's timed device sets (``None``: none).
+    """
 
     step_ms: Callable[[Task, list[int]], float]
     reference_ms: Callable[[], float] | None = None
@@ -43,11 +38,7 @@ class Timing:
 
 
 def kernel_timing(config: MeasureConfig) -> Timing:
-    """Real FBGEMM kernels:
-    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement` with ``config``
-    and the machine's all-to-all model, on its own or sharing a round's device sets,
-    and the reference kernel's fwd + bwd
-    (:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`)."""
+    """Real FBGEMM kernels with ``config`` and the machine's all-to-all model, and the reference."""
 
     def shared_step_ms(task: Task, placement: list[int], shared: DeviceSetTimes | None) -> float:
         comm = local_all_to_all(task.num_devices, path=config.comm_model_path)
@@ -68,8 +59,7 @@ def kernel_timing(config: MeasureConfig) -> Timing:
 def guarded_step(
     step_ms: Callable[[Task, list[int]], float], plans: Sequence[VerifiedPlan], device: str
 ) -> Callable[[Task, list[int]], float]:
-    """``step_ms`` guarded: a measurement that fails raises :class:`MeasuringFailed`
-    naming the plan (by its name among ``plans``) and the cause."""
+    """``step_ms`` guarded: a failed measurement raises :class:`MeasuringFailed` naming the plan."""
     names = {tuple(p.placement): p.name for p in plans}
 
     def step(task: Task, placement: list[int]) -> float:
@@ -90,8 +80,7 @@ def guarded_step(
 def checked_step(
     step_ms: Callable[[Task, list[int]], float], task: Task, placement: list[int]
 ) -> float:
-    """``step_ms`` of the plan; a time that is not a finite, non-negative number of ms is a
-    failed measurement (``RuntimeError``)."""
+    """``step_ms`` of the plan; a time not finite and non-negative raises ``RuntimeError``."""
     ms = float(step_ms(task, placement))
     if not (math.isfinite(ms) and ms >= 0):
         raise RuntimeError(f"the timer gave {ms} ms for one step")
