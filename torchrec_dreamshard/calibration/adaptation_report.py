@@ -1,7 +1,5 @@
-"""What planning's adaptation to this machine bought, in words: the predicted margins of a
-plan nothing measured (:func:`plan_margins`), calibration's line
-(:func:`calibration_summary`) and the adaptation's lines (:func:`adaptation_lines`).
-"""
+"""What planning's adaptation to this machine bought, in words: predicted margins
+(:func:`plan_margins`), calibration's line and the adaptation's lines."""
 
 from __future__ import annotations
 
@@ -29,9 +27,8 @@ def plan_margins(
     baselines: dict[str, list[int]],
     label: str | None = None,
 ) -> dict[str, Any]:
-    """Where nothing was measured: the kept ``placement``'s predicted step over TorchRec's
-    plan's (the first of ``baselines``) and over the best heuristic's (the lowest
-    predicted), and one line saying so."""
+    """The kept ``placement``'s predicted step over TorchRec's plan (the first of
+    ``baselines``) and the best heuristic's, and one line saying so."""
     kept = agent.predict(task, placement).step_ms
     torchrec = next(iter(baselines.values()), None)
     vs_torchrec = kept / agent.predict(task, torchrec).step_ms if torchrec else None
@@ -58,9 +55,9 @@ def plan_margins(
 
 
 def calibration_summary(calibration: dict[str, Any]) -> str:
-    """One line of what calibration took and changed, from its ``to_dict`` (or the
-    adaptation's keys): ``calibrated in 18.2 s: 40 kernels measured, 3 reused; kernel
-    time error 36% before, 4% after``, and why kernels were discarded, if they were."""
+    """One line of what calibration took and changed, from its ``to_dict``, e.g.
+    ``calibrated in 18.2 s: 40 kernels measured, 3 reused; kernel time error 36% before, 4% after``.
+    """
     before = calibration.get("kernel_mape_before", calibration.get("before", {}))
     after = calibration.get("kernel_mape_after", calibration.get("after", {}))
     before = before.get("cost/mape") if isinstance(before, dict) else before
@@ -80,10 +77,7 @@ def calibration_summary(calibration: dict[str, Any]) -> str:
 
 
 def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
-    """How planning adapted to this machine
-    (:meth:`~.calibrating_agent.CalibratingAgent.adaptation`): what was measured, whether
-    it calibrated and verified, what each took and what it bought (the kept plan against
-    TorchRec's and the best heuristic's)."""
+    """How planning adapted to this machine: what it measured, what each took and bought."""
     lines = [adaptation.get("why", "")]
     if adaptation.get("profile_given"):
         lines.append("planned from a given machine profile: nothing measured here")
@@ -115,8 +109,7 @@ def failure_words(failure: Any) -> str:
 
 
 def verification_record(ver: VerifyResult | None) -> dict[str, Any]:
-    """What a verification measured, as the adaptation record's ``verify_*`` keys
-    (``verified``: whether one ran)."""
+    """A verification as the adaptation record's ``verify_*`` keys."""
     if ver is None:
         return {"verified": False}
     return {

@@ -1,6 +1,5 @@
-"""The agent that calibrates and verifies in ``place`` (:class:`CalibratingAgent`), for a
-script or a benchmark that places tasks outside the planner (the planner measures in its
-own two steps instead)."""
+""":class:`CalibratingAgent`, which calibrates and verifies in ``place``: for scripts that
+place tasks outside the planner."""
 
 from __future__ import annotations
 
@@ -41,23 +40,19 @@ __all__ = ["CalibratingAgent", "adaptation_lines"]
 
 
 class CalibratingAgent:
-    """An agent (:class:`~torchrec_dreamshard.policy.PlacementAgent`) whose ``place``
-    calibrates on the task's tables first and verifies the best candidates after
-    (:func:`plan_task`); ``predict`` and the other members use the calibrated agent once
-    there is one (the prior before).
+    """A :class:`~torchrec_dreamshard.policy.PlacementAgent` whose ``place`` calibrates first
+    and verifies after (:func:`plan_task`); other members use the calibrated agent once
+    there is one.
 
     Args:
         agent: the prior agent.
         calibration: calibration settings (``None``: verification only).
-        verify_k: candidates to verify by measuring (0: none; ``None``: automatic, i.e.
-            :data:`~.auto.AUTO_VERIFY_K` within :data:`~.auto.AUTO_VERIFY_S`, cached, where
-            the automatic check calibrates, and none elsewhere).
+        verify_k: candidates to verify (0: none; ``None``: automatic, see :mod:`.auto`).
         verify_rounds: interleaved rounds of the verification.
         progress: tqdm bars.
-        auto: calibrate only where the checkpoint misprices this machine: ``auto()``
-            gives this machine's reference kernel ``(fwd, bwd)`` ms (or ``None``), and
-            :func:`~.auto.check_machine` decides, once, at the first ``prepare`` or
-            ``place`` (``None``: calibrate whenever ``calibration`` is given).
+        auto: ``() -> (fwd, bwd)`` reference ms of this machine: calibrate only where
+            :func:`~.auto.check_machine` finds the checkpoint misprices it (``None``:
+            whenever ``calibration`` is given).
     """
 
     def __init__(
@@ -88,8 +83,7 @@ class CalibratingAgent:
 
     @property
     def calibration_enabled(self) -> bool:
-        """Whether ``place`` calibrates on this machine (under ``auto``, what the machine
-        check decided; the check runs on first use)."""
+        """Whether ``place`` calibrates on this machine."""
         if self.calibration is None:
             return False
         if self._auto is None:
@@ -99,21 +93,16 @@ class CalibratingAgent:
         return self.check.mispriced
 
     def verification(self) -> VerificationSettings:
-        """The verification to run: as given (the fastest heuristic's plan stands
-        unless another beat it every round), or, where it is automatic,
-        :func:`~.auto.verification_settings` on a machine the checkpoint misprices, and
-        none where the checkpoint prices it right."""
+        """The verification to run: as given, or the automatic one where the checkpoint
+        misprices."""
         if self.verify_k is not None:
             return verification_settings(self.verify_k, False, self.verify_rounds)
         auto_calibrates = self._auto is not None and self.calibration_enabled
         return verification_settings(None, auto_calibrates, self.verify_rounds)
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
-        """How ``place`` / ``prepare`` calibrate on ``task``: as configured where the
-        machine check (or the user) asks for it; else, under ``auto``, on what the store
-        holds (measuring nothing) where it holds kernels observed in a running job of
-        these tables (:func:`~torchrec_dreamshard.feedback.observer.observe`);
-        else not at all."""
+        """How ``place`` / ``prepare`` calibrate on ``task`` (``None``: not at all; from the
+        store only where it holds a running job's kernels)."""
         automatic = self._auto is not None
         mispriced = self.calibration is not None and self.calibration_enabled
         config = calibration_to_run(
@@ -126,11 +115,8 @@ class CalibratingAgent:
         return config
 
     def adaptation(self) -> dict[str, Any]:
-        """How planning adapted to this machine: whether it calibrated, why, the cost
-        network's error before and after, and the measurements that failed on this
-        machine (``measure_failures``: each a
-        :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict; planning went on
-        without them) (JSON-able; logged with the plan)."""
+        """How planning adapted to this machine: whether it calibrated, why, the error before
+        and after and the failed measurements (JSON-able)."""
         out: dict[str, Any] = {"mode": "auto" if self._auto is not None else "on"}
         if self.calibration is None:
             out.update(mode="off", why="verification only")
@@ -158,9 +144,7 @@ class CalibratingAgent:
         return out
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
-        """Calibrate the prior on ``task``'s tables now (when calibration is on): ``predict``
-        and ``table_costs`` then price with the calibrated agent, and the next ``place``
-        (of these tables or some of them) plans with it instead of calibrating again."""
+        """Calibrate on ``task``'s tables now; the next ``place`` of them reuses it."""
         settings = self._settings(task)
         if settings is None:
             return
@@ -176,9 +160,8 @@ class CalibratingAgent:
         seed: int = 0,
         sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
-        """Calibrate the prior on ``task`` (unless :meth:`prepare` just did), place with the
-        calibrated agent and verify (:func:`plan_task`); the outcome is kept in
-        :attr:`last_outcome` and logged."""
+        """Calibrate (unless :meth:`prepare` did), place and verify; kept in
+        :attr:`last_outcome`."""
         out = plan_task(
             self.prior,
             task,
@@ -198,23 +181,18 @@ class CalibratingAgent:
         return out.placement
 
     def fingerprint(self) -> str:
-        """The prior's fingerprint and the calibration and verification settings (the
-        calibrated weights follow from them on a given machine)."""
+        """The prior's fingerprint and the calibration and verification settings."""
         settings = [self.calibration, self.verify_k, self.verify_rounds, self._auto is not None]
         return hashlib.sha256(f"{self.prior.fingerprint()}|{settings!r}".encode()).hexdigest()
 
     @property
     def without_measuring(self) -> DreamShard:
-        """The agent that places without measuring: the calibrated agent once ``place``
-        has calibrated (the prior before). The split search re-places shards with it, so
-        that trying a split does not calibrate and verify again."""
+        """The agent that places without measuring (the calibrated one once there is one)."""
         return self.current
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The current agent's metadata (a calibrated agent's records its calibration, with
-        its kernel MAPE after fitting: the error the type choice's margin takes for the
-        calibrated kernels)."""
+        """The current agent's metadata (a calibrated agent's has its calibration)."""
         return self.current.meta
 
     @property

@@ -1,6 +1,4 @@
-"""What :func:`~.fine_tuning.calibrate` did (:class:`CalibrationResult`): the calibrated
-agent, the kernels measured, reused and skipped, the model's accuracy before and after,
-and the measurements that failed on this machine."""
+"""What :func:`~.fine_tuning.calibrate` did (:class:`CalibrationResult`)."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ class CalibrationResult:
     """What :func:`calibrate` did.
 
     Attributes:
-        agent: the calibrated agent (the prior's policy, the fine-tuned cost network).
+        agent: the calibrated agent (the prior where nothing could be fitted).
         measured: kernels measured now.
         reused: kernels found in the store.
         skipped: kernels left unmeasured for lack of budget.
@@ -28,14 +26,9 @@ class CalibrationResult:
         before: the prior's accuracy on them (``cost/mape``, ``cost/log_std``).
         after: the calibrated model's (in-sample).
         store: the store's path.
-        drift: the reference kernel's ``after / before - 1`` around the measuring
-            (``None``: not timed, nothing was measured or the check is off).
-        discarded: kernels measured now and discarded because the reference drifted
-            beyond the config's ``drift_limit`` (the machine was busy).
-        failures: measurements that failed on this machine (a kernel, the reference
-            kernel, the all-to-all's collectives, or the calibration as a whole:
-            :mod:`torchrec_dreamshard.measure.guard`); calibration went on without them,
-            and where nothing could be fitted ``agent`` is the prior as it is.
+        drift: the reference kernel's ``after / before - 1`` (``None``: not timed).
+        discarded: kernels discarded because the reference drifted past ``drift_limit``.
+        failures: measurements that failed on this machine, skipped.
     """
 
     agent: DreamShard

@@ -1,10 +1,5 @@
-"""Calibrating (:func:`calibrate`): measure a task's kernels within the budget, then
-fine-tune the cost network's device heads on them with the bundled weights as the prior
-(:mod:`.head_fitting`; the package docstring has the loss). A measurement that fails on
-this machine (:mod:`torchrec_dreamshard.measure.guard`) is skipped and its cause recorded
-in the :class:`~.calibration_result.CalibrationResult`; a calibration that fails as a
-whole gives the prior agent as it is, with the cause.
-"""
+"""Calibrating (:func:`calibrate`): measure a task's kernels within the budget, then fine-tune
+the cost network's device heads on them (:mod:`.head_fitting`)."""
 
 from __future__ import annotations
 
@@ -60,9 +55,8 @@ class CalibrationConfig:
     """How :func:`calibrate` measures and fine-tunes.
 
     Args:
-        budget_s: seconds for the whole calibration (measuring and fine-tuning); at least
-            one batch of kernels is measured whatever the budget.
-        store: the SQLite store of calibration kernels (default :func:`default_store_path`).
+        budget_s: seconds for measuring and fine-tuning; one batch of kernels always runs.
+        store: the SQLite store of kernels (default :func:`default_store_path`).
         measure: the measurement settings (optimizer, precision, device, protocol).
         max_groups: fused groups measured at most, besides the single tables.
         epochs: full-batch Adam steps of the fine-tuning.
@@ -70,12 +64,9 @@ class CalibrationConfig:
         prior: weight of the pull towards the prior's head weights.
         seed: bootstrap weights.
         progress: a tqdm bar over the kernels to measure.
-        measure_missing: measure the kernels the store lacks (``False``: fine-tune on what
-            the store holds, measuring nothing, e.g. to rebuild an earlier calibration).
-        drift_limit: where kernels are measured, the reference kernel is timed before and
-            after; if it moved by more than this (``after / before - 1``, either way), the
-            machine was busy: the kernels measured now are discarded from the store and
-            not fitted (``inf``: the reference is not timed).
+        measure_missing: measure what the store lacks (``False``: fit on the store only).
+        drift_limit: discard the kernels measured while the reference kernel moved more
+            than this (``after / before - 1``; ``inf``: not timed).
     """
 
     budget_s: float = 60.0
@@ -109,11 +100,8 @@ class CalibrationConfig:
 
 
 def _all_to_all_model(config: MeasureConfig) -> Any:
-    """The machine's all-to-all model for the comm head: ``config``'s file, else the one
-    measured on the job's group (while rank 0 drives it), else this machine's cached fit
-    or one timed now on ranks that are threads of this process. ``None`` inside a
-    distributed job planning without its group and with no cached fit: one rank measures
-    nothing there on its own, so the prior's all-to-all head is kept."""
+    """The machine's all-to-all model for the comm head (``None``: a rank of a distributed
+    job with no group and no cached fit, which keeps the prior's head)."""
     from torchrec_dreamshard.cost.collective_models import (
         default_collectives_path,
         load_all_to_all_model,
@@ -130,8 +118,7 @@ def _all_to_all_model(config: MeasureConfig) -> Any:
 
 
 def stored_observations(config: CalibrationConfig, task: Task) -> int:
-    """How many kernels observed in running jobs over ``task``'s tables the store holds
-    (this machine, ``config``'s workload at the task's batch)."""
+    """How many kernels observed in running jobs over ``task``'s tables the store holds."""
     from torchrec_dreamshard.store.cost_store import CostStore
 
     path = config.store_path()
@@ -149,27 +136,21 @@ def calibrate(
     config: CalibrationConfig | None = None,
     sources: Sequence[CandidateSource] | None = None,
 ) -> CalibrationResult:
-    """Measure ``task``'s tables (alone, then informative fused groups) on this machine
-    within ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
+    """Measure ``task``'s tables (alone, then informative fused groups) within
+    ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
 
-    Kernels already in the store (same machine, workload and table contents) are reused,
-    not measured again, and so are the kernels observed in running jobs over these tables
-    (:func:`~.kernel_samples.observed_jobs`: each rank's fused kernel in a DMP job the planner
-    observed), the best data there is.
+    Kernels already in the store, measured or observed in running jobs, are reused.
 
     Args:
         agent: a :class:`~torchrec_dreamshard.policy.DreamShard` (the prior; unchanged).
         task: the task whose tables are measured (at its batch size).
         config: budget, store, measurement and fine-tuning settings.
-        sources: the candidate sources of the safe-mode plans whose device groups are
-            measured (``None``: the agent's own); the calibrated agent keeps the agent's.
+        sources: the candidate sources whose device groups are measured (``None``: the
+            agent's own).
 
     Returns:
-        The calibrated agent and what was measured, reused and skipped. A measurement that
-        fails on this machine (:func:`~torchrec_dreamshard.measure.guard.is_measuring_failure`)
-        raises nothing: its kernel is skipped, the cause is in ``failures`` and one warning
-        names it; where nothing could be fitted, or the calibration failed as a whole,
-        the agent is ``agent`` itself.
+        The calibrated agent and what was measured; a failed measurement is skipped and
+        recorded in ``failures``.
 
     Raises:
         ValueError: the store cannot be opened, or another process collects into it.
@@ -206,8 +187,7 @@ def _calibrate(
     sources: Sequence[CandidateSource] | None,
     failures: list[MeasureFailure],
 ) -> CalibrationResult:
-    """:func:`calibrate`'s work; each measurement that fails on this machine is appended
-    to ``failures`` and calibration goes on without it."""
+    """:func:`calibrate`'s work; failed measurements are appended to ``failures``."""
     from torchrec_dreamshard.store.cost_store import CostStore
 
     start = time.perf_counter()
@@ -259,16 +239,12 @@ def _measure_in_windows(
     deadline: float,
     failures: list[MeasureFailure],
 ) -> tuple[KernelsMeasured, float | None, int]:
-    """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, the reference kernel timed
-    before the first and after each: a window across which it moved beyond
-    ``config.drift_limit`` for good (:func:`~.noise.lasting_drift`: the machine changed
-    speed then) is discarded from the store, and the windows measured while the machine was
-    steady are kept. Each window is set against the reference timed just before it, not
-    against the first: where the machine's speed moved once and stayed (or the first
-    timing was the odd one), only the window it moved in is lost, and the windows after it
-    are measured at the speed the plan then runs at. Returns what was kept, the largest
-    drift seen (``None``: not timed) and how many kernels were discarded; failures are
-    appended to ``failures``."""
+    """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, the reference timed around each;
+    a window across which it drifted for good is discarded.
+
+    Returns:
+        The kept jobs, the largest drift (``None``: not timed) and the kernels discarded.
+    """
     kept = KernelsMeasured()
     mcfg, check = config.measure, bool(todo) and math.isfinite(config.drift_limit)
     before = _reference_or_none(mcfg, failures, "before") if check else None
@@ -303,9 +279,7 @@ def _fitted_agent(
     samples: Sequence[CostSample],
     failures: list[MeasureFailure],
 ) -> DreamShard:
-    """``agent`` with its cost network fine-tuned on ``samples`` and its all-to-all head
-    set to the machine's model; the prior ``agent`` itself where measuring failed and
-    nothing could be fitted."""
+    """``agent`` fine-tuned on ``samples`` with the machine's all-to-all head (else ``agent``)."""
     from torchrec_dreamshard.policy import DreamShard
 
     if failures and not samples:
@@ -335,8 +309,7 @@ def _fitted_agent(
 def _reference_or_none(
     config: MeasureConfig, failures: list[MeasureFailure], when: str
 ) -> float | None:
-    """The reference kernel's fwd + bwd now, or ``None`` where timing it failed (the
-    failure appended to ``failures``: the drift check is then off)."""
+    """The reference kernel's fwd + bwd now (``None``: timing it failed)."""
     ms = guarded(
         f"calibration: the reference kernel ({when})",
         lambda: reference_ms(config),
@@ -352,8 +325,7 @@ def _reference_or_none(
 def _drift_or_none(
     before: float | None, config: MeasureConfig, limit: float, failures: list[MeasureFailure]
 ) -> float | None:
-    """:func:`~.noise.lasting_drift` since ``before`` (``None``: not timed before, or
-    timing it after failed, the failure appended to ``failures``)."""
+    """:func:`~.noise.lasting_drift` since ``before`` (``None``: not timed)."""
     if before is None:
         return None
     drift = guarded(

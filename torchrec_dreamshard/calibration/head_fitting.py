@@ -1,7 +1,5 @@
-"""Fitting the cost network's device heads to measured kernels: :func:`fine_tune` (with the
-bundled weights as the prior, see the package docstring for the loss), the weight of
-kernels observed in running jobs, setting or scaling the heads' outputs, and the model's
-accuracy on kernels (:func:`kernel_accuracy`)."""
+"""Fitting the cost network's device heads to measured kernels (:func:`fine_tune`), setting
+or scaling the heads' outputs, and accuracy on kernels (:func:`kernel_accuracy`)."""
 
 from __future__ import annotations
 
@@ -36,10 +34,8 @@ def fine_tune(
     seed: int = 0,
     weights: Sequence[float] | None = None,
 ) -> CostNet:
-    """A copy of ``net`` whose device heads are fitted to ``samples`` with an L2 pull
-    towards ``net``'s own head weights (see the package docstring); the encoder is frozen.
-    ``weights`` (one per sample, default 1) scale each sample's bootstrap weights.
-    """
+    """A copy of ``net`` with its device heads fitted to ``samples`` (the package docstring's
+    loss), the encoder frozen; ``weights`` scale each sample's bootstrap weight."""
     tuned = copy.deepcopy(net)
     if not samples or epochs == 0:
         return tuned.eval()
@@ -71,10 +67,8 @@ def fine_tune(
 
 
 def observation_weights(groups: Sequence[str]) -> list[float]:
-    """Per sample (by its store job key), its weight in the fine-tuning: kernels observed
-    in a running job (:data:`~.kernel_samples.OBSERVED`) weigh together as much as every other
-    kernel together, at least 1 each: they are the job's own kernels, measured under its
-    real load, and few."""
+    """Per sample, its fine-tuning weight: kernels observed in a running job weigh together
+    as much as all the others, at least 1 each."""
     observed = sum(OBSERVED in g for g in groups)
     if not observed:
         return [1.0] * len(groups)
@@ -83,8 +77,8 @@ def observation_weights(groups: Sequence[str]) -> list[float]:
 
 
 def _scale_softplus(raw: torch.Tensor, factor: float, floor: float) -> None:
-    """Rewrite ``raw`` (in place, a parameter or a view of one) so that ``softplus(raw)``
-    is ``factor`` times what it was, at least ``floor``."""
+    """Rewrite ``raw`` in place so that ``softplus(raw)`` is ``factor`` times it, at least
+    ``floor``."""
     with torch.no_grad():
         value = (torch.nn.functional.softplus(raw) * float(factor)).clamp(min=floor)
         raw.copy_(value + torch.log(-torch.expm1(-value)))
@@ -97,14 +91,13 @@ def scale_comm(net: CostNet, factor: float) -> CostNet:
 
 
 def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
-    """``net`` with its all-to-all head set to the machine's fitted all-to-all ``model``
-    (:class:`~torchrec_dreamshard.cost.comm_model.CommModel`, what the local backend charges) at
-    ``batch_size``: a forward and a backward all-to-all of
-    ``latency + per_peer (D - 1) + ms_per_mb * MB``, where a device of pooled width ``w``
-    among D devices of total width W moves ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)``.
-    That is the head's own form with ``p = 2 per_peer``, ``r = 2 latency`` and
-    ``q = 2 ms_per_mb elem_bytes B / 1000``. The head has no batch input, so the prior
-    predicts one all-to-all for every batch size; this fits the task's."""
+    """``net`` with its all-to-all head set to ``model`` at ``batch_size``.
+
+    A device of pooled width ``w`` among D devices of total width W moves
+    ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)`` each way, costing
+    ``latency + per_peer (D - 1) + ms_per_mb * MB``: the head's form with
+    ``p = 2 per_peer``, ``r = 2 latency``, ``q = 2 ms_per_mb elem_bytes B / 1000``.
+    """
     p = 2.0 * model.per_peer_ms
     q = 2.0 * model.ms_per_mb * elem_bytes * batch_size / 1000.0
     r = 2.0 * model.latency_ms
@@ -127,9 +120,7 @@ def kernel_accuracy(net: CostNet, samples: Sequence[CostSample]) -> dict[str, fl
 
 
 def scale_compute(net: CostNet, factors: Sequence[float]) -> CostNet:
-    """``net`` with its forward and backward predictions scaled by ``factors`` (in place):
-    the device heads' terms are each a softplus of a parameter, summed, so scaling every
-    term of an output scales the output."""
+    """``net`` with its forward and backward predictions scaled by ``factors`` (in place)."""
     for raw in (net.c_raw, net.W_raw, net.V_raw):
         for out, factor in enumerate(factors):
             _scale_softplus(raw[..., out], factor, 1e-9)

@@ -1,11 +1,6 @@
-"""Measuring calibration kernels within the budget, and loading them back as samples.
-
-Which fused groups are worth measuring (:func:`informative_groups`), timing kernels in
-interleaved batches with the reference kernel until the deadline (:func:`measure_kernels`,
-one store row per kernel; a kernel that cannot be measured here is skipped, its cause
-recorded) and reading the stored kernels as cost samples
-(:func:`load_kernel_samples`).
-"""
+"""Calibration kernels: which fused groups to measure (:func:`informative_groups`),
+measuring within the budget (:func:`measure_kernels`) and loading them back
+(:func:`load_kernel_samples`)."""
 
 from __future__ import annotations
 
@@ -43,11 +38,8 @@ def informative_groups(
     max_groups: int,
     sources: Sequence[CandidateSource] | None = None,
 ) -> list[list[int]]:
-    """Up to ``max_groups`` fused groups (table indices, two or more tables) from the
-    device table sets of the plans the planner will weigh (the heuristics', the policy's
-    greedy roll-out and every candidate of the safe mode's safety net, with ``sources`` as
-    in ``agent.place``), most uncertain first: by the spread over the ensemble's members
-    of the predicted log(fwd + bwd)."""
+    """Up to ``max_groups`` fused groups from the device table sets of the candidate plans,
+    most uncertain first (the ensemble's spread of predicted ``log(fwd + bwd)``)."""
     from torchrec_dreamshard.policy.safety_net import heuristic_candidates
 
     if max_groups == 0 or len(task.tables) < 2:
@@ -75,10 +67,8 @@ def informative_groups(
 def _policy_plans(
     agent: DreamShard, task: Task, sources: Sequence[CandidateSource] | None
 ) -> list[np.ndarray]:
-    """The policy's greedy roll-out and the safe mode's candidates of ``task``; none where
-    the policy finds no placement (a table that fits no device, memory too tight for
-    whole tables: the groups then come from the heuristics' plans, and the planner
-    splits tables)."""
+    """The policy's greedy roll-out and the safe mode's candidates (none where it finds no
+    placement)."""
     from torchrec_dreamshard.policy.mdp import PlacementError
 
     try:
@@ -96,9 +86,7 @@ OBSERVED = "obs-"  # job keys of kernels observed in a running job start with pr
 def observed_jobs(
     store: Any, prefix: str, tables: Sequence[TableSpec], config: MeasureConfig, batch_size: int
 ) -> set[str]:
-    """The store's kernels observed in running jobs (:data:`OBSERVED`, under ``prefix``:
-    this machine and workload) over tables all of which are among ``tables`` (by content
-    signature): what a re-plan of these tables, or of a restarted job, learns from."""
+    """The store's kernels observed in running jobs over tables all among ``tables``."""
     from torchrec_dreamshard.cache.store_keys import table_signature
     from torchrec_dreamshard.measure.hardware import fingerprint_key
 
@@ -141,10 +129,8 @@ class KernelsMeasured:
     Attributes:
         jobs: the job keys of the kernels measured and stored, in order.
         seconds: wall time.
-        failures: the measurements that failed (a batch of kernels, a kernel timed alone
-            after its batch failed): their kernels were skipped.
-        attempted: kernels tried (measured, failed or not), the rest left for lack of
-            budget or after a batch whose every kernel failed.
+        failures: the measurements that failed; their kernels were skipped.
+        attempted: kernels tried, failed or not.
     """
 
     jobs: list[str] = field(default_factory=list)
@@ -161,18 +147,12 @@ def measure_kernels(
     deadline: float,
     progress: bool = False,
 ) -> KernelsMeasured:
-    """Time ``kernels`` (job key, tables) in batches of :data:`KERNELS_PER_CALL`, each
-    batch in interleaved rounds with the reference kernel, appending one store row per
-    kernel, until the ``deadline`` (``time.perf_counter()``) would be passed (the first
-    batch always runs). While rank 0 of a job drives measurements on its group, each rank
-    times one batch of a wave on its own device, and rank 0 stores the wave's rows before
-    the next.
+    """Time ``kernels`` (job key, tables) in batches of :data:`KERNELS_PER_CALL` with the
+    reference kernel, one store row each, until ``deadline`` (the first batch always runs).
 
-    Measuring never raises out of here where it fails on this machine
-    (:func:`~torchrec_dreamshard.measure.guard.guarded`): a wave that fails is timed again
-    one kernel at a time, a kernel that fails alone is skipped and its cause recorded,
-    and where every kernel of a wave failed (the cause is not one kernel: an operator
-    missing from the build, a broken device) measuring stops."""
+    On a job's group each rank times one batch of a wave. A failed wave is timed again a
+    kernel at a time; a kernel that fails alone is skipped; a wave that fails whole stops.
+    """
     group = active_group()
     wave = KERNELS_PER_CALL * (group.world if group is not None else 1)
     start = time.perf_counter()
@@ -213,9 +193,7 @@ def _timed_wave(
     group: JobGroup | None,
     failures: list[MeasureFailure],
 ) -> list[tuple[str, list[TableSpec], tuple[Any, float, float]]]:
-    """``(job, tables, timing)`` of each kernel of ``chunk`` that could be timed: the
-    whole wave at once, else (where it failed) each kernel alone on this rank's device;
-    every failure is appended to ``failures``."""
+    """``(job, tables, timing)`` of each kernel of ``chunk`` that could be timed."""
     tables = [t for _, t in chunk]
 
     def wave() -> list[tuple[Any, float, float]]:
@@ -249,8 +227,7 @@ def _timed_wave(
 def _time_kernels(
     kernels: Sequence[list[TableSpec]], batch_size: int, config: MeasureConfig
 ) -> list[tuple[Any, float, float]]:
-    """``(fwd/bwd minima, spread, reference ms)`` of each kernel, timed here in batches of
-    :data:`KERNELS_PER_CALL` in interleaved rounds with the reference kernel."""
+    """``(fwd/bwd minima, spread, reference ms)`` of each kernel, timed here."""
     from torchrec_dreamshard.measure.local import time_groups
     from torchrec_dreamshard.measure.summary import relative_spread
 
@@ -268,8 +245,7 @@ def _time_kernels(
 def _group_kernel_times(
     group: JobGroup, kernels: list[list[TableSpec]], batch_size: int, config: MeasureConfig
 ) -> list[tuple[Any, float, float]]:
-    """This rank's share of a wave of ``kernels``: rank ``r`` times the ``r``-th batch of
-    :data:`KERNELS_PER_CALL` kernels."""
+    """This rank's share of a wave: rank ``r`` times the ``r``-th batch."""
     mine = kernels[group.rank * KERNELS_PER_CALL : (group.rank + 1) * KERNELS_PER_CALL]
     return _time_kernels(mine, batch_size, config) if mine else []
 
@@ -282,15 +258,8 @@ def _chunk_estimate(start: float, done: int, chunk: Sequence) -> float:
 def load_kernel_samples(
     store: Any, jobs: set[str], config: MeasureConfig, batch_size: int
 ) -> list[CostSample]:
-    """The stored kernels among ``jobs`` (this machine, ``config``'s workload at
-    ``batch_size``) as one-device cost samples, as measured.
-
-    Unlike training data, they are not normalised by the reference kernel timed beside
-    them: calibration measures the machine as it is now, and on a quiet machine the
-    reference, timed once per batch between big kernels, varied by up to 1.6x within one
-    calibration while the same kernels measured in two calibrations differed by 3%
-    (median); scaling by it put that noise into the fit (14.8% MAPE instead of 1.9% on
-    one held-out task)."""
+    """The stored kernels among ``jobs`` as one-device cost samples, as measured (not
+    normalised by the reference kernel)."""
     from torchrec_dreamshard.measure.hardware import fingerprint_key
 
     fp = fingerprint_key(store.fingerprint(config, "local"))
