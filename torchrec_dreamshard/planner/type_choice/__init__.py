@@ -1,3 +1,1 @@
-"""The sharding-type choice: which type each table takes, chosen by predicted step cost
-beyond a margin.
-"""
+"""The sharding-type choice: which type each table takes, by predicted step cost beyond a margin."""

@@ -1,11 +1,5 @@
-"""Which sharding types each table may take, and so which of the machine's models a plan
-may need: the profile step measures a model only where some plan the type choice rates
-could be priced by it.
-
-A table may take the types its collection's sharder offers on the device (TorchRec
-matches sharders to modules by module type: a sharder of another collection offers
-nothing here) less what the table's ``ParameterConstraints.sharding_types`` rule out.
-"""
+"""Which sharding types each table may take (its collection's sharder's, less its
+``ParameterConstraints``), and so which of the machine's models a plan may need."""
 
 from __future__ import annotations
 
@@ -38,8 +32,7 @@ def collections_types(
     constraints: dict[str, ParameterConstraints] | None,
     device: str,
 ) -> Iterator[list[tuple[BaseEmbeddingConfig, set[str]]]]:
-    """Per embedding collection of ``module`` that one of ``sharders`` shards, its tables'
-    configs, each with the types it may take on ``device``."""
+    """Per sharded embedding collection of ``module``, its tables' configs and their types."""
     by_type = {sharder.module_type: sharder for sharder in sharders}
     constraints = constraints or {}
     for collection in module.modules():
@@ -61,8 +54,7 @@ def offers_priced_types(
     constraints: dict[str, ParameterConstraints] | None,
     device: str,
 ) -> bool:
-    """Whether some table may take a type the type choice prices with the collective and
-    dense-kernel models (data-parallel, row-wise, table-row-wise)."""
+    """Whether some table may take data-parallel, row-wise or table-row-wise."""
     return any(
         allowed & PRICED_TYPES
         for tables in collections_types(sharders, module, constraints, device)
@@ -76,12 +68,8 @@ def sharding_paths_may_change(
     constraints: dict[str, ParameterConstraints] | None,
     topology: Topology,
 ) -> bool:
-    """Whether the type choice may rate plans that run another number of sharding paths
-    than every table table-wise, so that the cost of a path could move it: some table may
-    take row-wise or table-row-wise (a path beside table-wise's), or every table of one
-    collection may be data-parallel and their weights together fit the smallest device
-    (then no table-wise path is left for that collection). Where neither holds, the
-    sharding path is not timed: every plan the type choice rates pays the same paths."""
+    """Whether a rated plan may run another number of sharding paths than all-table-wise
+    (some table may leave table-wise, or a whole collection may go data-parallel)."""
     smallest = min(device_capacity(topology), default=0)
     device = topology.compute_device
     for tables in collections_types(sharders, module, constraints, device):

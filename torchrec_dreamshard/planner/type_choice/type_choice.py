@@ -1,36 +1,12 @@
-"""Which sharding type each table gets, chosen by predicted step cost: the proposer's stage
-before the policy's tables are placed.
+"""Which sharding type each table gets, by predicted step cost (:class:`TypeChooser`): the
+proposer's stage before the policy places the table-wise tables.
 
-The policy places tables table-wise (and splits some column-wise). Where the search space
-also offers a table another type the cost strategies let the type choice offer (those with
-an ``alternative_kernel``, :mod:`torchrec_dreamshard.cost.sharding_types`: today
-data-parallel, row-wise and table-row-wise), :class:`TypeChooser` decides which tables leave
-table-wise, by the typed cost model (:func:`torchrec_dreamshard.cost.plans.plan_cost`: the
-cost network's fused kernels per rank, and every collective from the machine's fitted
-models, across hosts from the topology's bandwidths). Everything type-specific comes from
-the type's strategy:
-
-* candidates are prefixes of one order per type (its ``candidate_key``: data-parallel the
-  smallest tables first, row-wise and table-row-wise the hottest first, by the cost
-  network's single-table cost); prefixes of 1, 4, 16, ... tables and all of them, then
-  halving the gaps beside the best; of those, the fewest tables of the coarse grid rated
-  within the best's margin (:mod:`~torchrec_dreamshard.planner.type_choice.type_prefixes`: a count
-  the model cannot tell from the best goes to the simpler plan, so that a machine
-  measured again keeps the same count); and the best of each type together;
-* each candidate's moved tables take their strategy's ranks (``candidate_ranks``) and
-  memory (``reserve``); its table-wise tables are balanced greedily by their single-table
-  cost in the memory left, and the whole plan is rated;
-* each type's best candidate (and the best of each type together) is rated exactly and
-  kept only if its predicted gain over all-table-wise beats its margin (below); of those
-  kept, the lowest-rated wins, and with none the plan stays table-wise: type choice must
-  not cost a step. Every decision is recorded (:class:`TypeDecision`): the gain, the
-  margin, the uncertainty by source, and which source tipped it.
-
-The margin each decision must clear, and its record, are in
-:mod:`torchrec_dreamshard.planner.type_choice.type_margin`.
-
-The rules of thumb (tiny tables replicated, hot tables spread) are not written here: they
-come out of the rating, and how much they pay depends on the collectives' speed.
+Each alternative type (its strategy's ``alternative_kernel``) offers prefixes of one order
+of tables (:mod:`.type_prefixes`); each candidate's moved tables take their strategy's ranks
+and memory, the rest are balanced greedily and the plan is rated by
+:func:`torchrec_dreamshard.cost.plans.plan_cost`. A type's best is kept only if its gain
+over all-table-wise clears the margin (:mod:`.type_margin`); with none, the plan stays
+table-wise.
 """
 
 from __future__ import annotations
@@ -87,9 +63,7 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 def alternatives(
     search_space: Sequence[ShardingOption], fqns: set[str]
 ) -> dict[str, dict[str, ShardingOption]]:
-    """The options of another type than table-wise the search space offers each of
-    ``fqns`` on that type's kernel (its strategy's ``alternative_kernel``), by table and
-    type."""
+    """The options of each alternative type the search space offers each of ``fqns``."""
     kernels = alternative_kernels()
     out: dict[str, dict[str, ShardingOption]] = {}
     for o in search_space:
@@ -120,14 +94,13 @@ class TypePlan:
 
     Attributes:
         moved: the option chosen for every table that leaves table-wise, by fqn.
-        step_ms: the chosen plan's predicted step (typed cost model, greedy placement).
+        step_ms: the chosen plan's predicted step.
         table_wise_ms: all-table-wise, rated the same way.
         rated: candidates rated.
         speed: the factors (fwd, bwd) the cost network's kernels were scaled by.
-        decisions: each type's best candidate against all-table-wise, as decided.
+        decisions: each type's best candidate against all-table-wise.
         errors: the model errors the margins used.
-        summary: the chosen plan explained per type (tables, bytes, share of the step),
-            its slowest rank and its inter-host traffic.
+        summary: the chosen plan explained per type.
     """
 
     moved: dict[str, ShardingOption] = field(default_factory=dict)
@@ -180,16 +153,11 @@ class TypeChooser:
         batch_size: the global batch.
         spec_fn: the planner's table specs.
         collectives: the machine's fitted collective models.
-        dense_kernel: the machine's fitted model of the dense kernel data-parallel tables
-            run (``None``: priced analytically, see :mod:`torchrec_dreamshard.cost.sharding`).
-        reference_ms: the reference kernel's ``(fwd_ms, bwd_ms)`` measured on this
-            machine: the cost network's fused kernels are scaled by it over the network's
-            prediction of it, so that they are priced in this machine's time beside the
-            measured dense kernel and collectives
-            (:mod:`torchrec_dreamshard.measure.reference_speed`). Not for an agent that
-            calibrates (its kernels are this machine's already), nor when ``None``.
-        sharding_path: the measured cost of a sharding path beyond its kernels and
-            collectives, charged once per path a plan runs (``None``: not charged).
+        dense_kernel: the fitted dense kernel of data-parallel tables (``None``: analytic).
+        reference_ms: this machine's reference kernel ``(fwd_ms, bwd_ms)``, to scale the
+            cost network's kernels to this machine (``None``, or a calibrating agent: not
+            scaled).
+        sharding_path: the measured cost of one sharding path (``None``: not charged).
     """
 
     def __init__(
@@ -305,8 +273,7 @@ class TypeChooser:
 
     @staticmethod
     def _orders(ours, alts, specs, costs) -> list[tuple[str, list[str]]]:
-        """Per alternative type, the tables that may take it in the order tried (its
-        strategy's ``candidate_key``, ties by position)."""
+        """Per alternative type, the tables that may take it in the order tried."""
         out = []
         for strategy in alternative_types():
             kind = strategy.name
@@ -318,9 +285,7 @@ class TypeChooser:
 
 
 def dense_pass_bandwidth(topology: Topology) -> float:
-    """Bytes/ms data-parallel's analytic dense passes stream at (where the dense kernel is
-    not fitted): the devices' own memory, HBM on accelerators, DDR on CPU ranks, as the
-    topology gives them (TorchRec's ``hbm_mem_bw``, ``ddr_mem_bw``)."""
+    """Bytes/ms the analytic dense passes stream at: the devices' HBM, or DDR on CPU ranks."""
     if topology.compute_device == "cpu":
         return float(topology.ddr_mem_bw)
     return float(topology.hbm_mem_bw)
@@ -333,8 +298,7 @@ def _decide(
     base_parts: dict[str, float],
     errors: ModelErrors,
 ) -> TypeDecision | None:
-    """``moved`` against all-table-wise: its exact step, the gain by source, ``U`` and the
-    margin (see the module docstring)."""
+    """``moved`` against all-table-wise: its exact step, gain by source, ``U`` and margin."""
     kinds = sorted({o.sharding_type for o in moved.values()})
     name = "+".join(kinds)
     step = exact(moved)

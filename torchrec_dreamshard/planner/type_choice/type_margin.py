@@ -1,25 +1,12 @@
 """The margin a sharding-type decision must clear, and its record.
 
-The margin. The predicted gain ``G = step(all-TW) - step(typed)`` splits exactly, at each
-plan's slowest rank, into the sources that price it: the fused kernels (the cost network),
-the dense kernel data-parallel tables run, and each collective kind. Each source's error on
-what the decision changes is its relative error times the change:
-
-* fused kernels: ``e_k * |dF|``, ``e_k`` the larger of the cost network's ensemble spread
-  (``step_log_std`` of the all-table-wise plan) and its error on this machine: the
-  calibration's kernel MAPE where the agent calibrated, else :data:`KERNEL_ERROR` (the
-  automatic check trusts an uncalibrated network to within 25% of this machine);
-* dense kernel: ``mape * |dD|`` with the fitted model's MAPE, else
-  :data:`UNFITTED_ERROR` where it is analytic;
-* each collective kind whose volume changes: its fitted model's RMSE (one collective's
-  error, ms), and nothing beyond the floor for a model not fitted on timings (given or
-  analytic: no error is known);
-* the sharding paths, where a plan runs another number of them: the measured path cost's
-  standard error (:attr:`~torchrec_dreamshard.cost.sharding_path_model.ShardingPathModel.
-  error_ms`) times the change in paths;
-
-and, taking them as independent, ``U = sqrt(sum of squares)``. A typed candidate is kept
-only if ``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
+The gain ``G = step(all-TW) - step(typed)`` splits at each plan's slowest rank into its
+sources; each source's error is its relative error times its change: fused kernels
+``e_k |dF|`` (``e_k``: the ensemble spread or the calibrated MAPE, else
+:data:`KERNEL_ERROR`), the dense kernel ``mape |dD|`` (else :data:`UNFITTED_ERROR`), each
+fitted collective's RMSE, the sharding path's standard error times the change in paths.
+With ``U = sqrt(sum of squares)``, a candidate is kept only if
+``G > max(Z_SCORE * U, TYPE_MARGIN * step(all-TW))``.
 """
 
 from __future__ import annotations
@@ -42,19 +29,18 @@ UNFITTED_ERROR = 0.5  # relative error of the analytic dense passes (no model fi
 
 @dataclass
 class TypeDecision:
-    """One typed candidate against all-table-wise (see the module docstring's margin).
+    """One typed candidate against all-table-wise.
 
     Attributes:
-        kind: the sharding type (types joined by ``+`` for the best of each together).
+        kind: the sharding type (joined by ``+`` for the best of each together).
         tables: tables it moves off table-wise.
-        gain_ms: predicted all-table-wise step minus its step (> 0: it is faster).
+        gain_ms: all-table-wise step minus its step (> 0: faster).
         uncertainty_ms: ``U``, the gain's predicted error.
-        margin_ms: the gain it needed: ``max(Z_SCORE * U, TYPE_MARGIN * step)``.
+        margin_ms: ``max(Z_SCORE * U, TYPE_MARGIN * step)``.
         kept: whether it cleared the margin.
-        contributions: the gain by source (ms at the slowest ranks; they sum to it).
+        contributions: the gain by source (ms; they sum to it).
         errors: ``U`` by source (ms).
-        fewest_of: where the type kept fewer tables than its best-rated count (rated
-            within the best's margin: the simpler plan), that count; else ``None``.
+        fewest_of: the best-rated count where fewer tables were kept, else ``None``.
     """
 
     kind: str
@@ -69,9 +55,8 @@ class TypeDecision:
 
     @property
     def tipped_by(self) -> tuple[str, float]:
-        """The source that tipped it and by how much (ms): where kept, the one that gained
-        most; where it lost outright, the one that cost most; where contested (a gain
-        within the margin), the largest error."""
+        """The source that tipped it (ms): the largest gain where kept, the largest cost where
+        lost, the largest error where contested."""
         if self.kept or (self.gain_ms <= 0 and self.contributions):
             pick = max if self.kept else min
             name = pick(self.contributions, key=lambda k: (self.contributions[k], k))
@@ -115,8 +100,8 @@ class TypeDecision:
 
 @dataclass(frozen=True)
 class ModelErrors:
-    """The relative (kernels) and absolute (collectives, ms) errors the margin uses, and
-    where each came from."""
+    """The relative (kernels) and absolute (collectives, ms) errors the margin uses, and their
+    sources."""
 
     kernel: float
     kernel_source: str
@@ -155,9 +140,7 @@ def model_errors(
     path_ms: float = 0.0,
     path_error_ms: float = 0.0,
 ) -> ModelErrors:
-    """The errors of the models the type choice prices with (see the module docstring);
-    ``path_ms``: the sharding path's charged cost (0: none), ``path_error_ms`` its
-    standard error."""
+    """The errors of the models the type choice prices with (``path_ms`` 0: no path charged)."""
     calibrated = (agent.meta or {}).get("calibrated") or {}
     mape = calibrated.get("kernel_mape") if isinstance(calibrated, dict) else None
     if mape is not None and math.isfinite(mape):
@@ -178,18 +161,15 @@ def model_errors(
 
 @dataclass
 class TypeSummary:
-    """What explains a typed plan at scale, as the typed cost model predicts it (with the
-    type choice's own placement of the table-wise tables).
+    """A typed plan explained, as the typed cost model predicts it.
 
     Attributes:
         tables: tables per sharding type.
         bytes: their weights' bytes per type (every replica counted once).
-        share_ms: per type, the slowest rank's predicted ms that its tables cause (their
-            kernels and their collectives; collectives shared by types, such as the
-            input all-to-all of ids, are split by the types' tags).
+        share_ms: per type, the slowest rank's ms its tables cause.
         slowest_rank: the rank that sets the predicted step.
         step_ms: its predicted total.
-        inter_host_bytes: bytes that cross hosts per step, all ranks together, both ways.
+        inter_host_bytes: bytes that cross hosts per step, both ways.
     """
 
     tables: dict[str, int]

@@ -1,7 +1,5 @@
-"""Which other sharding types the enumerator offers each table: pruned per table by its
-type's strategy (``may_gain``), so that the search space, and the type choice's sweep,
-stay small on models of thousands of tables over hundreds of ranks (an option of a type
-that spans every rank has one shard per rank)."""
+"""Which other sharding types the enumerator offers each table, pruned by each type's
+``may_gain`` so the search space stays small at scale."""
 
 from __future__ import annotations
 
@@ -22,13 +20,9 @@ def offered_types(
     local_batch: int,
     constraints: dict[str, ParameterConstraints] | None = None,
 ) -> dict[str, dict[str, str]]:
-    """Per table of ``module``'s ``EmbeddingBagCollection``s, the other types the type
-    choice may offer it and their kernels: those of the alternative types whose strategy
-    says moving it there may lower the step (``may_gain``). On models of more than
-    :data:`~torchrec_dreamshard.policy.agent.LARGE_TASK` tables x devices the strategies
-    prune (data-parallel by a rule on its all-reduce against its outputs, row-wise by a
-    rule on its share of a device's lookups), so that the search space stays small at
-    thousands of tables over hundreds of ranks; smaller models are offered every type."""
+    """Per table of ``module``'s ``EmbeddingBagCollection``s, the alternative types (and
+    kernels) whose strategy says moving it may lower the step; below
+    :data:`~torchrec_dreamshard.policy.agent.LARGE_TASK` tables x devices, every type."""
     constraints = constraints or {}
     tables = []
     for m in module.modules():

@@ -1,25 +1,10 @@
 """How many tables a sharding type takes: the prefix of its order the type choice keeps.
 
-Each alternative type orders the tables that may take it (its strategy's
-``candidate_key``) and moves a prefix of that order off table-wise. The ratings of the
-prefixes rise steeply from one table to the best count and then lie flat around it, where
-they move by hundredths of a millisecond with the greedy balance of the rest: the count the
-lowest rating picks there moves with every measurement of the machine. So:
-
-* :func:`rate_prefixes` sweeps a fixed coarse grid (:func:`coarse_sizes`: 1, 4, 16, ...
-  tables and all of them), then halves the gaps on either side of the best;
-* where the collectives' models were fitted to this machine's timings,
-  :func:`simplest_within` keeps the fewest tables of the coarse grid whose rating lies
-  within the decision's margin of the best, or within :data:`PREFIX_TOLERANCE` of its
-  gain over all-table-wise where that is more: a count the cost model cannot tell from
-  the best goes to the plan nearer all-table-wise, the simpler one, every time. The grid
-  does not depend on the ratings, and its steps are steep where the ratings are, so the same
-  inputs measured again keep the same count (``benchmarks/type_stability.py``). Models that
-  were given (a user's, analytic ones) do not move between plans: the best count is kept.
-
-:func:`type_candidates` is the type choice's candidate list built this way, each type's
-count kept by :func:`simplest_kept`, with every candidate decided once
-(:func:`decided_once`).
+:func:`rate_prefixes` sweeps a coarse grid (1, 4, 16, ... and all), then halves the gaps
+beside the best. Where the collectives were fitted on this machine, :func:`simplest_within`
+keeps the fewest tables of the grid rated within the margin of the best: ratings are flat
+near the best, so a count the model cannot tell apart goes to the simpler plan, and a
+machine measured again keeps the same count.
 """
 
 from __future__ import annotations
@@ -31,14 +16,9 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec_dreamshard.planner.type_choice.type_margin import TypeDecision
 
 PREFIX_GROWTH = 4  # each coarse candidate of a type moves this many times the tables of the last
-# counts whose gain over all-table-wise lies within this share of the best's gain are not
-# told apart, even where the decision's own margin is smaller: the machine's measured inputs
-# (the collective fits, the kernels' calibration) move the flat part of the ratings by about
-# this much of the gain from one cold measurement to the next, and the gain itself by more
-# (a 100-table model's best count moved between 70 and 86 tables, 64 tables rated 5-20% of
-# the gain behind it, and the gain was 1.1-4.3 ms: benchmarks/results/type_stability_*.json);
-# it is the error the margin already takes for a kernel network not calibrated here
-# (type_margin.KERNEL_ERROR), the part of the gain that moves most
+# counts whose gain lies within this share of the best's are not told apart: a cold
+# re-measurement of the machine moves the flat part of the ratings by about this much
+# (type_margin.KERNEL_ERROR, the error of a kernel network not calibrated here)
 PREFIX_TOLERANCE = 0.25
 
 
@@ -52,8 +32,7 @@ def coarse_sizes(n: int) -> list[int]:
 
 
 def rate_prefixes(rate: Callable[[int], float], n: int) -> dict[int, float]:
-    """The rating of every prefix length tried, by length: :func:`coarse_sizes`, then
-    halving the gaps on either side of the best until none is left."""
+    """The rating of every prefix length tried: the coarse grid, then halving beside the best."""
     seen = {k: rate(k) for k in coarse_sizes(n)}
     while True:
         best = best_prefix(seen)
@@ -71,8 +50,8 @@ def best_prefix(seen: Mapping[int, float]) -> int:
 
 
 def simplest_within(seen: Mapping[int, float], n: int, margin_ms: float) -> int:
-    """The shortest prefix of :func:`coarse_sizes`, no longer than the best of ``seen``,
-    rated within ``margin_ms`` of it (the best itself where none is).
+    """The shortest prefix of the coarse grid, no longer than the best of ``seen``, rated
+    within ``margin_ms`` of it.
 
     Raises:
         ValueError: ``margin_ms`` is negative or not a number.
@@ -91,10 +70,8 @@ def type_candidates(
     rate: Callable[[dict[str, ShardingOption]], float],
     decide: Callable[[dict[str, ShardingOption]], TypeDecision | None] | None,
 ) -> tuple[list[tuple[float, dict[str, ShardingOption]]], dict[str, int]]:
-    """The rated candidates, all-table-wise first: each type's prefix
-    (:func:`simplest_kept`, or its best where ``decide`` is ``None``: all-table-wise does
-    not fit, or nothing was measured) and the best of each type together; and, by type,
-    the best-rated count where fewer tables were kept."""
+    """The rated candidates, all-table-wise first: each type's kept prefix and the best of each
+    together; and, by type, the best-rated count where fewer were kept."""
     base = rate({})
     rated: list[tuple[float, dict[str, ShardingOption]]] = [(base, {})]
     fewest_of: dict[str, int] = {}
@@ -116,9 +93,7 @@ def type_candidates(
 def decided_once(
     decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
 ) -> Callable[[dict[str, ShardingOption]], TypeDecision | None]:
-    """``decide``, each candidate (its moved tables and their types) rated exactly once:
-    the count's choice decides the best and the shorter prefix before the decisions are
-    recorded, and each would otherwise be rated again."""
+    """``decide``, each candidate rated exactly once."""
     seen: dict[frozenset, TypeDecision | None] = {}
 
     def once(moved: dict[str, ShardingOption]) -> TypeDecision | None:
@@ -135,11 +110,7 @@ def simplest_kept(
     moves: list[dict[str, ShardingOption]],
     decide: Callable[[dict[str, ShardingOption]], TypeDecision | None],
 ) -> int:
-    """The prefix length a type keeps of its rated ``seen``: the fewest tables of the
-    coarse grid within the best's margin, or within
-    :data:`PREFIX_TOLERANCE` of its gain where that is more
-    (:func:`simplest_within`), where the best clears its margin and so
-    does the shorter prefix; else the best."""
+    """The prefix length a type keeps of ``seen`` (:func:`simplest_within` where both clear)."""
     best = best_prefix(seen)
     decision = decide(moves[best])
     if decision is None or not decision.kept:

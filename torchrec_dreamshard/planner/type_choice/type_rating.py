@@ -1,7 +1,5 @@
-"""Rating a sharding-type candidate: which tables leave table-wise for which option, the
-rest balanced greedily in the memory left, the whole plan priced by the typed cost model
-(:func:`torchrec_dreamshard.cost.plans.plan_cost`); and a partitioned plan as that model
-sees it."""
+"""Rating a sharding-type candidate (:class:`CandidateRater`), and a partitioned plan as the
+typed cost model sees it (:func:`typed_choices`)."""
 
 from __future__ import annotations
 
@@ -43,10 +41,9 @@ from torchrec_dreamshard.planner.type_choice.type_margin import TypeSummary
 
 
 class CandidateRater:
-    """Rates a candidate (which tables move to which option): the moved tables' memory
-    and ranks as their strategies say, the table-wise tables balanced greedily in the
-    memory left, the whole plan priced by :func:`plan_cost` with the kernels of ``ctx``;
-    ``inf`` when the table-wise tables do not fit."""
+    """Rates a candidate: the moved tables on their strategies' ranks, the table-wise tables
+    balanced greedily in the memory left, the plan priced by :func:`plan_cost` (``inf``:
+    they do not fit)."""
 
     def __init__(self, ctx, ours, specs, costs, capacity, tier, terms=None, loads=None) -> None:
         self.ctx, self.ours, self.specs, self.costs = ctx, ours, specs, costs
@@ -111,8 +108,7 @@ class CandidateRater:
         return choices + self.moved_choices(moved)
 
     def moved_choices(self, moved: dict[str, ShardingOption]) -> list[TableChoice]:
-        """The choices of the tables ``moved`` takes off table-wise: their strategies'
-        ranks, each type's tables in turn."""
+        """The choices of the tables ``moved`` takes off table-wise."""
         choices = []
         topo, turns = self.ctx.topology, dict.fromkeys(STRATEGIES, 0)
         for i, o in enumerate(self.ours):
@@ -140,8 +136,7 @@ class CandidateRater:
     def _balance(
         self, idx: list[int], free: np.ndarray, load: np.ndarray
     ) -> list[tuple[int, int]] | None:
-        """Largest first, each table-wise table on the least loaded rank with room, its
-        load its kernel plus the outputs it sends (:func:`table_wise_loads`)."""
+        """Largest first, each table-wise table on the least loaded rank with room."""
         out = []
         total = self.loads.sum(1)
         for i in sorted(idx, key=lambda i: (-total[i], i)):
@@ -156,11 +151,8 @@ class CandidateRater:
 
 
 def table_wise_loads(ctx, specs, pooled, terms_of) -> np.ndarray:
-    """``[n, 2]`` what each table costs the rank that holds it table-wise, alone: its
-    kernel (forward plus backward, ``ctx``'s kernels at the global batch) and what its
-    all-to-alls charge that rank for the bytes it sends (the fit's per-MB term and the
-    cross-host term; the collectives' latency is shared, so it is left out). The type
-    choice balances the table-wise tables of a candidate by their sum."""
+    """``[n, 2]`` what each table costs its rank table-wise: its kernel and the per-byte cost
+    of the outputs it sends (latency left out)."""
     if not specs:
         return np.zeros((0, 2))
     tw = DREAMSHARD_SHARDING_TYPE
@@ -185,9 +177,7 @@ def table_wise_loads(ctx, specs, pooled, terms_of) -> np.ndarray:
 
 
 def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[TableChoice]:
-    """The tables of a partitioned plan as the typed cost model sees them: each option's
-    type by the strategy that prices it (TorchRec's table-column-wise as column-wise), its
-    ranks as the strategy takes them; a sequence table is unpooled.
+    """The tables of a partitioned plan as the typed cost model sees them.
 
     Raises:
         ValueError: a sharding type no strategy prices (named).
@@ -207,10 +197,8 @@ def typed_choices(plan: Sequence[ShardingOption], spec_fn: SpecFn) -> list[Table
 
 
 def type_summary(choices: Sequence[TableChoice], ctx: CostContext, terms_of) -> TypeSummary:
-    """Per type: tables, bytes and the slowest rank's ms its tables cause; the slowest
-    rank, its predicted step and the bytes that cross hosts (see :class:`TypeSummary`).
-    A kernel counts for its type; a collective's ms at the slowest rank is split between
-    the types whose tags it carries by the bytes each adds to that rank."""
+    """Per type: tables, bytes and the slowest rank's ms; the slowest rank, its step and the
+    cross-host bytes (a collective's ms split by its types' bytes)."""
     cost = plan_cost(choices, ctx, terms_of)
     totals = [r.total_ms for r in cost.ranks]
     slowest = int(np.argmax(totals))
@@ -244,8 +232,7 @@ def _kernel_ms(calls: list[KernelCall], ctx: CostContext, rank: int) -> float:
 
 
 def _cross_bytes(e: Exchange, ctx: CostContext) -> float:
-    """Bytes one collective moves across hosts, all ranks together, one way each (none for
-    a sharding path's fixed cost)."""
+    """Bytes one collective moves across hosts, one way each."""
     if e.kind == PATH_KIND:
         return 0.0
     if isinstance(e.flows, FlowTotals):

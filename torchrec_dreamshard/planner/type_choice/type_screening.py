@@ -1,26 +1,8 @@
-"""Screening the type choice's candidates fast, at thousands of tables on hundreds of ranks.
-
-:class:`ScreeningRater` rates a candidate as
-:class:`~torchrec_dreamshard.planner.type_choice.type_rating.CandidateRater` does (the
-same placement,
-the same terms from the sharding types' strategies), with the screening kernels, but never
-builds the whole plan's terms. Every term the models price is linear in a few per-rank
-quantities: a rank's kernel ms (screened: single-table kernels times their batch's fusion
-ratio, :class:`~torchrec_dreamshard.cost.plans.ScreeningKernels`) and, per collective,
-what each rank sends and receives within and across hosts
-(:class:`~torchrec_dreamshard.cost.comm_topology.FlowTotals`) or its buffer. So:
-
-* each table choice's part is reduced to those quantities once and reused while the
-  choice repeats (the moved tables, whose ranks do not depend on the balance);
-* a table-wise table's part on rank ``r`` is its part on rank 0 with the ranks relabelled
-  by a host-preserving permutation ``s_r`` that swaps ``r`` and 0 (its host with host 0,
-  its local index with 0): the terms of one rank's table look the same from every rank.
-  A candidate's table-wise tables are summed per rank first and each rank's sum is
-  relabelled once: ``O(n F W)`` array work for ``n`` tables and ``F`` quantities, with no
-  term built, where the balance moved them. Hosts of unequal size have no such
-  permutation: each table-wise choice is then reduced as the others are;
-* each collective is priced once per candidate, on the sums.
-"""
+"""Screening type candidates fast at scale (:class:`ScreeningRater`): the same placement and
+terms as :class:`~.type_rating.CandidateRater`, with screening kernels, reduced to per-rank
+quantities (kernel ms, :class:`~torchrec_dreamshard.cost.comm_topology.FlowTotals`, buffers)
+that are linear in each term. A table-wise table's part on rank ``r`` is its part on rank
+0 relabelled by a host-preserving permutation, so a candidate costs ``O(n F W)``."""
 
 from __future__ import annotations
 
@@ -46,8 +28,7 @@ class ScreeningRater:
     """Screens candidates (see the module docstring).
 
     Args:
-        rater: the candidate rater whose placement and terms it screens with (its context
-            prices kernels with ``screen``).
+        rater: the candidate rater whose placement and terms it screens with.
         screen: the screening kernels, their fusion ratios calibrated.
     """
 
@@ -92,8 +73,7 @@ class ScreeningRater:
         )
 
     def _reduce_new(self, choices: list[TableChoice]) -> None:
-        """Reduce the parts of ``choices`` not seen yet, their new single-table kernels
-        predicted in one call."""
+        """Reduce the parts of ``choices`` not seen yet."""
         new = list(dict.fromkeys(c for c in choices if c not in self._parts))
         if not new:
             return
@@ -104,9 +84,8 @@ class ScreeningRater:
 
     @cached_property
     def _rank0(self) -> tuple[np.ndarray, list[tuple], list[slice], np.ndarray, list[tuple]]:
-        """Every table's table-wise part on rank 0 as rows ``[n, F, W]`` (per key its
-        per-rank arrays: a kernel group's forward, backward and count, an all-to-all's
-        four totals, the dense passes), and the ring buffers ``[n, R]`` by key."""
+        """Every table's table-wise part on rank 0 as ``[n, F, W]`` rows, and ring buffers ``[n,
+        R]``."""
         n, w = len(self.rater.specs), self.ctx.topology.world_size
         choices = [self._table_wise(i, 0) for i in range(n)]
         self._reduce_new(choices)
@@ -142,8 +121,7 @@ class ScreeningRater:
         return out
 
     def _table_wise_sum(self, placed: list[tuple[int, int]]) -> Part:
-        """The part of every table-wise table of a candidate: summed per rank on rank 0's
-        rows, each rank's sum relabelled to it, all summed."""
+        """The part of a candidate's table-wise tables, summed per rank on rank 0's rows."""
         rows, keys, spans, buffers, rings = self._rank0
         pairs = np.array(placed, dtype=np.int64).reshape(-1, 2)
         order = np.argsort(pairs[:, 1], kind="stable")
@@ -160,11 +138,7 @@ class ScreeningRater:
         return part + [(key, float(b)) for key, b in zip(rings, sums, strict=True)]
 
     def _reduce(self, terms: Terms) -> Part:
-        """``terms`` as ``[(key, share)]``: per fused kernel group ``(FUSED, group,
-        batch)`` its tables' screened single-table forward, backward and count per rank
-        (``[3, W]``); per batch ``(DENSE, batch)`` the dense kernel's ``(rank, table)``
-        calls; ``(DENSE,)`` the dense passes' ms per rank; per collective its
-        :class:`FlowTotals` or buffer."""
+        """``terms`` as ``[(key, share)]`` per kernel group, dense kernel and collective."""
         ctx, w = self.ctx, self.ctx.topology.world_size
         part: Part = []
         fused = [k for k in terms.kernels if not k.dense]
@@ -193,9 +167,7 @@ class ScreeningRater:
         return part
 
     def _price(self, key: tuple, values: list) -> np.ndarray:
-        """``[W]`` ms of one kernel group, the dense kernels or one collective, its
-        shares ``values`` summed first (as :func:`~torchrec_dreamshard.cost.plans.plan_cost`
-        prices the whole plan's terms)."""
+        """``[W]`` ms of one kernel group, dense kernels or collective, ``values`` summed first."""
         ctx = self.ctx
         if key[0] == FUSED:
             f, b, n = np.sum(values, axis=0)
@@ -216,8 +188,7 @@ class ScreeningRater:
         return all_to_all_ms(ctx.topology, ctx.collectives, ranks, total)
 
     def _dense_ms(self, batch: int, calls: list[tuple[int, TableSpec]]) -> np.ndarray:
-        """``[W]`` ms of each rank's dense kernel over its tables (the fitted model, each
-        distinct set of tables priced once)."""
+        """``[W]`` ms of each rank's dense kernel over its tables."""
         out, by_rank = np.zeros(self.ctx.topology.world_size), {}
         for rank, table in calls:
             by_rank.setdefault(rank, []).append(table)
