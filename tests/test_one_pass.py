@@ -213,3 +213,30 @@ def test_the_enumerator_prices_with_the_calibrated_agent(agent, monkeypatch):
     got = [o.shards[0].perf.total for o in ours]
     assert got == pytest.approx(list(priced), rel=1e-4)
     assert got != pytest.approx(list(prior), rel=1e-4)
+
+
+def test_the_verified_task_holds_every_candidate_the_safety_net_placed(agent):
+    """The verification's task gives each device at least what the chosen placement and
+    each of the safety net's candidates put there (the partitioner may have raised a
+    share to admit TorchRec's plan), so every candidate it measures fits."""
+    from types import SimpleNamespace
+
+    from torchrec_dreamshard.planner.adapters.torchrec_adapter import planner_reserved_topology
+    from torchrec_dreamshard.planner.steps.verify_step import policy_choice
+
+    planner = DreamShardPlanner(
+        Topology(world_size=2, compute_device="cpu", ddr_cap=600_000),
+        64,
+        constraints=table_wise(),
+        agent=agent,
+        calibrate=False,
+    )
+    planner.plan(model(), SHARDERS)
+    options, constraint = planner.best_options, planner_reserved_topology(planner)
+    piled = SimpleNamespace(placement=[0] * len(options), label="piled")
+    report = SimpleNamespace(candidates=[piled], winner=piled)
+    choice = policy_choice(options, constraint, planner.table_specs, 128, report)
+    assert choice is not None and choice.label == "piled"
+    assert choice.task.memory[0] >= sum(t.size_bytes for t in choice.task.tables)
+    alone = policy_choice(options, constraint, planner.table_specs, 128)
+    assert alone.task.memory[0] < choice.task.memory[0]  # the shares alone hold less

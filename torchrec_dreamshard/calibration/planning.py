@@ -1,7 +1,4 @@
-"""Planning with calibration and verification (:func:`plan_task`): the one path of the
-planner's :class:`~.calibrating_agent.CalibratingAgent`, ``dreamshard plan`` and the
-benchmarks, and what it made (:class:`PlanOutcome`).
-"""
+"""Planning with calibration and verification (:func:`plan_task`), and what it made."""
 
 from __future__ import annotations
 
@@ -34,19 +31,14 @@ class PlanOutcome:
     """A plan made by :func:`plan_task`.
 
     Attributes:
-        placement: device per table (per shard of ``split.sharded.shards`` where the plan
-            splits tables).
+        placement: device per table (per shard where the plan splits tables).
         agent: the agent that planned (the calibrated one, or the prior).
         calibration: what calibration did (``None`` without it).
         verification: the measured candidates (``None`` without verification).
-        chosen: the placement the agent chose, before verification (``placement``
-            without it).
-        split: the split search's plan (``None`` without ``splits``); where it cut
-            tables column-wise, ``placement`` is per shard and nothing was verified.
-        predicted_margins: where nothing was measured, the kept plan's predicted step
-            against TorchRec's plan's and the best heuristic's (:func:`plan_margins`;
-            empty for a plan that splits tables). See :attr:`margins`.
-        chosen_label: the safety-net candidate the agent chose (``policy_greedy+refined``).
+        chosen: the agent's placement before verification.
+        split: the split search's plan (``None`` without ``splits``; split: not verified).
+        predicted_margins: where nothing was measured, the kept plan's predicted margins.
+        chosen_label: the safety-net candidate the agent chose.
     """
 
     placement: list[int]
@@ -60,8 +52,8 @@ class PlanOutcome:
 
     @property
     def margins(self) -> dict[str, Any]:
-        """The kept plan against TorchRec's plan and the best heuristic's, with a ``line``
-        for people: measured where verified, else :attr:`predicted_margins`."""
+        """The kept plan against TorchRec's and the best heuristic's, with a ``line``:
+        measured where verified, else predicted."""
         ver = self.verification
         if ver is None:
             return self.predicted_margins
@@ -75,10 +67,7 @@ class PlanOutcome:
         return out + (self.verification.lines() if self.verification else [])
 
     def summary(self) -> list[str]:
-        """What measuring took and bought, one line per step: how long calibration took
-        and how far it moved the model's kernel error; how long verification took, which
-        plan it kept and by how much it measured faster than TorchRec's plan and the best
-        heuristic's (where nothing was measured, the predicted margins)."""
+        """What calibration and verification took and bought, a line each."""
         out = []
         cal = self.calibration
         if cal is not None:
@@ -99,37 +88,28 @@ def plan_task(
     progress: bool = False,
     splits: bool = False,
 ) -> PlanOutcome:
-    """Calibrate (when ``calibration`` is given), place, and verify (when
-    ``verification.k``): the one path of the planner (:class:`CalibratingAgent`),
-    ``dreamshard plan`` and the benchmarks.
+    """Calibrate (given ``calibration``), place, and verify (given ``verification.k``).
 
     Args:
         agent: the prior agent (unchanged).
         task: the task.
-        how: the mode, samples, seed and sources of ``DreamShard.place`` (``sources`` also
-            choose the safe mode's candidates whose device groups calibration measures;
-            ``None``: the agent's defaults).
-        calibration: calibration settings; ``None`` plans with ``agent`` as it is.
-        verification: measure the ``k`` best-rated candidates, the baselines' and the
-            heuristics' plans and keep what :func:`~.verification.verify` picks (``None``
-            or ``k`` 0: no verification); its measurement settings default to the
-            calibration's; ``options.incumbent="chosen"``: the placement stands unless a
-            measured plan beat it in every round.
-        calibrated: a calibration of ``agent`` already made (on these tables or more) to
-            plan with instead of calibrating again.
-        progress: progress bars (the verification's too).
-        splits: place with column-wise splits allowed
-            (:func:`~torchrec_dreamshard.policy.split_search.plan_with_splits`); a plan that
-            splits tables is not verified (verification compares whole-table plans).
+        how: mode, samples, seed and sources of ``DreamShard.place`` (``None``: defaults).
+        calibration: calibration settings (``None``: ``agent`` as it is).
+        verification: the ``k`` best-rated plans to measure beside the baselines and
+            heuristics (``None`` or ``k`` 0: none).
+        calibrated: a calibration of ``agent`` already made, instead of calibrating again.
+        progress: progress bars.
+        splits: column-wise splits allowed (a plan that splits tables is not verified).
+
+    Returns:
+        The :class:`PlanOutcome`.
     """
     how = how if how is not None else PlaceSettings()
     sources = how.sources
     given = sources if sources is not None else agent.sources
     cal = calibrated
     if cal is None and calibration is not None:
-        # With splits, calibrate on the shards the plan places: a table bigger than every
-        # device cut into the fewest column-wise shards that fit one (no plan of the
-        # whole table's fused groups exists).
+        # with splits, calibrate on the shards the plan places (oversized tables cut)
         cal = calibrate(agent, fitting_task(task) if splits else task, calibration, sources)
     planner = cal.agent if cal is not None else agent
     found = None
@@ -171,12 +151,9 @@ def verify_chosen(
     measure: Any = None,
     progress: bool = False,
 ) -> PlanOutcome:
-    """Verify ``chosen`` (the agent's placement of ``task``, its safety-net candidate
-    ``label``) on real kernels beside the baselines' plans of ``sources`` and the
-    heuristics' (when ``verification.k``), and keep what :func:`~.verification.verify`
-    picks; where nothing was measured, the predicted margins. ``measure``: the measurement
-    settings where ``verification`` names none. The planner calls it after TorchRec's
-    loop; :func:`plan_task` after placing."""
+    """Verify ``chosen`` (candidate ``label``) beside the baselines of ``sources`` and the
+    heuristics, and keep what :func:`~.verification.verify` picks; where nothing was
+    measured, the predicted margins. ``measure``: settings where ``verification`` has none."""
     ver, placement = None, list(chosen)
     baselines = baseline_plans(task, sources)
     if verification is not None and verification.k:
@@ -199,9 +176,7 @@ def verify_chosen(
 
 
 def baseline_plans(task: Task, sources: Sequence[Any]) -> dict[str, list[int]]:
-    """The plans of the candidate ``sources`` that are baselines (a true ``baseline``
-    attribute: TorchRec's own planner, handed in from the planner side), by name; a
-    source that offers none for ``task`` or finds none is left out."""
+    """The plans of the ``sources`` marked ``baseline``, by name (those with none left out)."""
     from torchrec_dreamshard.data.tasks import NoPlanError
 
     out = {}
@@ -210,7 +185,7 @@ def baseline_plans(task: Task, sources: Sequence[Any]) -> dict[str, list[int]]:
             continue
         try:
             plan = source.propose(task)
-        except NoPlanError:
+        except (NoPlanError, ValueError):  # none found, or none that fits ``task``
             continue
         if plan is not None:
             out[source.name] = [int(d) for d in plan]

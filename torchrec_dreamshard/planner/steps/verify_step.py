@@ -121,8 +121,16 @@ def policy_choice(
     specs = [spec(o) for o in ours]
     placement = [int(o.shards[0].rank) for o in ours]
     caps = policy_caps(specs, [option_bytes(o, tier) for o in ours], [max(0, x) for x in left])
-    placed = placed_bytes([t.size_bytes for t in specs], placement, len(caps))
-    memory = [max(c, p) for c, p in zip(caps, placed, strict=True)]
+    # the memory the placement and the safety net's candidates were placed in: at least
+    # the policy's first shares, and what each of them puts on a device (the partitioner
+    # may have raised a share to admit TorchRec's plan)
+    sizes = [t.size_bytes for t in specs]
+    placements = [placement, *(c.placement for c in (report.candidates if report else []))]
+    memory = list(caps)
+    for each in placements:
+        if len(each) == len(specs):
+            used = placed_bytes(sizes, [int(d) for d in each], len(caps))
+            memory = [max(m, u) for m, u in zip(memory, used, strict=True)]
     task = Task(
         tables=specs,
         num_devices=len(memory),
