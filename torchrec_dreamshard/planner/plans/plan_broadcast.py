@@ -1,14 +1,6 @@
-"""How ``DreamShardPlanner.collective_plan`` plans once for every rank: every rank's
-checkpoint checked, rank 0 plans while the others serve its measurements, and what rank 0
-then sends every rank (:class:`PlanBroadcast`).
-
-Where rank 0 fails to plan, every rank raises rank 0's error: of its class where this
-process can rebuild it (a builtin exception, TorchRec's ``PlannerError`` with its
-``error_type``, any exception class of a module this process has already imported whose
-constructor takes one message; nothing is imported for it), else a ``RuntimeError`` naming
-the class; its message holds rank 0's message and rank 0's traceback. Rank 0 raises the same
-rebuilt error, its own exception as the cause, so that every rank takes the same branch of a
-caller's ``except``."""
+"""``DreamShardPlanner.collective_plan``'s broadcast: rank 0 plans while the others serve
+its measurements, then sends every rank the plan or its error (:class:`PlanBroadcast`).
+Every rank raises the same error, rebuilt where its class can be (:func:`rebuild_error`)."""
 
 from __future__ import annotations
 
@@ -31,11 +23,8 @@ logger = logging.getLogger("torchrec_dreamshard.planner.planners")
 
 @dataclass
 class PlanBroadcast:
-    """What rank 0 sends every rank from ``DreamShardPlanner.collective_plan``: the plan
-    and its prediction, or the error (its class's module and qualified name, message,
-    traceback text, ``PlannerErrorType`` name for a ``PlannerError``), and how planning
-    adapted to the machine. Only text crosses the ranks: rank 0's exception itself stays
-    on rank 0 (``local_error``, never pickled), where it is the raised error's cause."""
+    """What rank 0 sends every rank: the plan and its prediction, or the error as text, and
+    the adaptation; rank 0's own exception (``local_error``) is never pickled."""
 
     plan: ShardingPlan | None
     prediction: PlanPrediction | None
@@ -68,9 +57,8 @@ class PlanBroadcast:
         return {**self.__dict__, "local_error": None}
 
     def error(self) -> Exception:
-        """The error every rank raises (see the module docstring): rank 0's class where it
-        can be rebuilt, else a ``RuntimeError``, naming the class, with rank 0's message
-        and traceback; on rank 0, caused by its own exception."""
+        """The error every rank raises: rank 0's class where it can be rebuilt, else a
+        ``RuntimeError``; on rank 0, caused by its own exception."""
         text = (
             f"rank 0 could not plan: {self.class_path}: {self.message}\n"
             f"rank 0's traceback:\n{self.traceback.rstrip()}"
@@ -92,10 +80,8 @@ class PlanBroadcast:
 def rebuild_error(
     module: str, qualname: str, text: str, planner_error_type: str | None = None
 ) -> Exception:
-    """An exception of class ``module.qualname`` with message ``text``, where this process
-    has that module imported and the class takes one message (a ``PlannerError`` subclass:
-    the message and ``planner_error_type``); else a ``RuntimeError`` of ``text`` (which
-    names the class). Nothing is imported."""
+    """An exception of class ``module.qualname`` with message ``text``, where that module is
+    imported and the class takes one message; else a ``RuntimeError``. Nothing is imported."""
     cls: Any = sys.modules.get(module)
     for part in qualname.split(".") if cls is not None else ():
         cls = getattr(cls, part, None)
@@ -116,10 +102,9 @@ def plan_on_rank0(
 ) -> PlanBroadcast:
     """``plan()`` on rank 0 of ``pg`` (default: the world), sent to every rank.
 
-    First every rank shares ``load_error``, whether its checkpoint failed to load (one
-    small ``all_gather_object``): if any did, every rank raises the same ``ValueError``
-    naming the ranks and the reasons. While rank 0 plans, the other ranks serve its
-    measurements (:mod:`torchrec_dreamshard.ranks.job_group`)."""
+    Raises:
+        ValueError: on every rank, where any rank's checkpoint failed to load (``load_error``).
+    """
     if pg is None:
         if not dist.is_initialized():
             raise ValueError(

@@ -1,15 +1,6 @@
-"""A sharding plan as a file TorchRec's ``PlanLoader`` loads: the options a planner chose,
-written as plain JSON with the planner's context hash (:func:`write_plan_file`), and
-:class:`FilePlanLoader`, the ``PlanLoader`` that reads it back.
-
-TorchRec's planner asks a ``PlanLoader`` for the context hash of the plan it holds and for
-its sharding options, keyed by ``ShardingOption.storage_hash()`` (the table's fully
-qualified name, sharding type, compute kernel, cache load factor and shard count). Where
-the hash equals the planner's own (:meth:`DreamShardPlanner.hash_planner_context_inputs_str`:
-the same model, topology, batch, constraints, checkpoint and settings), it takes each
-table's shards from the file in place of planning: its proposers, partitioner and perf
-model do not run. A different hash is TorchRec's
-``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
+"""A sharding plan as a file TorchRec's ``PlanLoader`` loads (:func:`write_plan_file`,
+:class:`FilePlanLoader`). A planner whose context hash equals the file's takes each
+table's shards from it instead of planning; keys are recomputed from the fields on read.
 
 The file (``"format": "torchrec_dreamshard.sharding_plan"``, version 1)::
 
@@ -21,9 +12,6 @@ The file (``"format": "torchrec_dreamshard.sharding_plan"``, version 1)::
                   "shards": [{"size": [1000, 16], "offset": [0, 0], "rank": 1,
                               "storage": {"hbm": 0, "ddr": 90000, "ssd": 0},
                               "perf": {"fwd_compute": 0.1, ...}}]}]}
-
-Keys are recomputed from the fields when the file is read, so the file does not depend on
-how a TorchRec release spells its hash. Public TorchRec API only.
 """
 
 from __future__ import annotations
@@ -48,8 +36,7 @@ STORAGE_FIELDS = tuple(f.name for f in dataclasses.fields(Storage))
 
 
 def option_dict(option: ShardingOption) -> dict[str, Any]:
-    """One chosen sharding option as plain data: what TorchRec's ``storage_hash`` keys it
-    by, its tensor's shape and every shard (size, offset, rank, storage, perf)."""
+    """One chosen sharding option as plain data: its ``storage_hash`` fields, shape and shards."""
     return {
         "module_path": option.path,
         "name": option.name,
@@ -85,19 +72,19 @@ def plan_file_dict(options: Sequence[ShardingOption], context_hash: str) -> dict
 
 
 def write_plan_file(path: str | Path, options: Sequence[ShardingOption], context_hash: str) -> None:
-    """Write the plan file of the chosen ``options`` (a planner's ``best_options``) and its
-    planner's ``hash_planner_context_inputs_str()`` to ``path``, atomically."""
+    """Write the plan file of ``options`` and the planner's context hash to ``path``, atomically."""
     atomic_write(path, dumps_strict(plan_file_dict(options, context_hash)), "plan file")
 
 
 class FilePlanLoader(PlanLoader):
-    """TorchRec's ``PlanLoader`` over a plan file (:func:`write_plan_file`): hand it to a
-    planner (``DreamShardPlanner(..., plan_loader=FilePlanLoader(path))`` or TorchRec's
-    ``EmbeddingShardingPlanner``) and a planner of the same inputs loads the plan instead
-    of planning.
+    """TorchRec's ``PlanLoader`` over a plan file (:func:`write_plan_file`).
+
+    Example::
+
+        DreamShardPlanner(..., plan_loader=FilePlanLoader(path))
 
     Args:
-        path: the plan file; read and checked here, so a bad file fails before planning.
+        path: the plan file; read and checked here, before planning.
 
     Raises:
         ValueError: naming the file and the field, for every way the file can be wrong.
@@ -132,9 +119,7 @@ class FilePlanLoader(PlanLoader):
 
 
 def _option(data: Any, where: str) -> ShardingOption:
-    """A sharding option of the file's ``data``: the fields TorchRec's ``extract_plan``
-    matches and takes (the module stands in as an empty ``nn.Module``: the planner takes
-    each table's module and tensor from the model it plans)."""
+    """A sharding option of the file's ``data``, its module an empty ``nn.Module``."""
     if not isinstance(data, dict):
         raise ValueError(f"{where} must be an object")
     text = {k: _typed(data, k, str, where) for k in ("name", "sharding_type", "compute_kernel")}
@@ -180,8 +165,7 @@ def _shard(data: Any, where: str) -> Shard:
 
 
 def _fields(data: Any, kind: type, names: tuple[str, ...], where: str) -> Any:
-    """``kind(**data)`` where ``data`` holds numbers of ``kind``'s fields only (``None``
-    stays ``None``)."""
+    """``kind(**data)`` where ``data`` holds numbers of ``kind``'s fields only."""
     if data is None:
         return None
     if not isinstance(data, Mapping) or not set(data) <= set(names):

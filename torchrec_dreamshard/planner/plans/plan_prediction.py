@@ -1,5 +1,5 @@
-"""The cost network's prediction of a plan, per rank (:class:`PlanPrediction`), and the
-task it rates placements on (:func:`prediction_task`)."""
+"""The cost network's prediction of a plan per rank (:class:`PlanPrediction`), and the task it
+rates."""
 
 from __future__ import annotations
 
@@ -28,14 +28,12 @@ class PlanPrediction:
 
     Args:
         fwd_ms, bwd_ms, comm_ms: predicted fused-kernel forward, backward and all-to-all
-            times of the DreamShard-placed tables on each rank.
+            ms of the DreamShard-placed tables on each rank.
         other_ms: TorchRec's perf estimate of the shards TorchRec placed, per rank.
-        step_ms: predicted overall embedding step cost of the plan: the cost network's
-            step cost plus the largest ``other_ms``.
+        step_ms: the cost network's step cost plus the largest ``other_ms``.
         tables: number of tables on each rank.
-        step_log_std: the cost network's uncertainty about its step cost (the ensemble
-            members' spread of log step cost).
-        penalty: how many of those spreads the planner's rating adds (the safety net's).
+        step_log_std: the ensemble members' spread of log step cost.
+        penalty: how many of those spreads the planner's rating adds.
     """
 
     fwd_ms: list[float]
@@ -49,9 +47,8 @@ class PlanPrediction:
 
     @property
     def score_ms(self) -> float:
-        """The rating the planner minimises, as the safety net rates its candidates: the
-        cost network's step cost scaled by ``exp(penalty * step_log_std)`` (a plan only
-        some ensemble members believe in rates worse), plus the largest ``other_ms``."""
+        """The rating the planner minimises: step cost times ``exp(penalty * step_log_std)`` plus
+        the largest ``other_ms``."""
         net = self.step_ms - max(self.other_ms, default=0.0)
         return net * math.exp(self.penalty * self.step_log_std) + max(self.other_ms, default=0.0)
 

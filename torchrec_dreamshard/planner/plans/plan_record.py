@@ -1,11 +1,6 @@
-"""What a :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` hands the job it
-planned: :class:`PlanRecord`, a value holding the plan and what it was planned from, and
-:class:`PlannerFactory`, which builds a planner like the one that planned.
-
-The feedback loop (:mod:`torchrec_dreamshard.feedback`) reads the record and nothing else of
-the planner: it sits above the planner in the layer order, and the planner never imports it
-(``torchrec_dreamshard.observe(planner, dmp)`` hands the record over).
-"""
+"""What a planner hands the job it planned: :class:`PlanRecord`, the plan and what it was
+planned from (all the feedback loop reads), and :class:`PlannerFactory`, which builds a
+planner like the one that planned."""
 
 from __future__ import annotations
 
@@ -44,9 +39,7 @@ USER_COMPONENTS = (
 
 
 def meta_copy(module: nn.Module) -> nn.Module:
-    """A copy of ``module`` whose parameters and buffers are on the meta device (a plan
-    needs shapes only): what a re-plan plans after ``DistributedModelParallel`` has
-    sharded the original in place."""
+    """A copy of ``module`` with its parameters and buffers on the meta device."""
     memo: dict[int, Any] = {}
     for p in module.parameters():
         memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), p.requires_grad)
@@ -57,16 +50,11 @@ def meta_copy(module: nn.Module) -> nn.Module:
 
 @dataclass(frozen=True)
 class PlannerFactory:
-    """Builds a planner of the arguments a planner was built with, planning with a given
-    agent as it is (no calibration, no verification: the agent is already adapted).
+    """Builds a planner of the arguments a planner was built with, planning with a given agent
+    as it is (no calibration, no verification).
 
-    The user's component instances (:data:`USER_COMPONENTS`: enumerator, proposers,
-    partitioner, performance model, stats, callbacks, plan loader, storage reservation)
-    are deep-copied for each planner built, so a re-plan neither shares nor changes the
-    state of the user's planner's components (TorchRec's proposers, enumerators and stats
-    keep state between calls). A component that cannot be copied (one holding a process
-    group, say) is shared as it is, with a warning naming it. DreamShard's own components
-    are built afresh by the planner's constructor.
+    The user's components (:data:`USER_COMPONENTS`) are deep-copied for each planner
+    built; one that cannot be copied is shared, with a warning.
 
     Attributes:
         planner_class: the class of the planner that planned.
@@ -77,8 +65,7 @@ class PlannerFactory:
     arguments: Mapping[str, Any]
 
     def __call__(self, agent: PlacementAgent, **overrides: Any) -> EmbeddingShardingPlanner:
-        """A planner of these arguments that plans with ``agent`` as it is; ``overrides``
-        replace arguments (a re-plan's observed ``constraints`` and ``sample_batches``)."""
+        """A planner that plans with ``agent`` as it is; ``overrides`` replace arguments."""
         arguments = {k: v for k, v in self.arguments.items() if k != "checkpoint"}
         for name in USER_COMPONENTS:
             if arguments.get(name) is not None and name not in overrides:
@@ -89,8 +76,7 @@ class PlannerFactory:
 
 
 def _fresh(name: str, component: Any) -> Any:
-    """A deep copy of the user's ``component`` (given as argument ``name``), or the
-    component itself, with a warning, where it cannot be copied."""
+    """A deep copy of ``component``, or itself with a warning where it cannot be copied."""
     try:
         return copy.deepcopy(component)
     except Exception as exc:  # noqa: BLE001 - any copy failure: share it, and say so
@@ -116,16 +102,14 @@ class PlanRecord:
         topology: the devices planned for.
         batch_size: TorchRec's per-rank batch size.
         constraints: the ``constraints`` the planner was built with.
-        prior_agent: the agent before it adapted to this machine (the checkpoint's).
+        prior_agent: the checkpoint's agent.
         agent: the agent as it planned (calibrated, where it calibrated).
-        adaptation: how planning adapted to this machine (``DreamShardPlanner.adaptation``).
-        specs: the table spec of every option, as the plan saw the tables.
-        model: a meta copy of the planned model (``None`` where the record was made on a
-            rank that did not plan, or after ``plan`` rather than ``collective_plan``).
-        sharders: the sharders it was planned with (with ``model``).
-        calibration: the calibration settings the planner calibrates with (or would),
-            measuring nothing: the store that the job's observations join.
-        replanner: builds a planner like this one (:class:`PlannerFactory`).
+        adaptation: how planning adapted to this machine.
+        specs: the table spec of every option.
+        model: a meta copy of the planned model (``None``: not planned here, or ``plan``).
+        sharders: the sharders it was planned with.
+        calibration: the calibration settings (the store the job's observations join).
+        replanner: builds a planner like this one.
     """
 
     plan: ShardingPlan

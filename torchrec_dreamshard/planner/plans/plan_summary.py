@@ -1,9 +1,5 @@
-"""A plan as ``dreamshard plan`` summarises it (:func:`plan_summary`): the rank of every
-table the policy placed whole (``placement``), the column-wise shards of every table it
-split (``shards``), the type and ranks of every other table (``sharding``), the predicted
-step and each device's tables, bytes (TorchRec's storage estimate) and predicted times.
-Tables are named as in the model's collection (its fully qualified names without the
-module path)."""
+"""A plan as ``dreamshard plan`` summarises it (:func:`plan_summary`): its layout, the
+predicted step and each device's tables, bytes and predicted times."""
 
 from __future__ import annotations
 
@@ -24,8 +20,8 @@ from torchrec_dreamshard.planner.stages.option_kinds import (
 
 
 def table_layout(plan: ShardingPlan) -> dict[str, dict[str, Any]]:
-    """Every table of ``plan`` by name: its ``sharding_type``, ``compute_kernel``, ranks
-    and shards (``[rank, [row, column] offset, [rows, columns] size]``)."""
+    """Every table of ``plan`` by name: its type, kernel, ranks and ``[rank, offset, size]``
+    shards."""
     out = {}
     for module_plan in plan.plan.values():
         for name, ps in module_plan.items():  # type: ignore[union-attr]
@@ -47,9 +43,8 @@ def _fused(table: dict[str, Any], kind: str) -> bool:
 
 
 def layout_entries(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``placement`` (table-wise fused tables: their rank), ``shards`` (column-wise fused
-    tables: ``{"device", "columns"}`` each, in column order) and ``sharding`` (every other
-    table: its type, kernel and ranks); the last two only where not empty."""
+    """``placement`` (table-wise tables: their rank), ``shards`` (column-wise tables) and
+    ``sharding`` (every other table: type, kernel, ranks); the last two only where not empty."""
     placement, shards, other = {}, {}, {}
     for name, t in tables.items():
         if _fused(t, DREAMSHARD_SHARDING_TYPE):
@@ -68,9 +63,7 @@ def layout_entries(tables: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def rank_tables(tables: dict[str, dict[str, Any]], world_size: int) -> list[list[str]]:
-    """Each rank's tables: a whole table by name, a shard of columns as ``t0@0:64``, of
-    rows as ``t0@rows0:500``, of both as ``t0@rows0:500,0:64``; a replicated table (no
-    shards) on each of its ranks."""
+    """Each rank's tables, a shard as ``t0@0:64`` (columns) or ``t0@rows0:500`` (rows)."""
     out: list[list[str]] = [[] for _ in range(world_size)]
     for name, t in tables.items():
         if not t["shards"]:  # data-parallel: every rank holds it whole
@@ -92,11 +85,10 @@ def rank_tables(tables: dict[str, dict[str, Any]], world_size: int) -> list[list
 
 
 def check_finite(prediction: PlanPrediction, per_rank: Sequence[Sequence[str]]) -> None:
-    """Refuse a prediction holding NaN or infinity, naming the tables of the ranks it is
-    not finite on.
+    """Refuse a prediction holding NaN or infinity.
 
     Raises:
-        ValueError: naming those ranks' tables.
+        ValueError: naming the tables of the ranks it is not finite on.
     """
     figures = [prediction.step_ms, *prediction.fwd_ms, *prediction.bwd_ms, *prediction.comm_ms]
     if all(math.isfinite(float(x)) for x in [*figures, *prediction.other_ms]):
@@ -121,10 +113,8 @@ def plan_summary(
     memory: Sequence[int],
     tier: str = "ddr",
 ) -> dict[str, Any]:
-    """The summary of ``plan`` (see the module docstring): its layout entries, the
-    predicted step (ms) and per device its tables, the bytes TorchRec's estimate gives
-    its shards on ``tier`` against ``memory`` (each device's capacity) and the predicted
-    forward, backward, communication and other (TorchRec-rated) ms.
+    """The summary of ``plan``: its layout, predicted step (ms) and per device its tables,
+    bytes on ``tier`` against ``memory`` and predicted ms.
 
     Raises:
         ValueError: the prediction is not finite (naming the tables).
