@@ -1,34 +1,10 @@
 """Whether the checkpoint prices this machine right, and so whether to calibrate by default.
 
-A cost network is a model of the machine it was trained on. The check takes seconds: the
-reference kernel (:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_TABLES` at
-:data:`~torchrec_dreamshard.measure.embedding_kernels.REFERENCE_BATCH_SIZE`, row-wise Adagrad),
-timed on this machine (cached per machine), against the network's prediction of it. When
-the predicted forward plus backward is off by more than :data:`AUTO_TOLERANCE` either way,
-the planner calibrates on the user's tables (:func:`~.fine_tuning.calibrate`) within
-:data:`AUTO_BUDGET_S`. Every kernel calibration measures is kept in the calibration store,
-so the next plan of these tables on this machine measures nothing and only fine-tunes.
-
-A recalibrated network still has errors, and a search against it finds them. So where the
-check calibrates, the plan it picks is also verified on real kernels
-(:func:`verification_settings`): it and the next best-rated plan (:data:`AUTO_VERIFY_K`) are
-measured beside every heuristic's plan and TorchRec's own plan in interleaved rounds, within
-:data:`AUTO_VERIFY_S` (and as much again where the first rounds were noisy), and the chosen
-plan stands unless another measured faster in every one of at least two whole rounds; no
-plan that did not beat TorchRec's beyond the noise is kept (:func:`~.verification.verify`).
-The chosen plan, not the best heuristic's, is the incumbent because the check guards against
-the model's gross errors: on a machine whose timings move 5% or more from round to round, a
-rule that asks the model's plan to beat the heuristics every time hands back a heuristic's
-plan whenever the noise exceeds the gain. Against TorchRec's plan the bar is that high on
-purpose: it is the plan the user had, and a swap must never make the step slower. The
-rounds are cached per machine and plan set, so
-planning the same tables again measures nothing.
-
-Why calibration and not only a speed ratio: the bundled network, trained on an AMD EPYC,
-predicts an Intel Xeon's reference kernel about 10x short, and its other kernels are off
-by other factors (3.4x on another EPYC VM); one ratio cannot say how every table's time
-moves between two machines, while calibration fits the user's own tables (on one such VM
-it took held-out workloads from 1.069 to 0.951 of the best heuristic's measured step).
+The reference kernel, timed here, against the cost network's prediction: off by more than
+:data:`AUTO_TOLERANCE` either way, the planner calibrates on the user's tables within
+:data:`AUTO_BUDGET_S`. Where it calibrates, the plan is also verified by default
+(:func:`verification_settings`: :data:`AUTO_VERIFY_K` plans within :data:`AUTO_VERIFY_S`,
+the chosen plan the incumbent), and TorchRec's plan is never replaced by a slower one.
 """
 
 from __future__ import annotations
@@ -57,8 +33,7 @@ class MachineCheck:
 
     Args:
         predicted_ms: the cost network's ``(fwd, bwd)`` of the reference kernel.
-        measured_ms: this machine's, or ``None`` where it was not measured (a device
-            this process cannot run, or a caller that pins the machine's models).
+        measured_ms: this machine's (``None``: not measured).
         tolerance: relative error of ``fwd + bwd`` above which calibration pays.
     """
 
@@ -110,12 +85,9 @@ class VerificationSettings:
     """A plan's verification as one value: how many candidates, measured how, kept how.
 
     Attributes:
-        k: the best-rated candidate plans measured beside the baselines and heuristics'
-            (0: no verification).
-        config: the measurement's settings (``None``: the calibration's where a caller
-            has one, else :class:`MeasureConfig`'s).
-        options: rounds, budget, cache, incumbent, progress and noise limits
-            (:class:`VerifyOptions`).
+        k: best-rated plans measured beside the baselines (0: no verification).
+        config: the measurement's settings (``None``: the caller's, else the default).
+        options: rounds, budget, cache, incumbent, progress and noise limits.
     """
 
     k: int = 0
@@ -130,11 +102,8 @@ class VerificationSettings:
 def verification_settings(
     verify_k: int | None, auto_calibrates: bool, rounds: int = 3
 ) -> VerificationSettings:
-    """The settings of a plan's verification, the planner's and ``dreamshard plan``'s
-    alike: ``verify_k`` plans as asked (the fastest heuristic's plan the incumbent, no
-    budget, no cache); where it is ``None`` (automatic), the default's (see the module
-    docstring) if the automatic check calibrates, else none. ``rounds``: interleaved
-    rounds."""
+    """A plan's verification: ``verify_k`` plans as asked (no budget, no cache); where
+    ``None``, the automatic default if the check calibrates, else none."""
     if verify_k is not None:
         return VerificationSettings(verify_k, None, VerifyOptions(rounds=rounds))
     if auto_calibrates:
@@ -146,8 +115,7 @@ def verification_settings(
 
 
 def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:
-    """This machine's reference kernel ``(fwd, bwd)`` ms, measured once and cached
-    (:func:`~torchrec_dreamshard.cache.reference_time.load_reference_ms`)."""
+    """This machine's reference kernel ``(fwd, bwd)`` ms, measured once and cached."""
     from torchrec_dreamshard.cache.reference_time import load_reference_ms
 
     return load_reference_ms(device=device)
@@ -156,8 +124,7 @@ def measured_reference_ms(device: str = "cpu") -> tuple[float, float] | None:
 def check_machine(
     agent: PlacementAgent, measured_ms: Sequence[float] | None, tolerance: float = AUTO_TOLERANCE
 ) -> MachineCheck:
-    """``agent``'s cost network on the reference kernel against ``measured_ms`` (this
-    machine's ``(fwd, bwd)``, ``None`` when not measured)."""
+    """``agent``'s cost network on the reference kernel against ``measured_ms``."""
     from torchrec_dreamshard.cost.plans import cost_network_kernel
     from torchrec_dreamshard.measure.embedding_kernels import REFERENCE_BATCH_SIZE, REFERENCE_TABLES
 
@@ -172,10 +139,8 @@ def calibration_to_run(
     mispriced: bool,
     observed: Callable[[], bool],
 ) -> CalibrationConfig | None:
-    """The one decision of whether and how to calibrate: ``config`` where asked for
-    (``automatic`` false) or where the reference kernel says the checkpoint misprices
-    this machine; else, automatic, on the kernels a running job of these tables was
-    observed on (``observed()``), measuring nothing; else ``None``."""
+    """Whether and how to calibrate: ``config`` where asked for or mispriced; else, on
+    kernels a running job was ``observed()`` on, measuring nothing; else ``None``."""
     if config is None:
         return None
     if not automatic or mispriced:

@@ -1,18 +1,6 @@
-"""Measuring a machine profile (:func:`build_profile`) within a budget, each part by what
-it can change:
-
-1. the reference kernel (cached per machine): whether the checkpoint misprices this
-   machine, and so whether the plan calibrates and verifies;
-2. the verification's share of the budget, kept back first where the plan verifies
-   (:data:`VERIFY_RESERVE`): it is the plan's safety net;
-3. calibration on the user's tables where the checkpoint misprices the machine (or it
-   is asked for), from what is left beside the type choice's timings still to come;
-4. the type choice's timings, where it may price other types: the collectives and the
-   dense kernel, then a sharding path's cost, each cached per machine and timed only
-   where its expected time fits what is left.
-
-A part that fails (:func:`~torchrec_dreamshard.measure.guard.guarded`) is left out, named
-in a warning and kept in ``failures``; the plan goes on without it.
+"""Measuring a machine profile within a budget: the reference kernel, the verification's
+share kept back (:data:`VERIFY_RESERVE`), calibration, then the type choice's timings.
+A part that fails is left out, warned and kept in ``failures``; the plan goes on.
 """
 
 from __future__ import annotations
@@ -59,25 +47,18 @@ class ProfileRequest:
     Attributes:
         stamp: the machine and topology it is for.
         reference: measures (or loads) the reference kernel's ``(fwd, bwd)`` ms.
-        collectives: measures (or loads) the collective models (``None``: not needed,
-            the search space offers no other type than table-wise).
+        collectives: measures (or loads) the collective models (``None``: not needed).
         collectives_source: where ``collectives`` takes them from, in words.
-        dense_kernel: measures (or loads) the dense kernel's model (``None``: not
-            needed).
-        sharding_path: ``sharding_path(may_measure)`` loads the cost of a sharding path
-            where cached, else measures it where ``may_measure`` (``None``: not needed;
-            giving ``None``: not cached and not measured, or not measured on this
-            machine).
+        dense_kernel: measures (or loads) the dense kernel's model (``None``: not needed).
+        sharding_path: ``sharding_path(may_measure)``: loaded where cached, else measured
+            where ``may_measure`` (``None``: not needed).
         calibration: calibration settings (``None``: never calibrate).
-        auto: calibrate only where the reference kernel is mispriced (or the store holds
-            a running job's kernels of these tables, which costs no measuring).
-        task: gives the tables calibration measures (asked for only where it
-            calibrates; ``None``, or giving ``None``: none to calibrate on).
+        auto: calibrate only where the reference kernel is mispriced (or a running job's
+            kernels of these tables are stored).
+        task: gives the tables calibration measures (asked only where it calibrates).
         sources: the candidate sources whose plans' device groups calibration measures.
-        verifies: ``verifies(calibrates)``: whether the plan will be verified, where it
-            calibrates or not (the verification's share is then kept back).
-        cached: the type-choice timings already cached on this machine (they take no
-            time), by name (``"collectives"``, ``"dense kernel"``, ``"sharding path"``).
+        verifies: ``verifies(calibrates)``: whether the plan will be verified.
+        cached: the type-choice timings cached on this machine, by name.
     """
 
     stamp: MachineStamp
@@ -95,8 +76,7 @@ class ProfileRequest:
 
 
 class _Log:
-    """What a profile's measuring noted, failed and spent, and the seconds it may spend:
-    the plan's budget less what is kept back for the verification (:attr:`kept`)."""
+    """What a profile's measuring noted, failed and spent, and the seconds it may spend."""
 
     def __init__(self, budget: Budget, device: str) -> None:
         self.budget = budget
@@ -107,9 +87,7 @@ class _Log:
         self.spent: dict[str, float] = {}
 
     def attempt(self, what: str, fn: Callable[[], T]) -> T | None:
-        """``fn()``, or ``None`` where measuring failed
-        (:func:`~torchrec_dreamshard.measure.guard.guarded`: the cause warned once and
-        kept)."""
+        """``fn()``, or ``None`` where measuring failed (warned once and kept)."""
         start = self.budget.elapsed()
         try:
             out = guarded(f"profile: {what}", fn, device=self.device)
@@ -131,16 +109,15 @@ def unmeasured_profile(
     collectives: CollectiveModels | None = None,
     collectives_source: str = "none",
 ) -> MachineProfile:
-    """A profile of nothing measured: the checkpoint as it is, and ``collectives`` where
-    given (analytic models need no measuring); ``why`` says why."""
+    """A profile of nothing measured (``collectives``: analytic ones); ``why`` says why."""
     return MachineProfile(
         stamp=stamp, collectives=collectives, collectives_source=collectives_source, notes=(why,)
     )
 
 
 def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) -> MachineProfile:
-    """Measure the profile ``request`` asks for, within ``budget``, each part by what it
-    can change (see the module docstring). Never raises for a measurement that fails."""
+    """Measure the profile ``request`` asks for within ``budget``. Never raises for a
+    measurement that fails."""
     log = _Log(budget, request.stamp.device)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
@@ -189,9 +166,7 @@ def _timings(request: ProfileRequest) -> list[str]:
 def _calibrates(
     prior: DreamShard, request: ProfileRequest, reference: tuple[float, float] | None
 ) -> CalibrationConfig | None:
-    """How the profile calibrates, if it does (:func:`~torchrec_dreamshard.calibration.
-    auto.calibration_to_run`); automatic, nothing is calibrated where the reference
-    kernel was not measured."""
+    """How the profile calibrates, if it does (automatic: not without the reference)."""
     if request.task is None or (request.auto and reference is None):
         return None
     mispriced = check_machine(prior, reference).mispriced
@@ -207,8 +182,7 @@ def _observed(request: ProfileRequest) -> bool:
 
 
 def _sharding_path(request: ProfileRequest, log: _Log) -> ShardingPathModel | None:
-    """The sharding path's cost where asked for: loaded where cached, else timed while
-    :data:`MIN_PATH_S` of the budget is left (see the module docstring)."""
+    """The sharding path's cost: cached, else timed while :data:`MIN_PATH_S` is left."""
     if request.sharding_path is None:
         return None
     left = log.left()
@@ -231,8 +205,7 @@ def _calibration(
     to_come: float,
     config: CalibrationConfig,
 ) -> ProfileCalibration | None:
-    """Calibrate with ``config`` on the request's tables within what is left beside the
-    type-choice timings still to come (``to_come`` seconds); ``None`` where it does not."""
+    """Calibrate within what is left beside ``to_come`` seconds of timings (or ``None``)."""
     task = request.task() if request.task is not None else None
     if task is None or not task.tables:
         return None

@@ -1,41 +1,6 @@
-"""``DreamShardPartitioner``: places a proposal and checks memory.
-
-A TorchRec partitioner gives every shard of a proposal a rank. Ours places a
-:class:`~torchrec_dreamshard.planner.stages.proposal.DreamShardProposal` in two steps:
-
-1. the tables the policy does not place (those DreamShard leaves to TorchRec, and those the
-   type choice moved to another type), by TorchRec's partitioner (``GreedyPerfPartitioner``,
-   or the user's ``partitioner``), first, in all the memory, as TorchRec would place them;
-2. the policy's tables, by the policy (
-   :class:`~torchrec_dreamshard.planner.stages.placement.PolicyPlacer`:
-   the agent's placement, or the column-wise split search where tables may be split), in
-   the memory each device has left. A table the placer splits gets a column-wise fused
-   option (estimated by the planner's enumerator: TorchRec's storage estimate of each
-   shard) whose shards carry the devices chosen.
-
-Memory. The policy counts a table's weight bytes, TorchRec's storage estimate also counts
-optimizer state and input/output buffers. The policy is given each device's memory scaled
-by its tables' weight-to-storage ratio; if TorchRec's estimate still overflows a device,
-that device's share is shrunk and the policy places again (a few times at most), never
-below the weights of a table placed there that no other device's share holds. TorchRec's
-own plan of the same tables, in the memory TorchRec counts, is found first (the placer's
-``torchrec_plan``) and is one of the safety net's candidates: the policy's first shares are
-raised to admit it (a share shrunk later may shut it out), and where the policy's placements
-still overflow (or the shares leave a table no room), that plan is the plan. So the
-planner finds a plan wherever TorchRec's planner finds one, and its baseline is the plan
-the user had before swapping planners.
-
-Then every device's shards must fit the storage it has after TorchRec's storage
-reservation. When they do not, or the tables do not fit the memory (the placer's
-:class:`~torchrec_dreamshard.data.tasks.InsufficientMemoryError`), it raises TorchRec's
-``PlannerError`` naming the tables and what to change, and TorchRec's planner treats the
-proposal as it treats any that does not partition. Any other error (a bug, a wrong length,
-a numpy error, a user component's own) is not a proposal that does not fit: it raises as
-itself, and TorchRec's loop, which skips only ``PlannerError``, lets it out of ``plan``.
-
-Other proposals (a user's proposers', such as TorchRec's ``GreedyProposer``) carry no ranks
-and go to the fallback partitioner, as they would in TorchRec's planner; a proposal whose
-shards all have ranks keeps them and is checked.
+"""``DreamShardPartitioner``: TorchRec's partitioner places the tables the policy does not,
+then the policy places its own in the memory left; every device's shards are checked
+against TorchRec's storage reservation (docs/architecture.md, "The planner's components").
 """
 
 from __future__ import annotations
@@ -76,18 +41,14 @@ MEMORY_SHRINK = 0.97  # extra margin when a device's share is shrunk
 
 
 class DreamShardPartitioner(Partitioner):
-    """Places DreamShard's proposals (TorchRec's partitioner, then the policy), keeps the
-    ranks of ranked ones, hands the others to the fallback; raises ``PlannerError`` naming
-    what does not fit.
+    """Places DreamShard's proposals; keeps the ranks of ranked ones; hands the others to
+    the fallback.
 
     Args:
-        fallback: TorchRec's partitioner: places proposals without ranks (``None``: they
-            are an error) and the tables of DreamShard's proposals the policy does not place
-            (``None``: TorchRec's ``GreedyPerfPartitioner``).
-        placer: the policy's placement of its tables (``None``: a proposal with policy
-            tables is an error).
-        enumerator: estimates the column-wise options of the tables the placer splits (the
-            planner's enumerator).
+        fallback: places unranked proposals and the tables the policy does not place
+            (``None``: TorchRec's ``GreedyPerfPartitioner`` for the latter).
+        placer: the policy's placement (``None``: policy tables are an error).
+        enumerator: estimates the column-wise options of split tables.
         spec_fn: the planner's table specs (default: shapes and pooling only).
     """
 
@@ -111,12 +72,11 @@ class DreamShardPartitioner(Partitioner):
     def partition(
         self, proposal: list[ShardingOption], storage_constraint: Topology
     ) -> list[ShardingOption]:
-        """``proposal`` with a rank in every shard (see the module docstring).
+        """``proposal`` with a rank in every shard.
 
         Raises:
-            PlannerError: the tables do not fit (named, with what to change), a shard has
-                a rank out of range, or a device's shards need more storage than it has
-                (the device and its tables are named). Any other error raises as itself.
+            PlannerError: the tables do not fit, a rank is out of range, or a device is
+                over its storage (each named). Any other error raises as itself.
         """
         if isinstance(proposal, DreamShardProposal):
             plan = self._place(proposal, storage_constraint)
@@ -142,8 +102,7 @@ class DreamShardPartitioner(Partitioner):
         return others + ours
 
     def _place_others(self, others: list[ShardingOption], constraint: Topology) -> list[int]:
-        """Place the tables the policy does not place with TorchRec's partitioner; the
-        bytes they use on each device."""
+        """Place the non-policy tables with TorchRec's partitioner; bytes used per device."""
         if not others:
             return [0] * constraint.world_size
         try:
@@ -156,8 +115,8 @@ class DreamShardPartitioner(Partitioner):
     def _place_policy(
         self, ours: list[ShardingOption], left: list[int], tier: str, widths: dict[str, int]
     ) -> list[ShardingOption]:
-        """The policy's options with ranks: placed until TorchRec's storage estimate fits
-        every device (see the module docstring)."""
+        """The policy's options with ranks: shares shrink until TorchRec's estimate fits;
+        TorchRec's own plan where the policy's still overflow."""
         if self.placer is None:
             raise PlannerError(
                 "DreamShardPartitioner was given a proposal with policy tables and no "
@@ -215,8 +174,7 @@ class DreamShardPartitioner(Partitioner):
         return used, holders
 
     def _ranked_options(self, ours: list[ShardingOption], found: SplitPlan) -> list[ShardingOption]:
-        """The options with the plan's devices in their shards' ranks: table-wise for the
-        whole tables, a column-wise option for each split one."""
+        """The options with the plan's ranks (a column-wise option per split table)."""
         whole, shards = plan_entries(found.sharded, found.placement)
         out = []
         for option in ours:
@@ -248,12 +206,9 @@ def shrunk_caps(
     specs: list[TableSpec],
     whole: dict[str, int],
 ) -> list[int]:
-    """The policy's shares after a placement overflowed TorchRec's estimate: each device
-    ``d`` in ``over`` (its memory left and TorchRec's estimate of what the placement put
-    there) shrunk in proportion, and a little more
-    (:data:`MEMORY_SHRINK`), but never below the weights of a whole table placed there
-    that no other device's share would hold (shrinking it away would leave that table
-    nowhere to go, where the other tables on the device could move)."""
+    """The policy's shares after an overflow: each device in ``over`` (memory left, estimate
+    used) shrunk in proportion times :data:`MEMORY_SHRINK`, never below a whole table placed
+    there that no other share would hold."""
     out = list(caps)
     for d, (left, used) in over.items():
         out[d] = max(1, int(out[d] * max(left, 0) / used * MEMORY_SHRINK))
@@ -266,14 +221,9 @@ def shrunk_caps(
 
 
 def policy_caps(specs: list[TableSpec], need: list[int], left: list[int]) -> list[int]:
-    """Each device's memory as the policy counts it (weight bytes): what is ``left`` of it
-    (TorchRec's storage, which adds optimizer state and input/output buffers) times the
-    tables' weight-to-storage ratio.
-
-    One ratio for every table can shut a big table (whose buffers are small beside its
-    weights) out of every device though its own storage fits one: each such table, the
-    biggest first, raises the cap of a device of its own (the one with the most left) to
-    its weights."""
+    """Each device's memory in weight bytes: ``left`` times the tables' weight-to-storage
+    ratio; a table shut out of every cap, though its storage fits, raises one device's cap
+    (the most left) to its weights, biggest first."""
     ratio = min(1.0, sum(t.size_bytes for t in specs) / max(1, sum(need)))
     caps = [max(1, int(room * ratio)) for room in left]
     shut_out = [
@@ -290,8 +240,7 @@ def policy_caps(specs: list[TableSpec], need: list[int], left: list[int]) -> lis
 def check_fits(
     ours: list[ShardingOption], need: list[int], left: list[int], widths: dict[str, int]
 ) -> None:
-    """Raise ``PlannerError`` when the policy's tables cannot fit: more bytes than all the
-    devices have left, or a table bigger than every device that may not be split."""
+    """Raise ``PlannerError`` where the policy's tables cannot fit, in all or one by one."""
     if sum(need) > sum(max(x, 0) for x in left):
         raise PlannerError(
             f"the {len(ours)} table-wise tables need {sum(need)} bytes (TorchRec's storage "
@@ -319,8 +268,7 @@ def check_fits(
 
 
 def check_ranks(plan: list[ShardingOption], storage_constraint: Topology) -> None:
-    """Raise ``PlannerError`` when a shard has no rank or one out of range, or a device's
-    shards need more storage than it has."""
+    """Raise ``PlannerError`` for a missing or out-of-range rank, or a device over storage."""
     unranked = sorted({o.fqn for o in plan for s in o.shards if s.rank is None})
     if unranked:
         raise PlannerError(

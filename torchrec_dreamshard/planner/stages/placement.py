@@ -1,19 +1,7 @@
-"""``PolicyPlacer``: the policy's placement of the tables it places, the seam the
-partitioner calls (:class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner`).
+"""``PolicyPlacer``: the policy's placement of its tables, the seam the partitioner calls.
 
-Given the tables' specs and each device's memory, it returns a
-:class:`~torchrec_dreamshard.policy.split_search.SplitPlan`: where nothing may be split, the
-agent's placement as it is (``PlacementAgent.place``: the mode's roll-outs, the safety net,
-and, for a calibrating agent, its calibration); where tables may be split column-wise, the
-split search (:func:`torchrec_dreamshard.policy.split_search.plan_with_splits`), which cuts
-a table too big for every device to fit and others when the cost network predicts a faster
-step.
-
-Only a placement that does not fit (:class:`~torchrec_dreamshard.data.tasks.
-InsufficientMemoryError`: the task's memory check, the policy's roll-outs, the split
-search) becomes TorchRec's ``PlannerError`` of insufficient storage, which TorchRec's loop
-takes as a proposal that does not partition. Any other error raises as itself, out of the
-planner's ``plan``.
+The agent's placement where nothing may be split, else the column-wise split search. Only
+``InsufficientMemoryError`` becomes TorchRec's ``PlannerError``; any other error raises.
 """
 
 from __future__ import annotations
@@ -40,11 +28,8 @@ class PolicyPlacer:
     Args:
         agent: the DreamShard agent.
         batch_size: the *global* batch the table-wise kernels process.
-        how: the mode (``"safe"``, ``"greedy"`` or ``"search"``, see
-            ``DreamShardPlanner``; ``None``: safe), sampled roll-outs, seed and candidate
-            sources (``None``: :func:`~torchrec_dreamshard.planner.stages.candidates.
-            default_sources`, TorchRec's plan on ``memory``, what the storage reservation
-            left) of every ``agent.place``.
+        how: mode, roll-outs, seed and candidate sources of every ``agent.place``
+            (``None``: safe, with ``default_sources(reserved=True)``).
     """
 
     def __init__(
@@ -61,11 +46,10 @@ class PolicyPlacer:
         self, specs: Sequence[TableSpec], memory: list[int], widths: dict[str, int]
     ) -> SplitPlan:
         """A plan of ``specs`` on devices of ``memory`` bytes, splitting the tables in
-        ``widths`` (shards at least that many columns wide) where it pays.
+        ``widths`` (minimum shard width) where it pays.
 
         Raises:
-            PlannerError: the tables do not fit (``INSUFFICIENT_STORAGE``; the
-                ``InsufficientMemoryError`` that said so is its cause).
+            PlannerError: ``INSUFFICIENT_STORAGE``, caused by the ``InsufficientMemoryError``.
         """
         try:
             task = self._task(specs, memory, oversized=bool(widths))
@@ -77,16 +61,12 @@ class PolicyPlacer:
             ) from exc
 
     def forget_report(self) -> None:
-        """Drop the report of the last placement (a new proposal is being placed)."""
+        """Drop the last placement's report."""
         self.last_report = None
 
     def torchrec_plan(self, specs: Sequence[TableSpec], memory: list[int]) -> list[int] | None:
-        """TorchRec's own plan of ``specs`` on devices of ``memory`` bytes as TorchRec counts
-        them (what its storage reservation left), from the placer's
-        :class:`~torchrec_dreamshard.planner.stages.candidates.TorchRecOwnPlan` source, which then
-        offers it to the safety net for the same tables; ``None`` in greedy mode (which
-        weighs no candidates), where there is no such source or where TorchRec's planner
-        finds no plan."""
+        """TorchRec's own plan of ``specs`` in ``memory`` as TorchRec counts it, from the
+        :class:`TorchRecOwnPlan` source (``None``: greedy mode, no such source, no plan)."""
         own = [s for s in self.how.sources or () if isinstance(s, TorchRecOwnPlan)]
         if not own or self.how.mode == "greedy":
             return None
@@ -99,8 +79,7 @@ class PolicyPlacer:
         return whole_plan(self._task(specs, memory, oversized=True), placement)
 
     def _task(self, specs: Sequence[TableSpec], memory: list[int], oversized: bool) -> Task:
-        """``specs`` on devices of ``memory`` bytes at the placer's batch (``oversized``:
-        tables bigger than every device are accepted)."""
+        """``specs`` on ``memory`` at the placer's batch (``oversized``: allowed)."""
         return Task(
             tables=list(specs),
             num_devices=len(memory),

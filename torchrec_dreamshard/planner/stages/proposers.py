@@ -1,30 +1,8 @@
 """``DreamShardProposer``: one proposal, a sharding option for every table.
 
-As TorchRec's proposers do, it picks one option per table from the search space it is
-given (DreamShard's enumerator's or a user's) and leaves the ranks to the partitioner:
-
-* every table the policy can place takes its table-wise fused option
-  (:func:`~torchrec_dreamshard.planner.stages.search_space.choose_options`); the others
-  take TorchRec's
-  best-rated option among those that fit a device;
-* then the sharding-type choice: where the search space also offers a table another type
-  its cost strategy lets the choice offer (data-parallel, row-wise, table-row-wise),
-  :class:`~torchrec_dreamshard.planner.type_choice.type_choice.TypeChooser` decides by the
-  typed cost
-  model which tables take it instead (sequence tables, which TorchRec's partitioner
-  places, join the choice as sequence lookups).
-
-The proposal is a :class:`~torchrec_dreamshard.planner.stages.proposal.DreamShardProposal`: the
-options, which of them the policy places, and which of those may be split column-wise
-(:func:`~torchrec_dreamshard.planner.stages.search_space.split_widths`: the search space also offers
-them column-wise on the fused kernel).
-:class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner` places it.
-
-Inside ``DreamShardPlanner`` the proposer measures nothing: the machine profile, built
-before TorchRec's loop, calibrated the agent on the tables :meth:`DreamShardProposer.
-policy_task` names, and the type choice's models are the profile's. Used on its own with an
-unfrozen calibrating agent, loading the search space asks the agent to get ready to price
-the tables the type choice will price (``PlacementAgent.prepare``).
+The policy's tables take their table-wise fused option, the others TorchRec's best-rated;
+then :class:`~torchrec_dreamshard.planner.type_choice.type_choice.TypeChooser` moves the
+tables another type rates better. Ranks are the partitioner's.
 """
 
 from __future__ import annotations
@@ -68,19 +46,14 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 @dataclass(frozen=True)
 class MachineModels:
-    """Where the type choice's models of this machine come from, each asked for only when
-    the type choice prices tables
-    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`).
+    """The type choice's models of this machine: callables, asked only when it prices
+    tables (``None``, or giving ``None``: the default).
 
     Attributes:
-        collectives: gives the machine's fitted collective models (``None``, or giving
-            ``None``: every policy table stays table-wise).
-        dense_kernel: gives the fitted dense-kernel model data-parallel tables are priced
-            with (``None``, or giving ``None``: analytic).
-        reference_ms: gives the reference kernel's time here, to price the cost network's
-            kernels in this machine's time (``None``, or giving ``None``: as predicted).
-        sharding_path: gives the measured cost of a sharding path beyond its kernels and
-            collectives (``None``, or giving ``None``: not charged).
+        collectives: fitted collective models (default: every policy table table-wise).
+        dense_kernel: the dense-kernel model of data-parallel tables (default: analytic).
+        reference_ms: the reference kernel's time here (default: kernels as predicted).
+        sharding_path: a sharding path's cost beyond kernels and collectives (default: 0).
     """
 
     collectives: Callable[[], CollectiveModels | None] | None = None
@@ -90,25 +63,18 @@ class MachineModels:
 
 
 class DreamShardProposer(Proposer):
-    """Proposes one option per table: the policy's where it places the table, the type
-    choice's where another type rates better, TorchRec's best-rated for the rest.
+    """Proposes one option per table: the policy's, the type choice's where another type
+    rates better, TorchRec's best-rated for the rest.
 
     Args:
         agent: the DreamShard agent (its cost network prices the type choice).
-        topology: the devices (memory is read from the storage reservation's reserved
-            topology when there is one).
+        topology: the devices (memory from the reservation's topology where there is one).
         batch_size: the *global* batch the table-wise kernels process.
         storage_reservation: the planner's storage reservation.
         constraints: TorchRec per-table constraints (``min_partition`` of splits).
         spec_fn: the planner's table specs (default: shapes and pooling only).
-        machine: the type choice's models of this machine; its collectives are asked for
-            only when the search space offers a table another type than table-wise that
-            the type choice may offer; then
-            :class:`~torchrec_dreamshard.planner.type_choice.type_choice.TypeChooser` decides which
-            tables leave table-wise (``None``: every policy table stays table-wise).
-        sources: the candidate sources a calibrating agent calibrates with (default
-            :func:`~torchrec_dreamshard.planner.stages.candidates.default_sources`: TorchRec's
-            plan, on the memory the storage reservation left).
+        machine: the type choice's models (``None``: every policy table stays table-wise).
+        sources: the candidate sources a calibrating agent calibrates with.
     """
 
     def __init__(
@@ -146,11 +112,8 @@ class DreamShardProposer(Proposer):
         self.type_chooser: TypeChooser | None = None  # and the chooser that made it
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
-        """Take the enumerated options and pick each table's (the policy's, or TorchRec's
-        best-rated); when the type choice will price tables, the agent gets ready to price
-        them here (``PlacementAgent.prepare``: a calibrating agent calibrates on them, so
-        the choice prices calibrated kernels and the policy's placement reuses that
-        calibration). The next :meth:`propose` proposes."""
+        """Pick each table's option; where the type choice will price tables, the agent
+        prepares to price them (``PlacementAgent.prepare``)."""
         self._search_space = search_space
         self._widths = split_widths(
             search_space, self._constraints, self._topology.world_size, self._spec
@@ -166,9 +129,8 @@ class DreamShardProposer(Proposer):
             self._agent.prepare(task, self.sources)
 
     def policy_task(self, search_space: list[ShardingOption]) -> Task | None:
-        """The tables of ``search_space`` the policy places, as a task at the global batch
-        (memory set so that any placement is valid), or ``None`` where it places none:
-        what the machine profile calibrates on. Measures nothing."""
+        """The policy's tables of ``search_space`` as a task (``None``: none), what the
+        machine profile calibrates on. Measures nothing."""
         widths = split_widths(
             search_space, self._constraints, self._topology.world_size, self._spec
         )
@@ -202,10 +164,8 @@ class DreamShardProposer(Proposer):
     def _priced_tables(
         self, ours: list[ShardingOption], others: list[ShardingOption]
     ) -> _Priced | None:
-        """What the type choice prices: the policy's tables and the sequence tables that
-        fit a device whole (tables to be split stay with the policy), and the other types
-        the search space offers them; ``None`` when it offers none (or there are no
-        collective models to price them with)."""
+        """What the type choice prices (policy and sequence tables that fit a device whole,
+        and their other types); ``None`` where none or no collective models."""
         tier = memory_tier(self._constraint)
         biggest = max(device_capacity(self._constraint))
         seq = sequence_options(self._search_space, {o.fqn for o in others})
@@ -218,10 +178,8 @@ class DreamShardProposer(Proposer):
     def _choose_types(
         self, ours: list[ShardingOption], others: list[ShardingOption], priced: _Priced
     ) -> tuple[list[ShardingOption], list[ShardingOption]]:
-        """The policy's options and the others, after the type choice: the tables it takes
-        off table-wise join the others with their chosen option. Sequence tables
-        (TorchRec's to place) join the choice as sequence lookups: table-wise unless
-        another type rates better."""
+        """The policy's options and the others after the type choice (moved tables join the
+        others with their chosen option)."""
         tier = memory_tier(self._constraint)
         capacity = device_capacity(self._constraint)
         alts, seq_fqns = priced.alternatives, {o.fqn for o in priced.sequences}
@@ -236,8 +194,7 @@ class DreamShardProposer(Proposer):
         ]
 
     def _chooser(self) -> TypeChooser:
-        """The type chooser, with this machine's models (a calibrating agent's kernels are
-        this machine's already: they are not scaled by the reference kernel)."""
+        """The type chooser with this machine's models (a calibrating agent's unscaled)."""
         dense, reference, path = self._machine
         return TypeChooser(
             self._agent,
@@ -253,8 +210,7 @@ class DreamShardProposer(Proposer):
 
 @dataclass(frozen=True)
 class _Priced:
-    """The tables the type choice prices, the other types offered them (by table and
-    type) and the sequence tables among them."""
+    """The tables the type choice prices, their other types, and the sequence tables."""
 
     tables: list[ShardingOption]
     alternatives: dict[str, dict[str, ShardingOption]]

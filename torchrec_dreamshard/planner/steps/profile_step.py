@@ -1,22 +1,5 @@
 """The profile step of ``DreamShardPlanner.plan``: the machine profile built, loaded or
-given before TorchRec's loop, as a value.
-
-Where the profile comes from, in order:
-
-* ``profile=`` (a :class:`~torchrec_dreamshard.profile.machine_profile.MachineProfile` or
-  its file): used as it is; nothing is timed, nothing written. A profile stamped on other
-  hardware is used all the same, with a warning naming the differences;
-* ``measure=False``, a plan loader, or a CUDA topology on a machine without CUDA:
-  nothing is measured (analytic collectives, the checkpoint's kernels), and the profile's
-  notes say why;
-* else :func:`~torchrec_dreamshard.profile.build.build_profile` measures what the plan
-  needs within the plan's budget: the reference kernel, the collectives and the dense
-  kernel where the search space may offer other types than table-wise, and calibration
-  where asked for or where the checkpoint misprices this machine.
-
-The planner then binds the profile to its components' agent (``PlanAgent.bind``), and
-TorchRec's loop prices with it, measuring nothing.
-"""
+given before TorchRec's loop, as a value."""
 
 from __future__ import annotations
 
@@ -48,16 +31,14 @@ FIRST_PLAN_BUDGET_S = 25.0  # seconds a default plan may measure (profile and ve
 
 @dataclass(frozen=True)
 class MachineSources:
-    """Where the profile step measures the machine's models from (the planner's
-    defaults, :mod:`~torchrec_dreamshard.planner.defaults`).
+    """Where the profile step measures the machine's models from.
 
     Attributes:
         reference: measures (or loads) the reference kernel.
         collectives: measures (or loads) the collective models.
         collectives_source: where those come from, in words.
         dense_kernel: measures (or loads) the dense kernel's model.
-        sharding_path: ``sharding_path(may_measure)`` loads the cost of a sharding path,
-            or measures it where ``may_measure`` (giving ``None``: neither).
+        sharding_path: loads a sharding path's cost, measuring it where ``may_measure``.
         cached: the type-choice timings cached on this machine for the topology.
     """
 
@@ -136,14 +117,15 @@ class ProfileStep:
         needs: ProfileNeeds,
         task: Callable[[], Task | None],
     ) -> MachineProfile:
-        """The profile for this plan (see the module docstring).
+        """The profile for this plan: the given one (a warning where stamped on other
+        hardware); an unmeasured one where ``measure=False``, a plan loader, or CUDA
+        planned without CUDA (its notes say why); else :func:`build_profile`'s.
 
         Args:
             prior: the checkpoint's agent.
             budget: the plan's budget.
             needs: which of the machine's models the plan may price with.
-            task: the tables calibration would measure (asked for only where it
-                calibrates).
+            task: the tables calibration would measure (asked only where it calibrates).
         """
         stamp = self.stamp()
         if self._given is not None:
@@ -188,9 +170,7 @@ class ProfileStep:
 
     @staticmethod
     def _checked(profile: MachineProfile, here: MachineStamp) -> MachineProfile:
-        """``profile`` with notes on where it differs from ``here``: a warning where it
-        was measured on other hardware or software, a note where only the threads or the
-        topology differ."""
+        """``profile`` with notes where it differs from ``here`` (a warning: other hardware)."""
         other = profile.stamp.differences(here, HARDWARE_FIELDS)
         settings = profile.stamp.differences(here, SETTING_FIELDS)
         notes = []
@@ -208,8 +188,7 @@ class ProfileNeeds:
 
     Attributes:
         types_offered: the search space may offer types the type choice prices.
-        paths_may_change: the type choice may rate plans of another number of sharding
-            paths (else the path is only loaded where cached).
+        paths_may_change: plans may differ in their number of sharding paths.
         loads_plan: a plan loader is given (nothing is measured).
     """
 
@@ -220,8 +199,7 @@ class ProfileNeeds:
 
 @dataclass(frozen=True)
 class PlanInputs:
-    """What one ``plan()`` call plans: the model, its sharders, the devices and
-    TorchRec's per-rank batch."""
+    """What one ``plan()`` plans: model, sharders, devices, TorchRec's per-rank batch."""
 
     module: nn.Module
     sharders: list[ModuleSharder[nn.Module]]
@@ -231,8 +209,8 @@ class PlanInputs:
 
 def plan_budget(timeout_seconds: float | None, settings: AdaptSettings) -> float | None:
     """The whole plan's budget: ``timeout_seconds``, else :data:`FIRST_PLAN_BUDGET_S`
-    where the planner adapts by default (``calibrate=None``), else none (what the user
-    asked to measure, ``calibrate=60`` or ``verify=3``, is measured whole)."""
+    where the planner adapts by default, else none (what the user asked for is measured
+    whole)."""
     if timeout_seconds is not None:
         return float(timeout_seconds)
     return FIRST_PLAN_BUDGET_S if settings.automatic else None
@@ -243,9 +221,8 @@ def policy_tables(
     constraints: dict[str, ParameterConstraints] | None,
     parts: tuple[Any, Any, Any],
 ) -> Task | None:
-    """The tables the policy would place, as the profile step calibrates on them: the
-    planner's storage reservation, enumerator and proposer (``parts``), run as TorchRec's
-    loop will run them; nothing timed."""
+    """The tables the policy would place: ``parts`` (reservation, enumerator, proposer)
+    run as TorchRec's loop will run them; nothing timed."""
     reservation, enumerator, proposer = parts
     reservation.reserve(
         topology=inputs.topology,
