@@ -1,3 +1,1 @@
-"""The adapters to TorchRec: task files as TorchRec's inputs, the topology, device memory
-as TorchRec counts it, and the one module that reads TorchRec's planner.
-"""
+"""The adapters to TorchRec: task files as its inputs, the topology, device memory, its planner."""

@@ -1,5 +1,5 @@
-"""Device memory as TorchRec's planner counts it: the tier the tables live on, each
-device's capacity there (off a ``Topology``) and an option's storage on it."""
+"""Device memory as TorchRec's planner counts it: the tier, each device's capacity there and
+an option's storage on it."""
 
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ def option_bytes(option: ShardingOption, tier: str) -> int:
 
 
 def rank_bytes(options: Sequence[ShardingOption], world_size: int, tier: str) -> list[int]:
-    """TorchRec's storage estimate of each rank's shards on memory ``tier`` (shards
-    without a rank counted nowhere)."""
+    """TorchRec's storage estimate of each rank's shards on memory ``tier``."""
     used = [0] * world_size
     for option in options:
         for shard in option.shards:

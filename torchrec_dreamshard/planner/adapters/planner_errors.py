@@ -1,12 +1,5 @@
-"""TorchRec's partitioning errors as a user reads them: the tables and their bytes, each
-device's free bytes, never an object's repr.
-
-TorchRec's ``GreedyPerfPartitioner`` names what it could not place by the repr of a
-``ShardingOptionGroup``, whose options print as ``<...ShardingOption object at 0x...>``.
-:func:`readable_partition_error` rewrites such an error into one of the same type and
-``error_type`` that names the tables, their sharding types and TorchRec's storage estimate
-of each, and the bytes each device has free.
-"""
+"""TorchRec's partitioning errors as a user reads them (:func:`readable_partition_error`):
+the tables, their bytes and each device's free bytes instead of ``ShardingOption`` reprs."""
 
 from __future__ import annotations
 
@@ -30,15 +23,14 @@ MAX_LISTED = 12  # tables named in full; the rest are counted
 
 
 def without_reprs(message: str) -> str:
-    """``message`` with TorchRec's ``ShardingOptionGroup(...)`` reprs replaced by the storage
-    they sum to, and any other ``<... object at 0x...>`` by ``"a sharding option"``."""
+    """``message`` with TorchRec's option reprs replaced by their storage or ``"a sharding
+    option"``."""
     message = _GROUP.sub(lambda m: f"of {m.group(1)}", message)
     return _OBJECT.sub("a sharding option", message)
 
 
 def tables_text(options: Sequence[ShardingOption], tier: str) -> str:
-    """``".t0" (table_row_wise, 5253120 bytes), ...``: the options' tables, largest first,
-    with their sharding type and TorchRec's storage estimate in ``tier``."""
+    """``".t0" (table_row_wise, 5253120 bytes), ...``: the options' tables, largest first."""
     sized = sorted(((option_bytes(o, tier), o) for o in options), key=lambda x: -x[0])
     shown = [f"{o.fqn!r} ({o.sharding_type}, {n} bytes)" for n, o in sized[:MAX_LISTED]]
     more = len(sized) - MAX_LISTED
@@ -46,8 +38,7 @@ def tables_text(options: Sequence[ShardingOption], tier: str) -> str:
 
 
 def free_text(free: Sequence[int], tier: str) -> str:
-    """``"the 4 devices have 4250000 bytes of hbm free each"``, or each device's bytes
-    (the first :data:`MAX_LISTED`) where they differ."""
+    """``"the 4 devices have 4250000 bytes of hbm free each"``, or each device's bytes."""
     if len(set(free)) == 1:
         return f"the {len(free)} devices have {free[0]} bytes of {tier} free each"
     shown = ", ".join(f"{d}: {b}" for d, b in enumerate(free[:MAX_LISTED]))
@@ -58,15 +49,13 @@ def free_text(free: Sequence[int], tier: str) -> str:
 def readable_partition_error(
     exc: PlannerError, options: Sequence[ShardingOption], topology: Topology, what: str
 ) -> PlannerError:
-    """``exc``, raised partitioning ``options`` on ``topology``, as a ``PlannerError`` of the
-    same ``error_type`` naming the tables and bytes.
+    """``exc`` as a ``PlannerError`` of the same ``error_type`` naming the tables and bytes.
 
     Args:
         exc: TorchRec's error.
         options: the sharding options that were being placed.
         topology: the devices they were placed on (after TorchRec's storage reservation).
-        what: who failed, the message's start (``"TorchRec's partitioner could not place
-            the tables DreamShard leaves to it"``).
+        what: who failed, the message's start.
 
     Returns:
         The error to raise (``from exc``).

@@ -1,30 +1,12 @@
-"""A task file as what TorchRec's planner is given (:func:`task_inputs`): the model, the
-topology, the per-rank batch, the constraints and the declared reuse and bag-length cvs,
-so that ``dreamshard plan`` plans a task through :class:`DreamShardPlanner` as a training
-job plans its model, and a job built from the same task loads that plan.
+"""A task file as TorchRec's planner inputs (:func:`task_inputs`), so that ``dreamshard plan``
+plans a task as a training job plans its model.
 
-A task (:mod:`torchrec_dreamshard.data.tasks`) says what TorchRec says another way:
-
-* its tables become one ``EmbeddingBagCollection`` (the model itself, so a table's fully
-  qualified name is ``".<name>"``), each table fed by its own feature ``f_<name>``
-  (:mod:`torchrec_dreamshard.data.table_configs`), fp16 where ``bytes_per_element`` is 2;
-* ``num_devices`` ranks of its ``compute_device`` (``hosts`` of ``local_world_size``
-  where given): CPU ranks with each ``memory_bytes`` as TorchRec's DDR capacity, or GPUs
-  with it as their HBM (what TorchRec's storage reservation and estimate then take their
-  share of); a GPU cluster is planned on any machine, a CPU-only one included;
-* ``global_batch_size`` (``Task.batch_size``) becomes TorchRec's per-rank batch
-  ``global_batch_size // num_devices`` (it must divide evenly);
-* each table's ``pooling_factor`` a ``ParameterConstraints(pooling_factors=[...])``, its
-  ``reuse_hist`` the planner's ``reuse_hists``, and its ``bag_length_cv`` (bursty bags,
-  which TorchRec has no field for) the planner's ``bag_length_cvs``: the cost network does
-  not see the cv, but the kernels the planner calibrates on and verifies with are fed bags
-  that vary as the task's do;
-* a table that fits no device whole (its weights over :data:`WHOLE_SHARE` of the largest
-  device's memory: TorchRec's default storage reservation keeps 15%) may be split into
-  column-wise shards down to :data:`~torchrec_dreamshard.data.splits.SHARD_COLUMN_MULTIPLE`
-  columns (``min_partition``), as a task file means: a table bigger than every device is
-  split. Every other table keeps TorchRec's narrowest column-wise shard (``MIN_CW_DIM``,
-  128 columns).
+The tables become one ``EmbeddingBagCollection`` (fqn ``".<name>"``, feature ``f_<name>``);
+``num_devices`` ranks of ``compute_device`` with ``memory_bytes`` as DDR (CPU) or HBM (GPU);
+the per-rank batch ``global_batch_size // num_devices``; pooling factors as constraints,
+reuse histograms and bag-length cvs as the planner's arguments. A table over
+:data:`WHOLE_SHARE` of the largest device may split column-wise down to
+:data:`~torchrec_dreamshard.data.splits.SHARD_COLUMN_MULTIPLE` columns.
 """
 
 from __future__ import annotations
@@ -59,13 +41,11 @@ class TaskInputs:
 
     Attributes:
         model: the tables' ``EmbeddingBagCollection``.
-        topology: the task's ranks (CPU or GPU, hosts of ``local_world_size``) with its
-            memory.
+        topology: the task's ranks with its memory.
         batch_size: TorchRec's per-rank batch.
         constraints: each table's pooling factor, by table name.
-        reuse_hists: the declared reuse histograms, by fully qualified name.
-        bag_length_cvs: the declared bag-length cvs, by fully qualified name (tables of
-            bursty bags only).
+        reuse_hists: the declared reuse histograms, by fqn.
+        bag_length_cvs: the declared bag-length cvs, by fqn.
     """
 
     model: EmbeddingBagCollection
@@ -76,8 +56,7 @@ class TaskInputs:
     bag_length_cvs: dict[str, float] = field(default_factory=dict)
 
     def planner_arguments(self) -> dict[str, Any]:
-        """The ``DreamShardPlanner`` arguments they are: ``topology``, ``batch_size``,
-        ``constraints``, ``reuse_hists`` and ``bag_length_cvs``."""
+        """The ``DreamShardPlanner`` keyword arguments they are."""
         return {
             "topology": self.topology,
             "batch_size": self.batch_size,
@@ -88,8 +67,7 @@ class TaskInputs:
 
 
 def per_rank_batch(task: Task) -> int:
-    """TorchRec's per-rank batch of ``task``: its global batch over its devices
-    (:func:`torchrec_dreamshard.data.task_fields.per_rank_batch`, the one rule).
+    """TorchRec's per-rank batch of ``task``.
 
     Raises:
         ValueError: the global batch does not divide evenly among the devices.
@@ -98,9 +76,7 @@ def per_rank_batch(task: Task) -> int:
 
 
 def task_topology(task: Task) -> Topology:
-    """TorchRec's ``Topology`` of ``task``'s devices: ``num_devices`` ranks of its
-    ``compute_device`` in hosts of its ``local_world_size``, each device's memory its DDR
-    (``"cpu"``) or its HBM (``"cuda"``)."""
+    """TorchRec's ``Topology`` of ``task``'s devices, each device's memory its DDR or HBM."""
     caps = [int(m) for m in task.memory]
     on_cuda = task.compute_device == "cuda"
     return torchrec_topology(
@@ -113,8 +89,7 @@ def task_topology(task: Task) -> Topology:
 
 
 def task_model(task: Task, device: str | torch.device = "meta") -> EmbeddingBagCollection:
-    """The task's tables as one ``EmbeddingBagCollection`` on ``device`` (``"meta"`` to
-    plan; ``"meta"`` too for ``DistributedModelParallel``, which builds the shards)."""
+    """The task's tables as one ``EmbeddingBagCollection`` on ``device`` (``"meta"`` to plan)."""
     configs = [
         dataclasses.replace(c, data_type=DataType.FP16) if t.bytes_per_element == 2 else c
         for t, c in zip(task.tables, embedding_bag_configs(task.tables), strict=True)
@@ -123,8 +98,7 @@ def task_model(task: Task, device: str | torch.device = "meta") -> EmbeddingBagC
 
 
 def task_inputs(task: Task, device: str | torch.device = "meta") -> TaskInputs:
-    """What TorchRec's planner is given for ``task`` (see the module docstring), the model
-    on ``device``.
+    """What TorchRec's planner is given for ``task``, the model on ``device``.
 
     Raises:
         ValueError: the global batch does not divide evenly among the devices.

@@ -1,8 +1,5 @@
 """The TorchRec ``Topology`` a model is planned on, built the way TorchRec asks
-(:func:`torchrec_topology`): the planner's defaults build it from the planner's arguments,
-the adapter plans on it and the evaluation's step timer shards on it. Public TorchRec API
-only.
-"""
+(:func:`torchrec_topology`). Public TorchRec API only."""
 
 from __future__ import annotations
 
@@ -27,24 +24,19 @@ def torchrec_topology(
     hbm_caps: Sequence[int] | None = None,
     ddr_caps: Sequence[int] | None = None,
 ) -> Topology:
-    """A TorchRec ``Topology`` built the way TorchRec 1.8 asks, through
-    ``TopologyFactory.create_topology`` (a ``Topology`` constructed directly logs that
-    "the job will fail"). It is the topology ``Topology(...)`` builds from the same
-    arguments: TorchRec's default bandwidths and multipliers, and every device with
-    ``hbm_cap`` / ``ddr_cap`` bytes (TorchRec's defaults when ``None``).
+    """A TorchRec ``Topology`` through ``TopologyFactory.create_topology``, as
+    ``Topology(...)`` builds it (constructed directly, it logs that "the job will fail").
 
     Args:
         world_size: ranks.
         compute_device: ``"cpu"``, ``"cuda"`` or ``"mtia"``.
         local_world_size: ranks per host (``None``: all of them).
-        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``, as by ``Topology``).
-        ddr_cap: DDR bytes of each device.
-        hbm_caps, ddr_caps: HBM / DDR bytes of each device, one per rank (devices that
-            differ: TorchRec's ``CustomTopologyData``); over ``hbm_cap`` / ``ddr_cap``.
+        hbm_cap: HBM bytes of each device (ignored on ``"cpu"``; ``None``: TorchRec's).
+        ddr_cap: DDR bytes of each device (``None``: TorchRec's).
+        hbm_caps, ddr_caps: bytes of each device, one per rank; over ``hbm_cap`` / ``ddr_cap``.
 
     Raises:
-        ValueError: ``hbm_caps`` or ``ddr_caps`` does not hold one positive whole number
-            per rank.
+        ValueError: ``hbm_caps`` or ``ddr_caps`` is not one positive whole number per rank.
     """
     per_device = {}
     for key, caps in (("hbm_cap", hbm_caps), ("ddr_cap", ddr_caps)):

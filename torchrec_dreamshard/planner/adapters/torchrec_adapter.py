@@ -1,12 +1,5 @@
-"""Where our table specs become TorchRec objects and TorchRec's planner is read.
-
-The TorchRec internals these read (the planner's chosen plan, topology and reservation,
-the storage reservation's dense estimate) are reached through
-:mod:`torchrec_dreamshard.torchrec_compat`, which checks them against the installed
-release. The ``EmbeddingBagConfig`` of each table (public API, shared with the measured
-models) comes from :mod:`torchrec_dreamshard.data.table_configs`, and the topology a model
-is planned on (:func:`torchrec_topology`) from :mod:`torchrec_dreamshard.planner.adapters.topology`.
-"""
+"""Where our table specs become TorchRec objects and TorchRec's planner is read (its
+internals through :mod:`torchrec_dreamshard.torchrec_compat`)."""
 
 from __future__ import annotations
 
@@ -53,8 +46,7 @@ ACCOUNTINGS: tuple[str, ...] = get_args(Accounting)
 
 
 def table_wise_constraints(tables: Sequence[TableSpec]) -> dict[str, ParameterConstraints]:
-    """Table-wise sharding on the fused kernel (the placements we measure), with each
-    table's pooling factor."""
+    """Table-wise fused constraints, with each table's pooling factor."""
     return {
         t.name: ParameterConstraints(
             sharding_types=["table_wise"],
@@ -70,13 +62,11 @@ def heuristical_reservation(
     sharders: Sequence[ModuleSharder[torch.nn.Module]],
     percentage: float = 0.15,
 ) -> HeuristicalStorageReservation:
-    """The storage reservation a TorchRec planner builds when given none
-    (``HeuristicalStorageReservation(percentage)``), with its ``dense_tensor_estimate``
-    set to the bytes it would reserve for ``model``'s dense part anyway
-    (:func:`fill_dense_estimate`; ``model=None``: set later, when the model is known).
+    """TorchRec's default ``HeuristicalStorageReservation(percentage)``, its dense estimate
+    filled for ``model`` (``None``: later).
 
     Args:
-        model: the model the planner will plan (on any device, ``meta`` included).
+        model: the model the planner will plan (``meta`` included).
         sharders: the sharders the planner will be given.
         percentage: TorchRec's ``heuristical_storage_reservation_percentage``.
     """
@@ -95,20 +85,15 @@ def fill_dense_estimate(
     sharders: Sequence[ModuleSharder[torch.nn.Module]],
 ) -> None:
     """Set ``reservation``'s ``dense_tensor_estimate`` to what it reserves for ``model``'s
-    dense part anyway: 6 x the bytes of the parameters outside the modules ``sharders``
-    shard, plus their buffers. TorchRec (1.8, 1.9) computes it from shapes and dtypes only, so
-    it is exact on the meta device too, but without an estimate it logs a "known issue
-    ... in dry run scenarios" warning on every plan. The reservation means the same with
-    it, and TorchRec does not warn (it still does when the estimate is 0, a model with no
-    dense part; nothing is wrong then either)."""
+    dense part anyway (6 x its parameters plus buffers), which silences TorchRec's dry-run
+    warning without changing the reservation."""
     # 6.0: HeuristicalStorageReservation's parameter_multiplier (parameter, optimizer, DDP)
     estimate = dense_tensor_estimate(model, list(sharders), multiplier=6.0)
     set_dense_tensor_estimate(reservation, estimate)  # TorchRec's constructor argument
 
 
 def reserved_topology(reservation: StorageReservation | None, topology: Topology) -> Topology:
-    """The topology left after the storage reservation's last reservation, or
-    ``topology`` when nothing was reserved yet."""
+    """The topology left after the storage reservation's last reservation (else ``topology``)."""
     reserved = reservation.last_reserved_topology if reservation else None
     return reserved if reserved is not None else topology
 
@@ -171,26 +156,19 @@ class WeightsOnlyEnumerator(EmbeddingEnumerator):
 def plan_with_torchrec(
     task: Task, accounting: Accounting = "torchrec", compute_device: str = "cpu"
 ) -> dict[str, int]:
-    """TorchRec's ``EmbeddingShardingPlanner`` on ``task``, table-wise fused only; the rank
-    of every table it placed.
+    """TorchRec's ``EmbeddingShardingPlanner`` on ``task``, table-wise fused only; the rank of
+    every table it placed.
 
     Args:
-        task: the task (its batch is the global batch; TorchRec gets ``B / D`` per rank).
-        accounting: how a table's memory is counted against the task's memory:
-            ``"torchrec"``, TorchRec's defaults (its storage estimate of weights, optimizer
-            state and I/O buffers, and its 15% heuristic reservation: the task's memory is
-            the devices' whole memory); ``"unreserved"``, TorchRec's storage estimate with
-            nothing reserved (the task's memory is what a storage reservation left);
-            ``"weights"``, a table costs its weights' bytes and nothing is reserved (our
-            accounting).
-        compute_device: the topology's device, ``"cpu"`` (the task's memory is each
-            device's DDR) or ``"cuda"`` (its HBM; TorchRec prices CUDA kernels and links,
-            and needs no GPU to plan for them).
+        task: the task (its batch is the global batch).
+        accounting: ``"torchrec"`` (TorchRec's storage estimate and 15% reservation),
+            ``"unreserved"`` (its estimate, nothing reserved) or ``"weights"`` (a table
+            costs its weights' bytes, nothing reserved).
+        compute_device: ``"cpu"`` (memory is DDR) or ``"cuda"`` (HBM; no GPU needed).
 
     Raises:
         PlannerError: TorchRec's planner found no plan.
-        ValueError: ``accounting`` is none of the three, or the global batch does not
-            divide evenly among the devices.
+        ValueError: an unknown ``accounting``, or a batch that does not divide evenly.
     """
     if accounting not in ACCOUNTINGS:
         raise ValueError(f"accounting must be one of {ACCOUNTINGS}, got {accounting!r}")
