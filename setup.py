@@ -14,7 +14,9 @@ setup(
     description="A learned embedding-table sharding planner for TorchRec, after DreamShard.",
     python_requires=">=3.11",
     packages=find_packages(include=["torchrec_dreamshard", "torchrec_dreamshard.*"]),
-    package_data={"torchrec_dreamshard": ["checkpoints/*.pt", "checkpoints/*.json"]},
+    # py.typed: the package's annotations are its public types (PEP 561), so mypy and
+    # pyright check `DreamShardPlanner(...)` against its signature
+    package_data={"torchrec_dreamshard": ["py.typed", "checkpoints/*.pt", "checkpoints/*.json"]},
     # matplotlib: the PNG curves of `dreamshard train`, `plan --plot` and `report --plot`
     install_requires=["torch>=2.13,<2.15", "numpy", "tqdm", "matplotlib"],
     entry_points={"console_scripts": ["dreamshard=torchrec_dreamshard.cli:main"]},
