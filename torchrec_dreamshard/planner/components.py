@@ -1,10 +1,5 @@
-"""DreamShard's planner components, wired: what
-:class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` hands TorchRec's planner
-(enumerator, proposers, partitioner, performance model, stats), built from what they all
-plan for (:class:`PlanningScope`) and with the user's components (:class:`UserComponents`)
-where given: the user's enumerator, partitioner and performance model replace ours, the
-user's proposers and stats add to ours (see ``DreamShardPlanner``).
-"""
+"""DreamShard's planner components, wired: the user's enumerator, partitioner and
+performance model replace ours; the user's proposers and stats add to ours."""
 
 from __future__ import annotations
 
@@ -48,8 +43,7 @@ class PlanningScope:
         reservation: the storage reservation.
         constraints: TorchRec's constraints by table name.
         specs: the table spec of every option.
-        storage_correction: factors over TorchRec's storage estimate, measured in a
-            running job (``None``: TorchRec's estimate as it is).
+        storage_correction: factors over TorchRec's storage estimate (``None``: none).
     """
 
     agent: PlacementAgent
@@ -62,7 +56,7 @@ class PlanningScope:
 
     @property
     def global_batch(self) -> int:
-        """The batch each table-wise kernel processes: per-rank batch x world size."""
+        """Per-rank batch x world size."""
         return self.batch_size * self.topology.world_size
 
 
@@ -87,11 +81,9 @@ class Components:
         partitioner: DreamShard's partitioner.
         perf_model: the cost network's performance model.
         cost_stats: the stats logger of the cost network's predictions.
-        loggers: every stats logger (the user's or TorchRec's, then ours), which the
-            planner logs once per plan, for the plan it returns.
-        torchrec: TorchRec's ``enumerator``, ``proposer``, ``partitioner``,
-            ``performance_model`` and ``stats`` arguments (the stats: one
-            :class:`DeferredStats` that holds the loop's call for the planner).
+        loggers: every stats logger (the user's or TorchRec's, then ours).
+        deferred: the stats TorchRec's loop calls, holding its call for the planner.
+        torchrec: TorchRec's planner arguments made of these components.
     """
 
     proposer: DreamShardProposer
@@ -110,9 +102,7 @@ def build_components(
     user: UserComponents,
     machine: MachineModels,
 ) -> Components:
-    """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s;
-    ``machine``: the type choice's models of this machine
-    (:func:`~torchrec_dreamshard.planner.steps.machine_sources.machine_models`)."""
+    """DreamShard's components for ``scope``, placing with ``how``, with the ``user``'s."""
     agent, topology, specs = scope.agent, scope.topology, scope.specs
     proposer = DreamShardProposer(
         agent,

@@ -1,6 +1,5 @@
-"""The parts of :class:`~torchrec_dreamshard.planner.planners.DreamShardPlanner` built from
-its arguments: the topology, the agent (loaded), how it adapts to the machine, and the check
-that a user's components are of TorchRec's types."""
+"""The parts of ``DreamShardPlanner`` built from its arguments: topology, agent, how it
+adapts, the check of a user's components, and :func:`wire`."""
 
 from __future__ import annotations
 
@@ -59,8 +58,7 @@ def default_topology() -> Topology:
 def own_reservation(
     given: StorageReservation | None, percentage: float
 ) -> StorageReservation | None:
-    """TorchRec's default storage reservation at ``percentage`` where the user gave none
-    (its dense estimate is filled in from each model the planner plans), else ``None``."""
+    """TorchRec's default storage reservation at ``percentage`` where the user gave none."""
     return heuristical_reservation(None, [], percentage) if given is None else None
 
 
@@ -72,10 +70,8 @@ def load_agent(checkpoint: str | Path | None) -> PlacementAgent:
 
 
 def load_or_defer(checkpoint: str | Path | None) -> tuple[PlacementAgent, str | None]:
-    """The agent in ``checkpoint`` and ``None``; under a process group of several ranks, a
-    failure is kept instead: a stand-in agent (:class:`Unloaded`) and the error, which
-    ``collective_plan`` raises on every rank at once, so no rank is left waiting for one
-    that failed. Elsewhere it raises."""
+    """The agent in ``checkpoint`` and ``None``; on several ranks a failure is kept (an
+    :class:`Unloaded` and the error) for ``collective_plan`` to raise on every rank."""
     try:
         return load_agent(checkpoint), None
     except ValueError as exc:
@@ -93,9 +89,12 @@ def check_arguments(
     performance_model: PerfModel | None,
     plan_loader: PlanLoader | None,
 ) -> list:
-    """The user's proposers as a list, after checking the batch size (a ``ValueError``)
-    and that each component is of TorchRec's type for its argument (a ``TypeError`` naming
-    the argument and what it got)."""
+    """The user's proposers as a list, the batch size and the components' types checked.
+
+    Raises:
+        ValueError: ``batch_size`` below 1.
+        TypeError: a component not of TorchRec's type for its argument (named).
+    """
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be a positive per-rank batch, got {batch_size}")
     users = [] if proposer is None else list(proposer) if isinstance(proposer, list) else [proposer]
@@ -122,18 +121,8 @@ def adapt_settings(
     verify: int | None,
     verify_rounds: int = 3,
 ) -> AdaptSettings:
-    """The one decoding of ``calibrate`` and ``verify``.
-
-    ``calibrate``: ``None`` (the default) calibrates where the checkpoint misprices this
-    machine (the reference kernel, within
-    :data:`~torchrec_dreamshard.calibration.auto.AUTO_BUDGET_S`); ``False`` never does;
-    ``True`` (60 s), a budget in seconds or a ``CalibrationConfig`` always do.
-    ``verify``: ``None`` (the default) verifies where the automatic check calibrates
-    (:data:`~torchrec_dreamshard.calibration.auto.AUTO_VERIFY_K` plans, cached), and
-    nowhere else; a number of plans always does (0: never).
-
-    Both are checked by :class:`~torchrec_dreamshard.planner.options.DreamShardOptions`.
-    """
+    """The one decoding of ``calibrate`` and ``verify`` (as :class:`DreamShardOptions`
+    documents them)."""
     from torchrec_dreamshard.calibration import CalibrationConfig
     from torchrec_dreamshard.calibration.auto import AUTO_BUDGET_S
     from torchrec_dreamshard.measure.config import MeasureConfig
@@ -159,8 +148,7 @@ def adapt_settings(
 
 
 def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
-    """Why the agent's kernel times may not hold here: it was trained on another CPU than
-    the one planning for CPU ranks (``None`` when they match, or cannot be told)."""
+    """Why the agent's CPU kernel times may not hold here (``None``: same CPU, or unknown)."""
     if isinstance(agent, Unloaded) or topology.compute_device != "cpu":
         return None
     if "calibrated" in agent.meta:  # its kernels were fitted on this machine
@@ -179,9 +167,7 @@ def other_hardware(agent: PlacementAgent, topology: Topology) -> str | None:
 
 
 class Unloaded:
-    """Stands in for an agent whose checkpoint failed to load on this rank (a
-    ``PlacementAgent`` in form): every use raises the load error, which
-    ``collective_plan`` raises first, on every rank."""
+    """Stands in for an agent whose checkpoint failed to load: every use raises the error."""
 
     last_report = None
     calibration_enabled = False
@@ -205,8 +191,7 @@ class Unloaded:
 
 @dataclass(frozen=True)
 class Wiring:
-    """What a planner is built from its options: the agent, how it adapts, the table
-    specs, the measuring steps, the components and a checkpoint failure kept."""
+    """What a planner is built of: agent, adaptation, specs, steps, components, load error."""
 
     agent: PlanAgent
     adapt: AdaptSettings
@@ -222,9 +207,8 @@ def wire(
     user: UserComponents,
     timeout: float | None,
 ) -> Wiring:
-    """The planner's parts made of ``options``, with the ``user``'s components, for
-    ``planning``'s topology, per-rank batch, storage reservation and constraints
-    (``timeout``: TorchRec's ``timeout_seconds``)."""
+    """The planner's parts made of ``options`` and the ``user``'s components, for
+    ``planning`` (topology, per-rank batch, reservation, constraints)."""
     topology, batch_size, reservation, constraints = planning
     if options.agent is not None:
         prior, load_error = options.agent, None

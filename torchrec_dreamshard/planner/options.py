@@ -1,5 +1,4 @@
-"""The planner's own options, beside TorchRec's arguments: one frozen value, validated once,
-at construction (:class:`DreamShardOptions`)."""
+"""The planner's own options: one frozen value, validated at construction."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ Calibrate = bool | float | CalibrationConfig | None
 
 @dataclass(frozen=True, kw_only=True)
 class DreamShardOptions:
-    """What ``DreamShardPlanner`` takes beyond TorchRec's arguments (its keyword-only
-    arguments, with the same names and meanings).
+    """``DreamShardPlanner``'s keyword-only arguments, beyond TorchRec's.
 
     Attributes:
         checkpoint: a ``dreamshard train`` checkpoint (default: the bundled one).

@@ -73,34 +73,28 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     """A TorchRec sharding planner driven by a trained DreamShard policy.
 
     TorchRec's arguments come first, in TorchRec's order and meaning; a user's component
-    adds to DreamShard's or replaces it (docs/torchrec_compatibility.md says which).
+    adds to DreamShard's or replaces it (docs/torchrec_compatibility.md).
 
     Args:
         topology: the devices (default: the current process group's).
-        batch_size: TorchRec's per-rank batch (default 512); the table-wise kernels see
-            ``batch_size * world_size``.
-        enumerator: replaces :class:`DreamShardEnumerator` (the policy still places its
-            table-wise fused options of ``EmbeddingBagCollection`` tables).
+        batch_size: TorchRec's per-rank batch (default 512).
+        enumerator: replaces :class:`DreamShardEnumerator`.
         storage_reservation: TorchRec's (default: ``HeuristicalStorageReservation``).
         proposer: TorchRec proposers, added after DreamShard's; the best-rated proposal wins.
         partitioner: places what the policy does not (default ``GreedyPerfPartitioner``).
         performance_model: replaces :class:`CostNetPerfModel` as the judge of proposals.
         stats: stats loggers (default ``EmbeddingStats``); :class:`CostNetStats` is added.
-            Each logs once per plan, for the plan returned.
         constraints: ``ParameterConstraints`` by table name, passed through to the plan.
         debug: TorchRec's per-table stats.
         callbacks: TorchRec plan callbacks, applied to the chosen plan.
-        timeout_seconds: bounds the whole ``plan()``, measuring included (default: 25 s
-            where the planner measures by default).
-        plan_loader: a TorchRec ``PlanLoader``; a context-hash mismatch raises
-            ``PlannerError(PLANNER_INPUT_CONTEXT_MISMATCH)``.
+        timeout_seconds: bounds the whole ``plan()``, measuring included.
+        plan_loader: a TorchRec ``PlanLoader`` (checked against the context hash).
         heuristical_storage_reservation_percentage: the default reservation's percentage.
-        **options: the keyword-only options, each documented in
-            :class:`~torchrec_dreamshard.planner.options.DreamShardOptions`.
+        **options: the keyword-only options, documented in :class:`DreamShardOptions`.
 
     Raises:
-        ValueError: an option out of its range (named); ``TypeError``: a component not of
-            TorchRec's type for its argument.
+        ValueError: an option out of its range (named).
+        TypeError: a component not of TorchRec's type for its argument.
 
     Example::
 
@@ -192,9 +186,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return parts
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]) -> ShardingPlan:
-        """TorchRec's ``plan`` for this rank, in one pass: the machine profile (a value),
-        TorchRec's loop once (measuring nothing), the verification's verdict (a value),
-        and the plan, logged once by every stats logger.
+        """TorchRec's ``plan`` for this rank, in one pass: profile, TorchRec's loop once,
+        the verification's verdict, the plan logged once.
 
         Raises:
             PlannerError: TorchRec's, where the tables cannot be placed (named).
@@ -241,8 +234,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return plan
 
     def _loop_choice(self) -> LoopChoice | None:
-        """What TorchRec's loop chose for the policy's whole tables, where our proposal
-        won (``None`` else, or where it split a table)."""
+        """What TorchRec's loop chose for the policy's whole tables (``None``: not ours)."""
         if self.proposal_log.winner != OURS:
             return None
         batch = self._per_rank_batch * self._devices.world_size
@@ -250,7 +242,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         return policy_choice(best_plan(self) or [], constraint, self.table_specs, batch, report)
 
     def _log_stats(self, call: dict[str, Any], plan: ShardingPlan, options: list) -> None:
-        """Every stats logger, once, for the plan returned (ours with what it logs)."""
+        """Every stats logger, once, for the plan returned."""
         ours = PlanNotes(
             prediction=self.last_prediction,
             proposals=self.proposal_log.lines() if self.proposal_log.proposals else None,
@@ -262,7 +254,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
     @property
     def profile(self) -> MachineProfile | None:
         """The machine profile the last plan planned from (``None`` before); ``save`` it
-        and hand it to other jobs on the same hardware (``profile=path``)."""
+        for other jobs on the same hardware."""
         return self._last.profile if self._last is not None else None
 
     def collective_plan(
@@ -271,12 +263,13 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         sharders: list[ModuleSharder[nn.Module]] | None = None,
         pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
-        """Plan on rank 0 and send every rank the plan (:attr:`last_placement`,
-        :attr:`last_shards`, :attr:`last_prediction` and :attr:`adaptation` set on every
-        rank) or rank 0's error, which every rank raises (a ``PlannerError`` of the same
-        ``error_type``); a checkpoint that failed on any rank raises a ``ValueError`` on
-        every rank. While rank 0 plans, the other ranks serve what it measures, on ``pg``
-        itself (:func:`~torchrec_dreamshard.planner.plans.plan_broadcast.plan_on_rank0`)."""
+        """Plan on rank 0 and send every rank the plan, or rank 0's error to raise; the
+        other ranks serve what rank 0 measures, on ``pg``.
+
+        Raises:
+            PlannerError: rank 0's, of the same ``error_type``, on every rank.
+            ValueError: a checkpoint failed to load on any rank.
+        """
         from torchrec.distributed.sharding_plan import get_default_sharders
 
         sharders = get_default_sharders() if sharders is None else sharders
@@ -300,11 +293,8 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
         self._planned = (meta_copy(module), list(sharders))
         return PlanBroadcast(plan, self.last_prediction, adaptation=self.adaptation)
 
-    # -- TorchRec's plan-context hash, with what DreamShard depends on -------------------
     def dreamshard_context(self) -> list[Any]:
-        """What only DreamShard's plans depend on: the agent's fingerprint, the settings,
-        the measured reuse, and what the measuring steps plan from
-        (:meth:`MeasuringSteps.context`)."""
+        """What only DreamShard's plans depend on (agent, settings, reuse, the steps)."""
         reuse = self.table_specs.reuse_key()
         return [self.agent.fingerprint(), *self.options.context(), reuse, self._steps.context()]
 
@@ -320,8 +310,6 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
             [super().hash_planner_context_inputs_str(), self.dreamshard_context()]
         )
 
-    # -- what the last plan was -----------------------------------------------------------
-
     @property
     def last_prediction(self) -> PlanPrediction | None:
         """The cost network's per-rank prediction of the last plan (``None`` before)."""
@@ -329,8 +317,7 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def last_verdict(self) -> Verdict | None:
-        """The verification's verdict of the last plan (``None`` before a plan, or on a
-        rank that did not plan): what it measured, skipped and kept."""
+        """The verification's verdict of the last plan (``None``: none on this rank)."""
         return self._last.verdict if self._last is not None else None
 
     @property
@@ -340,21 +327,18 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def last_placement(self) -> dict[str, int]:
-        """Rank of every table the last plan shards table-wise on the fused kernel, by fully
-        qualified name (``"module.path.table"``)."""
+        """Rank of every table the last plan shards table-wise (fused), by FQN."""
         return plan_layout(self.last_plan)[0] if self.last_plan is not None else {}
 
     @property
     def last_shards(self) -> dict[str, list[dict]]:
-        """The column-wise shards on the fused kernel of every table the last plan splits,
-        by fully qualified name: ``[{"device": rank, "columns": [start, end]}, ...]``."""
+        """Column-wise shards of every table the last plan splits, by FQN:
+        ``[{"device": rank, "columns": [start, end]}, ...]``."""
         return plan_layout(self.last_plan)[1] if self.last_plan is not None else {}
 
     @property
     def adaptation(self) -> dict[str, Any]:
-        """How the last plan adapted to this machine (JSON-able, on every rank after
-        ``collective_plan``): :func:`~torchrec_dreamshard.planner.steps.adaptation.
-        plan_adaptation`."""
+        """How the last plan adapted to this machine (JSON-able, on every rank)."""
         last = self._last if self._last is not None else LastPlan()
         types = self.proposer.last_types
         return adaptation(self.adapt, last, self.agent.current, types, self._steps.given)
@@ -369,9 +353,11 @@ class DreamShardPlanner(EmbeddingShardingPlanner):
 
     @property
     def plan_record(self) -> PlanRecord:
-        """The last plan and what it was planned from, as a value (:class:`PlanRecord`):
-        all the feedback loop reads of the planner (``torchrec_dreamshard.observe(planner,
-        dmp)`` observes the job with it). A ``ValueError`` before a plan."""
+        """The last plan and what it was planned from (what ``observe`` reads).
+
+        Raises:
+            ValueError: no plan yet.
+        """
         if self.last_plan is None or self.last_prediction is None:
             raise ValueError("observe() needs the planner's plan: call collective_plan first")
         options = best_plan(self)
