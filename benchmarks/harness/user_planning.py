@@ -251,8 +251,11 @@ def fits_contract(task: Task, placement: Sequence[int], inputs: TaskInputs) -> b
 
     from harness.default_planning import fits_torchrec_storage, torchrec_table_storage
 
+    memory = contract_memory(inputs)
+    if min(memory) <= 0:  # the reservation's input buffers alone fill a device
+        return False
     try:
-        left = dataclasses.replace(task, memory_bytes=contract_memory(inputs))
+        left = dataclasses.replace(task, memory_bytes=memory)
     except InsufficientMemoryError:  # what the reservation leaves cannot hold the tables
         return False
     return fits_torchrec_storage(left, list(placement), torchrec_table_storage(task))
