@@ -117,15 +117,23 @@ def test_a_script_without_a_main_guard_plans_on_a_cold_cache_and_starts_only_its
         for key in ("PLACED", "ADAPTATION", "OURS")
     )
     assert (tmp_path / "RUNS").read_text() == "ran\n"  # the script ran once
-    # the sharding path's two ranks, once (a cold cache), and no other process
-    assert ours == ["torchrec_dreamshard.measure.sharding_path_rank"] * 2, ours
+    notes = " ".join(adaptation.get("measuring_notes", []))
+    # the sharding path's two ranks, once (a cold cache), and no other process; where the
+    # automatic check calibrates and keeps the verification's share, the budget may leave
+    # the path untimed (it comes last), and the stats then say so
+    path_skipped = "sharding path not timed" in notes
+    rank = "torchrec_dreamshard.measure.sharding_path_rank"
+    assert ours == ([] if path_skipped else [rank] * 2), (ours, notes)
+    assert not path_skipped or calibrate == "none", notes  # a plain budget times the path
     # every table placed, each on ranks of the topology
     assert sorted(placed) == sorted(f"t{i}" for i in range(40)), sorted(placed)
     for name, (kind, ranks) in placed.items():
         assert ranks and set(ranks) <= set(range(world)), (name, kind, ranks)
     spent = adaptation["spent_s"]
     # what a cold first plan measured on this machine, each timed on its own
-    measured = {"collectives", "dense_kernel", "sharding_path", "planning"}
+    measured = {"collectives", "dense_kernel", "planning"} | (
+        set() if path_skipped else {"sharding_path"}
+    )
     # the automatic check times the reference kernel; a budget (10 s) calibrates regardless
     measured |= {"reference_kernel"} if calibrate == "none" else {"calibration"}
     assert measured <= spent.keys(), spent
@@ -134,7 +142,6 @@ def test_a_script_without_a_main_guard_plans_on_a_cold_cache_and_starts_only_its
     assert any(n.startswith("collectives_gloo") for n in names), names
     if calibrate == "true":  # the calibrating path, also without a process
         assert spent["calibration"] > 0, adaptation
-        notes = " ".join(adaptation["measuring_notes"])
         # on a busy machine the drift check may discard every kernel it measured: then the
         # plan is the checkpoint's, and the stats say why
         assert adaptation["calibrated"] or "calibration kept no kernel" in notes, adaptation
