@@ -1,27 +1,10 @@
 """Sharding plans judged by the training step: real ``DistributedModelParallel`` steps
 under ``TrainPipelineSparseDist`` on gloo ranks, plan against plan, in alternating rounds.
 
-A step holds everything a plan changes: the input distribution (ids all-to-all), the
-embedding kernels, the output collectives (all-to-all, reduce-scatter, all-reduce of
-data-parallel gradients), the dense part and the fused optimizer. Each plan's model
-(:class:`~torchrec_dreamshard.evaluation.step_model.StepDLRM`) is built once; then every
-round runs each plan for ``warmup_steps`` untimed steps and ``steps`` timed ones. The
-time of a round is the wall clock over its timed steps, started after a barrier, the
-maximum over ranks, divided by ``steps``. Plans run in a different order each round
-(:func:`~torchrec_dreamshard.measure.rounds.balanced_order`, through the package's one
-rounds loop), so that neither drift of the machine nor the position in a round favours
-one plan.
-
-Embeddings train with TorchRec's fused row-wise Adagrad (``RowWiseAdagrad`` applied in
-the backward, fused into the FBGEMM kernel where the plan uses one), the dense part with
-Adagrad. Batches are drawn before timing from :mod:`torchrec_dreamshard.data.workloads` (each
-table's pooling factor and reuse) and cycled. Every rank uses one thread.
-
-:func:`time_plans` spawns the ranks on this machine; :func:`run_rounds` is the body every
-rank runs, callable as is under ``torchrun``. A plan is a TorchRec ``ShardingPlan`` or a
-planner factory ``factory(topology, batch_size, constraints)`` returning a planner whose
-``plan(model, sharders)`` is run on rank 0 (a plan or error is then sent to every rank).
-A failing rank ends every rank, and its error is raised by :func:`time_plans`.
+A plan is a TorchRec ``ShardingPlan`` or a planner factory
+``factory(topology, batch_size, constraints)`` whose planner runs on rank 0.
+:func:`time_plans` spawns the ranks; :func:`run_rounds` is every rank's body (as is under
+``torchrun``).
 """
 
 from __future__ import annotations
@@ -57,14 +40,11 @@ DRAIN_STEPS = 2  # untimed steps after the timed ones: the pipeline holds two ba
 class StepTimerConfig:
     """How the step timer runs.
 
-    Args:
+    Attributes:
         batch_size: samples per rank per step (TorchRec's per-rank ``batch_size``).
-        rounds: rounds; every plan runs once in each.
-        warmup_steps: untimed steps of a plan at the start of each of its runs.
-        steps: timed steps of a plan in each round.
+        warmup_steps, steps: untimed, then timed steps of a plan in each round.
         distinct_batches: batches drawn per rank (cycled through the steps).
         lr: learning rate of both optimizers.
-        seed: seed of the batches.
         first_round: index of the first round (a resumed run continues the order).
         timeout_s: seconds after which spawned ranks are ended (``None``: no limit).
     """
@@ -127,14 +107,12 @@ class StepTimerError(RuntimeError):
     """A rank of the step timer failed or the run timed out."""
 
 
-# ----------------------------------------------------------------------------------------
-# Plans
-# ----------------------------------------------------------------------------------------
+# -- plans ---------------------------------------------------------------------------------
 
 
 def make_plan(spec: StepModelSpec, source: PlanSource, world: int, batch_size: int):
-    """``source`` itself if it is a ``ShardingPlan``, else its planner's plan of the model
-    (on a ``world``-rank CPU topology); checked by :func:`check_plan`."""
+    """``source`` if it is a ``ShardingPlan``, else its planner's plan of the model on a
+    ``world``-rank CPU topology; checked by :func:`check_plan`."""
     from torchrec.distributed.sharding_plan import get_default_sharders
     from torchrec.distributed.types import ShardingPlan
 
@@ -170,7 +148,7 @@ def resolve_plans(
     spec: StepModelSpec, plans: Mapping[str, PlanSource], batch_size: int
 ) -> dict[str, Any]:
     """Every plan as a ``ShardingPlan`` on every rank: factories run on rank 0, whose plans
-    (or the first error, raised on every rank naming the plan) are broadcast."""
+    (or first error) are broadcast."""
     world, rank = dist.get_world_size(), dist.get_rank()
     payload: list[Any] = [None]
     if rank == 0:
@@ -190,8 +168,7 @@ def resolve_plans(
 
 
 def table_shardings(plan: Any) -> dict[str, dict[str, Any]]:
-    """Each table's sharding type, compute kernel and ranks in a ``ShardingPlan``, by
-    table name (over every module of the plan)."""
+    """Each table's sharding type, compute kernel and ranks in a ``ShardingPlan``, by name."""
     return {
         name: {
             "sharding_type": ps.sharding_type,
@@ -211,9 +188,7 @@ def sharding_type_counts(tables: Mapping[str, Mapping[str, Any]]) -> dict[str, i
     return dict(sorted(counts.items()))
 
 
-# ----------------------------------------------------------------------------------------
-# One rank's work
-# ----------------------------------------------------------------------------------------
+# -- one rank's work -----------------------------------------------------------------------
 
 
 def build_pipeline(spec: StepModelSpec, plan: Any, lr: float):
@@ -240,9 +215,8 @@ def run_rounds(
     config: StepTimerConfig,
     round_log: str | Path | None = None,
 ) -> StepTimes:
-    """The step timer on this rank of an initialised process group (every rank calls it;
-    every rank returns the same times). Rank 0 appends each finished round to
-    ``round_log`` (JSON lines) when given."""
+    """The step timer on this rank of an initialised process group (every rank calls it
+    and returns the same times); rank 0 appends each round to ``round_log``."""
     from torchrec_dreamshard.torchrec_compat import pipelined_modules
 
     if not plans:
@@ -298,9 +272,7 @@ def _spawned_rank(rank: int, world: int, port: int, job: tuple) -> None:
     exit_spawned_rank()
 
 
-# ----------------------------------------------------------------------------------------
-# The caller
-# ----------------------------------------------------------------------------------------
+# -- the caller ----------------------------------------------------------------------------
 
 
 def time_plans(
@@ -313,16 +285,9 @@ def time_plans(
     """Time ``plans`` on ``world_size`` gloo ranks spawned on this machine (CPU).
 
     Args:
-        spec: the model's tables.
         plans: name -> ``ShardingPlan`` or planner factory (picklable: a module-level
             function or class, not a lambda).
-        world_size: ranks to spawn.
-        config: rounds, steps, batch size (default :class:`StepTimerConfig`).
-        round_log: a file rank 0 appends each finished round to (JSON lines), so an
-            interrupted run keeps them.
-
-    Returns:
-        The step time of every plan in every round.
+        round_log: a file rank 0 appends each finished round to (JSON lines).
 
     Raises:
         StepTimerError: a rank failed (its error in the message) or ``timeout_s`` passed.

@@ -1,23 +1,9 @@
-"""Every placer the benchmarks and the ``dreamshard`` command compare, in one registry by
-name (:data:`PLACERS`): a task and a seed in, a plan out, every device's memory respected.
-
-* ``random``: each table (largest first) on a uniformly random device with room;
-* the proxy heuristics (:data:`~torchrec_dreamshard.policy.heuristics.HEURISTICS`:
-  ``size_greedy``, ``dim_greedy``, ``lookup_greedy``, ``size_lookup_greedy``);
-* ``torchrec``: TorchRec's planner, table-wise fused, its default storage reservation;
-  ``torchrec_ours``: the same with our memory accounting
-  (:func:`~torchrec_dreamshard.planner.stages.candidates.torchrec_placement`);
-* DreamShard's modes, which need an agent: ``dreamshard`` (the safe mode, the default),
-  ``dreamshard_greedy``, ``dreamshard_search``, and ``dreamshard_split``: the safe mode
-  with column-wise splits allowed (what ``dreamshard plan`` does), whose plan is
-  ``{"columns": {table: shards}, "placement": [device per shard]}`` where it splits;
-* ``measured_greedy``: every table measured alone on this machine's kernels, the measured
-  costs balanced by the safety net's memory-aware greedy (one measurement per table).
-
-A placer that finds no plan raises :class:`~torchrec_dreamshard.data.tasks.NoPlanError`.
-Use :func:`place` (``place("size_greedy", task)``), or :func:`plan_each` to plan with
-several and time each.
-"""
+"""Every placer the benchmarks and ``dreamshard collect --placer`` compare, by name
+(:data:`PLACERS`): random, the proxy heuristics, TorchRec's planner (``torchrec``; with
+our memory accounting ``torchrec_ours``), DreamShard's modes (which need an agent;
+``dreamshard_split`` may return ``{"columns": ..., "placement": ...}``) and
+``measured_greedy``. A placer that finds no plan raises
+:class:`~torchrec_dreamshard.data.tasks.NoPlanError`."""
 
 from __future__ import annotations
 
@@ -49,7 +35,7 @@ class PlacingInputs:
     Attributes:
         agent: the agent DreamShard's modes place with (``None``: they cannot run).
         num_samples: the agent's sampled roll-outs (``None``: its default).
-        measure: the kernels' settings of ``measured_greedy`` (``None``: the defaults).
+        measure: ``measured_greedy``'s kernel settings (``None``: the defaults).
     """
 
     agent: PlacementAgent | None = None
@@ -136,8 +122,8 @@ def place(name: str, task: Task, seed: int = 0, inputs: PlacingInputs | None = N
     """The plan placer ``name`` (one of :data:`PLACERS`) makes of ``task``.
 
     Raises:
-        ValueError: an unknown name, or an agent's mode without an agent;
-            :class:`NoPlanError` when the placer finds no plan.
+        ValueError: an unknown name, or an agent's mode without an agent.
+        NoPlanError: the placer finds no plan.
     """
     if name not in PLACERS:
         raise ValueError(f"unknown placer {name!r}; choose from {sorted(PLACERS)}")
@@ -152,9 +138,8 @@ def plan_each(
     inputs: PlacingInputs | None = None,
     labels: Sequence[str] | None = None,
 ) -> tuple[dict[str, Plan | None], dict[str, Any]]:
-    """Every named placer's plan of ``task`` (``None`` where it finds none) and the
-    seconds each took (``"<label>_error"``: why it found none), by label (default: the
-    names; give labels to plan with one placer under several names)."""
+    """Every named placer's plan of ``task`` (``None`` where it finds none) and the seconds
+    each took (``"<label>_error"``: why it found none), by label (default: the names)."""
     plans: dict[str, Plan | None] = {}
     secs: dict[str, Any] = {}
     for name, label in zip(names, labels or names, strict=True):

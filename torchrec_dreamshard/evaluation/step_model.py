@@ -1,22 +1,6 @@
-"""The package's one DLRM-like TorchRec model, built from table specs, with its batches.
-Each table's config and the feature that feeds it are
-:mod:`torchrec_dreamshard.data.table_configs`'; the topology a model is planned on is
-:mod:`torchrec_dreamshard.planner.adapters.topology`'s. The end-to-end step timer (:mod:`.dmp_step`)
-trains it, ``dreamshard demo`` plans and trains it, and the tests plan it. Public TorchRec
-API only: TorchRec's internals are read by the planner's adapter.
-
-The model (:class:`StepDLRM`): a dense MLP over 13 dense features; pooled embeddings of the
-bag tables (an ``EmbeddingBagCollection``, ``sparse``); the sequence tables (an
-``EmbeddingCollection``, ``sequences``, one embedding per id) each summed over its
-sample's ids; all concatenated into an over-arch MLP with one logit, trained on binary
-cross-entropy (concatenated, not TorchRec's ``DLRM`` interaction, which needs one
-embedding dim for every table: the pool's tables have dims 4 to 256). Its ``forward``
-takes a :class:`StepBatch` and returns ``(loss, logits)``, as ``TrainPipelineSparseDist``
-expects.
-
-A table's ids come from :func:`torchrec_dreamshard.data.workloads.generate_batch`, so each batch
-has the table's pooling factor (for a sequence table: its mean sequence length) and reuse.
-"""
+"""The package's one DLRM-like TorchRec model (:class:`StepDLRM`), built from table
+specs, with its batches: what the step timer trains, ``dreamshard demo`` plans and trains,
+and the tests plan. Public TorchRec API only."""
 
 from __future__ import annotations
 
@@ -26,9 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torchrec.distributed.planner.types import (
-    ParameterConstraints,
-)
+from torchrec.distributed.planner.types import ParameterConstraints
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 from torchrec.streamable import Pipelineable
@@ -63,14 +45,13 @@ def sample_kjt(tables: Sequence[TableSpec], batch: int, seed: int) -> KeyedJagge
 
 @dataclass(frozen=True, kw_only=True)
 class StepModelSpec:
-    """The tables of the model (:class:`StepDLRM`).
+    """The tables of the model (:class:`StepDLRM`), each fed by ``f_<name>``.
 
-    Args:
-        bags: pooled tables (``EmbeddingBagCollection``); each fed by ``f_<name>``.
-        sequences: sequence tables (``EmbeddingCollection``, one embedding per id; TorchRec
-            needs one dim for all of them); each fed by ``f_<name>``.
-        constraints: TorchRec ``ParameterConstraints`` by table name, handed to planners
-            (``None``: each table's pooling factor, nothing else).
+    Attributes:
+        bags: pooled tables (an ``EmbeddingBagCollection``).
+        sequences: sequence tables (an ``EmbeddingCollection``; one dim for all).
+        constraints: ``ParameterConstraints`` by table name handed to planners (``None``:
+            each table's pooling factor).
     """
 
     bags: tuple[TableSpec, ...] = ()
@@ -117,8 +98,7 @@ class StepModelSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepModelSpec:
         """From ``{"tables": [...], "sequence_tables": [...]}``; a task file's other fields
-        (``num_devices``, ``memory_bytes``, ``global_batch_size`` or its older name
-        ``batch_size``, and the cluster's) are accepted and ignored."""
+        are accepted and ignored."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a model spec must be a JSON object, got {type(data).__name__}")
         task_fields = {"num_devices", "memory_bytes", "global_batch_size", "batch_size"}
@@ -140,10 +120,9 @@ def spec_from_configs(
     sequence_configs: Sequence[Any] = (),
     constraints: Mapping[str, ParameterConstraints] | None = None,
 ) -> StepModelSpec:
-    """A :class:`StepModelSpec` from TorchRec configs: ``EmbeddingBagConfig``s (bags) and
-    ``EmbeddingConfig``s (sequences), each table's pooling factor from its constraints'
-    ``pooling_factors`` (1.0 without), uniform reuse. For measured pooling and reuse, build
-    the specs with :func:`torchrec_dreamshard.data.table_stats.specs_from_kjt_batches`."""
+    """A :class:`StepModelSpec` from ``EmbeddingBagConfig``s (bags) and ``EmbeddingConfig``s
+    (sequences), pooling from the constraints' ``pooling_factors`` (1.0 without), uniform
+    reuse (measured: :func:`~torchrec_dreamshard.data.table_stats.specs_from_kjt_batches`)."""
     from torchrec_dreamshard.data.table_stats import spec_from_config
 
     def specs(configs: Sequence[Any]) -> tuple[TableSpec, ...]:
@@ -201,9 +180,13 @@ def _sum_ids(jt: JaggedTensor) -> torch.Tensor:
 
 
 class StepDLRM(nn.Module):
-    """The model of :class:`StepModelSpec` (see the module docstring): embeddings on
-    ``table_device`` (``meta`` for planning and for ``DistributedModelParallel``), the
-    dense part on the CPU."""
+    """A dense MLP over 13 features and the pooled bag tables and id-summed sequence tables,
+    concatenated into an over-arch with one logit (binary cross-entropy).
+
+    The embeddings are concatenated, not TorchRec's ``DLRM`` interaction, which needs one
+    dim for all tables. Embeddings live on ``table_device`` (``meta`` for planning and
+    DMP), the dense part on the CPU; ``forward(batch)`` returns ``(loss, logits)``.
+    """
 
     def __init__(self, spec: StepModelSpec, table_device: torch.device) -> None:
         super().__init__()

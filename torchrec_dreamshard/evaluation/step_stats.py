@@ -1,16 +1,5 @@
 """Intervals for step times measured in rounds: a plan's median step, and the per-round
-ratio of two plans (both ran in the same round, so the ratio cancels what the machine did
-during that round).
-
-The interval of a median is the distribution-free one from order statistics: with ``n``
-values sorted ``x(1) <= ... <= x(n)``, ``[x(k), x(n+1-k)]`` holds the true median with
-probability ``1 - 2 P(Binomial(n, 1/2) <= k - 1)`` whatever the distribution of the values
-(continuous, independent rounds). The largest ``k`` whose coverage reaches the level asked
-for is used; 10 rounds give ``[x(2), x(9)]`` at 97.9%. It assumes no shape of the noise
-(a round disturbed by another job is one outlier, not a shifted mean) and, unlike a
-bootstrap, is exact at small ``n``. With fewer than 6 rounds no interval reaches 95%: the
-widest, ``[min, max]``, is given with the coverage it has, and no difference is called.
-"""
+ratio of two plans, with the distribution-free order-statistic interval of a median."""
 
 from __future__ import annotations
 
@@ -26,12 +15,9 @@ LEVEL = 0.95  # the coverage asked of every interval
 
 @dataclass(frozen=True)
 class Interval:
-    """A median with its order-statistic interval.
+    """A median with its order-statistic interval ``[low, high]``.
 
     Attributes:
-        median: the median of the values.
-        low: lower end of the interval.
-        high: upper end.
         coverage: the probability that ``[low, high]`` holds the true median.
         n: how many values.
     """
@@ -55,8 +41,8 @@ def median_coverage(n: int, k: int) -> float:
 
 
 def median_interval(values: Sequence[float], level: float = LEVEL) -> Interval:
-    """The median of ``values`` and its order-statistic interval at ``level`` (or the
-    widest there is, with its lower coverage, when ``n`` is too small)."""
+    """The median of ``values`` and its interval ``[x(k), x(n+1-k)]``, ``k`` the largest
+    reaching ``level`` (else ``[min, max]`` with its lower coverage)."""
     x = np.sort(np.asarray(values, dtype=np.float64))
     n = x.size
     if n == 0:
