@@ -1,4 +1,3 @@
-"""What DreamShard plans: tables, their statistics and id batches, tasks and placements,
-the synthetic pool, task families, Meta's dataset files and column-wise shards. Nothing
-here imports measurement, costs, the policy or the planner.
-"""
+"""What DreamShard plans: tables and their statistics, tasks and placements, the synthetic
+pool, task families, dataset files and column-wise shards (no measurement, costs, policy
+or planner here)."""

@@ -27,19 +27,14 @@ def load_dlrm_dataset(
     tables: Sequence[int] | None = None,
     prefix: str = "dlrm",
 ) -> list[DatasetTable]:
-    """Read a file of Meta's open DLRM embedding dataset (e.g. ``fbgemm_t856_bs65536.pt``).
-
-    The file holds ``(indices, offsets, lengths)`` in table-major order, read with
-    ``weights_only=True``. Rows are the largest id + 1; tables with no ids are skipped.
+    """The tables of a file of Meta's open DLRM embedding dataset (e.g.
+    ``fbgemm_t856_bs65536.pt``: ``(indices, offsets, lengths)`` table-major, read with
+    ``weights_only=True``); rows are the largest id + 1, tables with no ids skipped.
 
     Args:
-        path: the file.
         dim: embedding dim for every table, or one per table of the file.
         tables: indices of the tables to read (default all).
         prefix: table names are ``f"{prefix}_{index:03d}"``.
-
-    Returns:
-        One :class:`DatasetTable` per table read.
     """
     try:
         data = torch.load(Path(path), map_location="cpu", weights_only=True)

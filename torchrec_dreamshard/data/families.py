@@ -1,12 +1,6 @@
 """Task families: tasks that differ along the axes a real model can, for training on a mix
-and for judging whether a planner generalises.
-
-A :class:`Family` is a recipe for table shapes, access skew, bag lengths, memory and task
-size. Tables are drawn fresh per task (the ``pool`` family draws from the synthetic pool's
-split). A ``zipf`` family gives row ``r`` probability ``(r + 1)^-s / sum``. Training uses
-:data:`TRAIN_FAMILIES`; :data:`HELDOUT_FAMILIES` are held out. Draws are deterministic in
-``(family, split, seed)``, the splits on disjoint seed streams.
-"""
+(:data:`TRAIN_FAMILIES`) and for judging whether a planner generalises
+(:data:`HELDOUT_FAMILIES`). Draws are deterministic in ``(family, split, seed)``."""
 
 from __future__ import annotations
 
@@ -28,22 +22,17 @@ MAX_SIMULATED_IDS = 2_000_000  # ids drawn to estimate a Zipf table's reuse hist
 
 @dataclass(frozen=True, kw_only=True)
 class Family:
-    """How one family's tasks are drawn.
+    """How one family's tasks are drawn (ranges are ``(low, high)``, tuples the choices).
 
     Attributes:
-        name: the family's name.
         about: one line on how it differs from training.
-        access: ``"pool"`` (the DLRM-shaped synthetic pool) or ``"zipf"``.
-        zipf: range of the Zipf exponent (``(0, 0)`` is uniform access).
-        rows: log-uniform range of rows per table.
-        dims: the dims a table draws from.
-        pooling: log-uniform range of the pooling factor.
+        access: ``"pool"`` (the synthetic pool's split) or ``"zipf"`` (row ``r`` drawn with
+            probability ``(r + 1)^-s / sum``, ``s`` in ``zipf``; ``(0, 0)``: uniform).
+        rows, pooling: log-uniform ranges of rows per table and of the pooling factor.
         bag_cv: range of the bag-length coefficient of variation (``None``: not bursty).
-        memory: memory factors a task draws from (device memory / (task bytes / D)).
+        memory: device memory over the task's bytes / D.
         unequal: per-device memory spread, ``[1 - unequal, 1 + unequal]`` of the mean.
-        tables: range of T.
-        devices: the D a task draws from.
-        batch: the global batch sizes a task draws from.
+        tables, devices, batch: T's range, D and the global batch sizes.
     """
 
     name: str
@@ -139,7 +128,7 @@ HELDOUT_FAMILIES = ("bursty", "wide", "tall", "heavy_pooling")
 
 
 def family(name: str) -> Family:
-    """The family called ``name`` (a clear error naming the known ones otherwise)."""
+    """The family called ``name`` (a ``ValueError`` naming the known ones otherwise)."""
     if name not in FAMILIES:
         raise ValueError(f"unknown task family {name!r}; known: {sorted(FAMILIES)}")
     return FAMILIES[name]
@@ -200,13 +189,8 @@ def draw_task(
     num_tables: tuple[int, int] | None = None,
     num_devices: Sequence[int] | None = None,
 ) -> Task:
-    """Task ``seed`` of family ``name``'s ``split`` (deterministic); ``num_tables`` and
-    ``num_devices`` override the family's ranges.
-
-    Example::
-
-        task = draw_task("zipf", "test", seed=3)
-    """
+    """Task ``seed`` of family ``name``'s ``split``; ``num_tables`` and ``num_devices``
+    override the family's ranges."""
     fam = family(name)
     rng = _seed_stream(fam, split, seed)
     lo, hi = num_tables or fam.tables

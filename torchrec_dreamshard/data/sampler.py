@@ -21,19 +21,12 @@ def _as_range(value: int | tuple[int, int], what: str) -> tuple[int, int]:
 
 
 class TaskSampler:
-    """Draws DreamShard-style tasks from a table pool split into train and test halves.
-
-    Each device holds ``memory_factor`` times the task's bytes over D, and at least 1.05 times
-    its largest table.
+    """Draws DreamShard-style tasks from a table pool split into train and test.
 
     Args:
         pool: the tables (e.g. :func:`synthetic_pool`).
         train_fraction: share of the pool in the train split; the rest is the test split.
         seed: seeds the split and every draw.
-
-    Example::
-
-        task = TaskSampler(synthetic_pool()).sample("train")
     """
 
     def __init__(self, pool: Sequence[TableSpec], train_fraction: float = 0.5, seed: int = 0):
@@ -58,11 +51,8 @@ class TaskSampler:
         memory_factor: float = DEFAULT_MEMORY_FACTOR,
         rng: np.random.Generator | None = None,
     ) -> Task:
-        """One task: T tables drawn without replacement from ``split``, D from ``num_devices``.
-
-        Args:
-            rng: draws the task (``None``: the sampler's own generator).
-        """
+        """One task: T tables drawn without replacement from ``split``, D from
+        ``num_devices`` (``rng``: ``None`` for the sampler's own generator)."""
         rng = self.rng if rng is None else rng
         if split not in self.splits:
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
@@ -85,7 +75,8 @@ def make_task(
     batch_size: int,
     memory_factor: float = DEFAULT_MEMORY_FACTOR,
 ) -> Task:
-    """A task whose per-device memory follows the sampler's rule."""
+    """A task whose devices each hold ``memory_factor`` times its bytes over D, and at
+    least 1.05 times its largest table."""
     total = sum(t.size_bytes for t in tables)
     cap = max(memory_factor * total / num_devices, 1.05 * max(t.size_bytes for t in tables))
     return Task(

@@ -1,10 +1,6 @@
-"""Column-wise splits: a table's columns cut into shards that are placed like tables.
-
-The shard of ``t`` holding columns ``[a, b)`` is a :class:`TableSpec` named ``t@a:b`` with
-``t``'s rows, pooling and reuse and dim ``b - a``, so a :class:`ShardTask` is priced and
-placed as any task. Widths follow TorchRec's column-wise rule: ``n`` equal shards, each a
-multiple of :data:`SHARD_COLUMN_MULTIPLE` and at least ``min_partition``.
-"""
+"""Column-wise splits: a table's columns cut into shards placed like tables. The shard of
+``t`` holding columns ``[a, b)`` is a :class:`TableSpec` named ``t@a:b`` (``t``'s rows,
+pooling and reuse, dim ``b - a``); widths follow TorchRec's column-wise rule."""
 
 from __future__ import annotations
 
@@ -38,11 +34,8 @@ def split_counts(spec: TableSpec, max_shards: int = MAX_SHARDS, min_width: int =
 
 
 def column_shards(spec: TableSpec, n: int) -> list[TableSpec]:
-    """``spec`` in ``n`` equal column-wise shards (``[spec]`` for ``n = 1``).
-
-    Raises:
-        ValueError: ``n`` is not an allowed count (:func:`split_counts`; the allowed are named).
-    """
+    """``spec`` in ``n`` equal column-wise shards (``[spec]`` for ``n = 1``); a
+    ``ValueError`` naming the allowed counts for another ``n``."""
     if n == 1:
         return [spec]
     allowed = split_counts(spec, max_shards=spec.dim)
@@ -84,15 +77,12 @@ class ShardTask:
 
 
 def shard_task(task: Task, columns: Mapping[str, int | Sequence[tuple[int, int]]]) -> ShardTask:
-    """``task`` with the tables in ``columns`` split, by shard count or explicit ranges.
+    """``task`` with the tables in ``columns`` split, by shard count or explicit ranges
+    (``{"t0": 2, "t1": [(0, 64), (64, 128)]}``).
 
     Raises:
-        ValueError: an unknown table, a disallowed count, or ranges with a gap, an overlap or
-            past the dim.
-
-    Example::
-
-        sharded = shard_task(task, {"t0": 2, "t1": [(0, 64), (64, 128)]})
+        ValueError: an unknown table, a disallowed count, or ranges that do not cover the
+            dim once.
     """
     by_name = {t.name: t for t in task.tables}
     unknown = sorted(set(columns) - set(by_name))
@@ -102,8 +92,7 @@ def shard_task(task: Task, columns: Mapping[str, int | Sequence[tuple[int, int]]
     for name, value in columns.items():
         spec = by_name[name]
         if isinstance(value, int | np.integer):
-            shards = column_shards(spec, int(value))
-            cols = [(0, spec.dim)] if len(shards) == 1 else _ranges(shards)
+            cols = _ranges(column_shards(spec, int(value)))
         else:
             cols = [(int(a), int(b)) for a, b in value]
             check_cover(spec, cols)
@@ -155,8 +144,7 @@ def plan_entries(
     sharded: ShardTask, placement: Sequence[int]
 ) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
     """The plan file's ``placement`` (whole tables) and ``shards`` (split tables) of a
-    placement of ``sharded.shards`` (memory unchecked).
-    """
+    placement of ``sharded.shards`` (memory unchecked)."""
     placement = [int(d) for d in placement]
     if len(placement) != len(sharded.shards.tables):
         raise ValueError(

@@ -41,9 +41,8 @@ def to_published_bins(share: Sequence[float]) -> np.ndarray:
 
 
 def access_share_to_row_hist(access_share: Sequence[float]) -> np.ndarray:
-    """A share of accesses by reuse bin as the 17-bin fraction of accessed rows:
-    ``share_k / c_k`` renormalised, ``c_k`` the bin's middle count.
-    """
+    """A share of accesses by reuse bin as the 17-bin fraction of accessed rows
+    (``share_k / mid_k``, renormalised)."""
     rows = fold_published_share(access_share) / BIN_MID
     return rows / rows.sum()
 
@@ -67,8 +66,7 @@ def _rows_touched(shares: np.ndarray, accesses: np.ndarray) -> np.ndarray:
 
 def _make_feasible(shares: np.ndarray, accesses: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Shift each table's access share towards hotter bins (weights ``exp(a k)``, ``a`` by
-    bisection) until a batch touches at most 80% of its rows.
-    """
+    bisection) until a batch touches at most ``_MAX_TOUCHED_SHARE`` of its rows."""
     limit = _MAX_TOUCHED_SHARE * rows
     k = np.arange(NUM_REUSE_BINS)
 
@@ -112,20 +110,10 @@ def _pool_shares(shapes: list[dict], base: np.ndarray, seed: int) -> np.ndarray:
 def synthetic_pool(
     num_tables: int = DLRM_NUM_TABLES, scale: float = 1.0, seed: int = 0
 ) -> list[TableSpec]:
-    """Tables shaped like Meta's open DLRM embedding dataset.
-
-    Rows log-uniform in 1e3..5e6 times ``scale``; dims 4..256 in powers of two; pooling
-    log-normal around 8, clipped to [1, 100]; reuse a Dirichlet draw around a base calibrated
-    so that the pool reproduces the published access share.
-
-    Args:
-        num_tables: tables in the pool (856 like the dataset).
-        scale: multiplies every table's rows; ``CPU_POOL_SCALE`` for CPU work.
-        seed: the pool is a pure function of its arguments.
-
-    Returns:
-        The tables, as :class:`TableSpec`.
-    """
+    """Tables shaped like Meta's open DLRM embedding dataset, a pure function of the
+    arguments: rows log-uniform in 1e3..5e6 times ``scale`` (``CPU_POOL_SCALE`` for CPU
+    work), dims 4..256, pooling log-normal around 8 in [1, 100], reuse drawn around a base
+    calibrated to reproduce the published access share."""
     return list(_synthetic_pool(num_tables, float(scale), seed))
 
 

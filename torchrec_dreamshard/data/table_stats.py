@@ -1,7 +1,5 @@
-"""Table specs from real data: access statistics of id streams, the bag-length variance of
-``KeyedJaggedTensor`` batches (:func:`gamma_poisson_cv`), and the TorchRec constructors
-(from an ``EmbeddingBagConfig`` and ``KeyedJaggedTensor`` batches).
-"""
+"""Table specs from real data: access statistics of id streams and ``KeyedJaggedTensor``
+batches, their bag-length variance, and specs from TorchRec's configs."""
 
 from __future__ import annotations
 
@@ -27,16 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 def access_stats(
     ids: torch.Tensor | np.ndarray, offsets: torch.Tensor | np.ndarray
 ) -> tuple[float, tuple[float, ...]]:
-    """Pooling factor and reuse histogram of one table's batch.
-
-    Args:
-        ids: the flat ids of the batch (FBGEMM / TorchRec layout).
-        offsets: ``B + 1`` bag boundaries into ``ids``.
-
-    Returns:
-        ``(pooling_factor, reuse_hist)``: ids per sample, and the 17 fractions of accessed
-        rows by access count.
-    """
+    """``(pooling_factor, reuse_hist)`` of one table's batch: flat ``ids`` and ``B + 1``
+    bag boundaries ``offsets`` into them (FBGEMM / TorchRec layout)."""
     ids_np = np.asarray(ids.cpu() if isinstance(ids, torch.Tensor) else ids).reshape(-1)
     off_np = np.asarray(offsets.cpu() if isinstance(offsets, torch.Tensor) else offsets)
     off_np = off_np.reshape(-1)
@@ -75,14 +65,9 @@ def group_stats(
     batches: Sequence[Mapping[str, Any]],
     batch_size: int,
 ) -> tuple[float, tuple[float, ...], int] | None:
-    """``(pooling_factor, reuse_hist, ids)`` of one table over KJT batches taken together,
-    all its features' ids counted (``None`` when the batches hold none).
-
-    Args:
-        table: the table's name (for the error message).
-        feature_names: the features that feed it.
-        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
-        batch_size: samples in all the batches together.
+    """``(pooling_factor, reuse_hist, ids)`` of table ``table`` over the batches
+    (``KeyedJaggedTensor.to_dict()`` each, ``batch_size`` samples together), all its
+    features' ids counted; ``None`` when they hold none.
 
     Raises:
         ValueError: a feature is missing from a batch.
@@ -109,12 +94,8 @@ def check_features(table: str, feature_names: Sequence[str], by_key: Mapping[str
 def group_lengths(
     table: str, feature_names: Sequence[str], batches: Sequence[Mapping[str, Any]]
 ) -> np.ndarray:
-    """Ids per sample of one table over KJT batches taken together, its features summed.
-
-    Args:
-        table: the table's name (for the error messages).
-        feature_names: the features that feed it.
-        batches: ``KeyedJaggedTensor.to_dict()`` of each batch.
+    """Ids per sample of table ``table`` over the batches (``KeyedJaggedTensor.to_dict()``
+    each), its features summed.
 
     Raises:
         ValueError: a feature is missing from a batch, or its features' sample counts differ.
@@ -137,14 +118,12 @@ CV_SIGNIFICANCE = 4.0  # standard errors the lengths' excess variance must clear
 
 
 def gamma_poisson_cv(groups: Sequence[np.ndarray]) -> float | None:
-    """The ``bag_length_cv`` of a :class:`TableSpec` whose bags vary as ``groups`` do.
-
-    Gamma-Poisson lengths have variance ``m + cv**2 m**2``, so a group's ``cv**2`` is its
-    squared std/mean less ``1 / m``; groups are averaged weighted by samples.
+    """The ``bag_length_cv`` of a :class:`TableSpec` whose bags vary as ``groups`` do:
+    gamma-Poisson lengths have variance ``m + cv**2 m**2``, groups weighted by samples.
 
     Returns:
-        The cv (at most :data:`~torchrec_dreamshard.data.tables.MAX_BAG_LENGTH_CV`), or
-        ``None`` within :data:`CV_SIGNIFICANCE` standard errors of 0.
+        The cv (at most ``MAX_BAG_LENGTH_CV``), or ``None`` within
+        :data:`CV_SIGNIFICANCE` standard errors of 0.
 
     Raises:
         ValueError: no group holds an id.
@@ -166,8 +145,7 @@ def gamma_poisson_cv(groups: Sequence[np.ndarray]) -> float | None:
 
 def table_configs(model: Any) -> list[tuple[str, Any]]:
     """Every ``(fqn, config)`` of ``model``'s embedding collections, fqn as TorchRec's
-    ``ShardingOption.fqn`` (``"<module path>.<table>"``).
-    """
+    ``ShardingOption.fqn`` (``"<module path>.<table>"``)."""
     return [
         (f"{path}.{c.name}", c)
         for path, child in model.named_modules()
@@ -192,11 +170,8 @@ def spec_from_config(
     stats: tuple[float, Sequence[float]] | None = None,
     default_pooling_factor: float = 1.0,
 ) -> TableSpec:
-    """A :class:`TableSpec` from a TorchRec ``EmbeddingBagConfig``.
-
-    The pooling factor: ``stats`` if given, else the constraints' summed ``pooling_factors``,
-    else ``default_pooling_factor``.
-    """
+    """A :class:`TableSpec` from a TorchRec ``EmbeddingBagConfig``; its pooling factor from
+    ``stats``, else the constraints' summed ``pooling_factors``, else the default."""
     from torchrec.types import DataType
 
     hist = None
@@ -227,22 +202,9 @@ def specs_from_kjt_batches(
     batches: Iterable[Any],
     constraints: Mapping[str, ParameterConstraints] | None = None,
 ) -> list[TableSpec]:
-    """Measure every table of an ``EmbeddingBagCollection`` from ``KeyedJaggedTensor`` batches.
-
-    A table fed by several features counts all their ids, as the table-batched kernel does.
-
-    Args:
-        configs: the collection's ``EmbeddingBagConfig``s.
-        batches: ``KeyedJaggedTensor`` batches holding the configs' features.
-        constraints: optional constraints by table name, used for a table with no ids.
-
-    Returns:
-        One spec per config, in order.
-
-    Example::
-
-        specs = specs_from_kjt_batches(ebc.embedding_bag_configs(), batches)
-    """
+    """One spec per ``EmbeddingBagConfig``, measured from ``KeyedJaggedTensor`` batches (a
+    table fed by several features counts all their ids, as the fused kernel does;
+    ``constraints`` by name serve a table with no ids)."""
     per_table: dict[str, list[tuple[float, tuple[float, ...], int]]] = {c.name: [] for c in configs}
     n_batches = 0
     for kjt in batches:

@@ -1,9 +1,6 @@
-"""Embedding tables: specs, reuse histograms and the feature vector the networks see.
-
-A table has a shape (rows, dim, bytes per element) and a use per batch: the pooling
-factor (mean ids per sample) and the reuse histogram, the fraction of accessed rows whose
-access count falls in each of 17 power-of-two bins ``(0,1], (1,2], ..., (2^15, inf)``.
-"""
+"""Embedding tables: specs, reuse histograms (the fraction of accessed rows whose access
+count per batch falls in each of 17 power-of-two bins ``(0,1], (1,2], ..., (2^15, inf)``)
+and the feature vector the networks see."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ import functools
 import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -60,8 +57,7 @@ def bin_count_range(k: int) -> tuple[int, int]:
     return 2 ** (k - 1) + 1, 2**k
 
 
-# Inclusive count range of each bin, and its middle (the mean count of a row drawn
-# uniformly from the bin).
+# Inclusive count range of each bin, and its middle (a row's mean count within the bin).
 BIN_LOW = np.array([bin_count_range(k)[0] for k in range(NUM_REUSE_BINS)])
 BIN_HIGH = np.array([bin_count_range(k)[1] for k in range(NUM_REUSE_BINS)])
 BIN_MID = (BIN_LOW + BIN_HIGH) / 2.0
@@ -71,20 +67,13 @@ BIN_MID = (BIN_LOW + BIN_HIGH) / 2.0
 class TableSpec:
     """One embedding table as the planner sees it.
 
-    Args:
-        name: unique name within a task.
-        rows: number of embedding rows (positive integer).
-        dim: embedding dimension (positive integer).
+    Attributes:
         pooling_factor: mean number of ids per sample (finite, > 0).
-        reuse_hist: optional 17 fractions (summing to 1) of accessed rows by access count
-            per batch; ``None``: uniform access.
+        reuse_hist: 17 fractions (summing to 1) of accessed rows by access count per
+            batch; ``None``: uniform access.
         bytes_per_element: 4 for fp32 weights, 2 for fp16.
-        bag_length_cv: optional coefficient of variation of each sample's gamma share of
-            the ids (gamma-Poisson bag lengths); ``None``: ids dealt uniformly at random.
-
-    Example::
-
-        TableSpec(name="t0", rows=1_000_000, dim=64, pooling_factor=8.0)
+        bag_length_cv: coefficient of variation of each sample's gamma share of the ids
+            (gamma-Poisson bag lengths); ``None``: ids dealt uniformly at random.
     """
 
     name: str
@@ -146,10 +135,6 @@ class TableSpec:
             return np.asarray(self.reuse_hist, dtype=np.float64)
         return uniform_reuse_hist(self.rows, self.pooling_factor * batch_size)
 
-    def features(self, batch_size: int = 2048) -> np.ndarray:
-        """The normalised feature vector (see :func:`table_features`)."""
-        return table_features([self], batch_size)[0]
-
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "name": self.name,
@@ -169,16 +154,7 @@ class TableSpec:
     def from_dict(cls, data: Mapping[str, Any]) -> TableSpec:
         if not isinstance(data, Mapping):
             raise ValueError(f"a table must be a JSON object, got {type(data).__name__}")
-        known = {
-            "name",
-            "rows",
-            "dim",
-            "pooling_factor",
-            "reuse_hist",
-            "bytes_per_element",
-            "bag_length_cv",
-        }
-        unknown = set(data) - known
+        unknown = set(data) - {f.name for f in fields(cls)}
         name = data.get("name", "<unnamed>")
         name = name if isinstance(name, str) else short_repr(name)
         if unknown:
@@ -212,12 +188,8 @@ def short_repr(value: Any, limit: int = 60) -> str:
 
 
 def checked_cv(cv: Any, where: str) -> float:
-    """``cv`` as a bag-length cv (std / mean of a table's ids per sample), a float.
-
-    Raises:
-        ValueError: ``cv`` is no real number in ``[0, MAX_BAG_LENGTH_CV]`` (``where``
-            names it).
-    """
+    """``cv`` as a bag-length cv, a float; a ``ValueError`` (naming ``where``) unless a real
+    number in ``[0, MAX_BAG_LENGTH_CV]``."""
     if isinstance(cv, bool) or not isinstance(cv, numbers.Real):
         raise ValueError(f"{where}: bag_length_cv must be a number, got {short_repr(cv)}")
     if not 0 <= cv <= MAX_BAG_LENGTH_CV:  # compared exactly: 10**400 is no float; NaN fails
@@ -257,8 +229,7 @@ def _check_hist(hist: Iterable[float], where: str) -> tuple[float, ...]:
 
 def uniform_reuse_hist(rows: int, accesses: float) -> np.ndarray:
     """Expected reuse histogram of ``accesses`` uniform ids over ``rows`` rows (Poisson
-    counts, rows with count >= 1; cached).
-    """
+    counts; cached)."""
     return np.array(_uniform_reuse_hist(int(rows), float(accesses)))
 
 
@@ -288,12 +259,9 @@ def _log_factorials(n: int) -> np.ndarray:
 
 
 def table_features(tables: Sequence[TableSpec], batch_size: int = 2048) -> np.ndarray:
-    """Feature matrix ``[len(tables), FEATURE_DIM]``, float32, from fixed constants only.
-
-    ``log2(dim) / 8``, ``log10(rows) / 8``, ``log10(1 + pooling_factor) / 2``,
-    ``log10(bytes) / 11`` and the 17 reuse fractions (uniform access's at ``batch_size`` for
-    a table without statistics).
-    """
+    """Feature matrix ``[len(tables), FEATURE_DIM]`` (float32) scaled by fixed constants:
+    log dim, rows, pooling and bytes, then the 17 reuse fractions (uniform access's at
+    ``batch_size`` for a table without statistics)."""
     out = np.zeros((len(tables), FEATURE_DIM), dtype=np.float32)
     for i, t in enumerate(tables):
         out[i, 0] = math.log2(t.dim) / DIM_LOG2_SCALE

@@ -1,7 +1,6 @@
 """A task file's fields beside its tables: their bounds, the batch's names (the global
-batch, ``global_batch_size``; ``batch_size`` its older name) and the one rule that makes it
-TorchRec's per-rank batch (:func:`per_rank_batch`), and the cluster's fields
-(``compute_device``, ``hosts``, ``local_world_size``)."""
+``global_batch_size``; ``batch_size`` its older name), the per-rank batch rule
+(:func:`per_rank_batch`) and the cluster's fields."""
 
 from __future__ import annotations
 
@@ -29,12 +28,7 @@ OLD_BATCH_KEY = "batch_size"  # its older name, still read (with a warning from 
 
 def cluster_devices(data: Mapping[str, Any]) -> Any:
     """A task file's device count: ``num_devices``, or ``hosts * local_world_size``
-    (both given: they must agree).
-
-    Raises:
-        ValueError: ``hosts`` without ``local_world_size``, a count that is not a
-            positive integer, or counts that disagree.
-    """
+    (both given: they must agree; a ``ValueError`` otherwise)."""
     hosts, local = data.get("hosts"), data.get("local_world_size")
     if hosts is None:
         return data.get("num_devices")  # missing: named with the other missing fields
@@ -65,19 +59,8 @@ def warn_old_batch_key(data: Any, path: str | Path) -> None:
 
 
 def per_rank_batch(global_batch: int, world_size: int) -> int:
-    """TorchRec's per-rank ``batch_size`` of a global batch over ``world_size`` ranks.
-
-    Args:
-        global_batch: samples of one step over all ranks (a task's ``batch_size``).
-        world_size: ranks the batch is split among.
-
-    Returns:
-        ``global_batch // world_size``.
-
-    Raises:
-        ValueError: ``global_batch`` does not divide evenly among ``world_size`` ranks
-            (naming both and the nearest multiples).
-    """
+    """TorchRec's per-rank ``batch_size``: ``global_batch // world_size``; a ``ValueError``
+    naming the nearest multiples where it does not divide evenly."""
     if world_size < 1:
         raise ValueError(f"world_size must be positive, got {world_size}")
     if global_batch % world_size:
@@ -91,12 +74,8 @@ def per_rank_batch(global_batch: int, world_size: int) -> int:
 
 
 def bounded_int(what: str, value: Any, high: int, whole_floats: bool = False) -> int:
-    """``value`` as an int in ``1..high``; floats only when whole (``1.6e10``) and allowed.
-
-    Raises:
-        ValueError: naming ``what``, for booleans, non-numbers, fractions and values out
-            of range.
-    """
+    """``value`` as an int in ``1..high`` (floats only when whole and ``whole_floats``); a
+    ``ValueError`` naming ``what`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
         raise ValueError(f"{what} must be an integer, got {short_repr(value)}")
     if isinstance(value, float | np.floating):

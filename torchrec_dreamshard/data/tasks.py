@@ -30,41 +30,31 @@ Placement = list[int]
 
 
 class NoPlanError(ValueError):
-    """A placer found no placement that fits (a random placement or a heuristic on tight
-    memory, TorchRec's planner with its default storage reservation, or any candidate
-    source of the safety net)."""
+    """A placer found no placement that fits."""
 
 
 class InsufficientMemoryError(NoPlanError):
-    """The tables do not fit the devices' memory: a table bigger than every device, more
-    bytes than all devices hold, or a placement step that finds no device with room (the
-    message names the tables and the bytes).
+    """The tables do not fit the devices' memory (the message names the tables and bytes).
 
-    The one error of placing that means "does not fit": the planner's partitioner turns it,
-    and only it, into TorchRec's ``PlannerError`` of insufficient storage, which TorchRec's
-    loop takes as a proposal that does not partition. Any other error of placing (a wrong
-    length, a bug, a numpy error) raises as itself."""
+    The one error of placing the planner's partitioner turns into TorchRec's
+    ``PlannerError`` of insufficient storage; any other raises as itself."""
 
 
 @dataclass(kw_only=True)
 class Task:
     """A placement problem.
 
-    Args:
-        tables: the tables to place (names unique).
-        num_devices: number of devices D.
-        memory_bytes: capacity per device in bytes: one number for all, or one per device.
-        batch_size: the global batch: the samples of one step over all ``num_devices``
-            devices (a task file's ``global_batch_size``). TorchRec's planner takes a
-            per-rank batch, ``batch_size / num_devices``
-            (:func:`~torchrec_dreamshard.data.task_fields.per_rank_batch`).
-        compute_device: what the devices are, ``"cpu"`` (``memory_bytes`` is each rank's
-            DDR) or ``"cuda"`` (each GPU's HBM); planning for GPUs needs no GPU.
-        local_world_size: devices per host (``None``: all on one host); ``num_devices``
-            must be a whole number of hosts of it.
-        allow_oversized: accept tables bigger than every device (a column-wise splitting
-            planner, :mod:`torchrec_dreamshard.data.splits`, splits them; placing such a task's
-            tables whole fails). The total must still fit.
+    Attributes:
+        memory_bytes: capacity per device in bytes: one number for all, or one per device
+            (``memory``: the per-device list).
+        batch_size: the global batch over all devices (a task file's ``global_batch_size``;
+            TorchRec's per-rank one is
+            :func:`~torchrec_dreamshard.data.task_fields.per_rank_batch`).
+        compute_device: ``"cpu"`` (``memory_bytes`` is each rank's DDR) or ``"cuda"``
+            (each GPU's HBM).
+        local_world_size: devices per host (``None``: all on one host).
+        allow_oversized: accept tables bigger than every device (for column-wise splits);
+            the total must still fit.
     """
 
     tables: list[TableSpec]
@@ -172,13 +162,8 @@ class Task:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], allow_oversized: bool = False) -> Task:
-        """A task from a task file's JSON object (see :meth:`load`; the batch's older key
-        ``batch_size`` is read too, as the global batch, without a warning: stores and
-        results files written before ``global_batch_size`` hold it).
-
-        Raises:
-            ValueError: naming the field that is missing, unknown or wrong.
-        """
+        """A task from a task file's JSON object (the older ``batch_size`` key read without
+        a warning); a ``ValueError`` names the field that is missing, unknown or wrong."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a task must be a JSON object, got {type(data).__name__}")
         fields = {"num_devices", "memory_bytes", "tables"}
@@ -216,12 +201,8 @@ class Task:
 
     @classmethod
     def load(cls, path: str | Path, allow_oversized: bool = False) -> Task:
-        """Read a task file strictly (see :func:`torchrec_dreamshard.io.read_json`);
-        ``allow_oversized`` as in :class:`Task`.
-
-        Raises:
-            ValueError: naming the file and the field that is wrong.
-        """
+        """Read a task file strictly (:func:`torchrec_dreamshard.io.read_json`); a
+        ``ValueError`` names the file and the field that is wrong."""
         data = read_json(path, "task file")
         warn_old_batch_key(data, path)
         try:
@@ -230,18 +211,12 @@ class Task:
             raise ValueError(f"task file {str(path)!r}: {exc}") from None
 
 
-# ----------------------------------------------------------------------------------------
-# Placements
-# ----------------------------------------------------------------------------------------
+# -- placements ---------------------------------------------------------------------------
 
 
 def check_placement(task: Task, placement: Sequence[int]) -> Placement:
-    """Validate a placement; returns it as a list of ints.
-
-    Raises:
-        ValueError: wrong length, a device out of range, or a device whose tables exceed its
-            memory (naming the device and its tables).
-    """
+    """The placement as a list of ints; a ``ValueError`` for a wrong length, a device out
+    of range or over its memory (naming it and its tables)."""
     placement = list(placement)
     if len(placement) != len(task.tables):
         raise ValueError(f"placement has {len(placement)} entries for {len(task.tables)} tables")
@@ -268,9 +243,8 @@ def device_bytes(task: Task, placement: Sequence[int]) -> list[int]:
 
 
 def placed_bytes(sizes: Sequence[int], placement: Sequence[int], num_devices: int) -> list[int]:
-    """The bytes on each of ``num_devices`` devices where table ``i``, of ``sizes[i]``
-    bytes (its weights, or another count of it, such as TorchRec's storage estimate), is on
-    device ``placement[i]``."""
+    """The bytes on each of ``num_devices`` devices where table ``i``, of ``sizes[i]`` bytes,
+    is on device ``placement[i]``."""
     used = [0] * num_devices
     for nbytes, d in zip(sizes, placement, strict=True):
         used[d] += nbytes
@@ -301,16 +275,8 @@ def placement_from_dict(task: Task, mapping: Mapping[str, Any]) -> Placement:
 
 
 def random_placement(task: Task, seed: int | Sequence[int] | np.random.Generator = 0) -> list[int]:
-    """A uniformly random device for each table among those with room left (tables taken
-    largest first, so that a feasible placement is found whenever greedy finds one).
-
-    Args:
-        task: the task.
-        seed: a seed or a numpy generator.
-
-    Raises:
-        InsufficientMemoryError: some table fits on no device.
-    """
+    """A uniformly random device with room left for each table, largest first (so a
+    placement is found whenever greedy finds one); ``InsufficientMemoryError`` otherwise."""
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     free = list(task.memory)
     placement = [0] * len(task.tables)

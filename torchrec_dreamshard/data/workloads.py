@@ -1,10 +1,6 @@
-"""Deterministic batches of ids whose statistics match a :class:`TableSpec`.
-
-A batch of ``B`` samples holds ``N = round(B p)`` ids over distinct random rows whose
-access counts follow the reuse histogram (bin ``k`` with probability ``h[k]``), shuffled
-and dealt to samples: multinomial lengths, or gamma-Poisson with ``bag_length_cv``. A table
-too small for its histogram uses every row, counts scaled up to ``N``.
-"""
+"""Deterministic batches of ids whose statistics match a :class:`TableSpec`: ``round(B p)``
+ids over distinct rows whose access counts follow the reuse histogram, shuffled and dealt
+to samples (multinomial lengths, or gamma-Poisson with ``bag_length_cv``)."""
 
 from __future__ import annotations
 
@@ -15,8 +11,7 @@ import torch
 
 from torchrec_dreamshard.data.tables import BIN_HIGH, BIN_LOW, BIN_MID, NUM_REUSE_BINS, TableSpec
 
-# Tolerances the tests hold the generator to: the pooling factor always; the histogram (L1
-# distance) when a batch touches >= 5000 distinct rows and the table has twice as many.
+# The tests' tolerances: the pooling factor always, the histogram's L1 distance on big tables.
 POOLING_TOLERANCE = 0.01  # relative
 HIST_L1_TOLERANCE = 0.05
 
@@ -62,17 +57,8 @@ def _trim(counts: np.ndarray, excess: int) -> np.ndarray:
 def generate_batch(
     spec: TableSpec, batch_size: int, seed: int | np.random.Generator = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One batch of ids for ``spec``.
-
-    Args:
-        spec: the table.
-        batch_size: samples in the batch.
-        seed: an integer seed or a numpy ``Generator`` (batches are deterministic in it).
-
-    Returns:
-        ``(ids, offsets)`` as int64 tensors: ``ids`` flat, ``offsets`` of length
-        ``batch_size + 1``.
-    """
+    """One batch of ids for ``spec``, deterministic in ``seed`` (an int or a ``Generator``):
+    ``(ids, offsets)``, int64, ``ids`` flat and ``batch_size + 1`` offsets."""
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -112,12 +98,8 @@ def _distinct_rows(rows: int, n: int, rng: np.random.Generator) -> np.ndarray:
 def generate_fused_batch(
     specs: Sequence[TableSpec], batch_size: int, seed: int | np.random.Generator = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch for a fused (table-batched) kernel over ``specs``.
-
-    Returns:
-        ``(indices, offsets)`` in FBGEMM's table-major layout: ``offsets`` has
-        ``len(specs) * batch_size + 1`` entries, table ``t``'s bags first.
-    """
+    """A batch for a fused (table-batched) kernel over ``specs``, ``(indices, offsets)`` in
+    FBGEMM's table-major layout (see :func:`fuse_batches`)."""
     if not specs:
         raise ValueError("a fused batch needs at least one table")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
