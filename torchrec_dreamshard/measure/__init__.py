@@ -1,8 +1,5 @@
-"""Measuring placements on real FBGEMM kernels: :func:`measure_placement` (one fused kernel
-per device and the all-to-all, ``"local"`` or ``"distributed"``), :func:`time_fused_kernel`,
-and :func:`measure_in_rounds` / :func:`measure_plans` (plans against each other in
-interleaved rounds). :class:`torchrec_dreamshard.store.CostStore` keeps the measurements.
-"""
+"""Measuring placements on real FBGEMM kernels and all-to-alls, alone or plans against each
+other in interleaved rounds."""
 
 from torchrec_dreamshard.data.tasks import random_placement
 from torchrec_dreamshard.measure.comm import AllToAllCost

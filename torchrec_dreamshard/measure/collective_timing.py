@@ -30,9 +30,7 @@ from torchrec_dreamshard.ranks.torch_compat import (
 COLLECTIVES = ("all_to_all", "reduce_scatter", "all_gather", "all_reduce")
 _WIRE_FACTOR = {"all_to_all": 2.0, "reduce_scatter": 2.0, "all_gather": 2.0, "all_reduce": 4.0}
 CALIBRATION_BYTES = (2**14, 2**17, 2**20, 2**22)  # buffer bytes per rank: 16 KB .. 4 MB
-# PASSES interleaved passes of REPEATS_PER_PASS runs (a busy spell hits one pass of every
-# size), and the lower quartile is fitted: a CPU's runs are bimodal (some stalled by the
-# scheduler), so a median flips between the modes.
+# interleaved passes and the lower quartile: a CPU's runs are bimodal (docs/design_notes.md)
 PASSES = 6
 REPEATS_PER_PASS = 4
 STEADY_QUANTILE = 0.25
@@ -133,7 +131,7 @@ def runs_key() -> dict[str, Any]:
 
 
 def steady_ms(times: Sequence[float]) -> float:
-    """The lower quartile of one collective's runs (see :data:`PASSES`)."""
+    """The lower quartile of one collective's runs."""
     if not times:
         raise ValueError("no collective runs to take a figure from")
     return float(np.quantile(np.asarray(times, dtype=np.float64), STEADY_QUANTILE))

@@ -1,9 +1,6 @@
-"""Every collective TorchRec's sharding types use (all-to-all, reduce-scatter, all-gather,
-all-reduce), timed: the samples ``(kind, D, MB, ms)`` the collective models
-(:mod:`torchrec_dreamshard.cost.collective_models`) are fitted to. They are timed on a
-distributed job's own group, or on groups of gloo ranks that are threads of this process
-(nothing spawned, the default group untouched), or on spawned ranks (NCCL's only way).
-"""
+"""Every collective TorchRec's sharding types use, timed on the job's group, on gloo ranks
+that are threads of this process, or on spawned ranks: the samples ``(kind, D, MB, ms)`` the
+collective models are fitted to."""
 
 from __future__ import annotations
 
@@ -17,10 +14,7 @@ from torchrec_dreamshard.measure.collective_timing import (
 from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.group_tasks import run_on_group
 from torchrec_dreamshard.measure.hardware import device_name
-from torchrec_dreamshard.ranks.job_group import (
-    JobGroup,
-    group_task,
-)
+from torchrec_dreamshard.ranks.job_group import JobGroup, group_task
 from torchrec_dreamshard.ranks.spawn import measuring_ranks
 
 RANK_KINDS = ("threads", "processes")  # how time_collectives runs its ranks
@@ -34,11 +28,6 @@ def default_backend() -> str:
     if torch.cuda.is_available() and torch.cuda.device_count() >= 2 and dist.is_nccl_available():
         return "nccl"
     return "gloo"
-
-
-def backend_device_name(backend: str) -> str:
-    """The device a ``backend``'s collectives run on (what their cache files are named by)."""
-    return device_name("cuda" if backend == "nccl" else "cpu")
 
 
 @group_task
@@ -107,5 +96,5 @@ def time_collectives(
     else:
         samples = spawned_samples(max_devices, backend)
         how = "spawned processes"
-    name = backend_device_name(backend)
+    name = device_name("cuda" if backend == "nccl" else "cpu")
     return samples, f"{backend} collectives on {name}, 2..{max_devices} ranks ({how})"

@@ -1,9 +1,5 @@
-"""The all-to-all of pooled embeddings under table-wise sharding: its splits and timing.
-
-Forward, device ``d`` sends device ``j`` its tables' outputs ``[B_j, dims_d]`` for ``j``'s
-slice of the batch; the backward sends the gradients back. The local backend times none:
-it charges a fitted model handed to it (:class:`AllToAllCost`).
-"""
+"""The all-to-all of pooled embeddings under table-wise sharding: its splits and timing
+(forward, device ``d`` sends ``j`` its outputs ``[B_j, dims_d]``; backward, the gradients)."""
 
 from __future__ import annotations
 

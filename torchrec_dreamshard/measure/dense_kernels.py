@@ -1,7 +1,5 @@
-"""FBGEMM's dense table-batched kernel (data-parallel tables: no fused optimizer, a dense
-gradient of the whole table), timed with an Adagrad step, and the random table sets the
-:mod:`torchrec_dreamshard.cost.dense_kernel_model` is fitted to.
-"""
+"""FBGEMM's dense kernel of data-parallel tables, timed with an Adagrad step, and the random
+table sets :mod:`torchrec_dreamshard.cost.dense_kernel_model` is fitted to."""
 
 from __future__ import annotations
 
@@ -17,20 +15,14 @@ from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.measure.embedding_kernels import fused_ring
 from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.group_tasks import run_on_group
-from torchrec_dreamshard.ranks.job_group import (
-    JobGroup,
-    active_group,
-    group_task,
-    my_share,
-)
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group, group_task, my_share
 from torchrec_dreamshard.threads import single_thread
 
 _FIT_SETS = 28  # random table sets timed to fit the model
 _MAX_WEIGHT_ELEMENTS = 8_000_000  # per timed set (32 MB of fp32)
 _WARMUP, _ITERS = 2, 5
 _LEARNING_RATE = 0.01
-# PyTorch warns that FBGEMM's dense lookup has no autograd kernel; FBGEMM's Python autograd
-# function carries the backward (tests/test_dense_kernels.py), so it is silenced there.
+# PyTorch says FBGEMM's dense lookup has no autograd kernel; FBGEMM's Python function has one
 _NO_AUTOGRAD_KERNEL = ".*dense_embedding_codegen_lookup_function: an autograd kernel"
 
 
@@ -118,7 +110,6 @@ def random_dense_sets(count: int = _FIT_SETS, seed: int = 0) -> list[tuple[list[
 
 @group_task
 def _group_dense_times(group: JobGroup) -> list[tuple[int, float, float]]:
-    """``(set index, fwd_ms, bwd_ms)`` of this rank's share of :func:`random_dense_sets`."""
     device = "cuda" if group.device.type == "cuda" else "cpu"
     sets = list(enumerate(random_dense_sets()))
     return [(i, *time_dense_kernel(t, b, device)) for i, (t, b) in my_share(sets, group)]

@@ -1,8 +1,5 @@
-"""The distributed backend: one rank per device, each timing its own fused kernel, the
-reference kernel and the real all-to-all; rank 0 gathers the figures. Run it inside a
-process group (:func:`measure_rank`, e.g. under ``torchrun``) or from one process on
-spawned gloo ranks (:func:`measure_distributed`, kept in a :class:`RankPool`).
-"""
+"""The distributed backend: one rank per device times its fused kernel, the reference kernel
+and the real all-to-all, in a process group or on a pool of spawned gloo ranks."""
 
 from __future__ import annotations
 

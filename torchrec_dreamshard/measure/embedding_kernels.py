@@ -1,7 +1,5 @@
-"""Real FBGEMM fused kernels, one table-batched embedding bag per device, timed: each
-iteration on a fresh cached batch of ids, weights in written (not zero-page) memory, and
-the backward running the fused optimizer update.
-"""
+"""Real FBGEMM fused kernels, one per device, timed: each iteration on a fresh batch of ids,
+weights in written (not zero-page) memory, the backward running the fused optimizer."""
 
 from __future__ import annotations
 
@@ -49,7 +47,7 @@ def _fbgemm():
         EmbOptimType,
         SparseType,
         EmbeddingLocation,
-        (ComputeDevice),
+        ComputeDevice,
     )
 
 
@@ -143,11 +141,8 @@ class FusedKernel:
 
     Args:
         tables: the tables (each dim a multiple of 4, as FBGEMM requires).
-        batch_size: samples per batch.
-        config: optimizer, precision, device, iterations and seed.
-        arena: host memory to build CPU kernels in (its slices must stay free until the
-            kernel is dropped); ``None`` uses the module's shared arena, reserved for this
-            kernel alone.
+        arena: host memory to build CPU kernels in (its slices stay taken until the kernel
+            is dropped); ``None``: the shared arena, reserved for this kernel alone.
     """
 
     def __init__(
@@ -211,10 +206,9 @@ class FusedKernel:
         if not on_cpu:  # device memory: write the weights and the optimizer state
             for w in emb.split_embedding_weights():
                 w.uniform_(0.001, 0.01)
-            for name in ("momentum1_dev",):
-                state = getattr(emb, name, None)
-                if isinstance(state, torch.Tensor) and state.numel():
-                    state.fill_(0.01)
+            state = getattr(emb, "momentum1_dev", None)
+            if isinstance(state, torch.Tensor) and state.numel():
+                state.fill_(0.01)
         return emb
 
     def step(self) -> tuple[float, float]:
@@ -291,16 +285,8 @@ def time_kernels(kernels: Sequence[FusedKernel | None], config: MeasureConfig) -
 def time_fused_kernel(
     tables: Sequence[TableSpec], batch_size: int, config: MeasureConfig | None = None
 ) -> tuple[float, float]:
-    """Forward and backward of one fused kernel over ``tables``.
-
-    Args:
-        tables: the tables fused into one kernel (one table gives its single-table cost).
-        batch_size: samples per batch.
-        config: the measurement settings (defaults: :class:`MeasureConfig`).
-
-    Returns:
-        ``(fwd_ms, bwd_ms)``: minimum over rounds of the median over timed iterations.
-    """
+    """``(fwd_ms, bwd_ms)`` of one fused kernel over ``tables``: the minimum over rounds of
+    the median over timed iterations."""
     config = config or MeasureConfig()
     with single_thread(config.device == "cpu"):
         kernel = FusedKernel(tables, batch_size, config)

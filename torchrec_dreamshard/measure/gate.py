@@ -1,7 +1,5 @@
-"""The gate every timing entry point passes: inside :func:`no_measuring` (TorchRec's loop,
-between the profile and the verification) any timing raises :class:`MeasuringForbidden`.
-The gate is a context variable, scoped to the calling thread or task.
-"""
+"""The gate every timing entry point passes: inside :func:`no_measuring` any timing raises
+:class:`MeasuringForbidden` (a context variable, scoped to the calling thread or task)."""
 
 from __future__ import annotations
 
@@ -28,23 +26,8 @@ def no_measuring(why: str) -> Iterator[None]:
         _CLOSED.reset(token)
 
 
-@contextlib.contextmanager
-def measuring_allowed() -> Iterator[None]:
-    """Re-open the gate inside a closed block (the one step allowed to measure there)."""
-    token = _CLOSED.set(None)
-    try:
-        yield
-    finally:
-        _CLOSED.reset(token)
-
-
 def check_may_measure(what: str) -> None:
     """Raise :class:`MeasuringForbidden` naming ``what`` when the gate is closed."""
     why = _CLOSED.get()
     if why is not None:
         raise MeasuringForbidden(f"{what} was called where nothing may be measured ({why})")
-
-
-def measuring_closed() -> str | None:
-    """Why the gate is closed here (``None``: open)."""
-    return _CLOSED.get()

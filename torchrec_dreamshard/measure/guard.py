@@ -1,10 +1,6 @@
-"""Measuring that cannot fail the plan: :func:`guarded` turns a failure of the machine's
-measuring stack (device, collective, FBGEMM or spawned-rank errors, out of memory) into a
-:class:`MeasureFailure`, so the caller goes on without it. The user's input errors
-(``ValueError``), other bugs and :class:`~.gate.MeasuringForbidden` are raised. A
-``RuntimeError`` from a bug on a measuring path is caught too (torch raises its device
-errors as ``RuntimeError``), and is named in the warning and the stats.
-"""
+"""Measuring that cannot fail the plan: :func:`guarded` turns a failure of the measuring
+stack (device, collective, FBGEMM, spawned ranks, out of memory; any ``RuntimeError``) into
+a :class:`MeasureFailure`; ``ValueError``, other bugs and ``MeasuringForbidden`` are raised."""
 
 from __future__ import annotations
 
@@ -98,13 +94,8 @@ def guarded(
 
     Args:
         what: which measurement, for the record and the warning.
-        measure: the measurement, called once with no arguments.
         device: ``"cuda"``: after an out-of-memory, empty the CUDA cache.
-        warn: log one warning naming the cause (``False``: the caller gathers several
-            failures and warns once, :func:`warn_failures`).
-
-    Returns:
-        What ``measure`` returned, or the failure.
+        warn: log one warning (``False``: the caller warns once, :func:`warn_failures`).
     """
     try:
         return measure()

@@ -1,5 +1,5 @@
 """The local backend: one process times each device's fused kernel in turn (one thread per
-device on CPU) and charges the all-to-all from a model (:class:`~.comm.AllToAllCost`)."""
+device on CPU) and charges the all-to-all from a model."""
 
 from __future__ import annotations
 
@@ -43,10 +43,10 @@ def measure_local(
     start = time.perf_counter()
     groups = [[task.tables[i] for i in idx] for idx in device_tables(task, placement)]
     if shared is None:
-        compute = _time_devices(groups, task.batch_size, config)
+        compute = time_groups(groups, task.batch_size, config)
     else:
         compute = shared.compute(
-            task, placement, config.rounds, lambda g: _time_devices(g, task.batch_size, config)
+            task, placement, config.rounds, lambda g: time_groups(g, task.batch_size, config)
         )
     dims = [sum(t.dim for t in g) for g in groups]
     if comm is not None and task.num_devices > 1:
@@ -85,13 +85,6 @@ def time_groups(
         ``[rounds, len(groups) + 1, 2]`` round medians of ``(fwd_ms, bwd_ms)``; the last
         column is the reference kernel, zeros for an empty group.
     """
-    return _time_devices(groups, batch_size, config)
-
-
-def _time_devices(
-    groups: list[list[TableSpec]], batch_size: int, config: MeasureConfig
-) -> np.ndarray:
-    """``[rounds, D + 1, 2]`` round medians; the last column is the reference kernel."""
     with single_thread(config.device == "cpu"):
         if config.device == "cpu":
             need = sum(sum(state_numel(g, config.optimizer)) for g in groups)

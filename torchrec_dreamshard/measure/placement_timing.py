@@ -1,5 +1,5 @@
-"""``measure_placement``: one entry point over both backends; ``measure_plans``: one
-task's named placements measured against each other in interleaved rounds."""
+"""``measure_placement`` over both backends, and ``measure_plans``: one task's named
+placements against each other in interleaved rounds."""
 
 from __future__ import annotations
 
@@ -31,10 +31,7 @@ def measure_placement(
     """Measure a placement on real fused kernels and a real (or modelled) all-to-all.
 
     Args:
-        task: the tables, devices, memory and batch size.
         placement: a device per table, in the task's table order.
-        config: optimizer, precision, device and timing protocol (default
-            :class:`MeasureConfig`).
         backend: ``"local"`` (one process times each device in turn) or ``"distributed"``
             (one gloo/NCCL rank per device).
         comm: the all-to-all model the local backend charges over several devices
@@ -92,7 +89,6 @@ def measure_plans(
         plans: a placement by name, measured in this order in round 0.
         rounds: rounds in all, ``done``'s included.
         done: this task's rounds already measured.
-        config, backend, comm: as :func:`measure_placement`'s.
 
     Returns:
         The rounds, each ``{name: measurement}``.

@@ -1,5 +1,4 @@
-"""Progress bars for measuring: shown only where someone can see them, and only once the
-measuring has taken long enough to need one."""
+"""Progress bars for measuring, shown on a terminal once measuring takes a while."""
 
 from __future__ import annotations
 

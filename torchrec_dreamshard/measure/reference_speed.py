@@ -1,8 +1,5 @@
-"""This machine's time on the reference kernel, and the ratio (:func:`speed_ratio`) that
-brings a cost network trained on another machine to this machine's time where its prices
-sit beside costs measured here. Calibration (``calibrate=``) is the better fix where
-affordable: one kernel cannot say how every table's time moves.
-"""
+"""This machine's time on the reference kernel, and :func:`speed_ratio`, which brings a cost
+network trained on another machine to this machine's time."""
 
 from __future__ import annotations
 
@@ -17,11 +14,7 @@ from torchrec_dreamshard.measure.embedding_kernels import (
 from torchrec_dreamshard.measure.gate import check_may_measure
 from torchrec_dreamshard.measure.group_tasks import run_on_group
 from torchrec_dreamshard.measure.spent import spent_on
-from torchrec_dreamshard.ranks.job_group import (
-    JobGroup,
-    active_group,
-    group_task,
-)
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group, group_task
 
 
 @spent_on("reference_kernel")

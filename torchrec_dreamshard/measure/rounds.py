@@ -1,7 +1,5 @@
-"""Measuring plans against each other in interleaved rounds: a machine's speed drifts, so
-each round measures every plan once, in an order rotated from round to round, and plans
-are compared round by round.
-"""
+"""Measuring plans against each other in interleaved rounds (every plan once a round, in an
+order rotated from round to round), so a drift of the machine's speed hits them alike."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What a sharding path (input distribution, lookups, output distribution, their backward)
-costs a training step beyond its kernels and collectives: real DMP steps of tiny tables,
-every table data-parallel against the first table-wise, in interleaved rounds, on the
-job's own group or on 2 spawned gloo ranks (:func:`time_sharding_path`).
-"""
+"""What a sharding path costs a step beyond its kernels and collectives: DMP steps of tiny
+tables, all data-parallel against the first table-wise, on the job's group or 2 spawned ranks."""
 
 from __future__ import annotations
 

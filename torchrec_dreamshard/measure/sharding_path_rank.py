@@ -1,8 +1,5 @@
-"""One rank of the sharding-path measurement (:mod:`.sharding_path`): the path tables and a
-linear layer trained under DMP, every table data-parallel against the first table-wise on
-rank 0. Run in a fresh interpreter as ``python -m
-torchrec_dreamshard.measure.sharding_path_rank JOB_JSON``.
-"""
+"""One rank of the sharding-path measurement (:mod:`.sharding_path`), run as ``python -m
+torchrec_dreamshard.measure.sharding_path_rank JOB_JSON``."""
 
 from __future__ import annotations
 
