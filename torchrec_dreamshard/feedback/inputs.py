@@ -1,7 +1,5 @@
-"""The job's real inputs: :class:`InputRecorder` copies the ``KeyedJaggedTensor`` each sharded
-module's ``input_dist`` gets on the sampled steps; :class:`ObservedInputs` (rank 0) turns
-them into observed pooling factors, the constraints and batches a re-plan plans with.
-"""
+"""The job's real inputs: :class:`InputRecorder` copies each sharded module's input on sampled
+steps; :class:`ObservedInputs` turns them into the pooling factors and batches a re-plan uses."""
 
 from __future__ import annotations
 

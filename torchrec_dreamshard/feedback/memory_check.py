@@ -1,8 +1,5 @@
-"""The memory check before the job: for any ``ShardingPlan`` of a model's
-``EmbeddingBagCollection`` tables, each rank's FBGEMM kernels are built on the CPU with the
-job's optimizer, one rank at a time, their state read off the tensors and one forward and
-backward run for the per-step buffers. No process group is built.
-"""
+"""The memory check before the job: each rank's FBGEMM kernels of a ``ShardingPlan`` built on
+the CPU in turn, their state read off the tensors and one step run for the buffers."""
 
 from __future__ import annotations
 
@@ -61,7 +58,7 @@ def rank_shards(plan: Any, world: int) -> list[list[tuple[str, list[int], str]]]
     return out
 
 
-def _batch(config: Any, batch: int, pooling: float, gen: torch.Generator, rows: int) -> Any:
+def _batch(batch: int, pooling: float, gen: torch.Generator, rows: int) -> Any:
     lengths = torch.poisson(torch.full((batch,), float(pooling)), generator=gen).long()
     return lengths, torch.randint(0, max(rows, 1), (int(lengths.sum()),), generator=gen)
 
@@ -121,7 +118,7 @@ def check_rank(
         for (fqn, _, _), (rows, _) in zip(mine, specs, strict=True):
             features = len(configs[fqn][1].feature_names)
             for _ in range(features):
-                n, v = _batch(configs[fqn][1], rows_in, pooling.get(fqn, 1.0) / features, gen, rows)
+                n, v = _batch(rows_in, pooling.get(fqn, 1.0) / features, gen, rows)
                 lengths.append(n)
                 values.append(v)
         offsets = torch.cat([torch.zeros(1, dtype=torch.long), torch.cat(lengths).cumsum(0)])
@@ -155,10 +152,8 @@ def check_plan(
     {weights, optimizer, inputs, outputs, grads}}, "total"}``.
 
     Args:
-        plan: a TorchRec ``ShardingPlan`` of ``model``.
         model: the model (its tables may be on the meta device).
         batch_size: the per-rank batch.
-        world_size: the ranks.
         fused_params: the sharder's ``fused_params`` (its ``optimizer``), if any.
         pooling: ids per sample of each table (``module.table``; default 1).
     """

@@ -1,8 +1,5 @@
-"""The observed job's memory as plain JSON (:func:`build_memory_report`): per rank and table
-shard, the plan's storage estimate (weights, optimizer, buffers) beside what the rank
-measured (:mod:`.rank_memory`) and the part that was off; per rank also its peak, cap,
-reservation, and whether it is near its cap.
-"""
+"""The observed job's memory as plain JSON: per rank and table shard, the plan's storage
+estimate beside what was measured and the part that was off; per rank its peak and cap."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The observer's report, a plain JSON-able dict: per rank the medians over the sampled
-steps (``measured``), the embedding part ``measured_ms = fwd + bwd + comm + dp`` beside the
-planner's ``predicted_ms`` and their ``error`` (``predicted / measured - 1``), the rank
-that bounds the step, and where gathered the job's ``inputs`` and ``memory``.
-"""
+"""The observer's report, a plain JSON-able dict: per rank the sampled steps' medians, the
+embedding ms (``fwd + bwd + comm + dp``) beside the prediction, and the rank bounding the step."""
 
 from __future__ import annotations
 
@@ -49,7 +46,7 @@ def build_report(
     tables: Sequence[Sequence[str]],
     model: str,
 ) -> dict[str, Any]:
-    """The report of the module docstring.
+    """The report (``error`` is ``predicted / measured - 1``).
 
     Args:
         profiles: every rank's sampled steps.

@@ -1,20 +1,5 @@
-"""``JobObserver``: the running DMP job as the planner's measurement. It samples steps under
-``torch.profiler`` (at most one in ``every``, fewer where sampling would cost more than
-``max_overhead`` of the job's time), reports predicted against measured cost, and re-plans
-on rank 0 with what it learnt. It reads nothing of the planner but its ``PlanRecord``.
-
-Example::
-
-    plan = planner.collective_plan(model, sharders, pg)
-    dmp = DistributedModelParallel(module=model, device=device, plan=plan, sharders=sharders)
-    observer = observe(planner, dmp)     # every rank, after the DMP is built
-    for batch in loader:
-        ...train step...
-        observer.step()
-    report = observer.report()           # collective; a plain JSON-able dict
-    new_plan = observer.replan()         # collective; the same plan when no change pays
-    observer.apply_in_place(new_plan)    # collective; table-wise moves, no restart
-"""
+"""``JobObserver``: the running DMP job as the planner's measurement: sampled steps, reports
+of predicted against measured cost, and re-plans with what was learnt (``docs/feedback.md``)."""
 
 from __future__ import annotations
 
@@ -37,12 +22,7 @@ from torchrec_dreamshard.feedback.memory_report import (
 from torchrec_dreamshard.feedback.observed_job_report import build_report, rank_tables, report_lines
 from torchrec_dreamshard.feedback.plan_match import check_observed_plan
 from torchrec_dreamshard.feedback.profiling import StepProfile
-from torchrec_dreamshard.feedback.sampling import (
-    EVERY,
-    MAX_OVERHEAD,
-    WARMUP,
-    StepSampler,
-)
+from torchrec_dreamshard.feedback.sampling import EVERY, MAX_OVERHEAD, WARMUP, StepSampler
 from torchrec_dreamshard.planner.plans.plan_record import PlanRecord
 from torchrec_dreamshard.ranks.job_group import JobGroup, broadcast, driving, serve
 
@@ -55,7 +35,7 @@ logger = logging.getLogger("torchrec_dreamshard.feedback")
 
 
 class JobObserver:
-    """Observes a DMP job planned as ``record`` says (see the module docstring).
+    """Observes a DMP job planned as ``record`` says.
 
     Args:
         record: ``planner.plan_record`` after the planner's ``collective_plan``.
@@ -149,15 +129,13 @@ class JobObserver:
 
     def _estimates(self) -> list[dict[str, Any]] | None:
         """The observed plan's storage estimate per shard (rank 0, which planned)."""
-        if self._options is None:
-            return None
-        world = self.record.topology.world_size
-        return option_estimates(self._options, self._tier(), world, self.planned_correction)
-
-    def _tier(self) -> str:
         from torchrec_dreamshard.planner.adapters.device_memory import memory_tier
 
-        return memory_tier(self.record.topology)
+        if self._options is None:
+            return None
+        tier = memory_tier(self.record.topology)
+        world = self.record.topology.world_size
+        return option_estimates(self._options, tier, world, self.planned_correction)
 
     def memory_report(self, gathered: dict[str, list[Any]]) -> dict[str, Any] | None:
         """Predicted against measured memory from :func:`gather`'s result (``None`` where

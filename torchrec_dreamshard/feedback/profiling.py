@@ -1,8 +1,5 @@
-"""One sampled training step read off ``torch.profiler``: this rank's time in FBGEMM's
-fused lookup (``fwd``), its backward with the fused optimizer (``bwd``), each all-to-all
-(``a2a``, with its wall-clock start) and the data-parallel dense kernel (``dp``); an event
-inside another of its category counts once, and the rest of the step is ``rest``.
-"""
+"""One sampled training step read off ``torch.profiler``: this rank's fused lookup, its
+backward, each all-to-all and the data-parallel dense kernel (nested events count once)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
-"""What each rank of the running job holds in memory per table, measured, in bytes (tables
-named ``module.table`` as in the plan):
-
-* **state**: each table's slice of its FBGEMM kernel's state tensors (weights, optimizer);
-* **per-step buffers** on the sampled steps (forward hooks): ids fed, pooled output, its
-  gradient;
-* **peak**: what the rank holds plus the step's highest transient allocation (the
-  profiler's memory events on CPU, the allocator's statistics on CUDA).
-"""
+"""What each rank of the running job holds per table (``module.table``), measured in bytes:
+FBGEMM state (weights, optimizer), per-step buffers of the sampled steps (ids, pooled output,
+its gradient), and the peak (held plus the step's highest transient allocation)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,11 +34,6 @@ def sharded_kernels(dmp: nn.Module | None, plan: Any) -> list[tuple[str, nn.Modu
     return out
 
 
-def kernel_tables(kernel: nn.Module) -> list[Any]:
-    """The tables (TorchRec's ``ShardedEmbeddingTable``) a kernel holds, in its order."""
-    return list(kernel.config.embedding_tables)
-
-
 def _slices(numel: int, offsets: list[int]) -> list[int]:
     """Each table's element count in a tensor of ``numel`` where the tables start at ``offsets``."""
     ends = sorted(set(offsets)) + [numel]
@@ -68,7 +57,7 @@ def _placed(states: tuple[torch.Tensor, ...]) -> list[int]:
 
 def kernel_state_bytes(kernel: nn.Module) -> dict[str, dict[str, int]]:
     """Per table of ``kernel``, its ``weights`` and ``optimizer`` bytes."""
-    tables = [t.name for t in kernel_tables(kernel)]
+    tables = [t.name for t in kernel.config.embedding_tables]
     module = kernel.emb_module
     out = {name: {"weights": 0, "optimizer": 0} for name in tables}
     if hasattr(module, "get_states"):  # the fused kernel: weights and optimizer state
@@ -210,7 +199,7 @@ class MemoryRecorder:
         ]
 
     def _hook(self, path: str, kernel: nn.Module) -> Any:
-        tables = kernel_tables(kernel)
+        tables = list(kernel.config.embedding_tables)
 
         def hook(module: nn.Module, args: tuple, output: Any) -> None:
             if not self.recording or not args or not isinstance(output, torch.Tensor):
@@ -297,14 +286,4 @@ def median_buffers(steps: Iterable[StepBuffers]) -> dict[str, dict[str, int]]:
     return {
         table: {key: int(statistics.median(values)) for key, values in parts.items()}
         for table, parts in collected.items()
-    }
-
-
-def table_totals(tables: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
-    """Per table, weights + optimizer + buffers."""
-    return {
-        name: parts.get("weights", 0)
-        + parts.get("optimizer", 0)
-        + sum(parts.get(k, 0) for k in BUFFERS)
-        for name, parts in tables.items()
     }

@@ -1,17 +1,6 @@
-"""Learning from the observed job, and planning again with what was learnt (rank 0).
-
-0. **Inputs**: where the job fed a table a pooling factor more than 10% off the planner's,
-   the tables are taken as fed (:func:`job_inputs`).
-1. **Store**: each clean rank's fused kernel, as measured in the job, becomes a kernel row
-   of the calibration store (:func:`store_observations`).
-2. **Learn**: the cost network is calibrated on the plan's tables, then scaled to the job's
-   level: all-to-all (:func:`comm_factor`), kernels (:func:`compute_factors`) and
-   TorchRec's estimates (:func:`other_factor`).
-3. **Re-plan**: the model is planned again, free and with each table held to the type it
-   ran; the better is taken only where its predicted gain beats the ensemble's spread.
-4. **Memory**: measured bytes over TorchRec's estimate become a ``StorageCorrection``; an
-   observed plan that does not fit under it is replaced whatever the predicted speed.
-"""
+"""Learning from the observed job and planning again with it, on rank 0: tables taken as fed,
+clean ranks' kernels stored, the cost network calibrated and scaled to the job's level, a new
+plan kept only beyond the ensemble's spread or where the old one does not fit the memory."""
 
 from __future__ import annotations
 
@@ -201,7 +190,7 @@ def learn_and_replan(
     inputs: ObservedInputs | None = None,
     memory: dict[str, Any] | None = None,
 ) -> Replan:
-    """Steps 0 to 4 of the module docstring, on rank 0.
+    """Learn from the job and plan again (the module docstring's steps), on rank 0.
 
     Args:
         record: the observed plan's record.

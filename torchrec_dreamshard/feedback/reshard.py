@@ -1,11 +1,5 @@
-"""Move table-wise tables of a running job between ranks without restarting it, with
-TorchRec's ``DistributedModelParallel.reshard``; any other change needs the restart path.
-
-On gloo TorchRec's reshard hangs: its send/recv tags hash a str, which Python salts per
-process. :func:`apply_in_place` swaps in process-independent tags for the call
-(:func:`~torchrec_dreamshard.torchrec_compat.process_independent_reshard_tags`; see
-``docs/torchrec_compatibility.md``).
-"""
+"""Move table-wise tables of a running job between ranks with TorchRec's ``DMP.reshard``
+(process-independent tags on gloo, ``docs/torchrec_compatibility.md``); other changes restart."""
 
 from __future__ import annotations
 
