@@ -1,6 +1,5 @@
-"""The DreamShard training loop: config and seeding, collection jobs, cost samples,
-REINFORCE, metrics and the loop itself (:func:`~torchrec_dreamshard.training.loop.train`).
-"""
+"""The DreamShard training loop (:func:`~torchrec_dreamshard.training.loop.train`) and its
+parts: config, collection jobs, cost samples, REINFORCE and metrics."""
 
 from torchrec_dreamshard.training.collection_jobs import (
     Job,

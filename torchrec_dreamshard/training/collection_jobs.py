@@ -1,9 +1,5 @@
-"""Collection jobs: which placements of which tasks a run measures, and measuring them.
-
-A :class:`Job`'s key is what the cost store records, so a resumed run skips what is
-measured; its seed is a CRC of the run's seed and the key, so equal configs measure the
-same placements.
-"""
+"""Collection jobs: which placements of which tasks a run measures, and measuring them (a job's
+key is what the store records, so a resumed run skips what is measured)."""
 
 from __future__ import annotations
 
@@ -50,11 +46,6 @@ class Job:
         """``"boot"`` or ``"it<n>"``: the key prefix the store's ``done_jobs`` takes."""
         return self.key.split("-", 1)[0]
 
-    @property
-    def group(self) -> str:
-        """The task group of the job (see :func:`job_group`)."""
-        return job_group(self.key)
-
 
 def job_seed(run_seed: int, key: str) -> int:
     """A job's seed: a function of the run's seed and the job key only."""
@@ -84,8 +75,7 @@ def _one_device(task: Task, idx: Sequence[int]) -> Task:
 
 def bootstrap_jobs(cfg: TrainConfig) -> list[Job]:
     """The bootstrap: single tables and fused subsets on one device, and random placements
-    of training tasks (deterministic in the config).
-    """
+    of training tasks (deterministic in the config)."""
     rng = np.random.default_rng([cfg.seed, 7919])
     jobs = []
     n = max(cfg.boot_single, cfg.boot_subsets, cfg.boot_tasks)
@@ -115,8 +105,7 @@ def draw_tasks(cfg: TrainConfig, n: int, rng: np.random.Generator) -> list[Task]
 
 def iteration_jobs(cfg: TrainConfig, it: int) -> list[Job]:
     """Iteration ``it``'s jobs: per task the safe plan, the greedy roll-out, sampled
-    roll-outs and a random placement.
-    """
+    roll-outs and a random placement."""
     rng = np.random.default_rng([cfg.seed, it])
     last = cfg.placements_per_task - 1
     jobs = []

@@ -1,13 +1,6 @@
-"""The DreamShard training loop, top to bottom as CleanRL's ``ppo.py``.
-
-After a bootstrap (single tables, fused subsets and random placements), each iteration:
-
-1. **collect**: place training tasks with the current agent and measure each placement
-   into the SQLite cost store (keyed by job, so a killed run resumes);
-2. **fit** the cost network on every measurement of this hardware and workload;
-3. **train the policy** with REINFORCE on fresh tasks' estimated MDPs;
-4. write metrics and a checkpoint.
-"""
+"""The DreamShard training loop, top to bottom as CleanRL's ``ppo.py``: after a bootstrap,
+each iteration collects measured placements, fits the cost network, trains the policy with
+REINFORCE on the estimated MDP, and writes metrics and a checkpoint."""
 
 from __future__ import annotations
 
@@ -21,10 +14,7 @@ import numpy as np
 import torch
 
 from torchrec_dreamshard.cost.cost_net import CostNet, single_thread
-from torchrec_dreamshard.cost.fitting import (
-    evaluate_cost_model,
-    fit_cost_model,
-)
+from torchrec_dreamshard.cost.fitting import evaluate_cost_model, fit_cost_model
 from torchrec_dreamshard.io import atomic_write, dumps_strict
 from torchrec_dreamshard.policy import CandidateSource, DreamShard
 from torchrec_dreamshard.training.collection_jobs import (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,9 +13,6 @@ from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.policy import DreamShard
 from torchrec_dreamshard.training.collection_jobs import progress_bar
 from torchrec_dreamshard.training.train_config import TrainConfig
-
-if TYPE_CHECKING:
-    pass
 
 
 def reinforce_update(

@@ -7,10 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from torchrec_dreamshard.cost.fitting import (
-    CostSample,
-    sample_from_measurement,
-)
+from torchrec_dreamshard.cost.fitting import CostSample, sample_from_measurement
 from torchrec_dreamshard.training.collection_jobs import is_task_group, job_group
 from torchrec_dreamshard.training.train_config import TrainConfig
 
@@ -19,12 +16,8 @@ if TYPE_CHECKING:
 
 
 def load_samples(store: CostStore, cfg: TrainConfig) -> list[CostSample]:
-    """Every successful measurement of this machine and run's optimizer, precision and
-    device, as cost samples.
-
-    Compute is normalised to the machine's typical speed by the reference kernel; the step is
-    recomputed as ``max_d (fwd + bwd + comm)``.
-    """
+    """Every successful measurement of this machine and run's workload as cost samples,
+    compute normalised to the machine's typical speed by the reference kernel."""
     from torchrec_dreamshard.measure.hardware import fingerprint_key
     from torchrec_dreamshard.measure.summary import reference_scales
 
