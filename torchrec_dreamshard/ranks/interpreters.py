@@ -1,6 +1,5 @@
-"""Ranks started as fresh interpreters (``python -m MODULE JOB``): a rank that fails or
-outlives the deadline ends every rank and raises :class:`RankProcessError`.
-"""
+"""Ranks started as fresh interpreters (``python -m MODULE JOB``); one that fails or outlives
+the deadline ends them all (:class:`RankProcessError`)."""
 
 from __future__ import annotations
 
@@ -43,8 +42,7 @@ def run_module_ranks(
         what: the ranks' name in errors (``"sharding-path"``).
 
     Raises:
-        RankProcessError: a rank could not start or failed, or the ranks overran
-            ``timeout_s``; every rank still running is killed.
+        RankProcessError: a rank could not start or failed, or the ranks overran ``timeout_s``.
     """
     procs: list[subprocess.Popen] = []
     logs: list[Any] = []
@@ -73,7 +71,6 @@ def run_module_ranks(
 def _start_ranks(
     module: str, job: dict[str, Any], tmp: Path, procs: list, logs: list, what: str
 ) -> None:
-    """Start each rank, stderr to a file in ``tmp``, appending to ``procs`` and ``logs``."""
     with launcher_free_env():
         env = rank_env()
         for rank in range(job["world"]):

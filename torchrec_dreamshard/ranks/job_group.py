@@ -1,11 +1,6 @@
-"""The distributed job's own process group, and the messages rank 0 drives it with.
-
-Under ``collective_plan`` rank 0 plans and *drives* (:func:`driving`) while the other ranks
-*serve* (:func:`serve`) until the plan arrives. A measurement is a *group task*
-(:func:`group_task`) rank 0 calls through :func:`call_on_group`: broadcast, run on every
-rank (collectively, or each on ``items[rank::world]``), and every rank's result or error
-gathered, so nothing is spawned inside a job and one rank's error leaves none waiting.
-"""
+"""The distributed job's own process group: rank 0 *drives* (:func:`driving`) while the others
+*serve* (:func:`serve`) its group tasks (:func:`group_task`, :func:`call_on_group`), every
+rank's result or error gathered so one rank's error leaves none waiting."""
 
 from __future__ import annotations
 
@@ -97,8 +92,7 @@ def _resolve(name: str) -> Callable[..., Any]:
 @contextlib.contextmanager
 def driving(group: JobGroup) -> Iterator[JobGroup]:
     """Rank 0: within the block, group tasks run on ``group``; serving ranks leave
-    :func:`serve` at the first broadcast that is not a request (the plan).
-    """
+    :func:`serve` at the first broadcast that is not a request (the plan)."""
     if group.rank != 0:
         raise ValueError(f"only rank 0 drives a group's measurements, not rank {group.rank}")
     _ACTIVE.append(group)

@@ -26,8 +26,7 @@ def local_process_group(
     rank: int, world_size: int, port: int, backend: str = "gloo"
 ) -> Iterator[None]:
     """Join the group of ``world_size`` spawned ranks at ``127.0.0.1:port``, destroyed when
-    the block ends (after a barrier when it ends normally).
-    """
+    the block ends (after a barrier when it ends normally)."""
     import torch.distributed as dist
 
     dist.init_process_group(
@@ -106,9 +105,7 @@ def check_may_spawn(what: str) -> None:
 
 def skip_measuring(cache_file: Path, fallback: str) -> bool:
     """Whether a fit cached in ``cache_file`` must not be measured here: inside a distributed
-    job with no cached fit (then logs that ``fallback`` stands in). A caller on the driven job
-    group takes that path first.
-    """
+    job with no cached fit (then logs that ``fallback`` stands in)."""
     if not in_distributed_job() or cache_file.exists():
         return False
     logging.getLogger(__name__).info(

@@ -1,9 +1,5 @@
-"""Every private name of torch the package reads, in one place, checked at import.
-
-Thread-rank gloo timing needs two: a loopback gloo group (``ProcessGroupGloo._Options``,
-:func:`loopback_gloo_group`) and the flat reduce-scatter and all-gather
-(``_reduce_scatter_base``, ``_allgather_base``) TorchRec's collectives use.
-"""
+"""Every private name of torch the package reads, checked at import: thread ranks' loopback
+gloo group and the flat reduce-scatter and all-gather TorchRec's collectives use."""
 
 from __future__ import annotations
 
@@ -44,7 +40,7 @@ def check_torch() -> None:
         raise ImportError(
             f"torchrec_dreamshard cannot time collectives with torch {torch.__version__}: "
             f"it lacks {'; '.join(missing)}. Install torch>=2.13,<2.15 (the releases "
-            "TorchRec 1.8 and 1.9 are built for), or adapt torchrec_dreamshard/measure/"
+            "TorchRec 1.8 and 1.9 are built for), or adapt torchrec_dreamshard/ranks/"
             "torch_compat.py to this release."
         )
 
@@ -53,9 +49,8 @@ check_torch()
 
 
 def loopback_gloo_group(store: Any, rank: int, world: int, timeout: timedelta) -> Any:
-    """Rank ``rank`` of a ``world``-rank gloo group over ``store`` on the loopback device
-    (unregistered with ``torch.distributed``).
-    """
+    """Rank ``rank`` of a gloo group over ``store`` on the loopback device (unregistered with
+    ``torch.distributed``)."""
     options = dist.ProcessGroupGloo._Options()
     options._devices = [dist.ProcessGroupGloo.create_device(hostname=LOOPBACK)]
     options._timeout = timeout
