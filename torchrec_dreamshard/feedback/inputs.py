@@ -14,8 +14,7 @@ from torch import nn
 MAX_INPUT_STEPS = 4  # sampled steps whose inputs are kept (the newest)
 MAX_STEP_IDS = 2_000_000  # ids kept per rank and step (16 MB); beyond, lengths only
 
-# One rank's inputs on one sampled step: feature -> (lengths, values; None where the step
-# fed more ids than are kept)
+# One rank's inputs on one sampled step: feature -> (lengths, values or None beyond the cap)
 StepInputs = dict[str, tuple[torch.Tensor, torch.Tensor | None]]
 
 

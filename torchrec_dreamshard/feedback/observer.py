@@ -302,7 +302,4 @@ def observe(
     Raises:
         ValueError: ``dmp`` was built from a plan other than the planner's last one.
     """
-    record = planner.plan_record
-    return JobObserver(
-        record, dmp, pg=pg, every=every, warmup=warmup, max_overhead=max_overhead, margin=margin
-    )
+    return JobObserver(planner.plan_record, dmp, pg, every, warmup, max_overhead, margin)

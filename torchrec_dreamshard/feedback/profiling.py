@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARK = "dreamshard::observed_step"  # a record_function at the start of a sampled step
-# the first category that matches; "dp" first, as its backward's name also holds
-# SplitLookupFunction and the fused kernel's figures must not take it in
+# the first category that matches; "dp" first, as its backward's name holds SplitLookupFunction
 _CATEGORIES = {
     "dp": ("dense_embedding_codegen_lookup", "SplitLookupFunction_Dense"),
     "fwd": ("split_embedding_codegen_lookup_", "split_embedding_codegen_forward"),

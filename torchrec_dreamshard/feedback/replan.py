@@ -227,8 +227,7 @@ def learn_and_replan(
     rating = perf_model(record, tuned, spec_fn, other)
     observed = rating.predict(record.best_options)
     model, sharders = record.planned_inputs
-    # two new plans, free and with each table's observed type (a type the job did not run
-    # is priced by a model the job did not check); the better rated is taken
+    # two new plans, free and with the observed types (a type not run is priced unchecked)
     given = arguments.get("constraints", record.constraints)
     candidates = []
     for constraints in (given, observed_types(given, record.best_options)):

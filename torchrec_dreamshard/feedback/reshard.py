@@ -78,8 +78,7 @@ def apply_in_place(dmp: Any, new_plan: Any, module_path: str | None = None) -> l
             "ShardedEmbeddingBagCollection"
         )
     if not hasattr(dmp_wrapped_module(dmp), "module"):
-        # reshard re-collects the fused optimizers from _dmp_wrapped_module.module, which
-        # only a DDP-wrapped model has
+        # reshard re-collects the fused optimizers from _dmp_wrapped_module.module (DDP's)
         raise ValueError("DMP.reshard needs a model with dense parameters wrapped in DDP")
     delta = EmbeddingModuleShardingPlan({name: copy.deepcopy(new[name]) for name in moved})
     with process_independent_reshard_tags():

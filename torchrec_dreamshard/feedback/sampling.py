@@ -163,8 +163,7 @@ class StepSampler:
         for other in list(_OPEN):  # one profiler at a time: nested ones crash at exit
             other.close()
         self._entered = self.clock()
-        # allocations (for the step's memory peak) on one sample in MEMORY_EVERY, the first
-        # included: recording them costs the sampled step more
+        # allocations on one sample in MEMORY_EVERY (the first included): they cost more
         memory = self._memory_sampled % MEMORY_EVERY == 0
         self._memory_sampled += 1
         self._profiler = profile(activities=activities, profile_memory=memory)
@@ -182,14 +181,12 @@ class StepSampler:
         step_ms = (self.clock() - self._started[0]) * 1e3
         profiler = self._profiler
         plain = statistics.median(self._plain) if self._plain else None
-        # a "step" far longer than plain ones spans a pause (an evaluation, a checkpoint):
-        # every rank drops it if any rank would
+        # a "step" far longer than plain ones spans a pause: dropped on every rank if on any
         long = plain is not None and len(self._plain) >= 5 and step_ms > LONG_STEP * plain
         fed = self.inputs.take()
         self.memory.recording = False
         self.close()
-        # what the sample cost: the sampled step with the profiler's start and stop, less a
-        # plain step
+        # what the sample cost: the step with the profiler's start and stop, less a plain step
         cost_ms = (self.clock() - self._entered) * 1e3
         extra = max(0.0, cost_ms - (plain if plain is not None else cost_ms))
         wanted = self.every

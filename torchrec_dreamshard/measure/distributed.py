@@ -153,11 +153,7 @@ def _pool_worker(rank: int, world: int, port: int, jobs, results) -> None:
 
 
 class RankPool:
-    """``world_size`` spawned gloo ranks that measure placements on request.
-
-    Args:
-        world_size: number of ranks (= devices of the tasks it measures).
-    """
+    """``world_size`` spawned gloo ranks that measure placements (of that many devices)."""
 
     def __init__(self, world_size: int) -> None:
         import torch.multiprocessing as mp

@@ -191,8 +191,7 @@ class FusedKernel:
                 arena.reserve(weights + momentum)
             prealloc = {"weights": arena.take(weights)}
             if momentum:
-                # Optimizer state must be positive whatever earlier kernels trained into
-                # this slice of the reused arena (negative Adagrad state means NaN updates).
+                # positive whatever earlier kernels left there (negative Adagrad state: NaN)
                 prealloc["momentum1"] = arena.take(momentum).fill_(0.01)
         emb = tbe(
             specs,

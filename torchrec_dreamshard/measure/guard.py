@@ -103,8 +103,7 @@ def guarded(
         if not is_measuring_failure(exc):
             raise
         failure = MeasureFailure.of(what, exc)
-    # out of the except block: the exception and its frames (the tensors of the failed
-    # measurement) are released before the allocator is emptied
+    # out of the except block, so the failed measurement's frames are freed before emptying
     if failure.out_of_memory and device == "cuda":
         empty_cuda_cache()
     if warn:

@@ -21,11 +21,7 @@ Clock = Callable[[], float]
 
 
 class Spending:
-    """Seconds per activity (:data:`PLANNING` for the rest) since the ledger was opened.
-
-    Args:
-        clock: the clock every block of the ledger reads.
-    """
+    """Seconds per activity (:data:`PLANNING` for the rest) since the ledger was opened."""
 
     def __init__(self, clock: Clock = time.perf_counter) -> None:
         self._clock = clock
