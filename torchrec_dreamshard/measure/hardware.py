@@ -48,14 +48,13 @@ def hardware_fingerprint(config: MeasureConfig, backend: str = "local") -> dict[
     """Device name, torch and FBGEMM versions, threads per device, backend and timing
     protocol: cost rows are comparable only where their fingerprints are equal."""
     device_name = torch.cuda.get_device_name() if config.device == "cuda" else cpu_name()
-    threads = measuring_threads(config.device)
     return {
         "device": config.device,
         "device_name": device_name,
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "fbgemm_gpu": fbgemm_version(),
-        "threads_per_device": threads,
+        "threads_per_device": measuring_threads(config.device),
         "backend": backend,
         "protocol": timing_protocol(config, backend),
     }

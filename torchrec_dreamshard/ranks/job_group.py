@@ -22,12 +22,8 @@ _TASKS: dict[str, Callable[..., Any]] = {}
 class JobGroup:
     """The process group a plan is measured on, as seen by this rank.
 
-    Args:
-        pg: the job's process group.
-        rank: this rank within ``pg``.
-        world: ranks in ``pg``.
-        backend: ``pg``'s backend (``"gloo"``, ``"nccl"``, ...).
-        device: this rank's device.
+    Attributes:
+        rank, world: this rank within ``pg`` and the ranks in it.
         hosts: every rank's host name, in rank order.
     """
 
