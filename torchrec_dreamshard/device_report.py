@@ -1,5 +1,4 @@
-"""The per-device table every command prints: tables, optional memory, time figures and
-their total, one row per device."""
+"""The per-device table every command prints."""
 
 from __future__ import annotations
 
@@ -16,16 +15,8 @@ def device_table(
     digits: int = 3,
     memory: bool = False,
 ) -> list[str]:
-    """A header line, then one line per device.
-
-    Args:
-        rows: per device, ``tables`` (a count) and each of ``figures`` (ms); with
-            ``memory``, also ``bytes`` and ``memory_bytes``.
-        figures: the time columns, in order; the last column is their sum.
-        label: the name of the first column ("device", "rank").
-        digits: decimals of the time columns.
-        memory: add a "memory used" column (bytes and share of the capacity).
-    """
+    """A header line, then one line per device: ``tables``, with ``memory`` the bytes used
+    (``bytes`` of ``memory_bytes``), each of ``figures`` (ms) and their total."""
     head = f"{label:>6} {'tables':>6}" + (f" {'memory used':>16}" if memory else "")
     lines = [head + "".join(f" {HEADERS[k]:>9}" for k in figures) + f" {'total ms':>9}"]
     for i, row in enumerate(rows):

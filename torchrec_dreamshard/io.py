@@ -1,13 +1,10 @@
-"""Files in and out: :func:`atomic_write` (a fsynced temporary file renamed over the
-target, so a crash leaves the old one) and :func:`read_json` (every way a user's JSON file
-can be wrong is a ``ValueError`` naming the file).
-"""
+"""Files in and out: atomic writes (a fsynced temporary file renamed over the target) and
+strict JSON reads (every way a user's file can be wrong a ``ValueError`` naming it)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator
@@ -54,9 +51,8 @@ def _depth_ok(text: str) -> bool:
 
 
 def loads_strict(text: str) -> Any:
-    """``json.loads`` that refuses duplicate keys, ``NaN``/``Infinity``, nesting deeper
-    than ``MAX_JSON_DEPTH`` and integers longer than Python's digit limit; every refusal is
-    a ``ValueError``."""
+    """``json.loads`` refusing (a ``ValueError``) duplicate keys, ``NaN``/``Infinity``,
+    nesting deeper than ``MAX_JSON_DEPTH`` and integers over Python's digit limit."""
     if text.count("[") + text.count("{") > MAX_JSON_DEPTH and not _depth_ok(text):
         raise ValueError(f"nested more than {MAX_JSON_DEPTH} levels deep")
     try:
@@ -88,15 +84,8 @@ def read_text(path: str | Path, what: str) -> str:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """The JSON value in ``path`` read strictly (see :func:`loads_strict`).
-
-    Args:
-        path: the file.
-        what: what the file is, for messages (``"task file"``).
-
-    Raises:
-        ValueError: naming ``what`` and the path, for every way the file can be wrong.
-    """
+    """The JSON value in ``path`` read strictly (:func:`loads_strict`); every way the file
+    can be wrong a ``ValueError`` naming ``what`` (``"task file"``) and the path."""
     text = read_text(path, what)
     try:
         return loads_strict(text)
@@ -113,12 +102,7 @@ def dumps_strict(data: Any, indent: int | None = 1) -> str:
 
 
 def check_writable(path: str | Path, what: str) -> None:
-    """Fail early (before any long work) when ``path`` cannot be written.
-
-    Raises:
-        ValueError: the folder is missing or not a folder, the path is a directory, or the
-            file or its folder is not writable.
-    """
+    """A ``ValueError`` (before any long work) where ``path`` cannot be written."""
     p = Path(path)
     where = f"{what} {str(path)!r}"
     parent = p.parent if str(p.parent) else Path(".")
@@ -167,14 +151,6 @@ def atomic_write_with(path: str | Path, writer: Callable[[IO[str]], None], what:
     with atomic_path(path, what) as tmp, open(tmp, "w", newline="") as f:
         writer(f)
         f.flush()
-
-
-def finite(x: float) -> bool:
-    """Whether ``x`` is a finite number."""
-    try:
-        return math.isfinite(float(x))
-    except (TypeError, ValueError, OverflowError):
-        return False
 
 
 def save_figure(fig, path: str | Path, what: str = "plot file", dpi: int = 100) -> None:

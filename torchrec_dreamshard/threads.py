@@ -10,14 +10,8 @@ import torch
 
 @contextlib.contextmanager
 def single_thread(enabled: bool = True) -> Iterator[None]:
-    """Run the block (or decorated function) on one intra-op thread; restored after.
-
-    Used where one CPU thread stands for one device, and around the tiny networks, whose
-    small matrix products pay for spinning OpenMP threads on a busy machine.
-
-    Args:
-        enabled: when False the block runs with the threads as they are.
-    """
+    """Run the block (or decorated function) on one intra-op thread, restored after
+    (``enabled=False``: the threads as they are)."""
     before = torch.get_num_threads()
     if enabled:
         torch.set_num_threads(1)

@@ -1,6 +1,5 @@
 """Every TorchRec internal the package reads, in one place, checked at import (an
-``ImportError`` naming the release where one is missing; docs/torchrec_compatibility.md
-lists them). Nothing here patches TorchRec, FBGEMM or torch for the process."""
+``ImportError`` naming what is missing; docs/torchrec_compatibility.md lists them)."""
 
 from __future__ import annotations
 
@@ -55,8 +54,8 @@ def _code_names(code: types.CodeType) -> set[str]:
 
 
 def _names_used_by(owner: type | types.ModuleType) -> set[str]:
-    """Names every function of ``owner`` (a TorchRec class, its TorchRec bases included,
-    or a module) reads or writes: what its code relies on."""
+    """Names every function of ``owner`` (a TorchRec class with its TorchRec bases, or a
+    module) reads or writes."""
     scopes = [owner] if isinstance(owner, types.ModuleType) else list(owner.__mro__)
     names: set[str] = set()
     for scope in scopes:
@@ -72,8 +71,7 @@ def _names_used_by(owner: type | types.ModuleType) -> set[str]:
 
 
 def _signature(owner: Any, name: str, params: str) -> tuple[str, bool]:
-    """``owner.name(params)``, and whether ``owner`` has it, taking parameters named
-    ``params`` first (after ``self``)."""
+    """``owner.name(params)``, and whether ``owner`` has it with ``params`` first."""
     func, wanted = getattr(owner, name, None), params.split(", ")
     try:
         names = list(inspect.signature(func).parameters) if callable(func) else []
@@ -151,8 +149,7 @@ def _missing() -> list[str]:
 
 
 def check_torchrec() -> None:
-    """Raise an ``ImportError`` naming every internal the installed TorchRec lacks, its
-    version, the supported releases and what to do (run at import of this module)."""
+    """An ``ImportError`` naming every internal the installed TorchRec lacks, and what to do."""
     missing = _missing()
     if missing:
         raise ImportError(
@@ -171,8 +168,7 @@ check_torchrec()
 
 
 def best_plan(planner: planners.EmbeddingShardingPlanner) -> list[ShardingOption] | None:
-    """The sharding options (with ranks) of the plan ``planner`` chose last; ``None``
-    before it planned."""
+    """The sharding options of the plan ``planner`` chose last (``None`` before it planned)."""
     return planner._best_plan
 
 
@@ -204,8 +200,8 @@ def planner_storage_reservation(planner: planners.EmbeddingShardingPlanner) -> S
 def dense_tensor_estimate(
     model: nn.Module, sharders: list[ModuleSharder[nn.Module]], multiplier: float = 6.0
 ) -> int:
-    """What TorchRec's heuristical storage reservation reserves for ``model``'s dense part,
-    computed as TorchRec does from shapes and dtypes (exact on the meta device too)."""
+    """What TorchRec's heuristical storage reservation reserves for ``model``'s dense part
+    (from shapes and dtypes, so exact on the meta device too)."""
     _, shardable = storage_reservations._get_batch_inputs_and_shardable_parameters(
         model, list(sharders), 1
     )
@@ -223,12 +219,9 @@ def set_dense_tensor_estimate(
 
 
 class HookedEnumerator(EmbeddingEnumerator):
-    """TorchRec's ``EmbeddingEnumerator`` with its filter hooks under public names, and its
-    enumeration available without its search-space cache or its deep copy.
-
-    Override :meth:`filter_sharding_types` and :meth:`filter_compute_kernels` (TorchRec's
-    filters; ``super()``'s in an override), which TorchRec's ``enumerate`` calls per table.
-    """
+    """TorchRec's ``EmbeddingEnumerator`` with its per-table filter hooks under public names
+    (:meth:`filter_sharding_types`, :meth:`filter_compute_kernels`) and an enumeration
+    without its search-space cache or deep copy (:meth:`enumerate_uncached`)."""
 
     _deferred: list[ShardingOption] | None = None
 
@@ -273,12 +266,9 @@ class HookedEnumerator(EmbeddingEnumerator):
     def enumerate_uncached(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
-        """TorchRec's ``enumerate`` (with the filter hooks) on ``module``, bypassing its
-        search-space cache and the deep copy it keeps of it.
-
-        Its ``populate_estimates`` call takes the options over (emptying the list TorchRec
-        copies) and they are estimated after it returns; should a TorchRec return other
-        options than those it estimates, they are used as returned."""
+        """TorchRec's ``enumerate`` on ``module`` without its search-space cache or deep copy:
+        ``populate_estimates`` takes the options over (emptying the list TorchRec copies)
+        and they are estimated after it returns."""
         self.forget_search_space()
         self._deferred = []
         try:
@@ -301,8 +291,7 @@ class HookedEnumerator(EmbeddingEnumerator):
     def store_search_space(
         self, module: nn.Module, sharders: list[ModuleSharder], options: list[ShardingOption]
     ) -> None:
-        """Keep ``options`` as the search space of ``module`` and ``sharders`` (what
-        ``last_stored_search_space`` returns, for the context hash and ``extract_plan``)."""
+        """Keep ``options`` as the search space of ``module`` and ``sharders``."""
         self._last_stored_module = module
         self._last_stored_sharders = sharders
         self._last_stored_search_space = options
@@ -323,15 +312,13 @@ def dmp_wrapped_module(dmp: model_parallel.DistributedModelParallel) -> nn.Modul
 
 
 def wrap_input_dist(module: ShardedModule, wrap: Callable[[Callable], Callable]) -> None:
-    """Replace ``module``'s ``input_dist`` on the instance (its class is untouched) with
-    ``wrap(module.input_dist)``: TorchRec's ``ShardedModule.forward`` and its train
-    pipelines call ``input_dist`` through the instance."""
+    """Replace ``module``'s ``input_dist`` on the instance (not its class) with
+    ``wrap(module.input_dist)``; TorchRec calls it through the instance."""
     module.input_dist = wrap(module.input_dist)
 
 
 def lookup_kernels(module: ShardedModule) -> list[nn.Module]:
-    """The kernels (``.emb_module``: FBGEMM's) of ``module``'s lookups, out of the module
-    tree (``_lookups``, ``_emb_modules``; DDP around a data-parallel one's)."""
+    """The kernels of ``module``'s lookups (``_lookups``, ``_emb_modules``; through DDP)."""
     lookups = [getattr(lk, "module", lk) for lk in getattr(module, "_lookups", [])]
     return [k for lookup in lookups for k in getattr(lookup, "_emb_modules", [])]
 
@@ -344,8 +331,7 @@ def pipelined_modules(pipeline: train_pipelines.TrainPipelineSparseDist) -> list
 def apply_optimizer_in_backward(
     optimizer_class: type[torch.optim.Optimizer], params: Any, optimizer_kwargs: dict[str, Any]
 ) -> None:
-    """torch's ``_apply_optimizer_in_backward``, the way TorchRec's examples fuse a sparse
-    optimizer into the embedding kernels' backward."""
+    """torch's ``_apply_optimizer_in_backward``, as TorchRec's examples fuse an optimizer."""
     torch_optim._apply_optimizer_in_backward(optimizer_class, params, optimizer_kwargs)
 
 
@@ -367,21 +353,16 @@ def process_independent_tag(
     shard_name: str,
     is_optimizer_state: bool = False,
 ) -> int:
-    """A reshard tag every process computes alike: crc32 of the same key, in TorchRec's
-    range (``MAX_TAG_HASH_VALUE``)."""
+    """A reshard tag every process computes alike (crc32, in TorchRec's tag range)."""
     key = repr((src_rank, shard_id, local_shard_id, dst_rank, shard_name, is_optimizer_state))
     return zlib.crc32(key.encode()) & dynamic_sharding.MAX_TAG_HASH_VALUE
 
 
 @contextlib.contextmanager
 def process_independent_reshard_tags() -> Iterator[None]:
-    """Within the block, TorchRec's reshard tags its sends and recvs alike on every rank.
-
-    ``dynamic_sharding._generate_tag`` hashes the table's name, salted per process, so
-    gloo pairs no send with its recv. The package's one patch of TorchRec swaps it for
-    :func:`process_independent_tag` for the block, under a lock
-    (docs/torchrec_compatibility.md#the-reshard-tag-bug).
-    """
+    """Within the block (under a lock), TorchRec's reshard tags alike on every rank: its
+    ``_generate_tag`` is salted per process, so gloo pairs no send with its recv
+    (docs/torchrec_compatibility.md#the-reshard-tag-bug)."""
     with _TAG_LOCK:
         original = dynamic_sharding._generate_tag
         dynamic_sharding._generate_tag = process_independent_tag
