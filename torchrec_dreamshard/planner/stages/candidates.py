@@ -1,9 +1,5 @@
 """Candidate sources from TorchRec's planner: plans the policy's safety net weighs but
 cannot make itself (:class:`~torchrec_dreamshard.policy.protocol.CandidateSource`).
-
-Example::
-
-    agent = load_checkpoint(path, sources=default_sources())
 """
 
 from __future__ import annotations
@@ -22,15 +18,11 @@ TORCHREC_CANDIDATE = "torchrec_ours"  # its name in candidate reports and stats
 
 @dataclass(frozen=True)
 class TorchRecCandidate:
-    """TorchRec's table-wise fused plan, the one the user had before swapping planners:
-    TorchRec's memory accounting first, else weights' bytes with nothing reserved.
-
-    A *baseline*: wherever plans are measured it is measured too, and no slower plan is
-    kept. It declines large tasks (:func:`~torchrec_dreamshard.policy.is_large`).
+    """TorchRec's table-wise fused plan (TorchRec's memory accounting, else weights'
+    bytes): a baseline, measured wherever plans are; declines large tasks.
 
     Args:
-        reserved: ``task.memory`` is what a storage reservation left (TorchRec's estimate,
-            nothing reserved again); ``False``: the devices' whole memory.
+        reserved: ``task.memory`` is what a storage reservation left, not whole devices.
     """
 
     name: str = TORCHREC_CANDIDATE
@@ -38,11 +30,7 @@ class TorchRecCandidate:
     reserved: bool = False
 
     def propose(self, task: Task) -> list[int] | None:
-        """TorchRec's placement of ``task`` (``None`` on a large task).
-
-        Raises:
-            NoPlanError: no plan by either accounting (the first one's message).
-        """
+        """TorchRec's placement of ``task``; a NoPlanError where neither accounting fits."""
         if is_large(task):
             return None
         try:
@@ -59,9 +47,8 @@ class TorchRecCandidate:
 class TorchRecOwnPlan:
     """TorchRec's own plan of the planner's tables: ``DreamShardPlanner``'s baseline.
 
-    The partitioner asks for it in the memory TorchRec counts (:meth:`plan_in`) and gives
-    the policy caps that admit it; :meth:`propose` offers it for the same tables, else
-    :class:`TorchRecCandidate` with ``reserved=True``.
+    The partitioner finds it with :meth:`plan_in`; :meth:`propose` offers it for the same
+    tables, else :class:`TorchRecCandidate`'s.
     """
 
     name: str = TORCHREC_CANDIDATE
@@ -73,8 +60,7 @@ class TorchRecOwnPlan:
         self._otherwise = TorchRecCandidate(reserved=True)
 
     def plan_in(self, task: Task) -> list[int] | None:
-        """TorchRec's plan of ``task`` in what the reservation left, remembered for
-        :meth:`propose` (``None``: a large task, or no plan)."""
+        """TorchRec's plan of ``task``, remembered for :meth:`propose` (``None``: none)."""
         key = _tables_key(task)
         self._plans.pop(key, None)
         if is_large(task):
@@ -88,16 +74,12 @@ class TorchRecOwnPlan:
 
     @property
     def plans(self) -> dict[tuple[str, ...], tuple[int, ...]]:
-        """The plans :meth:`plan_in` found, by the names of their tables (in order)."""
+        """The plans :meth:`plan_in` found, by their tables' names."""
         return {tuple(t.name for t in key[0]): plan for key, plan in self._plans.items()}
 
     def propose(self, task: Task) -> list[int] | None:
         """The plan :meth:`plan_in` found for these tables, else
-        :class:`TorchRecCandidate`'s.
-
-        Raises:
-            NoPlanError: no plan, or the remembered one does not fit ``task.memory``.
-        """
+        :class:`TorchRecCandidate`'s; a NoPlanError where it does not fit ``task.memory``."""
         found = self._plans.get(_tables_key(task))
         if found is None:
             return self._otherwise.propose(task)
@@ -112,29 +94,22 @@ class TorchRecOwnPlan:
 
 
 def _tables_key(task: Task) -> tuple:
-    """What a remembered plan is for: tables, device count, batch."""
     return tuple(task.tables), task.num_devices, task.batch_size
 
 
 def default_sources(reserved: bool = False) -> tuple[CandidateSource, ...]:
-    """The candidate sources of every safe-mode plan (``reserved``: inside
-    ``DreamShardPlanner``, its reservation already taken)."""
+    """The candidate sources of a safe-mode plan (``reserved``: inside the planner)."""
     return (TorchRecOwnPlan(),) if reserved else (TorchRecCandidate(),)
 
 
 def torchrec_placement(
     task: Task, seed: int = 0, accounting: Accounting = "torchrec", compute_device: str = "cpu"
 ) -> list[int]:
-    """TorchRec's ``EmbeddingShardingPlanner``, table-wise fused sharding only.
+    """Each table's rank in TorchRec's table-wise fused plan of ``task``.
 
     Args:
-        task: the task (global batch; TorchRec gets ``B / D`` per rank).
         seed: unused (the planner is deterministic).
         accounting: how TorchRec counts memory (``plan_with_torchrec``).
-        compute_device: ``"cpu"`` or ``"cuda"`` (no GPU needed to plan for one).
-
-    Returns:
-        The rank of each table.
 
     Raises:
         NoPlanError: TorchRec's planner found no plan (its message is kept).

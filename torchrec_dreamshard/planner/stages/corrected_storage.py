@@ -1,11 +1,9 @@
-"""``CorrectedStorage``: TorchRec's storage estimate of every sharding option, scaled by
-what a running job measured (a :class:`~torchrec_dreamshard.cost.storage_correction.
-StorageCorrection`). An estimator run after TorchRec's ``EmbeddingStorageEstimator``, so
-every storage the planner checks against a device's capacity (the enumerator's, the
-partitioners', the policy's weight-to-storage ratio) is the corrected one."""
+"""``CorrectedStorage``: TorchRec's storage estimates scaled by what a running job
+measured, run after ``EmbeddingStorageEstimator`` so every capacity check sees them."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +19,11 @@ from torchrec_dreamshard.cost.storage_correction import StorageCorrection
 
 
 class CorrectedStorage(ShardEstimator):
-    """Scales each shard's ``storage`` (every tier) by ``correction``'s factor of its
-    table and compute kernel.
+    """Scales each shard's ``storage`` by ``correction``'s factor of its table and kernel.
 
     Args:
-        correction: the factors, or what gives them when the options are estimated
-            (``None`` from it: nothing is scaled), so a planner can take its machine
-            profile's correction, known only once the profile step has run.
+        correction: the factors, or a callable giving them (or ``None``) at estimation,
+            once the machine profile is known.
         topology: unused (TorchRec's estimator signature).
         constraints: unused.
     """
@@ -43,8 +39,7 @@ class CorrectedStorage(ShardEstimator):
     def estimate(
         self, sharding_options: list[ShardingOption], sharder_data_map: Any = None
     ) -> None:
-        """Scale the shards' storage of ``sharding_options`` in place (a new ``Storage``
-        each: copied options share theirs)."""
+        """Scale the shards' storage in place (a new ``Storage``: copies share theirs)."""
         correction = self.correction() if callable(self.correction) else self.correction
         if correction is None:
             return
@@ -59,8 +54,6 @@ class CorrectedStorage(ShardEstimator):
 
 def scaled(storage: Storage, factor: float) -> Storage:
     """``storage`` times ``factor`` on every tier (rounded up)."""
-    import math
-
     return Storage(
         hbm=math.ceil(storage.hbm * factor),
         ddr=math.ceil(storage.ddr * factor),

@@ -1,40 +1,10 @@
 """``DreamShardEnumerator``: the search space DreamShard plans.
 
-Every table the policy can place (an ``EmbeddingBagCollection`` table whose constraints
-allow table-wise sharding on the fused kernel, and whose table-wise storage fits at least
-one device after TorchRec's storage reservation, or which may be split column-wise small
-enough to fit) gets its table-wise fused option, the column-wise options of its splits
-(below) and one option of every other type its constraints allow that the type choice
-may offer, on that type's kernel (the cost strategies' ``alternative_kernel``), where the
-type's strategy says it may gain (``may_gain``:
-:func:`~torchrec_dreamshard.planner.type_choice.type_offers.offered_types`). Every other
-table gets the options
-TorchRec's own ``EmbeddingEnumerator`` would give it (without table-wise when it fits no
-device), and TorchRec's machinery plans it.
-On CPU ranks no sequence table (``EmbeddingCollection``) is offered data-parallel: it
-does not run there (``DreamShardEnumerator._runnable_types``).
-
-Splits. A DreamShard table whose constraints also allow ``column_wise`` on the fused kernel
-may be split; its shards are at least ``ParameterConstraints.min_partition`` columns wide,
-TorchRec's ``MIN_CW_DIM`` (128) when that is unset, as in TorchRec's own column-wise rule.
-The search space offers such a table column-wise once per shard count allowed (equal
-shards), so that a plan that splits it can be hashed, stored and loaded
-(``extract_plan``) like any TorchRec plan. The partitioner's placement (the split search)
-decides the splits.
-
-A table whose constraints allow only table-wise sharding keeps its table-wise option even
-when it fits no device: the partitioner then rejects the proposal with a message naming
-the table, and TorchRec's planner classifies the failure as it classifies its own
-(``STRICT_CONSTRAINTS`` when the model fits the devices' memory in all,
-``INSUFFICIENT_STORAGE`` when it does not).
-
-The enumerator keeps TorchRec's search-space cache (``last_stored_search_space``): the
-planner-context hash and plan loading read it.
-
-Perf of a DreamShard option is the cost network's single-table cost (forward + backward +
-communication, the agent's ``table_costs``) on the task's device count and global batch;
-storage is TorchRec's ``EmbeddingStorageEstimator``; perf of every other option is
-TorchRec's perf estimator.
+A table the policy can place (a bag table allowed table-wise on the fused kernel that fits
+a device, whole or split) gets its table-wise fused option, a column-wise option per shard
+count its constraints allow, and one option of each other type the type choice offers
+(:func:`~torchrec_dreamshard.planner.type_choice.type_offers.offered_types`). Every other
+table gets TorchRec's options, and TorchRec plans it.
 """
 
 from __future__ import annotations
@@ -85,25 +55,16 @@ logger: logging.Logger = logging.getLogger(__name__)
 
 
 class DreamShardEnumerator(HookedEnumerator):
-    """TorchRec's enumerator, narrowed to one table-wise fused option per DreamShard table
-    (plus its column-wise options when it may be split).
+    """TorchRec's enumerator, narrowed to DreamShard's options for the tables it places.
 
     Args:
-        topology: the devices.
         batch_size: TorchRec's per-rank batch.
-        constraints: TorchRec per-table constraints (pooling factors, allowed sharding
-            types and kernels).
-        agent: the DreamShard agent (its cost network fills the perf of our options).
-        storage_reservation: the planner's storage reservation; a table whose table-wise
-            storage fits no device after it is left to TorchRec (when its constraints
-            allow another type).
-        spec_fn: the planner's table specs
-            (:class:`~torchrec_dreamshard.planner.stages.option_specs.OptionSpecs`, which knows
-            measured reuse statistics); default: shapes and pooling only.
-        estimator: override the estimators (default: the cost network plus TorchRec's
-            storage estimator).
-        storage_correction: factors over TorchRec's storage estimate, measured in a
-            running job (applied after the estimators, :class:`CorrectedStorage`).
+        agent: the DreamShard agent; its cost network prices our options.
+        storage_reservation: a table whose table-wise storage fits no device after it is
+            left to TorchRec (when its constraints allow another type).
+        spec_fn: the planner's table specs (default: shapes and pooling only).
+        estimator: replaces the cost network and TorchRec's storage estimator.
+        storage_correction: a running job's factors over TorchRec's storage estimate.
     """
 
     def __init__(
@@ -151,9 +112,8 @@ class DreamShardEnumerator(HookedEnumerator):
     def enumerate(
         self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
     ) -> list[ShardingOption]:
-        """Sharding options for ``module``: one per DreamShard table (and its column-wise
-        options), TorchRec's for the rest (see the module docstring). Like TorchRec's
-        enumerator, the same module and sharders give a copy of the stored search space."""
+        """Sharding options for ``module`` (the same module and sharders give a copy of the
+        stored search space, as TorchRec's)."""
         stored = self.stored_search_space(module, sharders)
         pricing = bound_agent(self._agent) if self._agent is not None else None
         if stored is not None and self._stored_for is pricing:
@@ -163,12 +123,13 @@ class DreamShardEnumerator(HookedEnumerator):
             module, self._topology, self._local_batch, self._constraints_by_name
         )
         self._ours.clear()  # cleared in place: the estimator holds it
-        options = self._enumerate_once(module, sharders)
+        # uncached: TorchRec's cache would skip the second pass, and its deep copy is slow
+        options = self.enumerate_uncached(module, sharders)
         too_big = self._too_big_tables(options)
         if too_big:
             self._too_big = too_big
             self._ours -= too_big
-            redo = self._enumerate_once(module, sharders)
+            redo = self.enumerate_uncached(module, sharders)
             options = [o for o in options if o.name not in too_big] + [
                 o for o in redo if o.name in too_big
             ]
@@ -217,11 +178,8 @@ class DreamShardEnumerator(HookedEnumerator):
     # -- helpers --------------------------------------------------------------------------
 
     def _runnable_types(self, name: str, types: list[str], sharder_key: str) -> list[str]:
-        """``types`` without data-parallel for a sequence table (``EmbeddingCollection``)
-        on CPU ranks: there TorchRec's data-parallel lookup is FBGEMM's dense kernel, which
-        pools on CPU whatever pooling mode it is given (one row per sample and feature, not
-        one per id), and the collection's forward fails splitting its output by the ids'
-        lengths."""
+        """``types`` without data-parallel for a sequence table on CPU ranks, where
+        FBGEMM's dense kernel pools whatever pooling mode it is given."""
         sharder = self.sharder_for(sharder_key)
         dp = ShardingType.DATA_PARALLEL.value
         if (
@@ -241,13 +199,6 @@ class DreamShardEnumerator(HookedEnumerator):
             )
         return runnable
 
-    def _enumerate_once(
-        self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]]
-    ) -> list[ShardingOption]:
-        """TorchRec's enumeration with our filters, without its cache (it would skip our
-        second pass; ours is stored once the options are final) or its deep copy."""
-        return self.enumerate_uncached(module, sharders)
-
     def _eligible(
         self,
         name: str,
@@ -255,8 +206,7 @@ class DreamShardEnumerator(HookedEnumerator):
         sharder_key: str,
         sharding_type: str = DREAMSHARD_SHARDING_TYPE,
     ) -> bool:
-        """``sharding_type`` (default table-wise) is allowed on the fused kernel and the
-        module is an EmbeddingBagCollection."""
+        """``sharding_type`` is allowed on the fused kernel of a bag table."""
         sharder = self.sharder_for(sharder_key)
         if sharder is None or sharding_type not in types:
             return False
@@ -269,8 +219,8 @@ class DreamShardEnumerator(HookedEnumerator):
         return DREAMSHARD_COMPUTE_KERNEL in kernels
 
     def _split_options(self, options: list[ShardingOption]) -> list[ShardingOption]:
-        """The column-wise fused options of every DreamShard table that may be split: one
-        per shard count the column-wise rule allows, cut in equal shards."""
+        """An equal-shard column-wise option per allowed shard count of each splittable
+        table."""
         world = self._topology.world_size
         out = []
         for o in options:
@@ -284,13 +234,9 @@ class DreamShardEnumerator(HookedEnumerator):
                 out.append(column_wise_option(self, o, columns))
         return out
 
-    def _capacity_topology(self) -> Topology:
-        return reserved_topology(self._reservation, self._topology)
-
     def _too_big_tables(self, options: list[ShardingOption]) -> set[str]:
-        """Names of DreamShard tables whose table-wise storage fits no device, nor any
-        column-wise split of theirs, and whose constraints allow another type."""
-        topo = self._capacity_topology()
+        """DreamShard tables that fit no device, whole or split, and may take another type."""
+        topo = reserved_topology(self._reservation, self._topology)
         tier = memory_tier(topo)
         biggest = max(device_capacity(topo))
         world = self._topology.world_size
@@ -302,21 +248,18 @@ class DreamShardEnumerator(HookedEnumerator):
             spec = self.table_spec(o)
             most = (split_counts(spec, world, width) or [1])[-1] if width else 1
             shard_share = column_shards(spec, most)[0].dim / spec.dim
-            if option_bytes(o, tier) * shard_share > biggest and self._has_other_type(o):
+            other_type = any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(o.name, []))
+            if option_bytes(o, tier) * shard_share > biggest and other_type:
                 out.add(o.name)
         return out
 
-    def _has_other_type(self, option: ShardingOption) -> bool:
-        """Whether the table's constraints and sharder allow a type other than table-wise."""
-        return any(t != DREAMSHARD_SHARDING_TYPE for t in self._types.get(option.name, []))
-
 
 def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
-    """A copy of ``options`` that planning cannot change, as TorchRec's enumerator keeps:
-    the options, their lists, constraint values and shards are new objects (the tensor,
-    the module, and each shard's ``Storage`` and ``Perf``, which planning replaces but never
-    changes in place, are shared). ``copy.deepcopy`` does the same ten times slower, which
-    at thousands of options with one shard per rank is seconds."""
+    """A copy of ``options`` that planning cannot change, as TorchRec's enumerator keeps.
+
+    Tensors, modules and shards' ``Storage`` and ``Perf`` (replaced, never changed in
+    place) are shared: ``copy.deepcopy`` is ten times slower.
+    """
     out = []
     for option in options:
         new = copy.copy(option)
@@ -331,7 +274,6 @@ def copy_options(options: Sequence[ShardingOption]) -> list[ShardingOption]:
 
 
 def _copy_shard(shard: Shard) -> Shard:
-    """A new shard of the same size, offset and rank, sharing ``Storage`` and ``Perf``."""
     return Shard(
         size=list(shard.size),
         offset=list(shard.offset),

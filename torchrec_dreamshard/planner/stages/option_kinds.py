@@ -1,9 +1,5 @@
-"""Which sharding options the DreamShard policy places and which the cost network rates.
-
-The policy places *table-wise* tables that run on the *fused* FBGEMM kernel
-(:func:`is_policy_option`), and the column-wise shards of the tables it splits
-(:func:`is_split_option`, :mod:`torchrec_dreamshard.data.splits`); every other sharding
-option (row-wise, data-parallel, UVM caching, ...) is placed by TorchRec's own partitioner.
+"""Which sharding options the DreamShard policy places (table-wise and the column-wise
+shards of its splits, on the fused kernel); TorchRec's partitioner places the rest.
 """
 
 from __future__ import annotations
@@ -32,8 +28,7 @@ def is_policy_option(option: ShardingOption) -> bool:
 
 
 def is_split_option(option: ShardingOption) -> bool:
-    """Whether the cost network rates this option: column-wise on the fused kernel, of an
-    EBC table (each shard a table of its columns)."""
+    """Whether ``option`` is a split the cost network rates: column-wise, fused, of an EBC."""
     return (
         option.sharding_type == SPLIT_SHARDING_TYPE
         and option.compute_kernel == DREAMSHARD_COMPUTE_KERNEL

@@ -1,18 +1,6 @@
-"""A sharding option as the cost network sees it: the
-:class:`~torchrec_dreamshard.data.tables.TableSpec` of its table (:func:`spec_for_option`,
-the one conversion), the specs of its shards (:func:`shard_specs`), and ``OptionSpecs``,
-the planner's spec of every option, shared by the planner's components.
-
-The enumerator, the proposer, the partitioner, the perf model and the stats all see a table
-the same way:
-its shape and element size from the option's tensor, its pooling factor from the option's
-``input_lengths`` (``ParameterConstraints.pooling_factors``), and, when the planner was
-given sample batches, the reuse histogram and the bag-length cv (how bursty its bags are,
-:func:`~torchrec_dreamshard.data.table_stats.gamma_poisson_cv`) measured from them, else
-those declared. The cost network sees no cv, but every kernel the planner measures
-(calibration, verification) is fed bags of it. The planner calls
-:meth:`OptionSpecs.observe` with the module before it plans, so the statistics are there
-whichever enumerator (ours or a user's) builds the search space.
+"""A sharding option as the cost network sees it: its table's ``TableSpec``
+(:func:`spec_for_option`), its shards' specs (:func:`shard_specs`), and ``OptionSpecs``,
+the planner's specs with reuse and bag-length cv measured from sample batches.
 """
 
 from __future__ import annotations
@@ -37,8 +25,7 @@ from torchrec_dreamshard.data.tables import TableSpec, checked_cv
 from torchrec_dreamshard.planner.stages.option_kinds import is_split_option
 
 SpecFn = Callable[[ShardingOption], TableSpec]
-"""How a planner component sees an option's table (:func:`spec_for_option`, or the
-planner's :class:`OptionSpecs`)."""
+"""How a planner component sees an option's table."""
 
 
 def spec_for_option(
@@ -46,12 +33,10 @@ def spec_for_option(
     reuse_hist: Sequence[float] | None = None,
     bag_length_cv: float | None = None,
 ) -> TableSpec:
-    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name,
-    with ``reuse_hist`` and ``bag_length_cv`` (``None``: unknown, even bags).
+    """The :class:`TableSpec` of a table-wise option, named by its fully qualified name.
 
-    The pooling factor is the sum of the option's ``input_lengths`` (the
-    ``ParameterConstraints.pooling_factors`` of its features, TorchRec's default 1.0 each),
-    as the fused kernel sees all of a table's features together.
+    The pooling factor is the sum of the option's ``input_lengths``: the fused kernel sees
+    all of a table's features together. ``bag_length_cv`` ``None`` means even bags.
     """
     rows, dim = (int(x) for x in option.tensor.shape)
     bpe = option.tensor.element_size()
@@ -72,8 +57,7 @@ def option_columns(option: ShardingOption) -> list[tuple[int, int]]:
 
 
 def shard_specs(option: ShardingOption, spec: TableSpec) -> list[TableSpec]:
-    """The tables the cost network sees for an option: ``[spec]`` for a table-wise one,
-    one spec per shard (``name@start:end``) for a column-wise one, in shard order."""
+    """``[spec]`` for a table-wise option, one spec per shard for a column-wise one."""
     if not is_split_option(option):
         return [spec]
     return [shard_spec(spec, a, b) for a, b in option_columns(option)]
@@ -84,24 +68,15 @@ class OptionSpecs:
     sample batches.
 
     Args:
-        sample_batches: optional ``KeyedJaggedTensor`` batches (per-rank batches) of the
-            model's sparse features; consecutive groups of ``world_size`` batches are taken
-            together as the global batch a table-wise kernel sees.
-        world_size: ranks in the topology.
-        declared: reuse histograms the user gives (17 fractions each, a task file's
-            ``reuse_hist``), for tables the sample batches do not measure; keyed by table
-            name, as TorchRec's ``constraints`` are, or by fully qualified name
-            (:func:`resolve_table_keys`, when the module is observed).
-        declared_cvs: bag-length cvs the user gives (a task file's ``bag_length_cv``), for
-            tables the sample batches do not measure; keyed as ``declared``.
+        sample_batches: per-rank ``KeyedJaggedTensor`` batches; each ``world_size``
+            consecutive ones make the global batch a table-wise kernel sees.
+        declared: reuse histograms for tables the samples do not measure, keyed by table
+            name or fully qualified name.
+        declared_cvs: bag-length cvs for such tables, keyed as ``declared``.
 
     Raises:
-        ValueError: a declared cv is not a number in ``[0, MAX_BAG_LENGTH_CV]`` (the
-            message names its table); at :meth:`observe`, a key that names no table of
-            the module, or a table name that several of its tables share.
-
-    :meth:`learn` takes pooling factors and reuse over the options' own (what a running job
-    fed its tables).
+        ValueError: a declared cv outside ``[0, MAX_BAG_LENGTH_CV]``; at :meth:`observe`,
+            a key naming no table, or a table name several tables share.
     """
 
     def __init__(
@@ -121,9 +96,7 @@ class OptionSpecs:
         self.specs: dict[str, TableSpec] = {}
 
     def observe(self, module: nn.Module) -> None:
-        """Measure the reuse statistics and bag-length cvs of ``module``'s tables (over the
-        declared ones; a table measured as even keeps no declared cv) and forget earlier
-        specs."""
+        """Measure ``module``'s reuse and bag-length cvs (over the declared ones)."""
         self.specs = {}
         self._declared = resolve_table_keys(self._declared, module, "reuse_hists")
         self._declared_cvs = resolve_table_keys(self._declared_cvs, module, "bag_length_cvs")
@@ -132,32 +105,27 @@ class OptionSpecs:
 
     @property
     def reuse(self) -> dict[str, tuple[float, ...]]:
-        """The reuse histograms measured or taken, by fully qualified name."""
+        """The reuse histograms, by fully qualified name."""
         return dict(self._reuse)
 
     @property
     def bag_length_cvs(self) -> dict[str, float]:
-        """The bag-length cvs measured or declared (tables of bursty bags only), by fully
-        qualified name."""
+        """The bag-length cvs of tables of bursty bags, by fully qualified name."""
         return {fqn: cv for fqn, cv in self._cvs.items() if cv is not None}
 
     def learn(self, pooling: Mapping[str, float], reuse: Mapping[str, Sequence[float]]) -> None:
-        """Take these pooling factors and reuse histograms (by fully qualified name; what a
-        running job fed its tables) over the options' own and the sample batches'."""
+        """Take a running job's pooling factors and reuse over the options' own."""
         self.specs = {}
         self._pooling = dict(pooling)
         self._reuse.update({fqn: tuple(h) for fqn, h in reuse.items()})
 
     def reuse_key(self) -> list[tuple[str, Any]]:
-        """The measured reuse histograms, the pooling factors taken over the options' and
-        the bag-length cvs (nothing where no table has one), sorted by table (part of the
-        planner's context)."""
+        """The reuse, learned pooling and cvs, sorted (part of the planner's context)."""
         cvs = sorted(("bag_length_cv", *c) for c in self.bag_length_cvs.items())
         pooling = sorted(("pooling", *p) for p in self._pooling.items())
         return sorted(self._reuse.items()) + pooling + cvs
 
     def __call__(self, option: ShardingOption) -> TableSpec:
-        """The spec of ``option``'s table (with measured reuse and cv, if any)."""
         spec = self.specs.get(option.fqn)
         if spec is None:
             fqn = option.fqn
@@ -169,12 +137,7 @@ class OptionSpecs:
 
 
 def checked_cvs(cvs: Mapping[str, float] | None) -> dict[str, float]:
-    """The declared bag-length cvs, as floats by fully qualified name.
-
-    Raises:
-        ValueError: ``cvs`` is not a mapping, or a cv is no number in
-            ``[0, MAX_BAG_LENGTH_CV]`` (named with its table).
-    """
+    """The declared bag-length cvs as floats; a ValueError names a bad one."""
     if cvs is None:
         return {}
     if not isinstance(cvs, Mapping):
@@ -186,20 +149,11 @@ def checked_cvs(cvs: Mapping[str, float] | None) -> dict[str, float]:
 
 
 def resolve_table_keys(values: Mapping[str, Any], module: nn.Module, what: str) -> dict[str, Any]:
-    """``values`` keyed by the fully qualified names of ``module``'s tables: a key may be a
-    table's name (as TorchRec's ``constraints`` are keyed) or its fully qualified name.
-
-    Args:
-        values: what the user gave per table (``reuse_hists``, ``bag_length_cvs``).
-        module: the model planned.
-        what: the argument's name, for the errors.
-
-    Returns:
-        The same values by fully qualified name.
+    """``values`` (keyed by table name or fully qualified name) by fully qualified name.
 
     Raises:
-        ValueError: a key that names no table of ``module``, a table name that several of
-            its tables share (give the fully qualified name), or two keys for one table.
+        ValueError: a key naming no table, a name several tables share, or two keys for
+            one table (``what`` names the argument).
     """
     fqns: dict[str, list[str]] = {}
     for fqn, config in table_configs(module):
@@ -227,8 +181,7 @@ def resolve_table_keys(values: Mapping[str, Any], module: nn.Module, what: str) 
 
 
 def global_batches(batches: Sequence[Any], world_size: int) -> list[tuple[list[Any], int]]:
-    """The sample batches' ``to_dict()``s in consecutive groups of ``world_size`` (the
-    global batch a table-wise kernel sees), each with its samples."""
+    """The batches' ``to_dict()``s in global batches of ``world_size``, with their sizes."""
     dicts = [kjt.to_dict() for kjt in batches]
     sizes = [kjt.stride() for kjt in batches]
     starts = range(0, len(dicts), world_size)
@@ -243,9 +196,7 @@ def bag_tables(module: nn.Module) -> list[tuple[str, EmbeddingBagConfig]]:
 def bag_length_cvs(
     module: nn.Module, batches: Sequence[Any], world_size: int
 ) -> dict[str, float | None]:
-    """Bag-length cv (:func:`~torchrec_dreamshard.data.table_stats.gamma_poisson_cv`;
-    ``None``: even bags) of every EmbeddingBagCollection table whose features are all in
-    the sample batches and hold ids, by the table's fully qualified name."""
+    """Bag-length cv (``None``: even bags) of each bag table the samples feed, by fqn."""
     groups = global_batches(batches, world_size)
     out: dict[str, float | None] = {}
     for fqn, config in bag_tables(module) if groups else []:
@@ -261,8 +212,7 @@ def bag_length_cvs(
 def reuse_hists(
     module: nn.Module, batches: Sequence[Any], world_size: int
 ) -> dict[str, tuple[float, ...]]:
-    """Reuse histogram of every EmbeddingBagCollection table whose features are all in the
-    sample batches, by the table's fully qualified name."""
+    """Reuse histogram of each bag table the samples feed, by fqn."""
     if not batches:
         return {}
     groups = global_batches(batches, world_size)

@@ -102,7 +102,7 @@ class DreamShardPartitioner(Partitioner):
         return others + ours
 
     def _place_others(self, others: list[ShardingOption], constraint: Topology) -> list[int]:
-        """Place the non-policy tables with TorchRec's partitioner; bytes used per device."""
+        """Place the non-policy tables with TorchRec's partitioner; bytes per device."""
         if not others:
             return [0] * constraint.world_size
         try:
@@ -207,8 +207,7 @@ def shrunk_caps(
     whole: dict[str, int],
 ) -> list[int]:
     """The policy's shares after an overflow: each device in ``over`` (memory left, estimate
-    used) shrunk in proportion times :data:`MEMORY_SHRINK`, never below a whole table placed
-    there that no other share would hold."""
+    used) shrunk in proportion, never below a whole table there no other share holds."""
     out = list(caps)
     for d, (left, used) in over.items():
         out[d] = max(1, int(out[d] * max(left, 0) / used * MEMORY_SHRINK))
@@ -221,9 +220,8 @@ def shrunk_caps(
 
 
 def policy_caps(specs: list[TableSpec], need: list[int], left: list[int]) -> list[int]:
-    """Each device's memory in weight bytes: ``left`` times the tables' weight-to-storage
-    ratio; a table shut out of every cap, though its storage fits, raises one device's cap
-    (the most left) to its weights, biggest first."""
+    """Each device's memory in weight bytes (``left`` times the weight-to-storage ratio); a
+    table shut out of every cap, though its storage fits, raises the freest device's cap."""
     ratio = min(1.0, sum(t.size_bytes for t in specs) / max(1, sum(need)))
     caps = [max(1, int(room * ratio)) for room in left]
     shut_out = [

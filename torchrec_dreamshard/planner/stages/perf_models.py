@@ -1,26 +1,7 @@
 """``CostNetPerfModel``: rates a plan with the DreamShard cost network.
 
-For the table-wise tables DreamShard placed, and the column-wise shards of those it split
-(each shard a table of its columns), the cost network predicts each rank's fused
-forward, backward and communication time and the overall step cost. Shards TorchRec placed
-(tables DreamShard leaves to it) add TorchRec's own perf estimate to their rank. The rating
-is the cost network's step cost, penalised by its uncertainty as the safety net penalises
-its candidates (``PlanPrediction.score_ms``), plus the largest per-rank TorchRec estimate:
-every proposal, DreamShard's or a user proposer's, is rated the same way.
-
-Why the other shards keep TorchRec's estimate, not their sharding type's cost strategy
-(:mod:`torchrec_dreamshard.cost.sharding_types`, which the type choice prices with).
-Tried on the planner regression cases (``tests/test_plan_regression_planner.py``): pricing
-every other option whose type has a strategy, on the kernel the strategy prices, with
-that strategy left all 34 plans and winners as they were but moved the predicted step of
-the 12 cases that hold such options by 0.62x to 10x, mostly the strategies' collectives,
-which TorchRec's estimates leave out. That is not one cost per sharding type either: the
-policy's table-wise tables would keep the cost network's all-to-all beside the strategies'
-collectives for the rest, each paying its own latency, and the two added as maxima over
-ranks. One cost per type means rating the whole plan with the typed cost model
-(:func:`~torchrec_dreamshard.cost.plans.plan_cost`, the cost network pricing its kernels),
-and that changed which proposal wins (the ``user_proposer_with_types`` case): a change of
-the planner's rating, and of its recorded predictions, to make on purpose, not here.
+The cost network prices the policy's tables and split shards; shards TorchRec placed add
+TorchRec's own estimate to their rank. Every proposal, ours or a user's, is rated so.
 """
 
 from __future__ import annotations
@@ -41,14 +22,10 @@ class CostNetPerfModel(PerfModel):
     """The cost network as a TorchRec ``PerfModel``.
 
     Args:
-        agent: the DreamShard agent.
-        topology: the devices.
         batch_size: the *global* batch the table-wise kernels process.
-        spec_fn: turns an option into a :class:`TableSpec` (the enumerator's
-            ``table_spec``, which knows measured reuse statistics).
-        other_scale: what TorchRec's estimates of the shards TorchRec placed are multiplied
-            by (1: as TorchRec estimates; a running job's re-plan sets it to what the job
-            measured, :func:`~torchrec_dreamshard.feedback.replan.other_factor`).
+        spec_fn: turns an option into a :class:`TableSpec`.
+        other_scale: multiplies TorchRec's estimates of the shards TorchRec placed (a
+            running job's re-plan sets it from what the job measured).
     """
 
     def __init__(
@@ -67,8 +44,7 @@ class CostNetPerfModel(PerfModel):
         self._last: tuple[tuple, PlanPrediction] | None = None
 
     def rate(self, plan: list[ShardingOption]) -> float:
-        """Predicted step cost of ``plan`` in ms, penalised by the cost network's
-        uncertainty (lower is better)."""
+        """Predicted step of ``plan`` in ms, penalised by the network's uncertainty."""
         return self.predict(plan).score_ms
 
     def predict(self, plan: list[ShardingOption]) -> PlanPrediction:

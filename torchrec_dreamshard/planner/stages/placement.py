@@ -46,11 +46,7 @@ class PolicyPlacer:
         self, specs: Sequence[TableSpec], memory: list[int], widths: dict[str, int]
     ) -> SplitPlan:
         """A plan of ``specs`` on devices of ``memory`` bytes, splitting the tables in
-        ``widths`` (minimum shard width) where it pays.
-
-        Raises:
-            PlannerError: ``INSUFFICIENT_STORAGE``, caused by the ``InsufficientMemoryError``.
-        """
+        ``widths`` (minimum shard width) where it pays; a PlannerError where none fits."""
         try:
             task = self._task(specs, memory, oversized=bool(widths))
             return self._split(task, widths) if widths else self._whole(task)
@@ -65,8 +61,8 @@ class PolicyPlacer:
         self.last_report = None
 
     def torchrec_plan(self, specs: Sequence[TableSpec], memory: list[int]) -> list[int] | None:
-        """TorchRec's own plan of ``specs`` in ``memory`` as TorchRec counts it, from the
-        :class:`TorchRecOwnPlan` source (``None``: greedy mode, no such source, no plan)."""
+        """TorchRec's own plan of ``specs`` from a :class:`TorchRecOwnPlan` source
+        (``None``: greedy mode, no such source, or no plan)."""
         own = [s for s in self.how.sources or () if isinstance(s, TorchRecOwnPlan)]
         if not own or self.how.mode == "greedy":
             return None
@@ -75,11 +71,10 @@ class PolicyPlacer:
     def fixed(
         self, specs: Sequence[TableSpec], memory: list[int], placement: list[int]
     ) -> SplitPlan:
-        """``placement`` of ``specs`` as a plan of whole tables (nothing split)."""
+        """``placement`` of ``specs`` as a plan of whole tables."""
         return whole_plan(self._task(specs, memory, oversized=True), placement)
 
     def _task(self, specs: Sequence[TableSpec], memory: list[int], oversized: bool) -> Task:
-        """``specs`` on ``memory`` at the placer's batch (``oversized``: allowed)."""
         return Task(
             tables=list(specs),
             num_devices=len(memory),
@@ -89,13 +84,11 @@ class PolicyPlacer:
         )
 
     def _whole(self, task: Task) -> SplitPlan:
-        """The agent's placement as it is (nothing may be split)."""
         placement = self.how.place(self._agent, task)
         self.last_report = self._agent.last_report
         return whole_plan(task, placement)
 
     def _split(self, task: Task, widths: dict[str, int]) -> SplitPlan:
-        """The split search's plan."""
         found = plan_with_splits(self._agent, task, self.how, splittable=widths)
         # the report describes the whole-table placement; a split plan is re-placed
         self.last_report = None if found.sharded.columns else self._agent.last_report
@@ -103,5 +96,5 @@ class PolicyPlacer:
 
 
 def whole_plan(task: Task, placement: Sequence[int]) -> SplitPlan:
-    """``placement`` of ``task``'s tables as a plan of whole tables (nothing split)."""
+    """``placement`` of ``task``'s tables as a plan of whole tables."""
     return SplitPlan(shard_task(task, {}), list(placement), math.nan, None)

@@ -1,6 +1,4 @@
-"""What :class:`~torchrec_dreamshard.planner.stages.proposers.DreamShardProposer` hands the
-partitioner: :class:`DreamShardProposal`, one option per table and which of them the policy
-places (:mod:`~torchrec_dreamshard.planner.stages.option_kinds`)."""
+"""``DreamShardProposal``: what the proposer hands the partitioner."""
 
 from __future__ import annotations
 
@@ -10,17 +8,12 @@ from torchrec.distributed.planner.types import ShardingOption
 
 
 class DreamShardProposal(list[ShardingOption]):
-    """A proposal of :class:`~torchrec_dreamshard.planner.stages.proposers.DreamShardProposer`:
-    one option per table, as every TorchRec proposal, and which of them the policy places.
-    :class:`~torchrec_dreamshard.planner.stages.partitioners.DreamShardPartitioner` places the
-    others with TorchRec's partitioner, then the policy's in the memory left.
+    """One option per table, as every TorchRec proposal, and which of them the policy places.
 
     Args:
         options: one sharding option per table (no ranks).
-        policy: the fully qualified names of the options the policy places (table-wise,
-            fused, of ``EmbeddingBagCollection`` tables).
-        split_widths: the narrowest column-wise shard of each policy table that may be
-            split, by fully qualified name.
+        policy: the fully qualified names of the options the policy places.
+        split_widths: the narrowest shard of each policy table that may be split, by fqn.
     """
 
     def __init__(

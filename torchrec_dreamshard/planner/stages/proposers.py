@@ -46,12 +46,12 @@ from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 @dataclass(frozen=True)
 class MachineModels:
-    """The type choice's models of this machine: callables, asked only when it prices
+    """The type choice's models of this machine, as callables asked only when it prices
     tables (``None``, or giving ``None``: the default).
 
     Attributes:
         collectives: fitted collective models (default: every policy table table-wise).
-        dense_kernel: the dense-kernel model of data-parallel tables (default: analytic).
+        dense_kernel: data-parallel tables' dense-kernel model (default: analytic).
         reference_ms: the reference kernel's time here (default: kernels as predicted).
         sharding_path: a sharding path's cost beyond kernels and collectives (default: 0).
     """
@@ -67,10 +67,7 @@ class DreamShardProposer(Proposer):
     rates better, TorchRec's best-rated for the rest.
 
     Args:
-        agent: the DreamShard agent (its cost network prices the type choice).
-        topology: the devices (memory from the reservation's topology where there is one).
         batch_size: the *global* batch the table-wise kernels process.
-        storage_reservation: the planner's storage reservation.
         constraints: TorchRec per-table constraints (``min_partition`` of splits).
         spec_fn: the planner's table specs (default: shapes and pooling only).
         machine: the type choice's models (``None``: every policy table stays table-wise).
@@ -112,8 +109,7 @@ class DreamShardProposer(Proposer):
         self.type_chooser: TypeChooser | None = None  # and the chooser that made it
 
     def load(self, search_space: list[ShardingOption], enumerator: Enumerator | None = None):
-        """Pick each table's option; where the type choice will price tables, the agent
-        prepares to price them (``PlacementAgent.prepare``)."""
+        """Pick each table's option; the agent prepares where the type choice will price."""
         self._search_space = search_space
         self._widths = split_widths(
             search_space, self._constraints, self._topology.world_size, self._spec
@@ -129,8 +125,8 @@ class DreamShardProposer(Proposer):
             self._agent.prepare(task, self.sources)
 
     def policy_task(self, search_space: list[ShardingOption]) -> Task | None:
-        """The policy's tables of ``search_space`` as a task (``None``: none), what the
-        machine profile calibrates on. Measures nothing."""
+        """The policy's tables of ``search_space`` as a task (``None``: none) for the
+        machine profile to calibrate on."""
         widths = split_widths(
             search_space, self._constraints, self._topology.world_size, self._spec
         )
@@ -164,8 +160,7 @@ class DreamShardProposer(Proposer):
     def _priced_tables(
         self, ours: list[ShardingOption], others: list[ShardingOption]
     ) -> _Priced | None:
-        """What the type choice prices (policy and sequence tables that fit a device whole,
-        and their other types); ``None`` where none or no collective models."""
+        """What the type choice prices (``None``: nothing, or no collective models)."""
         tier = memory_tier(self._constraint)
         biggest = max(device_capacity(self._constraint))
         seq = sequence_options(self._search_space, {o.fqn for o in others})
@@ -178,8 +173,7 @@ class DreamShardProposer(Proposer):
     def _choose_types(
         self, ours: list[ShardingOption], others: list[ShardingOption], priced: _Priced
     ) -> tuple[list[ShardingOption], list[ShardingOption]]:
-        """The policy's options and the others after the type choice (moved tables join the
-        others with their chosen option)."""
+        """The policy's options and the others after the type choice moved tables."""
         tier = memory_tier(self._constraint)
         capacity = device_capacity(self._constraint)
         alts, seq_fqns = priced.alternatives, {o.fqn for o in priced.sequences}
@@ -194,7 +188,6 @@ class DreamShardProposer(Proposer):
         ]
 
     def _chooser(self) -> TypeChooser:
-        """The type chooser with this machine's models (a calibrating agent's unscaled)."""
         dense, reference, path = self._machine
         return TypeChooser(
             self._agent,

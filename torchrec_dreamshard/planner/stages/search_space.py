@@ -1,11 +1,6 @@
-"""What the planner reads off a search space: which options the policy places and which
-tables may be split column-wise (the proposer), the column-wise option of a split (the
-partitioner and the enumerator), and the layout of a plan.
-
-These work on any search space, DreamShard's enumerator's or a user's: the policy places a
-table's table-wise option on the fused kernel when its module is an
-``EmbeddingBagCollection``; a table may be split when the search space also offers it
-column-wise on the fused kernel; every other table takes TorchRec's best-rated option.
+"""What the planner reads off any search space (ours or a user's enumerator's): the
+options the policy places, the tables it may split, a split's column-wise option, and the
+layout of a plan.
 """
 
 from __future__ import annotations
@@ -61,8 +56,8 @@ def split_widths(
     world_size: int,
     spec_fn: SpecFn,
 ) -> dict[str, int]:
-    """Minimum shard width of every policy table that may be split, by fqn: the search space
-    offers it column-wise on the fused kernel and at least one shard count is allowed."""
+    """Minimum shard width of every policy table the search space offers column-wise on
+    the fused kernel with a shard count allowed, by fqn."""
     out: dict[str, int] = {}
     for fqn, options in by_table(search_space).items():
         mine = [o for o in options if is_policy_option(o)]
@@ -102,9 +97,8 @@ def choose_options(
 def column_wise_option(
     enumerator: Enumerator, option: ShardingOption, columns: Sequence[tuple[int, int]]
 ) -> ShardingOption:
-    """The column-wise fused option of ``option``'s table cut at ``columns`` (one
-    ``(start, end)`` per shard), estimated by ``enumerator`` (storage and perf), with every
-    ``ParameterConstraints`` field of ``option`` carried over; its ranks are unset."""
+    """The column-wise fused option of ``option``'s table cut at ``columns``, estimated by
+    ``enumerator``, with ``option``'s constraint fields and no ranks."""
     rows = int(option.tensor.shape[0])
     split = ShardingOption(
         name=option.name,
@@ -131,9 +125,8 @@ def column_wise_option(
 
 
 def plan_layout(plan: ShardingPlan) -> tuple[dict[str, int], dict[str, list[dict]]]:
-    """The rank of every table a plan shards table-wise on the fused kernel, and the shards
-    (``{"device": rank, "columns": [start, end]}``) of every table it shards column-wise on
-    the fused kernel, by fully qualified name."""
+    """By fqn, the rank of each fused table-wise table and the shards
+    (``{"device": rank, "columns": [start, end]}``) of each fused column-wise one."""
     whole: dict[str, int] = {}
     shards: dict[str, list[dict]] = {}
     for path, module_plan in plan.plan.items():

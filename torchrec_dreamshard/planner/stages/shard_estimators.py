@@ -1,18 +1,11 @@
-"""``CostNetShardEstimator``: the perf of the options DreamShard places, from the cost network.
-
-TorchRec's planner asks its shard estimators for every option's perf and storage
-(``torchrec.distributed.planner.shard_estimators``). The options the policy places (a
-table's table-wise fused option, its column-wise splits, the type choice's alternatives) are
-rated with the cost network's single-table cost (forward + backward + communication, the
-agent's ``table_costs``) on the task's device count and global batch; every other option
-keeps TorchRec's perf estimator. Storage is always TorchRec's ``EmbeddingStorageEstimator``.
+"""``CostNetShardEstimator``: the perf of the options DreamShard places, from the cost
+network's single-table costs; every other option keeps TorchRec's perf estimator.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
 from torchrec.distributed.planner.constants import DEFAULT_PERF_ESTIMATOR
 from torchrec.distributed.planner.estimator import EmbeddingPerfEstimatorFactory
 from torchrec.distributed.planner.types import (
@@ -25,31 +18,20 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_dreamshard.data.tables import TableSpec
-from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.planner.plans.plan_prediction import prediction_task
 from torchrec_dreamshard.planner.stages.option_kinds import is_dreamshard_option
 from torchrec_dreamshard.planner.stages.option_specs import SpecFn, spec_for_option
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 
 
-def single_table_costs(agent: PlacementAgent, task: Task) -> np.ndarray:
-    """Predicted ms of each table of ``task`` alone on one of its devices, at the task's
-    batch (forward + backward + communication, the agent's ``table_costs``)."""
-    return np.asarray(agent.table_costs(task), dtype=np.float64)
-
-
 class CostNetShardEstimator(ShardEstimator):
-    """Fills the perf of DreamShard options from the cost network.
-
-    Options DreamShard does not place are rated by TorchRec's default perf estimator.
+    """Fills the perf of DreamShard options from the cost network, of the others from
+    TorchRec's default perf estimator.
 
     Args:
-        topology: the devices.
-        constraints: TorchRec per-table constraints.
         agent: the DreamShard agent whose cost network rates the tables.
         batch_size: the *global* batch (TorchRec's per-rank batch times the world size).
-        spec_fn: turns an option into a :class:`TableSpec` (defaults to
-            :func:`spec_for_option`, without reuse statistics).
+        spec_fn: turns an option into a :class:`TableSpec`.
         policy_table: whether a table (by name) is one the policy places.
     """
 
@@ -85,20 +67,16 @@ class CostNetShardEstimator(ShardEstimator):
             return
         specs = _unique_specs([self._spec_fn(o) for o in ours])
         task = prediction_task(specs, self._topology.world_size, self._batch_size)
-        costs = single_table_costs(self._agent, task)
+        costs = self._agent.table_costs(task)  # each table alone on one device
         row = {t.name: i for i, t in enumerate(specs)}
         for option in ours:
             cost = float(costs[row[option.fqn]]) / len(option.shards)
             for shard in option.shards:
-                # The cost network rates a table as a whole (shared evenly by its shards);
-                # its per-rank split is logged by CostNetStats, and the type choice rates
-                # the other types' options with the typed cost model.
+                # a table is rated as a whole, shared evenly by its shards
                 shard.perf = Perf(fwd_compute=cost, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0)
 
     def _ours(self, option: ShardingOption) -> bool:
-        """Options the cost network rates: table-wise fused ones, and every option of a
-        table the policy places (its column-wise splits, the type choice's alternatives),
-        which TorchRec's estimator would take minutes to rate at scale."""
+        """Every option of a policy table: TorchRec's estimator takes minutes at scale."""
         return is_dreamshard_option(option) or self._policy_table(option.name)
 
 

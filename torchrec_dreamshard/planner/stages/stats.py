@@ -32,8 +32,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
 
 
 def type_choice_lines(types: dict[str, Any]) -> list[str]:
-    """The type choice's decisions (``TypePlan.to_dict()``), one row each: the predicted
-    gain over all-table-wise, the margin it needed and what tipped it."""
+    """The type choice's decisions (``TypePlan.to_dict()``) as stats rows."""
     moved = types.get("moved", {})
     out = [f"Sharding types: {len(moved)} tables off table-wise"]
     for d in types.get("decisions", []):
@@ -51,8 +50,7 @@ def type_choice_lines(types: dict[str, Any]) -> list[str]:
 
 
 def scale_lines(summary: dict[str, Any]) -> list[str]:
-    """The type choice's ``TypeSummary.to_dict()`` as rows: per type its tables, bytes
-    and share of the slowest rank's step; the slowest rank; the inter-host traffic."""
+    """The type choice's ``TypeSummary.to_dict()`` as stats rows."""
     step = summary["step_ms"]
     out = []
     for kind in sorted(summary["tables"]):
@@ -87,11 +85,8 @@ class PlanNotes:
 
 
 class CostNetStats(Stats):
-    """Logs (``logging.INFO``, like TorchRec's stats) a per-rank table of the cost
-    network's predicted forward, backward and communication times of the plan, what the
-    proposers' proposals rated, the safety net's report and how the plan adapted to the
-    machine. The planner logs it once per plan, for the plan it returns, and hands it
-    what it logs as keywords (TorchRec's own loggers ignore them).
+    """Logs (``logging.INFO``) the cost network's predicted per-rank times of the plan, the
+    proposers' ratings, the safety net's report and how the plan adapted to the machine.
 
     Args:
         perf_model: predicts the plan where no ``prediction`` is handed in.
@@ -115,8 +110,7 @@ class CostNetStats(Stats):
         notes: PlanNotes | None = None,
         **kwargs: Any,
     ) -> None:
-        """Log the plan's predicted per-rank times (nothing when there is no plan), with
-        the planner's ``notes``."""
+        """Log the plan's predicted per-rank times with the planner's ``notes``."""
         if not sharding_plan.plan or not best_plan:
             return
         notes = notes or PlanNotes()

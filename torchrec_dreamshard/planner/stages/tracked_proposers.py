@@ -1,10 +1,5 @@
-"""Proposers side by side: which proposal won, and by how much.
-
-TorchRec's planner asks every proposer in turn, rates each proposal that partitions with
-the performance model, and keeps the best (the first of equals). :class:`TrackedProposer`
-wraps each proposer and records, from the ratings TorchRec feeds back, every proposer's
-best rating in a :class:`ProposalLog`, so the stats can say which proposer's plan won.
-The wrapped proposer sees exactly the calls TorchRec would make.
+"""Proposers side by side: :class:`TrackedProposer` records each proposer's best rating
+in a :class:`ProposalLog`, so the stats can say which proposal won.
 """
 
 from __future__ import annotations
@@ -20,11 +15,9 @@ class ProposalLog:
     """Every proposer's best rating in the last plan, by proposer label.
 
     Attributes:
-        best: the lowest rating each proposer's proposals received (``inf``: none
-            partitioned).
+        best: each proposer's lowest rating.
         proposals: how many proposals each proposer made.
-        winner: the label of the proposer whose proposal the planner kept (the first to
-            reach the lowest rating), ``None`` before a plan or when none partitioned.
+        winner: the proposer whose proposal the planner kept (``None``: none partitioned).
     """
 
     best: dict[str, float] = field(default_factory=dict)
@@ -54,13 +47,7 @@ class ProposalLog:
 
 
 class TrackedProposer(Proposer):
-    """A proposer whose proposals and ratings are recorded in a :class:`ProposalLog`.
-
-    Args:
-        proposer: the proposer (DreamShard's or a user's); every call goes to it.
-        label: its name in the log (class name and position).
-        log: the planner's log.
-    """
+    """A proposer whose proposals and ratings are recorded in ``log`` under ``label``."""
 
     def __init__(self, proposer: Proposer, label: str, log: ProposalLog) -> None:
         self.proposer = proposer
@@ -95,8 +82,8 @@ class TrackedProposer(Proposer):
 
 
 def tracked(proposers: list[Proposer]) -> tuple[list[TrackedProposer], ProposalLog]:
-    """Every proposer wrapped to be recorded in one new log, labelled ``DreamShardProposer``
-    (the first, ours) and ``<class name>#<i>`` (the user's i-th)."""
+    """Every proposer wrapped into one new log, as ``DreamShardProposer`` (the first) and
+    ``<class name>#<i>`` (the user's i-th)."""
     log = ProposalLog()
     users = [f"{type(p).__name__}#{i}" for i, p in enumerate(proposers[1:])]
     labels = ["DreamShardProposer", *users]
