@@ -1,6 +1,5 @@
 """The ``dreamshard`` command: one module per subcommand, each with ``add_parser`` and
-``run``. Subcommands import their heavy dependencies inside ``run`` so that ``--help`` is
-fast."""
+``run`` (which imports the heavy dependencies, so ``--help`` is fast)."""
 
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def error_message(exc: BaseException) -> str | None:
-    """The one-line message of an expected failure (bad input, a file refused, input too
-    large, the store's database), or ``None`` for a bug (keep the traceback)."""
+    """The one-line message of an expected failure, or ``None`` for a bug (keep the traceback)."""
     import sqlite3
 
     if isinstance(exc, OSError):

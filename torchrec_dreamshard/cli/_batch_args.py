@@ -1,6 +1,5 @@
-"""The batch flags, one meaning per name: ``--global-batch-size`` is the samples of one step
-over all devices (a task file's ``global_batch_size``); ``--batch-size`` is per rank, as
-TorchRec's planner's ``batch_size`` (``dreamshard steptime`` only)."""
+"""The batch flags: ``--global-batch-size`` is one step's samples over all devices,
+``--batch-size`` per rank (TorchRec's ``batch_size``; ``dreamshard steptime`` only)."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ PER_RANK_HELP = "the per-rank batch: samples per rank per step (TorchRec's batch
 
 
 class RenamedFlag(argparse.Action):
-    """A flag that was renamed: using it is an error naming the new flag (never a value
-    silently taken in another meaning)."""
+    """A renamed flag: using it is an error naming the new one."""
 
     def __init__(self, option_strings: list[str], dest: str, new: str, why: str, **kwargs):
         super().__init__(option_strings, dest, nargs=1, help=argparse.SUPPRESS, **kwargs)
@@ -27,8 +25,7 @@ class RenamedFlag(argparse.Action):
 
 
 def add_global_batch_arg(p: argparse.ArgumentParser, default: int) -> None:
-    """``--global-batch-size`` (``args.global_batch_size``), and ``--batch-size``, its old
-    name here, refused with the new name: elsewhere ``--batch-size`` is per rank."""
+    """``--global-batch-size``, and ``--batch-size`` (its old name here) refused."""
     p.add_argument(
         "--global-batch-size",
         type=int,

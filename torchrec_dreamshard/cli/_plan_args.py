@@ -1,17 +1,24 @@
-"""The flags of ``dreamshard plan`` (the cluster, calibration and measuring; ``dreamshard
-calibrate`` shares the calibration's) and what they make of the task: the cluster it is
-planned for (:func:`cluster_task`) and the first line printed, saying what priced the plan
-(:func:`pricing_line`)."""
+"""The flags of ``dreamshard plan`` (the cluster, calibration and measuring) and what they
+make of the task: its cluster (:func:`cluster_task`) and what prices it (:func:`pricing_line`)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 
+def table_wise_only(constraints: Mapping[str, Any]) -> dict[str, Any]:
+    """The constraints with every table's sharding types set to table-wise."""
+    return {
+        name: dataclasses.replace(c, sharding_types=["table_wise"])
+        for name, c in constraints.items()
+    }
+
+
 def add_cluster_args(p: argparse.ArgumentParser) -> None:
-    """``--compute-device``, ``--hosts`` and ``--local-world-size``: the cluster, over the
-    task file's."""
+    """``--compute-device``, ``--hosts`` and ``--local-world-size`` (over the task file's)."""
     p.add_argument(
         "--compute-device",
         choices=("cpu", "cuda"),
@@ -66,8 +73,7 @@ def add_calibration_args(p: argparse.ArgumentParser, flag: bool = True) -> None:
 
 
 def add_measuring_args(p: argparse.ArgumentParser) -> None:
-    """What bounds and feeds the planner's measuring: ``--timeout``, ``--profile``,
-    ``--no-measure``, ``--cache-dir``."""
+    """``--timeout``, ``--profile``, ``--no-measure`` and ``--cache-dir``."""
     p.add_argument(
         "--timeout",
         type=float,
@@ -90,15 +96,12 @@ def add_measuring_args(p: argparse.ArgumentParser) -> None:
 
 
 def cluster_task(task: Any, args: argparse.Namespace) -> Any:
-    """``task`` on the cluster the flags describe (``--compute-device``, ``--hosts`` with
-    ``--local-world-size``), over the task file's.
+    """``task`` on the cluster the flags describe, over the task file's.
 
     Raises:
         ValueError: ``--hosts`` without ``--local-world-size``, or a cluster the task's
             memory list does not fit (one entry per device).
     """
-    import dataclasses
-
     if args.hosts is not None and args.local_world_size is None:
         raise ValueError("--hosts needs --local-world-size (devices per host)")
     changes: dict[str, Any] = {}
@@ -124,8 +127,8 @@ def cluster_text(task: Any) -> str:
 
 
 def pricing_line(args: argparse.Namespace, task: Any, profile: Any) -> str:
-    """The first line ``dreamshard plan`` prints: what prices the plan, and whether any of
-    it was measured on the devices planned for."""
+    """The first line ``dreamshard plan`` prints: what prices the plan, and whether it was
+    measured on the devices planned for."""
     import torch
 
     checkpoint = (

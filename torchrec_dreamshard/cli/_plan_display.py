@@ -1,5 +1,4 @@
-"""How ``dreamshard plan`` shows a plan: the per-device table and the per-device plot
-(and the check, before planning, that the plot's format can be written)."""
+"""How ``dreamshard plan`` shows a plan: the per-device table and plot."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ from typing import Any
 
 
 def format_plan(plan: dict[str, Any]) -> str:
-    """A per-device table of a summary (``other ms``: TorchRec's estimate of the tables
-    it placed, where there are any)."""
+    """A per-device table of a summary (``other ms``: TorchRec's estimate of its tables)."""
     from torchrec_dreamshard.device_report import device_table
 
     rows = [{**dev, "tables": len(dev["tables"])} for dev in plan["per_device"]]
@@ -36,8 +34,7 @@ def check_plot_format(path: str | Path) -> None:
 
 
 def plot_per_device(per_device: Sequence[dict[str, Any]], path: str | Path, title: str) -> None:
-    """Stacked bars (forward, backward, communication and TorchRec's estimate of the
-    tables it placed, where any) per device, written to ``path``."""
+    """Stacked per-device bars (forward, backward, comm, other) written to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")

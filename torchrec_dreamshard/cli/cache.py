@@ -1,5 +1,4 @@
-"""``dreamshard cache``: show what the planner's cache holds, and clear it (see
-:mod:`torchrec_dreamshard.cache.inventory`)."""
+"""``dreamshard cache``: show what the planner's cache holds, and clear it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``dreamshard calibrate``: measure a task's tables on this machine and fine-tune the
-cost network on them (see :mod:`torchrec_dreamshard.calibration`)."""
+"""``dreamshard calibrate``: fine-tune the cost network on a task's tables measured here."""
 
 from __future__ import annotations
 

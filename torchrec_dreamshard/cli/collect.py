@@ -80,8 +80,7 @@ def _placement(args: argparse.Namespace, task, job: int) -> list[int]:
 
 
 def _collection_key(args: argparse.Namespace, config, tasks: list) -> str:
-    """The resume key: the options that decide the jobs and, for a task file, the tasks'
-    content (not the file's path: an edited file is a new collection)."""
+    """The resume key: the options that decide the jobs and a task file's content."""
     from torchrec_dreamshard.measure.config import stable_key
 
     keys = ("placer", "per_task", "num_tables", "num_devices", "split", "scale", "seed")
@@ -110,8 +109,7 @@ def _collect(args: argparse.Namespace, config, tasks: list, store) -> int:
     from torchrec_dreamshard.measure import measure_placement
 
     prefix = _collection_key(args, config, tasks) + ":"
-    # the fingerprint first (fails before any measuring); another machine's rows of the
-    # same jobs are not this machine's measurements
+    # the fingerprint first (fails before measuring): another machine's rows are not ours
     fingerprint = store.fingerprint(config, args.backend)
     done = store.done_jobs(prefix, fingerprint)
     todo = [i for i in range(args.num) if f"{prefix}{i}" not in done]

@@ -1,8 +1,6 @@
-"""``dreamshard demo``: DreamShardPlanner against TorchRec's default planner, end to end: a
-DLRM-style model over ~60 synthetic tables the checkpoint never saw, planned by both on the
-same topology and constraints, both plans measured on real FBGEMM kernels, then a few
-training steps under ``DistributedModelParallel`` on gloo ranks.
-"""
+"""``dreamshard demo``: DreamShardPlanner against TorchRec's default planner on a DLRM of
+synthetic tables the checkpoint never saw: both plans measured on FBGEMM's kernels, then
+a few training steps under ``DistributedModelParallel`` on gloo ranks."""
 
 from __future__ import annotations
 
@@ -97,8 +95,7 @@ def demo_task(seed: int, num_tables: int, num_devices: int, batch_size: int):
 
 
 def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
-    """Plan with both planners; returns their summaries, the task to measure on and the
-    machine profile our planner measured."""
+    """Both planners' summaries, the task to measure on and our planner's machine profile."""
     import torch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -115,8 +112,7 @@ def plan_both(task, args: argparse.Namespace) -> tuple[dict, dict, Any, Any]:
     )
 
     local_batch = per_rank_batch(task.batch_size, task.num_devices)
-    # Device memory: the task's, plus room for TorchRec's reservation and its estimate of
-    # optimizer state and input/output buffers.
+    # the task's memory plus room for TorchRec's reservation, optimizer state and buffers
     topology = torchrec_topology(task.num_devices, "cpu", ddr_cap=int(task.memory[0] * 1.5))
     model = StepDLRM(StepModelSpec(bags=task.tables), torch.device("meta"))
     sharders = [EmbeddingBagCollectionSharder()]
@@ -169,8 +165,7 @@ def adaptation_lines(adaptation: dict[str, Any]) -> list[str]:
 
 
 def timed_placement(planner, model, sharders, task) -> dict[str, Any]:
-    """``planner``'s plan of ``model`` as a placement, timed: ``placement`` (each table's
-    rank, in task order) and ``planning_s``."""
+    """``planner``'s plan of ``model``: ``placement`` (each table's rank) and ``planning_s``."""
     from torchrec_dreamshard.evaluation.dmp_step import table_shardings
 
     start = time.perf_counter()
@@ -248,8 +243,8 @@ def format_side_by_side(ours: dict, theirs: dict) -> str:
 
 
 def train_demo(task, args: argparse.Namespace, profile: str | None = None) -> dict[str, Any]:
-    """Train ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks, planned from the
-    machine profile in ``profile`` (``None``: the job measures its own); rank 0's report."""
+    """Rank 0's report of ``args.train_steps`` steps on ``args.train_ranks`` gloo ranks,
+    planned from the machine profile at ``profile`` (``None``: the job measures its own)."""
     import torch.multiprocessing as mp
 
     from torchrec_dreamshard.ranks.spawn import free_port
@@ -289,8 +284,7 @@ def _train_worker(rank: int, world: int, port: int, job: tuple) -> None:
 
 
 def _train(rank: int, world: int, task_dict: dict, settings: tuple, steps: int) -> dict:
-    """``steps`` training steps on this rank; ``settings``: the checkpoint, the
-    ``calibrate`` argument and the machine profile's path (or ``None``)."""
+    """``steps`` training steps on this rank; ``settings``: checkpoint, calibrate, profile."""
     import torch
     import torch.distributed as dist
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -347,8 +341,7 @@ def _train(rank: int, world: int, task_dict: dict, settings: tuple, steps: int) 
 
 
 def _train_batch(tables: list, step: int, world: int, rank: int) -> Any:
-    """``rank``'s batch of training step ``step``: each table's ids drawn to its pooling
-    and reuse, random dense features and labels."""
+    """``rank``'s batch of training step ``step`` (ids drawn to each table's statistics)."""
     import torch
 
     from torchrec_dreamshard.evaluation.step_model import DENSE_IN, StepBatch, sample_kjt

@@ -1,5 +1,5 @@
 """``dreamshard memory``: what each device of a plan will allocate, measured on the real
-kernels before any job starts (:mod:`torchrec_dreamshard.feedback.memory_check`)."""
+kernels before any job starts."""
 
 from __future__ import annotations
 
@@ -41,8 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def plan_shards(task: object, plan: dict) -> list[list[tuple[str, list[int], str]]]:
-    """Per device, ``(table, [rows, cols], sharding type)`` of the shards ``plan`` puts
-    there (whole tables from ``placement``, split ones from ``shards``)."""
+    """Per device, ``(table, [rows, cols], sharding type)`` of the shards ``plan`` puts there."""
     from torchrec_dreamshard.data.tasks import placement_from_dict
 
     tables = {t.name: t for t in task.tables}  # type: ignore[attr-defined]

@@ -1,5 +1,5 @@
-"""``dreamshard plan``: plan a task's tables with :class:`DreamShardPlanner`, as a training
-job plans its model, and write the plan TorchRec loads beside a summary of it."""
+"""``dreamshard plan``: plan a task's tables with :class:`DreamShardPlanner` and write the
+plan TorchRec loads beside a summary of it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torchrec_dreamshard.cli._plan_args import (
     cluster_task,
     cluster_text,
     pricing_line,
+    table_wise_only,
 )
 from torchrec_dreamshard.cli._plan_display import (
     check_plot_format,
@@ -157,8 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
-    """Refuse flags out of range, and ``--budget-s`` / ``--store`` where they have no
-    effect (the automatic calibration's budget and store are the planner's defaults)."""
+    """Refuse flags out of range, and ``--budget-s`` / ``--store`` without ``--calibrate``."""
     if args.num_samples < 0:
         raise ValueError(f"--num-samples must be >= 0, got {args.num_samples}")
     if (args.verify is not None and args.verify < 0) or args.verify_rounds < 1:
@@ -177,8 +177,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def check_outputs(args: argparse.Namespace, torchrec_out: Path | None) -> None:
-    """Fail before planning where an output cannot be written, so a bad path never costs
-    the work."""
+    """Fail before planning where an output cannot be written."""
     from torchrec_dreamshard.io import check_writable
 
     outputs = ((args.out, "--out file"), (torchrec_out, "TorchRec plan file"))
@@ -190,17 +189,15 @@ def check_outputs(args: argparse.Namespace, torchrec_out: Path | None) -> None:
 
 
 def torchrec_plan_path(out: str | Path) -> Path:
-    """Where the plan TorchRec loads goes beside the summary ``out``:
-    ``plan.json`` -> ``plan.torchrec.json``."""
+    """Where the plan TorchRec loads goes: ``plan.json`` -> ``plan.torchrec.json``."""
     path = Path(out)
     stem = path.name[: -len(path.suffix)] if path.suffix else path.name
     return path.with_name(f"{stem}.torchrec.json")
 
 
 def calibrate_argument(args: argparse.Namespace) -> Any:
-    """The planner's ``calibrate``: ``None`` (automatic) unless ``--calibrate`` (a
-    ``CalibrationConfig`` of ``--budget-s``, default 60, and ``--store``) or
-    ``--no-calibrate`` (``False``)."""
+    """The planner's ``calibrate``: ``None`` (automatic), ``False`` (``--no-calibrate``) or a
+    ``CalibrationConfig`` of ``--budget-s`` (default 60) and ``--store``."""
     from torchrec_dreamshard.calibration import CalibrationConfig
     from torchrec_dreamshard.measure.config import MeasureConfig
 
@@ -217,17 +214,12 @@ def task_planner(
 ) -> DreamShardPlanner:
     """The ``DreamShardPlanner`` of the task's ``inputs`` and the flags (``profile``: the
     loaded ``--profile``, else its path is passed)."""
-    import dataclasses
-
     from torchrec_dreamshard.planner import DreamShardPlanner
 
     arguments = inputs.planner_arguments()
     if args.no_splits:
-        arguments["constraints"] = {
-            name: dataclasses.replace(c, sharding_types=["table_wise"])
-            for name, c in inputs.constraints.items()
-        }
-    planner = DreamShardPlanner(
+        arguments["constraints"] = table_wise_only(inputs.constraints)
+    return DreamShardPlanner(
         **arguments,
         timeout_seconds=args.timeout,
         checkpoint=args.checkpoint,
@@ -241,12 +233,10 @@ def task_planner(
         cache_dir=args.cache_dir,
         verify_rounds=args.verify_rounds,
     )
-    return planner
 
 
 def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs) -> dict[str, Any]:
-    """The ``--out`` summary: the plan, the safety net's candidates, the adaptation,
-    calibration and verification."""
+    """The ``--out`` summary: the plan, candidates, adaptation, calibration and verification."""
     from torchrec_dreamshard.planner.adapters.device_memory import device_capacity, memory_tier
     from torchrec_dreamshard.planner.plans.plan_summary import plan_summary
 
@@ -258,8 +248,7 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
         plan, planner.best_options, prediction, device_capacity(topology), memory_tier(topology)
     )
     report = planner.agent.last_report
-    # the safety net's report describes a whole-table placement: where tables were split,
-    # the policy placed their shards again after it, so only unsplit plans carry it
+    # the safety net's report is of a whole-table placement: only unsplit plans carry it
     if report is not None and report.candidates and not summary.get("shards"):
         summary["candidates"] = report.to_dict()
     summary["adaptation"] = planner.adaptation
@@ -273,8 +262,7 @@ def plan_summary_dict(planner: DreamShardPlanner, plan: Any, inputs: TaskInputs)
 
 
 def measured_calibration(planner: DreamShardPlanner) -> dict[str, Any] | None:
-    """What this plan's profile step calibrated (its record and printed ``lines``), or
-    ``None`` where it calibrated nothing here (none, or a given profile)."""
+    """What this plan's profile step calibrated here (its record and ``lines``), or ``None``."""
     profile = planner.profile
     if profile is None or profile.calibration is None or planner.adaptation.get("profile_given"):
         return None
@@ -310,8 +298,7 @@ def show_plan(args: argparse.Namespace, planner: DreamShardPlanner, summary: dic
 
 
 def write_torchrec_plan(planner: DreamShardPlanner, path: Path) -> None:
-    """Write the plan TorchRec's planner loads
-    (:func:`~torchrec_dreamshard.planner.plans.plan_files.write_plan_file`) to ``path``."""
+    """Write the plan TorchRec's planner loads to ``path``."""
     from torchrec_dreamshard.planner.plans.plan_files import write_plan_file
 
     write_plan_file(path, planner.best_options, planner.hash_planner_context_inputs_str())

@@ -1,6 +1,5 @@
-"""``dreamshard profile``: measure this machine's profile once (reference kernel, collectives,
-dense kernel, and given a task the calibrated network) for every job on the same hardware
-to plan from (``DreamShardPlanner(profile=PATH)``); ``--show`` prints a profile file."""
+"""``dreamshard profile``: measure this machine's profile once for every job on the same
+hardware to plan from (``DreamShardPlanner(profile=PATH)``), or ``--show`` one."""
 
 from __future__ import annotations
 
@@ -54,8 +53,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --out PATH to write the profile (or --show PATH to read one)")
     profile = measure_profile(args)
     profile.save(args.out)
-    summary = profile.summary()
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(profile.summary(), indent=1))
     print(f"wrote {args.out}")
     return 0
 

@@ -1,12 +1,9 @@
 """``dreamshard steptime``: planners against each other on the DMP training step, in
-alternating rounds on gloo ranks (under ``torchrun`` it joins that group, else it spawns
-``--world-size`` ranks); prints each plan's median step and ratios with 95% intervals.
-"""
+alternating rounds on gloo ranks (spawned, or torchrun's)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 from collections.abc import Mapping
@@ -14,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from torchrec_dreamshard.cli._batch_args import PER_RANK_HELP
+from torchrec_dreamshard.cli._plan_args import table_wise_only
 
 EXAMPLES = """examples:
   dreamshard steptime model.json
@@ -33,19 +31,11 @@ MODEL.json is a task file ({"tables": [...]}, its other fields ignored) with opt
 PLANNER_KINDS = ("torchrec", "torchrec-tw", "dreamshard", "dreamshard-tw", "dreamshard-cal")
 
 
-def table_wise_only(constraints: Mapping[str, Any]) -> dict[str, Any]:
-    """The constraints with every table's sharding types set to table-wise."""
-    return {
-        name: dataclasses.replace(c, sharding_types=["table_wise"])
-        for name, c in constraints.items()
-    }
-
-
 @dataclass(frozen=True)
 class NamedPlanner:
     """A planner factory for the step timer (picklable, so spawned ranks can run it).
 
-    Args:
+    Attributes:
         kind: one of :data:`PLANNER_KINDS`.
         checkpoint: DreamShardPlanner's checkpoint (``None``: the bundled one).
     """
@@ -140,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
 def prepare_machine_models() -> None:
     """Fit (or load) this machine's models before the ranks start, so rank 0's planner
-    finds them cached instead of measuring while the other ranks wait."""
+    finds them cached rather than measuring while the others wait."""
     from torchrec_dreamshard.cost.collective_models import load_collective_models
     from torchrec_dreamshard.cost.dense_kernel_model import load_dense_kernel_model
     from torchrec_dreamshard.cost.sharding_path_model import load_sharding_path_model
@@ -169,8 +159,7 @@ def _time(spec: Any, plans: dict, config: Any, args: argparse.Namespace) -> Any:
 
 
 def report_lines(times: Mapping[str, Any], baseline: str) -> list[str]:
-    """Each plan's median step and interval, its ratio to ``baseline`` and the sharding
-    types it used."""
+    """Each plan's median step and interval, its ratio to ``baseline`` and its sharding types."""
     from torchrec_dreamshard.evaluation.dmp_step import sharding_type_counts
     from torchrec_dreamshard.evaluation.step_stats import median_interval, ratio_interval, verdict
 

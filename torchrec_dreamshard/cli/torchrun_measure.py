@@ -1,8 +1,5 @@
-"""Not a subcommand: what ``torchrun`` runs on every rank to measure one plan with the
-distributed backend; rank 0 prints it and, with ``--db``, stores it::
-
-    torchrun --nproc-per-node 4 -m torchrec_dreamshard.cli.torchrun_measure TASK.json PLAN.json
-"""
+"""Not a subcommand: what each rank runs to measure one plan on the distributed backend
+(``torchrun --nproc-per-node 4 -m torchrec_dreamshard.cli.torchrun_measure TASK PLAN``)."""
 
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from torchrec_dreamshard.store.cost_store import CostStore
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``torchrun ... -m torchrec_dreamshard.cli.torchrun_measure TASK.json PLAN.json``."""
     import torch.distributed as dist
 
     p = argparse.ArgumentParser(prog="torchrec_dreamshard.cli.torchrun_measure")

@@ -1,5 +1,4 @@
-"""``dreamshard train``: the DreamShard loop (collect, fit the cost network, train the
-policy), resumable."""
+"""``dreamshard train``: the DreamShard loop (collect, fit, train the policy), resumable."""
 
 from __future__ import annotations
 
