@@ -1,13 +1,6 @@
-"""Every collective TorchRec's sharding types use, fitted to this machine's timings
-(:mod:`torchrec_dreamshard.measure.collectives`) and cached.
-
-Each is ``t(D, MB) = a + b (D - 1) + c MB`` ms among D ranks
-(:class:`~torchrec_dreamshard.cost.comm_model.CommModel`), ``MB`` what one rank sends plus
-receives: ``2 (D - 1) / D * S`` for an all-to-all, reduce-scatter or all-gather of an
-``S``-byte buffer, ``4 (D - 1) / D * S`` for an all-reduce. ``a, b, c >= 0`` by least
-squares, on the job's own group (:func:`load_group_collectives`) or on thread ranks of
-2..``max_devices`` (:func:`load_collective_models`). The all-to-all fit is the package's one
-all-to-all model (:func:`load_all_to_all_model`).
+"""Every collective TorchRec's sharding types use, each a
+:class:`~torchrec_dreamshard.cost.comm_model.CommModel` fitted to this machine's timings
+(on the job's own group, or on thread ranks outside a job) and cached.
 """
 
 from __future__ import annotations
@@ -45,8 +38,6 @@ class CollectiveModels:
 
     Args:
         backend: ``"gloo"``, ``"nccl"`` or ``"analytic"``.
-        models: collective name -> its ``t(D, MB)`` model.
-        source: how the models were obtained.
         hosts: hosts the timed ranks spanned; above 1 the fit holds the cross-host links.
     """
 
@@ -62,8 +53,7 @@ class CollectiveModels:
             raise ValueError(f"collective models lack {missing}; expected all of {COLLECTIVES}")
 
     def ms(self, kind: str, num_devices: int, megabytes: float) -> float:
-        """One ``kind`` collective's ms for a rank moving ``megabytes`` among
-        ``num_devices`` ranks (0 for one rank)."""
+        """One ``kind`` collective's ms for a rank moving ``megabytes`` (0 for one rank)."""
         return self.models[check_kind(kind)].collective_ms(num_devices, megabytes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -156,8 +146,7 @@ def load_collective_models(
     path: str | os.PathLike | None = None, backend: str | None = None
 ) -> CollectiveModels:
     """The fitted models from ``path`` (default :func:`default_collectives_path`), measured
-    and saved first when the file is missing (gloo on threads, NCCL on spawned ranks).
-    """
+    and saved first when the file is missing."""
     backend = backend or default_backend()
     file = named_file(path) if path is not None else collectives_cache_file(backend)
     ranks = _ranks(backend)
@@ -190,15 +179,8 @@ def group_topology_key(backend: str, hosts: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def group_collectives_path(backend: str, hosts: Sequence[str]) -> Path:
-    """Where :func:`group_collectives_file` is."""
-    return group_collectives_file(backend, hosts).path
-
-
 def load_group_collectives(group: JobGroup) -> CollectiveModels:
-    """The models measured on the driven job ``group``, measured first when not cached
-    (rank 0 decides).
-    """
+    """The models measured on the driven job ``group`` (measured first when not cached)."""
     file = group_collectives_file(group.backend, group.hosts)
     return load_cached(
         file,
@@ -211,9 +193,7 @@ def load_group_collectives(group: JobGroup) -> CollectiveModels:
 
 
 def load_all_to_all_model(path: str | os.PathLike | None = None) -> CommModel:
-    """The machine's all-to-all model: from ``path``, else the driven job group's, else
-    this machine's gloo fit.
-    """
+    """The all-to-all model: from ``path``, else the driven job group's, else the gloo fit."""
     group = active_group() if path is None else None
     if group is not None:
         return load_group_collectives(group).models["all_to_all"]
@@ -223,10 +203,8 @@ def load_all_to_all_model(path: str | os.PathLike | None = None) -> CommModel:
 def local_all_to_all(
     num_devices: int, backend: str = "local", path: str | os.PathLike | None = None
 ) -> CommModel | None:
-    """The ``comm`` model for
-    :func:`~torchrec_dreamshard.measure.placement_timing.measure_placement`: the all-to-all
-    model where the local backend charges one (more than one device), else ``None``.
-    """
+    """The all-to-all model ``measure_placement``'s local backend charges (more than one
+    device), else ``None``."""
     if backend != "local" or num_devices <= 1:
         return None
     return load_all_to_all_model(path)

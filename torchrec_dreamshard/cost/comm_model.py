@@ -1,11 +1,5 @@
-"""The model of a collective's time, fitted to this machine's timings
-(:mod:`torchrec_dreamshard.measure.collective_timing`):
-
-    t(D, v) = a + b (D - 1) + c v        (ms; v = MB a device sends plus receives)
-
-:meth:`CommModel.all_to_all_ms` is the one all-to-all pricing the planner and the local
-measurement backend share.
-"""
+"""The model of a collective's time, ``t(D, v) = a + b (D - 1) + c v`` ms (``v`` the MB a
+device sends plus receives), and its least-squares fit."""
 
 from __future__ import annotations
 
@@ -22,10 +16,6 @@ class CommModel:
     """``t(D, MB) = latency_ms + per_peer_ms * (D - 1) + ms_per_mb * MB`` per collective.
 
     Args:
-        latency_ms: fixed cost of one collective.
-        per_peer_ms: extra cost per other device.
-        ms_per_mb: cost per MB a device sends plus receives.
-        source: how the constants were obtained.
         samples: timings the fit used.
         rmse_ms: root mean square error of the fit on them.
     """
@@ -38,19 +28,14 @@ class CommModel:
     rmse_ms: float = 0.0
 
     def collective_ms(self, num_devices: int, megabytes: float) -> float:
-        """One collective's ms for a device moving ``megabytes`` among ``num_devices``
-        (0 for one device)."""
+        """One collective's ms for a device moving ``megabytes`` (0 for one device)."""
         if num_devices <= 1:
             return 0.0
         return self.latency_ms + self.per_peer_ms * (num_devices - 1) + self.ms_per_mb * megabytes
 
     def all_to_all_ms(self, flows: np.ndarray, ranks: Iterable[int] | None = None) -> np.ndarray:
-        """``[W]`` ms of one all-to-all over ``ranks`` (0 outside it).
-
-        Args:
-            flows: ``[W, W]`` bytes rank ``i`` sends rank ``j`` (the diagonal is ignored).
-            ranks: the ranks taking part (default: all).
-        """
+        """``[W]`` ms of one all-to-all of ``flows`` (``[W, W]`` bytes ``i`` sends ``j``) over
+        ``ranks`` (default: all; 0 outside them)."""
         f = np.array(flows, dtype=np.float64)
         np.fill_diagonal(f, 0.0)
         idx = sorted(set(range(len(f)) if ranks is None else ranks))

@@ -1,19 +1,6 @@
-"""Hosts in the communication terms: which collectives cross hosts, and what that costs.
-
-Rank ``r`` of ``W`` lives on host ``r // L`` (``L = local_world_size``), as in TorchRec's
-``Topology``. A collective costs each rank
-
-    t_r = fit(D, MB_r) + X_r / inter_host_bw
-
-``fit`` is the collective's model (:mod:`~torchrec_dreamshard.cost.collective_models`).
-``X_r`` is the bytes the rank moves across hosts one way (analytic; not added where the fit
-was timed over several hosts):
-
-- all-to-all: the flows to and from other hosts' ranks;
-- reduce-scatter, all-gather over ``H`` hosts of ``n`` ranks: ``(H - 1) / H * S / n``;
-  all-reduce twice that; unequal hosts are charged at the thinnest.
-
-:func:`analytic_models` builds a fit from ``intra_host_bw`` alone where none is measured.
+"""Hosts in the communication terms: a collective costs each rank its fit plus the bytes it
+moves across hosts over ``inter_host_bw`` (analytic; not added where the fit was timed over
+several hosts). Rank ``r`` lives on host ``r // local_world_size``, as in TorchRec.
 """
 
 from __future__ import annotations
@@ -39,15 +26,9 @@ class CommTopology:
     """Ranks, hosts and link bandwidths, as TorchRec's ``Topology`` gives them.
 
     Args:
-        world_size: ranks ``W`` in the job.
-        local_world_size: ranks per host ``L`` (``None``: all on one host).
+        local_world_size: ranks per host (``None``: all on one host).
         intra_host_bw: bytes/ms between ranks of a host (:func:`analytic_models` only).
         inter_host_bw: bytes/ms of one rank's link to other hosts.
-
-    Example::
-
-        topo = CommTopology(world_size=16, local_world_size=8, inter_host_bw=12.5e6)
-        topo.crosses_hosts([0, 9])  # True
     """
 
     world_size: int
@@ -97,13 +78,11 @@ class CommTopology:
         return out
 
     def host_of(self, rank: int) -> int:
-        """The host of ``rank``."""
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is out of range 0..{self.world_size - 1}")
         return rank // self.local_world_size
 
     def host_ranks(self, host: int) -> tuple[int, ...]:
-        """The ranks of ``host``."""
         if not 0 <= host < self.num_hosts:
             raise ValueError(f"host {host} is out of range 0..{self.num_hosts - 1}")
         start = host * self.local_world_size
@@ -118,7 +97,9 @@ class CommTopology:
         return self.hosts[:, None] != self.hosts[None, :]
 
     def ring_cross_bytes(self, kind: str, ranks: Sequence[int], buffer_bytes: float) -> float:
-        """Bytes one rank moves across hosts in a ring collective of ``buffer_bytes``."""
+        """Bytes one rank moves across hosts in a ring collective of ``buffer_bytes``:
+        ``(H - 1) / H * S / n`` over ``H`` hosts of ``n`` ranks (all-reduce twice that), at
+        the thinnest host."""
         if check_kind(kind) not in _RING_CROSS:
             raise ValueError(f"{kind!r} is not a ring collective; give its flows")
         per_host: dict[int, int] = {}
@@ -132,11 +113,8 @@ class CommTopology:
 
 @dataclass(frozen=True, eq=False)
 class FlowTotals:
-    """An all-to-all's flows as per-rank totals (``[W]`` each, own slice excluded).
-
-    Per rank: bytes sent, received, and the cross-host part of each. Every term is linear in
-    these, so flows add in ``O(W)`` per table. ``.T`` is the reverse exchange.
-    """
+    """An all-to-all's flows as per-rank totals (``[W]`` each, own slice excluded): bytes
+    sent, received, and the cross-host part of each; they add in ``O(W)`` per table."""
 
     sent: np.ndarray
     recv: np.ndarray

@@ -1,19 +1,5 @@
 """The cost network: exact per-device sums of physical quantities, a learned monotone
-fusion correction, and an ensemble whose spread is the uncertainty.
-
-A table is ``x_i = [s_i, q_i]``: shape features ``s_i`` (log dim, rows, bytes and reuse
-fractions) and physical quantities ``q_i >= 0``
-(:func:`~torchrec_dreamshard.cost.physics.table_quantities`). Member ``k``:
-
-    e_i = relu(A_k^+ log(1 + q_i) + g_k(s_i))
-    (f_d, b_d) = c_k + W_k^+ Q_d + V_k^+ relu(U_k^+ log(1 + H_d) + u_k)
-
-with ``Q_d = sum q_i``, ``H_d = sum e_i`` over the device's tables and every ``+`` weight
-softplus-positive, so adding a table never lowers a time. All-to-all:
-``m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r`` (0 when D = 1). Step:
-``log step = max_d log(f_d + b_d + m_d)``. The prediction is the members' mean log cost,
-their standard deviation the uncertainty. Fitting: :mod:`~torchrec_dreamshard.cost.fitting`.
-"""
+fusion correction, and an ensemble whose spread is the uncertainty."""
 
 from __future__ import annotations
 
@@ -94,19 +80,20 @@ def _param(*shape: int, scale: float) -> nn.Parameter:
 
 
 class CostNet(nn.Module):
-    """An ensemble of physical-plus-monotone-fusion cost models (module docstring).
+    """An ensemble of physical-plus-monotone-fusion cost models. Member ``k``, for a table
+    of shape features ``s_i`` and physical quantities ``q_i``:
 
-    A device state is the sum of its tables' :meth:`encode` rows:
-    ``[Q_d, H_d^1, ..., H_d^K, w_d / 256]``.
+        e_i = relu(A_k^+ log(1 + q_i) + g_k(s_i))
+        (f_d, b_d) = c_k + W_k^+ Q_d + V_k^+ relu(U_k^+ log(1 + H_d) + u_k)
+
+    with ``Q_d = sum q_i``, ``H_d = sum e_i`` over the device's tables and every ``+``
+    weight softplus-positive (adding a table never lowers a time); all-to-all
+    ``m_d = p (D - 1) + q (W + (D - 2) w_d) / (1000 D) + r``; ``log step = max_d log(f_d +
+    b_d + m_d)``. A device state is ``[Q_d, H_d^1, ..., H_d^K, w_d / 256]``.
 
     Args:
         hidden: width of each member's encodings ``e_i``.
         members: ensemble size K.
-
-    Example::
-
-        net = CostNet(hidden=32, members=4)
-        log_dev = net.device_log_costs(state, ctx)  # [..., 3] log fwd/bwd/comm ms
     """
 
     def __init__(self, hidden: int = 16, members: int = 5):
@@ -186,7 +173,7 @@ class CostNet(nn.Module):
         return torch.where(D > 1.5, log_m, torch.full_like(log_m, NO_COMM_LOG))
 
     def member_device_log_costs(self, S: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
-        """``[..., K, 3]`` each member's log fwd/bwd/comm (ms)."""
+        """``[..., K, 3]`` each member's log fwd/bwd/comm ms."""
         c = ctx.expand(*S.shape[:-1], ctx.shape[-1])
         log_fb = torch.log(self.member_compute(S))
         comm = self.log_comm(S[..., -1] * 256.0, c).unsqueeze(-1).unsqueeze(-1)
@@ -207,13 +194,10 @@ class CostNet(nn.Module):
 
 
 class FrozenHeads:
-    """A :class:`CostNet`'s device heads with fixed weights, for planning.
-
-    Softplus weights and context terms are computed once; values match the network bit for
-    bit. No gradient flows: rebuild when the weights change.
+    """A :class:`CostNet`'s device heads with its weights frozen (softplus and context terms
+    computed once, values bit for bit the network's), for planning; no gradient flows.
 
     Args:
-        net: the cost network.
         ctx: the task context (:func:`device_context`).
     """
 

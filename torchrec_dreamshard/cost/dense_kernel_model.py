@@ -1,13 +1,5 @@
-"""The model of the dense kernel data-parallel tables run, fitted to this machine's
-timings (:mod:`torchrec_dreamshard.measure.dense_kernels`).
-
-Over the tables one rank looks up in one dense kernel:
-
-    fwd = a0 + a1 n + a2 G + a3 O
-    bwd = c0 + c1 n + c2 G + c3 W            (ms; the dense optimizer step included)
-
-``n`` tables, ``G = b sum p d`` elements gathered, ``O = b sum d`` outputs, ``W = sum R d``
-weights (MB of fp32); coefficients by non-negative least squares, cached per machine.
+"""The model of the dense kernel data-parallel tables run: fwd and bwd ms linear in
+:func:`dense_features`, fitted by non-negative least squares and cached per machine.
 """
 
 from __future__ import annotations
@@ -37,7 +29,8 @@ FEATURES = ("ms", "ms_per_table", "ms_per_mb_gathered", "ms_per_mb_output", "ms_
 
 
 def dense_features(tables: Sequence[TableSpec], batch_size: int) -> np.ndarray:
-    """``[1, n, G, O, W]`` of one dense kernel (MB of fp32)."""
+    """``[1, n, G, O, W]`` of one dense kernel: tables, MB gathered (``b sum p d``), MB of
+    outputs (``b sum d``), MB of weights (``sum R d``), fp32."""
     gathered = batch_size * sum(t.pooling_factor * t.dim for t in tables) * 4 / 1e6
     outputs = batch_size * sum(t.dim for t in tables) * 4 / 1e6
     weights = sum(t.rows * t.dim for t in tables) * 4 / 1e6
@@ -51,8 +44,6 @@ class DenseKernelModel:
     Args:
         fwd: the forward's coefficients, in the order of :data:`FEATURES`.
         bwd: the backward's (dense optimizer step included), same order.
-        device: ``"cpu"`` or ``"cuda"``.
-        source: how it was obtained.
         samples: timed sets it was fitted on.
         mape: mean absolute relative error of fwd + bwd over them (``None``: not fitted).
     """
@@ -99,9 +90,7 @@ class DenseKernelModel:
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares of relative errors with every coefficient ``>= 0`` (negative columns
-    dropped, most negative first, and the rest refitted).
-    """
+    """Least squares of relative errors, the most negative column dropped until none is."""
     w = 1.0 / np.maximum(y, 1e-3)
     x, y = x * w[:, None], y * w
     keep = list(range(x.shape[1]))
@@ -154,9 +143,7 @@ _LOADED: dict[str, DenseKernelModel] = loaded_memo()
 def load_dense_kernel_model(
     path: str | os.PathLike | None = None, device: str = "cpu"
 ) -> DenseKernelModel:
-    """The fitted model from ``path`` (default :func:`default_dense_kernel_path`), timed first
-    if missing.
-    """
+    """The fitted model from ``path`` (default: this machine's), timed first if missing."""
     file = named_file(path) if path is not None else dense_kernel_cache_file(device)
     return load_cached(
         file,

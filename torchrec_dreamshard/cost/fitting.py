@@ -1,9 +1,5 @@
-"""Fitting the cost network (:mod:`torchrec_dreamshard.cost.cost_net`) to measurements,
-and its accuracy metrics.
-
-The loss is a Huber error of log device times (fwd, bwd, and all-to-all on more than one
-device) per member, weighted by the member's bootstrap weight of the sample.
-"""
+"""Fitting the cost network to measurements (a bootstrap-weighted Huber error of log device
+times per member), and its accuracy metrics."""
 
 from __future__ import annotations
 
@@ -30,9 +26,7 @@ class CostSample:
         group: the task it belongs to (held-out splits, per-task rank metrics).
         inputs: ``[T, INPUT_DIM]`` (:func:`cost_inputs`).
         devices: table indices per non-empty device.
-        context: the task context (:func:`context_values`).
         dev_ms: ``[M, 3]`` measured fwd/bwd/comm per non-empty device (ms).
-        step_ms: measured step cost (ms).
     """
 
     group: str
@@ -105,10 +99,8 @@ def member_predictions(net: CostNet, batch: Packed) -> torch.Tensor:
 def weighted_log_loss(
     net: CostNet, batch: Packed, log_dev: torch.Tensor, weights: torch.Tensor
 ) -> torch.Tensor:
-    """Bootstrap-weighted Huber error of log costs, every member on every device.
-
-    ``weights`` is ``[P, K]``; the all-to-all term counts only on more than one device.
-    """
+    """Bootstrap-weighted (``[P, K]``) Huber error of log costs, every member on every device;
+    the all-to-all term counts only on more than one device."""
     pred = member_predictions(net, batch)  # [M, K, 3]
     err = F.smooth_l1_loss(
         pred, log_dev.unsqueeze(1).expand_as(pred), reduction="none", beta=HUBER_BETA
@@ -132,11 +124,8 @@ def fit_cost_model(
 
     Args:
         net: the network (trained further from its current weights).
-        samples: training samples.
-        epochs: passes over the samples.
         batch_size: placements per step.
         lr: Adam learning rate, cosine-decayed to 10%.
-        seed: bootstrap weights and shuffling.
         progress: a tqdm bar.
 
     Returns:
@@ -224,9 +213,8 @@ def kendall_tau(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def evaluate_cost_model(net: CostNet, samples: Sequence[CostSample]) -> dict[str, float]:
-    """Held-out accuracy: MAPE of device and step costs, mean per-task Kendall tau
-    (groups of 3 or more), and the mean spread of log step cost.
-    """
+    """Held-out MAPE of device and step costs, mean per-task Kendall tau (groups of 3 or
+    more) and mean spread of log step cost."""
     if not samples:
         return {}
     dev_pred, step_pred, spread = predict_samples(net, samples)

@@ -1,11 +1,7 @@
-"""The physical quantities a fused embedding kernel's time follows, per table.
-
-For ``R`` rows, dim ``d``, batch ``B``, pooling factor ``p`` and reuse histogram ``h``:
-lookups ``L = B p``; bags ``B``; elements gathered ``G = L d``; unique rows
-``U = min(R, L / m)`` (``m`` the mean access count); elements updated ``U d``; table
-elements ``R d``. ``G`` and ``U d`` are also split over five soft size buckets
-(log10 bytes centred on 100 KB .. 1 GB). Each is a plain count, so a device's value is
-the sum over its tables, divided by a fixed scale (:data:`SCALES`).
+"""The physical quantities a fused embedding kernel's time follows, per table: lookups
+``B p``, bags ``B``, elements gathered, unique rows, elements updated and table elements,
+the gathered and updated ones also split over soft size buckets. Each is a plain count
+(a device's is the sum over its tables) over a fixed scale (:data:`SCALES`).
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ QUANTITY_NAMES = (
     *(f"updated@1e{int(b)}B" for b in SIZE_BUCKETS_LOG10),
 )
 NUM_QUANTITIES = len(QUANTITY_NAMES)
-# Fixed scales (never fitted): lookups per 1e5, bags per 1e4, elements per 1e6, unique
-# rows per 1e5, table elements per 1e8.
+# fixed scales (never fitted), in BASE_NAMES order
 _BASE_SCALES = (1e5, 1e4, 1e6, 1e5, 1e6, 1e8)
 SCALES = np.array(
     [*_BASE_SCALES, *([1e6] * len(SIZE_BUCKETS_LOG10)), *([1e6] * len(SIZE_BUCKETS_LOG10))]

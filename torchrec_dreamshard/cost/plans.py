@@ -1,16 +1,6 @@
-"""The cost of a typed plan: every table's sharding terms, priced per rank and batched as
-TorchRec batches them.
-
-Per rank ``r``:
-
-    fwd_r  = sum of r's kernels' forward ms
-    bwd_r  = sum of r's kernels' backward ms (+ DP dense bytes_r / mem_bw, unfitted)
-    comm_r = sum of the ms of the collectives r takes part in
-    step   = max_r (fwd_r + bwd_r + comm_r)
-
-A fused kernel is one ``kernel_ms`` call over every table one rank looks up with one type,
-pooled or sequence, at one batch. A collective is every share with the same tag, kind and
-ranks: their flows and buffers are summed, then the model is applied once.
+"""The cost of a typed plan: every table's sharding terms priced per rank, fused kernels
+and collectives batched as TorchRec batches them; the step is the slowest rank's
+``fwd + bwd + comm``.
 """
 
 from __future__ import annotations
@@ -130,6 +120,21 @@ def table_cost(choice: TableChoice, ctx: CostContext) -> PlanCost:
     return terms_cost(job_terms(ctx) + table_terms(choice, ctx), ctx)
 
 
+def plan_terms(
+    choices: Sequence[TableChoice],
+    ctx: CostContext,
+    terms_of: Callable[[TableChoice, CostContext], Terms] = table_terms,
+) -> Terms:
+    """Every choice's terms and the job's, together."""
+    kernels, exchanges, dense = [], [], []
+    for c in choices:  # gathered in lists: adding Terms one by one copies them each time
+        terms = terms_of(c, ctx)
+        kernels += terms.kernels
+        exchanges += terms.exchanges
+        dense += terms.dense_bytes
+    return job_terms(ctx) + Terms(tuple(kernels), tuple(exchanges), tuple(dense))
+
+
 def plan_cost(
     choices: Sequence[TableChoice],
     ctx: CostContext,
@@ -138,13 +143,8 @@ def plan_cost(
     """What a typed plan costs every rank, collectives batched.
 
     Args:
-        choices: every table's :class:`~torchrec_dreamshard.cost.sharding.TableChoice`.
-        ctx: the pricing context.
         terms_of: each choice's terms (a
             :class:`~torchrec_dreamshard.cost.sharding_types.TermsCache` reuses them).
-
-    Returns:
-        The :class:`PlanCost`; its ``step_ms`` rates the plan.
     """
     counts = Counter(c.table.name for c in choices)
     dupes = sorted(n for n, k in counts.items() if k > 1)
@@ -152,13 +152,7 @@ def plan_cost(
         raise ValueError(f"tables {dupes} are chosen more than once; give each one choice")
     if not choices:
         raise ValueError("a plan needs at least one table choice")
-    kernels, exchanges, dense = [], [], []
-    for c in choices:  # gathered in lists: adding Terms one by one copies them each time
-        terms = terms_of(c, ctx)
-        kernels += terms.kernels
-        exchanges += terms.exchanges
-        dense += terms.dense_bytes
-    return terms_cost(job_terms(ctx) + Terms(tuple(kernels), tuple(exchanges), tuple(dense)), ctx)
+    return terms_cost(plan_terms(choices, ctx, terms_of), ctx)
 
 
 @dataclass(frozen=True)
@@ -195,11 +189,7 @@ def plan_breakdown(
     terms_of: Callable[[TableChoice, CostContext], Terms] = table_terms,
 ) -> PlanBreakdown:
     """:func:`plan_cost`'s ranks split by source (their sum is its ranks' totals)."""
-    full = job_terms(ctx) + Terms(
-        tuple(k for c in choices for k in terms_of(c, ctx).kernels),
-        tuple(e for c in choices for e in terms_of(c, ctx).exchanges),
-        tuple(d for c in choices for d in terms_of(c, ctx).dense_bytes),
-    )
+    full = plan_terms(choices, ctx, terms_of)
     zeros = np.zeros(ctx.topology.world_size)
     fused = Terms(tuple(k for k in full.kernels if not k.dense))
     dense = Terms(tuple(k for k in full.kernels if k.dense), (), full.dense_bytes)
@@ -241,9 +231,8 @@ def cost_network_kernel(agent: Predictor) -> KernelFn:
 
 
 def cost_network_kernels(agent: Predictor) -> KernelsFn:
-    """``kernels_ms`` from an agent's cost network: one prediction per batch size, each
-    kernel on a device of its own; kernels already priced are remembered.
-    """
+    """``kernels_ms`` from an agent's cost network, each kernel on a device of its own
+    (kernels already priced are remembered)."""
     from torchrec_dreamshard.data.tasks import MAX_MEMORY_BYTES, Task
 
     seen: dict[tuple, tuple[float, float]] = {}
@@ -298,10 +287,8 @@ def scaled_kernels(kernels_ms: KernelsFn, speed: tuple[float, float]) -> Kernels
 
 
 class ScreeningKernels:
-    """Fused kernels priced cheaply for screening candidates.
-
-    The sum of the tables' single-table kernels, scaled per batch by the fusion ratio
-    :meth:`calibrate` measures on one plan; the chosen candidate is rated exactly.
+    """Fused kernels priced cheaply for screening: the tables' single-table kernels summed,
+    scaled per batch by the fusion ratio :meth:`calibrate` measures on one plan.
 
     Args:
         exact: the cost network's ``kernels_ms``.

@@ -1,15 +1,9 @@
-"""What one table costs each rank under a sharding type, and the strategy interface every
-type implements (:class:`ShardingCost`; registry: :mod:`~torchrec_dreamshard.cost.sharding_types`).
+"""What one table costs each rank under a sharding type: its terms (kernel work, shares of
+collectives, data-parallel's dense-pass bytes) and the interface every type implements.
 
-Notation: global batch ``B``, ``W`` ranks, local batch ``b = B / W``; a table of ``R``
-rows, dim ``d``, pooling factor ``p``, ``e`` bytes per weight; ``I = 8`` bytes per id,
-``N = 4`` per bag length, ``o = 4`` per output element. A sample's output width is
-``w = d`` pooled, ``w = p d`` for a sequence table.
-
-A term is kernel work (priced by ``kernel_ms``; a sequence lookup as ``B p`` bags of one
-id), a share of a collective (all-to-all flows ``F[i, j]`` or a per-rank buffer ``S``), or
-data-parallel's dense-pass bytes. Every type but data-parallel adds the input all-to-all
-``F[i, j] = b (p s_j I + N)`` (:func:`input_flows`).
+Notation: global batch ``B``, ``W`` ranks, local batch ``b = B / W``; a table of ``R`` rows,
+dim ``d``, pooling factor ``p``; ``I = 8`` bytes per id, ``N = 4`` per bag length, ``o = 4``
+per output element; a sample's output width ``w`` is ``d`` pooled, ``p d`` for a sequence.
 """
 
 from __future__ import annotations
@@ -40,15 +34,10 @@ class TableChoice:
     """A table's sharding type and ranks.
 
     Args:
-        table: the table.
         sharding_type: a registered sharding type (TorchRec's ``ShardingType`` value).
         ranks: table-wise: its rank; column-wise: one per shard; table-row-wise: its host's
             ranks; data-parallel and row-wise: ``()`` (every rank).
         pooled: ``False`` for a sequence table (``EmbeddingCollection``).
-
-    Example::
-
-        TableChoice(table, ShardingType.TABLE_WISE.value, ranks=(3,))
     """
 
     table: TableSpec
@@ -67,9 +56,6 @@ class CostContext:
     """What every term needs besides the table.
 
     Args:
-        batch_size: the global batch ``B``.
-        topology: ranks and hosts.
-        collectives: the fitted (or analytic) collective models.
         kernel_ms: ``(tables, batch) -> (fwd_ms, bwd_ms)`` of one fused kernel.
         mem_bw: bytes/ms of data-parallel's dense passes.
         input_dist: include the input all-to-all of ids.
@@ -130,10 +116,8 @@ class KernelCall:
 
 @dataclass(frozen=True, eq=False)
 class Exchange:
-    """A table's share of a collective; equal ``(tag, kind, ranks)`` run as one.
-
-    ``flows`` (``[W, W]`` bytes) for an all-to-all, else ``buffer_bytes`` per rank.
-    """
+    """A table's share of a collective (equal ``(tag, kind, ranks)`` run as one): ``flows``
+    (``[W, W]`` bytes) for an all-to-all, else ``buffer_bytes`` per rank."""
 
     tag: str
     kind: str
@@ -171,11 +155,8 @@ class OfferScope:
 
 
 class ShardingCost:
-    """One sharding type's stateless cost strategy.
-
-    It gives a table's per-rank terms (:meth:`terms`), its rank rules (:meth:`check_ranks`,
-    :meth:`option_ranks`) and how the type choice tries it (:meth:`candidate_key`,
-    :meth:`candidate_ranks`, :meth:`reserve`).
+    """One sharding type's stateless cost strategy: its terms, rank rules, and how the type
+    choice tries it.
 
     Attributes:
         name: TorchRec's ``ShardingType`` value.
@@ -207,9 +188,7 @@ class ShardingCost:
         raise NotImplementedError(f"the type choice does not offer {self.name}")
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """Whether moving ``table`` from table-wise to this type may lower the step
-        (``False`` prunes the offer).
-        """
+        """Whether moving ``table`` from table-wise to this type may lower the step."""
         return True
 
     def candidate_ranks(self, turn: int, topo: CommTopology) -> tuple[int, ...]:
@@ -217,9 +196,8 @@ class ShardingCost:
         return ()
 
     def reserve(self, shard_bytes: Sequence[float], free: np.ndarray) -> None:
-        """Take a table's shards of this type out of each rank's ``free`` bytes (shard ``k``
-        on rank ``k`` with one per rank, else spread evenly).
-        """
+        """Take a table's shards out of each rank's ``free`` bytes (shard ``k`` on rank ``k``
+        with one per rank, else spread evenly)."""
         n = len(free)
         every = len(shard_bytes) == n
         for k, nbytes in enumerate(shard_bytes):
@@ -262,21 +240,11 @@ def output_width_bytes(table: TableSpec, dim: int, pooled: bool) -> float:
     return dim * OUTPUT_BYTES * (1.0 if pooled else table.pooling_factor)
 
 
-def input_flows(ctx: CostContext, table: TableSpec, shares: dict[int, float]) -> np.ndarray:
-    """``F[i, j] = b (p s_j I + N)``: every rank's ids and lengths for rank ``j``."""
-    f = np.zeros((ctx.topology.world_size,) * 2)
-    for j, s in shares.items():
-        f[:, j] = ctx.local_batch * (table.pooling_factor * s * ID_BYTES + LENGTH_BYTES)
-    return f
-
-
 PATH_KIND = "sharding_path"  # the exchange kind of a sharding path's fixed cost
 
 
 def path_exchange(choice: TableChoice, ctx: CostContext) -> Exchange:
-    """``choice``'s share of its sharding path: the same for every table of a path, so
-    a plan pays each path once.
-    """
+    """``choice``'s share of its sharding path (the same for every table of it: paid once)."""
     module = "pooled" if choice.pooled else "sequence"
     return Exchange(f"{choice.sharding_type}/{module}/path", PATH_KIND, ctx.every_rank)
 

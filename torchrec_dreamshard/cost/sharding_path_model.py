@@ -1,10 +1,5 @@
-"""The step cost of a sharding path beyond its kernels and collectives, fitted to this
-machine's timings (:mod:`torchrec_dreamshard.measure.sharding_path`), and its cache.
-
-A typed plan pays it once per path it runs (every type but data-parallel, pooled and
-sequence apart), as a ``sharding_path`` exchange on every rank. The fit is the median
-per-round difference between one table-wise path table and none, less the three
-all-to-alls the cost model already prices (:meth:`ShardingPathModel.unmodelled_ms`).
+"""The step cost of a sharding path beyond its kernels and collectives, timed on this
+machine and cached; a typed plan pays it once per path it runs (not data-parallel).
 """
 
 from __future__ import annotations
@@ -37,12 +32,11 @@ _MEDIAN_SE = 1.2533  # the median's standard error over the mean's, for a normal
 
 @dataclass(frozen=True)
 class ShardingPathModel:
-    """What one sharding path costs a step.
+    """What one sharding path costs a step (:meth:`unmodelled_ms`).
 
     Attributes:
         timings: the measurement it was fitted to.
         device: the device type it was timed on.
-        source: where it came from, in words.
     """
 
     timings: PathTimings
@@ -130,7 +124,6 @@ def load_sharding_path_model(
 
 
 def _load_cached(file: CacheFile, device: str) -> ShardingPathModel:
-    """The model in ``file``, timed on ``device`` and saved first when missing."""
     return load_cached(
         file,
         "sharding path model file",
@@ -152,7 +145,7 @@ def group_sharding_path_file(group: JobGroup) -> CacheFile:
 
 
 def load_group_sharding_path(group: JobGroup) -> ShardingPathModel:
-    """The model timed on the driven job ``group``, timed first if not cached (rank 0 decides)."""
+    """The model timed on the driven job ``group``, timed first if not cached."""
     return _load_cached(group_sharding_path_file(group), group.device.type)
 
 

@@ -1,8 +1,5 @@
-"""``StorageCorrection``: factors a running job measured over TorchRec's storage estimate.
-
-Per table (measured over estimated bytes) and per compute kernel (the median); a plan made
-with it scales the storage checked against each device
-(``DreamShardPlanner(storage_correction=...)``). Saved as JSON (:meth:`StorageCorrection.to_dict`).
+"""``StorageCorrection``: factors a running job measured over TorchRec's storage estimate,
+per table and per compute kernel (``DreamShardPlanner(storage_correction=...)``).
 """
 
 from __future__ import annotations
@@ -18,7 +15,6 @@ FORMAT_VERSION = 1
 
 
 def _factor(what: str, value: Any) -> float:
-    """``value`` as a finite positive factor, else a ``ValueError`` naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"storage correction {what}: a number is needed, got {value!r}")
     if not math.isfinite(value) or value <= 0:
@@ -34,7 +30,7 @@ class StorageCorrection:
         tables: by table name, measured / estimated bytes of the table's shards.
         kernels: by compute kernel (``"fused"``, ``"dense"``, ...), the factor of a table
             not in ``tables`` (the median over the job's tables on that kernel).
-        source: where it was learnt (free text, shown in reports).
+        source: where it was learnt (shown in reports).
     """
 
     tables: Mapping[str, float] = field(default_factory=dict)
@@ -66,12 +62,11 @@ class StorageCorrection:
         )
 
     def fingerprint(self) -> str:
-        """A short hash of the factors (a plan's context hash includes it)."""
+        """A short hash of the factors."""
         text = json.dumps([sorted(self.tables.items()), sorted(self.kernels.items())])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON."""
         return {
             "version": FORMAT_VERSION,
             "tables": dict(self.tables),

@@ -1,9 +1,5 @@
-"""Every sharding type's cost strategy, in one registry.
-
-Each priced TorchRec sharding type is one
-:class:`~torchrec_dreamshard.cost.sharding.ShardingCost` in its own module. To price
-another type, write its strategy and add it below (or call :func:`register`).
-"""
+"""Every sharding type's cost strategy (a
+:class:`~torchrec_dreamshard.cost.sharding.ShardingCost` per module), in one registry."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from torchrec_dreamshard.cost.sharding import (
 )
 from torchrec_dreamshard.data.tables import TableSpec
 
-DENSE_UPDATE_PASSES = 4.0  # passes over a DP table's bytes per step (see the docstring)
+DENSE_UPDATE_PASSES = 4.0  # passes over a DP table's bytes per step, unfitted
 
 
 class DataParallel(SpansEveryRank):
@@ -47,10 +47,8 @@ class DataParallel(SpansEveryRank):
         return (table.size_bytes,)
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """A pruning rule (``scope.prune``), not a bound: offered only where the gradient
-        all-reduce moves no more than the table-wise outputs it saves a receiving rank,
-        ``4 (W-1)/W S <= 2 b w o (W-1)/W`` on the wire, or across ``H`` hosts of ``L``
-        ``2 (H-1)/H S / L <= 2 b w o (W-L)/W``.
+        """A pruning rule, not a bound: offered only where the gradient all-reduce moves no
+        more than the table-wise outputs it saves a receiving rank (within or across hosts).
         """
         if not scope.prune:
             return True

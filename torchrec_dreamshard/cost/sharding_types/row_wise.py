@@ -59,9 +59,8 @@ class RowWise(SpansEveryRank):
         return (-single_ms,)
 
     def may_gain(self, table: TableSpec, pooled: bool, scope: OfferScope) -> bool:
-        """A pruning rule (``scope.prune``), not a bound: offered only to a table whose
-        ``p d`` is at least :data:`ROW_SPLIT_SHARE` of the mean device's lookups.
-        """
+        """A pruning rule, not a bound: offered only to a table whose ``p d`` is at least
+        :data:`ROW_SPLIT_SHARE` of the mean device's lookups."""
         if not scope.prune:
             return True
         return table.pooling_factor * table.dim >= ROW_SPLIT_SHARE * scope.mean_lookups
