@@ -1,7 +1,5 @@
-"""The policy side of DreamShard: the policy network, the estimated MDP, the safety net,
-the agent's interface, the agent, the classic heuristics, the split search and
-checkpoints. Nothing here imports TorchRec's planner.
-"""
+"""The policy side of DreamShard: the agent, its networks, MDP, safety net, heuristics,
+split search and checkpoints (no TorchRec planner imports)."""
 
 from torchrec_dreamshard.policy.agent import (
     PLACEMENT_MODES,

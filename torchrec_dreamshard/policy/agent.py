@@ -1,13 +1,5 @@
 """The trained agent, :class:`DreamShard`: cost network, policy and metadata behind
-``place``, ``predict`` and ``table_costs``.
-
-Placement modes:
-
-* ``"safe"`` (default): the safety net (:mod:`torchrec_dreamshard.policy.safety_net`); on
-  large tasks (:func:`is_large`) no sampled roll-outs and one refined candidate;
-* ``"greedy"``: the policy's greedy roll-out alone;
-* ``"search"``: the policy's roll-outs alone, scored and refined.
-"""
+``place``, ``predict`` and ``table_costs``."""
 
 from __future__ import annotations
 
@@ -59,11 +51,7 @@ def is_large(task: Task) -> bool:
 
 
 def check_sources(sources: Sequence[CandidateSource]) -> tuple[CandidateSource, ...]:
-    """``sources`` as a tuple of checked candidate sources.
-
-    Raises:
-        TypeError: an element has no ``name`` or no ``propose`` (named by position).
-    """
+    """``sources`` as a tuple, each checked to be a candidate source (else a ``TypeError``)."""
     out = tuple(sources)
     for k, source in enumerate(out):
         if not isinstance(source, CandidateSource):
@@ -77,8 +65,7 @@ def check_sources(sources: Sequence[CandidateSource]) -> tuple[CandidateSource, 
 def source_candidates(
     task: Task, sources: Sequence[CandidateSource], taken: Sequence[str] = ()
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The plans of ``sources`` by name (silent sources left out) and the messages of
-    those that found none.
+    """The plans of ``sources`` by name, and the messages of those that found none.
 
     Raises:
         ValueError: a name is shared, or a source's plan does not fit ``task`` (named).
@@ -105,17 +92,10 @@ class DreamShard:
     """The trained agent (a :class:`~torchrec_dreamshard.policy.protocol.PlacementAgent`).
 
     Args:
-        cost_net: the cost network.
         policy: the policy network (input width: the cost network's ``enc_dim``).
         meta: metadata (hardware fingerprint, workload, version, ...).
         penalty: ensemble standard deviations of log cost the safety net adds.
         sources: candidate sources the safe mode weighs, unless ``place`` is given others.
-
-    Example::
-
-        agent = load_checkpoint()
-        placement = agent.place(task)            # a device per table
-        agent.predict(task, placement).step_ms
     """
 
     calibration_enabled: bool = False  # place never measures
@@ -160,14 +140,13 @@ class DreamShard:
 
     @property
     def without_measuring(self) -> DreamShard:
-        """The agent that places without measuring: this one."""
         return self
 
     def prepare(self, task: Task, sources: Sequence[CandidateSource] | None = None) -> None:
         """Nothing to do: this agent prices every task as it is."""
 
     def fingerprint(self) -> str:
-        """A digest of the weights and metadata: equal fingerprints place every task the same."""
+        """A digest of the weights and metadata (equal ones place every task the same)."""
         digest = hashlib.sha256(json.dumps(self.meta, sort_keys=True, default=str).encode())
         digest.update(repr(self.penalty).encode())
         for net in (self.cost_net, self.policy):
@@ -179,15 +158,12 @@ class DreamShard:
     # -- helpers --------------------------------------------------------------------------
 
     def inputs(self, task: Task) -> np.ndarray:
-        """The tables' network inputs at the task's batch size."""
         return cost_inputs(task.tables, task.batch_size)
 
     def mdp(self, task: Task) -> EstimatedMDP:
-        """The task's estimated MDP."""
         return EstimatedMDP(self.cost_net, task, self.inputs(task))
 
     def scorer(self, task: Task, enc: torch.Tensor | None = None) -> Scorer:
-        """The safety net's scorer of ``task``'s placements."""
         if enc is None:
             enc = self.cost_net.encode(torch.from_numpy(self.inputs(task)))
         ctx = device_context(task.num_devices, sum(t.dim for t in task.tables))
@@ -203,17 +179,14 @@ class DreamShard:
         seed: int = 0,
         sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
-        """A device per table, respecting every device's memory.
+        """A device per table, in ``task.tables`` order, within every device's memory.
 
         Args:
-            task: the task.
-            mode: one of :data:`PLACEMENT_MODES`.
+            mode: ``"safe"``: the safety net (on :func:`is_large` tasks no sampled roll-outs
+                and one refined candidate); ``"greedy"``: the policy's greedy roll-out;
+                ``"search"``: the policy's roll-outs alone, scored and refined.
             num_samples: sampled roll-outs (search and safe modes).
-            seed: sampling seed.
             sources: this call's candidate sources (``None``: the agent's own).
-
-        Returns:
-            A device index per table, in ``task.tables`` order.
 
         Raises:
             PlacementError: a table fits on no device (named).
@@ -235,9 +208,8 @@ class DreamShard:
         sources: Sequence[CandidateSource] | None = None,
         mdp: EstimatedMDP | None = None,
     ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """The unrefined candidate plans of ``mode`` by name, and the messages of sources that
-        found none.
-        """
+        """The unrefined candidate plans of ``mode`` by name, and the messages of sources
+        that found none."""
         if mode not in ("safe", "search"):
             raise ValueError(f"candidates are those of the safe or search mode, got {mode!r}")
         mdp = mdp or self.mdp(task)

@@ -1,19 +1,6 @@
-"""Saving and loading a :class:`~torchrec_dreamshard.policy.DreamShard` agent.
-
-A checkpoint is a ``torch.save`` file of tensors and plain values:
-
-    {"format": "torchrec-dreamshard", "format_version": 1,
-     "cost_net": state_dict, "policy": state_dict,
-     "meta": {...}, "extra": {...}}
-
-``meta`` holds the feature normalisation, hardware fingerprint, workload, batch size, the
-networks' config and the package version. It loads with ``weights_only=True``; every
-problem is a ``ValueError`` naming the file.
-
-Example::
-
-    save_checkpoint(agent, "agent.pt")
-    agent = load_checkpoint("agent.pt")
+"""Saving and loading a :class:`~torchrec_dreamshard.policy.DreamShard` agent: a
+``torch.save`` file of the two state dicts, plain ``meta`` and ``extra``, loaded with
+``weights_only=True`` (every problem a ``ValueError`` naming the file).
 """
 
 from __future__ import annotations
@@ -56,11 +43,9 @@ def plain(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_checkpoint(agent: DreamShard, path: str | Path, extra: dict | None = None) -> None:
-    """Write ``agent`` to ``path`` atomically (temporary file, then rename).
+    """Write ``agent`` to ``path`` atomically.
 
     Args:
-        agent: the agent.
-        path: destination file.
         extra: plain values to keep alongside (e.g. the training state to resume).
     """
     meta = dict(agent.meta)
@@ -137,12 +122,8 @@ _META_TYPES: dict[str, type | tuple[type, ...]] = {
 
 
 def check_meta(meta: dict[str, Any], where: str) -> None:
-    """Validate the metadata the networks are built from, before building them.
-
-    Raises:
-        ValueError: naming the file and the field (an unregistered policy network, an integer
-            entry outside 1..its ``CONFIG_LIMITS``, a field of the wrong type).
-    """
+    """Validate the metadata the networks are built from (a ``ValueError`` naming the file
+    and the field)."""
     from torchrec_dreamshard.data.tasks import MAX_BATCH_SIZE
 
     for key, kind in _META_TYPES.items():
@@ -167,11 +148,7 @@ def check_meta(meta: dict[str, Any], where: str) -> None:
 
 
 def check_shapes(state: dict[str, Any], network: torch.nn.Module, where: str) -> None:
-    """Compare a state dict's tensors with ``network``'s (built on the meta device).
-
-    Raises:
-        ValueError: a missing or unexpected key, a non-floating value, or a shape mismatch.
-    """
+    """Check a state dict's keys, dtypes and shapes against ``network``'s (a ``ValueError``)."""
     expected = {k: tuple(v.shape) for k, v in network.state_dict().items()}
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
@@ -194,14 +171,10 @@ def check_shapes(state: dict[str, Any], network: torch.nn.Module, where: str) ->
 def load_checkpoint(
     path: str | Path | None = None, sources: Sequence[CandidateSource] = ()
 ) -> DreamShard:
-    """Load an agent (``None``: the checkpoint bundled with the package).
+    """Load an agent (``path`` ``None``: the checkpoint bundled with the package).
 
     Args:
-        path: the checkpoint file.
         sources: the agent's candidate sources (a checkpoint holds none).
-
-    Returns:
-        The :class:`~torchrec_dreamshard.policy.DreamShard` agent.
 
     Raises:
         ValueError: the file is missing, corrupt, of another format or feature

@@ -1,9 +1,5 @@
-"""The classic placement heuristics, pure functions of a task: no cost model, no TorchRec.
-
-:func:`proxy_greedy` balances one of :data:`PROXIES` (bytes; dim; dim x pooling; dim x
-pooling x log10(rows)) greedily (:func:`greedy_by_costs`). They raise
-:class:`InsufficientMemoryError` when a table finds no device with room.
-"""
+"""The classic placement heuristics: the greedy balancing of a cost proxy, with no cost
+model and no TorchRec."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The estimated MDP: a task seen through the cost network, and policy roll-outs on it.
-
-Tables are placed one at a time by predicted single-table cost, descending. The state
-per device is the sum ``h_d`` of its tables' encodings, its predicted log fwd/bwd/comm and
-its free memory; an action is a device with room (and, when memory is tight, from which
-the rest can still be packed). The only reward is ``-log step_hat`` at the end.
-"""
+"""The estimated MDP: a task seen through the cost network (tables placed by predicted
+single-table cost, descending; the only reward ``-log step_hat`` at the end), and policy
+roll-outs on it."""
 
 from __future__ import annotations
 
@@ -30,11 +26,10 @@ class PlacementError(InsufficientMemoryError):
 
 @dataclass
 class Rollout:
-    """Result of rolling out the policy on a task's estimated MDP.
+    """``K`` roll-outs of the policy on a task's estimated MDP.
 
     Attributes:
         placements: ``[K, T]`` device per table, in the task's table order.
-        log_step: ``[K]`` predicted log step cost of each roll-out.
         inputs: ``[T, K, D, enc_dim + NUM_SCALARS]`` policy inputs per step (if recorded).
         legal: ``[T, K, D]`` legal-action masks (if recorded).
         actions: ``[T, K]`` chosen devices in placement order (if recorded).
@@ -107,8 +102,6 @@ class EstimatedMDP:
     """One task seen through the cost network, ready for roll-outs.
 
     Args:
-        cost_net: the cost network.
-        task: the task.
         inputs: its tables' network inputs (``cost_inputs(task.tables, task.batch_size)``).
     """
 
@@ -140,11 +133,8 @@ class EstimatedMDP:
     # -- legality -------------------------------------------------------------------------
 
     def room(self, i: int, free: np.ndarray) -> np.ndarray:
-        """``[K, D]`` devices with room for table ``i``.
-
-        Raises:
-            PlacementError: some roll-out has no device with room (names the table).
-        """
+        """``[K, D]`` devices with room for table ``i`` (a ``PlacementError`` naming it where
+        some roll-out has none)."""
         room = free >= self.sizes[i]
         if not room.any(axis=1).all():
             k = int(np.flatnonzero(~room.any(axis=1))[0])
@@ -187,14 +177,8 @@ class EstimatedMDP:
         """Place every table, ``num`` roll-outs side by side.
 
         Args:
-            policy: the policy network.
-            num: roll-outs K.
             greedy: argmax actions (else sampled from the softmax over legal devices).
-            generator: torch RNG for sampling.
             record: keep the policy inputs, legal masks and actions for REINFORCE.
-
-        Returns:
-            The :class:`Rollout`.
         """
         K, T = num, len(self.order)
         heads, logits_of = self.heads, FrozenPolicy.of(policy)
@@ -302,10 +286,9 @@ class EstimatedMDP:
         return torch.cat([torch.log1p(cand_S), scalars], dim=-1), cand
 
     def _scalars(self, i: int, dev: _Devices, cand: _Candidates, out: np.ndarray) -> np.ndarray:
-        """``out [K, D, NUM_SCALARS]``: each device's predicted step, totals and costs if table
-        ``i`` went there, as log-ratios to the current step; occupancy; memory before and after;
-        fraction placed; ``log2(D) / 6`` (float32, as torch computes it).
-        """
+        """``out [K, D, NUM_SCALARS]``: each device's predicted step, totals and costs were
+        table ``i`` put there, as log-ratios to the current step; occupancy; memory before and
+        after; fraction placed; ``log2(D) / 6`` (float32, as torch computes it)."""
         occupied = dev.occupied
         ref = self._now_step(dev)[:, None]
         np.subtract(self._cand_step(dev, cand.tot), ref, out=out[..., 0])

@@ -1,6 +1,5 @@
-"""The refinement's neighbourhood: moves and swaps off the bottleneck device within memory
-(:func:`moves`), and their device states as one batch (:class:`Changes`).
-"""
+"""The refinement's neighbourhood: moves and swaps off the bottleneck device within memory,
+and their device states as one batch."""
 
 from __future__ import annotations
 
@@ -16,9 +15,8 @@ PAIR_SWAPS = 64  # random one-for-two swaps offered per refinement step
 
 @dataclass
 class Changes:
-    """C placements one move or swap away: the two changed devices ``[C, 2]``, their states
-    ``[C, 2, enc]`` and occupancy ``[C, 2]``.
-    """
+    """C placements one move or swap away: the two changed devices, their states and
+    occupancy."""
 
     devices: torch.Tensor
     states: torch.Tensor
@@ -32,9 +30,7 @@ class Changes:
         enc: torch.Tensor,
         alone: bool,
     ) -> Changes:
-        """The changes of ``moves`` off device ``b`` of states ``S``: ``S_b + (e_j - e_i)`` and
-        ``S_d + (e_i - e_j)``.
-        """
+        """The changes of ``moves`` off device ``b`` of states ``S``."""
         m = torch.tensor(moves, dtype=torch.int64)
         ei = enc[m[:, 0]]
         ej = torch.where((m[:, 1] >= 0).unsqueeze(-1), enc[m[:, 1].clamp(min=0)], 0.0)
@@ -54,10 +50,9 @@ def moves(
     pair_swaps: int = PAIR_SWAPS,
     limit: int = REFINE_CANDIDATES,
 ) -> list[tuple[int, int, int, int]]:
-    """Legal changes ``(i, j, k, d)`` for the tables ``i`` on device ``b``.
-
-    A move to ``d`` (``j = k = -1``), a swap with ``j`` on ``d`` (``k = -1``), and up to
-    ``pair_swaps`` swaps with two tables ``j, k`` of ``d``; at most ``limit`` moves and swaps.
+    """Legal changes ``(i, j, k, d)`` of the tables ``i`` on device ``b``: a move to ``d``
+    (``j = k = -1``), a swap with ``j`` on ``d`` (``k = -1``), and up to ``pair_swaps`` swaps
+    with two tables ``j, k`` of ``d``; at most ``limit`` moves and swaps.
     """
     used = np.bincount(placement, weights=sizes, minlength=len(capacity))
     free = capacity - used

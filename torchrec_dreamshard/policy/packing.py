@@ -1,6 +1,5 @@
-"""Whether tables can still be packed into the devices' memory: first-fit decreasing
-(:func:`ffd_fits`), the look-ahead every placement step applies (:func:`can_pack`), and
-the same decided for every device at once (:class:`PackingCheck`)."""
+"""Whether tables can still be packed into the devices' memory: the look-ahead every
+placement step applies."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ def ffd_fits(sizes: np.ndarray, free: np.ndarray) -> bool:
 
 
 def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
-    """Whether the tables ``rest`` (sizes descending) still pack after ``size`` goes to ``d``:
-    an any-fit bound, else first-fit decreasing.
-    """
+    """Whether the tables ``rest`` (sizes descending) still pack after ``size`` goes to ``d``
+    (an any-fit bound, else first-fit decreasing)."""
     if rest.size == 0:
         return True
     trial = free.astype(np.float64)  # a copy
@@ -36,14 +34,8 @@ def can_pack(rest: np.ndarray, free: np.ndarray, d: int, size: float) -> bool:
 
 
 class PackingCheck:
-    """:func:`can_pack` along one placement order, decided for every device at once.
-
-    Exact below 2^53 bytes (beyond, every check is :func:`can_pack`'s own).
-
-    Args:
-        sizes: table sizes in placement order.
-        capacity: every device's memory (bytes).
-    """
+    """:func:`can_pack` along one placement order (``sizes``), decided for every device at
+    once; exact below 2^53 bytes (beyond, every check is :func:`can_pack`'s own)."""
 
     def __init__(self, sizes: np.ndarray, capacity: np.ndarray):
         self.sizes = np.asarray(sizes, dtype=np.float64)
@@ -61,9 +53,8 @@ class PackingCheck:
         return self.exact and left > self.rest_sum[n]
 
     def first_packable(self, n: int, free: np.ndarray, devices: np.ndarray) -> int:
-        """The first of ``devices`` from which the tables after step ``n`` still pack (else the
-        first device).
-        """
+        """The first of ``devices`` from which the tables after step ``n`` still pack (else
+        the first device)."""
         if n + 1 >= len(self.sizes):
             return int(devices[0])
         size = self.sizes[n]

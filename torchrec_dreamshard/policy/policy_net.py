@@ -1,18 +1,5 @@
-"""The policy network.
-
-For each device ``d`` the policy sees the state as if table ``i`` were added there,
-``h'_d = h_d + e_i``, with the predicted device cost ``t'_d`` and step ``s'_d``, as
-log-ratios to the current step ``s``:
-
-    l_d = pi(u_d) - a (log s'_d - log s) - b (log t'_d - log s)
-
-``u_d = [log(1 + h'_d), scalars]``, ``pi`` an MLP, ``a, b > 0`` learned. The prior terms
-make the untrained policy cost-greedy; REINFORCE learns ``pi``.
-
-A new policy network is one ``@register_policy("name")`` ``nn.Module`` with ``forward``
-(``[..., in_dim + NUM_SCALARS]`` -> ``[...]``), ``in_dim``, ``CONFIG_LIMITS``,
-``from_config(config, in_dim)`` and ``config()``.
-"""
+"""The policy network, and the registry of policy networks a checkpoint may name
+(:func:`register_policy`)."""
 
 from __future__ import annotations
 
@@ -36,10 +23,9 @@ _Net = TypeVar("_Net", bound=type[nn.Module])
 
 
 def register_policy(name: str) -> Callable[[_Net], _Net]:
-    """Class decorator: register a policy network class under ``name``.
-
-    Raises:
-        ValueError: ``name`` already names a policy network.
+    """Class decorator: register a policy network class under ``name``: an ``nn.Module``
+    with ``forward`` (``[..., in_dim + NUM_SCALARS]`` -> ``[...]``), ``in_dim``,
+    ``CONFIG_LIMITS``, ``from_config(config, in_dim)`` and ``config()``.
     """
 
     def register(cls: _Net) -> _Net:
@@ -53,11 +39,8 @@ def register_policy(name: str) -> Callable[[_Net], _Net]:
 
 
 def policy_class(config: Mapping[str, Any]) -> type[nn.Module]:
-    """The policy network class ``config`` names (:data:`DEFAULT_POLICY` when it names none).
-
-    Raises:
-        ValueError: it names no registered policy network (the known ones are listed).
-    """
+    """The policy network class ``config`` names (:data:`DEFAULT_POLICY` when it names none;
+    a ``ValueError`` listing the known ones when it names another)."""
     name = config.get(POLICY_KEY, DEFAULT_POLICY)
     if not isinstance(name, str) or name not in POLICY_NETWORKS:
         raise ValueError(
@@ -68,8 +51,7 @@ def policy_class(config: Mapping[str, Any]) -> type[nn.Module]:
 
 
 def build_networks(config: Mapping[str, Any]) -> tuple[CostNet, nn.Module]:
-    """The cost and policy networks ``config`` describes, freshly initialised (on the meta
-    device they hold no memory).
+    """The cost and policy networks ``config`` describes, freshly initialised.
 
     Raises:
         ValueError: the config names no registered policy network.
@@ -82,7 +64,9 @@ def build_networks(config: Mapping[str, Any]) -> tuple[CostNet, nn.Module]:
 
 @register_policy(DEFAULT_POLICY)
 class PolicyNet(nn.Module):
-    """Per-device logit ``l_d`` (module docstring).
+    """Per-device logits ``l_d = pi(u_d) - a (log s'_d - log s) - b (log t'_d - log s)``:
+    ``s'_d`` and ``t'_d`` the predicted step and device cost were the table put on ``d``,
+    ``s`` the current step, ``u_d = [log(1 + h'_d), scalars]``, ``pi`` an MLP, ``a, b > 0``.
 
     Args:
         in_dim: width of the cost network's device states (its ``enc_dim``).

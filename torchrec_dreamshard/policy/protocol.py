@@ -1,10 +1,5 @@
 """The agent's interface (:class:`PlacementAgent`) and how plans from outside the policy
-reach its safety net (:class:`CandidateSource`).
-
-Sources are given when the agent is built (``DreamShard(..., sources=...)``) or for one
-call (``agent.place(task, sources=...)``); a source that found no plan raises
-:class:`NoPlanError`.
-"""
+reach its safety net (:class:`CandidateSource`)."""
 
 from __future__ import annotations
 
@@ -26,9 +21,7 @@ class CostPrediction:
     """The cost network's view of a placement (ms, at the task's batch size).
 
     Attributes:
-        fwd_ms: per device, forward (0 for an empty device).
-        bwd_ms: per device, backward.
-        comm_ms: per device, communication.
+        fwd_ms: per device, forward (0 for an empty device); ``bwd_ms`` and ``comm_ms`` alike.
         step_ms: the step cost (the slowest device's total).
         step_log_std: the members' spread of log step cost (0.1: about 10%).
     """
@@ -50,17 +43,12 @@ __all__ = ["CandidateSource", "FixedPlan", "NoPlanError", "PlaceSettings", "Plac
 
 @dataclass(frozen=True)
 class PlaceSettings:
-    """How to call :meth:`PlacementAgent.place`, as one value.
+    """How to call :meth:`PlacementAgent.place`, as one value (``None``: the agent's default).
 
     Attributes:
-        mode: ``"safe"``, ``"greedy"`` or ``"search"`` (``None``: the agent's default).
-        num_samples: sampled policy roll-outs (``None``: the agent's default).
-        seed: sampling seed.
-        sources: candidate sources for the call (``None``: the agent's own).
-
-    Example::
-
-        placement = PlaceSettings(mode="greedy", seed=1).place(agent, task)
+        mode: ``"safe"``, ``"greedy"`` or ``"search"``.
+        num_samples: sampled policy roll-outs.
+        sources: candidate sources for the call.
     """
 
     mode: str | None = None
@@ -92,13 +80,12 @@ class PlaceSettings:
 
 @runtime_checkable
 class CandidateSource(Protocol):
-    """A source of candidate plans for the safety net (safe mode).
+    """A source of candidate plans for the safety net (safe mode), given to the agent or to
+    one ``place`` call. One with ``baseline = True`` is the user's plan without DreamShard,
+    which the verification always measures and never keeps a slower plan than.
 
     Attributes:
         name: the candidates' name in the safety net's report (unique).
-
-    A source with ``baseline = True`` is the user's plan without DreamShard, which the
-    verification always measures and never keeps a slower plan than.
     """
 
     name: str
@@ -114,12 +101,7 @@ class CandidateSource(Protocol):
 
 @dataclass(frozen=True)
 class FixedPlan:
-    """A candidate source that offers one given placement (a user's plan, say).
-
-    Attributes:
-        name: the candidate's name.
-        placement: a device per table of the tasks it is offered for.
-    """
+    """A candidate source that offers one given placement (a user's plan, say)."""
 
     name: str
     placement: tuple[int, ...]
@@ -131,10 +113,8 @@ class FixedPlan:
 
 @runtime_checkable
 class PlacementAgent(Protocol):
-    """Every member of an agent that code outside the agent touches.
-
-    Implemented by :class:`~torchrec_dreamshard.policy.DreamShard` and
-    :class:`~torchrec_dreamshard.calibration.CalibratingAgent`.
+    """Every member of an agent that code outside the agent touches (``DreamShard``,
+    ``CalibratingAgent``).
 
     Attributes:
         last_report: the safety net's report of the last safe or search placement (``None``

@@ -1,15 +1,6 @@
-"""The safety net: several candidate plans, each refined, the winner chosen by the cost
-model penalised by its own uncertainty.
-
-Candidates: the policy's greedy and sampled roll-outs; :func:`memory_aware_greedy` on each
-heuristic proxy and on the predicted single-table costs (``memory_aware_<proxy>``,
-``memory_aware_predicted``); and the callers' candidate sources. Each is scored
-
-    score = log step + penalty * std_k log step_k
-
-over the ensemble members ``k``; the best few are refined (:func:`refine`) and the lowest
-score wins (:class:`SafetyReport`).
-"""
+"""The safety net: candidate plans (policy roll-outs, memory-aware heuristics, callers'
+sources) scored ``log step + penalty * std_k log step_k`` over the ensemble members, the
+best few refined, the lowest score the winner."""
 
 from __future__ import annotations
 
@@ -35,8 +26,7 @@ REFINE_STEPS = 48  # improving moves/swaps per refined candidate, at most
 
 def memory_aware_greedy(task: Task, costs: Sequence[float]) -> list[int] | None:
     """Tables by ``costs`` descending, each to the least-loaded device with room from which
-    the rest can still be packed; ``None`` if none fits.
-    """
+    the rest can still be packed (``None`` if none fits)."""
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     order = sorted(range(len(sizes)), key=lambda i: (-costs[i], i))
     free = np.asarray(task.memory, dtype=np.float64).copy()
@@ -66,9 +56,7 @@ class Candidate:
 
     Attributes:
         name: its source (``policy_greedy``, ``memory_aware_size``, a source's name, ...).
-        placement: device per table.
         score: ``log_step + penalty * log_std``.
-        log_step: the ensemble's log step cost.
         log_std: the members' standard deviation of their own log step cost.
         refined: whether :func:`refine` changed the source's plan.
     """
@@ -86,7 +74,6 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``name``, with ``+refined`` when refinement changed it."""
         return f"{self.name}+refined" if self.refined else self.name
 
 
@@ -109,7 +96,6 @@ class SafetyReport:
         return float("nan")
 
     def to_dict(self) -> dict:
-        """The report as plain JSON."""
         w = self.winner
         return {
             "winner": w.label,
@@ -183,10 +169,8 @@ class Scorer:
     def score_changes(
         self, S: torch.Tensor, occ: torch.Tensor, changes: Changes
     ) -> tuple[torch.Tensor, ...]:
-        """:meth:`score_states` of C placements that each differ from ``S`` on two devices.
-
-        Only the changed devices' kernels are evaluated; the all-to-all is evaluated everywhere.
-        """
+        """:meth:`score_states` of C placements that each differ from ``S`` on two devices
+        (only their kernels evaluated; the all-to-all everywhere)."""
         C, rows = len(changes.devices), torch.arange(len(changes.devices)).unsqueeze(-1)
         width = S[..., -1].expand(C, -1).clone()
         width[rows, changes.devices] = changes.states[..., -1]
@@ -247,12 +231,9 @@ def _step_stats(
 
 @torch.no_grad()
 def refine(scorer: Scorer, cand: Candidate, max_steps: int, seed: int = 0) -> Candidate:
-    """Hill-climb ``cand`` on the penalised score.
-
-    Each step rates, in one batch, moves of a bottleneck table to a device with room and swaps
-    with one or two tables elsewhere (at most ``REFINE_CANDIDATES``), and applies the best
-    that lowers the score; it stops at a local optimum or after ``max_steps``.
-    """
+    """Hill-climb ``cand`` on the penalised score: each step rates the bottleneck device's
+    moves and swaps in one batch and applies the best that lowers the score, until none does
+    or ``max_steps``."""
     task, enc = scorer.task, scorer.enc
     sizes = np.array([t.size_bytes for t in task.tables], dtype=np.float64)
     capacity = np.asarray(task.memory, dtype=np.float64)
@@ -289,8 +270,7 @@ def heuristic_candidates(
     task: Task, single_costs: np.ndarray
 ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """:func:`memory_aware_greedy` plans on each proxy and on predicted costs, and the
-    names of those that found none.
-    """
+    names of those that found none."""
     plans, failed = {}, {}
     costs = {f"memory_aware_{n}": [fn(t) for t in task.tables] for n, fn in PROXIES.items()}
     costs["memory_aware_predicted"] = list(single_costs)

@@ -1,15 +1,5 @@
 """The split search: placing a task while cutting tables column-wise where that fits or
-pays (:func:`plan_with_splits`; the shards are :mod:`torchrec_dreamshard.data.splits`).
-
-1. A table bigger than every device is split into the fewest shards that fit one.
-2. While the policy finds no placement, the table with the largest shards is split further.
-3. For :data:`SEARCH_ROUNDS` rounds, the costliest tables on the bottleneck devices are
-   tried in twice as many shards; a split is kept when the predicted step (or, at no higher
-   step, the slowest compute) falls by :data:`MIN_GAIN`. The policy then re-places the
-   shards and the better prediction is kept.
-
-The search starts from the whole-table plan, so it never predicts worse than table-wise.
-"""
+pays (:func:`plan_with_splits`)."""
 
 from __future__ import annotations
 
@@ -67,32 +57,27 @@ def plan_with_splits(
 ) -> SplitPlan:
     """Place ``task``, splitting tables column-wise where that fits or pays.
 
+    Oversized tables are cut into the fewest shards that fit; while no placement is found
+    the largest shards are split further; then for :data:`SEARCH_ROUNDS` rounds the
+    costliest bottleneck tables are tried in twice as many shards, kept when the predicted
+    step (or, at no higher step, the slowest compute) falls by :data:`MIN_GAIN`.
+
     Args:
-        agent: the agent.
-        task: the task; may hold tables bigger than every device (``allow_oversized``).
+        task: may hold tables bigger than every device (``allow_oversized``).
         how: how to call ``agent.place`` (``None``: the agent's defaults, seed 0).
         splittable: tables that may be split, each with its minimum shard width (``None``:
             every table, minimum :data:`SHARD_COLUMN_MULTIPLE`).
         max_shards: shards of one table at most (capped at the number of devices).
 
-    Returns:
-        The :class:`SplitPlan`.
-
     Raises:
         InsufficientMemoryError: an oversized table that cannot be split small enough, or no
             placement even after splitting.
         ValueError: ``splittable`` names a table the task lacks.
-
-    Example::
-
-        plan = plan_with_splits(agent, task)
-        plan.sharded.shards, plan.placement, plan.predicted_ms
     """
     limit = max(1, min(max_shards, task.num_devices))
     allowed = _splittable(task, splittable)
 
     def next_count(name: str, at_least: int) -> int | None:
-        """The smallest allowed shard count of table ``name`` that is ``>= at_least``."""
         if name not in allowed:
             return None
         counts = [n for n in split_counts(specs[name], limit, allowed[name]) if n >= at_least]
@@ -126,11 +111,8 @@ def plan_with_splits(
 
 
 def fitting_task(task: Task, max_shards: int = MAX_SHARDS) -> Task:
-    """``task`` with every oversized table cut into the fewest shards that fit a device.
-
-    Raises:
-        InsufficientMemoryError: a table that cannot be split small enough.
-    """
+    """``task`` with every oversized table cut into the fewest shards that fit a device
+    (an ``InsufficientMemoryError`` for one that cannot be)."""
     limit = max(1, min(max_shards, task.num_devices))
     counts = _forced_counts(task, _splittable(task, None), limit)
     return shard_task(task, counts).shards if counts else task
@@ -204,9 +186,8 @@ def _improve(agent: PlacementAgent, best: SplitPlan, next_count, replace=None) -
 
 
 def _split_once(agent: PlacementAgent, best: SplitPlan, next_count, replace) -> SplitPlan | None:
-    """The first split rated better than ``best`` (``None`` if none), from the step's then
-    the compute's bottleneck device (:func:`_candidates`).
-    """
+    """The first split rated better than ``best``, from the step's then the compute's
+    bottleneck device."""
     task, shards = best.sharded.task, best.sharded.shards
     pred = agent.predict(shards, best.placement)
     load = np.asarray(pred.total_ms, dtype=np.float64)
@@ -235,9 +216,8 @@ def _split_once(agent: PlacementAgent, best: SplitPlan, next_count, replace) -> 
 
 
 def _candidates(best, table, n, load, compute, costs, replace):
-    """Placements of ``best`` with ``table`` in ``n`` shards: new shards on the lightest
-    devices by total, then by compute, then the policy's re-placement (given ``replace``).
-    """
+    """Placements of ``best`` with ``table`` in ``n`` shards: on the lightest devices by
+    total, then by compute, then the policy's re-placement."""
     for by in (load, compute):
         candidate = _resplit(best, table, n, by, costs)
         if candidate is not None:
@@ -261,14 +241,12 @@ def _shards_apart(sharded: ShardTask, placement: Sequence[int]) -> bool:
 
 
 def _compute(pred: CostPrediction) -> np.ndarray:
-    """Per-device predicted forward + backward (ms)."""
     return np.asarray(pred.fwd_ms, dtype=np.float64) + np.asarray(pred.bwd_ms, dtype=np.float64)
 
 
 def _better(new: CostPrediction, old: CostPrediction) -> bool:
-    """Whether ``new`` beats ``old`` by :data:`MIN_GAIN`: a lower step, or at no higher step a
-    lower slowest-device compute.
-    """
+    """Whether ``new`` beats ``old`` by :data:`MIN_GAIN` in step, or in slowest compute at no
+    higher step."""
     if new.step_ms < old.step_ms * (1 - MIN_GAIN):
         return True
     return new.step_ms <= old.step_ms and float(np.max(_compute(new))) < float(
@@ -280,8 +258,7 @@ def _resplit(
     best: SplitPlan, table: int, n: int, load: np.ndarray, costs: np.ndarray
 ) -> tuple[ShardTask, list[int]] | None:
     """``table`` cut into ``n`` shards, each on the least loaded device with room that holds
-    none of them yet (``None``: they do not fit).
-    """
+    none of them yet (``None``: they do not fit)."""
     old = best.sharded
     task = old.task
     name = task.tables[table].name
