@@ -1,6 +1,4 @@
-"""The plan's time budget (:class:`Budget`): TorchRec's ``timeout_seconds`` bounds the whole
-``plan()``, each measuring step taking its share of what is left.
-"""
+"""The plan's time budget: TorchRec's ``timeout_seconds`` bounds the whole ``plan()``."""
 
 from __future__ import annotations
 
@@ -19,12 +17,6 @@ class Budget:
     Args:
         seconds: the whole budget (``None``: unbounded).
         clock: the clock, in seconds (default :data:`CLOCK`, read when the budget is made).
-
-    Example::
-
-        budget = Budget(25.0)
-        if not budget.exhausted(2.0):
-            timeout_s = budget.share(0.5, cap=10.0)  # half of what is left, at most 10 s
     """
 
     seconds: float | None

@@ -1,7 +1,5 @@
-"""Measuring a machine profile within a budget: the reference kernel, the verification's
-share kept back (:data:`VERIFY_RESERVE`), calibration, then the type choice's timings.
-A part that fails is left out, warned and kept in ``failures``; the plan goes on.
-"""
+"""Measuring a machine profile within a budget: the reference kernel, calibration, then the
+type choice's timings (a part that fails is left out and kept in ``failures``)."""
 
 from __future__ import annotations
 
@@ -45,18 +43,15 @@ class ProfileRequest:
     """What a profile is measured for.
 
     Attributes:
-        stamp: the machine and topology it is for.
         reference: measures (or loads) the reference kernel's ``(fwd, bwd)`` ms.
-        collectives: measures (or loads) the collective models (``None``: not needed).
-        collectives_source: where ``collectives`` takes them from, in words.
-        dense_kernel: measures (or loads) the dense kernel's model (``None``: not needed).
+        collectives: measures (or loads) the collective models (``None``: not needed; the
+            dense kernel's model alike).
         sharding_path: ``sharding_path(may_measure)``: loaded where cached, else measured
             where ``may_measure`` (``None``: not needed).
         calibration: calibration settings (``None``: never calibrate).
         auto: calibrate only where the reference kernel is mispriced (or a running job's
             kernels of these tables are stored).
         task: gives the tables calibration measures (asked only where it calibrates).
-        sources: the candidate sources whose plans' device groups calibration measures.
         verifies: ``verifies(calibrates)``: whether the plan will be verified.
         cached: the type-choice timings cached on this machine, by name.
     """
@@ -87,7 +82,7 @@ class _Log:
         self.spent: dict[str, float] = {}
 
     def attempt(self, what: str, fn: Callable[[], T]) -> T | None:
-        """``fn()``, or ``None`` where measuring failed (warned once and kept)."""
+        """``fn()``, or ``None`` where measuring failed (kept in ``failures``)."""
         start = self.budget.elapsed()
         try:
             out = guarded(f"profile: {what}", fn, device=self.device)
@@ -116,8 +111,7 @@ def unmeasured_profile(
 
 
 def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) -> MachineProfile:
-    """Measure the profile ``request`` asks for within ``budget``. Never raises for a
-    measurement that fails."""
+    """Measure the profile ``request`` asks for within ``budget`` (a failed part is left out)."""
     log = _Log(budget, request.stamp.device)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
@@ -154,7 +148,6 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
 
 
 def _timings(request: ProfileRequest) -> list[str]:
-    """The type-choice timings ``request`` asks for, by name."""
     asked = {
         "collectives": request.collectives,
         "dense kernel": request.dense_kernel,
@@ -233,7 +226,6 @@ def _calibration(
 def _calibrated(
     prior: DreamShard, request: ProfileRequest, task: Task, config: CalibrationConfig, log: _Log
 ) -> ProfileCalibration | None:
-    """The calibration's record, or ``None`` where it kept no kernel."""
     result = log.attempt("calibration", lambda: calibrate(prior, task, config, request.sources))
     if result is None:
         return None

@@ -1,10 +1,5 @@
-"""The machine profile (:class:`MachineProfile`) and its file.
-
-A profile file is a ``torch.save`` of plain values and tensors (stamp, reference ms,
-collective, dense-kernel and sharding-path fits, calibration and its cost net, notes,
-failures, seconds spent) under ``"format": "torchrec-dreamshard-profile"``, loaded with
-``weights_only=True``; every problem is a ``ValueError`` naming the file.
-"""
+"""The machine profile (:class:`MachineProfile`) and its file: a ``torch.save`` of plain
+values and tensors, loaded with ``weights_only=True``."""
 
 from __future__ import annotations
 
@@ -37,8 +32,6 @@ class ProfileCalibration:
 
     Attributes:
         prior: the fingerprint of the checkpoint's agent it was fine-tuned from.
-        cost_net: the calibrated network's weights.
-        meta: the calibrated agent's metadata.
         summary: what calibration measured and bought (kernels, errors, seconds).
         record: the calibration's whole record and printed ``lines``.
     """
@@ -55,27 +48,19 @@ class MachineProfile:
     """What the planner knows of the machine, frozen for TorchRec's loop.
 
     Attributes:
-        stamp: what it was measured on.
         reference_ms: the reference kernel's ``(fwd, bwd)`` ms (``None``: not measured).
         reference_predicted_ms: the checkpoint's prediction of it (``None``: unknown).
         collectives: the collective models the type choice prices with (``None``: every
             table stays table-wise).
-        collectives_source: where they came from, in words.
         dense_kernel: the dense kernel's model (``None``: analytic).
         sharding_path: a sharding path's cost beyond its kernels and collectives (``None``:
             not charged).
         calibration: the calibrated cost network (``None``: the checkpoint's as it is).
         notes: what was not measured, and why.
-        failures: measurements that failed, each a
-            :class:`~torchrec_dreamshard.measure.guard.MeasureFailure`'s dict.
+        failures: measurements that failed, each a ``MeasureFailure``'s dict.
         spent_s: seconds each part took to measure or load.
         storage_correction: factors over TorchRec's storage estimate measured in a job on
-            this hardware (``None``: none).
-
-    Example::
-
-        profile = MachineProfile.load("machine.profile")
-        agent = profile.agent(load_checkpoint())
+            this hardware.
     """
 
     stamp: MachineStamp
@@ -97,8 +82,7 @@ class MachineProfile:
 
     def agent(self, prior: DreamShard) -> DreamShard:
         """``prior`` with this profile's calibrated cost network (``prior`` itself without one,
-        or where it was calibrated from another checkpoint).
-        """
+        or where it was calibrated from another checkpoint)."""
         from torchrec_dreamshard.policy import DreamShard
 
         cal = self.calibration
@@ -179,11 +163,7 @@ class MachineProfile:
 
     @classmethod
     def load(cls, path: str | Path) -> MachineProfile:
-        """The profile in ``path``.
-
-        Raises:
-            ValueError: the file is missing, unreadable, of another format, or not a profile's.
-        """
+        """The profile in ``path`` (a ``ValueError`` naming the file for any problem)."""
         where = f"machine profile {str(path)!r}"
         path = Path(path)
         if not path.is_file():

@@ -15,13 +15,9 @@ class MachineStamp:
     """The hardware and software a profile was measured on.
 
     Attributes:
-        device: ``"cpu"`` or ``"cuda"``.
         device_name: the CPU or GPU model.
         threads: torch's intra-op threads where it was measured.
-        torch: torch's version.
-        fbgemm: FBGEMM's version.
         world_size: the devices the profile's collectives were fitted for.
-        local_world_size: devices per host.
     """
 
     device: str
@@ -34,9 +30,8 @@ class MachineStamp:
 
     @classmethod
     def here(cls, device: str, world_size: int, local_world_size: int) -> MachineStamp:
-        """This process's stamp for ``world_size`` ``device`` ranks (without CUDA, a CUDA stamp's
-        GPU model is ``"unmeasured"``).
-        """
+        """This process's stamp for ``world_size`` ``device`` ranks (a CUDA stamp's GPU model
+        is ``"unmeasured"`` without CUDA)."""
         if device == "cuda" and not torch.cuda.is_available():
             name = "unmeasured"
         else:
@@ -78,7 +73,6 @@ def _fbgemm_version() -> str:
         return "missing"
 
 
-# What makes a profile another machine's (thread count and topology only say what it was
-# measured for).
+# what makes a profile another machine's; the settings only say what it was measured for
 HARDWARE_FIELDS = ("device", "device_name", "torch", "fbgemm")
 SETTING_FIELDS = ("threads", "world_size", "local_world_size")
