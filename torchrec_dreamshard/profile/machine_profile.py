@@ -122,38 +122,32 @@ class MachineProfile:
     def save(self, path: str | Path) -> None:
         """Write the profile to ``path`` atomically (plain values and tensors only)."""
         cal = self.calibration
+        calibration = None
+        if cal is not None:
+            calibration = {
+                "prior": cal.prior,
+                "meta": cal.meta,
+                "summary": cal.summary,
+                "record": cal.record,
+            }
+        values = {
+            "stamp": self.stamp.to_dict(),
+            "reference_ms": _pair(self.reference_ms),
+            "reference_predicted_ms": _pair(self.reference_predicted_ms),
+            "collectives": _to_dict(self.collectives),
+            "collectives_source": self.collectives_source,
+            "dense_kernel": _to_dict(self.dense_kernel),
+            "sharding_path": _to_dict(self.sharding_path),
+            "calibration": calibration,
+            "notes": list(self.notes),
+            "failures": [dict(f) for f in self.failures],
+            "spent_s": dict(self.spent_s),
+            "storage_correction": _to_dict(self.storage_correction),
+        }
         payload = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            **plain(
-                {
-                    "stamp": self.stamp.to_dict(),
-                    "reference_ms": _pair(self.reference_ms),
-                    "reference_predicted_ms": _pair(self.reference_predicted_ms),
-                    "collectives": None if self.collectives is None else self.collectives.to_dict(),
-                    "collectives_source": self.collectives_source,
-                    "dense_kernel": None
-                    if self.dense_kernel is None
-                    else self.dense_kernel.to_dict(),
-                    "sharding_path": None
-                    if self.sharding_path is None
-                    else self.sharding_path.to_dict(),
-                    "calibration": None
-                    if cal is None
-                    else {
-                        "prior": cal.prior,
-                        "meta": cal.meta,
-                        "summary": cal.summary,
-                        "record": cal.record,
-                    },
-                    "notes": list(self.notes),
-                    "failures": [dict(f) for f in self.failures],
-                    "spent_s": dict(self.spent_s),
-                    "storage_correction": None
-                    if self.storage_correction is None
-                    else self.storage_correction.to_dict(),
-                }
-            ),
+            **plain(values),
             "cost_net": None if cal is None else dict(cal.cost_net),
         }
         path = Path(path)
@@ -203,25 +197,28 @@ class MachineProfile:
                 dict(cal["summary"]),
                 dict(cal.get("record") or {}),
             )
-        collectives, dense = payload["collectives"], payload["dense_kernel"]
-        correction = payload.get("storage_correction")
-        path = payload.get("sharding_path")
         return cls(
             stamp=MachineStamp.from_dict(payload["stamp"]),
             reference_ms=_tuple_or_none(payload["reference_ms"]),
             reference_predicted_ms=_tuple_or_none(payload["reference_predicted_ms"]),
-            collectives=None if collectives is None else CollectiveModels.from_dict(collectives),
+            collectives=_from_dict(CollectiveModels, payload["collectives"]),
             collectives_source=str(payload["collectives_source"]),
-            dense_kernel=None if dense is None else DenseKernelModel.from_dict(dense),
-            sharding_path=None if path is None else ShardingPathModel.from_dict(path),
+            dense_kernel=_from_dict(DenseKernelModel, payload["dense_kernel"]),
+            sharding_path=_from_dict(ShardingPathModel, payload.get("sharding_path")),
             calibration=calibration,
             notes=tuple(str(n) for n in payload["notes"]),
             failures=tuple(dict(f) for f in payload["failures"]),
             spent_s={str(k): float(v) for k, v in payload["spent_s"].items()},
-            storage_correction=None
-            if correction is None
-            else StorageCorrection.from_dict(correction),
+            storage_correction=_from_dict(StorageCorrection, payload.get("storage_correction")),
         )
+
+
+def _to_dict(value: Any) -> dict[str, Any] | None:
+    return None if value is None else value.to_dict()
+
+
+def _from_dict(cls: Any, data: Any) -> Any:
+    return None if data is None else cls.from_dict(data)
 
 
 def _pair(value: tuple[float, float] | None) -> list[float] | None:
