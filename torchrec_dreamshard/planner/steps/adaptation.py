@@ -1,6 +1,5 @@
-"""How a plan adapted to the machine, as one JSON-able record built from values: the
-planner's :class:`~torchrec_dreamshard.planner.steps.plan_agent.AdaptSettings`, the
-machine profile the plan priced with, and the verification's verdict."""
+"""How a plan adapted to the machine, as one JSON-able record built from the planner's
+settings, the plan's machine profile and the verification's verdict."""
 
 from __future__ import annotations
 
@@ -40,10 +39,8 @@ def adaptation(
     types: Any = None,
     given: bool = False,
 ) -> dict[str, Any]:
-    """How the ``last`` plan adapted to this machine (JSON-able, what rank 0 sent where it
-    was another rank's): :func:`adapting`, the tables whose inputs came from a running job
-    (``inputs_from_job``), the type choice (``types``, the proposer's ``TypePlan``) and
-    :func:`plan_adaptation`; ``given``: the profile was the user's."""
+    """How the ``last`` plan adapted to this machine (what rank 0 sent, on another rank);
+    ``types``: the proposer's ``TypePlan``; ``given``: the profile was the user's."""
     if last.sent is not None:
         return last.sent
     out = adapting(settings, last.profile, current, last.verdict)
@@ -94,10 +91,8 @@ def plan_adaptation(
     notes: list[str],
     given: bool = False,
 ) -> dict[str, Any]:
-    """:func:`adaptation` of a plan (``out``) with what the plan spent its seconds on
-    (``spent_s``), the machine profile it planned from (``profile``), what was not
-    measured and why (``measuring_notes``) and the measurements that failed
-    (``measure_failures``); ``given``: the profile was the user's (``profile_given``)."""
+    """``out`` with the seconds spent, the profile's summary, what was not measured and
+    why, and the measurements that failed."""
     out = dict(out)
     if given:
         out["profile_given"] = True
@@ -114,8 +109,7 @@ def plan_adaptation(
 
 
 def calibration_config(settings: AdaptSettings, topology: Topology) -> CalibrationConfig:
-    """The calibration settings the planner calibrates with (or would, on ``topology``'s
-    device), measuring nothing: the store a running job's observations join."""
+    """The calibration settings the planner calibrates with (or would), measuring nothing."""
     if settings.calibration is not None:
         base = settings.calibration
     else:
@@ -127,9 +121,8 @@ def calibration_config(settings: AdaptSettings, topology: Topology) -> Calibrati
 def recall_inputs(
     settings: AdaptSettings, topology: Topology, specs: OptionSpecs, module: nn.Module
 ) -> list[str]:
-    """Where the planner calibrates, have ``specs`` take what running jobs of ``module``'s
-    tables fed them, as the store keeps it: a restarted job plans its tables as its last
-    run fed them. Returns those tables."""
+    """Where the planner calibrates, have ``specs`` take what running jobs fed ``module``'s
+    tables (as the store keeps it); returns those tables."""
     if settings.calibration is None:
         return []
     store = calibration_config(settings, topology).store_path()

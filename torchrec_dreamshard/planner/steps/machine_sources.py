@@ -1,11 +1,11 @@
 """Where the planner's models of this machine come from: what the profile step measures
-them from (:func:`machine_sources`: the collectives, the dense kernel, the sharding path and
-the reference kernel, each cached per machine) and what the type choice reads of them
-(:func:`machine_models`: the plan's profile, or what the user gave)."""
+(:func:`machine_sources`, each cached per machine) and what the type choice reads
+(:func:`machine_models`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torchrec.distributed.planner.types import Topology
 
@@ -42,55 +42,38 @@ def machine_models(
     collectives: CollectiveModels | None,
     dense_kernel: DenseKernelModel | None,
 ) -> MachineModels:
-    """The type choice's models of this machine, read (never measured) from the plan's
-    machine profile (``profile()``, built before TorchRec's loop), except the collectives
-    and dense kernel the user gave, which replace the profile's."""
+    """The type choice's models, read (never measured) from the plan's machine profile,
+    except the collectives and dense kernel the user gave."""
 
-    def current() -> MachineProfile | None:
-        return profile()
+    def read(field: str) -> Callable[[], Any]:
+        def value() -> Any:
+            found = profile()
+            return getattr(found, field) if found is not None else None
 
-    def profile_collectives() -> CollectiveModels | None:
-        found = current()
-        return found.collectives if found is not None else None
-
-    def profile_dense() -> DenseKernelModel | None:
-        found = current()
-        return found.dense_kernel if found is not None else None
-
-    def profile_reference() -> tuple[float, float] | None:
-        found = current()
-        return found.reference_ms if found is not None else None
-
-    def profile_path() -> ShardingPathModel | None:
-        found = current()
-        return found.sharding_path if found is not None else None
+        return value
 
     return MachineModels(
-        profile_collectives if collectives is None else lambda: collectives,
-        profile_dense if dense_kernel is None else lambda: dense_kernel,
-        profile_reference,
-        profile_path,
+        read("collectives") if collectives is None else lambda: collectives,
+        read("dense_kernel") if dense_kernel is None else lambda: dense_kernel,
+        read("reference_ms"),
+        read("sharding_path"),
     )
 
 
 def machine_sources(topology: Topology) -> MachineSources:
-    """Where the profile step measures this machine's models from: the collectives
-    (:func:`default_collectives`), the dense kernel (:func:`default_dense_kernel`), the
-    sharding path (:func:`default_sharding_path`) and the reference kernel
-    (:func:`default_reference`), each cached per machine."""
+    """Where the profile step measures this machine's models from."""
     return MachineSources(
-        reference=default_reference(topology),
+        reference=measured_here(topology, load_reference_ms),
         collectives=default_collectives(topology),
         collectives_source=collectives_source(topology),
-        dense_kernel=default_dense_kernel(topology),
+        dense_kernel=measured_here(topology, load_dense_kernel_model),
         sharding_path=default_sharding_path(topology),
         cached=lambda: cached_timings(topology),
     )
 
 
 def cached_timings(topology: Topology) -> frozenset[str]:
-    """The type-choice timings this machine has cached for ``topology`` (or that take no
-    timing here), by name: what the profile step need not leave time for."""
+    """The type-choice timings cached for ``topology`` (or taking none here), by name."""
     group = active_group()
     device = topology.compute_device
     if group is not None and group.world == topology.world_size:
@@ -114,7 +97,7 @@ def cached_timings(topology: Topology) -> frozenset[str]:
 
 
 def collectives_source(topology: Topology) -> str:
-    """Where :func:`default_collectives` takes the collective models from, in words."""
+    """Where :func:`default_collectives` takes its models from, in words."""
     group = active_group()
     if group is not None and group.world == topology.world_size:
         return "measured on the job's process group"
@@ -124,21 +107,9 @@ def collectives_source(topology: Topology) -> str:
 
 
 def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
-    """Where the type choice's collective models come from:
-
-    * while rank 0 of a job drives measurements on the job's group (``collective_plan``)
-      of the topology's size: timed on that group, every rank taking part, on its real
-      backend and hosts (a second or two, then cached per machine and topology:
-      :func:`~torchrec_dreamshard.cost.collective_models.load_group_collectives`);
-    * else, on accelerators: analytic models from the topology's intra-host bandwidth
-      (unmeasured);
-    * else, on CPU ranks outside a distributed job: the gloo models fitted on ranks that
-      are threads of this process, so that no process is started (once, about a second,
-      then cached: :func:`~torchrec_dreamshard.cost.collective_models.load_collective_models`);
-    * else (``plan()`` on one rank of a running job): that cached fit where there is
-      one, the analytic models where not, since nothing but the job's group measures
-      inside a job.
-    """
+    """The type choice's collective models: timed on the job's group where rank 0 drives
+    measurements on one of the topology's size; analytic on accelerators; else gloo fitted
+    on thread ranks (on one rank of a running job, only where cached)."""
 
     def load() -> CollectiveModels:
         group = active_group()
@@ -154,52 +125,24 @@ def default_collectives(topology: Topology) -> Callable[[], CollectiveModels]:
     return load
 
 
-def default_dense_kernel(topology: Topology) -> Callable[[], DenseKernelModel | None]:
-    """Where the type choice's model of the data-parallel (dense) kernel comes from: on CPU
-    ranks, FBGEMM's dense kernel timed on this machine (once, a few seconds, then cached:
-    :func:`~torchrec_dreamshard.cost.dense_kernel_model.load_dense_kernel_model`); on GPUs,
-    timed on this machine's GPU where there is one (unmeasured here); else ``None``
-    (analytic: the fused kernel plus dense passes at memory bandwidth)."""
+def measured_here(topology: Topology, load: Callable[..., Any]) -> Callable[[], Any]:
+    """``load`` (the dense-kernel model or the reference time) on the topology's device
+    where this machine has one, timed once then cached; else ``None`` (analytic)."""
     import torch
 
     if topology.compute_device == "cpu":
-        return lambda: load_dense_kernel_model(device="cpu")
+        return lambda: load(device="cpu")
     if topology.compute_device == "cuda" and torch.cuda.is_available():
-        return lambda: load_dense_kernel_model(device="cuda")
-    return lambda: None
-
-
-def default_reference(topology: Topology) -> Callable[[], tuple[float, float] | None]:
-    """Where the type choice's reference-kernel time comes from: measured on this machine's
-    CPU (once, a second or two, then cached:
-    :func:`~torchrec_dreamshard.cache.reference_time.load_reference_ms`) when planning
-    for CPU ranks, on its GPU for GPU ranks where there is one (unmeasured here); else
-    ``None`` (the cost network's kernels as predicted)."""
-    import torch
-
-    if topology.compute_device == "cpu":
-        return lambda: load_reference_ms(device="cpu")
-    if topology.compute_device == "cuda" and torch.cuda.is_available():
-        return lambda: load_reference_ms(device="cuda")
+        return lambda: load(device="cuda")
     return lambda: None
 
 
 def default_sharding_path(
     topology: Topology,
 ) -> Callable[[bool], ShardingPathModel | None]:
-    """Where the type choice's cost of a sharding path comes from, as
-    ``load(may_measure)``: where it is cached, from there; else, where ``may_measure``:
-
-    * while rank 0 of a job drives measurements on the job's group (``collective_plan``)
-      of the topology's size: timed on that group, every rank taking part, on its real
-      backend and devices (cached per machine and topology:
-      :func:`~torchrec_dreamshard.cost.sharding_path_model.load_group_sharding_path`);
-    * else, on CPU ranks outside a distributed job: timed on 2 gloo ranks this machine
-      starts (once, about 6 s, then cached:
-      :func:`~torchrec_dreamshard.cost.sharding_path_model.load_sharding_path_model`);
-    * else ``None`` (one rank of a running job alone, or GPUs outside a job): no path cost
-      is charged.
-    """
+    """The type choice's sharding-path cost, as ``load(may_measure)``: cached, else (where
+    ``may_measure``) timed on the job's group, or on 2 gloo ranks on CPU outside a job;
+    ``None`` elsewhere (no path cost is charged)."""
 
     def load(may_measure: bool = True) -> ShardingPathModel | None:
         group = active_group()

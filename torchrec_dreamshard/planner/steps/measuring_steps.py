@@ -1,9 +1,6 @@
-"""The two steps of ``DreamShardPlanner.plan`` that measure, around TorchRec's loop
-(:class:`MeasuringSteps`): the machine profile before it
-(:mod:`~torchrec_dreamshard.planner.steps.profile_step`) and the verification after it
-(:mod:`~torchrec_dreamshard.planner.steps.verify_step`), within the plan's one budget.
-Each returns a value the next step takes as an argument; TorchRec's loop, in between,
-runs behind the measuring gate (:func:`~torchrec_dreamshard.measure.gate.no_measuring`)."""
+"""The two steps of ``DreamShardPlanner.plan`` that measure, within one budget: the
+machine profile before TorchRec's loop and the verification after it; the loop runs
+behind the measuring gate."""
 
 from __future__ import annotations
 
@@ -53,14 +50,12 @@ class StepSettings:
 
     Attributes:
         topology: the devices planned for.
-        profile: the user's profile or its file (``None``: measure, or not); with one,
-            nothing is timed, the verification neither.
+        profile: the user's profile or its file; with one, nothing is measured.
         measure: ``False``: nothing is measured, the verification is skipped too.
         timeout_seconds: TorchRec's ``timeout_seconds``, the whole plan's budget.
         cache_dir: where the plan's measurements are cached (``None``: the default).
         adapt: how the planner calibrates and verifies.
-        candidates: the candidate sources whose plans calibration and verification
-            measure beside ours.
+        candidates: the candidate sources whose plans are measured beside ours.
         storage_correction: the planner's storage correction (``None``: the profile's).
     """
 
@@ -75,12 +70,7 @@ class StepSettings:
 
 
 class MeasuringSteps:
-    """The profile step and the verification step of one planner.
-
-    Args:
-        settings: what the steps are built with.
-        sources: where the machine's models are measured from.
-    """
+    """The profile step and the verification step of one planner."""
 
     def __init__(self, settings: StepSettings, sources: MachineSources) -> None:
         self._settings = settings
@@ -110,8 +100,7 @@ class MeasuringSteps:
         return Budget(plan_budget(self._settings.timeout_seconds, self._settings.adapt))
 
     def context(self) -> list[Any]:
-        """What the plan depends on besides the agent: whether it measures, the given
-        profile's stamp and the storage correction's fingerprint."""
+        """What the plan depends on besides the agent (part of the planner's context)."""
         stamp = self._given.stamp.to_dict() if self._given is not None else None
         correction = self._settings.storage_correction
         if correction is None and self._given is not None:
@@ -128,7 +117,7 @@ class MeasuringSteps:
         loads_plan: bool,
     ) -> MachineProfile:
         """The first step: the machine profile this plan prices with, measured within
-        ``budget`` where it must be (``task``: the tables calibration would measure)."""
+        ``budget`` (``task``: the tables calibration would measure)."""
         device = inputs.topology.compute_device
         needs = ProfileNeeds(
             types_offered=offers_priced_types(inputs.sharders, inputs.module, constraints, device),
@@ -152,10 +141,8 @@ class MeasuringSteps:
         loads_plan: bool,
         ours_won: bool = True,
     ) -> Verdict:
-        """The last step: ``choice`` (``None``: nothing of the policy's to verify)
-        measured where the planner verifies, within what is left of ``budget``;
-        ``loads_plan``: the loop loaded a plan (nothing is measured); ``ours_won``: the
-        policy's proposal won TorchRec's loop (else a user's did)."""
+        """The last step: ``choice`` measured where the planner verifies, within what is
+        left of ``budget`` (``ours_won``: the policy's proposal won TorchRec's loop)."""
         adapt = self._settings.adapt
         if self._profile_step.unmeasured(loads_plan) is not None:
             return Verdict()

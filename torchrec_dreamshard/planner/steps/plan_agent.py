@@ -1,6 +1,5 @@
 """The agent a planner's components price and place with (:class:`PlanAgent`), and how the
-planner adapts to the machine (:class:`AdaptSettings`, one value built from ``calibrate``
-and ``verify``)."""
+planner adapts to the machine (:class:`AdaptSettings`)."""
 
 from __future__ import annotations
 
@@ -51,14 +50,9 @@ class AdaptSettings:
 
 
 class PlanAgent:
-    """The agent every component of a plan prices and places with, and the machine
-    profile it prices the machine with: the checkpoint's agent (``prior``) and no profile
-    until the planner binds a plan's (its profile's calibrated agent, where it
-    calibrated), once per plan, after the profile step and before TorchRec's loop. It
-    measures nothing.
-
-    Args:
-        prior: the checkpoint's agent.
+    """The agent every component of a plan prices and places with: the checkpoint's
+    (``prior``) until the planner binds a plan's profile, then that profile's agent.
+    It measures nothing.
     """
 
     def __init__(self, prior: PlacementAgent) -> None:
@@ -68,8 +62,7 @@ class PlanAgent:
         self._profile: MachineProfile | None = None
 
     def bind(self, profile: MachineProfile) -> None:
-        """Price and place with ``profile``'s agent and models: the planner's call, once
-        per plan, after the profile step; nothing else calls it."""
+        """Price and place with ``profile``'s agent (once per plan, after the profile step)."""
         self._profile = profile
         if isinstance(self.prior, DreamShard):
             self._current = profile.agent(self.prior)

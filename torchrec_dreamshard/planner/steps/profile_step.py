@@ -39,7 +39,7 @@ class MachineSources:
         collectives_source: where those come from, in words.
         dense_kernel: measures (or loads) the dense kernel's model.
         sharding_path: loads a sharding path's cost, measuring it where ``may_measure``.
-        cached: the type-choice timings cached on this machine for the topology.
+        cached: the type-choice timings cached for the topology.
     """
 
     reference: Callable[[], tuple[float, float] | None]
@@ -75,10 +75,7 @@ class ProfileStep:
     """Builds, loads or takes the profile of each plan.
 
     Args:
-        topology: the devices planned for.
         given: the user's profile (``None``: measure or not, as ``measure`` says).
-        measure: whether the planner may measure this machine.
-        sources: where the machine's models are measured from.
         settings: how the planner adapts (whether and how it calibrates).
         candidates: the candidate sources whose plans calibration measures beside ours.
     """
@@ -117,14 +114,11 @@ class ProfileStep:
         needs: ProfileNeeds,
         task: Callable[[], Task | None],
     ) -> MachineProfile:
-        """The profile for this plan: the given one (a warning where stamped on other
-        hardware); an unmeasured one where ``measure=False``, a plan loader, or CUDA
-        planned without CUDA (its notes say why); else :func:`build_profile`'s.
+        """The profile for this plan: the given one; an unmeasured one where nothing may be
+        measured (its notes say why); else :func:`build_profile`'s.
 
         Args:
             prior: the checkpoint's agent.
-            budget: the plan's budget.
-            needs: which of the machine's models the plan may price with.
             task: the tables calibration would measure (asked only where it calibrates).
         """
         stamp = self.stamp()
@@ -208,9 +202,8 @@ class PlanInputs:
 
 
 def plan_budget(timeout_seconds: float | None, settings: AdaptSettings) -> float | None:
-    """The whole plan's budget: ``timeout_seconds``, else :data:`FIRST_PLAN_BUDGET_S`
-    where the planner adapts by default, else none (what the user asked for is measured
-    whole)."""
+    """``timeout_seconds``, else :data:`FIRST_PLAN_BUDGET_S` where the planner adapts by
+    default, else none."""
     if timeout_seconds is not None:
         return float(timeout_seconds)
     return FIRST_PLAN_BUDGET_S if settings.automatic else None
@@ -221,8 +214,8 @@ def policy_tables(
     constraints: dict[str, ParameterConstraints] | None,
     parts: tuple[Any, Any, Any],
 ) -> Task | None:
-    """The tables the policy would place: ``parts`` (reservation, enumerator, proposer)
-    run as TorchRec's loop will run them; nothing timed."""
+    """The tables the policy would place, ``parts`` (reservation, enumerator, proposer) run
+    as TorchRec's loop runs them."""
     reservation, enumerator, proposer = parts
     reservation.reserve(
         topology=inputs.topology,

@@ -1,7 +1,5 @@
-"""The verification step of ``DreamShardPlanner.plan``, after TorchRec's loop: what the
-loop chose (:class:`LoopChoice`) measured on real kernels beside the heuristics' plans and
-TorchRec's own plan, in interleaved rounds, within what is left of the plan's budget; its
-:class:`Verdict` says which placement the plan keeps."""
+"""The verification step of ``DreamShardPlanner.plan``: the loop's choice measured beside
+the baselines within what is left of the budget, and the :class:`Verdict` on it."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ logger = logging.getLogger("torchrec_dreamshard.planner")
 MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
 HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes
-# the fewest measurements worth starting: the planner's choice, TorchRec's plan and a
-# heuristic's, in the two rounds a plan must win to replace the choice
+# the fewest measurements worth starting: every plan in the rounds a plan must win
 MIN_MEASUREMENTS = MIN_PLANS * MIN_ROUNDS_TO_REPLACE
 
 
@@ -69,8 +66,8 @@ class Verdict:
     Attributes:
         outcome: what was measured (``None``: nothing was).
         notes: what was skipped and why.
-        kept: the device of each verified table by fully qualified name where the
-            verification kept another plan than the loop's (``None``: the loop's stands).
+        kept: each verified table's device, by fqn, where another plan than the loop's
+            was kept (``None``: the loop's stands).
         choice: what was verified (``None``: nothing).
     """
 
@@ -103,11 +100,8 @@ def policy_choice(
     batch_size: int,
     report: SafetyReport | None = None,
 ) -> LoopChoice | None:
-    """The whole tables the policy placed in TorchRec's chosen ``plan``, on the memory
-    the partitioner gave the policy (what ``constraint``, the reserved topology, leaves
-    beside the other tables, counted in weights as the policy counts it), at the global
-    ``batch_size``, with the safety net's ``report`` of it; ``None`` where it placed none,
-    or split a table (a split plan is not verified)."""
+    """The tables the policy placed in ``plan``, on the memory the partitioner gave it (in
+    weights), at the global ``batch_size``; ``None`` where it placed none or split one."""
     label = report.winner.label if report is not None and report.candidates else None
     if any(is_split_option(o) for o in plan):
         return None
@@ -121,9 +115,7 @@ def policy_choice(
     specs = [spec(o) for o in ours]
     placement = [int(o.shards[0].rank) for o in ours]
     caps = policy_caps(specs, [option_bytes(o, tier) for o in ours], [max(0, x) for x in left])
-    # the memory the placement and the safety net's candidates were placed in: at least
-    # the policy's first shares, and what each of them puts on a device (the partitioner
-    # may have raised a share to admit TorchRec's plan)
+    # at least what each placement puts on a device: a share may have been raised
     sizes = [t.size_bytes for t in specs]
     placements = [placement, *(c.placement for c in (report.candidates if report else []))]
     memory = list(caps)
@@ -142,9 +134,8 @@ def policy_choice(
 
 
 def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:
-    """Predicted seconds of one measurement of ``placement``: the local backend times each
-    device's fused kernel in turn, ``warmup + iters`` iterations of forward and backward.
-    An upper bound: a device table-set that plans share is timed once per round."""
+    """Predicted seconds of one measurement of ``placement`` (an upper bound: each device's
+    kernel in turn, ``warmup + iters`` forward and backward passes)."""
     if not placement:
         return 0.0
     config = MeasureConfig()
@@ -161,8 +152,7 @@ def skipped(reason: str) -> Verdict:
 def unmeasured(
     agent: PlacementAgent, choice: LoopChoice, sources: Sequence[Any], note: str | None = None
 ) -> Verdict:
-    """A verdict of nothing measured that says what the plan was kept on: the cost
-    network's predicted step against TorchRec's plan's and the best heuristic's."""
+    """A verdict of nothing measured, with the predicted margins the plan was kept on."""
     placement = list(choice.placement)
     baselines = baseline_plans(choice.task, sources)
     margins = plan_margins(agent, choice.task, placement, baselines, choice.label)
@@ -181,20 +171,7 @@ def verify_choice(
     measure: MeasureConfig | None,
 ) -> Verdict:
     """Measure ``choice`` against the baselines of ``sources`` and the heuristics within
-    what is left of ``budget``, pricing with ``agent`` (the plan's bound agent).
-
-    Args:
-        agent: the agent the plan priced with.
-        choice: what TorchRec's loop chose for the policy's tables.
-        settings: how many candidates, measured how, kept how.
-        budget: the plan's budget (what the profile step left).
-        sources: the candidate sources whose baseline plans are measured.
-        measure: the measurement settings where ``settings`` names none.
-
-    Returns:
-        The verdict: what was measured, what was skipped and why, and the kept placement
-        where it differs from the loop's.
-    """
+    what is left of ``budget`` (``measure``: where ``settings`` names no measurement)."""
     left = budget.remaining()
     if left < MIN_VERIFY_S:
         return unmeasured(
