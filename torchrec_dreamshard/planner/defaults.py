@@ -47,8 +47,8 @@ def default_topology() -> Topology:
     if not dist.is_initialized():
         raise ValueError(
             "topology=None needs an initialised process group; pass a TorchRec Topology "
-            "(TopologyFactory.create_topology, or torchrec_dreamshard.planner."
-            "torchrec_adapter.torchrec_topology(world_size, compute_device))"
+            "(TopologyFactory.create_topology, or torchrec_dreamshard.planner.adapters."
+            "topology.torchrec_topology(world_size, compute_device))"
         )
     return torchrec_topology(
         dist.get_world_size(), get_device_type(), local_world_size=get_local_size()

@@ -49,17 +49,8 @@ def free_text(free: Sequence[int], tier: str) -> str:
 def readable_partition_error(
     exc: PlannerError, options: Sequence[ShardingOption], topology: Topology, what: str
 ) -> PlannerError:
-    """``exc`` as a ``PlannerError`` of the same ``error_type`` naming the tables and bytes.
-
-    Args:
-        exc: TorchRec's error.
-        options: the sharding options that were being placed.
-        topology: the devices they were placed on (after TorchRec's storage reservation).
-        what: who failed, the message's start.
-
-    Returns:
-        The error to raise (``from exc``).
-    """
+    """``exc`` as a ``PlannerError`` of the same ``error_type`` naming the ``options``' tables
+    and bytes and the free bytes of ``topology``'s devices (``what``: who failed)."""
     tier = memory_tier(topology)
     total = sum(option_bytes(o, tier) for o in options)
     message = (

@@ -63,13 +63,7 @@ def heuristical_reservation(
     percentage: float = 0.15,
 ) -> HeuristicalStorageReservation:
     """TorchRec's default ``HeuristicalStorageReservation(percentage)``, its dense estimate
-    filled for ``model`` (``None``: later).
-
-    Args:
-        model: the model the planner will plan (``meta`` included).
-        sharders: the sharders the planner will be given.
-        percentage: TorchRec's ``heuristical_storage_reservation_percentage``.
-    """
+    filled for ``model`` (``None``: later) and ``sharders``."""
     with warnings.catch_warnings():
         # Its constructor recommends passing a dense_tensor_estimate, which we do.
         warnings.filterwarnings("ignore", "HeuristicalStorageReservation", FutureWarning)
@@ -135,11 +129,7 @@ def quiet_torchrec() -> Iterator[None]:
 
 
 class WeightsOnlyEnumerator(EmbeddingEnumerator):
-    """TorchRec's enumerator with each shard's storage set to the table's bytes.
-
-    Args:
-        sizes: bytes of each table, by name.
-    """
+    """TorchRec's enumerator with each shard's storage set to its table's ``sizes``."""
 
     def __init__(self, *args, sizes: dict[str, int], **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -148,15 +148,10 @@ class TypeChooser:
     """Chooses which tables leave table-wise (see the module docstring).
 
     Args:
-        agent: the DreamShard agent (its cost network prices the kernels).
-        topology: TorchRec's topology (ranks, hosts, bandwidths).
         batch_size: the global batch.
-        spec_fn: the planner's table specs.
-        collectives: the machine's fitted collective models.
         dense_kernel: the fitted dense kernel of data-parallel tables (``None``: analytic).
         reference_ms: this machine's reference kernel ``(fwd_ms, bwd_ms)``, to scale the
-            cost network's kernels to this machine (``None``, or a calibrating agent: not
-            scaled).
+            cost network's kernels by (``None``, or a calibrating agent: not scaled).
         sharding_path: the measured cost of one sharding path (``None``: not charged).
     """
 
