@@ -98,12 +98,13 @@ def at_memory(task: Task, memory: str) -> Task:
 # ----------------------------------------------------------------------------------------
 
 
-def plan_users(inputs) -> dict:
+def plan_users(inputs, timeout: float | None = None) -> dict:
     """The default (fresh cache), the same held to table-wise (its cache) and TorchRec's
-    own plan of ``inputs``: ``{name: UserPlan}``."""
+    own plan of ``inputs``: ``{name: UserPlan}``; ``timeout``: the planner's
+    ``timeout_seconds`` (``None``: the default budget)."""
     with fresh_cache():
-        default, _ = plan_as_user(inputs)
-        tw, _ = plan_as_user(inputs, no_splits=True)
+        default, _ = plan_as_user(inputs, timeout=timeout)
+        tw, _ = plan_as_user(inputs, no_splits=True, timeout=timeout)
     return {"default": default, "default_tw": tw, "torchrec": torchrec_own_plan(inputs)}
 
 
@@ -121,11 +122,11 @@ def heuristic_plans(task: Task, inputs) -> tuple[dict, dict]:
     return plans, fits
 
 
-def plan_case(family: str, memory: str, task: Task) -> dict:
+def plan_case(family: str, memory: str, task: Task, timeout: float | None = None) -> dict:
     """A kernel-judge entry: every plan (whole-table placements in ``plans``, what each
     user planner did in ``users``)."""
     inputs = task_inputs(task)
-    users = plan_users(inputs)
+    users = plan_users(inputs, timeout)
     plans, fits = heuristic_plans(task, inputs)
     for name, up in users.items():
         plans[name] = whole_placement(task, up.tables) if up.plan is not None else None
@@ -140,11 +141,13 @@ def plan_case(family: str, memory: str, task: Task) -> dict:
     }
 
 
-def plan_cases(cases: list[tuple[str, str, Task]], raw: dict, path: Path) -> None:
+def plan_cases(
+    cases: list[tuple[str, str, Task]], raw: dict, path: Path, timeout: float | None = None
+) -> None:
     for i, (family, memory, task) in enumerate(cases):
         if i < len(raw["tasks"]):
             continue
-        raw["tasks"].append(plan_case(family, memory, task))
+        raw["tasks"].append(plan_case(family, memory, task, timeout))
         save_raw(path, raw)
         users = raw["tasks"][-1]["users"]
         print(
@@ -367,6 +370,11 @@ def step_lines(entries: list[dict]) -> list[str]:
     return lines
 
 
+def rounds_measured(raw: dict) -> int:
+    """The kernel rounds every task has (a run stopped early has fewer than it asked)."""
+    return min((len(e["rounds"]) for e in raw["tasks"]), default=0)
+
+
 def report(raw: dict, rows: list[dict], quick: bool, command: str) -> str:
     s = raw["settings"]
     head = [
@@ -383,9 +391,12 @@ def report(raw: dict, rows: list[dict], quick: bool, command: str) -> str:
     head += [
         f"Families {', '.join(s['families'])}, {s['per_family']} task(s) each, at their own "
         f"memory and at loose memory ({LOOSE_FACTOR:g}x an even share of the weights); "
-        f"{s['rounds']} kernel round(s); DMP judge: {s['step_rounds']} round(s) of "
+        f"{rounds_measured(raw)} of {s['rounds']} kernel round(s) measured; "
+        f"DMP judge: {s['step_rounds']} round(s) of "
         f"{s['step_warmup']} warm-up and {s['step_steps']} timed steps. Each default plan from "
-        "an empty cache of its own. Produced by `"
+        "an empty cache of its own"
+        + (f", within `--timeout {s['timeout']:g}`" if s.get("timeout") else "")
+        + ". Produced by `"
         + command
         + "`. "
         + raw.get("machine", {}).get("note", load_note()),
@@ -414,7 +425,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--step-max-mib", type=float, default=1024.0, help="largest DMP model")
     ap.add_argument("--no-steps", action="store_true", help="skip the DMP judge")
     ap.add_argument("--busy-core", action="store_true", help="another process spins on a core")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="dreamshard plan --timeout (the plan's budget, s; default: the planner's)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke: 1 family, 1 task, 1 round")
+    ap.add_argument(
+        "--report-only",
+        action="store_true",
+        help="plan and measure nothing more: write the report from the rounds measured",
+    )
     ap.add_argument("--name", default=None, help="results stem (user_path, user_path_quick)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -427,8 +449,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import sys
-
     args = parse_args(argv)
     settings = {
         k: getattr(args, k)
@@ -447,6 +467,8 @@ def main(argv: list[str] | None = None) -> None:
             "busy_core",
         )
     }
+    if args.timeout is not None:  # a run at the default budget keeps its settings as before
+        settings["timeout"] = args.timeout
     drawn = roster(args.families, args.per_family, args.seed)
     cases = [(f, m, at_memory(t, m)) for f, t in drawn for m in args.memories]
     firsts = [(f, t) for k, (f, t) in enumerate(drawn) if k % args.per_family < args.step_tasks]
@@ -456,14 +478,24 @@ def main(argv: list[str] | None = None) -> None:
     raw = load_raw(path, settings)
     raw.setdefault("steps", [])
     start, wall_before = time.perf_counter(), raw.get("wall_s", 0.0)
+    if args.report_only:
+        write_report(args, settings, raw)
+        return
     with keep_core_busy() if args.busy_core else contextlib.nullcontext():
-        plan_cases(cases, raw, path)
+        plan_cases(cases, raw, path, args.timeout)
         named = [(f"{f}/{m}", t) for f, m, t in cases]
         measure_rounds(named, raw, MeasureConfig(), args.rounds, path, start, wall_before)
         if not args.no_steps:
             step_cases(steps, raw, path, args)
     raw["machine"] = machine()
     save_raw(path, raw)
+    write_report(args, settings, raw)
+
+
+def write_report(args: argparse.Namespace, settings: dict, raw: dict) -> None:
+    import sys
+
+    raw.setdefault("machine", machine())
     rows = [kernel_row(e) for e in raw["tasks"]]
     text = report(raw, rows, args.quick, "python " + " ".join(sys.argv))
     write(args.name, {"settings": settings, "rows": rows, "machine": raw["machine"]}, text)

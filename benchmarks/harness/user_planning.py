@@ -64,12 +64,13 @@ def fresh_cache(path: str | Path | None = None) -> Iterator[Path]:
                     os.environ[key] = value
 
 
-def cli_arguments(no_splits: bool = False) -> Any:
-    """``dreamshard plan TASK`` parsed by the command's own parser (``--no-splits`` where
-    asked): every other flag at the default a user gets."""
+def cli_arguments(no_splits: bool = False, timeout: float | None = None) -> Any:
+    """``dreamshard plan TASK`` parsed by the command's own parser (``--no-splits`` and
+    ``--timeout`` where asked): every other flag at the default a user gets."""
     from torchrec_dreamshard.cli import build_parser
 
     argv = ["plan", "TASK.json", *(["--no-splits"] if no_splits else [])]
+    argv += [] if timeout is None else ["--timeout", str(timeout)]
     return build_parser().parse_args(argv)
 
 
@@ -147,14 +148,17 @@ def _planned(planner: Any, inputs: TaskInputs) -> tuple[Any, float, str | None]:
     return plan, time.perf_counter() - start, None
 
 
-def plan_as_user(inputs: TaskInputs, no_splits: bool = False) -> tuple[UserPlan, Any]:
+def plan_as_user(
+    inputs: TaskInputs, no_splits: bool = False, timeout: float | None = None
+) -> tuple[UserPlan, Any]:
     """``inputs`` planned by ``DreamShardPlanner`` as ``dreamshard plan TASK`` builds it
-    (``--no-splits`` with ``no_splits``), in the caches the environment names (wrap it in
-    :func:`fresh_cache` for a first plan). Returns the plan and the planner."""
+    (``--no-splits`` with ``no_splits``, ``--timeout`` with ``timeout``), in the caches the
+    environment names (wrap it in :func:`fresh_cache` for a first plan). Returns the plan
+    and the planner."""
     from torchrec_dreamshard.cli.plan import task_planner
     from torchrec_dreamshard.evaluation.dmp_step import table_shardings
 
-    planner = task_planner(inputs, cli_arguments(no_splits))
+    planner = task_planner(inputs, cli_arguments(no_splits, timeout))
     plan, seconds, error = _planned(planner, inputs)
     tables = table_shardings(plan) if plan is not None else {}
     record = UserPlan(plan, tables, seconds, planner.adaptation, verdict_record(planner), error)
