@@ -24,7 +24,7 @@ from pathlib import Path
 from harness.results_files import RESULTS, machine, write
 
 BUDGETS = (5.0, 15.0, 25.0, 60.0)
-FAMILIES = ("pool", "uniform", "wide", "bursty", "tall", "large")
+FAMILIES = ("uniform", "unequal", "tall", "wide")
 
 
 def run_name(budget: float) -> str:
@@ -43,6 +43,8 @@ def start_run(budget: float, args: argparse.Namespace) -> None:
         "--no-steps",
         "--rounds",
         str(args.rounds),
+        "--per-family",
+        str(args.per_family),
         "--memories",
         *args.memories,
         "--families",
@@ -83,7 +85,7 @@ def report(rows: list[dict], settings: dict) -> str:
     lines = [
         "# Plan time against quality (the default as users run it, every type allowed)",
         "",
-        f"Families {', '.join(settings['families'])}, one task each, at "
+        f"Families {', '.join(settings['families'])}, {settings['per_family']} task(s) each, at "
         f"{' and '.join(settings['memories'])} memory, {settings['rounds']} kernel rounds; "
         "each plan `dreamshard plan TASK --timeout B` from an empty cache of its own. "
         "Ratios are medians over rounds of the default's measured compute (the slowest "
@@ -114,12 +116,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--families", nargs="*", default=list(FAMILIES))
     ap.add_argument("--memories", nargs="*", default=["own"], choices=("own", "loose"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--per-family", type=int, default=1)
     ap.add_argument("--report-only", action="store_true", help="start no run")
     args = ap.parse_args(argv)
     if not args.report_only:
         for budget in args.budgets:
             start_run(budget, args)
-    settings = {"families": args.families, "memories": args.memories, "rounds": args.rounds}
+    settings = {
+        "families": args.families,
+        "per_family": args.per_family,
+        "memories": args.memories,
+        "rounds": args.rounds,
+    }
     rows = [budget_row(b) for b in args.budgets]
     write(
         "budget_table",

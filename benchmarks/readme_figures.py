@@ -743,6 +743,50 @@ def cpu_only_block() -> str:
     )
 
 
+def copied_table(md: str, first_header: str) -> list[str]:
+    """The first table of ``md`` headed ``first_header``, as its lines."""
+    rows = table_rows(md, first_header)
+    head = list(rows[0])
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    return out + ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+
+
+def user_path_block() -> str:
+    """The default as users run it (``dreamshard plan TASK``), from this round's run."""
+    name = "user_path_r47"
+    md, d = text(f"{name}.md"), data(f"{name}.json")
+    rounds = first(r"(\d+) of (\d+) kernel round\(s\) measured", md, f"{name}.md")
+    budget = first(r"longest ([\d.]+) s \((\w+), (\w+) memory\); (\d+) of (\d+) over", md, name)
+    return "\n".join(
+        [
+            f"{host(d)}, {commit(d)} ({link(f'{name}.md', '../')}, raw `{name}_raw.json`); "
+            f"{rounds.group(1)} of {rounds.group(2)} kernel rounds measured, on a loaded "
+            "machine (helpers editing and testing beside it): **one round is not a result**, "
+            "so read these as a first look, not against the targets:",
+            "",
+            *copied_table(md, "memory"),
+            "",
+            f"Longest default first plan {budget.group(1)} s ({budget.group(2)}, "
+            f"{budget.group(3)} memory); {budget.group(4)} of {budget.group(5)} over the 25 s "
+            "budget.",
+        ]
+    )
+
+
+def budget_block() -> str:
+    """Plan time against quality, every type allowed (``budget_table.py``)."""
+    md, d = text("budget_table.md"), data("budget_table.json")
+    return "\n".join(
+        [
+            f"{host(d)}, {commit(d)} ({link('budget_table.md', '../')}; families "
+            f"{', '.join(d['settings']['families'])} at their own memory, "
+            f"{d['settings']['rounds']} kernel rounds):",
+            "",
+            *copied_table(md, "budget (s)"),
+        ]
+    )
+
+
 # --- the pages -----------------------------------------------------------------------------
 
 
@@ -767,6 +811,8 @@ BLOCKS = [
     Block("docs/results.md", "demo", demo_block),
     Block("docs/results.md", "at-scale", at_scale_block),
     Block("docs/results.md", "first-run", first_run_block),
+    Block("docs/results.md", "user-path", user_path_block),
+    Block("docs/results.md", "budget-types", budget_block),
     Block("docs/first_run.md", "first-run", first_run_block),
     Block("docs/first_run.md", "first-plan-steps", first_plan_steps_block),
     Block("docs/guide.md", "collectives", collectives_block),
