@@ -1,17 +1,5 @@
 """Few-shot calibration on the user's own hardware and tables (:func:`calibrate`), and the
-verification's public names (:mod:`torchrec_dreamshard.verification`).
-
-Calibration times the task's tables alone, then the most uncertain fused groups of the
-candidate plans, within a budget, storing every kernel; then it fine-tunes the cost
-network's device heads on them, the bundled weights as the prior, each ensemble member
-on its own Poisson(1) bootstrap weights ``w_ks``:
-
-    loss = sum_k sum_s w_ks huber(log pred_k(s) - log meas(s)) / sum w
-           + prior * mean_p (theta_p - theta_p^0)^2
-
-The table encoder is frozen; the all-to-all head is set from the machine's fitted
-all-to-all model at the task's batch (:func:`with_comm_model`).
-"""
+verification's public names (:mod:`torchrec_dreamshard.verification`)."""
 
 from torchrec_dreamshard.cache.store_keys import (
     JOB_ROOT,
@@ -50,11 +38,7 @@ from torchrec_dreamshard.verification.plan_ranking import (
     measuring_priority,
     rank_measured,
 )
-from torchrec_dreamshard.verification.verification import (
-    VerifyOptions,
-    verify,
-    verify_candidates,
-)
+from torchrec_dreamshard.verification.verification import VerifyOptions, verify, verify_candidates
 from torchrec_dreamshard.verification.verify_result import VerifiedPlan, VerifyResult
 from torchrec_dreamshard.verification.verify_timing import Timing
 

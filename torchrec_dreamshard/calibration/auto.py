@@ -1,11 +1,5 @@
-"""Whether the checkpoint prices this machine right, and so whether to calibrate by default.
-
-The reference kernel, timed here, against the cost network's prediction: off by more than
-:data:`AUTO_TOLERANCE` either way, the planner calibrates on the user's tables within
-:data:`AUTO_BUDGET_S`. Where it calibrates, the plan is also verified by default
-(:func:`verification_settings`: :data:`AUTO_VERIFY_K` plans within :data:`AUTO_VERIFY_S`,
-the chosen plan the incumbent), and TorchRec's plan is never replaced by a slower one.
-"""
+"""Whether the checkpoint prices this machine right (:class:`MachineCheck`), and so whether
+to calibrate and verify by default (:func:`verification_settings`)."""
 
 from __future__ import annotations
 
@@ -29,13 +23,8 @@ AUTO_VERIFY_S = 25.0  # seconds of automatic verification (cached: measured once
 
 @dataclass(frozen=True)
 class MachineCheck:
-    """The reference kernel, predicted against measured on this machine.
-
-    Args:
-        predicted_ms: the cost network's ``(fwd, bwd)`` of the reference kernel.
-        measured_ms: this machine's (``None``: not measured).
-        tolerance: relative error of ``fwd + bwd`` above which calibration pays.
-    """
+    """The reference kernel's ``(fwd, bwd)`` ms, predicted against measured here (``None``:
+    not measured); mispriced beyond ``tolerance`` of ``fwd + bwd``."""
 
     predicted_ms: tuple[float, float]
     measured_ms: tuple[float, float] | None
@@ -102,8 +91,8 @@ class VerificationSettings:
 def verification_settings(
     verify_k: int | None, auto_calibrates: bool, rounds: int = 3
 ) -> VerificationSettings:
-    """A plan's verification: ``verify_k`` plans as asked (no budget, no cache); where
-    ``None``, the automatic default if the check calibrates, else none."""
+    """``verify_k`` plans as asked (no budget, no cache); where ``None``, the automatic
+    default if the check calibrates, else none."""
     if verify_k is not None:
         return VerificationSettings(verify_k, None, VerifyOptions(rounds=rounds))
     if auto_calibrates:

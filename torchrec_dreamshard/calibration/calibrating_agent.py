@@ -1,5 +1,4 @@
-""":class:`CalibratingAgent`, which calibrates and verifies in ``place``: for scripts that
-place tasks outside the planner."""
+""":class:`CalibratingAgent`, which calibrates and verifies in ``place``."""
 
 from __future__ import annotations
 
@@ -10,10 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from torchrec_dreamshard.calibration.adaptation_report import (
-    adaptation_lines,
-    verification_record,
-)
+from torchrec_dreamshard.calibration.adaptation_report import adaptation_lines, verification_record
 from torchrec_dreamshard.calibration.auto import (
     MachineCheck,
     VerificationSettings,
@@ -41,15 +37,11 @@ __all__ = ["CalibratingAgent", "adaptation_lines"]
 
 class CalibratingAgent:
     """A :class:`~torchrec_dreamshard.policy.PlacementAgent` whose ``place`` calibrates first
-    and verifies after (:func:`plan_task`); other members use the calibrated agent once
-    there is one.
+    and verifies after (:func:`plan_task`); other members use the calibrated agent.
 
     Args:
-        agent: the prior agent.
         calibration: calibration settings (``None``: verification only).
         verify_k: candidates to verify (0: none; ``None``: automatic, see :mod:`.auto`).
-        verify_rounds: interleaved rounds of the verification.
-        progress: tqdm bars.
         auto: ``() -> (fwd, bwd)`` reference ms of this machine: calibrate only where
             :func:`~.auto.check_machine` finds the checkpoint misprices it (``None``:
             whenever ``calibration`` is given).
@@ -77,11 +69,6 @@ class CalibratingAgent:
         self._prepared: CalibrationResult | None = None
 
     @property
-    def automatic(self) -> bool:
-        """Whether it calibrates only where the checkpoint misprices this machine."""
-        return self._auto is not None
-
-    @property
     def calibration_enabled(self) -> bool:
         """Whether ``place`` calibrates on this machine."""
         if self.calibration is None:
@@ -93,16 +80,14 @@ class CalibratingAgent:
         return self.check.mispriced
 
     def verification(self) -> VerificationSettings:
-        """The verification to run: as given, or the automatic one where the checkpoint
-        misprices."""
+        """The verification to run: as given, or the automatic one."""
         if self.verify_k is not None:
             return verification_settings(self.verify_k, False, self.verify_rounds)
         auto_calibrates = self._auto is not None and self.calibration_enabled
         return verification_settings(None, auto_calibrates, self.verify_rounds)
 
     def _settings(self, task: Task) -> CalibrationConfig | None:
-        """How ``place`` / ``prepare`` calibrate on ``task`` (``None``: not at all; from the
-        store only where it holds a running job's kernels)."""
+        """How ``place`` / ``prepare`` calibrate on ``task`` (``None``: not at all)."""
         automatic = self._auto is not None
         mispriced = self.calibration is not None and self.calibration_enabled
         config = calibration_to_run(
@@ -115,8 +100,7 @@ class CalibratingAgent:
         return config
 
     def adaptation(self) -> dict[str, Any]:
-        """How planning adapted to this machine: whether it calibrated, why, the error before
-        and after and the failed measurements (JSON-able)."""
+        """How planning adapted to this machine, JSON-able."""
         out: dict[str, Any] = {"mode": "auto" if self._auto is not None else "on"}
         if self.calibration is None:
             out.update(mode="off", why="verification only")
@@ -160,8 +144,7 @@ class CalibratingAgent:
         seed: int = 0,
         sources: Sequence[CandidateSource] | None = None,
     ) -> list[int]:
-        """Calibrate (unless :meth:`prepare` did), place and verify; kept in
-        :attr:`last_outcome`."""
+        """Calibrate (unless :meth:`prepare` did), place and verify (:attr:`last_outcome`)."""
         out = plan_task(
             self.prior,
             task,
@@ -187,12 +170,12 @@ class CalibratingAgent:
 
     @property
     def without_measuring(self) -> DreamShard:
-        """The agent that places without measuring (the calibrated one once there is one)."""
+        """The agent that places without measuring (the calibrated one, else the prior)."""
         return self.current
 
     @property
     def meta(self) -> dict[str, Any]:
-        """The current agent's metadata (a calibrated agent's has its calibration)."""
+        """The current agent's metadata."""
         return self.current.meta
 
     @property

@@ -6,8 +6,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,17 +30,11 @@ from torchrec_dreamshard.calibration.kernel_samples import (
     measure_kernels,
     observed_jobs,
 )
-from torchrec_dreamshard.cost.fitting import (
-    CostSample,
-)
+from torchrec_dreamshard.cost.fitting import CostSample
 from torchrec_dreamshard.data.tables import TableSpec
 from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.measure.config import MeasureConfig
-from torchrec_dreamshard.measure.guard import (
-    MeasureFailure,
-    guarded,
-    warn_failures,
-)
+from torchrec_dreamshard.measure.guard import MeasureFailure, guarded, warn_failures
 from torchrec_dreamshard.measure.spent import spent_on
 from torchrec_dreamshard.verification.noise import DRIFT_LIMIT, lasting_drift, reference_ms
 
@@ -247,7 +242,10 @@ def _measure_in_windows(
     """
     kept = KernelsMeasured()
     mcfg, check = config.measure, bool(todo) and math.isfinite(config.drift_limit)
-    before = _reference_or_none(mcfg, failures, "before") if check else None
+    before = None
+    if check:
+        measure = partial(reference_ms, mcfg)
+        before = _guarded_or_none("the reference kernel (before)", measure, mcfg.device, failures)
     worst, discarded = None, 0
     for lo in range(0, len(todo), WINDOW_KERNELS):
         if lo and time.perf_counter() >= deadline:
@@ -289,16 +287,9 @@ def _fitted_agent(
         agent.cost_net, samples, config.epochs, config.lr, config.prior, config.seed, weights
     )
     comm = None
-    if task.num_devices > 1:
-        comm = guarded(
-            "calibration: the all-to-all model",
-            lambda: _all_to_all_model(config.measure),
-            device=config.measure.device,
-            warn=False,
-        )
-        if isinstance(comm, MeasureFailure):
-            failures.append(comm)  # the checkpoint's all-to-all head is kept
-            comm = None
+    if task.num_devices > 1:  # where it fails, the checkpoint's all-to-all head is kept
+        measure = partial(_all_to_all_model, config.measure)
+        comm = _guarded_or_none("the all-to-all model", measure, config.measure.device, failures)
     if comm is not None:
         net = with_comm_model(net, comm, task.batch_size)
     meta = dict(agent.meta)
@@ -306,20 +297,15 @@ def _fitted_agent(
     return DreamShard(net, agent.policy, meta, penalty=agent.penalty, sources=agent.sources)
 
 
-def _reference_or_none(
-    config: MeasureConfig, failures: list[MeasureFailure], when: str
-) -> float | None:
-    """The reference kernel's fwd + bwd now (``None``: timing it failed)."""
-    ms = guarded(
-        f"calibration: the reference kernel ({when})",
-        lambda: reference_ms(config),
-        device=config.device,
-        warn=False,
-    )
-    if isinstance(ms, MeasureFailure):
-        failures.append(ms)
+def _guarded_or_none(
+    what: str, measure: Callable[[], Any], device: str, failures: list[MeasureFailure]
+) -> Any:
+    """``measure()``, or ``None`` where it failed (the failure appended to ``failures``)."""
+    out = guarded(f"calibration: {what}", measure, device=device, warn=False)
+    if isinstance(out, MeasureFailure):
+        failures.append(out)
         return None
-    return ms
+    return out
 
 
 def _drift_or_none(
@@ -328,13 +314,5 @@ def _drift_or_none(
     """:func:`~.noise.lasting_drift` since ``before`` (``None``: not timed)."""
     if before is None:
         return None
-    drift = guarded(
-        "calibration: the reference kernel (after)",
-        lambda: lasting_drift(before, config, limit),
-        device=config.device,
-        warn=False,
-    )
-    if isinstance(drift, MeasureFailure):
-        failures.append(drift)
-        return None
-    return drift
+    measure = partial(lasting_drift, before, config, limit)
+    return _guarded_or_none("the reference kernel (after)", measure, config.device, failures)

@@ -1,5 +1,5 @@
-"""Fitting the cost network's device heads to measured kernels (:func:`fine_tune`), setting
-or scaling the heads' outputs, and accuracy on kernels (:func:`kernel_accuracy`)."""
+"""Fitting the cost network's device heads to measured kernels (:func:`fine_tune`), and
+setting or scaling the heads' outputs."""
 
 from __future__ import annotations
 
@@ -34,8 +34,12 @@ def fine_tune(
     seed: int = 0,
     weights: Sequence[float] | None = None,
 ) -> CostNet:
-    """A copy of ``net`` with its device heads fitted to ``samples`` (the package docstring's
-    loss), the encoder frozen; ``weights`` scale each sample's bootstrap weight."""
+    """A copy of ``net`` with its device heads fitted to ``samples``, the encoder frozen.
+
+    Each member ``k`` minimises ``sum_s w_ks huber(log pred_k(s) - log meas(s)) / sum w +
+    prior * mean_p (theta_p - theta_p^0)^2``, ``w_ks`` Poisson(1) bootstrap weights scaled
+    by ``weights``.
+    """
     tuned = copy.deepcopy(net)
     if not samples or epochs == 0:
         return tuned.eval()
@@ -77,8 +81,7 @@ def observation_weights(groups: Sequence[str]) -> list[float]:
 
 
 def _scale_softplus(raw: torch.Tensor, factor: float, floor: float) -> None:
-    """Rewrite ``raw`` in place so that ``softplus(raw)`` is ``factor`` times it, at least
-    ``floor``."""
+    """Scale ``softplus(raw)`` by ``factor`` in place, at least ``floor``."""
     with torch.no_grad():
         value = (torch.nn.functional.softplus(raw) * float(factor)).clamp(min=floor)
         raw.copy_(value + torch.log(-torch.expm1(-value)))
@@ -91,13 +94,7 @@ def scale_comm(net: CostNet, factor: float) -> CostNet:
 
 
 def with_comm_model(net: CostNet, model: Any, batch_size: int, elem_bytes: int = 4) -> CostNet:
-    """``net`` with its all-to-all head set to ``model`` at ``batch_size``.
-
-    A device of pooled width ``w`` among D devices of total width W moves
-    ``MB = elem_bytes B (W + (D - 2) w) / (D 1e6)`` each way, costing
-    ``latency + per_peer (D - 1) + ms_per_mb * MB``: the head's form with
-    ``p = 2 per_peer``, ``r = 2 latency``, ``q = 2 ms_per_mb elem_bytes B / 1000``.
-    """
+    """``net`` with its all-to-all head set to ``model`` at ``batch_size`` (in place)."""
     p = 2.0 * model.per_peer_ms
     q = 2.0 * model.ms_per_mb * elem_bytes * batch_size / 1000.0
     r = 2.0 * model.latency_ms

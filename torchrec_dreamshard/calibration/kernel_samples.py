@@ -1,6 +1,5 @@
-"""Calibration kernels: which fused groups to measure (:func:`informative_groups`),
-measuring within the budget (:func:`measure_kernels`) and loading them back
-(:func:`load_kernel_samples`)."""
+"""Calibration kernels: which fused groups to measure, measuring them within the budget and
+loading them back as cost samples."""
 
 from __future__ import annotations
 
@@ -19,11 +18,7 @@ from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.group_tasks import run_on_group
 from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 from torchrec_dreamshard.measure.progress import progress_bar
-from torchrec_dreamshard.ranks.job_group import (
-    JobGroup,
-    active_group,
-    group_task,
-)
+from torchrec_dreamshard.ranks.job_group import JobGroup, active_group, group_task
 from torchrec_dreamshard.threads import single_thread
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -67,8 +62,7 @@ def informative_groups(
 def _policy_plans(
     agent: DreamShard, task: Task, sources: Sequence[CandidateSource] | None
 ) -> list[np.ndarray]:
-    """The policy's greedy roll-out and the safe mode's candidates (none where it finds no
-    placement)."""
+    """The policy's greedy roll-out and the safe mode's candidates (none where it fails)."""
     from torchrec_dreamshard.policy.mdp import PlacementError
 
     try:
@@ -128,7 +122,6 @@ class KernelsMeasured:
 
     Attributes:
         jobs: the job keys of the kernels measured and stored, in order.
-        seconds: wall time.
         failures: the measurements that failed; their kernels were skipped.
         attempted: kernels tried, failed or not.
     """
@@ -161,7 +154,8 @@ def measure_kernels(
     try:
         for lo in range(0, len(kernels), wave):
             chunk = kernels[lo : lo + wave]
-            if lo and time.perf_counter() + _chunk_estimate(start, lo, chunk) > deadline:
+            now = time.perf_counter()
+            if lo and now + (now - start) / lo * len(chunk) > deadline:  # at the rate so far
                 break
             timed = _timed_wave(chunk, batch_size, config, group, out.failures)
             for job, tables, (fb, spread, ref) in timed:
@@ -248,11 +242,6 @@ def _group_kernel_times(
     """This rank's share of a wave: rank ``r`` times the ``r``-th batch."""
     mine = kernels[group.rank * KERNELS_PER_CALL : (group.rank + 1) * KERNELS_PER_CALL]
     return _time_kernels(mine, batch_size, config) if mine else []
-
-
-def _chunk_estimate(start: float, done: int, chunk: Sequence) -> float:
-    """Seconds the next batch should take, from the rate so far (per kernel)."""
-    return (time.perf_counter() - start) / done * len(chunk)
 
 
 def load_kernel_samples(

@@ -36,7 +36,7 @@ class PlanOutcome:
         calibration: what calibration did (``None`` without it).
         verification: the measured candidates (``None`` without verification).
         chosen: the agent's placement before verification.
-        split: the split search's plan (``None`` without ``splits``; split: not verified).
+        split: the split search's plan (``None`` without ``splits``).
         predicted_margins: where nothing was measured, the kept plan's predicted margins.
         chosen_label: the safety-net candidate the agent chose.
     """
@@ -92,17 +92,9 @@ def plan_task(
 
     Args:
         agent: the prior agent (unchanged).
-        task: the task.
         how: mode, samples, seed and sources of ``DreamShard.place`` (``None``: defaults).
-        calibration: calibration settings (``None``: ``agent`` as it is).
-        verification: the ``k`` best-rated plans to measure beside the baselines and
-            heuristics (``None`` or ``k`` 0: none).
         calibrated: a calibration of ``agent`` already made, instead of calibrating again.
-        progress: progress bars.
         splits: column-wise splits allowed (a plan that splits tables is not verified).
-
-    Returns:
-        The :class:`PlanOutcome`.
     """
     how = how if how is not None else PlaceSettings()
     sources = how.sources
@@ -152,8 +144,8 @@ def verify_chosen(
     progress: bool = False,
 ) -> PlanOutcome:
     """Verify ``chosen`` (candidate ``label``) beside the baselines of ``sources`` and the
-    heuristics, and keep what :func:`~.verification.verify` picks; where nothing was
-    measured, the predicted margins. ``measure``: settings where ``verification`` has none."""
+    heuristics, and keep what :func:`~.verification.verify` picks (unmeasured: the
+    predicted margins). ``measure``: settings where ``verification`` has none."""
     ver, placement = None, list(chosen)
     baselines = baseline_plans(task, sources)
     if verification is not None and verification.k:
