@@ -1,10 +1,6 @@
-"""Candidates clearly behind after a round drop out (:class:`Dropping`).
-
-From round :data:`DROP_FROM_ROUND` on, a plan whose median is behind the fastest by more
-than ``max(DROP_SPREADS x spread, DROP_FLOOR)`` and that lost every round is measured no
-more. Never dropped: TorchRec's plan, the incumbent, the fastest heuristic's and the plan
-:func:`~.plan_ranking.keep` would keep now.
-"""
+"""Candidates clearly behind after a round drop out (:class:`Dropping`); TorchRec's plan, the
+incumbent, the fastest heuristic's and the plan :func:`~.plan_ranking.keep` would keep now
+never do."""
 
 from __future__ import annotations
 

@@ -22,9 +22,7 @@ from torchrec_dreamshard.verification.verify_result import VerifiedPlan, plan_wo
 MIN_ROUNDS_TO_REPLACE = 2  # rounds a plan must win before it replaces a named incumbent
 REPLACE_MARGIN = 0.03  # ... and by this much at the median: identical plans move 3% here
 FEW_ROUNDS_MARGIN = 0.05  # under 3 rounds, a plan beats TorchRec's by this much every round
-# how far the verification's ratio to TorchRec's plan may move on the job's own ids: a plan
-# replaces TorchRec's only with a median this much lower (benchmarks/verdict_vs_ids.py)
-VERDICT_ERROR = 0.01
+VERDICT_ERROR = 0.01  # a plan replaces TorchRec's only with a median this much lower
 
 
 def beats_beyond_noise(p: VerifiedPlan, ref: VerifiedPlan) -> bool:

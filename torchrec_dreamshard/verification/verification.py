@@ -1,10 +1,6 @@
-"""Verification (:func:`verify`): the best-rated candidates, every heuristic's plan and
-TorchRec's plan measured in interleaved rounds, and the plan kept (:mod:`.plan_ranking`).
-
-A noisy first pass (:class:`~.noise.Noise`) is measured again; a plan clearly behind drops
-out of later rounds (:mod:`.dropping`); a measurement that fails on this machine ends the
-verification and keeps the planner's choice (``VerifyResult.failure``).
-"""
+"""Verification (:func:`verify`): candidate plans measured in interleaved rounds, a noisy
+first pass measured again, plans clearly behind dropped (:mod:`.dropping`), and the plan
+kept (:mod:`.plan_ranking`)."""
 
 from __future__ import annotations
 
@@ -99,7 +95,6 @@ def verify(
 
     Args:
         config: the measurement settings (one timing round per measurement).
-        options: rounds, budget, cache, incumbent, progress and noise limits.
         timing: what measures (default :func:`kernel_timing`).
 
     Raises:

@@ -30,8 +30,7 @@ class Dropped:
     fastest: str
 
     def describe(self) -> str:
-        """E.g. ``"dropped after round 2: 34% behind the size_greedy heuristic's plan (limit
-        10%)"``."""
+        """E.g. ``"dropped after round 2: 34% behind ... (limit 10%)"``."""
         again = " of the second pass" if self.pass_index else ""
         return (
             f"dropped after round {self.after_round}{again}: {self.behind:.0%} behind "
@@ -135,8 +134,7 @@ class VerifyResult:
         )
 
     def margins(self) -> dict[str, Any]:
-        """The kept plan's measured step over TorchRec's and the best heuristic's (``None``: not
-        measured)."""
+        """The kept plan's measured step over TorchRec's and the best heuristic's."""
 
         def ratio(other: VerifiedPlan | None) -> float | None:
             kept, against = self.winner.measured_ms, other.measured_ms if other else None
@@ -152,8 +150,7 @@ class VerifyResult:
         }
 
     def summary(self, describe: Callable[[str], str] | None = None) -> str:
-        """One line: what was measured, in how long, what was kept and by how much; ``describe``
-        names a plan (default :func:`plan_words`)."""
+        """One line: what was measured, in how long, what was kept and by how much."""
         describe = describe or plan_words
         if self.failure is not None:
             return (

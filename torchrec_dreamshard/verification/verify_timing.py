@@ -7,14 +7,16 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from torchrec_dreamshard.cost.collective_models import local_all_to_all
 from torchrec_dreamshard.data.tasks import Task
-from torchrec_dreamshard.measure import placement_timing, reference_speed
+from torchrec_dreamshard.measure import placement_timing
 from torchrec_dreamshard.measure.config import MeasureConfig
 from torchrec_dreamshard.measure.device_sets import DeviceSetTimes
 from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
+from torchrec_dreamshard.verification.noise import reference_ms
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.verification.verify_result import VerifiedPlan
@@ -50,10 +52,15 @@ def kernel_timing(config: MeasureConfig) -> Timing:
     def step_ms(task: Task, placement: list[int]) -> float:
         return shared_step_ms(task, placement, None)
 
-    def reference_ms() -> float:
-        return float(sum(reference_speed.measure_reference_ms(config.device)))
+    return Timing(step_ms, partial(reference_ms, config), shared_step_ms=shared_step_ms)
 
-    return Timing(step_ms, reference_ms, shared_step_ms=shared_step_ms)
+
+def _or_raise(what: str, measure: Callable[[], float], device: str) -> float:
+    """``measure()`` guarded: a failure raises :class:`MeasuringFailed`."""
+    ms = guarded(what, measure, device=device, warn=False)
+    if isinstance(ms, MeasureFailure):
+        raise MeasuringFailed(ms)
+    return ms
 
 
 def guarded_step(
@@ -64,15 +71,8 @@ def guarded_step(
 
     def step(task: Task, placement: list[int]) -> float:
         name = names.get(tuple(placement), "a plan")
-        ms = guarded(
-            f"verification: measuring plan {name}",
-            lambda: checked_step(step_ms, task, placement),
-            device=device,
-            warn=False,
-        )
-        if isinstance(ms, MeasureFailure):
-            raise MeasuringFailed(ms)
-        return ms
+        measure = partial(checked_step, step_ms, task, placement)
+        return _or_raise(f"verification: measuring plan {name}", measure, device)
 
     return step
 
@@ -89,14 +89,7 @@ def checked_step(
 
 def guarded_reference(reference_ms: Callable[[], float], device: str) -> Callable[[], float]:
     """``reference_ms`` guarded: a timing that fails raises :class:`MeasuringFailed`."""
-
-    def reference() -> float:
-        ms = guarded("verification: the reference kernel", reference_ms, device=device, warn=False)
-        if isinstance(ms, MeasureFailure):
-            raise MeasuringFailed(ms)
-        return ms
-
-    return reference
+    return partial(_or_raise, "verification: the reference kernel", reference_ms, device)
 
 
 class MeasuringFailed(Exception):
