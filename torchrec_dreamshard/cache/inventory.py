@@ -1,15 +1,6 @@
-"""What the planner's cache holds, and clearing it (``dreamshard cache``).
-
-The cache directory (:func:`~torchrec_dreamshard.cache.location.cache_root`) holds
-the machine cache files (:mod:`~torchrec_dreamshard.cache.machine_cache`: one JSON file per
-kind and key) and the calibration store (SQLite: the kernels calibration measured, by
-hardware fingerprint and workload, and what running jobs fed their tables), with any other
-store a benchmark kept beside it. Each is listed as a :class:`CachedItem`: its kind, its
-size and age, the key it was measured under (and what of it differs from this machine
-now), a store's row counts. Only files the package names are listed or removed; a cache
-directory a user named may hold other files, which are counted and never touched. A store
-named by ``$DREAMSHARD_CALIBRATION_STORE`` outside the directory is listed, never removed.
-"""
+"""What the planner's cache holds, and clearing it (``dreamshard cache``): only the files the
+package names are listed or removed, and a store ``$DREAMSHARD_CALIBRATION_STORE`` names
+outside the cache directory is listed, never removed."""
 
 from __future__ import annotations
 
@@ -27,11 +18,7 @@ from torchrec_dreamshard.cache.machine_cache import (
     is_envelope,
     measurement_key,
 )
-from torchrec_dreamshard.cache.store_keys import (
-    STORE_ENV,
-    STORE_NAME,
-    default_store_path,
-)
+from torchrec_dreamshard.cache.store_keys import STORE_ENV, STORE_NAME, default_store_path
 from torchrec_dreamshard.io import read_json
 from torchrec_dreamshard.store.cost_store import CostStore
 from torchrec_dreamshard.store.fed_inputs_store import count_inputs, forget_inputs
@@ -64,14 +51,13 @@ _MACHINE_FIELDS = ("host", "device_name", "threads", "torch", "fbgemm_gpu")
 class CachedItem:
     """One thing the cache holds.
 
-    Args:
+    Attributes:
         kind: one of :data:`KINDS` (``"calibration"`` for a store).
-        path: its file.
         files: its files (a store's write-ahead log and lock beside it).
         size: bytes, its files together.
         modified: when it was last written (seconds since the epoch).
         key: what it was measured on (``None``: a store, or a file that records no key).
-        notes: what else to say of it, in lines (a store's rows; an older format).
+        notes: what else to say of it, in lines.
         removable: inside the cache directory (``--clear`` removes it).
     """
 
@@ -86,8 +72,7 @@ class CachedItem:
 
 
 def _stat(files: tuple[Path, ...]) -> tuple[int, float]:
-    """Bytes and the newest modification time of ``files`` (one removed meanwhile counts
-    nothing)."""
+    """Bytes and the newest modification time of ``files`` (one gone counts nothing)."""
     stats = []
     for f in files:
         try:
@@ -105,8 +90,7 @@ def _file_kind(path: Path) -> str | None:
 
 
 def machine_file_item(path: Path, kind: str) -> CachedItem:
-    """A machine cache file as a :class:`CachedItem` (a file no version reads now, or
-    that cannot be read, says so in its notes)."""
+    """A machine cache file as a :class:`CachedItem` (one not read says why in its notes)."""
     size, modified = _stat((path,))
     try:
         data = read_json(path, "cache file")
@@ -165,8 +149,8 @@ def _hardware_words(hw: dict[str, Any]) -> str:
 
 
 def cache_items() -> list[CachedItem]:
-    """Everything the cache holds: the machine cache files in the cache directory, its
-    stores, and the calibration store named by the environment where it is elsewhere."""
+    """The machine cache files and stores in the cache directory, and the calibration store
+    wherever the environment puts it."""
     root = cache_root()
     items = []
     if root.is_dir():
@@ -184,9 +168,8 @@ def cache_items() -> list[CachedItem]:
 
 
 def _is_store_name(path: Path) -> bool:
-    """Whether ``path`` is named as the package names its stores in the cache directory:
-    the calibration store, or a benchmark's (``bench_*.sqlite``). Another SQLite file is
-    not opened (opening a store adds the store's tables to it)."""
+    """Whether ``path`` is the calibration store or a benchmark's (``bench_*.sqlite``); no
+    other SQLite file is opened, as opening adds the store's tables to it."""
     return path.name == STORE_NAME or (path.name.startswith("bench_") and path.suffix == ".sqlite")
 
 
@@ -200,8 +183,8 @@ def other_files(items: list[CachedItem]) -> list[Path]:
 
 
 def key_differences(key: dict[str, Any], here: dict[str, dict[str, Any] | None]) -> list[str]:
-    """What of ``key``'s machine part differs from this machine now, in words (empty:
-    measured here as things are). ``here`` caches this machine's keys by device type."""
+    """What of ``key``'s machine part differs from this machine now, in words; ``here``
+    caches this machine's keys by device type."""
     device = str(key.get("device", "cpu"))
     if device not in here:
         present = device == "cpu" or (device == "cuda" and torch.cuda.is_available())
@@ -217,9 +200,8 @@ def key_differences(key: dict[str, Any], here: dict[str, dict[str, Any] | None])
 
 
 def clear_cache(kind: str = "all") -> list[str]:
-    """Remove what the cache holds of ``kind`` (one of :data:`KINDS`, or ``"all"``) from
-    the cache directory; one line per item removed. Values this process loaded from it
-    are forgotten, so the next plan reads or measures again.
+    """Remove what the cache directory holds of ``kind`` (one of :data:`KINDS`, or
+    ``"all"``), a line per item, and forget the values this process loaded from it.
 
     Raises:
         ValueError: ``kind`` is not one of :data:`KINDS` nor ``"all"``.
@@ -263,9 +245,8 @@ def key_words(key: dict[str, Any]) -> str:
 
 
 def inventory_lines(items: list[CachedItem], now: float) -> list[str]:
-    """The cache directory, this machine's key now, and every item with its kind, size,
-    age at ``now`` (seconds since the epoch), key (and what of it differs from here) and
-    notes."""
+    """The cache directory, this machine's key, and every item with its kind, size, age at
+    ``now`` (seconds since the epoch), key and notes."""
     here: dict[str, dict[str, Any] | None] = {}
     lines = [f"cache directory: {cache_root()} (from {cache_root_source()})"]
     lines.append(f"this machine now: {key_words(measurement_key('cpu'))}")

@@ -1,19 +1,6 @@
-"""Where the planner's caches live: the one place every cache reader and writer asks.
-
-:func:`cache_root` is, in order:
-
-1. the directory of the innermost :func:`using_cache_dir` block around the call
-   (``DreamShardPlanner(cache_dir=...)`` wraps its planning in one; ``dreamshard cache
-   --cache-dir`` too);
-2. ``$XDG_CACHE_HOME/torchrec_dreamshard`` (``~/.cache/torchrec_dreamshard`` where
-   ``XDG_CACHE_HOME`` is unset or empty).
-
-The block's directory is held in a :class:`contextvars.ContextVar`, so it is scoped to the
-code that runs inside the block: another thread (which starts with a context of its own)
-or a call made after the block ends sees the default, and two threads may each plan with a
-directory of their own. Nothing process-wide is patched: no environment variable, no
-module attribute. Processes the package spawns read nothing from the cache.
-"""
+"""Where the planner's caches live (:func:`cache_root`): the directory of the innermost
+:func:`using_cache_dir` block around the call (a context variable: scoped to the code inside
+it, this thread only), else ``$XDG_CACHE_HOME/torchrec_dreamshard`` or ``~/.cache/...``."""
 
 from __future__ import annotations
 
@@ -30,12 +17,8 @@ _CACHE_DIR: ContextVar[Path | None] = ContextVar("torchrec_dreamshard_cache_dir"
 
 @contextlib.contextmanager
 def using_cache_dir(path: str | os.PathLike | None) -> Iterator[Path | None]:
-    """Within the block, every cache of the package lives in ``path`` (the directory
-    itself: files go straight into it; created when something is first written).
-
-    Args:
-        path: the cache directory (``~`` expanded, made absolute); ``None`` changes
-            nothing (the directory of an enclosing block, or the default, stays).
+    """Within the block, every cache of the package lives in ``path`` (created when first
+    written); ``None`` changes nothing.
 
     Yields:
         The directory the block uses (``None`` where ``path`` is ``None``).
@@ -55,7 +38,7 @@ def using_cache_dir(path: str | os.PathLike | None) -> Iterator[Path | None]:
 
 
 def checked_cache_dir(path: str | os.PathLike) -> Path:
-    """``path`` as a cache directory: ``~`` expanded and absolute.
+    """``path`` as a cache directory, ``~`` expanded and absolute.
 
     Raises:
         ValueError: ``path`` is not a path, is empty, or exists and is not a directory.
@@ -71,8 +54,7 @@ def checked_cache_dir(path: str | os.PathLike) -> Path:
 
 
 def cache_dir_override() -> Path | None:
-    """The directory of the innermost :func:`using_cache_dir` block around this call
-    (``None`` outside every block)."""
+    """The directory of the innermost :func:`using_cache_dir` block (``None``: none)."""
     return _CACHE_DIR.get()
 
 
@@ -83,14 +65,13 @@ def default_cache_root() -> Path:
 
 
 def cache_root() -> Path:
-    """The directory the caches live in here and now (see the module docstring)."""
+    """The directory the caches live in here and now."""
     override = _CACHE_DIR.get()
     return override if override is not None else default_cache_root()
 
 
 def cache_root_source() -> str:
-    """What chose :func:`cache_root`, in words: ``"cache_dir"``, ``"$XDG_CACHE_HOME"`` or
-    ``"~/.cache"``."""
+    """What chose :func:`cache_root`: ``"cache_dir"``, ``"$XDG_CACHE_HOME"`` or ``"~/.cache"``."""
     if _CACHE_DIR.get() is not None:
         return "cache_dir"
     return "$XDG_CACHE_HOME" if os.environ.get("XDG_CACHE_HOME") else "~/.cache"

@@ -1,23 +1,6 @@
-"""Per-machine cache files of what is measured once on a machine and reused (the fitted
-collective models, the dense kernel's model, the reference kernel's time, a verification's
-rounds), and the key each is found by.
-
-The key (:func:`measurement_key`) is everything that changes a measurement: the host, the
-device and its model (the CPU's or the GPU's), the intra-op threads the timers run on
-(:func:`~torchrec_dreamshard.measure.hardware.measuring_threads`), the torch and FBGEMM
-versions; a kind of file adds what changes it further (the collectives: the backend and the
-topology; a verification: the task, the plans and the settings). A cache file
-(:class:`CacheFile`) lives in :func:`~torchrec_dreamshard.cache.location.cache_root`,
-named for its kind and a short digest of its key, and holds the key in full beside the value
-(its *envelope*), so that a file measured under another key is simply not found (another
-machine, thread count, torch or FBGEMM version or topology measures afresh) and ``dreamshard
-cache`` can show what each file was measured on. Older versions' files (other names, no
-envelope) are never looked up.
-
-:func:`load_cached` reads a file, or measures and writes it (atomically: two first runs may
-measure at once, the last rename wins and both files are whole), and remembers the value per
-path for the rest of the process (:func:`forget_loaded` forgets every remembered value).
-"""
+"""Per-machine cache files of what is measured once and reused (:class:`CacheFile`), keyed by
+everything that changes the measurement (:func:`measurement_key`), the key kept beside the
+value so a file measured under another is not found; :func:`load_cached` reads or measures."""
 
 from __future__ import annotations
 
@@ -43,9 +26,8 @@ KEY_LENGTH = 12  # hex digits of the key's digest in a file name
 
 
 def measurement_key(device: str = "cpu") -> dict[str, Any]:
-    """What changes a measurement on ``device`` here: ``host``, ``device`` (its type),
-    ``device_name`` (the CPU or GPU model), ``threads`` (the intra-op threads the timers
-    run on), ``torch`` and ``fbgemm_gpu`` (the versions)."""
+    """What changes a measurement on ``device`` here: host, device type and model, the
+    timers' intra-op threads, torch and FBGEMM versions."""
     return {
         "host": socket.gethostname(),
         "device": torch.device(device).type,
@@ -60,13 +42,10 @@ def measurement_key(device: str = "cpu") -> dict[str, Any]:
 class CacheFile:
     """Where a cached value is kept, and under which key.
 
-    Args:
-        path: the file.
-        kind: what it holds (``"reference_kernel"``, ``"collectives"``...); empty for a
-            file the caller named.
-        key: what the value was measured on (:func:`measurement_key` and the kind's own
-            parts), written in the file's envelope and checked when it is read; ``None``
-            for a file the caller named, which holds the value as plain JSON.
+    Attributes:
+        kind: what it holds (``"reference_kernel"``...); empty for a file the caller named.
+        key: what the value was measured on, kept in the file's envelope and checked when
+            read; ``None`` for a file the caller named, plain JSON.
     """
 
     path: Path
@@ -75,9 +54,8 @@ class CacheFile:
 
 
 def machine_cache_file(kind: str, device: str = "cpu", label: str = "", **extra: Any) -> CacheFile:
-    """The cache file of ``kind`` measured on ``device`` here, keyed by
-    :func:`measurement_key` and ``extra`` (JSON-able): ``<kind>_<label>_<digest>.json`` in
-    the cache directory (``label``, optional, is for people reading the folder)."""
+    """``<kind>_<label>_<digest>.json`` in the cache directory, keyed by
+    :func:`measurement_key` on ``device`` and ``extra`` (JSON-able)."""
     key = {**measurement_key(device), **extra}
     key = json.loads(json.dumps(key))  # as it reads back from the file
     digest = stable_key(key, KEY_LENGTH)
@@ -91,17 +69,13 @@ def named_file(path: str | Path) -> CacheFile:
 
 
 def is_envelope(data: Any) -> bool:
-    """Whether ``data`` (a cache file's JSON) is an envelope: ``{"dreamshard_cache": format,
-    "kind", "key", "value"}``."""
+    """Whether ``data`` is an envelope: ``{"dreamshard_cache": format, "kind", "key", "value"}``."""
     return isinstance(data, dict) and ENVELOPE in data
 
 
 def read_cached_data(file: CacheFile, what: str) -> Any | None:
-    """The value ``file`` holds (JSON), or ``None`` where there is none to read: the file
-    is missing, or its envelope is of another format or holds another key.
-
-    A plain (non-envelope) file is read as the value: a file the caller named, or one
-    written by hand at a cache file's name. An envelope is unwrapped wherever it is found.
+    """The value ``file`` holds (JSON; a plain file is the value), or ``None``: missing, or
+    an envelope of another format or key.
 
     Raises:
         ValueError: the file is not valid JSON (the message names it).
@@ -119,8 +93,7 @@ def read_cached_data(file: CacheFile, what: str) -> Any | None:
 
 
 def write_cached_data(file: CacheFile, value: Any, what: str) -> None:
-    """Write ``value`` (JSON-able) to ``file``: in an envelope with the file's kind and key,
-    or plain for a file the caller named (atomic; folders created)."""
+    """Write ``value`` (JSON-able) to ``file`` atomically, in an envelope where it has a key."""
     data = value
     if file.key is not None:
         data = {ENVELOPE: CACHE_FORMAT, "kind": file.kind, "key": file.key, "value": value}
@@ -139,8 +112,7 @@ def loaded_memo() -> dict[str, Any]:
 
 
 def forget_loaded() -> None:
-    """Forget every value a memo of :func:`loaded_memo` remembers (after the cache was
-    cleared, the next load reads or measures again)."""
+    """Forget every value a memo of :func:`loaded_memo` remembers."""
     for memo in _MEMOS:
         memo.clear()
 
@@ -153,12 +125,11 @@ def load_cached(
     dump: Callable[[T], Any],
     memo: dict[str, T],
 ) -> T:
-    """The value in ``file`` (``parse`` of its JSON), or ``measure()`` written there first
-    (as ``dump`` of it); either kept in ``memo`` by path.
+    """``parse`` of ``file``'s JSON, or ``measure()`` written there first (as ``dump`` of it);
+    either kept in ``memo`` by path.
 
     Raises:
-        ValueError: the file is not valid JSON or ``parse`` refuses it (the message names
-            the file and says to delete it to measure again).
+        ValueError: the file is not valid JSON or ``parse`` refuses it.
     """
     key = str(file.path)
     if key in memo:

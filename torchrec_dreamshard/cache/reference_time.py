@@ -1,9 +1,5 @@
-"""This machine's time on the reference kernel
-(:func:`~torchrec_dreamshard.measure.reference_speed.measure_reference_ms`), measured once
-and cached per machine (:func:`load_reference_ms`), in a machine cache file
-(:mod:`~torchrec_dreamshard.cache.machine_cache`) keyed by the measurement's key and the
-file's format.
-"""
+"""This machine's time on the reference kernel, measured once and cached per machine
+(:func:`load_reference_ms`)."""
 
 from __future__ import annotations
 
@@ -25,9 +21,7 @@ FORMAT_VERSION = 1
 
 
 def reference_cache_file(device: str = "cpu") -> CacheFile:
-    """This machine's cache file of the reference kernel on ``device``, keyed by
-    :func:`~torchrec_dreamshard.cache.machine_cache.measurement_key` and the file's
-    format."""
+    """This machine's cache file of the reference kernel on ``device``."""
     return machine_cache_file("reference_kernel", device, device, format=FORMAT_VERSION)
 
 
@@ -55,7 +49,7 @@ def load_reference_ms(
     path: str | os.PathLike | None = None, device: str = "cpu"
 ) -> tuple[float, float]:
     """The reference kernel's ``(fwd_ms, bwd_ms)`` here, from ``path`` (default
-    :func:`default_reference_path`), measured and saved first when it does not exist."""
+    :func:`default_reference_path`), measured and saved first where missing."""
     file = named_file(path) if path is not None else reference_cache_file(device)
 
     def dump(ms: tuple[float, float]) -> dict[str, Any]:

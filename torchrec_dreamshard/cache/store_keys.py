@@ -1,9 +1,5 @@
-"""The calibration store's keys: where the store lives and the job key of each kernel.
-
-A kernel's row is kept under ``calib/<hardware fingerprint>/<workload>/`` and the content
-signature of its tables (:func:`table_signature`: everything but the name), so a second
-calibration of the same tables on the same machine measures nothing.
-"""
+"""The calibration store's keys: where the store lives and the job key of each kernel (by
+machine, workload and its tables' content, so a second calibration measures nothing)."""
 
 from __future__ import annotations
 
@@ -22,12 +18,8 @@ JOB_ROOT = "calib"
 
 
 def default_store_path() -> Path:
-    """Where the calibration store is: ``calibration.sqlite`` in the directory of a
-    :func:`~torchrec_dreamshard.cache.location.using_cache_dir` block around the
-    call (``DreamShardPlanner(cache_dir=...)``), else ``$DREAMSHARD_CALIBRATION_STORE``,
-    else ``calibration.sqlite`` in the cache directory
-    (:func:`~torchrec_dreamshard.cache.location.cache_root`:
-    ``$XDG_CACHE_HOME/torchrec_dreamshard``, or ``~/.cache/torchrec_dreamshard``)."""
+    """``calibration.sqlite`` in a ``using_cache_dir`` block's directory, else
+    ``$DREAMSHARD_CALIBRATION_STORE``, else ``calibration.sqlite`` in :func:`cache_root`."""
     if cache_dir_override() is None:
         env = os.environ.get(STORE_ENV)
         if env:
