@@ -1,10 +1,6 @@
-"""The cost dataset: every measurement appended to SQLite, read back as training examples.
-
-A row per measured placement holds the tables, placement, per-device figures (raw, with
-the reference kernel's time), workload, hardware fingerprint, backend and time. Each append
-is one transaction; a unique ``job`` key lets a collection resume. Reading a store of
-several (fingerprint, workload) groups without choosing one raises.
-"""
+"""The cost dataset (:class:`CostStore`): every measurement appended to SQLite, one
+transaction each under a unique ``job`` key that lets a collection resume, read back as
+training examples of one (hardware fingerprint, workload) group."""
 
 from __future__ import annotations
 
@@ -26,12 +22,7 @@ from torchrec_dreamshard.measure.summary import reference_scales
 from torchrec_dreamshard.store.collector_lock import collector_lock
 from torchrec_dreamshard.store.sqlite_file import connect, sqlite_errors
 
-__all__ = [
-    "CostStore",
-    "DeviceExample",
-    "PlacementExample",
-    "hardware_fingerprint",
-]
+__all__ = ["CostStore", "DeviceExample", "PlacementExample"]
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -88,9 +79,6 @@ class PlacementExample:
 class CostStore:
     """A SQLite cost dataset at ``path`` (created if missing).
 
-    Args:
-        path: the database file.
-
     Example::
 
         with CostStore("costs.sqlite") as store:
@@ -145,49 +133,37 @@ class CostStore:
         config: MeasureConfig,
         job: str | None = None,
     ) -> int:
-        """Append one measurement (one transaction).
+        """Append one measurement, failed ones too, in one transaction; returns the row id.
 
         Args:
-            task: the measured task.
-            placement: its placement.
-            measurement: what :func:`measure_placement` returned (failed ones too).
-            config: the settings it was measured with.
             job: an optional unique key (a collection's job), used to resume.
-
-        Returns:
-            The row id.
         """
         m = measurement
         fp = self.fingerprint(config, m.backend)
-        row = (
-            time.time(),
-            job,
-            fingerprint_key(fp),
-            json.dumps(fp, sort_keys=True),
-            config.workload_key(task.batch_size),
-            json.dumps(config.workload(task.batch_size), sort_keys=True),
-            json.dumps(config.protocol(), sort_keys=True),
-            m.backend,
-            json.dumps(task.to_dict()),
-            json.dumps([int(d) for d in placement]),
-            int(bool(m.ok)),
-            m.error,
-            _num(m.step_ms),
-            _num(m.spread),
-            _num(m.reference_ms),
-            m.comm_source,
-            json.dumps([d.to_dict() for d in m.per_device]),
-            json.dumps(m.extra),
-        )
+        row = {
+            "created_at": time.time(),
+            "job": job,
+            "fingerprint_key": fingerprint_key(fp),
+            "fingerprint": json.dumps(fp, sort_keys=True),
+            "workload_key": config.workload_key(task.batch_size),
+            "workload": json.dumps(config.workload(task.batch_size), sort_keys=True),
+            "protocol": json.dumps(config.protocol(), sort_keys=True),
+            "backend": m.backend,
+            "task": json.dumps(task.to_dict()),
+            "placement": json.dumps([int(d) for d in placement]),
+            "ok": int(bool(m.ok)),
+            "error": m.error,
+            "step_ms": _num(m.step_ms),
+            "spread": _num(m.spread),
+            "reference_ms": _num(m.reference_ms),
+            "comm_source": m.comm_source,
+            "per_device": json.dumps([d.to_dict() for d in m.per_device]),
+            "extra": json.dumps(m.extra),
+        }
+        sql = f"INSERT INTO measurements ({', '.join(row)}) VALUES ({','.join('?' * len(row))})"
         try:
             with self._conn:
-                cur = self._conn.execute(
-                    "INSERT INTO measurements (created_at, job, fingerprint_key, fingerprint, "
-                    "workload_key, workload, protocol, backend, task, placement, ok, error, "
-                    "step_ms, spread, reference_ms, comm_source, per_device, extra) "
-                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    row,
-                )
+                cur = self._conn.execute(sql, tuple(row.values()))
         except sqlite3.IntegrityError:
             raise ValueError(
                 f"cost store {str(self.path)!r} already holds job {job!r}: another process "
@@ -212,11 +188,7 @@ class CostStore:
         return self._fingerprints[key]
 
     def collector_lock(self, who: str) -> contextlib.AbstractContextManager[None]:
-        """Hold the store's collector lock (see :mod:`~torchrec_dreamshard.store.collector_lock`).
-
-        Raises:
-            ValueError: another process holds the lock.
-        """
+        """Hold the store's collector lock (:func:`~.collector_lock.collector_lock`)."""
         return collector_lock(self.path, who)
 
     # -- counting --------------------------------------------------------------------------
@@ -229,19 +201,14 @@ class CostStore:
         job_prefix: str | None = None,
     ) -> int:
         """Rows matching every filter given (fingerprint, workload, ok, ``job_prefix``)."""
-        where, args = _where(fingerprint, workload, ok)
-        if job_prefix is not None:
-            where.append("job LIKE ? ESCAPE '\\'")
-            args.append(_like_prefix(job_prefix))
-        sql = "SELECT COUNT(*) FROM measurements" + _and(where)
+        where, args = _where(fingerprint, workload, ok, job_prefix)
+        sql = "SELECT COUNT(*) FROM measurements" + where
         return int(self._conn.execute(sql, args).fetchone()[0])
 
     def done_jobs(self, job_prefix: str, fingerprint: str | dict | None = None) -> set[str]:
         """Job keys recorded that start with ``job_prefix`` (on ``fingerprint``'s hardware)."""
-        where, args = _where(fingerprint, None, None)
-        where.append("job LIKE ? ESCAPE '\\'")
-        args.append(_like_prefix(job_prefix))
-        rows = self._conn.execute("SELECT job FROM measurements" + _and(where), args)
+        where, args = _where(fingerprint, None, None, job_prefix)
+        rows = self._conn.execute("SELECT job FROM measurements" + where, args)
         return {r[0] for r in rows}
 
     def groups(self) -> list[dict[str, Any]]:
@@ -272,17 +239,17 @@ class CostStore:
         """Every successful measurement of one (fingerprint, workload) group.
 
         Args:
-            fingerprint: a fingerprint key (see :meth:`groups`) or dict; optional when the store
-                holds a single hardware.
+            fingerprint: a fingerprint key (see :meth:`groups`) or dict; optional where the
+                store holds one group.
             workload: a workload key (``MeasureConfig.workload_key``); optional likewise.
-            normalise: scale each row by ``median reference / row reference`` (ms at the group's
-                typical speed).
+            normalise: scale each row by ``median reference / row reference``.
 
         Raises:
             ValueError: the rows selected span several groups (they are listed).
         """
         rows = self._select(fingerprint, workload)
-        scale = _scales(rows) if normalise else [1.0] * len(rows)
+        refs = [r["reference_ms"] for r in rows]
+        scale = reference_scales(refs) if normalise else [1.0] * len(rows)
         out = []
         for row, s in zip(rows, scale, strict=True):
             task = Task.from_dict(json.loads(row["task"]))
@@ -332,7 +299,7 @@ class CostStore:
         self._conn.row_factory = sqlite3.Row
         try:
             rows = self._conn.execute(
-                "SELECT * FROM measurements" + _and(where) + " ORDER BY id", args
+                "SELECT * FROM measurements" + where + " ORDER BY id", args
             ).fetchall()
         finally:
             self._conn.row_factory = None
@@ -355,30 +322,17 @@ def _num(x: float) -> float | None:
     return None if x is None or x != x else float(x)
 
 
-def _where(fingerprint, workload, ok) -> tuple[list[str], list[Any]]:
-    where: list[str] = []
-    args: list[Any] = []
-    if fingerprint is not None:
-        key = fingerprint_key(fingerprint) if isinstance(fingerprint, dict) else fingerprint
-        where.append("fingerprint_key = ?")
-        args.append(key)
-    if workload is not None:
-        where.append("workload_key = ?")
-        args.append(workload)
-    if ok is not None:
-        where.append("ok = ?")
-        args.append(int(ok))
-    return where, args
-
-
-def _and(where: list[str]) -> str:
-    return (" WHERE " + " AND ".join(where)) if where else ""
-
-
-def _like_prefix(prefix: str) -> str:
-    escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return escaped + "%"
-
-
-def _scales(rows: Sequence[sqlite3.Row]) -> list[float]:
-    return reference_scales([r["reference_ms"] for r in rows])
+def _where(fingerprint, workload, ok, job_prefix=None) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause of the filters given (empty: none) and its arguments."""
+    if isinstance(fingerprint, dict):
+        fingerprint = fingerprint_key(fingerprint)
+    filters = {
+        "fingerprint_key = ?": fingerprint,
+        "workload_key = ?": workload,
+        "ok = ?": None if ok is None else int(ok),
+    }
+    if job_prefix is not None:
+        escaped = job_prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        filters["job LIKE ? ESCAPE '\\'"] = escaped + "%"
+    given = {sql: arg for sql, arg in filters.items() if arg is not None}
+    return (" WHERE " + " AND ".join(given) if given else ""), list(given.values())

@@ -1,7 +1,5 @@
-"""What running jobs fed their tables, kept in the store's ``observed_inputs`` table for the
-next plan of the same model: per table (keyed by place, shape and features), the ids per
-sample of each feature and the reuse histogram.
-"""
+"""What running jobs fed their tables (ids per sample per feature, reuse histograms), kept in
+the store's ``observed_inputs`` table by each table's place, shape and features."""
 
 from __future__ import annotations
 
@@ -40,8 +38,7 @@ def remember_inputs(
     reuse: Mapping[str, Sequence[float]],
 ) -> int:
     """Keep what a job fed ``model``'s tables (``fed``: ids per sample per feature; ``reuse``:
-    histograms), newest first; returns how many were kept.
-    """
+    histograms), replacing older; returns how many were kept."""
     keys = table_keys(model)
     unknown = sorted(set(fed) - set(keys))
     if unknown:

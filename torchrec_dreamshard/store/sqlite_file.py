@@ -1,6 +1,5 @@
-"""The cost store's SQLite file: opening it (WAL, full sync, schema and version) and its
-errors as a ``ValueError`` naming the file.
-"""
+"""The cost store's SQLite file: opening it (WAL, full sync, schema and version), its errors
+as a ``ValueError`` naming the file."""
 
 from __future__ import annotations
 
