@@ -52,13 +52,9 @@ class CalibrationConfig:
     Args:
         budget_s: seconds for measuring and fine-tuning; one batch of kernels always runs.
         store: the SQLite store of kernels (default :func:`default_store_path`).
-        measure: the measurement settings (optimizer, precision, device, protocol).
         max_groups: fused groups measured at most, besides the single tables.
         epochs: full-batch Adam steps of the fine-tuning.
-        lr: Adam learning rate.
         prior: weight of the pull towards the prior's head weights.
-        seed: bootstrap weights.
-        progress: a tqdm bar over the kernels to measure.
         measure_missing: measure what the store lacks (``False``: fit on the store only).
         drift_limit: discard the kernels measured while the reference kernel moved more
             than this (``after / before - 1``; ``inf``: not timed).
@@ -132,20 +128,12 @@ def calibrate(
     sources: Sequence[CandidateSource] | None = None,
 ) -> CalibrationResult:
     """Measure ``task``'s tables (alone, then informative fused groups) within
-    ``config.budget_s`` and fine-tune ``agent``'s cost network on them.
-
-    Kernels already in the store, measured or observed in running jobs, are reused.
+    ``config.budget_s``, reusing the kernels the store holds, and fine-tune a copy of
+    ``agent``'s cost network on them; a failed measurement is skipped, in ``failures``.
 
     Args:
-        agent: a :class:`~torchrec_dreamshard.policy.DreamShard` (the prior; unchanged).
-        task: the task whose tables are measured (at its batch size).
-        config: budget, store, measurement and fine-tuning settings.
         sources: the candidate sources whose device groups are measured (``None``: the
             agent's own).
-
-    Returns:
-        The calibrated agent and what was measured; a failed measurement is skipped and
-        recorded in ``failures``.
 
     Raises:
         ValueError: the store cannot be opened, or another process collects into it.
@@ -234,12 +222,8 @@ def _measure_in_windows(
     deadline: float,
     failures: list[MeasureFailure],
 ) -> tuple[KernelsMeasured, float | None, int]:
-    """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, the reference timed around each;
-    a window across which it drifted for good is discarded.
-
-    Returns:
-        The kept jobs, the largest drift (``None``: not timed) and the kernels discarded.
-    """
+    """Measure ``todo`` in windows of :data:`WINDOW_KERNELS`, discarding a window across which
+    the reference drifted for good; the kept jobs, the largest drift and the discarded."""
     kept = KernelsMeasured()
     mcfg, check = config.measure, bool(todo) and math.isfinite(config.drift_limit)
     before = None

@@ -193,13 +193,10 @@ def _measuring(
     """The guarded step, the hard cap and the drop rule of one verification."""
     end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     shared = DeviceSetTimes() if timing.shared_step_ms is not None else None
-    shared_step = timing.shared_step_ms
-
-    def step(task: Task, placement: list[int]) -> float:
-        if shared is None or shared_step is None:
-            return timing.step_ms(task, placement)
-        return shared_step(task, placement, shared)
-
+    step = timing.step_ms
+    if shared is not None:  # a device set several plans hold is timed once a round
+        shared_step = timing.shared_step_ms
+        step = lambda task, placement: shared_step(task, placement, shared)  # noqa: E731
     dropping = Dropping(plans, options.incumbent, options.drop)
     guarded = guarded_step(step, plans, device)
     return _Measuring(task, plans, guarded, timing.clock, bar, end, dropping, shared)
@@ -212,11 +209,7 @@ def _measure_passes(
     timing: Timing,
     device: str = "cpu",
 ) -> _Measured:
-    """Every pass's rounds and noise: the first, and a second where it was noisy.
-
-    Raises:
-        MeasuringFailed: the first measurement that fails.
-    """
+    """Every pass's rounds and noise: the first, and a second where it was noisy."""
     limits = options.noise
     reference = None
     if timing.reference_ms is not None and math.isfinite(limits.drift):
@@ -270,11 +263,9 @@ def _one_pass(
     probe: bool = False,
     pass_index: int = 0,
 ) -> list[dict[int, float]]:
-    """``rounds`` interleaved rounds of the active plans within ``budget_s``.
-
-    The first :data:`MIN_ROUNDS` rounds may stretch to :data:`BUDGET_STRETCH` times the
-    budget; with ``probe``, :class:`_TooSlow` is raised where even that would not fit.
-    """
+    """``rounds`` interleaved rounds of the active plans within ``budget_s``, the first
+    :data:`MIN_ROUNDS` within :data:`BUDGET_STRETCH` times it (``probe``: else
+    :class:`_TooSlow`)."""
     start = m.clock()
     took: list[float] = []  # seconds of each measurement so far
     done: list[dict[int, float]] = []

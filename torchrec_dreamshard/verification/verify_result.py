@@ -20,7 +20,6 @@ class Dropped:
         pass_index: the pass it dropped out of (0: the first).
         behind: its median over the fastest plan's, less 1.
         limit: how far behind a plan had to be to drop out then.
-        fastest: the fastest plan's name.
     """
 
     after_round: int
