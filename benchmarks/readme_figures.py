@@ -564,7 +564,8 @@ def demo_block() -> str:
     return "\n".join(
         [
             f"{len(d['task']['tables'])} tables on {d['task']['num_devices']} devices (global "
-            f"batch {d['task']['batch_size']}), one measurement each, {host(d)}, {commit(d)} "
+            f"batch {d['task']['global_batch_size']}), one measurement each, {host(d)}, "
+            f"{commit(d)} "
             f"({link('demo.txt', '../')}, `demo.json`, `benchmarks/demo.py`):",
             "",
             "| | DreamShard (default planner) | TorchRec's planner |",
