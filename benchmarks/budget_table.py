@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from user_path import geomean
 
 from harness.results_files import RESULTS, machine, write
 
@@ -52,10 +53,6 @@ def start_run(budget: float, args: argparse.Namespace) -> None:
     ]
     print("running", " ".join(cmd[1:]), flush=True)
     subprocess.run(cmd, check=True)
-
-
-def geomean(xs: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def budget_row(budget: float) -> dict:

@@ -631,9 +631,7 @@ def at_scale_block() -> str:
 def first_run_block(depth: str = "../") -> str:
     d = data("first_run.json")
     rows = table_rows(text("first_run.md"), "ranks")
-    head = list(rows[0])
-    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(r[h] for h in head) + " |" for r in rows]
+    out = copied_table(text("first_run.md"), "ranks")
     med = first_run_medians(d)
     for n, (cold, warm) in med.items():
         row = next(r for r in rows if r["ranks"] == str(n))
