@@ -193,10 +193,12 @@ def _measuring(
     """The guarded step, the hard cap and the drop rule of one verification."""
     end = None if options.deadline_s is None else timing.clock() + options.deadline_s
     shared = DeviceSetTimes() if timing.shared_step_ms is not None else None
-    step = timing.step_ms
-    if shared is not None:  # a device set several plans hold is timed once a round
-        shared_step = timing.shared_step_ms
-        step = lambda task, placement: shared_step(task, placement, shared)  # noqa: E731
+
+    def step(task: Task, placement: list[int]) -> float:
+        if shared is None:
+            return timing.step_ms(task, placement)
+        return timing.shared_step_ms(task, placement, shared)  # a shared device set: once a round
+
     dropping = Dropping(plans, options.incumbent, options.drop)
     guarded = guarded_step(step, plans, device)
     return _Measuring(task, plans, guarded, timing.clock, bar, end, dropping, shared)
