@@ -52,7 +52,6 @@ import os
 import platform
 import queue
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -327,22 +326,18 @@ def host() -> dict[str, Any]:
     import torch
     import torchrec
 
+    from harness.results_files import git
+
     return {
         "cpu": cpu_model(),
         "cpus": mp.cpu_count(),
         "load_average": os.getloadavg(),
         "torch": torch.__version__,
         "torchrec": torchrec.__version__,
-        "commit": _git("rev-parse", "HEAD"),
+        "commit": git("rev-parse", "HEAD"),
         # code only: a run rewrites its own results files
-        "uncommitted": bool(_git("status", "--porcelain", "--", *CODE)),
+        "uncommitted": bool(git("status", "--porcelain", "--", *CODE)),
     }
-
-
-def _git(*args: str) -> str:
-    here = Path(__file__).resolve().parent
-    done = subprocess.run(["git", *args], cwd=here, capture_output=True, text=True, check=False)
-    return done.stdout.strip()
 
 
 def cpu_model() -> str:
@@ -527,11 +522,13 @@ def main() -> None:
 
 
 def run_comparison(args: argparse.Namespace, results: dict) -> None:
+    from harness.results_files import git
+
     args.tables, args.devices = args.tables or [1000], args.devices or [64]
     meta = {"host": host(), "repeats": args.repeats, "local_batch": LOCAL_BATCH}
     if args.baseline_tree:
         tree = Path(args.baseline_tree).resolve()
-        commit = _git("-C", str(tree), "rev-parse", "HEAD") or "no git"
+        commit = git("-C", str(tree), "rev-parse", "HEAD") or "no git"
         note = f": {args.baseline_note}" if args.baseline_note else ""
         meta["baseline"] = f"{tree} ({commit[:10]}{note})"
     rows = compare(args)

@@ -54,8 +54,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -67,6 +69,7 @@ from torchrec_dreamshard.planner.adapters.task_inputs import task_inputs
 from torchrec_dreamshard.policy.heuristics import HEURISTICS, proxy_greedy
 
 from harness.busy_core import keep_core_busy
+from harness.family_statistics import geomean
 from harness.plan_measuring import measure_rounds, plan_key
 from harness.results_files import RESULTS, load_note, load_raw, machine, save_raw, write
 from harness.task_draws import PER_FAMILY, roster
@@ -231,13 +234,8 @@ def step_cases(tasks, raw: dict, path: Path, args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-def geomean(xs) -> float | None:
-    xs = [x for x in xs if x]
-    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
-
-
 def fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.3f}"
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.3f}"
 
 
 def kernel_row(entry: dict) -> dict:
@@ -452,6 +450,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_command() -> str:
+    """The command line that started this run, the script named from the repository root."""
+    script = Path(sys.argv[0]).resolve()
+    with contextlib.suppress(ValueError):
+        script = script.relative_to(Path(__file__).resolve().parents[1])
+    return " ".join(["python", str(script), *sys.argv[1:]])
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     settings = {
@@ -478,13 +484,18 @@ def main(argv: list[str] | None = None) -> None:
     firsts = [(f, t) for k, (f, t) in enumerate(drawn) if k % args.per_family < args.step_tasks]
     steps = [(f, m, at_memory(two_rank_task(t), m)) for f, t in firsts for m in args.memories]
     path = RESULTS / f"{args.name}_raw.json"
+    if args.report_only:  # the run's own settings and machine, whatever flags came now
+        if not path.exists():
+            raise SystemExit(f"--report-only: {path} does not exist; nothing was measured")
+        raw = json.loads(path.read_text())
+        write_report(args, raw["settings"], raw)
+        return
     RESULTS.mkdir(parents=True, exist_ok=True)
     raw = load_raw(path, settings)
     raw.setdefault("steps", [])
+    raw.setdefault("command", run_command())
+    raw["quick"] = args.quick
     start, wall_before = time.perf_counter(), raw.get("wall_s", 0.0)
-    if args.report_only:
-        write_report(args, settings, raw)
-        return
     with keep_core_busy() if args.busy_core else contextlib.nullcontext():
         plan_cases(cases, raw, path, args.timeout)
         named = [(f"{f}/{m}", t) for f, m, t in cases]
@@ -497,11 +508,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def write_report(args: argparse.Namespace, settings: dict, raw: dict) -> None:
-    import sys
-
+    """The report of ``raw`` under ``args.name``: the command and smoke flag are the ones the
+    run was started with (saved in ``raw``), so ``--report-only`` rewrites it unchanged."""
     raw.setdefault("machine", machine())
     rows = [kernel_row(e) for e in raw["tasks"]]
-    text = report(raw, rows, args.quick, "python " + " ".join(sys.argv))
+    text = report(raw, rows, raw.get("quick", args.quick), raw.get("command", run_command()))
     write(args.name, {"settings": settings, "rows": rows, "machine": raw["machine"]}, text)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import time
 from pathlib import Path
 
@@ -33,6 +34,17 @@ def load_note() -> str:
     )
 
 
+def git(*args: str) -> str:
+    """What ``git ARGS`` prints in the checkout the benchmarks run from ('' outside one)."""
+    try:
+        done = subprocess.run(
+            ["git", *args], cwd=RESULTS.parent, capture_output=True, text=True, check=False
+        )
+    except OSError:  # no git on this machine
+        return ""
+    return done.stdout.strip()
+
+
 def machine() -> dict:
     """The hardware fingerprint the measurements record, plus the platform and load."""
     import torch
@@ -45,6 +57,7 @@ def machine() -> dict:
         "load_average": os.getloadavg(),
         "torch_threads_default": torch.get_num_threads(),
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "commit": git("rev-parse", "HEAD"),
         "note": load_note(),
     }
 
