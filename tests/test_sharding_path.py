@@ -21,11 +21,13 @@ from conftest import CPU_DENSE_LIKE, GLOO_LIKE
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.sharding_plan import get_default_sharders
 
+from torchrec_dreamshard.calibration.auto import check_machine
 from torchrec_dreamshard.cost.comm_topology import CommTopology
 from torchrec_dreamshard.cost.plans import plan_breakdown, plan_cost
 from torchrec_dreamshard.cost.sharding import PATH_KIND, CostContext, TableChoice
 from torchrec_dreamshard.cost.sharding_path_model import ShardingPathModel
 from torchrec_dreamshard.data.tables import TableSpec
+from torchrec_dreamshard.data.tasks import Task
 from torchrec_dreamshard.evaluation.dmp_step import sharding_type_counts, table_shardings
 from torchrec_dreamshard.evaluation.step_model import StepDLRM
 from torchrec_dreamshard.measure.sharding_path import PathTimings, time_sharding_path
@@ -34,10 +36,16 @@ from torchrec_dreamshard.planner.adapters.topology import torchrec_topology
 from torchrec_dreamshard.planner.type_choice.model_needs import sharding_paths_may_change
 from torchrec_dreamshard.policy.checkpoint import load_checkpoint
 from torchrec_dreamshard.profile.budget import Budget
-from torchrec_dreamshard.profile.build import MIN_PATH_S, ProfileRequest, build_profile
+from torchrec_dreamshard.profile.build import (
+    MIN_PATH_S,
+    VERIFY_RESERVE,
+    ProfileRequest,
+    build_profile,
+)
 from torchrec_dreamshard.profile.machine_profile import MachineProfile
 from torchrec_dreamshard.profile.stamp import MachineStamp
 from torchrec_dreamshard.ranks.spawn import exit_spawned_rank, free_port, local_process_group
+from torchrec_dreamshard.verification.round_cost import measurement_seconds, verification_seconds
 
 from harness.step_families import family_spec
 
@@ -163,6 +171,34 @@ def test_the_path_is_timed_only_while_the_budget_has_room_for_it(clock):
     short = build_profile(PRIOR, request(asked), tight)
     assert asked == [True, False] and short.sharding_path is None
     assert any("sharding path not timed" in n for n in short.notes)
+
+
+def test_a_slow_machine_keeps_the_verification_its_measurements_first(clock):
+    """Where the reference kernel runs much slower than the checkpoint prices it, the
+    verification's fewest measurements need more than the usual share: the share is raised
+    before the type choice's timings spend it, so the path goes untimed."""
+    tables = [TableSpec(name=f"t{i}", rows=10_000, dim=32, pooling_factor=5.0) for i in range(8)]
+    task = Task(tables=tables, num_devices=2, memory_bytes=[10**9] * 2, batch_size=512)
+    predicted = check_machine(PRIOR, None).predicted_ms
+    one = measurement_seconds(PRIOR, task, [i % 2 for i in range(8)])
+    budget_s = 25.0
+    assert verification_seconds(one) + 1.5 <= VERIFY_RESERVE * budget_s  # as priced: the share
+
+    def slow_by(factor: float, asked: list[bool]) -> ProfileRequest:
+        return dataclasses.replace(
+            request(asked),
+            reference=lambda: (predicted[0] * factor, predicted[1] * factor),
+            task=lambda: task,
+            verifies=lambda calibrates: True,
+        )
+
+    asked: list[bool] = []
+    priced = build_profile(PRIOR, slow_by(1.0, asked), Budget(budget_s, clock=clock))
+    assert asked == [True] and not any("verification's share" in n for n in priced.notes)
+    # one measurement 2.5 s here: six need 18.2 s with the loop, leaving the path < 8 s
+    slow = build_profile(PRIOR, slow_by(2.5 / one, asked), Budget(budget_s, clock=clock))
+    assert asked == [True, False], "the path was timed out of the verification's share"
+    assert any("verification's share raised to 18.2 s" in n for n in slow.notes), slow.notes
 
 
 def tiny_plan(path: ShardingPathModel | None) -> dict[str, int]:

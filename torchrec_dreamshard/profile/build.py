@@ -4,6 +4,7 @@ type choice's timings (a part that fails is left out and kept in ``failures``)."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from torchrec_dreamshard.measure.guard import MeasureFailure, guarded
 from torchrec_dreamshard.profile.budget import Budget
 from torchrec_dreamshard.profile.machine_profile import MachineProfile, ProfileCalibration
 from torchrec_dreamshard.profile.stamp import MachineStamp
+from torchrec_dreamshard.verification.round_cost import measurement_seconds, verification_seconds
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from torchrec_dreamshard.policy import CandidateSource, DreamShard
@@ -34,6 +36,8 @@ logger = logging.getLogger("torchrec_dreamshard.profile")
 MIN_PATH_S = 8.0  # fewer seconds left than this (beside the reserve): the path is not timed
 MIN_CALIBRATION_S = 6.0  # fewer seconds left than this: calibration is skipped
 VERIFY_RESERVE = 0.4  # of the plan's budget, kept for the verification where it verifies
+MAX_VERIFY_RESERVE = 0.75  # ... raised to what its fewest measurements take, up to this
+LOOP_S = 1.5  # what TorchRec's loop takes between the profile and the verification (s)
 # what a type-choice timing takes where nothing is cached (s): calibration leaves it room
 EXPECTED_S = {"collectives": 1.5, "dense kernel": 2.0, "sharding path": 6.0}
 
@@ -113,11 +117,13 @@ def unmeasured_profile(
 def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) -> MachineProfile:
     """Measure the profile ``request`` asks for within ``budget`` (a failed part is left out)."""
     log = _Log(budget, request.stamp.device)
+    tables = functools.cache(request.task) if request.task is not None else None
+    request = dataclasses.replace(request, task=tables)
     reference = log.attempt("reference kernel", request.reference)
     predicted = check_machine(prior, None).predicted_ms
     config = _calibrates(prior, request, reference)
     if request.verifies(config is not None) and budget.seconds is not None:
-        log.kept = VERIFY_RESERVE * budget.seconds
+        log.kept = _verification_reserve(prior, request, reference, budget.seconds, log)
     timings = [name for name in _timings(request) if name not in request.cached]
     to_come = sum(EXPECTED_S[name] for name in timings)
     cal = _calibration(prior, request, log, to_come, config) if config is not None else None
@@ -145,6 +151,42 @@ def build_profile(prior: DreamShard, request: ProfileRequest, budget: Budget) ->
         failures=tuple(f.to_dict() for f in log.failures),
         spent_s=dict(log.spent),
     )
+
+
+def _verification_reserve(
+    prior: DreamShard,
+    request: ProfileRequest,
+    reference: tuple[float, float] | None,
+    seconds: float,
+    log: _Log,
+) -> float:
+    """The seconds kept for the verification: :data:`VERIFY_RESERVE` of the budget, raised
+    to what its fewest measurements take here (the checkpoint's kernels scaled by how far
+    it prices the reference kernel off), up to :data:`MAX_VERIFY_RESERVE` of the budget;
+    where even that is too little, the verification cannot run and the usual share is kept."""
+    share = VERIFY_RESERVE * seconds
+    task = request.task() if request.task is not None else None
+    if task is None or not task.tables:
+        return share
+    check = check_machine(prior, reference)
+    scale = 1.0 if check.error is None else 1.0 / (1.0 + check.error)
+    placement = [i % task.num_devices for i in range(len(task.tables))]
+    one = measurement_seconds(prior, task, placement, scale)
+    need = verification_seconds(one) + LOOP_S
+    if need <= share:
+        return share
+    if need <= MAX_VERIFY_RESERVE * seconds:
+        log.notes.append(
+            f"the verification's share raised to {need:.1f} s of the {seconds:.0f} s budget: "
+            f"one measurement of a plan takes about {one:.1f} s here (predicted)"
+        )
+        return need
+    log.notes.append(
+        f"a verification would need {need:.1f} s of the {seconds:.0f} s budget (one measurement "
+        f"of a plan takes about {one:.1f} s here, predicted): more than "
+        f"{MAX_VERIFY_RESERVE:.0%} of it, so the plan will likely go unverified"
+    )
+    return share
 
 
 def _timings(request: ProfileRequest) -> list[str]:

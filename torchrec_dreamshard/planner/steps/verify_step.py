@@ -29,17 +29,17 @@ from torchrec_dreamshard.planner.stages.partitioners import policy_caps
 from torchrec_dreamshard.policy.protocol import PlacementAgent
 from torchrec_dreamshard.policy.safety_net import SafetyReport
 from torchrec_dreamshard.profile.budget import Budget
-from torchrec_dreamshard.verification.plan_ranking import MIN_ROUNDS_TO_REPLACE
-from torchrec_dreamshard.verification.verification import MIN_PLANS
+from torchrec_dreamshard.verification.round_cost import (
+    HARD_SHARE,
+    MIN_MEASUREMENTS,
+    MIN_VERIFY_S,
+    measurement_seconds,
+)
 from torchrec_dreamshard.verification.verify_result import VerifyResult
 
 logger = logging.getLogger("torchrec_dreamshard.planner")
 
-MIN_VERIFY_S = 4.0  # fewer seconds left than this: verification is skipped
 NOISY_SHARE = 0.5  # of the seconds left, for the first pass (a noisy one gets as much again)
-HARD_SHARE = 0.9  # of the seconds left, the hard cap over both passes
-# the fewest measurements worth starting: every plan in the rounds a plan must win
-MIN_MEASUREMENTS = MIN_PLANS * MIN_ROUNDS_TO_REPLACE
 
 
 @dataclass(frozen=True)
@@ -131,17 +131,6 @@ def policy_choice(
         allow_oversized=True,
     )
     return LoopChoice(task, tuple(placement), tuple(o.fqn for o in ours), label)
-
-
-def measurement_seconds(agent: PlacementAgent, task: Task, placement: Sequence[int]) -> float:
-    """Predicted seconds of one measurement of ``placement`` (an upper bound: each device's
-    kernel in turn, ``warmup + iters`` forward and backward passes)."""
-    if not placement:
-        return 0.0
-    config = MeasureConfig()
-    cost = agent.predict(task, list(placement))
-    per_pass = sum(cost.fwd_ms) + sum(cost.bwd_ms)
-    return (config.warmup + config.iters) * per_pass / 1000.0
 
 
 def skipped(reason: str) -> Verdict:
